@@ -1,0 +1,131 @@
+"""A single-node KRaft Kafka broker (one per site), run from the Maven-assembled jars."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from local_stack.errors import StackError
+from local_stack.process import Proc, free_port, port_open
+from local_stack.tools import kafka_classpath, kafka_log4j_config
+
+__all__ = ["KafkaBroker", "start_kafka"]
+
+HOST = "127.0.0.1"
+
+# Small internal topics: the defaults (50 partitions each) make the first transaction
+# and the first consumer group on a fresh broker take seconds.
+SERVER_PROPERTIES = """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@{host}:{cport}
+listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}
+advertised.listeners=PLAINTEXT://{host}:{port}
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs={data}
+num.partitions=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+transaction.max.timeout.ms=900000
+log.retention.hours=168
+message.max.bytes=8388608
+"""
+
+
+@dataclass
+class KafkaBroker:
+    site: str
+    port: int
+    controller_port: int
+    proc: Proc
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def ready(self) -> bool:
+        if not port_open(HOST, self.port):
+            return False
+        try:
+            AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=2)
+        except KafkaException:
+            return False
+        return True
+
+
+def _java_argv(main: str, *args: str, logs: Path, heap: str) -> list[str]:
+    return [
+        "java",
+        f"-Xmx{heap}",
+        "-Xms64m",
+        "-XX:+UseG1GC",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={kafka_log4j_config()}",
+        f"-Dkafka.logs.dir={logs}",
+        "-cp",
+        kafka_classpath(),
+        main,
+        *args,
+    ]
+
+
+def start_kafka(
+    site: str,
+    root: Path,
+    logs: Path,
+    *,
+    port: int | None = None,
+    heap: str = "512m",
+    wait: bool = True,
+) -> KafkaBroker:
+    """Format (first time only) and start a broker for ``site`` under ``root``."""
+    port = port or free_port(HOST)
+    cport = free_port(HOST)
+    data = root / "data"
+    root.mkdir(parents=True, exist_ok=True)
+    props = root / "server.properties"
+    props.write_text(SERVER_PROPERTIES.format(host=HOST, port=port, cport=cport, data=data))
+    site_logs = logs / f"kafka-{site}"
+    site_logs.mkdir(parents=True, exist_ok=True)
+    if not (data / "meta.properties").exists():
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        fmt = Proc.start(
+            f"kafka-format:{site}",
+            _java_argv(
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                cluster_id,
+                "-c",
+                str(props),
+                logs=site_logs,
+                heap="256m",
+            ),
+            site_logs / "format.out",
+        )
+        assert fmt.popen is not None
+        if fmt.popen.wait(timeout=120) != 0:
+            raise StackError(f"kafka:{site}: storage format failed; see {fmt.log}:\n{fmt.tail()}")
+    proc = Proc.start(
+        f"kafka:{site}",
+        _java_argv("kafka.Kafka", str(props), logs=site_logs, heap=heap),
+        site_logs / "stdout.log",
+    )
+    broker = KafkaBroker(site, port, cport, proc)
+    if wait:
+        proc.wait_ready(broker.ready, timeout=90)
+    return broker

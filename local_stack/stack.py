@@ -1,0 +1,198 @@
+"""The local stack: one Kafka per site, one Mosquitto per ship, one toxiproxy with a proxy
+per ship->site link, all on loopback, described by ``DIR/stack.json``.
+
+Used by ``shorelink stack up|status|down``, by the pytest fixtures, the demo and the
+benchmarks, so all of them run the same real components the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from local_stack.errors import StackError
+from local_stack.kafka import start_kafka
+from local_stack.mosquitto import start_mosquitto
+from local_stack.process import Proc, free_port, pid_alive, port_open, stop_pids, stop_procs
+from local_stack.toxiproxy import Toxiproxy, start_toxiproxy
+
+__all__ = ["Component", "StackInfo", "down", "link_name", "load", "status", "up"]
+
+HOST = "127.0.0.1"
+STACK_FILE = "stack.json"
+
+
+def link_name(ship: str, site: str) -> str:
+    return f"{ship}-to-{site}"
+
+
+@dataclass
+class Component:
+    name: str
+    pid: int
+    log: str
+    address: str  # host:port it listens on
+
+    def state(self) -> str:
+        if not pid_alive(self.pid):
+            return "dead"
+        host, port = self.address.rsplit(":", 1)
+        return "up" if port_open(host, int(port)) else "not-listening"
+
+
+@dataclass
+class StackInfo:
+    dir: Path
+    sites: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ships: dict[str, dict[str, Any]] = field(default_factory=dict)
+    links: dict[str, dict[str, Any]] = field(default_factory=dict)
+    toxiproxy: dict[str, Any] = field(default_factory=dict)
+    started_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dir": str(self.dir),
+            "started_s": round(self.started_s, 2),
+            "sites": self.sites,
+            "ships": self.ships,
+            "links": self.links,
+            "toxiproxy": self.toxiproxy,
+        }
+
+    def components(self) -> list[Component]:
+        out = [
+            Component(f"kafka:{n}", s["pid"], s["log"], s["kafka"]) for n, s in self.sites.items()
+        ]
+        out += [
+            Component(f"mosquitto:{n}", s["pid"], s["log"], s["mqtt"])
+            for n, s in self.ships.items()
+        ]
+        if self.toxiproxy:
+            t = self.toxiproxy
+            out.append(Component("toxiproxy", t["pid"], t["log"], t["api"].removeprefix("http://")))
+        return out
+
+    def toxiproxy_client(self) -> Toxiproxy:
+        return Toxiproxy(self.toxiproxy["api"])
+
+    def save(self) -> None:
+        path = self.dir / STACK_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        tmp.replace(path)
+
+
+def parse_ships(spec: str | int) -> list[str]:
+    """``2`` -> ``ship1, ship2``; ``"bigblue,redstar"`` -> those names."""
+    text = str(spec).strip()
+    if text.isdigit():
+        return [f"ship{i}" for i in range(1, int(text) + 1)]
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def up(dir: Path, sites: list[str], ships: list[str], *, kafka_heap: str = "512m") -> StackInfo:
+    """Start every component, wait until each is ready, write ``stack.json``.
+
+    If anything fails, whatever was started is stopped again and the error names the
+    component and its log file.
+    """
+    dir = dir.resolve()
+    if (dir / STACK_FILE).exists() and any(c.state() != "dead" for c in load(dir).components()):
+        raise StackError(
+            f"a stack is already running in {dir}: `shorelink stack down --dir {dir}` first"
+        )
+    if not sites:
+        raise StackError("at least one site is needed")
+    logs = dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    info = StackInfo(dir)
+    started: list[Proc] = []
+    try:
+        # JVMs start slowly: launch every broker first, then wait for all of them.
+        brokers = []
+        for site in sites:
+            b = start_kafka(site, dir / "sites" / site, logs, wait=False, heap=kafka_heap)
+            started.append(b.proc)
+            brokers.append(b)
+        for ship in ships:
+            m = start_mosquitto(ship, dir / "ships" / ship, logs)
+            started.append(m.proc)
+            info.ships[ship] = {
+                "mqtt": f"{HOST}:{m.port}",
+                "pid": m.proc.pid,
+                "log": str(m.proc.log),
+            }
+        tp = start_toxiproxy(logs)
+        started.append(tp.proc)
+        info.toxiproxy = {"api": tp.api, "pid": tp.proc.pid, "log": str(tp.proc.log)}
+        for b in brokers:
+            b.proc.wait_ready(b.ready, timeout=120)
+            info.sites[b.site] = {
+                "kafka": b.bootstrap,
+                "pid": b.proc.pid,
+                "log": str(logs / f"kafka-{b.site}" / "kafka.log"),
+                # where this site's gateway listens (reserved now; started by its issue)
+                "gateway": f"{HOST}:{free_port(HOST)}",
+            }
+        client = tp.client()
+        for ship in ships:
+            for site in sites:
+                name = link_name(ship, site)
+                listen = f"{HOST}:{free_port(HOST)}"
+                upstream = info.sites[site]["gateway"]
+                client.create_proxy(name, listen, upstream)
+                info.links[name] = {
+                    "ship": ship,
+                    "site": site,
+                    "listen": listen,
+                    "upstream": upstream,
+                }
+    except BaseException:
+        stop_procs(started, grace=5)
+        raise
+    info.started_s = time.monotonic() - t0
+    info.save()
+    return info
+
+
+def load(dir: Path) -> StackInfo:
+    path = dir.resolve() / STACK_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise StackError(f"no stack in {dir} ({path} not found)") from None
+    except json.JSONDecodeError as exc:
+        raise StackError(f"{path} is corrupt: {exc}") from exc
+    return StackInfo(
+        Path(data["dir"]),
+        data["sites"],
+        data["ships"],
+        data["links"],
+        data["toxiproxy"],
+        data.get("started_s", 0.0),
+    )
+
+
+def status(dir: Path) -> list[tuple[Component, str]]:
+    return [(c, c.state()) for c in load(dir).components()]
+
+
+def down(dir: Path) -> list[str]:
+    """Stop every component of the stack in ``dir`` (by pid); return what was stopped.
+    Raises if something is still listening afterwards."""
+    info = load(dir)
+    running = [c for c in info.components() if pid_alive(c.pid)]
+    stop_pids([c.pid for c in running], grace=15)
+    stopped = [c.name for c in running]
+    leftover = [c.name for c in info.components() if pid_alive(c.pid)]
+    if leftover:
+        raise StackError(f"still running after stop: {', '.join(leftover)}")
+    (info.dir / STACK_FILE).rename(info.dir / "stack.stopped.json")
+    return stopped

@@ -1,0 +1,169 @@
+"""Where the local stack's third-party programs live, and how they get there.
+
+Everything comes from the registries this project may use: the Kafka broker and
+MirrorMaker 2 as jars from Maven Central (``deploy/kafka/pom.xml``), toxiproxy from the
+Go module proxy, Mosquitto from Debian, Spark's Kafka connector and Delta into an Ivy
+cache. Each install is idempotent: a marker file per pinned version makes a second run a
+no-op. ``SHORELINK_TOOLS`` moves the tools directory (default ``~/.cache/shorelink``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from local_stack.errors import StackError
+
+__all__ = [
+    "KAFKA_VERSION",
+    "TOXIPROXY_VERSION",
+    "install_all",
+    "ivy_dir",
+    "kafka_classpath",
+    "kafka_log4j_config",
+    "mosquitto_bin",
+    "tools_dir",
+    "toxiproxy_bin",
+]
+
+KAFKA_VERSION = "4.1.1"
+TOXIPROXY_VERSION = "v2.12.0"
+
+REPO = Path(__file__).resolve().parents[1]
+KAFKA_POM = REPO / "deploy" / "kafka" / "pom.xml"
+
+
+def tools_dir() -> Path:
+    return Path(os.environ.get("SHORELINK_TOOLS", Path.home() / ".cache" / "shorelink"))
+
+
+def _kafka_dir() -> Path:
+    return tools_dir() / f"kafka-{KAFKA_VERSION}"
+
+
+def _toxiproxy_dir() -> Path:
+    return tools_dir() / f"toxiproxy-{TOXIPROXY_VERSION}"
+
+
+def ivy_dir() -> Path:
+    return tools_dir() / "ivy"
+
+
+def _missing(what: str) -> StackError:
+    return StackError(f"{what} is not installed: run scripts/setup (or `shorelink stack install`)")
+
+
+def kafka_classpath() -> str:
+    libs = _kafka_dir() / "libs"
+    if not (_kafka_dir() / ".complete").exists():
+        raise _missing(f"Kafka {KAFKA_VERSION}")
+    return str(libs / "*")
+
+
+def kafka_log4j_config() -> Path:
+    return REPO / "deploy" / "kafka" / "log4j2.properties"
+
+
+def toxiproxy_bin() -> str:
+    path = _toxiproxy_dir() / "toxiproxy-server"
+    if not path.exists():
+        raise _missing(f"toxiproxy {TOXIPROXY_VERSION}")
+    return str(path)
+
+
+def mosquitto_bin() -> str:
+    found = shutil.which("mosquitto") or next(
+        (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if Path(p).exists()), None
+    )
+    if not found:
+        raise _missing("mosquitto (Debian package `mosquitto`)")
+    return found
+
+
+# -- installers ---------------------------------------------------------------------------
+
+
+def _say(msg: str) -> None:
+    print(f"[setup] {msg}", file=sys.stderr, flush=True)
+
+
+def _run(cmd: list[str], **kw: object) -> None:
+    try:
+        subprocess.run(cmd, check=True, **kw)  # type: ignore[call-overload]
+    except FileNotFoundError as exc:
+        raise StackError(f"{cmd[0]} not found: it is needed to install the local stack") from exc
+    except subprocess.CalledProcessError as exc:
+        raise StackError(f"command failed ({exc.returncode}): {' '.join(cmd)}") from exc
+
+
+def install_kafka() -> None:
+    target = _kafka_dir()
+    if (target / ".complete").exists():
+        _say(f"kafka {KAFKA_VERSION}: present")
+        return
+    _say(f"kafka {KAFKA_VERSION}: resolving broker jars from Maven Central")
+    libs = target / "libs"
+    shutil.rmtree(target, ignore_errors=True)
+    libs.mkdir(parents=True)
+    _run(
+        [
+            "mvn",
+            "-q",
+            "-B",
+            "-f",
+            str(KAFKA_POM),
+            "dependency:copy-dependencies",
+            f"-Dkafka.version={KAFKA_VERSION}",
+            f"-DoutputDirectory={libs}",
+        ]
+    )
+    (target / ".complete").write_text(KAFKA_VERSION + "\n")
+
+
+def install_toxiproxy() -> None:
+    target = _toxiproxy_dir()
+    if (target / "toxiproxy-server").exists():
+        _say(f"toxiproxy {TOXIPROXY_VERSION}: present")
+        return
+    _say(f"toxiproxy {TOXIPROXY_VERSION}: go install")
+    target.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, GOBIN=str(target / "bin"), GOFLAGS="-mod=mod")
+    _run(
+        ["go", "install", f"github.com/Shopify/toxiproxy/v2/cmd/server@{TOXIPROXY_VERSION}"],
+        env=env,
+    )
+    (target / "bin" / "server").rename(target / "toxiproxy-server")
+
+
+def install_spark_packages() -> None:
+    """Resolve the Spark Kafka connector and Delta into the Ivy cache once, so tests and
+    jobs start without touching the network."""
+    from spark_core.packages import SPARK_PACKAGES
+
+    digest = hashlib.sha256(",".join(SPARK_PACKAGES).encode()).hexdigest()[:12]
+    marker = ivy_dir() / f".resolved-{digest}"
+    if marker.exists():
+        _say("spark packages: present")
+        return
+    _say("spark packages: resolving " + ", ".join(SPARK_PACKAGES))
+    ivy_dir().mkdir(parents=True, exist_ok=True)
+    code = (
+        "from pyspark.sql import SparkSession\n"
+        "from spark_core.packages import spark_package_conf\n"
+        f"b = SparkSession.builder.master('local[1]').appName('shorelink-resolve')\n"
+        f"for k, v in spark_package_conf({str(ivy_dir())!r}).items(): b = b.config(k, v)\n"
+        "s = b.getOrCreate(); s.range(1).count(); s.stop()\n"
+    )
+    _run([sys.executable, "-c", code])
+    marker.write_text(",".join(SPARK_PACKAGES) + "\n")
+
+
+def install_all() -> None:
+    install_kafka()
+    install_toxiproxy()
+    mosquitto_bin()  # apt installs it (scripts/setup); fail early with a clear message
+    install_spark_packages()

@@ -1,0 +1,21 @@
+"""The shared kernel: record identity, seq ranges, the Kafka record contract, topic
+creation and (from the ship-to-shore work) the batch wire format. edge_agent,
+core_gateway and spark_core import this package; they never import each other."""
+
+from shorelink.contract import Record, canonical_topic, dead_topic, inbox_topic, ingress_topic
+from shorelink.errors import ConfigError, ContractError, ShorelinkError
+from shorelink.identity import Identity
+from shorelink.ranges import RangeSet
+
+__all__ = [
+    "ConfigError",
+    "ContractError",
+    "Identity",
+    "RangeSet",
+    "Record",
+    "ShorelinkError",
+    "canonical_topic",
+    "dead_topic",
+    "inbox_topic",
+    "ingress_topic",
+]

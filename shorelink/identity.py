@@ -1,0 +1,49 @@
+"""Record identity ``(origin, stream, seq)``: the one rule everything rests on.
+
+``origin`` is the ship (or site) whose edge log first committed the record, ``stream`` a
+configured class of data, ``seq`` gapless from 1 per ``(origin, stream)``. Every check,
+test and audit counts identities, not messages.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from shorelink.errors import ContractError
+
+__all__ = ["NAME_RE", "Identity", "check_name"]
+
+#: Origins, streams and site names: lowercase, digits, ``_`` and ``-``; they appear in
+#: Kafka topic names, URLs and ledger keys, so nothing that needs escaping.
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+
+def check_name(kind: str, value: str) -> str:
+    """Return ``value`` if it is a valid origin/stream/site name, else raise."""
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise ContractError(
+            f"bad {kind} name {value!r}: use 1-63 of a-z 0-9 _ - (starting with a letter or digit)"
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Identity:
+    origin: str
+    stream: str
+    seq: int
+
+    def __post_init__(self) -> None:
+        check_name("origin", self.origin)
+        check_name("stream", self.stream)
+        if not isinstance(self.seq, int) or self.seq < 1:
+            raise ContractError(f"bad seq {self.seq!r}: seqs start at 1")
+
+    @property
+    def source(self) -> tuple[str, str]:
+        """The ``(origin, stream)`` pair whose seqs are gapless."""
+        return (self.origin, self.stream)
+
+    def __str__(self) -> str:
+        return f"{self.origin}/{self.stream}/{self.seq}"

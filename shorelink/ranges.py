@@ -1,0 +1,181 @@
+"""Sets of sequence numbers kept as sorted, disjoint, inclusive ranges.
+
+Holdings ("which seqs of this ship's stream does a site hold"), the Spark ledger and a
+consumer's portable position are all a `RangeSet` per `(origin, stream)`. Seqs arrive
+mostly in order, so a set of a million seqs is usually one range: a few numbers.
+
+Text form (used in logs, the ledger and the HTTP API): ``"1-500,502,504-510"``; the
+empty set is ``""``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator
+
+__all__ = ["RangeSet"]
+
+
+class RangeSet:
+    """A mutable set of positive integers stored as inclusive ``(lo, hi)`` ranges."""
+
+    __slots__ = ("_his", "_los")
+
+    def __init__(self, ranges: Iterable[tuple[int, int]] = ()) -> None:
+        self._los: list[int] = []
+        self._his: list[int] = []
+        for lo, hi in ranges:
+            self.add_range(lo, hi)
+
+    # -- construction -------------------------------------------------------------------
+    @classmethod
+    def parse(cls, text: str) -> RangeSet:
+        """Parse the text form ``"1-5,7"``; raise ``ValueError`` naming the bad part."""
+        out = cls()
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            lo_s, sep, hi_s = part.partition("-")
+            try:
+                lo = int(lo_s)
+                hi = int(hi_s) if sep else lo
+            except ValueError:
+                raise ValueError(f"bad seq range {part!r} in {text!r}") from None
+            out.add_range(lo, hi)
+        return out
+
+    @classmethod
+    def from_seqs(cls, seqs: Iterable[int]) -> RangeSet:
+        out = cls()
+        for s in sorted(seqs):
+            out.add_range(s, s)
+        return out
+
+    def copy(self) -> RangeSet:
+        out = RangeSet()
+        out._los = list(self._los)
+        out._his = list(self._his)
+        return out
+
+    # -- mutation -----------------------------------------------------------------------
+    def add(self, seq: int) -> None:
+        self.add_range(seq, seq)
+
+    def add_range(self, lo: int, hi: int) -> None:
+        """Add every seq in ``lo..hi`` (inclusive), merging touching ranges."""
+        if lo < 1 or hi < lo:
+            raise ValueError(f"bad seq range {lo}-{hi}: need 1 <= lo <= hi")
+        los, his = self._los, self._his
+        # fast path: appending at the end, the common case for in-order seqs
+        if not los or lo > his[-1] + 1:
+            los.append(lo)
+            his.append(hi)
+            return
+        if lo >= los[-1] and lo <= his[-1] + 1:
+            if hi > his[-1]:
+                his[-1] = hi
+            return
+        # general case: find every range that overlaps or touches [lo-1, hi+1]
+        i = bisect.bisect_left(his, lo - 1)
+        j = bisect.bisect_right(los, hi + 1)
+        if i < j:
+            lo = min(lo, los[i])
+            hi = max(hi, his[j - 1])
+        los[i:j] = [lo]
+        his[i:j] = [hi]
+
+    def update(self, other: RangeSet) -> None:
+        for lo, hi in other:
+            self.add_range(lo, hi)
+
+    def remove_below(self, seq: int) -> None:
+        """Forget every seq below ``seq`` (used when retention trims the front)."""
+        while self._los and self._his[0] < seq:
+            del self._los[0]
+            del self._his[0]
+        if self._los and self._los[0] < seq:
+            self._los[0] = seq
+
+    # -- queries ------------------------------------------------------------------------
+    def __contains__(self, seq: object) -> bool:
+        if not isinstance(seq, int):
+            return False
+        i = bisect.bisect_right(self._los, seq) - 1
+        return i >= 0 and seq <= self._his[i]
+
+    def contains_range(self, lo: int, hi: int) -> bool:
+        i = bisect.bisect_right(self._los, lo) - 1
+        return i >= 0 and hi <= self._his[i]
+
+    def overlaps(self, lo: int, hi: int) -> bool:
+        i = bisect.bisect_left(self._his, lo)
+        return i < len(self._los) and self._los[i] <= hi
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(zip(self._los, self._his, strict=True))
+
+    def __len__(self) -> int:
+        """Number of ranges (not of seqs: see :meth:`count`)."""
+        return len(self._los)
+
+    def __bool__(self) -> bool:
+        return bool(self._los)
+
+    def count(self) -> int:
+        return sum(h - l + 1 for l, h in zip(self._los, self._his, strict=True))  # noqa: E741
+
+    @property
+    def first(self) -> int | None:
+        return self._los[0] if self._los else None
+
+    @property
+    def last(self) -> int | None:
+        return self._his[-1] if self._his else None
+
+    def contiguous_end(self) -> int:
+        """Highest seq ``n`` such that ``1..n`` are all held (0 if seq 1 is missing)."""
+        if self._los and self._los[0] == 1:
+            return self._his[0]
+        return 0
+
+    def missing(self, lo: int, hi: int) -> RangeSet:
+        """The seqs in ``lo..hi`` that this set does not hold."""
+        out = RangeSet()
+        cur = lo
+        for a, b in self:
+            if b < cur:
+                continue
+            if a > hi:
+                break
+            if a > cur:
+                out.add_range(cur, min(a - 1, hi))
+            cur = max(cur, b + 1)
+            if cur > hi:
+                break
+        if cur <= hi:
+            out.add_range(cur, hi)
+        return out
+
+    # -- dunder -------------------------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RangeSet) and self._los == other._los and self._his == other._his
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: not a dict key
+
+    def __str__(self) -> str:
+        return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in self)
+
+    def __repr__(self) -> str:
+        return f"RangeSet({str(self)!r})"
+
+    def to_json(self) -> list[list[int]]:
+        return [[a, b] for a, b in self]
+
+    @classmethod
+    def from_json(cls, data: Iterable[Iterable[int]]) -> RangeSet:
+        out = cls()
+        for pair in data:
+            lo, hi = (int(x) for x in pair)
+            out.add_range(lo, hi)
+        return out

@@ -1,0 +1,41 @@
+"""Maven coordinates Spark needs on its classpath, matched to the installed pyspark.
+
+Spark 4.0.0 with Delta 4.0.0, both Scala 2.13. Newer pairs look tempting (delta-spark
+4.4.1 on PyPI supports pyspark <= 4.2.0) but their JVM halves are not complete on Maven
+Central: ``spark-sql-kafka-0-10`` depends on ``spark-token-provider-kafka-0-10`` of the
+same version, which Central serves for 4.0.0 only, and ``delta-spark_2.13`` stops at
+4.4.0. Bump these together with the pins in pyproject.toml.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["DELTA_VERSION", "SPARK_PACKAGES", "SPARK_VERSION", "spark_package_conf"]
+
+SPARK_VERSION = "4.0.0"
+DELTA_VERSION = "4.0.0"
+SCALA = "2.13"
+
+SPARK_PACKAGES = (
+    f"org.apache.spark:spark-sql-kafka-0-10_{SCALA}:{SPARK_VERSION}",
+    f"io.delta:delta-spark_{SCALA}:{DELTA_VERSION}",
+)
+
+
+#: Resolve from Maven Central only (see the comment in the file).
+IVY_SETTINGS = Path(__file__).resolve().parents[1] / "deploy" / "spark" / "ivysettings.xml"
+
+
+def spark_package_conf(ivy_dir: str | None) -> dict[str, str]:
+    """Spark conf entries that put the Kafka connector and Delta on the classpath,
+    resolved through (and cached in) ``ivy_dir``."""
+    conf = {
+        "spark.jars.packages": ",".join(SPARK_PACKAGES),
+        "spark.jars.ivySettings": str(IVY_SETTINGS),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    }
+    if ivy_dir:
+        conf["spark.jars.ivy"] = ivy_dir
+    return conf

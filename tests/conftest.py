@@ -1,0 +1,107 @@
+"""Fixtures that start the real components, through the same code as `shorelink stack`.
+
+Kafka brokers and Spark are session-scoped (a JVM start costs seconds); tests keep apart
+by using unique topic names. Mosquitto is cheap and starts fresh per test.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from local_stack.kafka import KafkaBroker, start_kafka
+from local_stack.mosquitto import MosquittoBroker, start_mosquitto
+from local_stack.process import stop_procs
+from local_stack.toxiproxy import Toxiproxy, ToxiproxyServer, start_toxiproxy
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+AIS_SAMPLE = SHARED / "data" / "ais" / "nmea_data_sample.txt"
+
+
+def unique(prefix: str) -> str:
+    """A name no other test uses (topics, client ids, ...)."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def stack_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stack")
+
+
+@pytest.fixture(scope="session")
+def kafka_sites(stack_root: Path) -> Iterator[Callable[..., dict[str, KafkaBroker]]]:
+    """Factory: ``kafka_sites("tokyo", "hq")`` -> one running broker per site, started
+    once per session and shared by every test that names the same site."""
+    brokers: dict[str, KafkaBroker] = {}
+
+    def get(*sites: str) -> dict[str, KafkaBroker]:
+        new = [s for s in sites if s not in brokers]
+        started = [
+            start_kafka(s, stack_root / "sites" / s, stack_root / "logs", wait=False, heap="384m")
+            for s in new
+        ]
+        for b in started:
+            b.proc.wait_ready(b.ready, timeout=120)
+            brokers[b.site] = b
+        return {s: brokers[s] for s in sites}
+
+    yield get
+    stop_procs([b.proc for b in brokers.values()], grace=10)
+
+
+@pytest.fixture(scope="session")
+def kafka(kafka_sites: Callable[..., dict[str, KafkaBroker]]) -> KafkaBroker:
+    """The session's default site broker."""
+    return kafka_sites("site")["site"]
+
+
+@pytest.fixture
+def mosquitto(tmp_path: Path) -> Iterator[MosquittoBroker]:
+    broker = start_mosquitto("ship", tmp_path / "mosquitto", tmp_path / "logs")
+    yield broker
+    broker.proc.stop(grace=5)
+
+
+@pytest.fixture(scope="session")
+def toxiproxy_server(stack_root: Path) -> Iterator[ToxiproxyServer]:
+    server = start_toxiproxy(stack_root / "logs")
+    yield server
+    server.proc.stop(grace=5)
+
+
+@pytest.fixture
+def toxiproxy(toxiproxy_server: ToxiproxyServer) -> Iterator[Toxiproxy]:
+    """A toxiproxy client; every proxy is enabled and every toxic removed afterwards."""
+    client = toxiproxy_server.client()
+    yield client
+    client.reset()
+
+
+@pytest.fixture(scope="session")
+def spark(stack_root: Path) -> Iterator[object]:
+    """A local-mode SparkSession with the Kafka connector and Delta on its classpath
+    (resolved from the Ivy cache that scripts/setup filled)."""
+    from pyspark.sql import SparkSession
+
+    from local_stack.tools import ivy_dir
+    from spark_core.packages import spark_package_conf
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("shorelink-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.warehouse.dir", str(stack_root / "warehouse"))
+        .config("spark.driver.memory", "1g")
+    )
+    for k, v in spark_package_conf(str(ivy_dir())).items():
+        builder = builder.config(k, v)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    yield session
+    session.stop()

@@ -1,0 +1,68 @@
+"""The stack's Kafka is a real broker: transactions, read_committed, no auto-creation."""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaError, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from local_stack.kafka import KafkaBroker
+from shorelink.kafka_io import read_to_end
+from shorelink.topics import TopicSpec, ensure_topics
+from tests.conftest import unique
+
+
+def _values(bootstrap: str, topic: str, isolation: str) -> list[bytes]:
+    return [m.value() for m in read_to_end(bootstrap, [topic], isolation=isolation)]
+
+
+def test_transactional_produce_visible_to_read_committed_only_after_commit(
+    kafka: KafkaBroker,
+) -> None:
+    """Exactly-once in the gateway and merge rests on transactions: aborted writes must
+    never reach a read_committed consumer."""
+    topic = unique("txn")
+    ensure_topics(kafka.bootstrap, [TopicSpec(topic)])
+    p = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": unique("tx")})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(5):
+        p.produce(topic, value=f"aborted-{i}".encode())
+    p.flush()
+    p.abort_transaction(30)
+    p.begin_transaction()
+    for i in range(5):
+        p.produce(topic, value=f"committed-{i}".encode())
+    p.commit_transaction(30)
+
+    committed = _values(kafka.bootstrap, topic, "read_committed")
+    assert committed == [f"committed-{i}".encode() for i in range(5)]
+    uncommitted = _values(kafka.bootstrap, topic, "read_uncommitted")
+    assert len(uncommitted) == 10
+
+
+def test_auto_topic_creation_is_off(kafka: KafkaBroker) -> None:
+    """Production keeps auto-creation off; the stack must too, or a missing
+    ensure_topics() call would only fail in production."""
+    topic = unique("nope")
+    p = Producer({"bootstrap.servers": kafka.bootstrap, "message.timeout.ms": 3000})
+    errors: list[KafkaError] = []
+    p.produce(topic, b"x", on_delivery=lambda err, _msg: errors.append(err))
+    p.flush(10)
+    assert errors and errors[0] is not None
+    assert (
+        topic
+        not in AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(timeout=5).topics
+    )
+
+
+def test_ensure_topics_creates_with_partitions_and_retention_once(kafka: KafkaBroker) -> None:
+    topic = unique("spec")
+    spec = TopicSpec(topic, partitions=3, retention_ms=3_600_000)
+    assert ensure_topics(kafka.bootstrap, [spec]) == [topic]
+    assert ensure_topics(kafka.bootstrap, [spec]) == []  # second call: nothing to do
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    md = admin.list_topics(topic, timeout=5).topics[topic]
+    assert len(md.partitions) == 3
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    cfg = admin.describe_configs([res])[res].result(timeout=10)
+    assert cfg["retention.ms"].value == "3600000"

@@ -1,0 +1,63 @@
+"""`shorelink stack up/status/down` through the real CLI: the demo, benchmarks and
+developers use it, so it must start everything, describe it, and leave nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from local_stack.process import pid_alive, port_open
+
+CLI = [sys.executable, "-m", "shorelink.cli"]
+
+
+def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=180, check=check)
+
+
+def test_stack_up_status_down_leaves_nothing_behind(tmp_path: Path) -> None:
+    d = tmp_path / "st"
+    _run("stack", "up", "--sites", "a,b", "--ships", "1", "--dir", str(d), "--kafka-heap", "256m")
+    info = json.loads((d / "stack.json").read_text())
+    assert set(info["sites"]) == {"a", "b"}
+    assert set(info["ships"]) == {"ship1"}
+    assert set(info["links"]) == {"ship1-to-a", "ship1-to-b"}
+    assert info["links"]["ship1-to-a"]["upstream"] == info["sites"]["a"]["gateway"]
+
+    addresses = [s["kafka"] for s in info["sites"].values()] + [info["ships"]["ship1"]["mqtt"]]
+    addresses += [info["toxiproxy"]["api"].removeprefix("http://")]
+    addresses += [link["listen"] for link in info["links"].values()]
+    pids = [s["pid"] for s in info["sites"].values()] + [
+        info["ships"]["ship1"]["pid"],
+        info["toxiproxy"]["pid"],
+    ]
+    for addr in addresses:
+        host, port = addr.rsplit(":", 1)
+        assert port_open(host, int(port)), addr
+
+    st = _run("stack", "status", "--dir", str(d), "--json")
+    assert {r["state"] for r in json.loads(st.stdout)} == {"up"}
+
+    # a crashed component is named, with its log file, and status fails
+    os.kill(info["ships"]["ship1"]["pid"], signal.SIGKILL)
+    bad = _run("stack", "status", "--dir", str(d), check=False)
+    assert bad.returncode == 1
+    line = next(ln for ln in bad.stdout.splitlines() if ln.startswith("mosquitto:ship1"))
+    assert "dead" in line and info["ships"]["ship1"]["log"] in line
+
+    down = _run("stack", "down", "--dir", str(d))
+    assert "kafka:a" in down.stdout
+    assert not any(pid_alive(p) for p in pids)
+    for addr in addresses:
+        host, port = addr.rsplit(":", 1)
+        assert not port_open(host, int(port)), f"{addr} still listening"
+
+
+def test_stack_status_without_a_stack_is_a_clear_error(tmp_path: Path) -> None:
+    res = _run("stack", "status", "--dir", str(tmp_path / "none"), check=False)
+    assert res.returncode == 1
+    assert "no stack in" in res.stderr
