@@ -1,16 +1,139 @@
-"""``shorelink-edge``: command line of the ship's edge agent: MQTT ingest into a durable log, upload to shore."""
+"""``shorelink-edge``: the ship's edge agent (MQTT ingest into a durable log; upload to
+shore) and the tools to inspect it."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
 import click
 
+from edge_agent.config import EdgeConfig, load_config
+from edge_agent.status import collect_status, open_log
+from shorelink.errors import ShorelinkError
+from shorelink.logs import configure_logging
+
 __all__ = ["main"]
+
+CONFIG = click.option("--config", "config_path", type=click.Path(path_type=Path), required=True,
+                      envvar="SHORELINK_EDGE_CONFIG", help="Edge config TOML (env SHORELINK_EDGE_CONFIG).")
+
+
+def _fail(exc: Exception) -> NoReturn:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(2)
+
+
+def _load(path: Path) -> EdgeConfig:
+    try:
+        return load_config(path)
+    except ShorelinkError as exc:
+        _fail(exc)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="shorelink")
 def main() -> None:
-    """shorelink-edge: the ship's edge agent: MQTT ingest into a durable log, upload to shore."""
+    """shorelink-edge: the ship's edge agent."""
+
+
+@main.command("check-config")
+@click.argument("config_file", type=click.Path(path_type=Path))
+def check_config(config_file: Path) -> None:
+    """Validate CONFIG_FILE; print the effective settings (secrets masked)."""
+    cfg = _load(config_file)
+    click.echo(f"ok: ship={cfg.ship} log={cfg.log.path} mqtt={cfg.mqtt.host}:{cfg.mqtt.port} "
+               f"streams={','.join(s.name for s in cfg.by_priority())} rules={len(cfg.rules)}")
+
+
+@main.command()
+@CONFIG
+@click.option("--log-json", is_flag=True, help="Log JSON lines instead of key=value.")
+def run(config_path: Path, log_json: bool) -> None:
+    """Run the agent (systemd: Type=notify) until SIGTERM or SIGINT."""
+    from edge_agent.agent import Agent
+
+    cfg = _load(config_path)
+    configure_logging(cfg.log_level, as_json=log_json)
+
+    async def _main() -> None:
+        await Agent(cfg).run()
+
+    try:
+        asyncio.run(_main())
+    except ShorelinkError as exc:
+        _fail(exc)
+
+
+@main.command()
+@CONFIG
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(config_path: Path, as_json: bool) -> None:
+    """Per stream: last seq, what shore holds, backlog, oldest undelivered age; and the
+    quarantine count. Reads the log, so it works while the agent runs."""
+    cfg = _load(config_path)
+    try:
+        edge_log = open_log(cfg, readonly=True)
+        report = collect_status(cfg, edge_log)
+        edge_log.close()
+    except ShorelinkError as exc:
+        _fail(exc)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    _print_status(report)
+
+
+def _print_status(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"ship {report['ship']}  log {report['log']}")
+    for col in ("stream", "prio", "last seq", "held by shore", "backlog", "backlog bytes",
+                "oldest undelivered", "dropped", "rejected"):
+        t.add_column(col)
+    for name, s in report["streams"].items():
+        held = "; ".join(f"{site}:{r}" for site, r in s["held"].items()) or "-"
+        age = s["oldest_undelivered_age_s"]
+        t.add_row(name, str(s["priority"]), str(s["last_seq"]), held, str(s["backlog_records"]),
+                  str(s["backlog_bytes"]), "-" if age is None else f"{age:.0f}s",
+                  str(s["dropped"]), str(s["rejected"]))
+    c = Console()
+    c.print(t)
+    c.print(f"log: {report['log_record_bytes']} of {report['log_budget_bytes']} budget bytes, "
+            f"{report['log_file_bytes']} on disk; quarantined: {report['quarantined']}")
+
+
+@main.command()
+@CONFIG
+@click.option("--stream", required=True, help="Stream to show.")
+@click.option("-n", "count", default=10, show_default=True, help="How many of the newest records.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new records.")
+def tail(config_path: Path, stream: str, count: int, follow: bool) -> None:
+    """Print the newest records of a stream (seq, key, event time, topic, payload)."""
+    cfg = _load(config_path)
+    try:
+        edge_log = open_log(cfg, readonly=True)
+        last = 0
+        while True:
+            recs = edge_log.tail(stream, count) if not last else edge_log.read(stream, last + 1, 1 << 62)
+            for r in recs:
+                payload = r.payload.decode("utf-8", "backslashreplace")
+                click.echo(f"{r.seq}\t{r.key}\t{r.ts_ms}\t{r.topic}\t{payload}")
+                last = r.seq
+            if not follow:
+                break
+            if not recs and not last:
+                last = edge_log.stream_state(stream).next_seq - 1
+            time.sleep(1)
+            edge_log.close()
+            edge_log = open_log(cfg, readonly=True)  # see the writer's newest commits
+    except ShorelinkError as exc:
+        _fail(exc)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,103 @@
+"""The edge agent process: wires the log, ingest, metrics and systemd together and runs
+until SIGTERM/SIGINT, then stops cleanly (everything received is committed and
+acknowledged first)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+
+from prometheus_client import start_http_server
+
+from edge_agent import systemd
+from edge_agent.config import EdgeConfig
+from edge_agent.ingest import Ingest
+from edge_agent.log import EdgeLog
+from edge_agent.metrics import EdgeMetrics
+from edge_agent.status import open_log
+
+__all__ = ["Agent"]
+
+log = logging.getLogger(__name__)
+
+GAUGE_INTERVAL_S = 5.0
+EXPIRE_INTERVAL_S = 60.0
+
+
+class Agent:
+    def __init__(self, cfg: EdgeConfig) -> None:
+        self.cfg = cfg
+        self.metrics = EdgeMetrics()
+        t0 = time.monotonic()
+        self.log: EdgeLog = open_log(cfg)
+        log.info("event=log_opened path=%s seconds=%.3f records=%d", cfg.log.path,
+                 time.monotonic() - t0, sum(self.log.stream_state(s).count for s in self.log.stream_names()))
+        self.ingest = Ingest(cfg, self.log, self.metrics)
+        self.stop = asyncio.Event()
+
+    async def run(self, *, install_signals: bool = True) -> None:
+        """Run until :attr:`stop` is set (by SIGTERM/SIGINT, or by the caller)."""
+        loop = asyncio.get_running_loop()
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop.set)
+        if self.cfg.metrics.port:
+            server, _thread = start_http_server(self.cfg.metrics.port, self.cfg.metrics.host,
+                                                registry=self.metrics.registry)
+            log.info("event=metrics_listening address=%s:%d", self.cfg.metrics.host, server.server_port)
+        tasks = [
+            asyncio.create_task(self.ingest.run(self.stop), name="ingest"),
+            asyncio.create_task(self._housekeeping(), name="housekeeping"),
+            asyncio.create_task(self._watchdog(), name="watchdog"),
+        ]
+        systemd.notify("READY=1")
+        log.info("event=agent_started ship=%s mqtt=%s:%d", self.cfg.ship, self.cfg.mqtt.host, self.cfg.mqtt.port)
+        try:
+            await self.stop.wait()
+        finally:
+            systemd.notify("STOPPING=1")
+            log.info("event=agent_stopping")
+            await tasks[0]  # ingest drains: commit and acknowledge what it received
+            for t in tasks[1:]:
+                t.cancel()
+            for t in tasks[1:]:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            self.log.close()
+            log.info("event=agent_stopped")
+
+    async def _watchdog(self) -> None:
+        interval = systemd.watchdog_interval()
+        if interval is None:
+            return
+        while True:
+            if self.ingest.healthy():
+                systemd.notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    async def _housekeeping(self) -> None:
+        last_expire = 0.0
+        while True:
+            if time.monotonic() - last_expire > EXPIRE_INTERVAL_S:
+                removed = await asyncio.to_thread(self.log.expire)
+                if removed:
+                    log.info("event=retention_expired removed=%s", removed)
+                last_expire = time.monotonic()
+            await asyncio.to_thread(self.update_gauges)
+            await asyncio.sleep(GAUGE_INTERVAL_S)
+
+    def update_gauges(self) -> None:
+        m = self.metrics
+        now_ms = time.time() * 1000
+        for name in self.log.stream_names():
+            n, nbytes, oldest = self.log.backlog(name)
+            m.backlog_records.labels(name).set(n)
+            m.backlog_bytes.labels(name).set(nbytes)
+            m.oldest_undelivered_age.labels(name).set((now_ms - oldest) / 1000 if oldest else 0)
+            m.last_seq.labels(name).set(self.log.stream_state(name).next_seq - 1)
+        m.log_bytes.set(self.log.total_bytes())
+        m.disk_bytes.set(self.log.file_bytes())
+        m.quarantine_size.set(self.log.quarantine_count())

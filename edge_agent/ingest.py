@@ -1,0 +1,308 @@
+"""MQTT in, durable log, PUBACK last.
+
+Why paho-mqtt and not aiomqtt: the invariant here is *commit, then acknowledge*, which
+needs manual acknowledgement. aiomqtt wraps paho but offers no public manual-ack API;
+paho-mqtt 2.x has ``manual_ack=True`` plus ``Client.ack(mid, qos)``. So ingest uses paho
+directly, driven by the agent's asyncio loop through paho's documented external-loop
+hooks (``on_socket_open`` / ``on_socket_register_write`` -> ``loop_read`` /
+``loop_write`` / ``loop_misc``). Every paho call happens on the event loop thread, so no
+locking is needed; only the SQLite commit runs in a worker thread.
+
+- connection: an explicit ``while`` loop connects with a persistent session
+  (``clean_start=False``, session expiry > 0), waits until the connection drops, then
+  backs off (exponential with jitter, capped) and connects again;
+- commit: received messages are taken off a queue in groups (``group_commit`` seconds
+  or ``group_commit_max`` messages), each group is committed in one SQLite transaction,
+  and only then are the PUBACKs sent, in order.
+
+A message the broker resends after a crash (DUP flag, same packet id) whose packet id
+and digest were committed already is acknowledged without being stored again. PUBACKs
+for messages received on a connection that has since dropped are not sent: the broker
+redelivers those messages on the new connection and the digest check recognises them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from edge_agent.config import EdgeConfig
+from edge_agent.errors import LogError, LogFullError, UnusableMessage
+from edge_agent.log import CommitResult, EdgeLog, Incoming, Quarantined, message_digest
+from edge_agent.metrics import EdgeMetrics
+from edge_agent.rules import map_message
+from shorelink.logs import RateLimitedLog
+
+__all__ = ["Ingest"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Received:
+    generation: int
+    client: mqtt.Client
+    msg: mqtt.MQTTMessage
+    recv_ms: int
+    recv_mono: float
+
+
+class _PahoOnAsyncio:
+    """Drives one paho client from the asyncio loop (paho's external-loop API)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, client: mqtt.Client) -> None:
+        self.loop = loop
+        self.client = client
+        self.misc: asyncio.Task[None] | None = None
+        self.closed = asyncio.Event()
+        client.on_socket_open = self._open
+        client.on_socket_close = self._close
+        client.on_socket_register_write = self._register_write
+        client.on_socket_unregister_write = self._unregister_write
+
+    def _open(self, client: mqtt.Client, _u: object, sock: Any) -> None:
+        self.loop.add_reader(sock, client.loop_read)
+        self.misc = self.loop.create_task(self._misc_loop())
+
+    def _close(self, _c: mqtt.Client, _u: object, sock: Any) -> None:
+        self.loop.remove_reader(sock)
+        self.loop.remove_writer(sock)
+        if self.misc is not None:
+            self.misc.cancel()
+        self.closed.set()
+
+    def _register_write(self, client: mqtt.Client, _u: object, sock: Any) -> None:
+        self.loop.add_writer(sock, client.loop_write)
+
+    def _unregister_write(self, _c: mqtt.Client, _u: object, sock: Any) -> None:
+        self.loop.remove_writer(sock)
+
+    async def _misc_loop(self) -> None:
+        while self.client.loop_misc() == MQTTErrorCode.MQTT_ERR_SUCCESS:
+            await asyncio.sleep(1)
+
+
+class Ingest:
+    def __init__(self, cfg: EdgeConfig, edge_log: EdgeLog, metrics: EdgeMetrics) -> None:
+        self.cfg = cfg
+        self.log = edge_log
+        self.metrics = metrics
+        self._queue: asyncio.Queue[_Received] = asyncio.Queue()
+        self._generation = 0
+        self._stopping = threading.Event()  # read by the commit worker thread
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.connected = asyncio.Event()
+        #: monotonic time the commit loop last went round (for the systemd watchdog)
+        self.heartbeat = time.monotonic()
+        self._limited = RateLimitedLog(log)
+
+    def healthy(self, max_age: float = 10.0) -> bool:
+        return time.monotonic() - self.heartbeat < max_age
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Receive and commit until ``stop`` is set; then commit and acknowledge what
+        was received, and disconnect."""
+        committer = asyncio.create_task(self._commit_loop(), name="commit")
+        try:
+            await self._connection_loop(stop)
+        finally:
+            self._stopping.set()
+            committer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await committer
+
+    # -- connection ----------------------------------------------------------------------
+    def _new_client(self) -> mqtt.Client:
+        m = self.cfg.mqtt
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=m.client_id,
+                             protocol=MQTTProtocolVersion.MQTTv5, manual_ack=True,
+                             reconnect_on_failure=False)
+        if m.username:
+            client.username_pw_set(m.username, m.password.value or None)
+        if m.tls:
+            client.tls_set(ca_certs=m.ca_file)
+        client.on_connect = self._on_connect
+        client.on_message = self._on_message
+        client.on_disconnect = self._on_disconnect
+        return client
+
+    async def _connection_loop(self, stop: asyncio.Event) -> None:
+        m = self.cfg.mqtt
+        loop = asyncio.get_running_loop()
+        delay = m.reconnect_min_s
+        while not stop.is_set():
+            client = self._new_client()
+            driver = _PahoOnAsyncio(loop, client)
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = m.session_expiry_s
+            props.ReceiveMaximum = m.receive_maximum
+            generation = self._generation
+            try:
+                client.connect(m.host, m.port, m.keepalive_s, clean_start=False, properties=props)
+            except (OSError, ValueError) as exc:
+                self._limited.warning("mqtt_connect", "event=mqtt_connect_failed host=%s port=%d error=%r",
+                                      m.host, m.port, str(exc))
+            else:
+                await _first(driver.closed.wait(), stop.wait())
+                if self._generation > generation:
+                    delay = m.reconnect_min_s  # we were connected: start backing off afresh
+                if stop.is_set() and not driver.closed.is_set():
+                    await self._drain()
+                    client.disconnect()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(driver.closed.wait(), 2)
+            self.connected.clear()
+            self.metrics.mqtt_connected.set(0)
+            if stop.is_set():
+                return
+            wait = delay * (0.5 + random.random())
+            delay = min(delay * 2, m.reconnect_max_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), wait)
+
+    async def _drain(self) -> None:
+        """Let the commit loop commit and acknowledge everything received so far."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                while not self._queue.empty() or not self._idle.is_set():
+                    await asyncio.sleep(0.01)
+
+    def _on_connect(self, client: mqtt.Client, _u: object, flags: mqtt.ConnectFlags,
+                    reason: mqtt.ReasonCode, _p: Properties | None) -> None:
+        if reason.is_failure:
+            self._limited.warning("mqtt_refused", "event=mqtt_connect_refused reason=%r", str(reason))
+            client.disconnect()
+            return
+        self._generation += 1
+        if not flags.session_present:
+            log.info("event=mqtt_new_session client_id=%s", self.cfg.mqtt.client_id)
+        # retainHandling=2: retained messages are not replayed on (re)subscribe: they were
+        # stored when they were published; replaying them would store them again.
+        opts = SubscribeOptions(qos=1, retainHandling=2)
+        client.subscribe([(f, opts) for f in self.cfg.mqtt.subscriptions])
+        self.connected.set()
+        self.metrics.mqtt_connected.set(1)
+        log.info("event=mqtt_connected host=%s port=%d session_present=%s generation=%d",
+                 self.cfg.mqtt.host, self.cfg.mqtt.port, flags.session_present, self._generation)
+
+    def _on_disconnect(self, _c: mqtt.Client, _u: object, _f: object, reason: mqtt.ReasonCode,
+                       _p: Properties | None) -> None:
+        self.connected.clear()
+        if not self._stopping.is_set():
+            self._limited.warning("mqtt_disconnect", "event=mqtt_disconnected reason=%r", str(reason))
+
+    def _on_message(self, client: mqtt.Client, _u: object, msg: mqtt.MQTTMessage) -> None:
+        log.debug("event=message mid=%d dup=%s qos=%d", msg.mid, msg.dup, msg.qos)
+        self._queue.put_nowait(_Received(self._generation, client, msg, int(time.time() * 1000),
+                                         time.monotonic()))
+
+    # -- commit --------------------------------------------------------------------------
+    async def _commit_loop(self) -> None:
+        window = self.cfg.log.group_commit_s
+        max_n = self.cfg.log.group_commit_max
+        q = self._queue
+        while True:
+            self.heartbeat = time.monotonic()
+            try:
+                first = await asyncio.wait_for(q.get(), 1.0)
+            except TimeoutError:
+                continue
+            self._idle.clear()
+            try:
+                if q.qsize() < max_n - 1 and window > 0:
+                    await asyncio.sleep(window)  # group commit: let a few more arrive
+                batch = [first]
+                while len(batch) < max_n and not q.empty():
+                    batch.append(q.get_nowait())
+                await self._process(batch)
+            finally:
+                self._idle.set()
+
+    async def _process(self, batch: list[_Received]) -> None:
+        incoming, quarantined = self._prepare(batch)
+        t0 = time.monotonic()
+        result = await asyncio.to_thread(self._commit_with_retry, incoming, quarantined)
+        if result is None:
+            return  # stopping while the log could not be written: nothing is acknowledged
+        self.metrics.commit_seconds.observe(time.monotonic() - t0)
+        self.metrics.batch_size.observe(len(batch))
+        self._acknowledge(batch)
+        self.metrics.observe_commit(incoming, result)
+
+    def _prepare(self, batch: list[_Received]) -> tuple[list[Incoming], list[Quarantined]]:
+        incoming: list[Incoming] = []
+        quarantined: list[Quarantined] = []
+        max_payload = self.cfg.mqtt.max_payload_bytes
+        for r in batch:
+            raw_topic: bytes = r.msg._topic  # as received; .topic raises on bad UTF-8
+            payload = bytes(r.msg.payload)
+            try:
+                try:
+                    topic = raw_topic.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise UnusableMessage("bad_topic", f"topic is not UTF-8: {raw_topic[:80]!r}") from None
+                if len(payload) > max_payload:
+                    raise UnusableMessage("oversized", f"{len(payload)} bytes > max_payload_bytes {max_payload}")
+                mapped = map_message(self.cfg.rules, topic, payload, r.recv_ms)
+            except UnusableMessage as exc:
+                quarantined.append(Quarantined(r.recv_ms, raw_topic, exc.reason, str(exc), payload))
+                self.metrics.quarantined.labels(exc.reason).inc()
+                self._limited.warning(f"quarantine:{exc.reason}", "event=message_quarantined reason=%s detail=%r",
+                                      exc.reason, str(exc))
+                continue
+            incoming.append(Incoming(mapped.stream, mapped.key, mapped.ts_ms, r.recv_ms, topic, payload,
+                                     mid=r.msg.mid if r.msg.qos else 0, dup=bool(r.msg.dup),
+                                     digest=message_digest(raw_topic, payload)))
+        return incoming, quarantined
+
+    def _commit_with_retry(self, incoming: list[Incoming], quarantined: list[Quarantined]) -> CommitResult | None:
+        """Runs in a worker thread. Retries until the log takes the batch or we stop."""
+        delay = 0.1
+        while True:
+            try:
+                result = self.log.commit(incoming, quarantined)
+                self.metrics.log_full.set(0)
+                return result
+            except LogError as exc:
+                # Nothing was stored and nothing is acknowledged: the broker keeps the
+                # messages (and, once our receive window is full, stops sending).
+                self.metrics.log_errors.inc()
+                self.metrics.log_full.set(1 if isinstance(exc, LogFullError) else 0)
+                self._limited.warning("log_commit", "event=commit_failed error=%r retry_in=%.1fs", str(exc), delay)
+                if self._stopping.wait(delay):
+                    return None
+                self.heartbeat = time.monotonic()
+                delay = min(delay * 2, 5.0)
+
+    def _acknowledge(self, batch: list[_Received]) -> None:
+        now = time.monotonic()
+        gen = self._generation
+        for r in batch:
+            if r.msg.qos == 0 or r.generation != gen:
+                continue  # QoS 0, or connection gone: the broker redelivers, the digest dedups
+            rc = r.client.ack(r.msg.mid, r.msg.qos)
+            log.debug("event=ack mid=%d rc=%s", r.msg.mid, rc)
+            self.metrics.receive_to_ack_seconds.observe(now - r.recv_mono)
+
+
+async def _first(*aws: Coroutine[Any, Any, Any]) -> None:
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()

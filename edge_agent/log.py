@@ -1,0 +1,332 @@
+"""The on-ship log: SQLite in WAL mode, the single source of truth on the ship.
+
+A message is acknowledged to the broker only after :meth:`EdgeLog.commit` returned, so
+everything acknowledged survives ``kill -9`` and (with ``synchronous=full``) power cuts.
+Seqs are assigned inside the commit transaction: gapless per ``(origin, stream)``.
+
+Thread-safety: one connection behind a lock; the ingest thread writes, the uplink and
+status read. Other processes (``shorelink-edge status``) open their own read-only log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlite_utils
+
+from edge_agent.config import LogConfig, StreamConfig
+from edge_agent.errors import LogError, LogFullError
+from edge_agent.migrations import migrate
+from edge_agent.retention import Retention, StreamState
+from shorelink.ranges import RangeSet
+
+__all__ = ["CommitResult", "EdgeLog", "Incoming", "LogRecord", "message_digest"]
+
+log = logging.getLogger(__name__)
+
+#: bytes a record costs besides payload, key and topic (row header, seq, times)
+ROW_OVERHEAD = 32
+QUARANTINE_PAYLOAD_MAX = 1024
+
+
+def message_digest(topic: bytes, payload: bytes) -> bytes:
+    return hashlib.blake2b(topic + b"\0" + payload, digest_size=16).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """A mapped MQTT message on its way into the log."""
+
+    stream: str
+    key: str
+    ts_ms: int
+    recv_ms: int
+    topic: str
+    payload: bytes
+    mid: int = 0  # MQTT packet id (0: none, QoS 0)
+    dup: bool = False
+    digest: bytes = b""
+
+    @property
+    def size(self) -> int:
+        return len(self.payload) + len(self.key) + len(self.topic) + ROW_OVERHEAD
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantined:
+    recv_ms: int
+    topic: bytes
+    reason: str
+    detail: str
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    stream: str
+    seq: int
+    key: str
+    ts_ms: int
+    recv_ms: int
+    topic: str
+    payload: bytes
+
+
+@dataclass
+class CommitResult:
+    #: per incoming message, in order: "stored", "duplicate" or "rejected"
+    outcomes: list[str]
+    #: per incoming message: its seq when stored, else 0
+    seqs: list[int]
+    #: undelivered records dropped by a drop_oldest policy to make room, per stream
+    dropped: dict[str, int]
+    #: delivered records removed to make room, per stream
+    retired: dict[str, int]
+    #: alerts accepted beyond the budget (never dropped, never rejected)
+    over_budget: int = 0
+
+
+class EdgeLog:
+    def __init__(self, path: Path, origin: str, streams: dict[str, StreamConfig], cfg: LogConfig,
+                 *, readonly: bool = False) -> None:
+        self.path = Path(path)
+        self.origin = origin
+        self.streams = streams
+        self.cfg = cfg
+        self._lock = threading.Lock()
+        try:
+            if readonly:
+                if not self.path.exists():
+                    raise LogError(f"no log at {self.path}")
+                self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
+                                             isolation_level=None, check_same_thread=False)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._conn.execute("PRAGMA busy_timeout = 10000")
+            if not readonly:
+                self._conn.execute("PRAGMA journal_mode = WAL")
+                self._conn.execute(f"PRAGMA synchronous = {cfg.synchronous.upper()}")
+                migrate(sqlite_utils.Database(self._conn))
+                self._check_origin()
+        except sqlite3.Error as exc:
+            raise LogError(f"cannot open log {self.path}: {exc}") from exc
+        self._retention = Retention(self._conn, streams, cfg)
+        self._load_state()
+
+    # -- state ---------------------------------------------------------------------------
+    def _check_origin(self) -> None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key = 'origin'").fetchone()
+        if row is None:
+            self._conn.execute("INSERT INTO meta (key, value) VALUES ('origin', ?)", [self.origin])
+        elif row[0] != self.origin:
+            raise LogError(f"log {self.path} belongs to ship {row[0]!r}, not {self.origin!r}")
+
+    def _load_state(self) -> None:
+        state: dict[str, StreamState] = {}
+        for name, next_seq, count, nbytes, dropped, retired, rejected in self._conn.execute(
+            "SELECT name, next_seq, count, bytes, dropped, retired, rejected FROM streams"
+        ):
+            state[name] = StreamState(next_seq, count, nbytes, dropped, retired, rejected)
+        for name in self.streams:
+            state.setdefault(name, StreamState())
+        self._retention.state = state
+        self._inflight: dict[int, bytes] = dict(self._conn.execute("SELECT mid, digest FROM inflight"))
+        held: dict[str, RangeSet] = {}
+        for _site, stream, text in self._conn.execute("SELECT site, stream, ranges FROM holdings"):
+            held.setdefault(stream, RangeSet()).update(RangeSet.parse(text))
+        self._retention.delivered = held
+
+    @contextmanager
+    def _txn(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise LogError(f"log {self.path}: cannot begin: {exc}", retryable=True) from exc
+            try:
+                yield self._conn
+                self._conn.execute("COMMIT")
+            except BaseException as exc:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                self._load_state()  # the in-memory counters followed the rolled-back txn
+                if isinstance(exc, sqlite3.OperationalError) and _is_full(exc):
+                    raise LogFullError(f"disk full writing {self.path}: {exc}") from exc
+                if isinstance(exc, sqlite3.Error):
+                    raise LogError(f"log {self.path}: {exc}", retryable=True) from exc
+                raise
+
+    # -- writing -------------------------------------------------------------------------
+    def commit(self, batch: Sequence[Incoming], quarantine: Sequence[Quarantined] = ()) -> CommitResult:
+        """Store ``batch`` in one transaction: assign seqs, skip redelivered duplicates,
+        apply the disk budget per stream policy, quarantine the unusable. Returns what
+        happened to each message; raises :class:`LogError` (nothing stored) on failure."""
+        outcomes: list[str] = []
+        seqs: list[int] = []
+        now_ms = int(time.time() * 1000)
+        with self._txn() as conn:
+            ret = self._retention
+            ret.begin()
+            inflight = dict(self._inflight)
+            rows = []
+            mids = []
+            for m in batch:
+                if m.mid and m.dup and inflight.get(m.mid) == m.digest:
+                    outcomes.append("duplicate")
+                    seqs.append(0)
+                    continue
+                if not ret.make_room(m.stream, m.size, now_ms):
+                    outcomes.append("rejected")
+                    seqs.append(0)
+                    continue
+                seq = ret.assign(m.stream, m.size)
+                rows.append((m.stream, seq, m.key, m.ts_ms, m.recv_ms, m.topic, m.payload, m.size))
+                if m.mid:
+                    inflight[m.mid] = m.digest
+                    mids.append((m.mid, m.digest))
+                outcomes.append("stored")
+                seqs.append(seq)
+            conn.executemany(
+                "INSERT INTO records (stream, seq, key, ts_ms, recv_ms, topic, payload, size)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            if mids:
+                conn.executemany("INSERT OR REPLACE INTO inflight (mid, digest) VALUES (?, ?)", mids)
+            if quarantine:
+                self._quarantine(conn, quarantine)
+            ret.save()
+            result = CommitResult(outcomes, seqs, ret.dropped_now, ret.retired_now, ret.over_budget_now)
+        self._inflight = inflight
+        return result
+
+    def _quarantine(self, conn: sqlite3.Connection, items: Sequence[Quarantined]) -> None:
+        conn.executemany(
+            "INSERT INTO quarantine (recv_ms, topic, reason, detail, payload, payload_len)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            [(q.recv_ms, q.topic, q.reason, q.detail[:500], q.payload[:QUARANTINE_PAYLOAD_MAX],
+              len(q.payload)) for q in items],
+        )
+        conn.execute("DELETE FROM quarantine WHERE id <= (SELECT max(id) FROM quarantine) - ?",
+                     [self.cfg.quarantine_max])
+
+    def expire(self, now_ms: int | None = None) -> dict[str, int]:
+        """Age-based retention sweep (run periodically): returns records removed per stream."""
+        now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+        with self._txn():
+            self._retention.begin()
+            removed = self._retention.expire(now_ms)
+            self._retention.save()
+        return removed
+
+    def set_holdings(self, site: str, stream: str, ranges: RangeSet) -> None:
+        """Record what ``site`` confirmed it holds of ``stream``; those records become
+        eligible for retention on the ship."""
+        with self._txn() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO holdings (site, stream, ranges, updated_ms) VALUES (?, ?, ?, ?)",
+                [site, stream, str(ranges), int(time.time() * 1000)])
+        with self._lock:
+            self._load_state()
+
+    # -- reading -------------------------------------------------------------------------
+    def read(self, stream: str, lo: int, hi: int, *, max_records: int = 10_000,
+             max_bytes: int = 1 << 30) -> list[LogRecord]:
+        """Records of ``stream`` with ``lo <= seq <= hi`` in seq order, stopping at
+        ``max_records`` or once ``max_bytes`` of payload are reached (at least one)."""
+        out: list[LogRecord] = []
+        total = 0
+        with self._lock:
+            cur = self._conn.execute(
+                "SELECT seq, key, ts_ms, recv_ms, topic, payload FROM records"
+                " WHERE stream = ? AND seq BETWEEN ? AND ? ORDER BY seq LIMIT ?",
+                [stream, lo, hi, max_records])
+            for seq, key, ts_ms, recv_ms, topic, payload in cur:
+                if out and total + len(payload) > max_bytes:
+                    break
+                out.append(LogRecord(stream, seq, key, ts_ms, recv_ms, topic, payload))
+                total += len(payload)
+        return out
+
+    def tail(self, stream: str, n: int) -> list[LogRecord]:
+        st = self.stream_state(stream)
+        return self.read(stream, max(1, st.next_seq - n), st.next_seq - 1, max_records=n)
+
+    def stream_names(self) -> list[str]:
+        """Streams the log has state for (configured now, or seen before)."""
+        return sorted(self._retention.state)
+
+    def stream_state(self, stream: str) -> StreamState:
+        return self._retention.state.get(stream, StreamState())
+
+    def first_seq(self, stream: str) -> int:
+        """Lowest seq still in the log (``next_seq`` when the stream is empty)."""
+        with self._lock:
+            row = self._conn.execute("SELECT min(seq) FROM records WHERE stream = ?", [stream]).fetchone()
+        return int(row[0]) if row[0] is not None else self.stream_state(stream).next_seq
+
+    def holdings(self) -> dict[str, dict[str, RangeSet]]:
+        """site -> stream -> seqs that site confirmed."""
+        out: dict[str, dict[str, RangeSet]] = {}
+        with self._lock:
+            for site, stream, text in self._conn.execute("SELECT site, stream, ranges FROM holdings"):
+                out.setdefault(site, {})[stream] = RangeSet.parse(text)
+        return out
+
+    def delivered(self, stream: str) -> RangeSet:
+        """Seqs of ``stream`` held by at least one shore site."""
+        return self._retention.delivered.get(stream, RangeSet()).copy()
+
+    def backlog(self, stream: str) -> tuple[int, int, int | None]:
+        """(records, bytes, oldest receive time ms) of records no site holds yet.
+
+        Cheap (no scan): every undelivered record at or above the lowest seq still in
+        the log is present (retention only removes delivered records or a prefix), so
+        the count is range arithmetic; bytes are estimated from the stream's mean
+        record size; the oldest is one primary-key lookup."""
+        st = self.stream_state(stream)
+        last = st.next_seq - 1
+        first = self.first_seq(stream)
+        if last < first:
+            return 0, 0, None
+        gaps = self.delivered(stream).missing(first, last)
+        n = gaps.count()
+        if not n:
+            return 0, 0, None
+        mean = st.bytes / st.count if st.count else 0
+        with self._lock:
+            row = self._conn.execute("SELECT recv_ms FROM records WHERE stream = ? AND seq = ?",
+                                     [stream, gaps.first]).fetchone()
+        return n, int(n * mean), (row[0] if row else None)
+
+    def quarantine_count(self) -> int:
+        with self._lock:
+            return int(self._conn.execute("SELECT count(*) FROM quarantine").fetchone()[0])
+
+    def quarantined(self, limit: int = 20) -> list[Quarantined]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT recv_ms, topic, reason, detail, payload FROM quarantine ORDER BY id DESC LIMIT ?",
+                [limit]).fetchall()
+        return [Quarantined(*r) for r in rows]
+
+    def total_bytes(self) -> int:
+        return self._retention.total_bytes()
+
+    def file_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.path.parent.glob(self.path.name + "*") if p.is_file())
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+def _is_full(exc: sqlite3.OperationalError) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "full" in str(exc)

@@ -1,0 +1,80 @@
+"""The on-ship log's schema, as numbered migrations applied once each (sqlite-utils).
+
+Add a migration at the end; never edit one that has shipped: ships upgrade in place.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import sqlite_utils
+
+__all__ = ["MIGRATIONS", "migrate"]
+
+
+def _m001_initial(db: sqlite_utils.Database) -> None:
+    # One row per record; (stream, seq) is the identity within this ship's log (origin is
+    # the ship, in meta). WITHOUT ROWID keeps rows in seq order: range reads are scans.
+    db.execute(
+        """CREATE TABLE records (
+            stream TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            key TEXT NOT NULL,
+            ts_ms INTEGER NOT NULL,
+            recv_ms INTEGER NOT NULL,
+            topic TEXT NOT NULL,
+            payload BLOB NOT NULL,
+            size INTEGER NOT NULL,
+            PRIMARY KEY (stream, seq)
+        ) WITHOUT ROWID"""
+    )
+    # Per stream counters, kept in the same transaction as the records, so start-up
+    # never scans the records table.
+    db.create_table("streams",
+        {"name": str, "next_seq": int, "count": int, "bytes": int, "dropped": int,
+         "retired": int, "rejected": int},
+        pk="name", not_null={"next_seq", "count", "bytes", "dropped", "retired", "rejected"},
+    )
+    # What each shore site has confirmed it holds, per stream (RangeSet text form).
+    db.create_table("holdings",
+        {"site": str, "stream": str, "ranges": str, "updated_ms": int},
+        pk=("site", "stream"),
+    )
+    # Packet id -> digest of the last message committed under it: a message redelivered
+    # with DUP after a crash between commit and PUBACK is recognised, not stored twice.
+    db.create_table("inflight", {"mid": int, "digest": bytes}, pk="mid")
+    db.create_table("quarantine",
+        {"id": int, "recv_ms": int, "topic": bytes, "reason": str, "detail": str,
+         "payload": bytes, "payload_len": int},
+        pk="id",
+    )
+    db.create_table("meta", {"key": str, "value": str}, pk="key")
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m001_initial]
+
+
+def migrate(db: sqlite_utils.Database) -> list[int]:
+    """Apply the migrations not applied yet, each in its own transaction (schema and
+    bookkeeping together: a crash mid-migration leaves the old schema); return them.
+    ``db.conn`` must be in autocommit mode (``isolation_level=None``)."""
+    db.create_table("_migrations", {"id": int, "name": str, "applied_ms": int}, pk="id", if_not_exists=True)
+    done = {row["id"] for row in db.query("SELECT id FROM _migrations")}
+    applied = []
+    for number, fn in enumerate(MIGRATIONS, 1):
+        if number in done:
+            continue
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            fn(db)
+            db.execute(
+                "INSERT INTO _migrations (id, name, applied_ms) VALUES (?, ?, ?)",
+                [number, fn.__name__, int(time.time() * 1000)],
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        applied.append(number)
+    return applied

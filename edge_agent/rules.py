@@ -1,0 +1,121 @@
+"""Mapping rules: which MQTT topics become records of which stream, with which key and
+event time.
+
+A rule has an MQTT topic ``filter`` (``+`` one level, ``#`` the rest), a ``stream``, a
+``key`` template whose ``{n}`` placeholders are the topic's n-th level (1-based), e.g.
+``bigblue/+/containers/+/env`` with ``key = "{4}"`` keys by container id, and optionally
+``ts_field``: the JSON field (dotted path) of the payload holding the event time (epoch
+seconds or milliseconds, or ISO 8601). Without it, or when the payload lacks it, the
+event time is the receive time. The first rule that matches a topic wins.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from edge_agent.errors import UnusableMessage
+from shorelink.config import Section
+from shorelink.errors import ConfigError
+
+__all__ = ["Mapped", "Rule", "map_message"]
+
+_PLACEHOLDER = re.compile(r"\{(\d+)\}")
+
+
+def _filter_regex(flt: str, field: str) -> re.Pattern[str]:
+    levels = flt.split("/")
+    parts: list[str] = []
+    for i, lvl in enumerate(levels):
+        if lvl == "#":
+            if i != len(levels) - 1:
+                raise ConfigError(field, f"'#' must be the last level in {flt!r}")
+            # "a/#" also matches "a" itself
+            return re.compile("^" + "/".join(parts) + ("(?:/.*)?$" if parts else ".*$"))
+        if lvl == "+":
+            parts.append("[^/]*")
+        elif "+" in lvl or "#" in lvl:
+            raise ConfigError(field, f"wildcards must fill a whole level in {flt!r}")
+        else:
+            parts.append(re.escape(lvl))
+    return re.compile("^" + "/".join(parts) + "$")
+
+
+@dataclass(frozen=True)
+class Rule:
+    filter: str
+    stream: str
+    key: str
+    ts_field: str | None
+    _regex: re.Pattern[str]
+
+    @classmethod
+    def from_section(cls, s: Section, streams: Mapping[str, object]) -> Rule:
+        flt = s.text("filter")
+        stream = s.text("stream")
+        if stream not in streams:
+            raise ConfigError(s.field("stream"), f"no stream {stream!r} is configured")
+        key = s.text("key", "")
+        ts_field = s.opt_str("ts_field")
+        s.done()
+        regex = _filter_regex(flt, s.field("filter"))
+        for m in _PLACEHOLDER.finditer(key):
+            if int(m.group(1)) < 1:
+                raise ConfigError(s.field("key"), "topic levels count from {1}")
+        return cls(flt, stream, key, ts_field, regex)
+
+    def matches(self, topic: str) -> bool:
+        return self._regex.match(topic) is not None
+
+    def key_for(self, topic: str) -> str:
+        if "{" not in self.key:
+            return self.key
+        levels = topic.split("/")
+
+        def sub(m: re.Match[str]) -> str:
+            n = int(m.group(1))
+            if n > len(levels):
+                raise UnusableMessage("bad_key", f"topic {topic!r} has no level {n} for key {self.key!r}")
+            return levels[n - 1]
+
+        return _PLACEHOLDER.sub(sub, self.key)
+
+
+@dataclass(frozen=True, slots=True)
+class Mapped:
+    stream: str
+    key: str
+    ts_ms: int
+
+
+def _event_time(payload: bytes, path: str) -> int | None:
+    try:
+        doc: Any = json.loads(payload)
+        for part in path.split("."):
+            doc = doc[part]
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None
+    if isinstance(doc, bool):
+        return None
+    if isinstance(doc, int | float):
+        # seconds or milliseconds: 1e11 ms is 1973, 1e11 s is year 5138
+        return int(doc) if doc > 1e11 else int(doc * 1000)
+    if isinstance(doc, str):
+        try:
+            return int(datetime.fromisoformat(doc.replace("Z", "+00:00")).timestamp() * 1000)
+        except ValueError:
+            return None
+    return None
+
+
+def map_message(rules: tuple[Rule, ...], topic: str, payload: bytes, recv_ms: int) -> Mapped:
+    """The stream, key and event time of a message; raises :class:`UnusableMessage`."""
+    for rule in rules:
+        if rule.matches(topic):
+            ts = _event_time(payload, rule.ts_field) if rule.ts_field else None
+            return Mapped(rule.stream, rule.key_for(topic), ts if ts is not None else recv_ms)
+    raise UnusableMessage("unmapped_topic", f"no rule maps topic {topic!r}")
