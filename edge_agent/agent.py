@@ -33,8 +33,12 @@ class Agent:
         self.metrics = EdgeMetrics()
         t0 = time.monotonic()
         self.log: EdgeLog = open_log(cfg)
-        log.info("event=log_opened path=%s seconds=%.3f records=%d", cfg.log.path,
-                 time.monotonic() - t0, sum(self.log.stream_state(s).count for s in self.log.stream_names()))
+        log.info(
+            "event=log_opened path=%s seconds=%.3f records=%d",
+            cfg.log.path,
+            time.monotonic() - t0,
+            sum(self.log.stream_state(s).count for s in self.log.stream_names()),
+        )
         self.ingest = Ingest(cfg, self.log, self.metrics)
         self.stop = asyncio.Event()
 
@@ -45,16 +49,24 @@ class Agent:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop.set)
         if self.cfg.metrics.port:
-            server, _thread = start_http_server(self.cfg.metrics.port, self.cfg.metrics.host,
-                                                registry=self.metrics.registry)
-            log.info("event=metrics_listening address=%s:%d", self.cfg.metrics.host, server.server_port)
+            server, _thread = start_http_server(
+                self.cfg.metrics.port, self.cfg.metrics.host, registry=self.metrics.registry
+            )
+            log.info(
+                "event=metrics_listening address=%s:%d", self.cfg.metrics.host, server.server_port
+            )
         tasks = [
             asyncio.create_task(self.ingest.run(self.stop), name="ingest"),
             asyncio.create_task(self._housekeeping(), name="housekeeping"),
             asyncio.create_task(self._watchdog(), name="watchdog"),
         ]
         systemd.notify("READY=1")
-        log.info("event=agent_started ship=%s mqtt=%s:%d", self.cfg.ship, self.cfg.mqtt.host, self.cfg.mqtt.port)
+        log.info(
+            "event=agent_started ship=%s mqtt=%s:%d",
+            self.cfg.ship,
+            self.cfg.mqtt.host,
+            self.cfg.mqtt.port,
+        )
         try:
             await self.stop.wait()
         finally:

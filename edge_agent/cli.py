@@ -19,8 +19,14 @@ from shorelink.logs import configure_logging
 
 __all__ = ["main"]
 
-CONFIG = click.option("--config", "config_path", type=click.Path(path_type=Path), required=True,
-                      envvar="SHORELINK_EDGE_CONFIG", help="Edge config TOML (env SHORELINK_EDGE_CONFIG).")
+CONFIG = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    required=True,
+    envvar="SHORELINK_EDGE_CONFIG",
+    help="Edge config TOML (env SHORELINK_EDGE_CONFIG).",
+)
 
 
 def _fail(exc: Exception) -> NoReturn:
@@ -46,8 +52,10 @@ def main() -> None:
 def check_config(config_file: Path) -> None:
     """Validate CONFIG_FILE; print the effective settings (secrets masked)."""
     cfg = _load(config_file)
-    click.echo(f"ok: ship={cfg.ship} log={cfg.log.path} mqtt={cfg.mqtt.host}:{cfg.mqtt.port} "
-               f"streams={','.join(s.name for s in cfg.by_priority())} rules={len(cfg.rules)}")
+    click.echo(
+        f"ok: ship={cfg.ship} log={cfg.log.path} mqtt={cfg.mqtt.host}:{cfg.mqtt.port} "
+        f"streams={','.join(s.name for s in cfg.by_priority())} rules={len(cfg.rules)}"
+    )
 
 
 @main.command()
@@ -93,19 +101,38 @@ def _print_status(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     t = Table(title=f"ship {report['ship']}  log {report['log']}")
-    for col in ("stream", "prio", "last seq", "held by shore", "backlog", "backlog bytes",
-                "oldest undelivered", "dropped", "rejected"):
+    for col in (
+        "stream",
+        "prio",
+        "last seq",
+        "held by shore",
+        "backlog",
+        "backlog bytes",
+        "oldest undelivered",
+        "dropped",
+        "rejected",
+    ):
         t.add_column(col)
     for name, s in report["streams"].items():
         held = "; ".join(f"{site}:{r}" for site, r in s["held"].items()) or "-"
         age = s["oldest_undelivered_age_s"]
-        t.add_row(name, str(s["priority"]), str(s["last_seq"]), held, str(s["backlog_records"]),
-                  str(s["backlog_bytes"]), "-" if age is None else f"{age:.0f}s",
-                  str(s["dropped"]), str(s["rejected"]))
+        t.add_row(
+            name,
+            str(s["priority"]),
+            str(s["last_seq"]),
+            held,
+            str(s["backlog_records"]),
+            str(s["backlog_bytes"]),
+            "-" if age is None else f"{age:.0f}s",
+            str(s["dropped"]),
+            str(s["rejected"]),
+        )
     c = Console()
     c.print(t)
-    c.print(f"log: {report['log_record_bytes']} of {report['log_budget_bytes']} budget bytes, "
-            f"{report['log_file_bytes']} on disk; quarantined: {report['quarantined']}")
+    c.print(
+        f"log: {report['log_record_bytes']} of {report['log_budget_bytes']} budget bytes, "
+        f"{report['log_file_bytes']} on disk; quarantined: {report['quarantined']}"
+    )
 
 
 @main.command()
@@ -120,7 +147,11 @@ def tail(config_path: Path, stream: str, count: int, follow: bool) -> None:
         edge_log = open_log(cfg, readonly=True)
         last = 0
         while True:
-            recs = edge_log.tail(stream, count) if not last else edge_log.read(stream, last + 1, 1 << 62)
+            recs = (
+                edge_log.tail(stream, count)
+                if not last
+                else edge_log.read(stream, last + 1, 1 << 62)
+            )
             for r in recs:
                 payload = r.payload.decode("utf-8", "backslashreplace")
                 click.echo(f"{r.seq}\t{r.key}\t{r.ts_ms}\t{r.topic}\t{payload}")

@@ -171,8 +171,10 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
     if base is not None and not log.path.is_absolute():
         log = LogConfig(**{**log.__dict__, "path": base / log.path})
     metrics_s = top.section("metrics")
-    metrics = MetricsConfig(metrics_s.text("host", MetricsConfig.host),
-                            metrics_s.integer("port", MetricsConfig.port, min=0, max=65535))
+    metrics = MetricsConfig(
+        metrics_s.text("host", MetricsConfig.host),
+        metrics_s.integer("port", MetricsConfig.port, min=0, max=65535),
+    )
     metrics_s.done()
     cfg = EdgeConfig(
         ship=ship,

@@ -91,7 +91,7 @@ class _PahoOnAsyncio:
         self.loop.remove_writer(sock)
 
     async def _misc_loop(self) -> None:
-        while self.client.loop_misc() == MQTTErrorCode.MQTT_ERR_SUCCESS:
+        while self.client.loop_misc() == MQTTErrorCode.MQTT_ERR_SUCCESS:  # noqa: ASYNC110 (a ticker)
             await asyncio.sleep(1)
 
 
@@ -128,9 +128,13 @@ class Ingest:
     # -- connection ----------------------------------------------------------------------
     def _new_client(self) -> mqtt.Client:
         m = self.cfg.mqtt
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=m.client_id,
-                             protocol=MQTTProtocolVersion.MQTTv5, manual_ack=True,
-                             reconnect_on_failure=False)
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=m.client_id,
+            protocol=MQTTProtocolVersion.MQTTv5,
+            manual_ack=True,
+            reconnect_on_failure=False,
+        )
         if m.username:
             client.username_pw_set(m.username, m.password.value or None)
         if m.tls:
@@ -154,8 +158,13 @@ class Ingest:
             try:
                 client.connect(m.host, m.port, m.keepalive_s, clean_start=False, properties=props)
             except (OSError, ValueError) as exc:
-                self._limited.warning("mqtt_connect", "event=mqtt_connect_failed host=%s port=%d error=%r",
-                                      m.host, m.port, str(exc))
+                self._limited.warning(
+                    "mqtt_connect",
+                    "event=mqtt_connect_failed host=%s port=%d error=%r",
+                    m.host,
+                    m.port,
+                    str(exc),
+                )
             else:
                 await _first(driver.closed.wait(), stop.wait())
                 if self._generation > generation:
@@ -178,13 +187,21 @@ class Ingest:
         """Let the commit loop commit and acknowledge everything received so far."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10):
-                while not self._queue.empty() or not self._idle.is_set():
+                while not self._queue.empty() or not self._idle.is_set():  # noqa: ASYNC110 (two conditions)
                     await asyncio.sleep(0.01)
 
-    def _on_connect(self, client: mqtt.Client, _u: object, flags: mqtt.ConnectFlags,
-                    reason: mqtt.ReasonCode, _p: Properties | None) -> None:
+    def _on_connect(
+        self,
+        client: mqtt.Client,
+        _u: object,
+        flags: mqtt.ConnectFlags,
+        reason: mqtt.ReasonCode,
+        _p: Properties | None,
+    ) -> None:
         if reason.is_failure:
-            self._limited.warning("mqtt_refused", "event=mqtt_connect_refused reason=%r", str(reason))
+            self._limited.warning(
+                "mqtt_refused", "event=mqtt_connect_refused reason=%r", str(reason)
+            )
             client.disconnect()
             return
         self._generation += 1
@@ -196,19 +213,33 @@ class Ingest:
         client.subscribe([(f, opts) for f in self.cfg.mqtt.subscriptions])
         self.connected.set()
         self.metrics.mqtt_connected.set(1)
-        log.info("event=mqtt_connected host=%s port=%d session_present=%s generation=%d",
-                 self.cfg.mqtt.host, self.cfg.mqtt.port, flags.session_present, self._generation)
+        log.info(
+            "event=mqtt_connected host=%s port=%d session_present=%s generation=%d",
+            self.cfg.mqtt.host,
+            self.cfg.mqtt.port,
+            flags.session_present,
+            self._generation,
+        )
 
-    def _on_disconnect(self, _c: mqtt.Client, _u: object, _f: object, reason: mqtt.ReasonCode,
-                       _p: Properties | None) -> None:
+    def _on_disconnect(
+        self,
+        _c: mqtt.Client,
+        _u: object,
+        _f: object,
+        reason: mqtt.ReasonCode,
+        _p: Properties | None,
+    ) -> None:
         self.connected.clear()
         if not self._stopping.is_set():
-            self._limited.warning("mqtt_disconnect", "event=mqtt_disconnected reason=%r", str(reason))
+            self._limited.warning(
+                "mqtt_disconnect", "event=mqtt_disconnected reason=%r", str(reason)
+            )
 
     def _on_message(self, client: mqtt.Client, _u: object, msg: mqtt.MQTTMessage) -> None:
         log.debug("event=message mid=%d dup=%s qos=%d", msg.mid, msg.dup, msg.qos)
-        self._queue.put_nowait(_Received(self._generation, client, msg, int(time.time() * 1000),
-                                         time.monotonic()))
+        self._queue.put_nowait(
+            _Received(self._generation, client, msg, int(time.time() * 1000), time.monotonic())
+        )
 
     # -- commit --------------------------------------------------------------------------
     async def _commit_loop(self) -> None:
@@ -254,22 +285,42 @@ class Ingest:
                 try:
                     topic = raw_topic.decode("utf-8")
                 except UnicodeDecodeError:
-                    raise UnusableMessage("bad_topic", f"topic is not UTF-8: {raw_topic[:80]!r}") from None
+                    raise UnusableMessage(
+                        "bad_topic", f"topic is not UTF-8: {raw_topic[:80]!r}"
+                    ) from None
                 if len(payload) > max_payload:
-                    raise UnusableMessage("oversized", f"{len(payload)} bytes > max_payload_bytes {max_payload}")
+                    raise UnusableMessage(
+                        "oversized", f"{len(payload)} bytes > max_payload_bytes {max_payload}"
+                    )
                 mapped = map_message(self.cfg.rules, topic, payload, r.recv_ms)
             except UnusableMessage as exc:
                 quarantined.append(Quarantined(r.recv_ms, raw_topic, exc.reason, str(exc), payload))
                 self.metrics.quarantined.labels(exc.reason).inc()
-                self._limited.warning(f"quarantine:{exc.reason}", "event=message_quarantined reason=%s detail=%r",
-                                      exc.reason, str(exc))
+                self._limited.warning(
+                    f"quarantine:{exc.reason}",
+                    "event=message_quarantined reason=%s detail=%r",
+                    exc.reason,
+                    str(exc),
+                )
                 continue
-            incoming.append(Incoming(mapped.stream, mapped.key, mapped.ts_ms, r.recv_ms, topic, payload,
-                                     mid=r.msg.mid if r.msg.qos else 0, dup=bool(r.msg.dup),
-                                     digest=message_digest(raw_topic, payload)))
+            incoming.append(
+                Incoming(
+                    mapped.stream,
+                    mapped.key,
+                    mapped.ts_ms,
+                    r.recv_ms,
+                    topic,
+                    payload,
+                    mid=r.msg.mid if r.msg.qos else 0,
+                    dup=bool(r.msg.dup),
+                    digest=message_digest(raw_topic, payload),
+                )
+            )
         return incoming, quarantined
 
-    def _commit_with_retry(self, incoming: list[Incoming], quarantined: list[Quarantined]) -> CommitResult | None:
+    def _commit_with_retry(
+        self, incoming: list[Incoming], quarantined: list[Quarantined]
+    ) -> CommitResult | None:
         """Runs in a worker thread. Retries until the log takes the batch or we stop."""
         delay = 0.1
         while True:
@@ -282,7 +333,9 @@ class Ingest:
                 # messages (and, once our receive window is full, stops sending).
                 self.metrics.log_errors.inc()
                 self.metrics.log_full.set(1 if isinstance(exc, LogFullError) else 0)
-                self._limited.warning("log_commit", "event=commit_failed error=%r retry_in=%.1fs", str(exc), delay)
+                self._limited.warning(
+                    "log_commit", "event=commit_failed error=%r retry_in=%.1fs", str(exc), delay
+                )
                 if self._stopping.wait(delay):
                     return None
                 self.heartbeat = time.monotonic()

@@ -95,8 +95,15 @@ class CommitResult:
 
 
 class EdgeLog:
-    def __init__(self, path: Path, origin: str, streams: dict[str, StreamConfig], cfg: LogConfig,
-                 *, readonly: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        origin: str,
+        streams: dict[str, StreamConfig],
+        cfg: LogConfig,
+        *,
+        readonly: bool = False,
+    ) -> None:
         self.path = Path(path)
         self.origin = origin
         self.streams = streams
@@ -106,11 +113,17 @@ class EdgeLog:
             if readonly:
                 if not self.path.exists():
                     raise LogError(f"no log at {self.path}")
-                self._conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
-                                             isolation_level=None, check_same_thread=False)
+                self._conn = sqlite3.connect(
+                    f"file:{self.path}?mode=ro",
+                    uri=True,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                self._conn = sqlite3.connect(
+                    self.path, isolation_level=None, check_same_thread=False
+                )
             self._conn.execute("PRAGMA busy_timeout = 10000")
             if not readonly:
                 self._conn.execute("PRAGMA journal_mode = WAL")
@@ -139,7 +152,9 @@ class EdgeLog:
         for name in self.streams:
             state.setdefault(name, StreamState())
         self._retention.state = state
-        self._inflight: dict[int, bytes] = dict(self._conn.execute("SELECT mid, digest FROM inflight"))
+        self._inflight: dict[int, bytes] = dict(
+            self._conn.execute("SELECT mid, digest FROM inflight")
+        )
         held: dict[str, RangeSet] = {}
         for _site, stream, text in self._conn.execute("SELECT site, stream, ranges FROM holdings"):
             held.setdefault(stream, RangeSet()).update(RangeSet.parse(text))
@@ -166,7 +181,9 @@ class EdgeLog:
                 raise
 
     # -- writing -------------------------------------------------------------------------
-    def commit(self, batch: Sequence[Incoming], quarantine: Sequence[Quarantined] = ()) -> CommitResult:
+    def commit(
+        self, batch: Sequence[Incoming], quarantine: Sequence[Quarantined] = ()
+    ) -> CommitResult:
         """Store ``batch`` in one transaction: assign seqs, skip redelivered duplicates,
         apply the disk budget per stream policy, quarantine the unusable. Returns what
         happened to each message; raises :class:`LogError` (nothing stored) on failure."""
@@ -197,13 +214,19 @@ class EdgeLog:
                 seqs.append(seq)
             conn.executemany(
                 "INSERT INTO records (stream, seq, key, ts_ms, recv_ms, topic, payload, size)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
             if mids:
-                conn.executemany("INSERT OR REPLACE INTO inflight (mid, digest) VALUES (?, ?)", mids)
+                conn.executemany(
+                    "INSERT OR REPLACE INTO inflight (mid, digest) VALUES (?, ?)", mids
+                )
             if quarantine:
                 self._quarantine(conn, quarantine)
             ret.save()
-            result = CommitResult(outcomes, seqs, ret.dropped_now, ret.retired_now, ret.over_budget_now)
+            result = CommitResult(
+                outcomes, seqs, ret.dropped_now, ret.retired_now, ret.over_budget_now
+            )
         self._inflight = inflight
         return result
 
@@ -211,11 +234,22 @@ class EdgeLog:
         conn.executemany(
             "INSERT INTO quarantine (recv_ms, topic, reason, detail, payload, payload_len)"
             " VALUES (?, ?, ?, ?, ?, ?)",
-            [(q.recv_ms, q.topic, q.reason, q.detail[:500], q.payload[:QUARANTINE_PAYLOAD_MAX],
-              len(q.payload)) for q in items],
+            [
+                (
+                    q.recv_ms,
+                    q.topic,
+                    q.reason,
+                    q.detail[:500],
+                    q.payload[:QUARANTINE_PAYLOAD_MAX],
+                    len(q.payload),
+                )
+                for q in items
+            ],
         )
-        conn.execute("DELETE FROM quarantine WHERE id <= (SELECT max(id) FROM quarantine) - ?",
-                     [self.cfg.quarantine_max])
+        conn.execute(
+            "DELETE FROM quarantine WHERE id <= (SELECT max(id) FROM quarantine) - ?",
+            [self.cfg.quarantine_max],
+        )
 
     def expire(self, now_ms: int | None = None) -> dict[str, int]:
         """Age-based retention sweep (run periodically): returns records removed per stream."""
@@ -232,13 +266,15 @@ class EdgeLog:
         with self._txn() as conn:
             conn.execute(
                 "INSERT OR REPLACE INTO holdings (site, stream, ranges, updated_ms) VALUES (?, ?, ?, ?)",
-                [site, stream, str(ranges), int(time.time() * 1000)])
+                [site, stream, str(ranges), int(time.time() * 1000)],
+            )
         with self._lock:
             self._load_state()
 
     # -- reading -------------------------------------------------------------------------
-    def read(self, stream: str, lo: int, hi: int, *, max_records: int = 10_000,
-             max_bytes: int = 1 << 30) -> list[LogRecord]:
+    def read(
+        self, stream: str, lo: int, hi: int, *, max_records: int = 10_000, max_bytes: int = 1 << 30
+    ) -> list[LogRecord]:
         """Records of ``stream`` with ``lo <= seq <= hi`` in seq order, stopping at
         ``max_records`` or once ``max_bytes`` of payload are reached (at least one)."""
         out: list[LogRecord] = []
@@ -247,7 +283,8 @@ class EdgeLog:
             cur = self._conn.execute(
                 "SELECT seq, key, ts_ms, recv_ms, topic, payload FROM records"
                 " WHERE stream = ? AND seq BETWEEN ? AND ? ORDER BY seq LIMIT ?",
-                [stream, lo, hi, max_records])
+                [stream, lo, hi, max_records],
+            )
             for seq, key, ts_ms, recv_ms, topic, payload in cur:
                 if out and total + len(payload) > max_bytes:
                     break
@@ -269,14 +306,18 @@ class EdgeLog:
     def first_seq(self, stream: str) -> int:
         """Lowest seq still in the log (``next_seq`` when the stream is empty)."""
         with self._lock:
-            row = self._conn.execute("SELECT min(seq) FROM records WHERE stream = ?", [stream]).fetchone()
+            row = self._conn.execute(
+                "SELECT min(seq) FROM records WHERE stream = ?", [stream]
+            ).fetchone()
         return int(row[0]) if row[0] is not None else self.stream_state(stream).next_seq
 
     def holdings(self) -> dict[str, dict[str, RangeSet]]:
         """site -> stream -> seqs that site confirmed."""
         out: dict[str, dict[str, RangeSet]] = {}
         with self._lock:
-            for site, stream, text in self._conn.execute("SELECT site, stream, ranges FROM holdings"):
+            for site, stream, text in self._conn.execute(
+                "SELECT site, stream, ranges FROM holdings"
+            ):
                 out.setdefault(site, {})[stream] = RangeSet.parse(text)
         return out
 
@@ -302,8 +343,9 @@ class EdgeLog:
             return 0, 0, None
         mean = st.bytes / st.count if st.count else 0
         with self._lock:
-            row = self._conn.execute("SELECT recv_ms FROM records WHERE stream = ? AND seq = ?",
-                                     [stream, gaps.first]).fetchone()
+            row = self._conn.execute(
+                "SELECT recv_ms FROM records WHERE stream = ? AND seq = ?", [stream, gaps.first]
+            ).fetchone()
         return n, int(n * mean), (row[0] if row else None)
 
     def quarantine_count(self) -> int:
@@ -314,14 +356,17 @@ class EdgeLog:
         with self._lock:
             rows = self._conn.execute(
                 "SELECT recv_ms, topic, reason, detail, payload FROM quarantine ORDER BY id DESC LIMIT ?",
-                [limit]).fetchall()
+                [limit],
+            ).fetchall()
         return [Quarantined(*r) for r in rows]
 
     def total_bytes(self) -> int:
         return self._retention.total_bytes()
 
     def file_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.path.parent.glob(self.path.name + "*") if p.is_file())
+        return sum(
+            p.stat().st_size for p in self.path.parent.glob(self.path.name + "*") if p.is_file()
+        )
 
     def close(self) -> None:
         with self._lock:

@@ -21,26 +21,79 @@ class EdgeMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         p = "shorelink_edge_"
-        self.ingested = Counter(p + "ingested_records", "Records committed to the log", ["stream"], registry=r)
-        self.duplicates = Counter(p + "duplicates", "Redelivered messages recognised and not stored again", registry=r)
-        self.quarantined = Counter(p + "quarantined_messages", "Unusable messages quarantined", ["reason"], registry=r)
-        self.rejected = Counter(p + "rejected_records", "Records refused because their stream's budget is full", ["stream"], registry=r)
-        self.dropped = Counter(p + "dropped_records", "Undelivered records dropped by a drop_oldest policy", ["stream"], registry=r)
-        self.retired = Counter(p + "retired_records", "Delivered records removed by retention", ["stream"], registry=r)
-        self.over_budget = Counter(p + "alerts_over_budget", "Alerts accepted beyond the log budget", registry=r)
-        self.log_errors = Counter(p + "log_errors", "Failed log commits (retried; nothing acknowledged)", registry=r)
-        self.commit_seconds = Histogram(p + "commit_seconds", "Time to commit one group", buckets=_LATENCY, registry=r)
-        self.receive_to_ack_seconds = Histogram(p + "receive_to_ack_seconds", "From receiving a message to its PUBACK", buckets=_LATENCY, registry=r)
-        self.batch_size = Histogram(p + "commit_group_messages", "Messages per group commit", buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000), registry=r)
-        self.backlog_records = Gauge(p + "backlog_records", "Records no shore site holds yet", ["stream"], registry=r)
-        self.backlog_bytes = Gauge(p + "backlog_bytes", "Bytes of records no shore site holds yet", ["stream"], registry=r)
-        self.oldest_undelivered_age = Gauge(p + "oldest_undelivered_age_seconds", "Age of the oldest record no site holds", ["stream"], registry=r)
+        self.ingested = Counter(
+            p + "ingested_records", "Records committed to the log", ["stream"], registry=r
+        )
+        self.duplicates = Counter(
+            p + "duplicates", "Redelivered messages recognised and not stored again", registry=r
+        )
+        self.quarantined = Counter(
+            p + "quarantined_messages", "Unusable messages quarantined", ["reason"], registry=r
+        )
+        self.rejected = Counter(
+            p + "rejected_records",
+            "Records refused because their stream's budget is full",
+            ["stream"],
+            registry=r,
+        )
+        self.dropped = Counter(
+            p + "dropped_records",
+            "Undelivered records dropped by a drop_oldest policy",
+            ["stream"],
+            registry=r,
+        )
+        self.retired = Counter(
+            p + "retired_records", "Delivered records removed by retention", ["stream"], registry=r
+        )
+        self.over_budget = Counter(
+            p + "alerts_over_budget", "Alerts accepted beyond the log budget", registry=r
+        )
+        self.log_errors = Counter(
+            p + "log_errors", "Failed log commits (retried; nothing acknowledged)", registry=r
+        )
+        self.commit_seconds = Histogram(
+            p + "commit_seconds", "Time to commit one group", buckets=_LATENCY, registry=r
+        )
+        self.receive_to_ack_seconds = Histogram(
+            p + "receive_to_ack_seconds",
+            "From receiving a message to its PUBACK",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            p + "commit_group_messages",
+            "Messages per group commit",
+            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
+            registry=r,
+        )
+        self.backlog_records = Gauge(
+            p + "backlog_records", "Records no shore site holds yet", ["stream"], registry=r
+        )
+        self.backlog_bytes = Gauge(
+            p + "backlog_bytes", "Bytes of records no shore site holds yet", ["stream"], registry=r
+        )
+        self.oldest_undelivered_age = Gauge(
+            p + "oldest_undelivered_age_seconds",
+            "Age of the oldest record no site holds",
+            ["stream"],
+            registry=r,
+        )
         self.last_seq = Gauge(p + "last_seq", "Last seq committed", ["stream"], registry=r)
-        self.log_bytes = Gauge(p + "log_record_bytes", "Bytes of records in the log (what the budget counts)", registry=r)
+        self.log_bytes = Gauge(
+            p + "log_record_bytes",
+            "Bytes of records in the log (what the budget counts)",
+            registry=r,
+        )
         self.disk_bytes = Gauge(p + "log_file_bytes", "Size of the log's files on disk", registry=r)
-        self.log_full = Gauge(p + "log_full", "1 while the disk is full and commits fail", registry=r)
-        self.mqtt_connected = Gauge(p + "mqtt_connected", "1 while connected to the ship's broker", registry=r)
-        self.quarantine_size = Gauge(p + "quarantine_rows", "Messages kept in the quarantine table", registry=r)
+        self.log_full = Gauge(
+            p + "log_full", "1 while the disk is full and commits fail", registry=r
+        )
+        self.mqtt_connected = Gauge(
+            p + "mqtt_connected", "1 while connected to the ship's broker", registry=r
+        )
+        self.quarantine_size = Gauge(
+            p + "quarantine_rows", "Messages kept in the quarantine table", registry=r
+        )
 
     def observe_commit(self, incoming: Sequence[Incoming], result: CommitResult) -> None:
         stored: Tally[str] = Tally()

@@ -31,22 +31,40 @@ def _m001_initial(db: sqlite_utils.Database) -> None:
     )
     # Per stream counters, kept in the same transaction as the records, so start-up
     # never scans the records table.
-    db.create_table("streams",
-        {"name": str, "next_seq": int, "count": int, "bytes": int, "dropped": int,
-         "retired": int, "rejected": int},
-        pk="name", not_null={"next_seq", "count", "bytes", "dropped", "retired", "rejected"},
+    db.create_table(
+        "streams",
+        {
+            "name": str,
+            "next_seq": int,
+            "count": int,
+            "bytes": int,
+            "dropped": int,
+            "retired": int,
+            "rejected": int,
+        },
+        pk="name",
+        not_null={"next_seq", "count", "bytes", "dropped", "retired", "rejected"},
     )
     # What each shore site has confirmed it holds, per stream (RangeSet text form).
-    db.create_table("holdings",
+    db.create_table(
+        "holdings",
         {"site": str, "stream": str, "ranges": str, "updated_ms": int},
         pk=("site", "stream"),
     )
     # Packet id -> digest of the last message committed under it: a message redelivered
     # with DUP after a crash between commit and PUBACK is recognised, not stored twice.
     db.create_table("inflight", {"mid": int, "digest": bytes}, pk="mid")
-    db.create_table("quarantine",
-        {"id": int, "recv_ms": int, "topic": bytes, "reason": str, "detail": str,
-         "payload": bytes, "payload_len": int},
+    db.create_table(
+        "quarantine",
+        {
+            "id": int,
+            "recv_ms": int,
+            "topic": bytes,
+            "reason": str,
+            "detail": str,
+            "payload": bytes,
+            "payload_len": int,
+        },
         pk="id",
     )
     db.create_table("meta", {"key": str, "value": str}, pk="key")
@@ -59,7 +77,9 @@ def migrate(db: sqlite_utils.Database) -> list[int]:
     """Apply the migrations not applied yet, each in its own transaction (schema and
     bookkeeping together: a crash mid-migration leaves the old schema); return them.
     ``db.conn`` must be in autocommit mode (``isolation_level=None``)."""
-    db.create_table("_migrations", {"id": int, "name": str, "applied_ms": int}, pk="id", if_not_exists=True)
+    db.create_table(
+        "_migrations", {"id": int, "name": str, "applied_ms": int}, pk="id", if_not_exists=True
+    )
     done = {row["id"] for row in db.query("SELECT id FROM _migrations")}
     applied = []
     for number, fn in enumerate(MIGRATIONS, 1):

@@ -43,7 +43,9 @@ class StreamState:
 class Retention:
     """Works inside the log's write transaction (the caller holds it)."""
 
-    def __init__(self, conn: sqlite3.Connection, streams: dict[str, StreamConfig], cfg: LogConfig) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, streams: dict[str, StreamConfig], cfg: LogConfig
+    ) -> None:
         self._conn = conn
         self._streams = streams
         self._cfg = cfg
@@ -65,8 +67,11 @@ class Retention:
         self._conn.executemany(
             "INSERT OR REPLACE INTO streams (name, next_seq, count, bytes, dropped, retired, rejected)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [(n, s.next_seq, s.count, s.bytes, s.dropped, s.retired, s.rejected)
-             for n in self._touched for s in [self.state[n]]],
+            [
+                (n, s.next_seq, s.count, s.bytes, s.dropped, s.retired, s.rejected)
+                for n in self._touched
+                for s in [self.state[n]]
+            ],
         )
 
     def _st(self, stream: str) -> StreamState:
@@ -105,8 +110,11 @@ class Retention:
             by_low_priority = sorted(self.state, key=lambda n: -self._priority(n))
             freed = self._free(by_low_priority, need_total + slack, delivered_only=True)
             if freed < need_total:
-                droppable = [n for n in by_low_priority
-                             if (c := self._streams.get(n)) is not None and c.on_full == "drop_oldest"]
+                droppable = [
+                    n
+                    for n in by_low_priority
+                    if (c := self._streams.get(n)) is not None and c.on_full == "drop_oldest"
+                ]
                 freed += self._free(droppable, need_total + slack - freed, delivered_only=False)
             if freed < need_total:
                 return self._full(stream, st, "log budget")
@@ -115,10 +123,17 @@ class Retention:
     def _full(self, stream: str, st: StreamState, what: str) -> bool:
         if stream == NEVER_DROPPED:
             self.over_budget_now += 1
-            _limited.warning("alerts_over_budget", "event=alerts_over_budget stream=%s budget=%s", stream, what)
+            _limited.warning(
+                "alerts_over_budget", "event=alerts_over_budget stream=%s budget=%s", stream, what
+            )
             return True
         st.rejected += 1
-        _limited.warning(f"rejected:{stream}", "event=record_rejected stream=%s reason=%s_full", stream, what.replace(" ", "_"))
+        _limited.warning(
+            f"rejected:{stream}",
+            "event=record_rejected stream=%s reason=%s_full",
+            stream,
+            what.replace(" ", "_"),
+        )
         return False
 
     def _priority(self, stream: str) -> int:
@@ -133,12 +148,18 @@ class Retention:
             if delivered_only:
                 ranges = list(self.delivered.get(stream, RangeSet()))
             else:
-                ranges = [(1, self.state[stream].next_seq - 1)] if self.state[stream].next_seq > 1 else []
+                ranges = (
+                    [(1, self.state[stream].next_seq - 1)]
+                    if self.state[stream].next_seq > 1
+                    else []
+                )
             for lo, hi in ranges:
                 while freed < want and lo <= hi:
                     rows = self._conn.execute(
                         "SELECT seq, size FROM records WHERE stream = ? AND seq BETWEEN ? AND ?"
-                        " ORDER BY seq LIMIT ?", [stream, lo, hi, SCAN_CHUNK]).fetchall()
+                        " ORDER BY seq LIMIT ?",
+                        [stream, lo, hi, SCAN_CHUNK],
+                    ).fetchall()
                     if not rows:
                         break
                     cut = rows[-1][0]
@@ -159,16 +180,21 @@ class Retention:
         conn = self._conn
         count, nbytes = conn.execute(
             "SELECT count(*), coalesce(sum(size), 0) FROM records WHERE stream = ? AND seq BETWEEN ? AND ?",
-            [stream, lo, hi]).fetchone()
+            [stream, lo, hi],
+        ).fetchone()
         if not count:
             return 0
         held = 0
         for a, b in self.delivered.get(stream, RangeSet()):
             if b < lo or a > hi:
                 continue
-            held += conn.execute("SELECT count(*) FROM records WHERE stream = ? AND seq BETWEEN ? AND ?",
-                                 [stream, max(a, lo), min(b, hi)]).fetchone()[0]
-        conn.execute("DELETE FROM records WHERE stream = ? AND seq BETWEEN ? AND ?", [stream, lo, hi])
+            held += conn.execute(
+                "SELECT count(*) FROM records WHERE stream = ? AND seq BETWEEN ? AND ?",
+                [stream, max(a, lo), min(b, hi)],
+            ).fetchone()[0]
+        conn.execute(
+            "DELETE FROM records WHERE stream = ? AND seq BETWEEN ? AND ?", [stream, lo, hi]
+        )
         st = self._st(stream)
         st.count -= count
         st.bytes -= nbytes
@@ -177,8 +203,14 @@ class Retention:
         self.retired_now[stream] = self.retired_now.get(stream, 0) + held
         if count - held:
             self.dropped_now[stream] = self.dropped_now.get(stream, 0) + count - held
-            _limited.warning(f"dropped:{stream}", "event=records_dropped stream=%s seqs=%d-%d undelivered=%d",
-                             stream, lo, hi, count - held)
+            _limited.warning(
+                f"dropped:{stream}",
+                "event=records_dropped stream=%s seqs=%d-%d undelivered=%d",
+                stream,
+                lo,
+                hi,
+                count - held,
+            )
         return int(nbytes)
 
     # -- age -----------------------------------------------------------------------------
@@ -209,7 +241,8 @@ class Retention:
         while True:
             rows = self._conn.execute(
                 "SELECT seq, recv_ms FROM records WHERE stream = ? AND seq >= ? ORDER BY seq LIMIT ?",
-                [stream, lo, SCAN_CHUNK]).fetchall()
+                [stream, lo, SCAN_CHUNK],
+            ).fetchall()
             for seq, recv_ms in rows:
                 if recv_ms >= cutoff_ms:
                     return last

@@ -79,7 +79,9 @@ class Rule:
         def sub(m: re.Match[str]) -> str:
             n = int(m.group(1))
             if n > len(levels):
-                raise UnusableMessage("bad_key", f"topic {topic!r} has no level {n} for key {self.key!r}")
+                raise UnusableMessage(
+                    "bad_key", f"topic {topic!r} has no level {n} for key {self.key!r}"
+                )
             return levels[n - 1]
 
         return _PLACEHOLDER.sub(sub, self.key)

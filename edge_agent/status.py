@@ -34,7 +34,9 @@ def collect_status(cfg: EdgeConfig, edge_log: EdgeLog) -> dict[str, Any]:
             "held": {site: str(per[name]) for site, per in sorted(holdings.items()) if name in per},
             "backlog_records": n,
             "backlog_bytes": nbytes,
-            "oldest_undelivered_age_s": round((now_ms - oldest) / 1000, 1) if oldest is not None else None,
+            "oldest_undelivered_age_s": round((now_ms - oldest) / 1000, 1)
+            if oldest is not None
+            else None,
             "dropped": st.dropped,
             "retired": st.retired,
             "rejected": st.rejected,

@@ -61,7 +61,11 @@ def start_mosquitto(
     conf = root / "mosquitto.conf"
     conf.write_text(
         CONFIG.format(
-            ship=ship, port=port, host=HOST, data=data, user=getpass.getuser(),
+            ship=ship,
+            port=port,
+            host=HOST,
+            data=data,
+            user=getpass.getuser(),
             log=logs / f"mosquitto-{ship}.log",
         )
     )

@@ -68,8 +68,18 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(str(p), f"not valid TOML: {exc}") from exc
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
-               "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
 _DUR_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -142,7 +152,9 @@ class Section:
         v = self._get(key, "", str, "a string")
         return Secret(expand_env(v, self.field(key)))
 
-    def integer(self, key: str, default: Any = None, *, min: int | None = None, max: int | None = None) -> int:
+    def integer(
+        self, key: str, default: Any = None, *, min: int | None = None, max: int | None = None
+    ) -> int:
         v = self._get(key, _REQUIRED if default is None else default, int, "an integer")
         if (min is not None and v < min) or (max is not None and v > max):
             raise ConfigError(self.field(key), f"{v} is out of range [{min}, {max}]")
@@ -156,7 +168,9 @@ class Section:
         return parse_size(v, self.field(key))
 
     def duration(self, key: str, default: Any = None) -> float:
-        v = self._get(key, _REQUIRED if default is None else default, (int, float, str), "a duration")
+        v = self._get(
+            key, _REQUIRED if default is None else default, (int, float, str), "a duration"
+        )
         return parse_duration(v, self.field(key))
 
     def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:

@@ -71,9 +71,14 @@ key = "position"
 
 def write_config(tmp_path: Path, broker: MosquittoBroker, **overrides: Any) -> Path:
     values: dict[str, Any] = {
-        "port": broker.port, "client_id": f"edge-{tmp_path.name}"[:60], "log_path": tmp_path / "edge.db",
-        "max_bytes": 2_000_000_000, "reserve": 10_000_000, "max_payload": "256KiB",
-        "containers_policy": "drop_oldest", "synchronous": "full",
+        "port": broker.port,
+        "client_id": f"edge-{tmp_path.name}"[:60],
+        "log_path": tmp_path / "edge.db",
+        "max_bytes": 2_000_000_000,
+        "reserve": 10_000_000,
+        "max_payload": "256KiB",
+        "containers_policy": "drop_oldest",
+        "synchronous": "full",
     }
     values.update(overrides)
     path = tmp_path / "edge.toml"
@@ -91,8 +96,11 @@ class AgentProcess:
 
     def start(self) -> None:
         out = open(self.log_file, "ab")  # noqa: SIM115  (kept open for the child)
-        self.proc = subprocess.Popen([sys.executable, "-m", "edge_agent.cli", "run", "--config", str(self.config)],
-                                     stdout=out, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "edge_agent.cli", "run", "--config", str(self.config)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
         out.close()
 
     def kill9(self) -> None:
@@ -129,8 +137,9 @@ class Publisher:
     :attr:`acked` is the payloads the broker acknowledged (PUBACK received)."""
 
     def __init__(self, broker: MosquittoBroker, client_id: str) -> None:
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
-                                  protocol=MQTTProtocolVersion.MQTTv5)
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5
+        )
         self.client.max_inflight_messages_set(100)
         self.client.max_queued_messages_set(0)
         self._sent: list[tuple[bytes, mqtt.MQTTMessageInfo]] = []

@@ -22,7 +22,9 @@ from tests.edge_agent.conftest import AgentProcess, Publisher, wait_for, write_c
 
 def _rows(db: Path, stream: str) -> list[tuple[int, str, bytes]]:
     with sqlite3.connect(db) as c:
-        return c.execute("SELECT seq, key, payload FROM records WHERE stream = ? ORDER BY seq", [stream]).fetchall()
+        return c.execute(
+            "SELECT seq, key, payload FROM records WHERE stream = ? ORDER BY seq", [stream]
+        ).fetchall()
 
 
 def wait_for_subscription(publisher: Publisher, db: Path) -> None:
@@ -38,7 +40,10 @@ def wait_for_subscription(publisher: Publisher, db: Path) -> None:
 
 
 def test_every_acked_message_is_stored_exactly_once_across_20_kill9(
-    tmp_path: Path, mosquitto: MosquittoBroker, publisher: Publisher, agent_process: type[AgentProcess]
+    tmp_path: Path,
+    mosquitto: MosquittoBroker,
+    publisher: Publisher,
+    agent_process: type[AgentProcess],
 ) -> None:
     """The core promise on the ship: whatever the broker acknowledged to a sensor is in
     the log once, whenever the agent dies (commit before PUBACK + DUP recognition)."""
@@ -51,8 +56,10 @@ def test_every_acked_message_is_stored_exactly_once_across_20_kill9(
     def publish_steadily() -> None:
         nonlocal sent
         while not stop_publishing and sent < 40_000:  # bounded load
-            publisher.publish(f"bigblue/deck{sent % 4}/containers/c{sent % 50}/env",
-                              f'{{"id": {sent}, "t": 4.5}}'.encode())
+            publisher.publish(
+                f"bigblue/deck{sent % 4}/containers/c{sent % 50}/env",
+                f'{{"id": {sent}, "t": 4.5}}'.encode(),
+            )
             sent += 1
             time.sleep(0.001)
 
@@ -84,7 +91,10 @@ def test_every_acked_message_is_stored_exactly_once_across_20_kill9(
 
 
 def test_messages_published_while_agent_is_stopped_arrive_after_restart(
-    tmp_path: Path, mosquitto: MosquittoBroker, publisher: Publisher, agent_process: type[AgentProcess]
+    tmp_path: Path,
+    mosquitto: MosquittoBroker,
+    publisher: Publisher,
+    agent_process: type[AgentProcess],
 ) -> None:
     cfg = write_config(tmp_path, mosquitto)
     agent = agent_process(cfg, tmp_path / "agent.log")
@@ -99,7 +109,9 @@ def test_messages_published_while_agent_is_stopped_arrive_after_restart(
     publisher.wait_all_acked()
     agent.start()
     wait_for(lambda: len(_rows(db, "containers")) == 201, what="messages from while we were away")
-    assert [p for _, _, p in _rows(db, "containers")] == [f'{{"n": {i}}}'.encode() for i in range(201)]
+    assert [p for _, _, p in _rows(db, "containers")] == [
+        f'{{"n": {i}}}'.encode() for i in range(201)
+    ]
 
 
 async def _run_agent(cfg_path: Path) -> tuple[Agent, asyncio.Task[None]]:
@@ -137,7 +149,9 @@ async def test_rules_map_topics_to_stream_and_key_and_bad_input_is_quarantined(
     await task
 
 
-async def test_non_utf8_topic_is_quarantined_not_a_crash(tmp_path: Path, mosquitto: MosquittoBroker) -> None:
+async def test_non_utf8_topic_is_quarantined_not_a_crash(
+    tmp_path: Path, mosquitto: MosquittoBroker
+) -> None:
     """A broker that lets invalid UTF-8 through (or a bridge) must not kill ingest."""
     cfg = write_config(tmp_path, mosquitto)
     agent = Agent(load_config(cfg))
@@ -145,7 +159,9 @@ async def test_non_utf8_topic_is_quarantined_not_a_crash(tmp_path: Path, mosquit
     msg.payload = b"{}"
     from edge_agent.ingest import _Received
 
-    incoming, quarantined = agent.ingest._prepare([_Received(1, mqtt.Client(mqtt.CallbackAPIVersion.VERSION2), msg, 1, 0.0)])
+    incoming, quarantined = agent.ingest._prepare(
+        [_Received(1, mqtt.Client(mqtt.CallbackAPIVersion.VERSION2), msg, 1, 0.0)]
+    )
     assert incoming == []
     assert [q.reason for q in quarantined] == ["bad_topic"]
     agent.log.close()

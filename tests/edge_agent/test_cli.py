@@ -1,0 +1,130 @@
+"""The agent as operators run it: systemd readiness and watchdog, metrics, status and
+tail on the live log."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+from local_stack.mosquitto import MosquittoBroker
+from local_stack.process import free_port
+from tests.edge_agent.conftest import Publisher, wait_for, write_config
+
+EDGE = [sys.executable, "-m", "edge_agent.cli"]
+
+
+def test_systemd_notify_ready_watchdog_and_stopping(
+    tmp_path: Path, mosquitto: MosquittoBroker
+) -> None:
+    """Type=notify: systemd starts dependants only after READY=1 and restarts a hung
+    agent when WATCHDOG=1 stops coming."""
+    cfg = write_config(tmp_path, mosquitto)
+    sock_path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(sock_path)
+    sock.settimeout(15)
+    env = dict(os.environ, NOTIFY_SOCKET=sock_path, WATCHDOG_USEC="400000")
+    proc = subprocess.Popen(
+        [*EDGE, "run", "--config", str(cfg)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        got: list[str] = []
+        while "WATCHDOG=1" not in got:
+            got.append(sock.recv(256).decode())
+        assert got[0] == "READY=1"
+        proc.send_signal(signal.SIGTERM)
+        while got[-1] != "STOPPING=1":
+            got.append(sock.recv(256).decode())
+        assert proc.wait(15) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+        sock.close()
+
+
+def test_metrics_status_and_tail(
+    tmp_path: Path, mosquitto: MosquittoBroker, publisher: Publisher
+) -> None:
+    port = free_port()
+    cfg = write_config(tmp_path, mosquitto)
+    cfg.write_text(cfg.read_text().replace("[metrics]\nport = 0", f"[metrics]\nport = {port}"))
+    proc = subprocess.Popen(
+        [*EDGE, "run", "--config", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+
+        def scrape() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                return str(r.read().decode())
+
+        def connected() -> bool:
+            try:
+                return "shorelink_edge_mqtt_connected 1.0" in scrape()
+            except OSError:
+                return False
+
+        wait_for(connected, what="agent connected")
+        for i in range(30):
+            publisher.publish(
+                f"bigblue/d1/containers/C{i % 3}/env", f'{{"ts": 1700000000, "i": {i}}}'.encode()
+            )
+        publisher.publish("unmapped/x", b"?")
+        publisher.wait_all_acked()
+        wait_for(
+            lambda: 'shorelink_edge_ingested_records_total{stream="containers"} 30.0' in scrape(),
+            what="ingest metric",
+        )
+        metrics = scrape()
+        assert 'shorelink_edge_quarantined_messages_total{reason="unmapped_topic"} 1.0' in metrics
+        assert "shorelink_edge_receive_to_ack_seconds_bucket" in metrics
+
+        st = subprocess.run(
+            [*EDGE, "status", "--config", str(cfg), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        report = json.loads(st.stdout)
+        c = report["streams"]["containers"]
+        assert (c["last_seq"], c["backlog_records"], c["held"]) == (30, 30, {})
+        assert report["quarantined"] == 1
+        assert c["oldest_undelivered_age_s"] is not None
+        human = subprocess.run(
+            [*EDGE, "status", "--config", str(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+            env=dict(os.environ, COLUMNS="200"),
+        )
+        assert "containers" in human.stdout and "quarantined: 1" in human.stdout
+
+        tail = subprocess.run(
+            [*EDGE, "tail", "--config", str(cfg), "--stream", "containers", "-n", "2"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        lines = tail.stdout.strip().splitlines()
+        assert [ln.split("\t")[0] for ln in lines] == ["29", "30"]
+        assert lines[-1].split("\t")[1:3] == ["C2", "1700000000000"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(15)
+
+
+def test_every_command_has_help() -> None:
+    for cmd in ([], ["run"], ["status"], ["tail"], ["check-config"]):
+        res = subprocess.run([*EDGE, *cmd, "--help"], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0 and "Usage:" in res.stdout

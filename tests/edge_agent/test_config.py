@@ -1,0 +1,110 @@
+"""Config errors name the bad field: a ship's operator fixing a config at sea has no
+one to ask what 'invalid value' means."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edge_agent.config import load_config, parse_config
+from shorelink.config import load_toml
+from shorelink.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "deploy" / "edge" / "edge.toml"
+
+
+def test_sample_config_is_valid_and_documents_every_key() -> None:
+    cfg = load_config(SAMPLE)
+    assert cfg.ship == "bigblue"
+    assert [s.name for s in cfg.by_priority()] == ["alerts", "nav", "containers"]
+    assert cfg.log.group_commit_s == pytest.approx(0.005)
+    # every dataclass field is a key in the sample, so the sample documents them all
+    text = SAMPLE.read_text()
+    from dataclasses import fields
+
+    from edge_agent.config import LogConfig, MetricsConfig, MqttConfig, StreamConfig
+
+    renamed = {
+        "group_commit_s": "group_commit",
+        "max_age_s": "max_age",
+        "reconnect_min_s": "reconnect_min",
+        "reconnect_max_s": "reconnect_max",
+    }
+    for cls in (MqttConfig, LogConfig, MetricsConfig, StreamConfig):
+        for f in fields(cls):
+            if f.name == "name":
+                continue
+            key = renamed.get(f.name, f.name)
+            assert f"{key} =" in text, f"{cls.__name__}.{f.name} is not in {SAMPLE.name}"
+
+
+def _with(change: dict[str, object]) -> dict[str, object]:
+    data = load_toml(SAMPLE)
+    for dotted, value in change.items():
+        node = data
+        *parents, last = dotted.split(".")
+        for p in parents:
+            node = node[p] if not p.isdigit() else node[int(p)]  # type: ignore[index]
+        if value is None:
+            del node[last]  # type: ignore[attr-defined]
+        else:
+            node[last] = value  # type: ignore[index]
+    return data
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"ship": "Big Blue"}, "ship"),
+        ({"streams.alerts.on_full": "drop_oldest"}, "streams.alerts.on_full"),
+        ({"streams.nav.on_full": "sometimes"}, "streams.nav.on_full"),
+        ({"streams.nav.max_bytes": "lots"}, "streams.nav.max_bytes"),
+        ({"mqtt.port": 70000}, "mqtt.port"),
+        ({"mqtt.prot": 1883}, "mqtt.prot"),
+        ({"log.group_commit": "5s"}, "log.group_commit"),
+        ({"log.alerts_reserve_bytes": "3GB"}, "log.alerts_reserve_bytes"),
+        ({"mqtt.password": "${SHORELINK_TEST_UNSET_VAR}"}, "mqtt.password"),
+        ({"ship": None}, "ship"),
+    ],
+)
+def test_invalid_config_names_the_field(change: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(_with(change))
+    assert exc.value.field == field
+
+
+def test_rule_naming_unknown_stream_is_an_error() -> None:
+    data = load_toml(SAMPLE)
+    data["rules"][0]["stream"] = "weather"
+    with pytest.raises(ConfigError, match=r"rules\[0\]\.stream"):
+        parse_config(data)
+
+
+def test_secret_comes_from_env_and_never_prints(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHORELINK_MQTT_PASSWORD", "hunter2")
+    cfg = load_config(SAMPLE)
+    assert cfg.mqtt.password.value == "hunter2"
+    assert "hunter2" not in repr(cfg) and "hunter2" not in str(cfg.mqtt)
+
+
+def test_check_config_cli(tmp_path: Path) -> None:
+    ok = subprocess.run(
+        [sys.executable, "-m", "edge_agent.cli", "check-config", str(SAMPLE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ok.returncode == 0 and "ship=bigblue" in ok.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text(SAMPLE.read_text().replace('ship = "bigblue"', 'ship = "BAD NAME"'))
+    res = subprocess.run(
+        [sys.executable, "-m", "edge_agent.cli", "check-config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2 and "ship:" in res.stderr
