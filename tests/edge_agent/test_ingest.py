@@ -186,3 +186,28 @@ async def test_real_ais_sample_is_stored_byte_for_byte(
     assert [r.seq for r in stored] == list(range(1, len(lines) + 1))
     agent.stop.set()
     await task
+
+
+async def test_budget_full_drops_oldest_telemetry_keeps_every_alert_and_keeps_running(
+    tmp_path: Path, mosquitto: MosquittoBroker, publisher: Publisher
+) -> None:
+    cfg = write_config(tmp_path, mosquitto, max_bytes=60_000, reserve=20_000)
+    agent, task = await _run_agent(cfg)
+    for i in range(600):
+        publisher.publish(f"bigblue/d1/containers/C{i % 9}/env", f'{{"i": {i}, "pad": "{"x" * 60}"}}'.encode())
+        if i % 20 == 0:
+            publisher.publish(f"bigblue/d1/containers/C{i % 9}/alert", f'{{"alert": {i}}}'.encode())
+    publisher.wait_all_acked()
+    for _ in range(200):
+        if agent.log.stream_state("containers").next_seq == 601 and agent.log.stream_state("alerts").count == 30:
+            break
+        await asyncio.sleep(0.05)
+    assert not task.done(), "the agent must keep running when its budget is full"
+    alerts = agent.log.read("alerts", 1, 1000)
+    assert [r.payload for r in alerts] == [f'{{"alert": {i}}}'.encode() for i in range(0, 600, 20)]
+    kept = agent.log.read("containers", 1, 1000)
+    assert 0 < len(kept) < 600 and kept[-1].seq == 600
+    assert agent.log.stream_state("containers").dropped == 600 - len(kept)
+    assert agent.metrics.dropped.labels("containers")._value.get() == 600 - len(kept)
+    agent.stop.set()
+    await task
