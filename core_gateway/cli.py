@@ -1,16 +1,167 @@
-"""``shorelink-gateway``: command line of the port/HQ gateway: takes ships' batches and writes them into Kafka exactly once."""
+"""``shorelink-gateway``: the port/HQ gateway that takes ships' batches into Kafka, and
+the ship-credential tools."""
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import ssl
+import sys
+from pathlib import Path
+from typing import NoReturn
+
 import click
 
+from core_gateway.auth import Credentials
+from core_gateway.config import GatewayConfig, load_config
+from shorelink.errors import ShorelinkError
+from shorelink.logs import configure_logging
+
 __all__ = ["main"]
+
+CONFIG = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    required=True,
+    envvar="SHORELINK_GATEWAY_CONFIG",
+    help="Gateway config TOML (env SHORELINK_GATEWAY_CONFIG).",
+)
+
+
+def _fail(exc: Exception) -> NoReturn:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(2)
+
+
+def _load(path: Path) -> GatewayConfig:
+    try:
+        return load_config(path)
+    except ShorelinkError as exc:
+        _fail(exc)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="shorelink")
 def main() -> None:
-    """shorelink-gateway: the port/HQ gateway: takes ships' batches and writes them into Kafka exactly once."""
+    """shorelink-gateway: takes ships' uploads at a port or HQ and writes them into Kafka."""
+
+
+@main.command("check-config")
+@click.argument("config_file", type=click.Path(path_type=Path))
+def check_config(config_file: Path) -> None:
+    """Validate CONFIG_FILE."""
+    cfg = _load(config_file)
+    click.echo(
+        f"ok: site={cfg.site} listen={cfg.host}:{cfg.port} kafka={cfg.kafka_bootstrap} "
+        f"streams={','.join(cfg.streams)} tls={'on' if cfg.tls_cert_file else 'off'}"
+    )
+
+
+@main.command()
+@CONFIG
+@click.option("--log-json", is_flag=True, help="Log JSON lines instead of key=value.")
+def run(config_path: Path, log_json: bool) -> None:
+    """Serve the API until SIGTERM or SIGINT."""
+    cfg = _load(config_path)
+    configure_logging(cfg.log_level, as_json=log_json)
+    try:
+        asyncio.run(serve(cfg))
+    except ShorelinkError as exc:
+        _fail(exc)
+
+
+async def serve(
+    cfg: GatewayConfig,
+    *,
+    install_signals: bool = True,
+    started: asyncio.Event | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    from aiohttp import web
+
+    from core_gateway.app import GatewayService, create_app
+
+    service = GatewayService(cfg)
+    runner = web.AppRunner(create_app(service), access_log=None)
+    await runner.setup()
+    ctx = None
+    if cfg.tls_cert_file and cfg.tls_key_file:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
+    site = web.TCPSite(runner, cfg.host, cfg.port, ssl_context=ctx)
+    await site.start()
+    stop = stop or asyncio.Event()
+    if install_signals:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    starter = asyncio.create_task(service.start())
+    import logging
+
+    logging.getLogger(__name__).info(
+        "event=gateway_listening site=%s address=%s:%d tls=%s",
+        cfg.site,
+        cfg.host,
+        cfg.port,
+        bool(ctx),
+    )
+    if started is not None:
+        started.set()
+    try:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), 1)
+            except TimeoutError:
+                if service.writer.fatal:
+                    raise ShorelinkError(f"stopping: {service.writer.fatal}") from None
+    finally:
+        starter.cancel()
+        await runner.cleanup()
+        await service.stop()
+
+
+@main.group()
+def ships() -> None:
+    """Manage ships' credentials (bearer tokens, stored hashed)."""
+
+
+@ships.command("add")
+@click.argument("ship")
+@CONFIG
+def ships_add(ship: str, config_path: Path) -> None:
+    """Create (or replace) SHIP's credential and print its token once."""
+    cfg = _load(config_path)
+    try:
+        token = Credentials(cfg.credentials_file).add(ship)
+    except ShorelinkError as exc:
+        _fail(exc)
+    click.echo(token)
+    click.echo(
+        f"stored the hash for ship {ship} in {cfg.credentials_file}; the token is not shown again. "
+        "Put it in the ship's token_file (mode 0600).",
+        err=True,
+    )
+
+
+@ships.command("list")
+@CONFIG
+def ships_list(config_path: Path) -> None:
+    """List ships with a credential (never the tokens)."""
+    cfg = _load(config_path)
+    for c in Credentials(cfg.credentials_file).list():
+        click.echo(f"{c.ship}\t{'revoked' if c.revoked else 'active'}\tcreated {c.created}")
+
+
+@ships.command("revoke")
+@click.argument("ship")
+@CONFIG
+def ships_revoke(ship: str, config_path: Path) -> None:
+    """Revoke SHIP's credential (a running gateway notices within a second)."""
+    cfg = _load(config_path)
+    if not Credentials(cfg.credentials_file).revoke(ship):
+        _fail(ShorelinkError(f"no credential for ship {ship!r}"))
+    click.echo(f"revoked {ship}")
 
 
 if __name__ == "__main__":

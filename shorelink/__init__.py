@@ -6,16 +6,22 @@ from shorelink.contract import Record, canonical_topic, dead_topic, inbox_topic,
 from shorelink.errors import ConfigError, ContractError, ShorelinkError
 from shorelink.identity import Identity
 from shorelink.ranges import RangeSet
+from shorelink.wire import Batch, WireError, WireRecord, decode_batch, encode_batch
 
 __all__ = [
+    "Batch",
     "ConfigError",
     "ContractError",
     "Identity",
     "RangeSet",
     "Record",
     "ShorelinkError",
+    "WireError",
+    "WireRecord",
     "canonical_topic",
     "dead_topic",
+    "decode_batch",
+    "encode_batch",
     "inbox_topic",
     "ingress_topic",
 ]

@@ -18,6 +18,7 @@ from shorelink.errors import ContractError
 from shorelink.identity import Identity, check_name
 
 __all__ = [
+    "GATEWAY_CURSOR_TOPIC",
     "H_MQTT_TOPIC",
     "H_ORIGIN",
     "H_SEQ",
@@ -40,6 +41,10 @@ H_SITE = "sl.site"
 H_MQTT_TOPIC = "sl.mqtt_topic"
 
 LEDGER_TOPIC = "sl.ledger"
+#: compacted; key ``origin/stream``, value JSON ``{"written": ranges, "abandoned": ranges}``:
+#: what this site's gateway wrote to ``sl.ingress.*``, committed in the same Kafka
+#: transaction as the records (core_gateway/writer.py)
+GATEWAY_CURSOR_TOPIC = "sl.gateway.cursor"
 
 
 def ingress_topic(stream: str) -> str:

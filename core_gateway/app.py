@@ -1,0 +1,319 @@
+"""The gateway's HTTP API (docs/gateway-api.md): ships' batches in, Kafka out.
+
+Every request that changes something is checked whole before anything is written:
+credential, origin, stream, size, checksum, version, decompressed size, seq range. A
+refused request gets a 4xx with a JSON body ``{"error": code, "message": ...}`` and a
+counter; nothing is written. A batch is answered only after Kafka committed it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from core_gateway.auth import Credentials
+from core_gateway.config import GatewayConfig
+from core_gateway.errors import ApiError, KafkaWriteError
+from core_gateway.holdings import Holdings
+from core_gateway.ledger import LedgerFollower
+from core_gateway.metrics import GatewayMetrics
+from core_gateway.writer import KafkaWriter
+from shorelink.ranges import RangeSet
+from shorelink.wire import Batch, WireError, decode_batch, peek_header
+
+__all__ = ["GatewayService", "create_app"]
+
+log = logging.getLogger(__name__)
+
+_WIRE_STATUS = {
+    "too_large": 413,
+    "decompressed_too_large": 413,
+    "too_many_records": 413,
+    "bad_seq_range": 422,
+}
+#: decode in a worker thread above this many bytes, so big batches don't stall the loop
+_THREAD_DECODE_BYTES = 64 * 1024
+
+
+class GatewayService:
+    """Everything behind the HTTP API: credentials, holdings, the Kafka writer."""
+
+    def __init__(self, cfg: GatewayConfig) -> None:
+        self.cfg = cfg
+        self.credentials = Credentials(cfg.credentials_file)
+        self.holdings = Holdings()
+        self.metrics = GatewayMetrics()
+        self.writer = KafkaWriter(cfg)
+        self.ledger = LedgerFollower(cfg.kafka_bootstrap, self.holdings)
+        self.ready = asyncio.Event()
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self.startup_error: str | None = None
+
+    async def start(self) -> None:
+        """Create topics, restore holdings from the cursor, start the transactional
+        producer and the ledger follower; then the gateway is ready."""
+
+        def blocking() -> int:
+            self.writer.ensure_topics()
+            n = self.writer.restore(self.holdings)
+            self.writer.start()
+            return n
+
+        delay = 1.0
+        while True:
+            try:
+                n = await asyncio.to_thread(blocking)
+                break
+            except Exception as exc:  # Kafka not up yet: keep trying, stay unready
+                self.startup_error = str(exc)
+                log.warning("event=gateway_start_retry error=%r retry_in=%.0fs", str(exc), delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30)
+        self.startup_error = None
+        self.ledger.start()
+        self.ready.set()
+        self.metrics.ready.set(1)
+        log.info(
+            "event=gateway_ready site=%s cursors=%d kafka=%s",
+            self.cfg.site,
+            n,
+            self.cfg.kafka_bootstrap,
+        )
+
+    async def stop(self) -> None:
+        self.ledger.stop()
+        await asyncio.to_thread(self.writer.close)
+
+    def lock(self, origin: str, stream: str) -> asyncio.Lock:
+        return self._locks.setdefault((origin, stream), asyncio.Lock())
+
+    # -- the two operations ----------------------------------------------------------------
+    def holdings_for(self, ship: str) -> dict[str, str]:
+        return {s: str(r) for s, r in self.holdings.for_ship(ship, self.cfg.streams).items()}
+
+    async def accept(self, ship: str, batch: Batch) -> dict[str, Any]:
+        stream = batch.stream
+        async with self.lock(ship, stream):
+            h = self.holdings.get(ship, stream)
+            settled = h.settled()
+            end = settled.contiguous_end()
+            floor = max(end, batch.first_available - 1)
+            if batch.first_seq > floor + 1:
+                self.metrics.rejected.labels("gap").inc()
+                raise ApiError(
+                    409,
+                    "gap",
+                    f"batch starts at seq {batch.first_seq} but this site holds "
+                    f"{ship}/{stream} only up to {end}: resend from {end + 1}",
+                    held=str(h.held()),
+                )
+            new = [r for r in batch.records if r.seq not in settled]
+            abandoned = h.abandoned.copy()
+            if batch.first_available - 1 > end:
+                # the ship no longer has these (dropped on board by policy): they can
+                # never arrive, so the site stops waiting for them
+                abandoned.add_range(end + 1, batch.first_available - 1)
+            written = RangeSet.from_seqs(r.seq for r in new)
+            if new or abandoned != h.abandoned:
+                new_written = h.written.copy()
+                new_written.update(written)
+                cursor = _cursor(new_written, abandoned)
+                t0 = time.monotonic()
+                try:
+                    await asyncio.to_thread(self.writer.write, ship, stream, new, cursor)
+                except KafkaWriteError as exc:
+                    self.metrics.kafka_errors.inc()
+                    if exc.fatal:
+                        self.ready.clear()
+                        self.metrics.ready.set(0)
+                    raise ApiError(503, "kafka_unavailable", str(exc)) from exc
+                self.metrics.write_seconds.observe(time.monotonic() - t0)
+                if abandoned != h.abandoned:
+                    self.metrics.abandoned.labels(stream).inc(
+                        abandoned.count() - h.abandoned.count()
+                    )
+                    log.warning(
+                        "event=seqs_abandoned ship=%s stream=%s seqs=%s", ship, stream, abandoned
+                    )
+                h.written = new_written
+                h.abandoned = abandoned
+            self.metrics.batches.labels(stream).inc()
+            self.metrics.records.labels(stream).inc(len(new))
+            self.metrics.skipped.labels(stream).inc(batch.count - len(new))
+            return {
+                "ship": ship,
+                "site": self.cfg.site,
+                "stream": stream,
+                "held": str(h.held()),
+                "written": str(written),
+            }
+
+
+def _cursor(written: RangeSet, abandoned: RangeSet) -> bytes:
+    from core_gateway.holdings import SourceHoldings
+
+    return SourceHoldings(written, abandoned).cursor_value()
+
+
+# -- HTTP -----------------------------------------------------------------------------------
+SERVICE = web.AppKey("service", GatewayService)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def create_app(service: GatewayService) -> web.Application:
+    cfg = service.cfg
+    app = web.Application(
+        client_max_size=cfg.limits.max_compressed_bytes + 64 * 1024,
+        middlewares=[_error_middleware(service)],
+    )
+    app[SERVICE] = service
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/v1/ships/{ship}/holdings", _holdings)
+    app.router.add_post("/v1/ships/{ship}/streams/{stream}/batches", _batch)
+    return app
+
+
+def _json_error(status: int, code: str, message: str, **extra: object) -> web.Response:
+    return web.json_response({"error": code, "message": message, **extra}, status=status)
+
+
+def _error_middleware(service: GatewayService) -> Any:
+    @web.middleware
+    async def mw(request: web.Request, handler: Handler) -> web.StreamResponse:
+        route = (
+            request.match_info.route.resource.canonical
+            if request.match_info.route.resource
+            else "unmatched"
+        )
+        try:
+            resp = await handler(request)
+        except ApiError as exc:
+            if exc.status != 409:
+                service.metrics.rejected.labels(exc.code).inc()
+                log.info(
+                    "event=request_refused route=%s status=%d error=%s message=%r",
+                    route,
+                    exc.status,
+                    exc.code,
+                    str(exc),
+                )
+            resp = _json_error(exc.status, exc.code, str(exc), **exc.extra)
+        except web.HTTPRequestEntityTooLarge as exc:
+            service.metrics.rejected.labels("too_large").inc()
+            resp = _json_error(413, "too_large", str(exc.text))
+        except web.HTTPException as exc:
+            resp = _json_error(
+                exc.status, exc.reason.lower().replace(" ", "_"), exc.text or exc.reason
+            )
+        service.metrics.requests.labels(route, str(resp.status)).inc()
+        return resp
+
+    return mw
+
+
+async def _healthz(_request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    service: GatewayService = request.app[SERVICE]
+    ok = service.ready.is_set() and await asyncio.to_thread(service.writer.ping)
+    body = {"ready": ok, "site": service.cfg.site}
+    if service.startup_error:
+        body["error"] = service.startup_error
+    return web.json_response(body, status=200 if ok else 503)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    service: GatewayService = request.app[SERVICE]
+    return web.Response(
+        body=generate_latest(service.metrics.registry),
+        headers={"Content-Type": CONTENT_TYPE_LATEST},
+    )
+
+
+def _authenticate(request: web.Request) -> str:
+    service: GatewayService = request.app[SERVICE]
+    ship = request.match_info["ship"]
+    auth = request.headers.get("Authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(401, "unauthorized", "missing bearer token")
+    service.credentials.maybe_reload()
+    owner = service.credentials.ship_for_token(token.strip())
+    if owner is None:
+        raise ApiError(401, "unauthorized", "unknown or revoked token")
+    if owner != ship:
+        raise ApiError(403, "forbidden", f"this token belongs to ship {owner!r}, not {ship!r}")
+    if not service.ready.is_set():
+        raise ApiError(
+            503, "not_ready", f"gateway not ready: {service.startup_error or 'starting'}"
+        )
+    return ship
+
+
+async def _holdings(request: web.Request) -> web.Response:
+    service: GatewayService = request.app[SERVICE]
+    ship = _authenticate(request)
+    return web.json_response(
+        {"ship": ship, "site": service.cfg.site, "streams": service.holdings_for(ship)}
+    )
+
+
+async def _batch(request: web.Request) -> web.Response:
+    service: GatewayService = request.app[SERVICE]
+    cfg = service.cfg
+    ship = _authenticate(request)
+    stream = request.match_info["stream"]
+    if stream not in cfg.streams:
+        raise ApiError(
+            404,
+            "unknown_stream",
+            f"this site takes no stream {stream!r} (it takes {', '.join(cfg.streams)})",
+        )
+    if (
+        request.content_length is not None
+        and request.content_length > cfg.limits.max_compressed_bytes
+    ):
+        raise ApiError(
+            413,
+            "too_large",
+            f"batch of {request.content_length} bytes > {cfg.limits.max_compressed_bytes}",
+        )
+    try:
+        async with asyncio.timeout(cfg.body_timeout_s):
+            body = await request.read()
+    except TimeoutError:
+        raise ApiError(
+            408, "body_timeout", f"request body not received within {cfg.body_timeout_s:.0f}s"
+        ) from None
+    service.metrics.bytes_in.inc(len(body))
+    try:
+        header = peek_header(body, cfg.limits)
+        if header.origin != ship:
+            raise ApiError(
+                403,
+                "wrong_origin",
+                f"ship {ship!r} may write only its own origin, not {header.origin!r}",
+            )
+        if header.stream != stream:
+            raise ApiError(
+                400,
+                "stream_mismatch",
+                f"batch is for stream {header.stream!r}, URL says {stream!r}",
+            )
+        if len(body) > _THREAD_DECODE_BYTES:
+            batch = await asyncio.to_thread(decode_batch, body, cfg.limits)
+        else:
+            batch = decode_batch(body, cfg.limits)
+    except WireError as exc:
+        raise ApiError(_WIRE_STATUS.get(exc.reason, 400), exc.reason, str(exc)) from None
+    return web.json_response(await service.accept(ship, batch))

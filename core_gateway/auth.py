@@ -1,0 +1,131 @@
+"""Ship credentials: one bearer token per ship, stored only as a SHA-256 hash.
+
+Tokens are 256-bit random strings, so a plain SHA-256 (no salt, no slow KDF) is enough
+to make a leaked credentials file useless, and cheap to check on every request. The
+file (``credentials_file`` in the gateway config) is JSON, written atomically (temp
+file, fsync, rename) with mode 0600.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from core_gateway.errors import GatewayError
+from shorelink.identity import check_name
+
+__all__ = ["Credentials", "ShipCredential", "hash_token"]
+
+TOKEN_PREFIX = "slk_"
+
+
+def hash_token(token: str) -> str:
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ShipCredential:
+    ship: str
+    token_hash: str
+    created: str
+    revoked: bool = False
+
+
+class Credentials:
+    """The ships allowed to upload, loaded from (and saved to) one JSON file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._by_ship: dict[str, ShipCredential] = {}
+        self._by_hash: dict[str, ShipCredential] = {}
+        self._mtime = 0.0
+        self._checked = 0.0
+        self.reload()
+
+    def maybe_reload(self) -> None:
+        """Pick up `ships add/revoke` made by another process (checked once a second)."""
+        now = time.monotonic()
+        if now - self._checked < 1.0:
+            return
+        self._checked = now
+        try:
+            mtime = self.path.stat().st_mtime
+        except OSError:
+            mtime = 0.0
+        if mtime != self._mtime:
+            self.reload()
+
+    def reload(self) -> None:
+        try:
+            self._mtime = self.path.stat().st_mtime
+        except OSError:
+            self._mtime = 0.0
+        if not self.path.exists():
+            self._by_ship, self._by_hash = {}, {}
+            return
+        try:
+            data = json.loads(self.path.read_text())
+            ships = {
+                name: ShipCredential(
+                    name, c["token_hash"], c.get("created", ""), bool(c.get("revoked", False))
+                )
+                for name, c in data.get("ships", {}).items()
+            }
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise GatewayError(f"credentials file {self.path} is unreadable: {exc}") from exc
+        self._by_ship = ships
+        self._by_hash = {c.token_hash: c for c in ships.values() if not c.revoked}
+
+    def ship_for_token(self, token: str) -> str | None:
+        """The ship this token belongs to, or None (unknown or revoked)."""
+        wanted = hash_token(token)
+        cred = self._by_hash.get(wanted)
+        # compare_digest keeps the comparison itself constant-time
+        if cred is not None and hmac.compare_digest(cred.token_hash, wanted):
+            return cred.ship
+        return None
+
+    def list(self) -> list[ShipCredential]:
+        return sorted(self._by_ship.values(), key=lambda c: c.ship)
+
+    def add(self, ship: str) -> str:
+        """Create (or replace) ``ship``'s credential; returns the token, shown once."""
+        check_name("ship", ship)
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        cred = ShipCredential(
+            ship, hash_token(token), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        )
+        self._by_ship[ship] = cred
+        self._save()
+        return token
+
+    def revoke(self, ship: str) -> bool:
+        cred = self._by_ship.get(ship)
+        if cred is None:
+            return False
+        self._by_ship[ship] = ShipCredential(ship, cred.token_hash, cred.created, True)
+        self._save()
+        return True
+
+    def _save(self) -> None:
+        data = {
+            "ships": {
+                c.ship: {"token_hash": c.token_hash, "created": c.created, "revoked": c.revoked}
+                for c in self.list()
+            }
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self.path)
+        self.reload()

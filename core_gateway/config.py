@@ -1,0 +1,105 @@
+"""The gateway's configuration (TOML; commented sample: ``deploy/gateway/gateway.toml``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shorelink.config import Section, load_toml
+from shorelink.errors import ConfigError
+from shorelink.identity import check_name
+from shorelink.wire import Limits
+
+__all__ = ["GatewayConfig", "load_config", "parse_config"]
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    site: str
+    kafka_bootstrap: str
+    credentials_file: Path
+    streams: tuple[str, ...]
+    host: str = "0.0.0.0"
+    port: int = 8443
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    #: a whole request body must arrive within this (slow or endless uploads are cut)
+    body_timeout_s: float = 60.0
+    limits: Limits = field(default_factory=Limits)
+    ingress_partitions: int = 6
+    ingress_retention_ms: int = 7 * 86400 * 1000
+    #: Kafka transactional.id; one gateway per site holds it (a second one fences the first)
+    transactional_id: str = ""
+    kafka_timeout_s: float = 30.0
+    log_level: str = "info"
+
+
+def _name(field: str, kind: str, value: str) -> str:
+    try:
+        return check_name(kind, value)
+    except Exception as exc:
+        raise ConfigError(field, str(exc)) from None
+
+
+def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayConfig:
+    top = Section(data)
+    site = _name("site", "site", top.text("site"))
+    d = GatewayConfig(site, "", Path(), ())
+    listen = top.section("listen")
+    host = listen.text("host", d.host)
+    port = listen.integer("port", d.port, min=0, max=65535)
+    cert = listen.opt_str("tls_cert_file")
+    key = listen.opt_str("tls_key_file")
+    body_timeout = listen.duration("body_timeout", d.body_timeout_s)
+    listen.done()
+    if bool(cert) != bool(key):
+        raise ConfigError(
+            "listen.tls_cert_file", "set both tls_cert_file and tls_key_file, or neither"
+        )
+    kafka = top.section("kafka")
+    bootstrap = kafka.text("bootstrap")
+    partitions = kafka.integer("ingress_partitions", d.ingress_partitions, min=1, max=1000)
+    retention = kafka.duration("ingress_retention", d.ingress_retention_ms / 1000)
+    txid = kafka.text("transactional_id", f"shorelink-gateway-{site}")
+    ktimeout = kafka.duration("timeout", d.kafka_timeout_s)
+    kafka.done()
+    lim = top.section("limits")
+    dl = Limits()
+    limits = Limits(
+        max_records=lim.integer("max_records", dl.max_records, min=1),
+        max_compressed_bytes=lim.size("max_batch_bytes", dl.max_compressed_bytes),
+        max_decompressed_bytes=lim.size("max_decompressed_bytes", dl.max_decompressed_bytes),
+    )
+    lim.done()
+    streams = tuple(_name("streams", "stream", s) for s in top.strings("streams"))
+    if not streams:
+        raise ConfigError("streams", "list at least one stream")
+    creds = Path(top.text("credentials_file"))
+
+    def rel(p: Path) -> Path:
+        return p if p.is_absolute() or base is None else base / p
+
+    cfg = GatewayConfig(
+        site=site,
+        kafka_bootstrap=bootstrap,
+        credentials_file=rel(creds),
+        streams=streams,
+        host=host,
+        port=port,
+        tls_cert_file=rel(Path(cert)) if cert else None,
+        tls_key_file=rel(Path(key)) if key else None,
+        body_timeout_s=body_timeout,
+        limits=limits,
+        ingress_partitions=partitions,
+        ingress_retention_ms=int(retention * 1000),
+        transactional_id=txid,
+        kafka_timeout_s=ktimeout,
+        log_level=top.choice("log_level", ("debug", "info", "warning", "error"), "info"),
+    )
+    top.done()
+    return cfg
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    p = Path(path)
+    return parse_config(load_toml(p), base=p.resolve().parent)

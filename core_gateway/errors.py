@@ -1,0 +1,34 @@
+"""core_gateway's exceptions. :class:`ApiError` carries the HTTP status and the JSON
+error code a client sees; everything else is an internal failure (503 or 500)."""
+
+from __future__ import annotations
+
+from shorelink.errors import ShorelinkError
+
+__all__ = ["ApiError", "GatewayError", "KafkaWriteError"]
+
+
+class GatewayError(ShorelinkError):
+    """Root of every core_gateway error."""
+
+
+class ApiError(GatewayError):
+    """A request the gateway refuses: ``status`` (4xx), ``code`` for the JSON body, and
+    extra fields (e.g. ``held`` on a 409)."""
+
+    def __init__(self, status: int, code: str, message: str, **extra: object) -> None:
+        super().__init__(message, retryable=status in (409, 429) or status >= 500)
+        self.status = status
+        self.code = code
+        self.extra = extra
+
+
+class KafkaWriteError(GatewayError):
+    """Kafka did not take a batch; nothing of it is visible (the transaction aborted).
+    ``fatal`` means this gateway was fenced or its producer is unusable: it must stop."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.fatal = fatal

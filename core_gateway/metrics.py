@@ -1,0 +1,42 @@
+"""Prometheus metrics of the gateway."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["GatewayMetrics"]
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        p = "shorelink_gateway_"
+        self.requests = Counter(p + "requests", "HTTP requests", ["route", "status"], registry=r)
+        self.rejected = Counter(
+            p + "rejected_batches", "Batches refused, by reason", ["reason"], registry=r
+        )
+        self.batches = Counter(
+            p + "batches_written", "Batches committed to Kafka", ["stream"], registry=r
+        )
+        self.records = Counter(
+            p + "records_written", "Records committed to sl.ingress", ["stream"], registry=r
+        )
+        self.skipped = Counter(
+            p + "records_already_held",
+            "Records in a batch the site already held",
+            ["stream"],
+            registry=r,
+        )
+        self.abandoned = Counter(
+            p + "seqs_abandoned", "Seqs a ship declared dropped on board", ["stream"], registry=r
+        )
+        self.bytes_in = Counter(p + "batch_bytes", "Compressed batch bytes received", registry=r)
+        self.write_seconds = Histogram(
+            p + "kafka_write_seconds", "Time to commit one batch's transaction", registry=r
+        )
+        self.kafka_errors = Counter(
+            p + "kafka_errors", "Failed Kafka transactions (aborted)", registry=r
+        )
+        self.ready = Gauge(
+            p + "ready", "1 when holdings are loaded and Kafka reachable", registry=r
+        )

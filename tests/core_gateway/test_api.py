@@ -1,0 +1,191 @@
+"""The gateway against real Kafka: exactly once into sl.ingress, clear refusals that
+write nothing, holdings that include replication."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import zlib
+
+import aiohttp
+import pytest
+from confluent_kafka import Producer
+
+from core_gateway.auth import Credentials
+from local_stack.kafka import KafkaBroker
+from shorelink.contract import H_MQTT_TOPIC, H_SITE, H_STREAM, H_TS, LEDGER_TOPIC, ingress_topic
+from shorelink.kafka_io import read_to_end
+from shorelink.ledger import encode_entry
+from shorelink.ranges import RangeSet
+from shorelink.topics import TopicSpec, ensure_topics
+from shorelink.wire import Batch, WireRecord, encode_batch
+from tests.conftest import unique
+from tests.core_gateway.conftest import RunningGateway, batch, ingress_seqs, records
+
+
+async def _post(
+    s: aiohttp.ClientSession,
+    gw: RunningGateway,
+    body: bytes,
+    *,
+    stream: str = "containers",
+    ship: str | None = None,
+    token: str | None = None,
+) -> tuple[int, dict[str, object]]:
+    url = f"{gw.url}/v1/ships/{ship or gw.ship}/streams/{stream}/batches"
+    async with s.post(
+        url, data=io.BytesIO(body), headers={**gw.headers(token), "Content-Length": str(len(body))}
+    ) as r:
+        return r.status, await r.json()
+
+
+async def test_batches_are_written_once_with_the_record_contract(
+    gateway: RunningGateway, kafka: KafkaBroker
+) -> None:
+    """A batch retried after a lost reply, or overlapping an earlier one, must not double
+    an identity in sl.ingress."""
+    async with aiohttp.ClientSession() as s:
+        st, body = await _post(s, gateway, batch(gateway.ship, 1, 100))
+        assert (st, body["held"], body["written"]) == (200, "1-100", "1-100")
+        st, body = await _post(s, gateway, batch(gateway.ship, 1, 100))  # lost reply: resend
+        assert (st, body["written"]) == (200, "")
+        st, body = await _post(s, gateway, batch(gateway.ship, 51, 150))  # overlap
+        assert (st, body["held"], body["written"]) == (200, "1-150", "101-150")
+        async with s.get(
+            f"{gateway.url}/v1/ships/{gateway.ship}/holdings", headers=gateway.headers()
+        ) as r:
+            assert (await r.json())["streams"] == {"alerts": "", "nav": "", "containers": "1-150"}
+    seqs = ingress_seqs(kafka, gateway.ship)
+    assert sorted(seqs) == list(range(1, 151)) and set(seqs.values()) == {1}
+    msg = next(
+        m
+        for m in read_to_end(kafka.bootstrap, [ingress_topic("containers")])
+        if dict(m.headers() or []).get("sl.origin") == gateway.ship.encode()
+        and dict(m.headers() or [])["sl.seq"] == b"1"
+    )
+    h = dict(msg.headers() or [])
+    rec = records(1, 1)[0]
+    assert (msg.key(), msg.value()) == (rec.key.encode(), rec.payload)
+    assert (h[H_STREAM], h[H_SITE], h[H_TS], h[H_MQTT_TOPIC]) == (
+        b"containers",
+        b"tokyo",
+        str(rec.ts_ms).encode(),
+        rec.topic.encode(),
+    )
+
+
+async def test_batch_beyond_holdings_gets_409_with_holdings(
+    gateway: RunningGateway, kafka: KafkaBroker
+) -> None:
+    async with aiohttp.ClientSession() as s:
+        await _post(s, gateway, batch(gateway.ship, 1, 10))
+        st, body = await _post(s, gateway, batch(gateway.ship, 20, 30))
+        assert (st, body["error"], body["held"]) == (409, "gap", "1-10")
+    assert sorted(ingress_seqs(kafka, gateway.ship)) == list(range(1, 11))
+
+
+async def test_auth_failures_write_nothing(gateway: RunningGateway, kafka: KafkaBroker) -> None:
+    other = unique("ship")
+    other_token = Credentials(gateway.cfg.credentials_file).add(other)
+    async with aiohttp.ClientSession() as s:
+        url = f"{gateway.url}/v1/ships/{gateway.ship}/streams/containers/batches"
+        async with s.post(url, data=batch(gateway.ship, 1, 5)) as r:
+            assert (r.status, (await r.json())["error"]) == (401, "unauthorized")
+        assert (await _post(s, gateway, batch(gateway.ship, 1, 5), token="slk_wrong"))[0] == 401
+        # another ship's token on this ship's URL
+        assert (await _post(s, gateway, batch(gateway.ship, 1, 5), token=other_token))[0] == 403
+        # this ship's token, but a batch claiming another origin
+        st, body = await _post(s, gateway, batch(other, 1, 5))
+        assert (st, body["error"]) == (403, "wrong_origin")
+        # revoked: refused within a second
+        Credentials(gateway.cfg.credentials_file).revoke(other)
+        await asyncio.sleep(1.1)
+        assert (await _post(s, gateway, batch(other, 1, 5), ship=other, token=other_token))[
+            0
+        ] == 401
+    assert ingress_seqs(kafka, gateway.ship) == {} and ingress_seqs(kafka, other) == {}
+
+
+def _flip(data: bytes, index: int) -> bytes:
+    return data[:index] + bytes([data[index] ^ 0x55]) + data[index + 1 :]
+
+
+async def test_bad_batches_get_4xx_write_nothing_and_the_gateway_keeps_serving(
+    gateway: RunningGateway, kafka: KafkaBroker
+) -> None:
+    good = batch(gateway.ship, 1, 50)
+    bomb_payload = b"\0" * 80_000_000
+    cases: list[tuple[bytes, str, int, str]] = [
+        (_flip(good, len(good) - 3), "containers", 400, "bad_checksum"),
+        (b"NOPE" + good[4:], "containers", 400, "bad_magic"),
+        (good[:20], "containers", 400, "truncated"),
+        (b"", "containers", 400, "truncated"),
+        (good, "weather", 404, "unknown_stream"),
+        (good, "nav", 400, "stream_mismatch"),
+        (
+            encode_batch(
+                Batch(gateway.ship, "containers", (WireRecord(1, "k", 1, "t", bomb_payload),))
+            ),
+            "containers",
+            413,
+            "decompressed_too_large",
+        ),
+    ]
+    async with aiohttp.ClientSession() as s:
+        for body, stream, status, code in cases:
+            st, out = await _post(s, gateway, body, stream=stream)
+            assert (st, out["error"]) == (status, code), code
+        # over the compressed size limit, by Content-Length, before reading the body
+        big = zlib.compress(b"x") * 1
+        st, out = await _post(s, gateway, big + b"\0" * (9 * 1024 * 1024))
+        assert (st, out["error"]) == (413, "too_large")
+        async with s.get(gateway.url + "/metrics") as r:
+            metrics = await r.text()
+        assert 'shorelink_gateway_rejected_batches_total{reason="bad_checksum"} 1.0' in metrics
+        # still serving, and the good batch goes through
+        assert (await _post(s, gateway, good))[0] == 200
+    assert sorted(ingress_seqs(kafka, gateway.ship)) == list(range(1, 51))
+
+
+async def test_slow_body_is_cut_with_408(gateway: RunningGateway) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.cfg.port)
+    head = (
+        f"POST /v1/ships/{gateway.ship}/streams/containers/batches HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {gateway.token}\r\nContent-Length: 1000\r\n\r\n"
+    )
+    writer.write(head.encode() + b"SLB")
+    await writer.drain()
+    status_line = await asyncio.wait_for(reader.readline(), 10)  # body_timeout is 2 s
+    assert b" 408 " in status_line
+    writer.close()
+
+
+async def test_holdings_include_the_ledger_and_first_available_abandons_dropped_seqs(
+    gateway: RunningGateway, kafka: KafkaBroker
+) -> None:
+    """A port that already has a ship's records by replication must not be sent them again."""
+    ensure_topics(kafka.bootstrap, [TopicSpec(LEDGER_TOPIC, compacted=True)])
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    k, v = encode_entry(gateway.ship, "nav", RangeSet.parse("1-300"))
+    p.produce(LEDGER_TOPIC, key=k, value=v)
+    p.flush(10)
+    async with aiohttp.ClientSession() as s:
+        for _ in range(100):
+            async with s.get(
+                f"{gateway.url}/v1/ships/{gateway.ship}/holdings", headers=gateway.headers()
+            ) as r:
+                if (await r.json())["streams"]["nav"] == "1-300":
+                    break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail("ledger never reached the holdings")
+        st, body = await _post(
+            s, gateway, batch(gateway.ship, 301, 310, stream="nav"), stream="nav"
+        )
+        assert (st, body["held"], body["written"]) == (200, "1-310", "301-310")
+        # the ship dropped 1-40 of containers on board: it says so with first_available
+        st, body = await _post(s, gateway, batch(gateway.ship, 41, 60, first_available=41))
+        assert (st, body["held"]) == (200, "41-60")
+        st, body = await _post(s, gateway, batch(gateway.ship, 61, 70, first_available=41))
+        assert (st, body["held"]) == (200, "41-70")
+    assert sorted(ingress_seqs(kafka, gateway.ship, "nav")) == list(range(301, 311))

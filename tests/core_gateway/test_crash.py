@@ -1,0 +1,174 @@
+"""A gateway killed mid-write must leave neither a doubled identity nor a gap; and the
+operator commands work."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from core_gateway.auth import Credentials
+from local_stack.kafka import KafkaBroker
+from local_stack.process import free_port
+from tests.conftest import unique
+from tests.core_gateway.conftest import batch, ingress_seqs
+
+GW = [sys.executable, "-m", "core_gateway.cli"]
+
+
+def _write_config(tmp_path: Path, kafka: KafkaBroker, port: int) -> Path:
+    path = tmp_path / "gateway.toml"
+    path.write_text(f"""
+site = "tokyo"
+credentials_file = "ships.json"
+streams = ["containers"]
+[listen]
+host = "127.0.0.1"
+port = {port}
+[kafka]
+bootstrap = "{kafka.bootstrap}"
+transactional_id = "{unique("gw")}"
+timeout = "10s"
+""")
+    return path
+
+
+def _request(
+    method: str, url: str, token: str, body: bytes | None = None
+) -> tuple[int, dict[str, object]]:
+    req = urllib.request.Request(
+        url,
+        data=body,
+        method=method,
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/x-shorelink-batch",
+        },
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def _start(cfg: Path, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [*GW, "run", "--config", str(cfg)], stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+def _wait_ready(port: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("gateway never ready")
+
+
+def test_gateway_kill9_during_uploads_leaves_every_identity_once(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    port = free_port()
+    cfg = _write_config(tmp_path, kafka, port)
+    ship = unique("ship")
+    token = Credentials(tmp_path / "ships.json").add(ship)
+    url = f"http://127.0.0.1:{port}/v1/ships/{ship}"
+    rng = random.Random(3)
+    total = 6000
+    proc = _start(cfg, tmp_path / "gw.log")
+    kills = 0
+    try:
+        _wait_ready(port)
+        next_seq = 1
+        while next_seq <= total:
+            size = rng.randint(50, 400)
+            hi = min(total, next_seq + size - 1)
+            if rng.random() < 0.15 and kills < 8:
+                # kill the gateway while this batch is on its way
+                body = batch(ship, next_seq, hi)
+                killer = subprocess.Popen(
+                    ["sh", "-c", f"sleep {rng.uniform(0, 0.05):.3f}; kill -9 {proc.pid}"]
+                )
+                with contextlib.suppress(OSError):
+                    _request("POST", f"{url}/streams/containers/batches", token, body)
+                killer.wait()
+                proc.wait(10)
+                kills += 1
+                proc = _start(cfg, tmp_path / "gw.log")
+                _wait_ready(port)
+            else:
+                with contextlib.suppress(OSError):
+                    _request(
+                        "POST",
+                        f"{url}/streams/containers/batches",
+                        token,
+                        batch(ship, next_seq, hi),
+                    )
+            # like the uplink: continue from what the site says it holds
+            status, body = _request("GET", f"{url}/holdings", token)
+            assert status == 200
+            held = str(body["streams"]["containers"])  # type: ignore[index]
+            next_seq = int(held.split("-")[-1]) + 1 if held else 1
+            assert "," not in held, f"holdings have a gap: {held}"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    assert kills >= 3
+    seqs = ingress_seqs(kafka, ship)
+    assert sorted(seqs) == list(range(1, total + 1)), "gap in sl.ingress"
+    assert max(seqs.values()) == 1, "an identity was written twice"
+
+
+def test_ships_add_list_revoke_cli(tmp_path: Path, kafka: KafkaBroker) -> None:
+    cfg = _write_config(tmp_path, kafka, free_port())
+    add = subprocess.run(
+        [*GW, "ships", "add", "bigblue", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    token = add.stdout.strip()
+    assert token.startswith("slk_") and len(token) > 40
+    stored = (tmp_path / "ships.json").read_text()
+    assert token not in stored and "sha256:" in stored
+    assert (tmp_path / "ships.json").stat().st_mode & 0o077 == 0
+    lst = subprocess.run(
+        [*GW, "ships", "list", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "bigblue\tactive" in lst.stdout and token not in lst.stdout
+    subprocess.run(
+        [*GW, "ships", "revoke", "bigblue", "--config", str(cfg)],
+        check=True,
+        timeout=60,
+        capture_output=True,
+    )
+    assert Credentials(tmp_path / "ships.json").ship_for_token(token) is None
+    bad = subprocess.run(
+        [*GW, "ships", "revoke", "nobody", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "no credential" in bad.stderr
+    for cmd in ([], ["run"], ["ships"], ["ships", "add"], ["check-config"]):
+        res = subprocess.run([*GW, *cmd, "--help"], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0 and "Usage:" in res.stdout
