@@ -33,7 +33,9 @@ def test_sample_config_is_valid() -> None:
         (None, "streams", [], "streams"),
     ],
 )
-def test_invalid_config_names_the_field(section: str | None, key: str, value: object, field: str) -> None:
+def test_invalid_config_names_the_field(
+    section: str | None, key: str, value: object, field: str
+) -> None:
     data = load_toml(SAMPLE)
     (data[section] if section else data)[key] = value
     with pytest.raises(ConfigError) as exc:
@@ -42,6 +44,10 @@ def test_invalid_config_names_the_field(section: str | None, key: str, value: ob
 
 
 def test_check_config_cli() -> None:
-    res = subprocess.run([sys.executable, "-m", "core_gateway.cli", "check-config", str(SAMPLE)],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "core_gateway.cli", "check-config", str(SAMPLE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0 and "site=tokyo" in res.stdout
