@@ -194,12 +194,17 @@ async def test_budget_full_drops_oldest_telemetry_keeps_every_alert_and_keeps_ru
     cfg = write_config(tmp_path, mosquitto, max_bytes=60_000, reserve=20_000)
     agent, task = await _run_agent(cfg)
     for i in range(600):
-        publisher.publish(f"bigblue/d1/containers/C{i % 9}/env", f'{{"i": {i}, "pad": "{"x" * 60}"}}'.encode())
+        publisher.publish(
+            f"bigblue/d1/containers/C{i % 9}/env", f'{{"i": {i}, "pad": "{"x" * 60}"}}'.encode()
+        )
         if i % 20 == 0:
             publisher.publish(f"bigblue/d1/containers/C{i % 9}/alert", f'{{"alert": {i}}}'.encode())
     publisher.wait_all_acked()
     for _ in range(200):
-        if agent.log.stream_state("containers").next_seq == 601 and agent.log.stream_state("alerts").count == 30:
+        if (
+            agent.log.stream_state("containers").next_seq == 601
+            and agent.log.stream_state("alerts").count == 30
+        ):
             break
         await asyncio.sleep(0.05)
     assert not task.done(), "the agent must keep running when its budget is full"
