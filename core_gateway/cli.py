@@ -6,39 +6,23 @@ from __future__ import annotations
 import asyncio
 import signal
 import ssl
-import sys
 from pathlib import Path
-from typing import NoReturn
 
 import click
 
 from core_gateway.auth import Credentials
 from core_gateway.config import GatewayConfig, load_config
+from shorelink.cli_support import config_option, fail, load_or_exit
 from shorelink.errors import ShorelinkError
 from shorelink.logs import configure_logging
 
 __all__ = ["main"]
 
-CONFIG = click.option(
-    "--config",
-    "config_path",
-    type=click.Path(path_type=Path),
-    required=True,
-    envvar="SHORELINK_GATEWAY_CONFIG",
-    help="Gateway config TOML (env SHORELINK_GATEWAY_CONFIG).",
-)
-
-
-def _fail(exc: Exception) -> NoReturn:
-    click.echo(f"error: {exc}", err=True)
-    sys.exit(2)
+CONFIG = config_option("Gateway", "SHORELINK_GATEWAY_CONFIG")
 
 
 def _load(path: Path) -> GatewayConfig:
-    try:
-        return load_config(path)
-    except ShorelinkError as exc:
-        _fail(exc)
+    return load_or_exit(load_config, path)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -68,7 +52,7 @@ def run(config_path: Path, log_json: bool) -> None:
     try:
         asyncio.run(serve(cfg))
     except ShorelinkError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 async def serve(
@@ -135,7 +119,7 @@ def ships_add(ship: str, config_path: Path) -> None:
     try:
         token = Credentials(cfg.credentials_file).add(ship)
     except ShorelinkError as exc:
-        _fail(exc)
+        fail(exc)
     click.echo(token)
     click.echo(
         f"stored the hash for ship {ship} in {cfg.credentials_file}; the token is not shown again. "
@@ -160,7 +144,7 @@ def ships_revoke(ship: str, config_path: Path) -> None:
     """Revoke SHIP's credential (a running gateway notices within a second)."""
     cfg = _load(config_path)
     if not Credentials(cfg.credentials_file).revoke(ship):
-        _fail(ShorelinkError(f"no credential for ship {ship!r}"))
+        fail(ShorelinkError(f"no credential for ship {ship!r}"))
     click.echo(f"revoked {ship}")
 
 

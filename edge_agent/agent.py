@@ -1,6 +1,6 @@
-"""The edge agent process: wires the log, ingest, metrics and systemd together and runs
-until SIGTERM/SIGINT, then stops cleanly (everything received is committed and
-acknowledged first)."""
+"""The edge agent process: wires the log, ingest, uplink, metrics and systemd together
+and runs until SIGTERM/SIGINT, then stops cleanly (everything received is committed and
+acknowledged first; the uplink finishes or abandons the batch in flight)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,19 @@ import contextlib
 import logging
 import signal
 import time
+from collections.abc import Sequence
 
 from prometheus_client import start_http_server
 
 from edge_agent import systemd
 from edge_agent.config import EdgeConfig
+from edge_agent.gateway import Gateway
 from edge_agent.ingest import Ingest
 from edge_agent.log import EdgeLog
 from edge_agent.metrics import EdgeMetrics
 from edge_agent.status import open_log
+from edge_agent.uplink import Uplink
+from shorelink.errors import ConfigError
 
 __all__ = ["Agent"]
 
@@ -25,10 +29,18 @@ log = logging.getLogger(__name__)
 
 GAUGE_INTERVAL_S = 5.0
 EXPIRE_INTERVAL_S = 60.0
+#: on stop, how long the uplink may take to finish the batch in flight before it is
+#: cancelled (the site's holdings tell the next start whether it arrived)
+UPLINK_STOP_GRACE_S = 10.0
 
 
 class Agent:
-    def __init__(self, cfg: EdgeConfig) -> None:
+    def __init__(self, cfg: EdgeConfig, *, gateways: Sequence[Gateway] | None = None) -> None:
+        """``gateways`` replaces the configured ones (tests: an in-memory gateway)."""
+        if gateways is None and cfg.gateways and not cfg.uplink.token:
+            raise ConfigError(
+                "uplink.token", "gateways are configured: set uplink.token or uplink.token_file"
+            )
         self.cfg = cfg
         self.metrics = EdgeMetrics()
         t0 = time.monotonic()
@@ -41,6 +53,12 @@ class Agent:
         )
         self.ingest = Ingest(cfg, self.log, self.metrics)
         self.stop = asyncio.Event()
+        #: None: no gateways configured, the agent only ingests
+        self.uplink: Uplink | None = None
+        if gateways or (gateways is None and cfg.gateways):
+            self.uplink = Uplink(
+                cfg, self.log, self.metrics, self.ingest.committed, gateways=gateways
+            )
 
     async def run(self, *, install_signals: bool = True) -> None:
         """Run until :attr:`stop` is set (by SIGTERM/SIGINT, or by the caller)."""
@@ -60,12 +78,18 @@ class Agent:
             asyncio.create_task(self._housekeeping(), name="housekeeping"),
             asyncio.create_task(self._watchdog(), name="watchdog"),
         ]
+        uplink_task = (
+            asyncio.create_task(self.uplink.run(self.stop), name="uplink")
+            if self.uplink is not None
+            else None
+        )
         systemd.notify("READY=1")
         log.info(
-            "event=agent_started ship=%s mqtt=%s:%d",
+            "event=agent_started ship=%s mqtt=%s:%d gateways=%d",
             self.cfg.ship,
             self.cfg.mqtt.host,
             self.cfg.mqtt.port,
+            len(self.cfg.gateways),
         )
         try:
             await self.stop.wait()
@@ -73,6 +97,14 @@ class Agent:
             systemd.notify("STOPPING=1")
             log.info("event=agent_stopping")
             await tasks[0]  # ingest drains: commit and acknowledge what it received
+            if uplink_task is not None:
+                # the uplink sends no new batch once stop is set; give the one in
+                # flight a moment, then cancel it
+                done, _ = await asyncio.wait([uplink_task], timeout=UPLINK_STOP_GRACE_S)
+                if not done:
+                    uplink_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await uplink_task
             for t in tasks[1:]:
                 t.cancel()
             for t in tasks[1:]:

@@ -5,40 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
 from edge_agent.config import EdgeConfig, load_config
 from edge_agent.status import collect_status, open_log
+from shorelink.cli_support import config_option, fail, load_or_exit
 from shorelink.errors import ShorelinkError
 from shorelink.logs import configure_logging
 
 __all__ = ["main"]
 
-CONFIG = click.option(
-    "--config",
-    "config_path",
-    type=click.Path(path_type=Path),
-    required=True,
-    envvar="SHORELINK_EDGE_CONFIG",
-    help="Edge config TOML (env SHORELINK_EDGE_CONFIG).",
-)
-
-
-def _fail(exc: Exception) -> NoReturn:
-    click.echo(f"error: {exc}", err=True)
-    sys.exit(2)
+CONFIG = config_option("Edge", "SHORELINK_EDGE_CONFIG")
 
 
 def _load(path: Path) -> EdgeConfig:
-    try:
-        return load_config(path)
-    except ShorelinkError as exc:
-        _fail(exc)
+    return load_or_exit(load_config, path)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,10 +37,16 @@ def main() -> None:
 def check_config(config_file: Path) -> None:
     """Validate CONFIG_FILE; print the effective settings (secrets masked)."""
     cfg = _load(config_file)
+    gateways = ",".join(f"{g.site}/{g.link}" for g in cfg.gateways) or "none (ingest only)"
     click.echo(
         f"ok: ship={cfg.ship} log={cfg.log.path} mqtt={cfg.mqtt.host}:{cfg.mqtt.port} "
-        f"streams={','.join(s.name for s in cfg.by_priority())} rules={len(cfg.rules)}"
+        f"streams={','.join(s.name for s in cfg.by_priority())} rules={len(cfg.rules)} "
+        f"gateways={gateways}"
     )
+    if cfg.gateways and not cfg.uplink.token:
+        click.echo(
+            "warning: uplink.token is empty: `run` refuses to start until it is set", err=True
+        )
 
 
 @main.command()
@@ -74,22 +65,23 @@ def run(config_path: Path, log_json: bool) -> None:
     try:
         asyncio.run(_main())
     except ShorelinkError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @main.command()
 @CONFIG
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(config_path: Path, as_json: bool) -> None:
-    """Per stream: last seq, what shore holds, backlog, oldest undelivered age; and the
-    quarantine count. Reads the log, so it works while the agent runs."""
+    """Per stream: last seq, what shore holds, backlog, oldest undelivered age; per
+    gateway: link up or down, last success, today's bytes against the link's budget; and
+    the quarantine count. Reads the log, so it works while the agent runs."""
     cfg = _load(config_path)
     try:
         edge_log = open_log(cfg, readonly=True)
         report = collect_status(cfg, edge_log)
         edge_log.close()
     except ShorelinkError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
@@ -129,10 +121,34 @@ def _print_status(report: dict[str, Any]) -> None:
         )
     c = Console()
     c.print(t)
+    if report["links"]:
+        c.print(_links_table(report["links"]))
+    else:
+        c.print("links: no gateways configured (ingest only)")
     c.print(
         f"log: {report['log_record_bytes']} of {report['log_budget_bytes']} budget bytes, "
         f"{report['log_file_bytes']} on disk; quarantined: {report['quarantined']}"
     )
+
+
+def _links_table(links: list[dict[str, Any]]) -> Any:
+    from rich.table import Table
+
+    t = Table(title="links")
+    for col in ("site", "link", "state", "last success", "last error", "today", "budget"):
+        t.add_column(col)
+    for g in links:
+        ok, err = g["last_success_age_s"], g["last_error_age_s"]
+        t.add_row(
+            g["site"],
+            g["link"],
+            g["state"],
+            "-" if ok is None else f"{ok:.0f}s ago",
+            "-" if err is None else f"{err:.0f}s ago: {g['last_error'][:60]}",
+            f"{g['today_bytes']} B",
+            f"{g['daily_budget_bytes']} B" if g["daily_budget_bytes"] else "unlimited",
+        )
+    return t
 
 
 @main.command()
@@ -164,7 +180,7 @@ def tail(config_path: Path, stream: str, count: int, follow: bool) -> None:
             edge_log.close()
             edge_log = open_log(cfg, readonly=True)  # see the writer's newest commits
     except ShorelinkError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 if __name__ == "__main__":

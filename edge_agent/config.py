@@ -5,15 +5,28 @@ The fully commented sample is ``deploy/edge/edge.toml``; every key there is read
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import stat
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from edge_agent.rules import Rule
 from shorelink.config import Secret, Section, load_toml
 from shorelink.errors import ConfigError
 from shorelink.identity import check_name
 
-__all__ = ["EdgeConfig", "LogConfig", "MetricsConfig", "MqttConfig", "StreamConfig", "load_config"]
+__all__ = [
+    "DEFAULT_LINKS",
+    "EdgeConfig",
+    "GatewayConfig",
+    "LinkConfig",
+    "LogConfig",
+    "MetricsConfig",
+    "MqttConfig",
+    "StreamConfig",
+    "UplinkConfig",
+    "load_config",
+]
 
 ON_FULL = ("drop_oldest", "reject")
 NEVER_DROPPED = "alerts"
@@ -74,6 +87,76 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class UplinkConfig:
+    #: file holding the gateway bearer token (must not be world-readable); or ``token``
+    token_file: Path | None = None
+    token: Secret = field(default_factory=lambda: Secret(""))
+    #: timer wake: look for a cheaper link that came up (and send what the wake missed)
+    interval_s: float = 10.0
+    #: ask the current site again what it holds (replication may have brought it our
+    #: records) at least this often; also after every link error
+    refresh_s: float = 300.0
+    #: after new data is committed, wait this long for more before sending
+    linger_s: float = 0.1
+    #: ``holdings()`` probe timeout: a link that cannot answer this fast is "down"
+    probe_timeout_s: float = 5.0
+    #: backoff between attempts while no link works (exponential with jitter, capped)
+    retry_min_s: float = 1.0
+    retry_max_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class LinkConfig:
+    """Policy of one link class (``satellite``, ``cellular``, ``port_wifi``, ...)."""
+
+    name: str
+    #: streams this link may carry; ``("*",)``: all
+    streams: tuple[str, ...] = ("*",)
+    #: request body bytes per UTC day; 0: unlimited
+    daily_budget_bytes: int = 0
+    #: bytes per second; 0: unlimited
+    max_rate: int = 0
+    batch_max_records: int = 5000
+    batch_max_bytes: int = 1024 * 1024
+    #: lower is preferred when several gateways are reachable
+    cost: int = 10
+    #: per request (connect + send + Kafka commit + reply)
+    timeout_s: float = 30.0
+    #: batches in flight at once (pipelining, for high-latency links); a broken
+    #: connection costs at most this many batches resent
+    in_flight: int = 1
+
+    def carries(self, stream: str) -> bool:
+        return "*" in self.streams or stream in self.streams
+
+
+#: Defaults in code; ``[links.<class>]`` overrides fields of the class of that name.
+DEFAULT_LINKS: dict[str, LinkConfig] = {
+    "satellite": LinkConfig(
+        "satellite",
+        streams=("alerts", "nav"),
+        daily_budget_bytes=20 * 1000**2,
+        batch_max_records=200,
+        batch_max_bytes=32 * 1024,
+        cost=100,
+        timeout_s=60.0,
+        in_flight=1,
+    ),
+    "cellular": LinkConfig("cellular", cost=20, timeout_s=30.0, in_flight=3),
+    "port_wifi": LinkConfig("port_wifi", cost=1, timeout_s=30.0, in_flight=3),
+}
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """One shore gateway the ship may reach, and the link class it is reached over."""
+
+    site: str
+    url: str
+    link: str
+
+
+@dataclass(frozen=True)
 class EdgeConfig:
     ship: str
     mqtt: MqttConfig
@@ -82,6 +165,10 @@ class EdgeConfig:
     streams: dict[str, StreamConfig]
     rules: tuple[Rule, ...]
     log_level: str = "info"
+    uplink: UplinkConfig = field(default_factory=UplinkConfig)
+    links: dict[str, LinkConfig] = field(default_factory=lambda: dict(DEFAULT_LINKS))
+    #: no gateways: the agent only ingests
+    gateways: tuple[GatewayConfig, ...] = ()
 
     def stream(self, name: str) -> StreamConfig:
         return self.streams[name]
@@ -157,6 +244,103 @@ def _log(s: Section) -> LogConfig:
     return out
 
 
+def _uplink(s: Section, base: Path | None) -> UplinkConfig:
+    d = UplinkConfig()
+    token_file = s.opt_str("token_file")
+    token = s.secret("token")
+    out = UplinkConfig(
+        token_file=None if token_file is None else _relative(Path(token_file), base),
+        token=token,
+        interval_s=s.duration("interval", d.interval_s),
+        refresh_s=s.duration("refresh", d.refresh_s),
+        linger_s=s.duration("linger", d.linger_s),
+        probe_timeout_s=s.duration("probe_timeout", d.probe_timeout_s),
+        retry_min_s=s.duration("retry_min", d.retry_min_s),
+        retry_max_s=s.duration("retry_max", d.retry_max_s),
+    )
+    s.done()
+    if out.token_file is not None:
+        if out.token:
+            raise ConfigError(s.field("token"), "set token or token_file, not both")
+        out = replace(out, token=_read_token(out.token_file, s.field("token_file")))
+    if out.interval_s < 0.05:
+        raise ConfigError(s.field("interval"), "at least 50ms")
+    if out.probe_timeout_s <= 0:
+        raise ConfigError(s.field("probe_timeout"), "must be > 0")
+    if not 0 < out.retry_min_s <= out.retry_max_s:
+        raise ConfigError(s.field("retry_min"), "need 0 < retry_min <= retry_max")
+    return out
+
+
+def _read_token(path: Path, field_name: str) -> Secret:
+    try:
+        mode = path.stat().st_mode
+        if mode & stat.S_IROTH:
+            raise ConfigError(
+                field_name,
+                f"{path} is world-readable (mode {stat.S_IMODE(mode):o}): chmod o-r it first",
+            )
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(field_name, f"cannot read {path}: {exc.strerror or exc}") from None
+    if not token:
+        raise ConfigError(field_name, f"{path} is empty")
+    return Secret(token)
+
+
+def _link(name: str, s: Section, streams: dict[str, StreamConfig]) -> LinkConfig:
+    check_name_field(s.path, "link", name)
+    d = DEFAULT_LINKS.get(name, LinkConfig(name))
+    out = LinkConfig(
+        name=name,
+        streams=tuple(s.strings("streams", list(d.streams))),
+        daily_budget_bytes=s.size("daily_budget_bytes", d.daily_budget_bytes),
+        max_rate=s.size("max_rate", d.max_rate),
+        batch_max_records=s.integer("batch_max_records", d.batch_max_records, min=1, max=1_000_000),
+        batch_max_bytes=s.size("batch_max_bytes", d.batch_max_bytes),
+        cost=s.integer("cost", d.cost, min=0),
+        timeout_s=s.duration("timeout", d.timeout_s),
+        in_flight=s.integer("in_flight", d.in_flight, min=1, max=64),
+    )
+    s.done()
+    if not out.streams:
+        raise ConfigError(s.field("streams"), 'list the streams this link carries ("*": all)')
+    for st in out.streams:
+        if st != "*" and st not in streams:
+            raise ConfigError(s.field("streams"), f"unknown stream {st!r}")
+    if out.batch_max_bytes < 1024:
+        raise ConfigError(s.field("batch_max_bytes"), "at least 1KiB")
+    if out.timeout_s <= 0:
+        raise ConfigError(s.field("timeout"), "must be > 0")
+    return out
+
+
+def _gateway(s: Section, links: dict[str, LinkConfig]) -> GatewayConfig:
+    site = s.text("site")
+    check_name_field(s.field("site"), "site", site)
+    url = s.text("url").rstrip("/")
+    link = s.text("link")
+    s.done()
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises on a bad port)
+    except ValueError as exc:
+        raise ConfigError(s.field("url"), f"not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(s.field("url"), f"expected http(s)://host:port, got {url!r}")
+    if parts.query or parts.fragment:
+        raise ConfigError(s.field("url"), "no query or fragment")
+    if link not in links:
+        raise ConfigError(
+            s.field("link"), f"unknown link class {link!r} (known: {', '.join(sorted(links))})"
+        )
+    return GatewayConfig(site=site, url=url, link=link)
+
+
+def _relative(p: Path, base: Path | None) -> Path:
+    return base / p if base is not None and not p.is_absolute() else p
+
+
 def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfig:
     top = Section(data)
     ship = top.text("ship")
@@ -168,8 +352,16 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
     if not rules:
         raise ConfigError("rules", "configure at least one rule mapping MQTT topics to a stream")
     log = _log(top.section("log"))
-    if base is not None and not log.path.is_absolute():
-        log = LogConfig(**{**log.__dict__, "path": base / log.path})
+    log = replace(log, path=_relative(log.path, base))
+    links = dict(DEFAULT_LINKS)
+    for name, sec in top.sections("links").items():
+        links[name] = _link(name, sec, streams)
+    gateways = tuple(_gateway(g, links) for g in top.array("gateways"))
+    seen: set[tuple[str, str]] = set()
+    for i, g in enumerate(gateways):
+        if (g.site, g.url) in seen:
+            raise ConfigError(f"gateways[{i}].url", f"gateway {g.url} of {g.site} listed twice")
+        seen.add((g.site, g.url))
     metrics_s = top.section("metrics")
     metrics = MetricsConfig(
         metrics_s.text("host", MetricsConfig.host),
@@ -184,6 +376,9 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
         streams=streams,
         rules=rules,
         log_level=top.choice("log_level", ("debug", "info", "warning", "error"), "info"),
+        uplink=_uplink(top.section("uplink"), base),
+        links=links,
+        gateways=gateways,
     )
     top.done()
     return cfg

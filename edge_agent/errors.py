@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 from shorelink.errors import ShorelinkError
+from shorelink.ranges import RangeSet
 
-__all__ = ["EdgeError", "LogError", "LogFullError", "UnusableMessage"]
+__all__ = [
+    "EdgeError",
+    "GatewayGap",
+    "GatewayRejected",
+    "LinkError",
+    "LogError",
+    "LogFullError",
+    "UnusableMessage",
+    "UplinkError",
+]
 
 
 class EdgeError(ShorelinkError):
@@ -29,3 +39,62 @@ class UnusableMessage(EdgeError):
     def __init__(self, reason: str, detail: str) -> None:
         self.reason = reason
         super().__init__(f"{reason}: {detail}")
+
+
+class UplinkError(EdgeError):
+    """Sending to a shore gateway failed; ``site`` names the gateway's site."""
+
+    def __init__(self, message: str, *, site: str = "", retryable: bool | None = None) -> None:
+        self.site = site
+        super().__init__(f"{site}: {message}" if site else message, retryable=retryable)
+
+
+class LinkError(UplinkError):
+    """The link or the gateway failed (connection refused or reset, timeout, 5xx, 408,
+    429): whether the batch in flight arrived is unknown. Retrying later helps; the
+    next holdings probe tells what to resend."""
+
+    retryable = True
+
+
+class GatewayRejected(UplinkError):
+    """The gateway refused a request (4xx other than 409): retrying the same request
+    cannot help (bad token, other origin, malformed or oversized batch)."""
+
+    retryable = False
+
+    def __init__(
+        self,
+        status: int,
+        error_code: str,
+        message: str,
+        *,
+        site: str = "",
+        stream: str = "",
+        held: RangeSet | None = None,
+    ) -> None:
+        self.status = status
+        self.error_code = error_code
+        self.stream = stream
+        self.held = held
+        where = f" stream={stream}" if stream else ""
+        super().__init__(f"HTTP {status} {error_code}{where}: {message}", site=site)
+
+    @property
+    def link_wide(self) -> bool:
+        """True when no request to this gateway can succeed (credentials, origin)."""
+        return self.status in (401, 403)
+
+
+class GatewayGap(UplinkError):
+    """409: the batch starts beyond what the site holds + 1 (our view of its holdings
+    was stale). ``held`` is what it holds: resend from there."""
+
+    retryable = True
+
+    def __init__(
+        self, held: RangeSet, message: str = "", *, site: str = "", stream: str = ""
+    ) -> None:
+        self.held = held
+        self.stream = stream
+        super().__init__(f"gap in {stream}: site holds {held or 'nothing'}; {message}", site=site)

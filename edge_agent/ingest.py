@@ -106,6 +106,8 @@ class Ingest:
         self._idle = asyncio.Event()
         self._idle.set()
         self.connected = asyncio.Event()
+        #: set after every commit that stored records (the uplink waits on it)
+        self.committed = asyncio.Event()
         #: monotonic time the commit loop last went round (for the systemd watchdog)
         self.heartbeat = time.monotonic()
         self._limited = RateLimitedLog(log)
@@ -273,6 +275,8 @@ class Ingest:
         self.metrics.batch_size.observe(len(batch))
         self._acknowledge(batch)
         self.metrics.observe_commit(incoming, result)
+        if any(seq for seq in result.seqs):
+            self.committed.set()
 
     def _prepare(self, batch: list[_Received]) -> tuple[list[Incoming], list[Quarantined]]:
         incoming: list[Incoming] = []

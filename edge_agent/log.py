@@ -24,6 +24,13 @@ import sqlite_utils
 
 from edge_agent.config import LogConfig, StreamConfig
 from edge_agent.errors import LogError, LogFullError
+from edge_agent.linkstate import (
+    LinkState,
+    add_spend,
+    read_link_states,
+    read_spend,
+    write_link_state,
+)
 from edge_agent.migrations import migrate
 from edge_agent.retention import Retention, StreamState
 from shorelink.ranges import RangeSet
@@ -191,10 +198,19 @@ class EdgeLog:
         seqs: list[int] = []
         now_ms = int(time.time() * 1000)
         with self._txn() as conn:
+            rows: list[tuple[object, ...]] = []
+
+            def flush() -> None:
+                conn.executemany(
+                    "INSERT INTO records (stream, seq, key, ts_ms, recv_ms, topic, payload, size)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    rows,
+                )
+                rows.clear()
+
             ret = self._retention
-            ret.begin()
+            ret.begin(flush)
             inflight = dict(self._inflight)
-            rows = []
             mids = []
             for m in batch:
                 if m.mid and m.dup and inflight.get(m.mid) == m.digest:
@@ -212,11 +228,7 @@ class EdgeLog:
                     mids.append((m.mid, m.digest))
                 outcomes.append("stored")
                 seqs.append(seq)
-            conn.executemany(
-                "INSERT INTO records (stream, seq, key, ts_ms, recv_ms, topic, payload, size)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
+            flush()
             if mids:
                 conn.executemany(
                     "INSERT OR REPLACE INTO inflight (mid, digest) VALUES (?, ?)", mids
@@ -270,6 +282,25 @@ class EdgeLog:
             )
         with self._lock:
             self._load_state()
+
+    # -- the uplink's bookkeeping (edge_agent/linkstate.py) -------------------------------
+    def link_spend(self, link: str, day: str) -> int:
+        """Request body bytes sent over link class ``link`` on UTC ``day`` (YYYY-MM-DD)."""
+        with self._lock:
+            return read_spend(self._conn, link, day)
+
+    def add_link_spend(self, link: str, day: str, nbytes: int) -> int:
+        """Persist ``nbytes`` more spent on ``day``; return the day's total."""
+        with self._txn() as conn:
+            return add_spend(conn, link, day, nbytes)
+
+    def set_link_state(self, state: LinkState) -> None:
+        with self._txn() as conn:
+            write_link_state(conn, state)
+
+    def link_states(self) -> list[LinkState]:
+        with self._lock:
+            return read_link_states(self._conn)
 
     # -- reading -------------------------------------------------------------------------
     def read(

@@ -94,6 +94,55 @@ class EdgeMetrics:
         self.quarantine_size = Gauge(
             p + "quarantine_rows", "Messages kept in the quarantine table", registry=r
         )
+        # -- uplink (edge_agent/uplink.py, edge_agent/session.py) --
+        self.uplink_bytes = Counter(
+            p + "uplink_bytes_sent",
+            "Request body bytes sent to gateways (what link budgets count)",
+            ["link"],
+            registry=r,
+        )
+        self.uplink_batches = Counter(
+            p + "uplink_batches_sent",
+            "Batches a site accepted (reply received)",
+            ["site", "stream"],
+            registry=r,
+        )
+        self.uplink_records = Counter(
+            p + "uplink_records_sent",
+            "Records in batches a site accepted",
+            ["site", "stream"],
+            registry=r,
+        )
+        self.uplink_failed = Counter(
+            p + "uplink_batches_failed",
+            "Batches without an accepting reply (reason: link or the gateway's error code)",
+            ["site", "stream", "reason"],
+            registry=r,
+        )
+        self.uplink_gaps = Counter(
+            p + "uplink_gaps",
+            "409 replies: the site held less than we thought; resent from its holdings",
+            ["site", "stream"],
+            registry=r,
+        )
+        self.link_up = Gauge(
+            p + "link_up",
+            "1 while the gateway answers over this link",
+            ["site", "link"],
+            registry=r,
+        )
+        self.budget_used = Gauge(
+            p + "link_budget_used_bytes",
+            "Bytes sent today (UTC) per link class",
+            ["link"],
+            registry=r,
+        )
+        self.budget_limit = Gauge(
+            p + "link_budget_bytes",
+            "Daily budget per link class (0: unlimited)",
+            ["link"],
+            registry=r,
+        )
 
     def observe_commit(self, incoming: Sequence[Incoming], result: CommitResult) -> None:
         stored: Tally[str] = Tally()

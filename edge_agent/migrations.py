@@ -70,7 +70,33 @@ def _m001_initial(db: sqlite_utils.Database) -> None:
     db.create_table("meta", {"key": str, "value": str}, pk="key")
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m001_initial]
+def _m002_uplink(db: sqlite_utils.Database) -> None:
+    # Bytes of request bodies sent per link class per UTC day (YYYY-MM-DD): the daily
+    # budget survives restarts.
+    db.create_table(
+        "link_budget",
+        {"link": str, "day": str, "bytes": int},
+        pk=("link", "day"),
+        not_null={"bytes"},
+    )
+    # Last known state of each gateway, for `shorelink-edge status`.
+    db.create_table(
+        "link_state",
+        {
+            "site": str,
+            "link": str,
+            "url": str,
+            "up": int,
+            "last_success_ms": int,
+            "last_error": str,
+            "last_error_ms": int,
+            "updated_ms": int,
+        },
+        pk=("site", "link"),
+    )
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m001_initial, _m002_uplink]
 
 
 def migrate(db: sqlite_utils.Database) -> list[int]:

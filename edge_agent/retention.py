@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from edge_agent.config import NEVER_DROPPED, LogConfig, StreamConfig
@@ -57,7 +58,11 @@ class Retention:
         return sum(s.bytes for s in self.state.values())
 
     # -- per transaction -----------------------------------------------------------------
-    def begin(self) -> None:
+    def begin(self, flush: Callable[[], None] | None = None) -> None:
+        """Start a transaction's bookkeeping. ``flush`` writes the rows the caller has
+        assigned but not inserted yet: called before anything is deleted to make room,
+        so a large group can make room by dropping its own oldest records too."""
+        self._flush = flush or (lambda: None)
         self.dropped_now: dict[str, int] = {}
         self.retired_now: dict[str, int] = {}
         self.over_budget_now = 0
@@ -99,6 +104,7 @@ class Retention:
         if need_total <= 0 and need_stream <= 0:
             return True
         slack = max(size, limit_total // 50)  # free a little extra: not a delete per message
+        self._flush()
         if need_stream > 0:
             freed = self._free([stream], need_stream + slack, delivered_only=True)
             if freed < need_stream and sc is not None and sc.on_full == "drop_oldest":

@@ -1,11 +1,13 @@
 """What ``shorelink-edge status`` reports: per stream, what the log holds and what shore
-has confirmed; read from the log file, so it works while the agent runs."""
+has confirmed; per gateway, whether its link is up and today's bytes against the link's
+budget. Read from the log file, so it works while the agent runs."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from edge_agent.budget import utc_day
 from edge_agent.config import EdgeConfig
 from edge_agent.log import EdgeLog
 
@@ -49,4 +51,35 @@ def collect_status(cfg: EdgeConfig, edge_log: EdgeLog) -> dict[str, Any]:
         "log_file_bytes": edge_log.file_bytes(),
         "quarantined": edge_log.quarantine_count(),
         "streams": streams,
+        "links": _links(cfg, edge_log, now_ms),
     }
+
+
+def _links(cfg: EdgeConfig, edge_log: EdgeLog, now_ms: int) -> list[dict[str, Any]]:
+    """One entry per configured gateway: link state as the agent last recorded it."""
+    day = utc_day(now_ms / 1000)
+    states = {(s.site, s.link): s for s in edge_log.link_states()}
+    out = []
+    for g in cfg.gateways:
+        link = cfg.links[g.link]
+        st = states.get((g.site, g.link))
+        out.append(
+            {
+                "site": g.site,
+                "link": g.link,
+                "url": g.url,
+                "cost": link.cost,
+                "streams": list(link.streams),
+                "state": "never tried" if st is None else ("up" if st.up else "down"),
+                "last_success_age_s": _age(now_ms, st.last_success_ms if st else None),
+                "last_error": st.last_error if st else "",
+                "last_error_age_s": _age(now_ms, st.last_error_ms if st else None),
+                "today_bytes": edge_log.link_spend(g.link, day),
+                "daily_budget_bytes": link.daily_budget_bytes,
+            }
+        )
+    return out
+
+
+def _age(now_ms: int, at_ms: int | None) -> float | None:
+    return None if at_ms is None else round((now_ms - at_ms) / 1000, 1)

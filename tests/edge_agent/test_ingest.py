@@ -22,6 +22,8 @@ from tests.edge_agent.conftest import AgentProcess, Publisher, wait_for, write_c
 
 def _rows(db: Path, stream: str) -> list[tuple[int, str, bytes]]:
     with sqlite3.connect(db) as c:
+        if not c.execute("SELECT 1 FROM sqlite_master WHERE name = 'records'").fetchone():
+            return []  # the agent is still creating its schema
         return c.execute(
             "SELECT seq, key, payload FROM records WHERE stream = ? ORDER BY seq", [stream]
         ).fetchall()

@@ -1,0 +1,359 @@
+"""One uplink session: what one site lacks, sent over one gateway.
+
+A session starts from the site's answer to ``holdings()`` (authoritative: it includes
+what replication brought the site) and then learns only from the site's replies, which
+never shrink what the site holds. It sends, batch by batch, the highest-priority stream
+with something missing first (so an alert overtakes a bulk backlog at the next batch),
+reading from the log in seq order, in batches sized for the link, keeping at most
+``link.in_flight`` batches in flight, and charging the link's budget and rate limit.
+
+What a failure costs:
+- a broken connection (:class:`LinkError`): the batches in flight, at most
+  ``link.in_flight``; the session ends and the next one asks the site again, so
+  nothing a reply confirmed is ever resent;
+- a 409 (our view of the site was stale): that stream restarts from the site's holdings
+  once its batches in flight are answered;
+- another 4xx: that stream waits for the next session (counted, logged); a 401/403
+  ends the session (no request to that gateway can succeed).
+
+``first_available`` tells the site the lowest seq from which the ship can still send
+everything the site lacks. It starts at the log's lowest seq and moves up only past
+seqs that are no longer on board (removed after another site confirmed them, or
+dropped by policy), and only when no earlier batch of the stream is in flight: the
+site records the seqs below it as abandoned and would never take them afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from edge_agent.budget import LinkBudget
+from edge_agent.config import LinkConfig
+from edge_agent.errors import GatewayGap, GatewayRejected, LinkError
+from edge_agent.gateway import Gateway, SendResult
+from edge_agent.log import EdgeLog, LogRecord
+from edge_agent.metrics import EdgeMetrics
+from shorelink.logs import RateLimitedLog
+from shorelink.ranges import RangeSet
+from shorelink.wire import Batch, WireError, WireRecord, encode_batch
+
+__all__ = ["Session"]
+
+log = logging.getLogger(__name__)
+
+#: consecutive 409s on a stream without progress before it waits for the next session
+MAX_GAPS = 3
+
+
+@dataclass
+class _Cursor:
+    stream: str
+    held: RangeSet
+    #: next seq to consider (seqs below were sent in this session); None: log start
+    pos: int | None = None
+    #: first_available of the next batch; None: the log's lowest seq
+    floor: int | None = None
+    in_flight: int = 0
+    rewind: bool = False
+    gaps: int = 0
+    stalled: str = ""
+
+
+@dataclass
+class _Outgoing:
+    cursor: _Cursor
+    first: int
+    last: int
+    count: int
+    body: bytes
+    task: asyncio.Task[SendResult] | None = None
+
+
+class Session:
+    def __init__(
+        self,
+        gateway: Gateway,
+        link: LinkConfig,
+        budget: LinkBudget,
+        edge_log: EdgeLog,
+        streams: list[str],
+        held: dict[str, RangeSet],
+        metrics: EdgeMetrics,
+        *,
+        on_success: Callable[[], None] = lambda: None,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.gateway = gateway
+        self.link = link
+        self.budget = budget
+        self.log = edge_log
+        self.metrics = metrics
+        self._on_success = on_success
+        self._stopping = stopping
+        self._limited = RateLimitedLog(log)
+        self.cursors = [
+            _Cursor(s, held[s].copy()) for s in streams if link.carries(s) and s in held
+        ]
+        for s in streams:
+            if link.carries(s) and s not in held:
+                self._limited.warning(
+                    f"not_taken:{gateway.site}:{s}",
+                    "event=stream_not_taken site=%s stream=%s",
+                    gateway.site,
+                    s,
+                )
+
+    @property
+    def site(self) -> str:
+        return self.gateway.site
+
+    async def adopt(self) -> None:
+        """Store what the site said it holds (makes those records retention-eligible)."""
+        for c in self.cursors:
+            last = self.log.stream_state(c.stream).next_seq - 1
+            if c.held and (c.held.last or 0) > last:
+                # the site has seqs this log never assigned: the log was replaced (a
+                # new disk?) and its seqs restart; new records would be taken for old
+                log.error(
+                    "event=site_ahead_of_log site=%s stream=%s site_last=%s log_last=%d",
+                    self.site,
+                    c.stream,
+                    c.held.last,
+                    last,
+                )
+            await asyncio.to_thread(self.log.set_holdings, self.site, c.stream, c.held)
+
+    # -- the send loop -------------------------------------------------------------------
+    async def sync(self) -> int:
+        """Send until the site lacks nothing we can send (or today's budget is spent,
+        or ``stopping()``); return the batches the site accepted. Raises
+        :class:`LinkError` (the link broke) or a link-wide :class:`GatewayRejected`
+        (401/403)."""
+        window: deque[_Outgoing] = deque()
+        accepted = 0
+        try:
+            while True:
+                while len(window) < self.link.in_flight and not self._stopping():
+                    out = await self._next()
+                    if out is None:
+                        break
+                    await self.budget.pace(len(out.body))
+                    await self.budget.charge(len(out.body))
+                    self.metrics.uplink_bytes.labels(self.link.name).inc(len(out.body))
+                    self.metrics.budget_used.labels(self.link.name).set(self.budget.spent)
+                    out.cursor.in_flight += 1
+                    out.task = asyncio.create_task(
+                        self.gateway.send(out.cursor.stream, out.body),
+                        name=f"send:{self.site}:{out.cursor.stream}:{out.first}",
+                    )
+                    window.append(out)
+                if not window:
+                    return accepted
+                accepted += await self._settle(window.popleft())
+        except asyncio.CancelledError:
+            for o in window:
+                if o.task is not None:
+                    o.task.cancel()
+            window.clear()
+            raise
+        finally:
+            # the rest of the window: take what the site confirmed, ignore the rest
+            while window:
+                with contextlib.suppress(Exception):
+                    accepted += await self._settle(window.popleft())
+
+    async def _settle(self, out: _Outgoing) -> int:
+        c = out.cursor
+        assert out.task is not None
+        try:
+            result = await out.task
+        except GatewayGap as gap:
+            c.in_flight -= 1
+            self.metrics.uplink_gaps.labels(self.site, c.stream).inc()
+            if not c.rewind:  # count one gap per window, not each batch behind it
+                c.gaps += 1
+            log.info(
+                "event=batch_gap site=%s stream=%s seqs=%d-%d held=%s",
+                self.site,
+                c.stream,
+                out.first,
+                out.last,
+                gap.held,
+            )
+            # the site's word, not our union: it holds less than we thought
+            c.held = gap.held.copy()
+            await asyncio.to_thread(self.log.set_holdings, self.site, c.stream, c.held)
+            c.pos, c.floor, c.rewind = None, None, True
+            if c.gaps >= MAX_GAPS:
+                c.stalled = "gap"
+                self._limited.warning(
+                    f"gaps:{self.site}:{c.stream}",
+                    "event=stream_stalled site=%s stream=%s reason=repeated_409 held=%s",
+                    self.site,
+                    c.stream,
+                    c.held,
+                )
+            return 0
+        except GatewayRejected as exc:
+            c.in_flight -= 1
+            self.metrics.uplink_failed.labels(self.site, c.stream, exc.error_code).inc()
+            self._limited.warning(
+                f"rejected:{self.site}:{c.stream}:{exc.status}",
+                "event=batch_rejected site=%s stream=%s seqs=%d-%d status=%d error=%s message=%r",
+                self.site,
+                c.stream,
+                out.first,
+                out.last,
+                exc.status,
+                exc.error_code,
+                str(exc),
+            )
+            if exc.held is not None:
+                await self._learn(c, exc.held)
+            c.stalled = exc.error_code
+            if exc.link_wide:
+                raise
+            return 0
+        except LinkError:
+            c.in_flight -= 1
+            self.metrics.uplink_failed.labels(self.site, c.stream, "link").inc()
+            raise
+        c.in_flight -= 1
+        c.gaps = 0
+        self.metrics.uplink_batches.labels(self.site, c.stream).inc()
+        self.metrics.uplink_records.labels(self.site, c.stream).inc(out.count)
+        if not result.held.contains_range(out.first, out.last):
+            self._limited.warning(
+                f"not_held:{self.site}:{c.stream}",
+                "event=batch_not_held site=%s stream=%s seqs=%d-%d held=%s",
+                self.site,
+                c.stream,
+                out.first,
+                out.last,
+                result.held,
+            )
+        await self._learn(c, result.held)
+        self._on_success()
+        log.debug(
+            "event=batch_sent site=%s stream=%s seqs=%d-%d bytes=%d held=%s",
+            self.site,
+            c.stream,
+            out.first,
+            out.last,
+            len(out.body),
+            c.held,
+        )
+        return 1
+
+    async def _learn(self, c: _Cursor, held: RangeSet) -> None:
+        """Merge an accepting reply (what a site holds only grows, and replies may be
+        settled in another order than the site processed them); persist if it grew."""
+        merged = c.held.copy()
+        merged.update(held)
+        if merged != c.held:
+            c.held = merged
+            await asyncio.to_thread(self.log.set_holdings, self.site, c.stream, merged)
+
+    # -- choosing and building the next batch ---------------------------------------------
+    async def _next(self) -> _Outgoing | None:
+        for c in self.cursors:
+            if self.budget.spent_out:
+                return None
+            if c.stalled or (c.rewind and c.in_flight):
+                continue
+            c.rewind = False
+            try:
+                out = await asyncio.to_thread(self._build, c)
+            except WireError as exc:  # a record the wire format cannot carry
+                c.stalled = exc.reason
+                self.metrics.uplink_failed.labels(self.site, c.stream, exc.reason).inc()
+                self._limited.warning(
+                    f"wire:{c.stream}",
+                    "event=batch_unencodable stream=%s pos=%s error=%r",
+                    c.stream,
+                    c.pos,
+                    str(exc),
+                )
+                continue
+            if out is not None:
+                return out
+        return None
+
+    def _build(self, c: _Cursor) -> _Outgoing | None:
+        """Runs in a worker thread: the next batch of ``c``'s stream, or None."""
+        stream = c.stream
+        first = self.log.first_seq(stream)
+        last = self.log.stream_state(stream).next_seq - 1
+        pos = max(c.pos or first, first)
+        floor = max(c.floor or first, first)
+        while pos <= last:
+            todo = c.held.missing(pos, last)
+            if not todo:
+                break
+            lo, hi = next(iter(todo))
+            recs = self.log.read(
+                stream,
+                lo,
+                hi,
+                max_records=self.link.batch_max_records,
+                max_bytes=self.link.batch_max_bytes,
+            )
+            start = recs[0].seq if recs else hi + 1
+            if start > lo and floor < start:
+                # seqs lo..start-1 are gone from the log and the site lacks them: the
+                # site must be told not to wait for them, but only once nothing
+                # earlier of this stream is in flight (or it would abandon those too)
+                if c.in_flight:
+                    return None
+                floor = start
+            if not recs:
+                pos = hi + 1
+                continue
+            run = _contiguous(recs)
+            out = self._encode(c, run, floor)
+            c.pos, c.floor = pos, floor
+            if out is None:
+                return None
+            c.pos = out.last + 1
+            return out
+        c.pos, c.floor = pos, floor
+        return None
+
+    def _encode(self, c: _Cursor, recs: list[LogRecord], floor: int) -> _Outgoing | None:
+        """Encode ``recs``; if today's budget cannot take them, as many as it can."""
+        n = len(recs)
+        while n:
+            body = encode_batch(
+                Batch(
+                    self.log.origin,
+                    c.stream,
+                    tuple(WireRecord(r.seq, r.key, r.ts_ms, r.topic, r.payload) for r in recs[:n]),
+                    first_available=floor,
+                )
+            )
+            left = self.budget.remaining()
+            if left is None or len(body) <= left:
+                return _Outgoing(c, recs[0].seq, recs[n - 1].seq, n, body)
+            n = min(n - 1, int(n * left / len(body) * 0.97))
+        self.budget.mark_spent_out()
+        log.info(
+            "event=link_budget_spent link=%s day=%s spent=%d budget=%d",
+            self.link.name,
+            self.budget.day,
+            self.budget.spent,
+            self.budget.limit,
+        )
+        return None
+
+
+def _contiguous(recs: list[LogRecord]) -> list[LogRecord]:
+    """The leading run of consecutive seqs (a batch's seqs are contiguous)."""
+    for i in range(1, len(recs)):
+        if recs[i].seq != recs[i - 1].seq + 1:
+            return recs[:i]
+    return recs

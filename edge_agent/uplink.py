@@ -1,0 +1,341 @@
+"""The uplink: send what shore lacks over whichever link is up.
+
+A calm loop (``run``):
+1. wake on new committed records (after ``uplink.linger``, to gather a few more), on
+   the timer (``uplink.interval``) or on stop;
+2. without a session, probe the gateways (``holdings()``, ``uplink.probe_timeout``)
+   concurrently and open a :class:`~edge_agent.session.Session` with the cheapest link
+   that answered and still has budget today; with one, probe only cheaper gateways on
+   the timer and switch if one answers, and ask the current site again every
+   ``uplink.refresh``;
+3. ``session.sync()``: send until the site lacks nothing (see session.py);
+4. on a link error: mark the link down, drop the session and its connections
+   (explicit reconnect), back off (tenacity: exponential with jitter, capped at
+   ``uplink.retry_max``) and start again at 2. A 401/403 puts that gateway aside for
+   ``retry_max`` and the next attempt tries the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
+
+from edge_agent.budget import LinkBudget
+from edge_agent.config import EdgeConfig
+from edge_agent.errors import GatewayRejected, LinkError, UplinkError
+from edge_agent.gateway import Gateway, HttpGateway
+from edge_agent.linkstate import LinkState
+from edge_agent.log import EdgeLog
+from edge_agent.metrics import EdgeMetrics
+from edge_agent.session import Session
+from shorelink.logs import RateLimitedLog
+from shorelink.ranges import RangeSet
+
+__all__ = ["Uplink"]
+
+log = logging.getLogger(__name__)
+
+#: persist a link's last success at most this often while it stays up
+STATE_FLUSH_S = 5.0
+
+
+class Uplink:
+    def __init__(
+        self,
+        cfg: EdgeConfig,
+        edge_log: EdgeLog,
+        metrics: EdgeMetrics,
+        new_data: asyncio.Event,
+        *,
+        gateways: Sequence[Gateway] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg = cfg
+        self.log = edge_log
+        self.metrics = metrics
+        self.new_data = new_data
+        if gateways is None:
+            gateways = [
+                HttpGateway(g, cfg.links[g.link], cfg.ship, cfg.uplink.token) for g in cfg.gateways
+            ]
+        # cheapest link first; config order breaks ties
+        self.gateways = sorted(gateways, key=lambda g: cfg.links[g.link].cost)
+        self.budgets = {
+            name: LinkBudget(cfg.links[name], edge_log, clock=clock)
+            for name in sorted({g.link for g in self.gateways})
+        }
+        for name, b in self.budgets.items():
+            metrics.budget_limit.labels(name).set(b.limit)
+            metrics.budget_used.labels(name).set(b.spent)
+        self.session: Session | None = None
+        self._refresh_at = 0.0
+        self._probe_cheaper_at = 0.0
+        self._blocked: dict[int, float] = {}
+        self._states: dict[int, LinkState] = {}
+        self._flushed: dict[int, tuple[float, LinkState]] = {}
+        self._stop = asyncio.Event()
+        self._limited = RateLimitedLog(log)
+        self._streams = [s.name for s in cfg.by_priority()]
+
+    # -- the loop ------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Send until ``stop`` is set. The batch in flight when it is set is finished
+        (or abandoned by the caller's cancel; the site's holdings say what arrived)."""
+        self._stop = stop
+        log.info(
+            "event=uplink_started gateways=%s",
+            ",".join(f"{g.site}/{g.link}" for g in self.gateways),
+        )
+        try:
+            while not stop.is_set():
+                try:
+                    await self._pass_with_retry()
+                except UplinkError as exc:
+                    if not stop.is_set():  # not retryable: wait for the timer
+                        self._limited.warning(
+                            "uplink_pass", "event=uplink_pass_failed error=%r", str(exc)
+                        )
+                except Exception:  # a bug must not end the uplink: log it, go on calmly
+                    log.exception("event=uplink_pass_crashed")
+                    self.session = None
+                    await self._sleep(self.cfg.uplink.retry_max_s)
+                if stop.is_set():
+                    break
+                await self._idle()
+        finally:
+            self.session = None
+            for g in self.gateways:
+                with contextlib.suppress(Exception):
+                    await g.close()
+            with contextlib.suppress(Exception):
+                await self._flush_states(force=True)
+            log.info("event=uplink_stopped")
+
+    async def _pass_with_retry(self) -> None:
+        u = self.cfg.uplink
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(lambda e: isinstance(e, UplinkError) and e.retryable),
+            wait=wait_exponential_jitter(
+                multiplier=u.retry_min_s, max=u.retry_max_s, jitter=u.retry_min_s
+            ),
+            stop=lambda _state: self._stop.is_set(),
+            sleep=self._sleep,
+            before_sleep=self._before_sleep,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                await self.sync_once()
+
+    def _before_sleep(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        wait = state.next_action.sleep if state.next_action else 0.0
+        self._limited.warning(
+            "uplink_retry",
+            "event=uplink_retry attempt=%d retry_in=%.1fs error=%r",
+            state.attempt_number,
+            wait,
+            str(exc),
+        )
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+
+    async def _idle(self) -> None:
+        """Until new data (plus linger), the next timer event, or stop."""
+        now = time.monotonic()
+        due = now + self.cfg.uplink.interval_s
+        if self.session is not None:
+            due = min(self._refresh_at, self._probe_cheaper_at if self._cheaper() else due)
+        timeout = max(0.0, due - now)
+        waiters = [
+            asyncio.ensure_future(self.new_data.wait()),
+            asyncio.ensure_future(self._stop.wait()),
+        ]
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+        if self.new_data.is_set() and not self._stop.is_set():
+            await self._sleep(self.cfg.uplink.linger_s)
+        self.new_data.clear()
+
+    # -- one pass --------------------------------------------------------------------------
+    async def sync_once(self) -> None:
+        """Open or refresh the session as due, then send until the site lacks nothing."""
+        if self._stop.is_set():
+            return
+        now = time.monotonic()
+        for name, b in self.budgets.items():
+            self.metrics.budget_used.labels(name).set(b.spent)
+        if self.session is None or now >= self._refresh_at:
+            self.session = None
+            self.session = await self._connect(self.gateways)
+        elif now >= self._probe_cheaper_at and self._cheaper():
+            self._probe_cheaper_at = now + self.cfg.uplink.interval_s
+            with contextlib.suppress(LinkError):
+                self.session = await self._connect(self._cheaper()) or self.session
+        session = self.session
+        if session is None:
+            return  # every reachable link has spent today's budget
+        gw = session.gateway
+        try:
+            await session.sync()
+        except LinkError as exc:
+            self.session = None
+            await self._mark(gw, up=False, error=str(exc))
+            await gw.reset()
+            raise
+        except GatewayRejected as exc:
+            self.session = None
+            if not exc.link_wide:
+                raise
+            self._block(gw, exc)
+            await self._mark(gw, up=False, error=str(exc))
+            raise LinkError(f"gateway refused us: {exc}", site=gw.site) from exc
+        finally:
+            await self._flush_states()
+        if session.budget.spent_out:
+            self.session = None  # another link may still have budget today
+
+    def _cheaper(self) -> list[Gateway]:
+        if self.session is None:
+            return []
+        cost = self.cfg.links[self.session.gateway.link].cost
+        return [g for g in self.gateways if self.cfg.links[g.link].cost < cost]
+
+    async def _connect(self, candidates: Sequence[Gateway]) -> Session | None:
+        """Probe ``candidates`` at once; a session with the cheapest that answered and
+        has budget left today (None if only spent-out links answered)."""
+        now = time.monotonic()
+        usable = [
+            g
+            for g in candidates
+            if self._blocked.get(id(g), 0.0) <= now and not self.budgets[g.link].spent_out
+        ]
+        if not usable:
+            if any(self._blocked.get(id(g), 0.0) > now for g in candidates):
+                raise LinkError("every gateway refused our credentials; retrying later")
+            return None
+        answers = await asyncio.gather(*(self._probe(g) for g in usable), return_exceptions=True)
+        errors = []
+        for g, answer in zip(usable, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if isinstance(answer, asyncio.CancelledError):
+                    raise answer
+                errors.append(f"{g.site}/{g.link}: {answer}")
+                continue
+            return await self._open(g, answer)
+        raise LinkError("no gateway reachable: " + "; ".join(errors))
+
+    async def _probe(self, g: Gateway) -> dict[str, RangeSet]:
+        timeout = self.cfg.uplink.probe_timeout_s
+        try:
+            try:
+                async with asyncio.timeout(timeout):
+                    return await g.holdings()
+            except TimeoutError:
+                raise LinkError(f"no holdings within {timeout:g}s", site=g.site) from None
+        except GatewayRejected as exc:
+            if exc.link_wide:
+                self._block(g, exc)
+            await self._mark(g, up=False, error=str(exc))
+            raise
+        except LinkError as exc:
+            await self._mark(g, up=False, error=str(exc))
+            await g.reset()
+            raise
+
+    async def _open(self, g: Gateway, held: dict[str, RangeSet]) -> Session:
+        previous = self.session.gateway if self.session is not None else None
+        link = self.cfg.links[g.link]
+        session = Session(
+            g,
+            link,
+            self.budgets[g.link],
+            self.log,
+            self._streams,
+            held,
+            self.metrics,
+            on_success=lambda: self._success(g),
+            stopping=self._stop.is_set,
+        )
+        await session.adopt()
+        await self._mark(g, up=True)
+        now = time.monotonic()
+        self._refresh_at = now + self.cfg.uplink.refresh_s
+        self._probe_cheaper_at = now + self.cfg.uplink.interval_s
+        (log.info if previous is not g else log.debug)(
+            "event=uplink_session site=%s link=%s url=%s streams=%s",
+            g.site,
+            g.link,
+            g.url,
+            ",".join(c.stream for c in session.cursors),
+        )
+        return session
+
+    def _block(self, g: Gateway, exc: GatewayRejected) -> None:
+        self._blocked[id(g)] = time.monotonic() + self.cfg.uplink.retry_max_s
+        log.error(
+            "event=gateway_refused site=%s link=%s status=%d error=%s retry_in=%.0fs",
+            g.site,
+            g.link,
+            exc.status,
+            exc.error_code,
+            self.cfg.uplink.retry_max_s,
+        )
+
+    # -- link state (status, metrics) --------------------------------------------------------
+    def _state(self, g: Gateway) -> LinkState:
+        st = self._states.get(id(g))
+        if st is None:
+            st = LinkState(g.site, g.link, g.url, False, None, "", None, 0)
+        return st
+
+    def _success(self, g: Gateway) -> None:
+        st = self._state(g)
+        self._states[id(g)] = replace(st, up=True, last_success_ms=_now_ms())
+
+    async def _mark(self, g: Gateway, *, up: bool, error: str = "") -> None:
+        st = self._state(g)
+        was_up = st.up
+        now = _now_ms()
+        if up:
+            st = replace(st, up=True, last_success_ms=now)
+        else:
+            st = replace(st, up=False, last_error=error[:500], last_error_ms=now)
+            self._limited.warning(
+                f"link_down:{g.site}:{g.link}",
+                "event=link_down site=%s link=%s error=%r",
+                g.site,
+                g.link,
+                error,
+            )
+        if up and not was_up:
+            log.info("event=link_up site=%s link=%s", g.site, g.link)
+        self._states[id(g)] = st
+        self.metrics.link_up.labels(g.site, g.link).set(1 if up else 0)
+        await self._flush_states(force=up != was_up or not up)
+
+    async def _flush_states(self, *, force: bool = False) -> None:
+        """Persist changed link states (for ``status``), at most every few seconds
+        unless ``force``."""
+        now = time.monotonic()
+        for key, st in list(self._states.items()):
+            at, written = self._flushed.get(key, (0.0, None))
+            if st == written or not (force or now - at >= STATE_FLUSH_S):
+                continue
+            await asyncio.to_thread(self.log.set_link_state, replace(st, updated_ms=_now_ms()))
+            self._flushed[key] = (now, st)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

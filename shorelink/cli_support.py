@@ -1,0 +1,42 @@
+"""What every shorelink command line shares: the ``--config`` option, exiting with a
+clear one-line error, loading a config or exiting."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from shorelink.errors import ShorelinkError
+
+__all__ = ["config_option", "fail", "load_or_exit"]
+
+T = TypeVar("T")
+
+
+def config_option(what: str, envvar: str) -> Callable[[Any], Any]:
+    """``--config FILE`` (required; also from ``envvar``), passed as ``config_path``."""
+    return click.option(
+        "--config",
+        "config_path",
+        type=click.Path(path_type=Path),
+        required=True,
+        envvar=envvar,
+        help=f"{what} config TOML (env {envvar}).",
+    )
+
+
+def fail(exc: Exception) -> NoReturn:
+    """Print ``error: ...`` to stderr and exit 2."""
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(2)
+
+
+def load_or_exit(loader: Callable[[Path], T], path: Path) -> T:
+    try:
+        return loader(path)
+    except ShorelinkError as exc:
+        fail(exc)

@@ -1,0 +1,170 @@
+"""The Gateway seam. One contract suite runs over both implementations (the in-memory
+one the uplink tests use, and HttpGateway against a real aiohttp server on loopback
+that speaks the gateway API), so the in-memory one cannot drift from what the HTTP
+client really does; then HttpGateway's mapping of statuses to exceptions."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from edge_agent.config import DEFAULT_LINKS, GatewayConfig, LinkConfig
+from edge_agent.errors import GatewayGap, GatewayRejected, LinkError
+from edge_agent.gateway import Gateway, HttpGateway
+from local_stack.process import free_port
+from shorelink.config import Secret
+from shorelink.ranges import RangeSet
+from shorelink.wire import Batch, WireRecord, encode_batch
+from tests.edge_agent.api_server import TOKEN, api_app
+from tests.edge_agent.memory_gateway import MemoryGateway
+
+
+def body(lo: int, hi: int, *, stream: str = "containers", first_available: int = 1) -> bytes:
+    recs = tuple(
+        WireRecord(s, f"C{s % 3}", 1_700_000_000_000 + s, f"bigblue/d1/c/C{s % 3}/env", b"{}")
+        for s in range(lo, hi + 1)
+    )
+    return encode_batch(Batch("bigblue", stream, recs, first_available=first_available))
+
+
+class Server:
+    def __init__(self) -> None:
+        self.site = MemoryGateway("tokyo", "port_wifi")
+        self.override: dict[str, Any] = {}
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def client(
+        self,
+        *,
+        token: str = TOKEN,
+        ship: str = "bigblue",
+        url: str = "",
+        link: LinkConfig = DEFAULT_LINKS["port_wifi"],
+    ) -> HttpGateway:
+        cfg = GatewayConfig("tokyo", url or self.url, "port_wifi")
+        return HttpGateway(cfg, link, ship, Secret(token))
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Server]:
+    srv = Server()
+    runner = web.AppRunner(api_app(srv.site, srv.override))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", srv.port).start()
+    yield srv
+    await runner.cleanup()
+
+
+@pytest.fixture(params=["memory", "http"])
+async def gateway(request: pytest.FixtureRequest, server: Server) -> AsyncIterator[Gateway]:
+    gw: Gateway = (
+        MemoryGateway("tokyo", "port_wifi") if request.param == "memory" else server.client()
+    )
+    yield gw
+    await gw.close()
+
+
+# -- the contract: every Gateway behaves like this ----------------------------------------
+async def test_contract_holdings_start_empty_for_every_stream_the_site_takes(
+    gateway: Gateway,
+) -> None:
+    assert await gateway.holdings() == {s: RangeSet() for s in ("alerts", "nav", "containers")}
+    assert (gateway.site, gateway.link) == ("tokyo", "port_wifi")
+
+
+async def test_contract_accepted_batch_answers_what_the_site_holds(gateway: Gateway) -> None:
+    b = body(1, 10)
+    res = await gateway.send("containers", b)
+    assert (res.held, res.written, res.sent_bytes) == (
+        RangeSet([(1, 10)]),
+        RangeSet([(1, 10)]),
+        len(b),
+    )
+    again = await gateway.send("containers", body(5, 12))  # held seqs are skipped
+    assert (again.held, again.written) == (RangeSet([(1, 12)]), RangeSet([(11, 12)]))
+    assert (await gateway.holdings())["containers"] == RangeSet([(1, 12)])
+
+
+async def test_contract_batch_beyond_held_plus_one_is_a_gap_with_held(gateway: Gateway) -> None:
+    await gateway.send("containers", body(1, 10))
+    with pytest.raises(GatewayGap) as exc:
+        await gateway.send("containers", body(20, 30))
+    assert exc.value.held == RangeSet([(1, 10)]) and exc.value.retryable
+
+
+async def test_contract_first_available_lets_the_site_skip_dropped_seqs(gateway: Gateway) -> None:
+    res = await gateway.send("containers", body(15, 20, first_available=15))
+    assert res.held == RangeSet([(15, 20)])
+    res = await gateway.send("containers", body(21, 22, first_available=15))
+    assert res.held == RangeSet([(15, 22)])
+
+
+async def test_contract_unknown_stream_is_rejected_not_retryable(gateway: Gateway) -> None:
+    with pytest.raises(GatewayRejected) as exc:
+        await gateway.send("weather", body(1, 1, stream="weather"))
+    assert (exc.value.status, exc.value.error_code, exc.value.retryable) == (
+        404,
+        "unknown_stream",
+        False,
+    )
+
+
+# -- HttpGateway: statuses -> exceptions --------------------------------------------------
+async def test_http_sends_bearer_token_and_maps_401_403(server: Server) -> None:
+    """The token proves which ship this is; a wrong one must not look like a flaky link."""
+    for client, status in ((server.client(token="wrong"), 401), (server.client(ship="other"), 403)):
+        with pytest.raises(GatewayRejected) as exc:
+            await client.holdings()
+        assert exc.value.status == status and exc.value.link_wide and not exc.value.retryable
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "payload", "error"),
+    [
+        (422, {"error": "bad_seq_range", "message": "no"}, GatewayRejected),
+        (413, {"error": "too_large", "message": "no"}, GatewayRejected),
+        (400, {"error": "bad_checksum", "message": "no"}, GatewayRejected),
+        (503, {"error": "kafka_unavailable", "message": "later"}, LinkError),
+        (500, "<html>oops</html>", LinkError),
+        (429, {"error": "slow_down", "message": "later"}, LinkError),
+        (408, {"error": "body_timeout", "message": "later"}, LinkError),
+        (200, "<html>captive portal: accept our terms</html>", LinkError),
+        (200, {"ship": "bigblue"}, LinkError),
+    ],
+)
+async def test_http_status_becomes_the_right_exception(
+    server: Server, status: int, payload: Any, error: type[Exception]
+) -> None:
+    server.override["/v1/ships/bigblue/streams/containers/batches"] = (status, payload)
+    client = server.client()
+    with pytest.raises(error) as exc:
+        await client.send("containers", body(1, 3))
+    if isinstance(exc.value, GatewayRejected):
+        assert exc.value.error_code == payload["error"] and exc.value.stream == "containers"
+    await client.close()
+
+
+async def test_http_timeout_and_refused_connection_are_link_errors(server: Server) -> None:
+    async def slow(_request: web.Request) -> web.Response:
+        await asyncio.sleep(1)
+        return web.json_response({})
+
+    server.override["/v1/ships/bigblue/streams/containers/batches"] = slow
+    client = server.client(link=LinkConfig("port_wifi", timeout_s=0.3))
+    with pytest.raises(LinkError, match="Timeout"):
+        await client.send("containers", body(1, 3))
+    await client.close()
+    dead = server.client(url=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(LinkError) as exc:
+        await dead.holdings()
+    assert exc.value.retryable and exc.value.site == "tokyo"
+    await dead.reset()
+    with pytest.raises(LinkError):  # a reset client connects afresh
+        await dead.holdings()
+    await dead.close()

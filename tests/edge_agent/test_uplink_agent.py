@@ -1,0 +1,153 @@
+"""The agent with gateways configured: sensor messages go MQTT -> log -> uplink ->
+gateway without waiting for the timer, the agent stops cleanly, and ``status`` shows
+each link's state, today's bytes and the backlog."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import generate_latest
+
+from edge_agent.agent import Agent
+from edge_agent.config import load_config
+from local_stack.mosquitto import MosquittoBroker
+from local_stack.process import free_port
+from shorelink.ranges import RangeSet
+from tests.edge_agent.api_server import TOKEN, api_app
+from tests.edge_agent.conftest import Publisher, write_config
+from tests.edge_agent.memory_gateway import MemoryGateway
+from tests.edge_agent.uplink_helpers import eventually
+
+EDGE = [sys.executable, "-m", "edge_agent.cli"]
+
+
+def _with_uplink(cfg: Path, port: int, *, interval: str = "30s") -> Path:
+    cfg.write_text(
+        cfg.read_text()
+        + f"""
+[uplink]
+token = "{TOKEN}"
+interval = "{interval}"
+linger = "10ms"
+retry_min = "50ms"
+retry_max = "500ms"
+
+[[gateways]]
+site = "tokyo"
+url = "http://127.0.0.1:{port}"
+link = "port_wifi"
+"""
+    )
+    return cfg
+
+
+def _publish(publisher: Publisher, lo: int, hi: int) -> None:
+    for i in range(lo, hi + 1):
+        publisher.publish(
+            f"bigblue/d1/containers/C{i % 3}/env", f'{{"ts": 1700000000, "i": {i}}}'.encode()
+        )
+    publisher.wait_all_acked()
+
+
+async def test_agent_with_gateways_sends_on_new_data_and_stops_cleanly(
+    tmp_path: Path, mosquitto: MosquittoBroker, publisher: Publisher
+) -> None:
+    """New records wake the uplink (the timer is 30 s here), and stopping the agent
+    stops the uplink too: no task left behind, the gateway closed, the log closed."""
+    cfg = load_config(_with_uplink(write_config(tmp_path, mosquitto), 9))
+    gw = MemoryGateway("tokyo", "port_wifi")
+    agent = Agent(cfg, gateways=[gw])
+    task = asyncio.create_task(agent.run(install_signals=False))
+    await asyncio.wait_for(agent.ingest.connected.wait(), 20)
+    await asyncio.to_thread(_publish, publisher, 1, 40)
+    await eventually(lambda: gw.held("containers") == RangeSet([(1, 40)]), within=10)
+    await asyncio.to_thread(_publish, publisher, 41, 50)
+    await eventually(lambda: gw.held("containers") == RangeSet([(1, 50)]), within=10)
+    metrics = generate_latest(agent.metrics.registry).decode()
+    assert (
+        'shorelink_edge_uplink_records_sent_total{site="tokyo",stream="containers"} 50.0' in metrics
+    )
+    assert 'shorelink_edge_link_up{link="port_wifi",site="tokyo"} 1.0' in metrics
+    assert 'shorelink_edge_uplink_bytes_sent_total{link="port_wifi"}' in metrics
+    agent.stop.set()
+    await asyncio.wait_for(task, 15)
+    assert gw.closed
+    assert max(gw.arrivals.values()) == 1
+    names = {t.get_name() for t in asyncio.all_tasks()}
+    assert not names & {"uplink", "ingest", "housekeeping", "watchdog"}
+
+
+async def _status(cfg: Path) -> dict[str, object]:
+    proc = await asyncio.create_subprocess_exec(
+        *EDGE, "status", "--config", str(cfg), "--json", stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0
+    return dict(json.loads(out))
+
+
+async def test_agent_process_uploads_over_http_once_the_gateway_comes_up(
+    tmp_path: Path, mosquitto: MosquittoBroker, publisher: Publisher
+) -> None:
+    """The whole ship side for real: records wait on board while the gateway is down
+    (status says so), and go once it answers."""
+    port, metrics_port = free_port(), free_port()
+    cfg = _with_uplink(write_config(tmp_path, mosquitto), port, interval="200ms")
+    cfg.write_text(
+        cfg.read_text().replace("[metrics]\nport = 0", f"[metrics]\nport = {metrics_port}")
+    )
+    with open(tmp_path / "agent.log", "wb") as agent_log:  # noqa: ASYNC230
+        agent = await asyncio.create_subprocess_exec(
+            *EDGE, "run", "--config", str(cfg), stdout=agent_log, stderr=agent_log
+        )
+    site = MemoryGateway("tokyo", "port_wifi")
+    runner = web.AppRunner(api_app(site))
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def connected() -> bool:
+                try:
+                    async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
+                        return "shorelink_edge_mqtt_connected 1.0" in await r.text()
+                except aiohttp.ClientError:
+                    return False
+
+            for _ in range(200):
+                if await connected():
+                    break
+                await asyncio.sleep(0.1)
+        await asyncio.to_thread(_publish, publisher, 1, 30)
+
+        def down(report: dict[str, object]) -> bool:
+            links = report["links"]
+            assert isinstance(links, list)
+            return bool(links[0]["state"] == "down" and links[0]["last_error"])
+
+        report = await _status(cfg)
+        for _ in range(100):
+            if down(report):
+                break
+            await asyncio.sleep(0.1)
+            report = await _status(cfg)
+        assert down(report)
+        assert report["streams"]["containers"]["backlog_records"] == 30  # type: ignore[index]
+
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await eventually(lambda: site.held("containers") == RangeSet([(1, 30)]), within=20)
+        await asyncio.sleep(0.3)
+        report = await _status(cfg)
+        link = report["links"][0]  # type: ignore[index]
+        assert link["state"] == "up" and link["today_bytes"] > 0
+        assert report["streams"]["containers"]["backlog_records"] == 0  # type: ignore[index]
+        assert report["streams"]["containers"]["held"] == {"tokyo": "1-30"}  # type: ignore[index]
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(agent.wait(), 20) == 0
+        await runner.cleanup()

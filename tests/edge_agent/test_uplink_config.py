@@ -1,0 +1,153 @@
+"""The uplink's configuration: defaults per link class, every key documented in the
+sample, errors that name the field, and a token file nobody else can read."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from edge_agent.agent import Agent
+from edge_agent.config import (
+    DEFAULT_LINKS,
+    GatewayConfig,
+    LinkConfig,
+    UplinkConfig,
+    load_config,
+    parse_config,
+)
+from shorelink.config import load_toml
+from shorelink.errors import ConfigError
+from tests.edge_agent.uplink_helpers import uplink_config
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "deploy" / "edge" / "edge.toml"
+
+RENAMED = {
+    "interval_s": "interval",
+    "refresh_s": "refresh",
+    "linger_s": "linger",
+    "probe_timeout_s": "probe_timeout",
+    "retry_min_s": "retry_min",
+    "retry_max_s": "retry_max",
+    "timeout_s": "timeout",
+}
+
+
+def test_sample_documents_every_uplink_key() -> None:
+    """An operator at sea reads the sample, not the code."""
+    text = SAMPLE.read_text()
+    for cls in (UplinkConfig, LinkConfig, GatewayConfig):
+        for f in fields(cls):
+            if cls is LinkConfig and f.name == "name":
+                continue
+            key = RENAMED.get(f.name, f.name)
+            assert f"{key} =" in text, f"{cls.__name__}.{f.name} is not in {SAMPLE.name}"
+
+
+def test_sample_gateways_and_links() -> None:
+    cfg = load_config(SAMPLE)
+    assert [(g.site, g.link) for g in cfg.gateways] == [
+        ("tokyo", "port_wifi"),
+        ("hq", "cellular"),
+        ("hq", "satellite"),
+    ]
+    assert cfg.links["satellite"] == DEFAULT_LINKS["satellite"]
+
+
+def test_link_defaults_in_code(tmp_path: Path) -> None:
+    """Satellite: alerts and position only, small batches, a budget; the rest: all."""
+    cfg = uplink_config(tmp_path)
+    sat, cell, wifi = (cfg.links[n] for n in ("satellite", "cellular", "port_wifi"))
+    assert sat.streams == ("alerts", "nav") and sat.daily_budget_bytes > 0
+    assert (sat.batch_max_records, sat.batch_max_bytes) == (200, 32 * 1024)
+    assert not sat.carries("containers") and sat.carries("nav")
+    for link in (cell, wifi):
+        assert link.carries("containers") and link.daily_budget_bytes == 0
+        assert (link.batch_max_records, link.batch_max_bytes) == (5000, 1024 * 1024)
+    assert wifi.cost < cell.cost < sat.cost
+    assert cfg.gateways == ()  # no gateways: ingest only
+
+
+def test_link_section_overrides_defaults_field_by_field(tmp_path: Path) -> None:
+    cfg = uplink_config(tmp_path, links={"satellite": {"daily_budget_bytes": "5MB"}})
+    assert cfg.links["satellite"].daily_budget_bytes == 5_000_000
+    assert cfg.links["satellite"].streams == ("alerts", "nav")
+
+
+def _sample_with(change: dict[str, object]) -> dict[str, object]:
+    data = load_toml(SAMPLE)
+    for dotted, value in change.items():
+        node: object = data
+        *parents, last = dotted.split(".")
+        for p in parents:
+            node = node[int(p)] if p.isdigit() else node[p]  # type: ignore[index]
+        node[last] = value  # type: ignore[index]
+    return data
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"gateways.0.url": "ftp://gw.example:21"}, "gateways[0].url"),
+        ({"gateways.0.url": "https://gw.example:99999"}, "gateways[0].url"),
+        ({"gateways.0.link": "carrier_pigeon"}, "gateways[0].link"),
+        ({"gateways.0.site": "Tokyo Port"}, "gateways[0].site"),
+        ({"gateways.0.sit": "tokyo"}, "gateways[0].sit"),
+        ({"links.satellite.streams": ["alerts", "weather"]}, "links.satellite.streams"),
+        ({"links.satellite.batch_max_records": 0}, "links.satellite.batch_max_records"),
+        ({"links.satellite.batch_max_bytes": "100"}, "links.satellite.batch_max_bytes"),
+        ({"links.satellite.timeout": "soon"}, "links.satellite.timeout"),
+        ({"links.cellular.in_flight": 0}, "links.cellular.in_flight"),
+        ({"uplink.interval": "1ms"}, "uplink.interval"),
+        ({"uplink.retry_min": "2m"}, "uplink.retry_min"),
+        ({"uplink.tokn": "x"}, "uplink.tokn"),
+        ({"uplink.token": "${SHORELINK_TEST_UNSET_VAR}"}, "uplink.token"),
+    ],
+)
+def test_invalid_uplink_config_names_the_field(change: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(_sample_with(change))
+    assert exc.value.field == field
+
+
+def test_token_file_must_not_be_world_readable(tmp_path: Path) -> None:
+    """The token lets anyone write as this ship: a world-readable file is refused."""
+    token = tmp_path / "gateway.token"
+    token.write_text("tok-123\n")
+    os.chmod(token, 0o644)
+    data = _sample_with({"uplink.token_file": str(token)})
+    del data["uplink"]["token"]  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="world-readable") as exc:
+        parse_config(data)
+    assert exc.value.field == "uplink.token_file"
+    os.chmod(token, 0o640)
+    cfg = parse_config(data)
+    assert cfg.uplink.token.value == "tok-123" and "tok-123" not in repr(cfg)
+
+
+def test_token_file_relative_to_config_and_exclusive_with_token(tmp_path: Path) -> None:
+    (tmp_path / "gw.token").write_text("abc")
+    os.chmod(tmp_path / "gw.token", 0o600)
+    text = SAMPLE.read_text().replace(
+        'token = "${SHORELINK_GATEWAY_TOKEN:-}"', 'token_file = "gw.token"'
+    )
+    (tmp_path / "edge.toml").write_text(text)
+    assert load_config(tmp_path / "edge.toml").uplink.token.value == "abc"
+    data = _sample_with({"uplink.token": "x", "uplink.token_file": str(tmp_path / "gw.token")})
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data)
+    assert exc.value.field == "uplink.token"
+    data = _sample_with({"uplink.token_file": str(tmp_path / "missing.token")})
+    del data["uplink"]["token"]  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="cannot read"):
+        parse_config(data)
+
+
+def test_agent_with_gateways_refuses_to_start_without_a_token(tmp_path: Path) -> None:
+    cfg = uplink_config(tmp_path, gateways=[("tokyo", "port_wifi")], uplink={"token": ""})
+    with pytest.raises(ConfigError) as exc:
+        Agent(cfg)
+    assert exc.value.field == "uplink.token"

@@ -1,0 +1,93 @@
+"""Helpers for uplink tests: a config built in code, a log filled with records."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from edge_agent.config import EdgeConfig, parse_config
+from edge_agent.log import EdgeLog, Incoming, message_digest
+from edge_agent.status import open_log
+
+STREAMS = ("alerts", "nav", "containers")
+
+
+def uplink_config(
+    tmp_path: Path,
+    *,
+    gateways: list[tuple[str, str]] = (),  # type: ignore[assignment]
+    links: dict[str, dict[str, Any]] | None = None,
+    uplink: dict[str, Any] | None = None,
+    log: dict[str, Any] | None = None,
+) -> EdgeConfig:
+    data: dict[str, Any] = {
+        "ship": "bigblue",
+        "log": {"path": str(tmp_path / "edge.db"), **(log or {})},
+        "metrics": {"port": 0},
+        "streams": {
+            "alerts": {"priority": 0},
+            "nav": {"priority": 10},
+            "containers": {"priority": 50},
+        },
+        "rules": [{"filter": "bigblue/+/containers/+/env", "stream": "containers", "key": "{4}"}],
+        "uplink": {
+            "token": "s3cret-token",
+            "interval": "200ms",
+            "linger": "5ms",
+            "probe_timeout": "2s",
+            "retry_min": "10ms",
+            "retry_max": "100ms",
+            **(uplink or {}),
+        },
+        "links": links or {},
+        "gateways": [
+            {"site": site, "url": f"http://127.0.0.1:9/{i}", "link": link}
+            for i, (site, link) in enumerate(gateways)
+        ],
+    }
+    return parse_config(data)
+
+
+def fill(
+    edge_log: EdgeLog, stream: str, n: int, *, size: int = 100, random: bool = False
+) -> list[int]:
+    """Commit ``n`` records of ``stream`` (payloads of ``size`` bytes, incompressible
+    when ``random``); return their seqs."""
+    out: list[int] = []
+    for start in range(0, n, 500):
+        batch = []
+        for i in range(start, min(n, start + 500)):
+            payload = os.urandom(size) if random else f"{stream}-{i:08d}".encode().ljust(size, b".")
+            topic = f"bigblue/d1/{stream}/C{i % 7}/env"
+            batch.append(
+                Incoming(
+                    stream,
+                    f"C{i % 7}",
+                    1_700_000_000_000 + i,
+                    1_700_000_000_000 + i,
+                    topic,
+                    payload,
+                    digest=message_digest(topic.encode(), payload),
+                )
+            )
+        out += edge_log.commit(batch).seqs
+    return out
+
+
+def open_edge_log(cfg: EdgeConfig) -> EdgeLog:
+    return open_log(cfg)
+
+
+async def eventually(
+    check: Callable[[], bool], within: float = 20, what: str = "condition"
+) -> None:
+    """Poll ``check`` on the event loop (servers in the test keep serving meanwhile)."""
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)

@@ -1,0 +1,320 @@
+"""Ship to shore end to end, all real: sensors -> Mosquitto -> edge agent -> toxiproxy
+(the link) -> gateway -> Kafka. Every identity in sl.ingress.* exactly once, none
+missing, whatever the link does."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from core_gateway.auth import Credentials
+from core_gateway.cli import serve
+from edge_agent.agent import Agent
+from edge_agent.config import load_config
+from local_stack.kafka import KafkaBroker
+from local_stack.mosquitto import MosquittoBroker
+from local_stack.process import free_port
+from local_stack.toxiproxy import Toxiproxy
+from shorelink.contract import LEDGER_TOPIC
+from shorelink.ledger import encode_entry
+from shorelink.ranges import RangeSet
+from shorelink.topics import TopicSpec, ensure_topics
+from tests.conftest import unique
+from tests.core_gateway.conftest import gateway_config, ingress_seqs
+from tests.edge_agent.conftest import Publisher, write_config
+from tests.edge_agent.conftest import publisher as publisher
+
+
+@dataclass
+class Site:
+    name: str
+    kafka: KafkaBroker
+    port: int
+    proxy: str
+    proxy_port: int
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+
+async def _start_site(
+    tmp_path: Path, name: str, kafka: KafkaBroker, toxiproxy: Toxiproxy, ship: str
+) -> tuple[Site, str]:
+    cfg = gateway_config(tmp_path / name, kafka, site=name)
+    token = Credentials(cfg.credentials_file).add(ship)
+    stop = asyncio.Event()
+    started = asyncio.Event()
+    task = asyncio.create_task(serve(cfg, install_signals=False, started=started, stop=stop))
+    await asyncio.wait_for(started.wait(), 30)
+    proxy = unique(f"{ship}-to-{name}")
+    proxy_port = free_port()
+    toxiproxy.create_proxy(proxy, f"127.0.0.1:{proxy_port}", f"127.0.0.1:{cfg.port}")
+    return Site(name, kafka, cfg.port, proxy, proxy_port, stop, task), token
+
+
+def _agent_config(
+    tmp_path: Path,
+    mosquitto: MosquittoBroker,
+    ship: str,
+    ship_token: str,
+    sites: list[tuple[Site, str]],
+    links: str = "",
+) -> Path:
+    path = write_config(tmp_path, mosquitto)
+    text = path.read_text().replace('ship = "bigblue"', f'ship = "{ship}"')
+    gateways = "".join(
+        f'\n[[gateways]]\nsite = "{s.name}"\nurl = "http://127.0.0.1:{s.proxy_port}"\nlink = "{link}"\n'
+        for s, link in sites
+    )
+    text += f"""
+[uplink]
+token = "{ship_token}"
+interval = "300ms"
+linger = "20ms"
+probe_timeout = "2s"
+retry_min = "50ms"
+retry_max = "500ms"
+{links}
+{gateways}
+"""
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+async def run_agent() -> AsyncIterator[Callable[[Path], Agent]]:
+    running: list[tuple[Agent, asyncio.Task[None]]] = []
+
+    def start(cfg_path: Path) -> Agent:
+        agent = Agent(load_config(cfg_path))
+        running.append((agent, asyncio.create_task(agent.run(install_signals=False))))
+        return agent
+
+    yield start
+    for agent, task in running:
+        agent.stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+async def _until(check: Callable[[], bool], seconds: float, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not check():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def _publish_fleet(publisher: Publisher, n: int, offset: int = 0) -> None:
+    for i in range(offset, offset + n):
+        publisher.publish(
+            f"bigblue/deck{i % 3}/containers/MSCU{i % 40:07d}/env",
+            f'{{"ts": {1_700_000_000 + i}, "t": {4 + (i % 10) / 10}, "i": {i}}}'.encode(),
+        )
+        if i % 50 == 0:
+            publisher.publish("bigblue/nav/ais", f"!AIVDM,1,1,,A,POS{i},0*00".encode())
+        if i % 200 == 0:
+            publisher.publish(
+                f"bigblue/deck0/containers/MSCU{i % 40:07d}/alert", f'{{"door": {i}}}'.encode()
+            )
+
+
+async def _ingested_and_uploaded(agent: Agent, containers: int, seconds: float = 60) -> None:
+    await _until(lambda: agent.log.stream_state("containers").count == containers, 30, "ingest")
+    await _until(
+        lambda: all(agent.log.backlog(s)[0] == 0 for s in ("containers", "nav", "alerts")),
+        seconds,
+        "upload",
+    )
+
+
+def _assert_exactly_once(kafka: KafkaBroker, agent: Agent) -> None:
+    for stream in ("containers", "nav", "alerts"):
+        last = agent.log.stream_state(stream).next_seq - 1
+        seqs = ingress_seqs(kafka, agent.cfg.ship, stream)
+        assert sorted(seqs) == list(range(1, last + 1)), f"{stream}: missing identities"
+        assert max(seqs.values(), default=1) == 1, f"{stream}: an identity is doubled"
+
+
+async def test_end_to_end_every_identity_once(
+    tmp_path: Path,
+    kafka_sites: Callable[..., dict[str, KafkaBroker]],
+    mosquitto: MosquittoBroker,
+    publisher: Publisher,
+    toxiproxy: Toxiproxy,
+    run_agent: Callable[[Path], Agent],
+) -> None:
+    kafka = kafka_sites("tokyo")["tokyo"]
+    ship = unique("ship")
+    site, token = await _start_site(tmp_path, "tokyo", kafka, toxiproxy, ship)
+    agent = run_agent(_agent_config(tmp_path, mosquitto, ship, token, [(site, "port_wifi")]))
+    await asyncio.wait_for(agent.ingest.connected.wait(), 10)
+    _publish_fleet(publisher, 3000)
+    publisher.wait_all_acked()
+    await _ingested_and_uploaded(agent, 3000)
+    _assert_exactly_once(kafka, agent)
+    site.stop.set()
+    await site.task
+
+
+async def test_100_link_failures_mid_batch_still_exactly_once(
+    tmp_path: Path,
+    kafka_sites: Callable[..., dict[str, KafkaBroker]],
+    mosquitto: MosquittoBroker,
+    publisher: Publisher,
+    toxiproxy: Toxiproxy,
+    run_agent: Callable[[Path], Agent],
+) -> None:
+    """Satellite and port links break mid-batch all the time: resets, black holes,
+    stalls, outages. None of it may double or lose an identity."""
+    kafka = kafka_sites("tokyo")["tokyo"]
+    ship = unique("ship")
+    site, token = await _start_site(tmp_path, "tokyo", kafka, toxiproxy, ship)
+    links = """
+[links.port_wifi]
+batch_max_records = 300
+timeout = "2s"
+"""
+    agent = run_agent(_agent_config(tmp_path, mosquitto, ship, token, [(site, "port_wifi")], links))
+    await asyncio.wait_for(agent.ingest.connected.wait(), 10)
+    rng = random.Random(11)
+    published = 0
+    kinds = ["reset_peer", "timeout", "bandwidth0", "disable"]
+    for i in range(100):  # bounded: 100 injections
+        _publish_fleet(publisher, 60, offset=published)
+        published += 60
+        kind = kinds[i % len(kinds)]
+        await asyncio.sleep(rng.uniform(0.02, 0.12))  # let a batch get under way
+        if kind == "disable":
+            toxiproxy.set_enabled(site.proxy, False)
+            await asyncio.sleep(0.1)
+            toxiproxy.set_enabled(site.proxy, True)
+        else:
+            toxic = {
+                "reset_peer": ("reset_peer", {"timeout": 0}),
+                "timeout": ("timeout", {"timeout": 100}),
+                "bandwidth0": ("bandwidth", {"rate": 0}),
+            }[kind]
+            name = toxiproxy.add_toxic(
+                site.proxy, toxic[0], stream=rng.choice(["upstream", "downstream"]), **toxic[1]
+            )
+            await asyncio.sleep(0.15)
+            toxiproxy.remove_toxic(site.proxy, name)
+    publisher.wait_all_acked()
+    await _ingested_and_uploaded(agent, published, seconds=120)
+    _assert_exactly_once(kafka, agent)
+    site.stop.set()
+    await site.task
+
+
+async def test_second_site_is_sent_only_what_it_lacks(
+    tmp_path: Path,
+    kafka_sites: Callable[..., dict[str, KafkaBroker]],
+    mosquitto: MosquittoBroker,
+    publisher: Publisher,
+    toxiproxy: Toxiproxy,
+    run_agent: Callable[[Path], Agent],
+) -> None:
+    """The port already has the ship's earlier uploads through replication: they are
+    not sent again over the ship's link."""
+    brokers = kafka_sites("tokyo", "singapore")
+    ship = unique("ship")
+    a, token = await _start_site(tmp_path, "tokyo", brokers["tokyo"], toxiproxy, ship)
+    b, token_b = await _start_site(tmp_path, "singapore", brokers["singapore"], toxiproxy, ship)
+    toxiproxy.set_enabled(b.proxy, False)  # at sea near Tokyo: only Tokyo reachable
+    # one token for both sites: the ship has one credential; re-add it at B with the same hash
+    Credentials(tmp_path / "singapore" / "ships.json")  # (exists)
+    import json as _json
+
+    creds_a = _json.loads((tmp_path / "tokyo" / "ships.json").read_text())
+    (tmp_path / "singapore" / "ships.json").write_text(_json.dumps(creds_a))
+    del token_b
+    agent = run_agent(
+        _agent_config(tmp_path, mosquitto, ship, token, [(a, "port_wifi"), (b, "port_wifi")])
+    )
+    await asyncio.wait_for(agent.ingest.connected.wait(), 10)
+    _publish_fleet(publisher, 1000)
+    publisher.wait_all_acked()
+    await _until(
+        lambda: (
+            agent.log.backlog("containers")[0] == 0
+            and agent.log.stream_state("containers").count == 1000
+        ),
+        60,
+        "upload to tokyo",
+    )
+    held_a = RangeSet.from_seqs(ingress_seqs(brokers["tokyo"], ship))
+    assert str(held_a) == "1-1000"
+    # replication (the next issue) brings Tokyo's records to Singapore; here its ledger says so
+    ensure_topics(brokers["singapore"].bootstrap, [TopicSpec(LEDGER_TOPIC, compacted=True)])
+    p = Producer({"bootstrap.servers": brokers["singapore"].bootstrap})
+    for stream in ("containers", "nav", "alerts"):
+        k, v = encode_entry(ship, stream, agent.log.delivered(stream))
+        p.produce(LEDGER_TOPIC, key=k, value=v)
+    p.flush(10)
+    await asyncio.sleep(1.5)  # the gateway follows the ledger
+    # sail on: Tokyo out of reach, Singapore in reach; more readings arrive
+    toxiproxy.set_enabled(a.proxy, False)
+    toxiproxy.set_enabled(b.proxy, True)
+    _publish_fleet(publisher, 500, offset=1000)
+    publisher.wait_all_acked()
+    await _until(lambda: agent.log.stream_state("containers").count == 1500, 30, "ingest")
+    await _until(
+        lambda: str(agent.log.holdings().get("singapore", {}).get("containers", "")) == "1-1500",
+        60,
+        "upload to singapore",
+    )
+    seqs_b = ingress_seqs(brokers["singapore"], ship)
+    assert sorted(seqs_b) == list(range(1001, 1501)), "singapore was sent what it already held"
+    assert max(seqs_b.values()) == 1
+    for s in (a, b):
+        s.stop.set()
+        await s.task
+
+
+async def test_satellite_carries_only_alerts_and_nav_within_its_budget(
+    tmp_path: Path,
+    kafka_sites: Callable[..., dict[str, KafkaBroker]],
+    mosquitto: MosquittoBroker,
+    publisher: Publisher,
+    toxiproxy: Toxiproxy,
+    run_agent: Callable[[Path], Agent],
+) -> None:
+    kafka = kafka_sites("hq")["hq"]
+    ship = unique("ship")
+    site, token = await _start_site(tmp_path, "hq", kafka, toxiproxy, ship)
+    budget = 6000
+    links = f"""
+[links.satellite]
+streams = ["alerts", "nav"]
+daily_budget_bytes = {budget}
+batch_max_records = 20
+"""
+    agent = run_agent(_agent_config(tmp_path, mosquitto, ship, token, [(site, "satellite")], links))
+    await asyncio.wait_for(agent.ingest.connected.wait(), 10)
+    for i in range(400):
+        publisher.publish(
+            "bigblue/nav/ais",
+            f"!AIVDM,1,1,,A,{random.Random(i).getrandbits(160):040x},0*00".encode(),
+        )
+        publisher.publish(f"bigblue/d/containers/C{i}/env", f'{{"i": {i}}}'.encode())
+    publisher.publish("bigblue/d/containers/C1/alert", b'{"fire": true}')
+    publisher.wait_all_acked()
+    await _until(lambda: agent.log.stream_state("nav").count == 400, 30, "ingest")
+    await asyncio.sleep(4)  # let the uplink spend what it may
+    from edge_agent.budget import utc_day
+
+    spent = agent.log.link_spend("satellite", utc_day(time.time()))  # persisted for today
+    assert 0 < spent <= budget * 1.02, f"spent {spent} of a {budget} budget"
+    assert ingress_seqs(kafka, ship, "containers") == {}, "containers crossed the satellite"
+    assert sorted(ingress_seqs(kafka, ship, "alerts")) == [1], "the alert did not cross"
+    nav = ingress_seqs(kafka, ship, "nav")
+    assert 0 < len(nav) < 400
+    site.stop.set()
+    await site.task
