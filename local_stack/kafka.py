@@ -108,8 +108,9 @@ def start_kafka(
             _java_argv(
                 "kafka.tools.StorageTool",
                 "format",
-                "-t",
-                cluster_id,
+                # "=" form: a random id may start with "-", which a separate argument
+                # would turn into an (unknown) option
+                f"--cluster-id={cluster_id}",
                 "-c",
                 str(props),
                 logs=site_logs,
