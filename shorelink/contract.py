@@ -11,7 +11,7 @@ Topic names per site live here too, so nobody spells them twice.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shorelink.errors import ContractError
@@ -67,7 +67,7 @@ def dead_topic(stream: str) -> str:
     return f"sl.dead.{check_name('stream', stream)}"
 
 
-HeaderList = Sequence[tuple[str, bytes | str | None]]
+HeaderList = Sequence[tuple[str, bytes | str | None]] | dict[str, bytes | str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +109,10 @@ class Record:
         return cls(identity, key or b"", value or b"", ts, site, topic)
 
 
-def _header_map(headers: Iterable[tuple[str, bytes | str | None]]) -> dict[str, str]:
+def _header_map(headers: HeaderList) -> dict[str, str]:
     out: dict[str, str] = {}
-    for name, raw in headers:
+    items = headers.items() if isinstance(headers, dict) else headers
+    for name, raw in items:
         if raw is None:
             continue
         try:
