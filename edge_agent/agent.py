@@ -10,18 +10,21 @@ import logging
 import signal
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import start_http_server
 
 from edge_agent import systemd
 from edge_agent.config import EdgeConfig
-from edge_agent.gateway import Gateway
 from edge_agent.ingest import Ingest
 from edge_agent.log import EdgeLog
 from edge_agent.metrics import EdgeMetrics
 from edge_agent.status import open_log
-from edge_agent.uplink import Uplink
 from shorelink.errors import ConfigError
+
+if TYPE_CHECKING:
+    from edge_agent.gateway import Gateway
+    from edge_agent.uplink import Uplink
 
 __all__ = ["Agent"]
 
@@ -56,6 +59,10 @@ class Agent:
         #: None: no gateways configured, the agent only ingests
         self.uplink: Uplink | None = None
         if gateways or (gateways is None and cfg.gateways):
+            # imported only when there is somewhere to upload: aiohttp alone costs a
+            # ship that only ingests ~24 MB of RSS
+            from edge_agent.uplink import Uplink
+
             self.uplink = Uplink(
                 cfg, self.log, self.metrics, self.ingest.committed, gateways=gateways
             )
