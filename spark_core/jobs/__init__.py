@@ -1,0 +1,1 @@
+"""Spark applications run with spark-submit (``site.py``: one per site)."""

@@ -1,0 +1,332 @@
+"""The merge: the only writer of a site's canonical topics ``sl.<stream>`` and ``sl.ledger``.
+
+One streaming query reads ``sl.ingress.*`` and ``sl.inbox.*`` (read_committed, headers
+included). Each micro-batch is collected on the driver (``maxOffsetsPerTrigger`` bounds
+it), checked against the record contract, deduplicated on identity against the ranges
+already written, and written in ONE Kafka transaction: the new records in seq order per
+``(origin, stream)``, the malformed ones to ``sl.dead.<stream>``, the new ranges to
+``sl.ledger`` and the batch marker to ``sl.merge.marker``. The dedup state is rebuilt from
+the ledger (read_committed) at start-up and after any failed transaction, so a batch that
+Spark replays after a crash finds its identities already written. docs/exactly-once.md
+explains why that is exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from shorelink.contract import LEDGER_TOPIC, canonical_topic, dead_topic
+from shorelink.ledger import encode_entry
+from shorelink.topics import TopicSpec, ensure_topics
+from spark_core.config import SiteConfig
+from spark_core.merge_state import (
+    DEAD_UNKNOWN_TOPIC,
+    MARKER_TOPIC,
+    BatchPlan,
+    Headers,
+    MergeError,
+    MergeState,
+    SourceRow,
+    marker_key,
+    plan_batch,
+    topic_stream,
+)
+
+__all__ = [
+    "DEAD_UNKNOWN_TOPIC",
+    "BatchPlan",
+    "Merger",
+    "SourceRow",
+    "plan_batch",
+    "start_merge",
+    "topic_stream",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Totals:
+    batches: int = 0
+    input: int = 0
+    written: int = 0
+    duplicates: int = 0
+    dead: int = 0
+    skipped: int = 0
+    failures: int = 0
+
+
+class Merger:
+    """The driver-side half of the merge query: state, topics, the transactional
+    producer, per-batch logic (``process_batch`` is the ``foreachBatch`` function)."""
+
+    def __init__(self, site: SiteConfig, *, query: str = "merge") -> None:
+        self.site = site
+        self.query = query
+        self.state = MergeState()
+        self.totals = Totals()
+        self.last: dict[str, object] = {}
+        self.stopping = threading.Event()
+        self.busy = threading.Lock()
+        self._producer: Producer | None = None
+        self._ensured: set[str] = set()
+
+    @property
+    def status_path(self) -> Path:
+        return self.site.checkpoint_dir / f"{self.query}.status.json"
+
+    # -- set-up -------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Create topics, fence any older merge of this site, load the state."""
+        m = self.site.merge
+        specs = [
+            TopicSpec(LEDGER_TOPIC, partitions=1, compacted=True),
+            TopicSpec(MARKER_TOPIC, partitions=1, compacted=True),
+            TopicSpec(DEAD_UNKNOWN_TOPIC, retention_ms=m.dead_retention_ms),
+        ]
+        self._ensure(specs)
+        self._ensure_streams(self.site.streams)
+        self._close_producer()
+        p = Producer(
+            {
+                "bootstrap.servers": self.site.kafka_bootstrap,
+                "transactional.id": m.transactional_id,
+                "transaction.timeout.ms": int(self.site.kafka_timeout_s * 2000),
+                "linger.ms": 5,
+                "compression.type": "lz4",
+                # the Java clients' partitioner: same key, same partition, whoever writes
+                "partitioner": "murmur2_random",
+                "queue.buffering.max.messages": 1_000_000,
+            }
+        )
+        try:
+            # aborts whatever transaction a crashed predecessor left open, and fences it
+            p.init_transactions(self.site.kafka_timeout_s)
+        except KafkaException as exc:
+            raise MergeError(f"cannot init transactions: {exc}") from exc
+        self._producer = p
+        self.state = MergeState.load(
+            self.site.kafka_bootstrap, self.site.name, timeout=self.site.kafka_timeout_s * 2
+        )
+        log.info(
+            "event=merge_ready site=%s sources=%d ranges=%d last_batch=%s",
+            self.site.name,
+            len(self.state.held),
+            self.state.ranges(),
+            self.state.last_batch,
+        )
+        self.write_status("running")
+
+    def _ensure(self, specs: Sequence[TopicSpec]) -> None:
+        todo = [s for s in specs if s.name not in self._ensured]
+        if todo:
+            ensure_topics(self.site.kafka_bootstrap, todo, timeout=self.site.kafka_timeout_s)
+            self._ensured.update(s.name for s in todo)
+
+    def _ensure_streams(self, streams: Iterable[str]) -> None:
+        m = self.site.merge
+        specs: list[TopicSpec] = []
+        for s in streams:
+            specs.append(
+                TopicSpec(
+                    canonical_topic(s),
+                    partitions=m.canonical_partitions,
+                    retention_ms=-1
+                    if m.canonical_retention_ms is None
+                    else m.canonical_retention_ms,
+                )
+            )
+            specs.append(TopicSpec(dead_topic(s), retention_ms=m.dead_retention_ms))
+        self._ensure(specs)
+
+    # -- per batch ----------------------------------------------------------------------
+    def process_batch(self, df: Any, batch_id: int) -> None:
+        """``foreachBatch``: raise on any failure (Spark then replays the batch)."""
+        with self.busy:
+            if self.stopping.is_set():
+                raise MergeError("merge is stopping; batch left for the next run")
+            t0 = time.monotonic()
+            rows = df.select("topic", "partition", "offset", "key", "value", "headers").collect()
+            self.write_rows(batch_id, [SourceRow.from_spark(r) for r in rows], t0=t0)
+
+    def write_rows(
+        self, batch_id: int, rows: Sequence[SourceRow], *, t0: float | None = None
+    ) -> BatchPlan:
+        t0 = time.monotonic() if t0 is None else t0
+        if self._producer is None:
+            self.prepare()  # after a failed transaction: new producer, state from Kafka
+        replay = self.state.last_batch is not None and batch_id <= self.state.last_batch
+        plan = plan_batch(rows, self.state)
+        self._ensure_streams(plan.streams)
+        if plan.canonical or plan.dead or plan.offsets:
+            self._commit(batch_id, plan)
+        dt = time.monotonic() - t0
+        self._account(batch_id, plan, dt, replay)
+        return plan
+
+    def _commit(self, batch_id: int, plan: BatchPlan) -> None:
+        p = self._producer
+        assert p is not None
+        offsets = dict(self.state.offsets)
+        offsets.update(plan.offsets)
+        marker_state = MergeState(offsets=offsets)
+        marker = marker_state.marker_value(
+            self.site.name,
+            batch_id,
+            {
+                "written": len(plan.canonical),
+                "dead": len(plan.dead),
+                "ts_ms": int(time.time() * 1000),
+            },
+        )
+        try:
+            p.begin_transaction()
+            for topic, key, value, headers in plan.canonical:
+                self._produce(p, topic, key, value, headers)
+            for topic, key, value, headers in plan.dead:
+                self._produce(p, topic, key, value, headers)
+            for (origin, stream), held in plan.ledger.items():
+                k, v = encode_entry(origin, stream, held)
+                self._produce(p, LEDGER_TOPIC, k, v, None)
+            self._produce(p, MARKER_TOPIC, marker_key(self.site.name, self.query), marker, None)
+            p.commit_transaction(self.site.kafka_timeout_s * 2)
+        except KafkaException as exc:
+            self._fail(p, exc)
+        # committed: the in-memory state follows what Kafka now holds
+        self.state.held.update(plan.ledger)
+        self.state.offsets = offsets
+        self.state.last_batch = batch_id
+
+    @staticmethod
+    def _produce(
+        p: Producer, topic: str, key: bytes | None, value: bytes | None, headers: Headers | None
+    ) -> None:
+        while True:
+            try:
+                p.produce(topic, value=value, key=key, headers=headers)
+                return
+            except BufferError:
+                p.poll(0.05)  # local queue full: let it drain
+
+    def _fail(self, p: Producer, exc: KafkaException) -> None:
+        self.totals.failures += 1
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        fatal = err is not None and err.fatal()
+        if not fatal:
+            # if this fails too, the next prepare() fences and aborts it anyway
+            with contextlib.suppress(KafkaException):
+                p.abort_transaction(self.site.kafka_timeout_s)
+        # whatever happened, start the next batch from what Kafka committed
+        self._close_producer()
+        log.error(
+            "event=merge_batch_failed site=%s fatal=%s error=%r", self.site.name, fatal, str(exc)
+        )
+        raise MergeError(f"merge transaction failed, aborted: {exc}", fatal=fatal) from exc
+
+    def _account(self, batch_id: int, plan: BatchPlan, dt: float, replay: bool) -> None:
+        t = self.totals
+        t.batches += 1
+        t.input += plan.input
+        t.written += len(plan.canonical)
+        t.duplicates += plan.duplicates
+        t.dead += len(plan.dead)
+        t.skipped += plan.skipped
+        self.last = {
+            "batch_id": batch_id,
+            "input": plan.input,
+            "written": len(plan.canonical),
+            "duplicates": plan.duplicates,
+            "dead": len(plan.dead),
+            "skipped": plan.skipped,
+            "replay": replay,
+            "duration_ms": round(dt * 1000, 1),
+        }
+        log.info(
+            "event=merge_batch site=%s batch=%d input=%d written=%d duplicates=%d dead=%d "
+            "skipped=%d replay=%s sources=%d ranges=%d duration_ms=%.1f",
+            self.site.name,
+            batch_id,
+            plan.input,
+            len(plan.canonical),
+            plan.duplicates,
+            len(plan.dead),
+            plan.skipped,
+            str(replay).lower(),
+            len(self.state.held),
+            self.state.ranges(),
+            dt * 1000,
+        )
+        self.write_status("running")
+
+    # -- status and shutdown -------------------------------------------------------------
+    def write_status(self, state: str, error: str | None = None) -> None:
+        """``<checkpoint_dir>/<query>.status.json``, written atomically."""
+        data = {
+            "site": self.site.name,
+            "query": self.query,
+            "state": state,
+            "error": error,
+            "pid": os.getpid(),
+            "updated_at": time.time(),
+            "last_batch": self.last,
+            "totals": asdict(self.totals),
+            "state_sources": len(self.state.held),
+            "state_ranges": self.state.ranges(),
+        }
+        path = self.status_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def _close_producer(self) -> None:
+        p, self._producer = self._producer, None
+        if p is not None:
+            p.flush(1)
+
+    def close(self) -> None:
+        self._close_producer()
+
+
+def start_merge(spark: Any, merger: Merger, *, available_now: bool = False) -> Any:
+    """Start the merge query; returns the StreamingQuery."""
+    site = merger.site
+    m = site.merge
+    merger.prepare()
+    df = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", site.kafka_bootstrap)
+        .option("subscribePattern", m.source_pattern)
+        .option("includeHeaders", "true")
+        .option("startingOffsets", "earliest")
+        .option("kafka.isolation.level", "read_committed")
+        .option("maxOffsetsPerTrigger", str(m.max_offsets_per_trigger))
+        .option("failOnDataLoss", str(m.fail_on_data_loss).lower())
+        .load()
+    )
+    writer = (
+        df.writeStream.queryName(f"{merger.query}-{site.name}")
+        .foreachBatch(merger.process_batch)
+        .option("checkpointLocation", str(site.query_checkpoint(merger.query)))
+    )
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(
+            processingTime=f"{int(site.trigger_interval_s * 1000)} milliseconds"
+        )
+    return writer.start()

@@ -1,0 +1,128 @@
+"""Helpers for the merge tests: a site config on the session broker, producing ingress
+records the way the gateway does, reading canonical topics back."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from shorelink.contract import LEDGER_TOPIC, Record, canonical_topic, ingress_topic
+from shorelink.identity import Identity
+from shorelink.kafka_io import read_to_end
+from shorelink.ledger import decode_entry
+from shorelink.ranges import RangeSet
+from shorelink.topics import TopicSpec, ensure_topics
+from spark_core.config import SiteConfig, parse_config
+from tests.conftest import unique
+
+
+def site_toml(
+    bootstrap: str, root: Path, streams: list[str], *, name: str, max_offsets: int = 100_000
+) -> str:
+    pattern = "|".join(rf"sl\\.ingress\\.{s}" for s in streams)
+    return f"""
+[spark]
+master = "local[2]"
+driver_memory = "1g"
+[spark.conf]
+"spark.sql.shuffle.partitions" = "2"
+"spark.ui.enabled" = "false"
+
+[sites.{name}]
+streams = {streams!r}
+checkpoint_dir = "{root}/checkpoints"
+table_dir = "{root}/tables"
+trigger_interval = "200ms"
+[sites.{name}.kafka]
+bootstrap = "{bootstrap}"
+timeout = "20s"
+[sites.{name}.merge]
+source_pattern = "{pattern}"
+canonical_partitions = 3
+max_offsets_per_trigger = {max_offsets}
+"""
+
+
+def make_site(
+    bootstrap: str, root: Path, streams: list[str], *, max_offsets: int = 100_000
+) -> tuple[SiteConfig, Path]:
+    """A fresh site (own transactional.id, marker key, checkpoint) reading ``streams``."""
+    import tomllib
+
+    name = unique("site")
+    text = site_toml(bootstrap, root, streams, name=name, max_offsets=max_offsets)
+    path = root / "sites.toml"
+    root.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return parse_config(tomllib.loads(text), base=root).site(name), path
+
+
+def create_ingress(bootstrap: str, streams: Iterable[str], partitions: int = 2) -> None:
+    ensure_topics(bootstrap, [TopicSpec(ingress_topic(s), partitions=partitions) for s in streams])
+
+
+def record(origin: str, stream: str, seq: int, key: str = "c1") -> Record:
+    return Record(
+        Identity(origin, stream, seq),
+        key.encode(),
+        f"v{seq}".encode(),
+        1000 + seq,
+        "tokyo",
+        f"ship/{origin}/{key}",
+    )
+
+
+def produce(bootstrap: str, records: Iterable[Record], *, transactional: bool = True) -> None:
+    """Write records to sl.ingress.<stream> as the gateway does (one transaction)."""
+    conf: dict[str, object] = {"bootstrap.servers": bootstrap, "linger.ms": 2}
+    if transactional:
+        conf["transactional.id"] = unique("gw")
+    p = Producer(conf)
+    if transactional:
+        p.init_transactions(20)
+        p.begin_transaction()
+    for r in records:
+        p.produce(ingress_topic(r.identity.stream), key=r.key, value=r.value, headers=r.headers())
+    if transactional:
+        p.commit_transaction(20)
+    assert p.flush(20) == 0
+
+
+def produce_raw(
+    bootstrap: str,
+    topic: str,
+    items: Iterable[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]],
+) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for key, value, headers in items:
+        p.produce(topic, key=key, value=value, headers=headers)
+    assert p.flush(20) == 0
+
+
+def canonical(bootstrap: str, stream: str) -> list[Record]:
+    """Every record of sl.<stream> (read_committed), in partition order."""
+    return [
+        Record.from_kafka(m.key(), m.value(), m.headers())
+        for m in read_to_end(bootstrap, [canonical_topic(stream)])
+    ]
+
+
+def assert_exactly_once(records: list[Record], expected: dict[tuple[str, str], int]) -> None:
+    """Each identity once, no gaps: ``expected`` maps (origin, stream) -> last seq."""
+    counts = Counter(r.identity for r in records)
+    dups = {i: n for i, n in counts.items() if n > 1}
+    assert not dups, f"duplicated identities: {sorted(dups)[:10]}"
+    for (origin, stream), last in expected.items():
+        got = RangeSet.from_seqs(i.seq for i in counts if i.source == (origin, stream))
+        assert str(got) == f"1-{last}", f"{origin}/{stream}: holds {got}, expected 1-{last}"
+
+
+def ledger(bootstrap: str) -> dict[tuple[str, str], RangeSet]:
+    out: dict[tuple[str, str], RangeSet] = {}
+    for m in read_to_end(bootstrap, [LEDGER_TOPIC]):
+        origin, stream, held = decode_entry(m.key(), m.value())
+        out[(origin, stream)] = held
+    return out

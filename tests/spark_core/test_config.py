@@ -1,0 +1,86 @@
+"""The sites file: the commented sample loads, and a bad value is named by its field
+(an operator must find the typo from the message alone)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shorelink.errors import ConfigError
+from spark_core.config import load_config, parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "deploy" / "spark" / "sites.toml"
+
+
+def test_sample_sites_file_loads_with_its_defaults() -> None:
+    cfg = load_config(SAMPLE)
+    tokyo = cfg.site("tokyo")
+    assert tokyo.neighbours == ("singapore", "hq")
+    assert tokyo.merge.transactional_id == "shorelink-merge-tokyo"
+    assert tokyo.merge.canonical_partitions == 6 and tokyo.merge.canonical_retention_ms is None
+    assert cfg.site("hq").merge.transactional_id == "shorelink-merge-hq"
+    assert cfg.site("hq").tables and cfg.site("hq").trigger_interval_s == 2.0
+
+
+def _site(extra: str = "", merge: str = "", name: str = "tokyo") -> dict[str, object]:
+    import tomllib
+
+    return tomllib.loads(f"""
+[sites.{name}]
+streams = ["nav"]
+checkpoint_dir = "/tmp/c"
+table_dir = "/tmp/t"
+{extra}
+[sites.{name}.kafka]
+bootstrap = "127.0.0.1:9092"
+[sites.{name}.merge]
+{merge}
+""")
+
+
+@pytest.mark.parametrize(
+    ("extra", "merge", "field"),
+    [
+        ('neighbours = ["nowhere"]', "", "sites.tokyo.neighbours"),
+        ('neighbours = ["tokyo"]', "", "sites.tokyo.neighbours"),
+        ('trigger_interval = "soon"', "", "sites.tokyo.trigger_interval"),
+        ("", "canonical_partitions = 0", "sites.tokyo.merge.canonical_partitions"),
+        ("", "max_offset_per_trigger = 10", "sites.tokyo.merge.max_offset_per_trigger"),
+        ('streams2 = ["x"]', "", "sites.tokyo.streams2"),
+    ],
+)
+def test_bad_value_is_named_by_its_field(extra: str, merge: str, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(_site(extra, merge))
+    assert err.value.field == field
+
+
+def test_unknown_site_is_an_error_naming_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match="tokyo"):
+        parse_config(_site()).site("osaka")
+
+
+def test_site_command_dry_run_prints_the_spark_submit_line() -> None:
+    """The wrapper must hand spark-submit the pinned packages and the Ivy settings."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spark_core.cli",
+            "site",
+            "--site",
+            "tokyo",
+            "--config",
+            str(SAMPLE),
+            "--dry-run",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "spark-submit" in out and "spark-sql-kafka-0-10_2.13:4.0.0" in out
+    assert "spark.jars.ivySettings=" in out and "spark_core/jobs/site.py --site tokyo" in out

@@ -1,0 +1,221 @@
+"""The merge writes every identity once to the canonical topic, in seq order per
+(origin, stream) within a batch, with the ledger telling exactly what it holds: every
+consumer and every other site relies on this."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from local_stack.kafka import KafkaBroker
+from shorelink.contract import H_SEQ, H_SITE, canonical_topic, dead_topic, ingress_topic
+from shorelink.kafka_io import read_to_end
+from shorelink.ranges import RangeSet
+from spark_core.merge import DEAD_UNKNOWN_TOPIC, Merger, SourceRow, plan_batch, start_merge
+from spark_core.merge_state import MergeState
+from tests.conftest import unique
+from tests.spark_core.conftest import (
+    assert_exactly_once,
+    canonical,
+    create_ingress,
+    ledger,
+    make_site,
+    produce,
+    produce_raw,
+    record,
+)
+
+
+def _row(topic: str, offset: int, origin: str, stream: str, seq: int) -> SourceRow:
+    r = record(origin, stream, seq)
+    return SourceRow(topic, 0, offset, r.key, r.value, list(r.headers()))
+
+
+def test_plan_drops_known_and_repeated_identities_and_orders_by_seq() -> None:
+    """The pure core: dedup against the state and within the batch, seq order out."""
+    t = ingress_topic("nav")
+    state = MergeState(held={("a", "nav"): RangeSet.parse("1-2")})
+    rows = [_row(t, i, "a", "nav", s) for i, s in enumerate([5, 1, 3, 3, 4, 2])]
+    plan = plan_batch(rows, state)
+    assert [int(dict(h)[H_SEQ]) for _, _, _, h in plan.canonical] == [3, 4, 5]
+    assert plan.duplicates == 3
+    assert str(plan.ledger[("a", "nav")]) == "1-5"
+    assert plan.offsets == {(t, 0): 6}
+    # rows below a committed batch's offsets were handled already (replay, lost checkpoint)
+    state.offsets[(t, 0)] = 6
+    assert plan_batch(rows, state).skipped == 6
+
+
+def test_plan_dead_letters_what_breaks_the_contract() -> None:
+    """A malformed record must be kept for inspection, never dropped nor fatal."""
+    t = ingress_topic("nav")
+    good = record("a", "nav", 1)
+    bad = [
+        SourceRow(t, 0, 0, b"k", b"v", []),  # no headers
+        SourceRow(
+            t,
+            0,
+            1,
+            b"k",
+            b"v",
+            [(n, v.replace(b"1", b"x") if n == H_SEQ else v) for n, v in good.headers()],
+        ),
+        SourceRow(
+            t, 0, 2, b"k", b"v", [(n, b"\xff" if n == H_SITE else v) for n, v in good.headers()]
+        ),
+        SourceRow(ingress_topic("alerts"), 0, 0, b"k", b"v", list(good.headers())),  # wrong stream
+        SourceRow("sl.ingress.Bad", 0, 0, b"k", b"v", list(good.headers())),
+    ]
+    plan = plan_batch([*bad, _row(t, 3, "a", "nav", 1)], MergeState())
+    assert [d[0] for d in plan.dead] == [dead_topic("nav")] * 3 + [
+        dead_topic("alerts"),
+        DEAD_UNKNOWN_TOPIC,
+    ]
+    assert all(any(n == "sl.dead.reason" for n, _ in d[3]) for d in plan.dead)
+    assert len(plan.canonical) == 1
+
+
+@pytest.mark.spark
+def test_duplicates_and_out_of_order_are_written_once_in_seq_order(
+    spark: Any, kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """Two gateway uploads of the same identities and out-of-order ranges: one copy
+    each, ordered, headers intact, ledger exact."""
+    b = kafka.bootstrap
+    s = unique("s")
+    create_ingress(b, [s])
+    site, _ = make_site(b, tmp_path, [s])
+    produce(b, [record("ship1", s, q) for q in [5, 3, 1, 2, 4]])
+    produce(b, [record("ship1", s, q) for q in [3, 4, 5, 6]])  # a second upload
+    produce(b, [record("ship2", s, q, key="c2") for q in [2, 1]])
+    merger = Merger(site)
+    q = start_merge(spark, merger, available_now=True)
+    q.awaitTermination(120)
+    assert q.exception() is None
+    got = canonical(b, s)
+    assert_exactly_once(got, {("ship1", s): 6, ("ship2", s): 2})
+    # one key -> one partition: in seq order within the batch
+    assert [r.identity.seq for r in got if r.identity.origin == "ship1"] == [1, 2, 3, 4, 5, 6]
+    # key, value and every sl.* header as the gateway wrote them (sl.site included)
+    assert set(got) == {record("ship1", s, q) for q in range(1, 7)} | {
+        record("ship2", s, q, key="c2") for q in (1, 2)
+    }
+    assert {r.site for r in got} == {"tokyo"}
+    held = ledger(b)
+    assert str(held[("ship1", s)]) == "1-6" and str(held[("ship2", s)]) == "1-2"
+    assert merger.totals.duplicates == 3 and merger.totals.written == 8
+
+    # a later run from the same checkpoint writes only what is new
+    produce(b, [record("ship1", s, q) for q in [2, 7, 7]])
+    q = start_merge(spark, merger, available_now=True)
+    q.awaitTermination(120)
+    assert_exactly_once(canonical(b, s), {("ship1", s): 7, ("ship2", s): 2})
+    assert str(ledger(b)[("ship1", s)]) == "1-7"
+    merger.close()
+
+
+@pytest.mark.spark
+def test_checkpoint_deleted_state_comes_from_the_ledger(
+    spark: Any, kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """A lost checkpoint re-reads ingress from the start; nothing is written twice."""
+    b = kafka.bootstrap
+    s = unique("s")
+    create_ingress(b, [s])
+    site, _ = make_site(b, tmp_path, [s])
+    produce(b, [record("ship1", s, q) for q in range(1, 41)])
+    m1 = Merger(site)
+    start_merge(spark, m1, available_now=True).awaitTermination(120)
+    m1.close()
+    shutil.rmtree(site.query_checkpoint("merge"))
+    # the same identities arrive again after the loss (a ship resending)
+    produce(b, [record("ship1", s, q) for q in range(30, 46)])
+    m2 = Merger(site)
+    q = start_merge(spark, m2, available_now=True)
+    q.awaitTermination(120)
+    assert q.exception() is None
+    assert m2.totals.skipped == 40  # handled by a committed batch (the marker's offsets)
+    assert m2.totals.duplicates == 11 and m2.totals.written == 5
+    assert_exactly_once(canonical(b, s), {("ship1", s): 45})
+    m2.close()
+
+
+@pytest.mark.spark
+def test_malformed_records_go_to_dead_letter_and_the_query_goes_on(
+    spark: Any, kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """Bad input is counted and kept in sl.dead.<stream>; good records still flow."""
+    b = kafka.bootstrap
+    s = unique("s")
+    create_ingress(b, [s])
+    site, _ = make_site(b, tmp_path, [s])
+    good = record("ship1", s, 1)
+    hs = list(good.headers())
+    produce(b, [good])
+    produce_raw(
+        b,
+        ingress_topic(s),
+        [
+            (b"k", b"no headers", []),
+            (b"k", b"bad seq", [(n, b"x1" if n == H_SEQ else v) for n, v in hs]),
+            (b"k", b"seq 0", [(n, b"0" if n == H_SEQ else v) for n, v in hs]),
+            (b"k", b"not utf-8", [(n, b"\xff\xfe" if n == H_SITE else v) for n, v in hs]),
+        ],
+    )
+    produce(b, [record("ship1", s, 2)])
+    merger = Merger(site)
+    q = start_merge(spark, merger, available_now=True)
+    q.awaitTermination(120)
+    assert q.exception() is None
+    assert merger.totals.dead == 4
+    dead = list(read_to_end(b, [dead_topic(s)]))
+    assert sorted(bytes(m.value()) for m in dead) == sorted(
+        [b"no headers", b"bad seq", b"seq 0", b"not utf-8"]
+    )
+    assert all(dict(m.headers())["sl.dead.reason"] for m in dead)
+    assert_exactly_once(canonical(b, s), {("ship1", s): 2})
+    merger.close()
+
+
+def test_replayed_batch_after_a_crash_writes_nothing_twice(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """Spark replays a batch whose transaction committed (crash before its commit log):
+    the state rebuilt from the ledger finds every identity. A transaction left open by
+    a crashed merge is aborted by the next one, so it never shows."""
+    b = kafka.bootstrap
+    s = unique("s")
+    site, _ = make_site(b, tmp_path, [s])
+    t = ingress_topic(s)
+    rows = [_row(t, i, "ship1", s, q) for i, q in enumerate(range(1, 11))]
+    m1 = Merger(site)
+    m1.prepare()
+    m1.write_rows(0, rows)
+    m1.close()
+    # a zombie: a merge that began a transaction and died before committing it
+    zombie = Producer({"bootstrap.servers": b, "transactional.id": site.merge.transactional_id})
+    zombie.init_transactions(20)
+    zombie.begin_transaction()
+    zombie.produce(
+        canonical_topic(s),
+        key=b"c1",
+        value=b"zombie",
+        headers=list(record("ship1", s, 11).headers()),
+    )
+    zombie.flush(10)
+    m2 = Merger(site)
+    m2.prepare()  # fences the zombie, aborting its transaction
+    plan = m2.write_rows(0, rows)  # the replay
+    assert plan.canonical == [] and plan.skipped == 10
+    # even without the marker's offsets, the ledger alone recognises every identity
+    fresh = [_row(t, 100 + i, "ship1", s, q) for i, q in enumerate(range(1, 12))]
+    plan = m2.write_rows(1, fresh)
+    assert plan.duplicates == 10 and len(plan.canonical) == 1
+    m2.close()
+    got = canonical(b, s)
+    assert_exactly_once(got, {("ship1", s): 11})
+    assert b"zombie" not in {r.value for r in got}
