@@ -6,6 +6,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -92,6 +93,81 @@ def site_cmd(
         click.echo(f"PYSPARK_PYTHON={shlex.quote(sys.executable)} " + shlex.join(argv))
         return
     os.execve(argv[0], argv, env)
+
+
+def _query_session(cfg: SitesConfig, ivy_dir: Path | None) -> Any:
+    """An in-process local Spark session with Delta (the same pinned packages)."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[2]").appName("shorelink-query")
+    conf = spark_package_conf(str(ivy_dir or default_ivy_dir()))
+    conf.update(dict(cfg.spark.conf))
+    conf["spark.ui.enabled"] = "false"
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+_site_opt = click.option("--site", "site_name", required=True, help="Site whose tables to read.")
+_config_opt = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    required=True,
+    envvar="SHORELINK_SPARK_CONFIG",
+    help="sites.toml (env SHORELINK_SPARK_CONFIG).",
+)
+_ivy_opt = click.option(
+    "--ivy-dir", type=click.Path(path_type=Path), default=None, help="Ivy cache (see `site`)."
+)
+
+
+@main.group("query")
+def query_group() -> None:
+    """Read the site's Delta tables (docs/tables.md)."""
+
+
+@query_group.command("container-history")
+@_site_opt
+@_config_opt
+@_ivy_opt
+@click.option("--container", required=True, help="Container id (the records' key).")
+def container_history_cmd(
+    site_name: str, config_path: Path, ivy_dir: Path | None, container: str
+) -> None:
+    """One container's whole history, across ships and ports, in event-time order."""
+    from spark_core.query import HISTORY_COLUMNS, container_history, format_rows
+
+    cfg = load_or_exit(load_config, config_path)
+    site = load_or_exit(lambda _: cfg.site(site_name), config_path)
+    spark = _query_session(cfg, ivy_dir)
+    try:
+        rows = container_history(spark, site, container)
+    finally:
+        spark.stop()
+    for line in format_rows(rows, HISTORY_COLUMNS):
+        click.echo(line)
+
+
+@query_group.command("latest-positions")
+@_site_opt
+@_config_opt
+@_ivy_opt
+def latest_positions_cmd(site_name: str, config_path: Path, ivy_dir: Path | None) -> None:
+    """The newest position of every ship (MMSI) in ship_positions."""
+    from spark_core.query import POSITION_COLUMNS, format_rows, latest_positions
+
+    cfg = load_or_exit(load_config, config_path)
+    site = load_or_exit(lambda _: cfg.site(site_name), config_path)
+    spark = _query_session(cfg, ivy_dir)
+    try:
+        rows = latest_positions(spark, site)
+    finally:
+        spark.stop()
+    for line in format_rows(rows, POSITION_COLUMNS):
+        click.echo(line)
 
 
 if __name__ == "__main__":

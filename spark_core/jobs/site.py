@@ -1,10 +1,10 @@
 """The site's Spark application: ``spark-submit ... spark_core/jobs/site.py --site NAME
 --config sites.toml`` (``shorelink-spark site`` builds that line).
 
-A small supervisor runs the site's streaming queries (today: the merge; replication
-and tables plug in as more runners): a query that fails is restarted with exponential
-backoff without touching the others; SIGTERM/SIGINT stop every query between batches,
-then Spark.
+A small supervisor runs the site's streaming queries (the merge and, with ``tables =
+true``, one query per Delta table; replication plugs in as more runners): a query that
+fails is restarted with exponential backoff without touching the others; SIGTERM/SIGINT
+stop every query between batches, then Spark.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from shorelink.errors import ShorelinkError
 from shorelink.logs import configure_logging
 from spark_core.config import SiteConfig, load_config
 from spark_core.merge import Merger, start_merge
+from spark_core.tables import TABLES, start_table
 
 __all__ = ["QueryRunner", "Supervisor", "main"]
 
@@ -127,6 +128,27 @@ def merge_runner(spark: Any, site: SiteConfig, *, available_now: bool) -> QueryR
     )
 
 
+def table_runners(spark: Any, site: SiteConfig, *, available_now: bool) -> list[QueryRunner]:
+    """One supervised query per Delta table whose stream the site carries (``tables =
+    true``). Stopping between batches is safe: every table write is idempotent."""
+
+    def runner(table: str) -> QueryRunner:
+        def stop(query: Any) -> None:
+            query.stop()
+            log.info("event=query_stopped query=table-%s", table)
+
+        return QueryRunner(
+            name=f"table-{table}",
+            start=lambda: start_table(spark, site, table, available_now=available_now),
+            stop_gracefully=stop,
+            on_failure=lambda error: None,  # logged by the supervisor
+        )
+
+    if not site.tables:
+        return []
+    return [runner(t) for t, stream in TABLES.items() if stream in site.streams]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="site.py", description=__doc__)
     p.add_argument("--site", required=True, help="this site's name in the sites file")
@@ -153,7 +175,12 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = SparkSession.builder.appName(f"shorelink-{site.name}").getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    sup = Supervisor([merge_runner(spark, site, available_now=args.available_now)])
+    sup = Supervisor(
+        [
+            merge_runner(spark, site, available_now=args.available_now),
+            *table_runners(spark, site, available_now=args.available_now),
+        ]
+    )
     signal.signal(signal.SIGTERM, sup.request_stop)
     signal.signal(signal.SIGINT, sup.request_stop)
     log.info("event=site_started site=%s pid=%s", site.name, os.getpid())

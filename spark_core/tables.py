@@ -1,0 +1,263 @@
+"""Delta Lake tables built from the site's canonical topics (docs/tables.md).
+
+- ``container_readings`` (from ``sl.containers``) and ``alerts`` (from ``sl.alerts``):
+  plain Spark SQL over the Kafka rows, written by Delta's streaming sink; each commit
+  carries the query's (id, batch id) transaction, the checkpoint the Kafka offsets.
+- ``ship_positions`` (from ``sl.nav``): ``foreachBatch`` decodes AIS/JSON on the driver
+  (``spark_core.ais``) and appends with Delta's idempotent writes (``txnAppId`` = the
+  query id, ``txnVersion`` = the batch id); multi-part AIS fragments are kept in the
+  small ``ais_fragments`` table so a message split across batches is still decoded.
+
+Every table has the identity columns ``origin``, ``stream``, ``seq`` and is partitioned
+by ``day`` (UTC date of the event time ``ts``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from shorelink.contract import (
+    H_MQTT_TOPIC,
+    H_ORIGIN,
+    H_SEQ,
+    H_SITE,
+    H_STREAM,
+    H_TS,
+    canonical_topic,
+)
+from spark_core.ais import WINDOW, NavRecord, decode_nav, fragment_info
+from spark_core.config import SiteConfig
+
+__all__ = [
+    "FRAGMENTS",
+    "TABLES",
+    "PositionsWriter",
+    "start_table",
+    "start_tables",
+    "table_path",
+]
+
+log = logging.getLogger("spark_core.tables")
+
+#: table name -> the stream it is built from
+TABLES = {"container_readings": "containers", "alerts": "alerts", "ship_positions": "nav"}
+FRAGMENTS = "ais_fragments"
+
+CONTAINER_FIELDS = "temperature DOUBLE, humidity DOUBLE, door STRING, shock DOUBLE, battery DOUBLE"
+
+TopicFor = Callable[[str], str]
+
+
+def table_path(site: SiteConfig, table: str) -> Path:
+    return site.table_dir / table
+
+
+def _header(name: str) -> str:
+    return f"CAST(try_element_at(filter(headers, h -> h.key = '{name}'), 1).value AS STRING)"
+
+
+#: Kafka row -> identity and contract columns (shared by every table)
+BASE_COLUMNS = (
+    f"{_header(H_ORIGIN)} AS origin",
+    f"{_header(H_STREAM)} AS stream",
+    f"try_cast({_header(H_SEQ)} AS BIGINT) AS seq",
+    "CAST(key AS STRING) AS key",
+    f"timestamp_millis(try_cast({_header(H_TS)} AS BIGINT)) AS ts",
+    f"{_header(H_SITE)} AS site",
+    f"{_header(H_MQTT_TOPIC)} AS mqtt_topic",
+    "CAST(value AS STRING) AS payload",
+    "topic AS kafka_topic",
+    "partition AS kafka_partition",
+    "offset AS kafka_offset",
+)
+
+
+def _source(spark: Any, site: SiteConfig, topic: str) -> Any:
+    return (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", site.kafka_bootstrap)
+        .option("subscribe", topic)
+        .option("includeHeaders", "true")
+        .option("startingOffsets", "earliest")
+        .option("kafka.isolation.level", "read_committed")
+        .option("maxOffsetsPerTrigger", str(site.merge.max_offsets_per_trigger))
+        .option("failOnDataLoss", "true")
+        .load()
+        .selectExpr(*BASE_COLUMNS)
+    )
+
+
+def _trigger(writer: Any, site: SiteConfig, available_now: bool) -> Any:
+    if available_now:
+        return writer.trigger(availableNow=True)
+    return writer.trigger(processingTime=f"{int(site.trigger_interval_s * 1000)} milliseconds")
+
+
+def _query_id(checkpoint: Path) -> str:
+    """The streaming query's id, kept in its checkpoint (a new checkpoint, a new id)."""
+    meta = json.loads((checkpoint / "metadata").read_text())
+    return str(meta["id"])
+
+
+class PositionsWriter:
+    """``foreachBatch`` of ``ship_positions``: decode on the driver, idempotent appends."""
+
+    def __init__(self, spark: Any, site: SiteConfig) -> None:
+        self.spark = spark
+        self.site = site
+        self.checkpoint = site.query_checkpoint("table-ship_positions")
+        self.positions = table_path(site, "ship_positions")
+        self.fragments = table_path(site, FRAGMENTS)
+
+    def _lookup(self, need: dict[str, int]) -> list[NavRecord]:
+        """Stored fragments of each origin in ``[first - WINDOW, first)``."""
+        from functools import reduce
+
+        from pyspark.sql import functions as F
+
+        if not (self.fragments / "_delta_log").exists():
+            return []
+        cond = reduce(
+            lambda a, b: a | b,
+            [
+                (F.col("origin") == o) & (F.col("seq") >= first - WINDOW) & (F.col("seq") < first)
+                for o, first in need.items()
+            ],
+        )
+        rows = (
+            self.spark.read.format("delta")
+            .load(str(self.fragments))
+            .where(cond)
+            .selectExpr("origin", "seq", "unix_millis(ts) AS ts_ms", "payload")
+            .collect()
+        )
+        return [NavRecord(r.origin, r.seq, r.ts_ms, r.payload) for r in rows]
+
+    def _append(self, rows: list[tuple[Any, ...]], schema: str, path: Path, batch_id: int) -> None:
+        df = (
+            self.spark.createDataFrame(rows, schema)
+            .selectExpr("*", "timestamp_millis(ts_ms) AS ts")
+            .drop("ts_ms")
+            .selectExpr("*", "to_date(ts) AS day")
+        )
+        (
+            df.write.format("delta")
+            .mode("append")
+            .partitionBy("day")
+            .option("txnAppId", self.app_id)
+            .option("txnVersion", batch_id)
+            .save(str(path))
+        )
+
+    def process_batch(self, batch: Any, batch_id: int) -> None:
+        start = time.monotonic()
+        self.app_id = f"shorelink-ship_positions-{_query_id(self.checkpoint)}"
+        recs = [
+            NavRecord(r.origin, r.seq, int(r.ts_ms or 0), r.payload or "")
+            for r in batch.where("origin IS NOT NULL AND seq IS NOT NULL")
+            .selectExpr("origin", "seq", "unix_millis(ts) AS ts_ms", "payload")
+            .collect()
+        ]
+        # 1. the multi-part fragments, so a later batch can complete their messages
+        frags = []
+        for r in recs:
+            f = fragment_info(r.payload)
+            if f is not None and f.count > 1:
+                frags.append((r.origin, r.seq, r.ts_ms, r.payload))
+        if frags:
+            self._append(
+                frags,
+                "origin STRING, seq BIGINT, ts_ms BIGINT, payload STRING",
+                self.fragments,
+                batch_id,
+            )
+        # 2. the positions (a replay of this batch finds both writes already committed)
+        positions, errors = decode_nav(recs, self._lookup)
+        if positions:
+            self._append(
+                [
+                    (p.origin, "nav", p.seq, p.ts_ms, p.mmsi, p.lat, p.lon, p.sog, p.cog, p.heading)
+                    for p in positions
+                ],
+                "origin STRING, stream STRING, seq BIGINT, ts_ms BIGINT, mmsi BIGINT, lat DOUBLE,"
+                " lon DOUBLE, sog DOUBLE, cog DOUBLE, heading DOUBLE",
+                self.positions,
+                batch_id,
+            )
+        log.info(
+            "event=table_batch table=ship_positions site=%s batch=%d input=%d positions=%d"
+            " fragments=%d undecodable=%d duration_ms=%d",
+            self.site.name,
+            batch_id,
+            len(recs),
+            len(positions),
+            len(frags),
+            errors,
+            (time.monotonic() - start) * 1000,
+        )
+
+
+def start_table(
+    spark: Any,
+    site: SiteConfig,
+    table: str,
+    *,
+    available_now: bool = False,
+    topic_for: TopicFor = canonical_topic,
+) -> Any:
+    """Start the streaming query that builds ``table``; returns the StreamingQuery."""
+    stream = TABLES[table]
+    checkpoint = site.query_checkpoint(f"table-{table}")
+    df = _source(spark, site, topic_for(stream))
+    name = f"table-{table}-{site.name}"
+    if table == "ship_positions":
+        writer = PositionsWriter(spark, site)
+        w = (
+            df.writeStream.queryName(name)
+            .foreachBatch(writer.process_batch)
+            .option("checkpointLocation", str(checkpoint))
+        )
+        return _trigger(w, site, available_now).start()
+    cols = ["origin", "stream", "seq", "key", "ts", "site", "mqtt_topic", "payload"]
+    if table == "container_readings":
+        df = (
+            df.selectExpr(
+                *cols[:3],
+                "key AS container",
+                *cols[4:],
+                f"from_json(payload, '{CONTAINER_FIELDS}') AS p",
+            )
+            .selectExpr("*", "p.*")
+            .drop("p")
+        )
+    else:
+        df = df.selectExpr(*cols)
+    df = df.selectExpr("*", "to_date(ts) AS day")
+    w = (
+        df.writeStream.queryName(name)
+        .format("delta")
+        .outputMode("append")
+        .partitionBy("day")
+        .option("checkpointLocation", str(checkpoint))
+    )
+    return _trigger(w, site, available_now).start(str(table_path(site, table)))
+
+
+def start_tables(
+    spark: Any,
+    site: SiteConfig,
+    *,
+    available_now: bool = False,
+    topic_for: TopicFor = canonical_topic,
+) -> dict[str, Any]:
+    """Every table whose stream the site carries."""
+    return {
+        t: start_table(spark, site, t, available_now=available_now, topic_for=topic_for)
+        for t, s in TABLES.items()
+        if s in site.streams
+    }
