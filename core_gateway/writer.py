@@ -29,7 +29,7 @@ from core_gateway.errors import KafkaWriteError
 from core_gateway.holdings import Holdings
 from shorelink.contract import GATEWAY_CURSOR_TOPIC, Record, ingress_topic
 from shorelink.identity import Identity
-from shorelink.kafka_io import read_to_end
+from shorelink.kafka_io import produce, read_to_end
 from shorelink.ledger import ledger_key
 from shorelink.topics import TopicSpec, ensure_topics
 from shorelink.wire import WireRecord
@@ -112,26 +112,11 @@ class KafkaWriter:
                         site,
                         r.topic,
                     )
-                    self._produce(p, topic, rec.key, rec.value, list(rec.headers()))
-                self._produce(p, GATEWAY_CURSOR_TOPIC, ledger_key(origin, stream), cursor, None)
+                    produce(p, topic, rec.key, rec.value, list(rec.headers()))
+                produce(p, GATEWAY_CURSOR_TOPIC, ledger_key(origin, stream), cursor, None)
                 p.commit_transaction(t)
             except KafkaException as exc:
                 self._fail(p, exc)
-
-    @staticmethod
-    def _produce(
-        p: Producer,
-        topic: str,
-        key: bytes,
-        value: bytes,
-        headers: list[tuple[str, str | bytes | None]] | None,
-    ) -> None:
-        while True:
-            try:
-                p.produce(topic, value=value, key=key, headers=headers)
-                return
-            except BufferError:
-                p.poll(0.05)  # local queue full: let it drain
 
     def _fail(self, p: Producer, exc: KafkaException) -> None:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None

@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-__all__ = ["read_to_end"]
+__all__ = ["Headers", "produce", "read_to_end"]
+
+Headers = list[tuple[str, str | bytes | None]]
 
 
 def read_to_end(
@@ -63,3 +65,16 @@ def read_to_end(
                     raise KafkaException(err)
     finally:
         consumer.close()
+
+
+def produce(
+    p: Producer, topic: str, key: bytes | None, value: bytes | None, headers: Headers | None = None
+) -> None:
+    """``p.produce`` that waits for room when the producer's local queue is full
+    (a large transaction can outgrow it) instead of failing."""
+    while True:
+        try:
+            p.produce(topic, value=value, key=key, headers=headers)
+            return
+        except BufferError:
+            p.poll(0.05)  # local queue full: let it drain

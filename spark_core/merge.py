@@ -27,6 +27,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from shorelink.contract import LEDGER_TOPIC, canonical_topic, dead_topic
+from shorelink.kafka_io import produce
 from shorelink.ledger import encode_entry
 from shorelink.topics import TopicSpec, ensure_topics
 from spark_core.config import SiteConfig
@@ -34,7 +35,6 @@ from spark_core.merge_state import (
     DEAD_UNKNOWN_TOPIC,
     MARKER_TOPIC,
     BatchPlan,
-    Headers,
     MergeError,
     MergeState,
     SourceRow,
@@ -193,13 +193,13 @@ class Merger:
         try:
             p.begin_transaction()
             for topic, key, value, headers in plan.canonical:
-                self._produce(p, topic, key, value, headers)
+                produce(p, topic, key, value, headers)
             for topic, key, value, headers in plan.dead:
-                self._produce(p, topic, key, value, headers)
+                produce(p, topic, key, value, headers)
             for (origin, stream), held in plan.ledger.items():
                 k, v = encode_entry(origin, stream, held)
-                self._produce(p, LEDGER_TOPIC, k, v, None)
-            self._produce(p, MARKER_TOPIC, marker_key(self.site.name, self.query), marker, None)
+                produce(p, LEDGER_TOPIC, k, v, None)
+            produce(p, MARKER_TOPIC, marker_key(self.site.name, self.query), marker, None)
             p.commit_transaction(self.site.kafka_timeout_s * 2)
         except KafkaException as exc:
             self._fail(p, exc)
@@ -207,17 +207,6 @@ class Merger:
         self.state.held.update(plan.ledger)
         self.state.offsets = offsets
         self.state.last_batch = batch_id
-
-    @staticmethod
-    def _produce(
-        p: Producer, topic: str, key: bytes | None, value: bytes | None, headers: Headers | None
-    ) -> None:
-        while True:
-            try:
-                p.produce(topic, value=value, key=key, headers=headers)
-                return
-            except BufferError:
-                p.poll(0.05)  # local queue full: let it drain
 
     def _fail(self, p: Producer, exc: KafkaException) -> None:
         self.totals.failures += 1
