@@ -20,7 +20,13 @@ from tests.conftest import unique
 
 
 def site_toml(
-    bootstrap: str, root: Path, streams: list[str], *, name: str, max_offsets: int = 100_000
+    bootstrap: str,
+    root: Path,
+    streams: list[str],
+    *,
+    name: str,
+    max_offsets: int = 100_000,
+    tables: bool = False,
 ) -> str:
     pattern = "|".join(rf"sl\\.ingress\\.{s}" for s in streams)
     return f"""
@@ -36,6 +42,7 @@ streams = {streams!r}
 checkpoint_dir = "{root}/checkpoints"
 table_dir = "{root}/tables"
 trigger_interval = "200ms"
+tables = {str(tables).lower()}
 [sites.{name}.kafka]
 bootstrap = "{bootstrap}"
 timeout = "20s"
@@ -47,13 +54,18 @@ max_offsets_per_trigger = {max_offsets}
 
 
 def make_site(
-    bootstrap: str, root: Path, streams: list[str], *, max_offsets: int = 100_000
+    bootstrap: str,
+    root: Path,
+    streams: list[str],
+    *,
+    max_offsets: int = 100_000,
+    tables: bool = False,
 ) -> tuple[SiteConfig, Path]:
     """A fresh site (own transactional.id, marker key, checkpoint) reading ``streams``."""
     import tomllib
 
     name = unique("site")
-    text = site_toml(bootstrap, root, streams, name=name, max_offsets=max_offsets)
+    text = site_toml(bootstrap, root, streams, name=name, max_offsets=max_offsets, tables=tables)
     path = root / "sites.toml"
     root.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -64,11 +76,13 @@ def create_ingress(bootstrap: str, streams: Iterable[str], partitions: int = 2) 
     ensure_topics(bootstrap, [TopicSpec(ingress_topic(s), partitions=partitions) for s in streams])
 
 
-def record(origin: str, stream: str, seq: int, key: str = "c1") -> Record:
+def record(
+    origin: str, stream: str, seq: int, key: str = "c1", value: bytes | None = None
+) -> Record:
     return Record(
         Identity(origin, stream, seq),
         key.encode(),
-        f"v{seq}".encode(),
+        f"v{seq}".encode() if value is None else value,
         1000 + seq,
         "tokyo",
         f"ship/{origin}/{key}",

@@ -1,6 +1,8 @@
-"""The merge driver killed with SIGKILL at random moments, five times, while ingress
-keeps arriving (with duplicates): the canonical topic still holds every identity
-exactly once with no gap. This is the promise the whole site rests on."""
+"""The site driver (merge and, with ``tables = true``, the ``container_readings`` Delta
+query) killed with SIGKILL at random moments, five times, while ingress keeps arriving
+(with duplicates): the canonical topic still holds every identity exactly once with no
+gap, and the Delta table holds exactly the canonical identities, once each. This is the
+promise the whole site rests on."""
 
 from __future__ import annotations
 
@@ -12,12 +14,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from local_stack.kafka import KafkaBroker
+from shorelink.contract import Record
 from spark_core.config import SiteConfig
+from spark_core.tables import table_path
 from tests.conftest import unique
 from tests.spark_core.conftest import (
     assert_exactly_once,
@@ -32,6 +38,14 @@ from tests.spark_core.conftest import (
 pytestmark = pytest.mark.spark
 
 SPARK = [sys.executable, "-m", "spark_core.cli", "site"]
+STREAM = "containers"  # a stream with a Delta table: container_readings
+TABLE = "container_readings"
+
+
+def reading(origin: str, seq: int, key: str = "c1") -> Record:
+    """A container record as the gateway writes it (JSON payload)."""
+    body = {"temperature": 4.0 + seq % 7, "humidity": 60.5, "door": "closed", "battery": 90}
+    return record(origin, STREAM, seq, key=key, value=json.dumps(body).encode())
 
 
 def _start(site: SiteConfig, config: Path, log: Path, *extra: str) -> subprocess.Popen[bytes]:
@@ -72,6 +86,25 @@ def _batch_done_since(site: SiteConfig, old_pid: object) -> bool:
     return st.get("pid") not in (None, old_pid) and bool(st.get("last_batch"))
 
 
+def _table_batches(site: SiteConfig) -> int:
+    """Micro-batches the table query has committed (files in its checkpoint's commits/)."""
+    commits = site.query_checkpoint(f"table-{TABLE}") / "commits"
+    try:
+        return sum(1 for f in commits.iterdir() if not f.name.startswith("."))
+    except FileNotFoundError:
+        return 0
+
+
+def _table_rows(spark: Any, site: SiteConfig, origins: list[str]) -> list[tuple[str, str, int]]:
+    from pyspark.sql import functions as F
+
+    path = table_path(site, TABLE)
+    if not (path / "_delta_log").exists():
+        return []
+    df = spark.read.format("delta").load(str(path)).where(F.col("origin").isin(origins))
+    return [(r.origin, r.stream, r.seq) for r in df.select("origin", "stream", "seq").collect()]
+
+
 def _holds(bootstrap: str, expected: dict[tuple[str, str], int]) -> bool:
     held = ledger(bootstrap)
     return all(str(held.get(k, "")) == f"1-{n}" for k, n in expected.items())
@@ -80,9 +113,9 @@ def _holds(bootstrap: str, expected: dict[tuple[str, str], int]) -> bool:
 class Feeder(threading.Thread):
     """Gateway-like uploads: ship3 in small transactions, each resending part of the last."""
 
-    def __init__(self, bootstrap: str, stream: str) -> None:
+    def __init__(self, bootstrap: str, origin: str) -> None:
         super().__init__(daemon=True)
-        self.bootstrap, self.stream = bootstrap, stream
+        self.bootstrap, self.origin = bootstrap, origin
         self.last = 0
         self.stop = threading.Event()
 
@@ -92,23 +125,27 @@ class Feeder(threading.Thread):
             hi = self.last + 20
             produce(
                 self.bootstrap,
-                [record("ship3", self.stream, q, key=f"c{q % 4}") for q in range(lo, hi + 1)],
+                [reading(self.origin, q, key=f"c{q % 4}") for q in range(lo, hi + 1)],
             )
             self.last = hi
             self.stop.wait(0.5)
 
 
-def test_driver_killed_five_times_canonical_exactly_once(
-    kafka: KafkaBroker, tmp_path: Path
+def test_driver_killed_five_times_canonical_and_table_exactly_once(
+    kafka: KafkaBroker, spark: Any, tmp_path: Path
 ) -> None:
     b = kafka.bootstrap
-    s = unique("s")
+    s = STREAM
+    # sl.containers is shared by the session: this test's records are its own origins
+    ship1, ship2, ship3 = (unique(o) for o in ("ship1", "ship2", "ship3"))
     create_ingress(b, [s])
-    site, config = make_site(b, tmp_path, [s], max_offsets=150)
-    produce(b, [record("ship1", s, q) for q in range(1, 401)])
-    produce(b, [record("ship1", s, q) for q in range(200, 301)])  # a second upload
-    produce(b, [record("ship2", s, q, key="c9") for q in reversed(range(1, 201))])
-    feeder = Feeder(b, s)
+    site, config = make_site(
+        b, tmp_path, [s], max_offsets=300, tables=True
+    )  # several batches per backlog, few enough that the table query keeps up
+    produce(b, [reading(ship1, q) for q in range(1, 401)])
+    produce(b, [reading(ship1, q) for q in range(200, 301)])  # a second upload
+    produce(b, [reading(ship2, q, key="c9") for q in reversed(range(1, 201))])
+    feeder = Feeder(b, ship3)
     feeder.start()
     log = tmp_path / "site.log"
     rng = random.Random()
@@ -116,7 +153,9 @@ def test_driver_killed_five_times_canonical_exactly_once(
     for run in range(5):
         proc = _start(site, config, log)
         try:
-            # running, with at least one batch of this run behind it
+            # running, with at least one merge batch and one table batch of this run
+            # behind it, so the kill can land in either query's batch
+            tables_before = _table_batches(site)
             _wait(
                 f"a batch in run {run}",
                 lambda old=pid: _batch_done_since(site, old),
@@ -124,13 +163,21 @@ def test_driver_killed_five_times_canonical_exactly_once(
                 log,
             )
             pid = _status(site)["pid"]
+            _wait(
+                f"a table batch in run {run}",
+                lambda n=tables_before: _table_batches(site) > n,
+                proc,
+                log,
+            )
             time.sleep(rng.uniform(0.0, 2.0))
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
     feeder.stop.set()
     feeder.join(30)
-    expected = {("ship1", s): 400, ("ship2", s): 200, ("ship3", s): feeder.last}
+    expected = {(ship1, s): 400, (ship2, s): 200, (ship3, s): feeder.last}
+    origins = [ship1, ship2, ship3]
+    total = sum(expected.values())
 
     proc = _start(site, config, log)
     try:
@@ -141,7 +188,17 @@ def test_driver_killed_five_times_canonical_exactly_once(
             log,
             timeout=180,
         )
-        # a clean stop: SIGTERM to the driver, which stops its query between batches
+        seen = [-1]  # read the table (a Spark job) only after a new table batch
+
+        def table_caught_up() -> bool:
+            n = _table_batches(site)
+            if n == seen[0]:
+                return False
+            seen[0] = n
+            return len(set(_table_rows(spark, site, origins))) >= total
+
+        _wait(f"{TABLE} to catch up", table_caught_up, proc, log, timeout=180)
+        # a clean stop: SIGTERM to the driver, which stops its queries between batches
         driver = int(_status(site)["pid"])  # type: ignore[call-overload]
         os.kill(driver, signal.SIGTERM)
         proc.wait(60)
@@ -150,6 +207,18 @@ def test_driver_killed_five_times_canonical_exactly_once(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
     assert _status(site)["state"] == "stopped"
-    assert_exactly_once(canonical(b, s), expected)
+    records = [r for r in canonical(b, s) if r.identity.origin in origins]
+    assert_exactly_once(records, expected)
+    # the table: each canonical identity exactly once, and nothing else
+    rows = _table_rows(spark, site, origins)
+    counts = Counter(rows)
+    dups = {i: n for i, n in counts.items() if n > 1}
+    assert not dups, f"{TABLE}: duplicated identities: {sorted(dups)[:10]}"
+    in_canonical = {(r.identity.origin, r.identity.stream, r.identity.seq) for r in records}
+    assert set(counts) == in_canonical, (
+        f"{TABLE}: missing {sorted(in_canonical - set(counts))[:10]},"
+        f" extra {sorted(set(counts) - in_canonical)[:10]}"
+    )
     text = log.read_text()
     assert "event=merge_batch" in text
+    assert f"event=query_started query=table-{TABLE}" in text
