@@ -20,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
 from edge_agent.budget import LinkBudget
 from edge_agent.config import EdgeConfig
@@ -78,6 +79,8 @@ class Uplink:
         self._probe_cheaper_at = 0.0
         self._blocked: dict[int, float] = {}
         self._states: dict[int, LinkState] = {}
+        #: batches accepted so far (resets the retry backoff after progress)
+        self._accepted = 0
         self._flushed: dict[int, tuple[float, LinkState]] = {}
         self._stop = asyncio.Event()
         self._limited = RateLimitedLog(log)
@@ -119,11 +122,22 @@ class Uplink:
 
     async def _pass_with_retry(self) -> None:
         u = self.cfg.uplink
+        first_failure = {"attempt": 1, "accepted": self._accepted}
+
+        def wait(state: RetryCallState) -> float:
+            # One pass can last a whole drain across many outages: back off from the
+            # start again once a batch got through since the previous failure, or each
+            # 2 s outage would cost a longer and longer wait (up to retry_max).
+            if self._accepted != first_failure["accepted"]:
+                first_failure["attempt"] = state.attempt_number
+                first_failure["accepted"] = self._accepted
+            n = state.attempt_number - first_failure["attempt"]
+            # exponential with jitter, capped (what tenacity's wait_exponential_jitter does)
+            return min(u.retry_min_s * 2**n + random.uniform(0, u.retry_min_s), u.retry_max_s)
+
         retrying = AsyncRetrying(
             retry=retry_if_exception(lambda e: isinstance(e, UplinkError) and e.retryable),
-            wait=wait_exponential_jitter(
-                multiplier=u.retry_min_s, max=u.retry_max_s, jitter=u.retry_min_s
-            ),
+            wait=wait,
             stop=lambda _state: self._stop.is_set(),
             sleep=self._sleep,
             before_sleep=self._before_sleep,
@@ -301,6 +315,7 @@ class Uplink:
         return st
 
     def _success(self, g: Gateway) -> None:
+        self._accepted += 1
         st = self._state(g)
         self._states[id(g)] = replace(st, up=True, last_success_ms=_now_ms())
 

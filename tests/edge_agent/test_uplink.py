@@ -344,3 +344,32 @@ async def test_rejected_batch_stalls_only_its_stream(tmp_path: Path) -> None:
     failed = up.metrics.uplink_failed.labels("tokyo", "nav", "unknown_stream")._value.get()
     assert failed == 1
     log.close()
+
+
+async def test_retry_backoff_starts_afresh_after_progress(tmp_path: Path) -> None:
+    """A long drain crosses many short outages; if the backoff kept growing across
+    them, each 2 s outage would idle the link for up to retry_max."""
+    cfg = uplink_config(
+        tmp_path,
+        gateways=[("tokyo", "port_wifi")],
+        links={"port_wifi": {"batch_max_records": 100, "in_flight": 1}},
+        uplink={"retry_min": "20ms", "retry_max": "10s"},
+    )
+    log = open_log(cfg)
+    fill(log, "containers", 1500)
+    # a failed request every few calls, with accepted batches in between
+    gw = MemoryGateway("tokyo", "port_wifi", fail_calls={n: "request" for n in range(4, 40, 5)})
+    up = _uplink(cfg, log, [gw])
+    waits: list[float] = []
+    real_sleep = up._sleep
+
+    async def recording_sleep(seconds: float) -> None:
+        waits.append(seconds)
+        await real_sleep(seconds)
+
+    up._sleep = recording_sleep  # type: ignore[method-assign]
+    await _run_until_delivered(up, gw, 1500)
+    assert len(waits) >= 5
+    # every wait is a first retry (20 ms plus up to 20 ms jitter), never 2**n * 20 ms
+    assert max(waits) < 0.045, waits
+    log.close()
