@@ -30,22 +30,20 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
-import signal
 import sqlite3
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from _common import exit_on_signals, progress, work_dir
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -123,8 +121,7 @@ key = "position"
 """
 
 
-def say(msg: str) -> None:
-    print(f"[edge_ingest {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+say = progress("edge_ingest")
 
 
 # -- messages ----------------------------------------------------------------------------
@@ -832,19 +829,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-@contextlib.contextmanager
-def _work_dir(keep: Path | None) -> Iterator[Path]:
-    if keep is not None:
-        keep.mkdir(parents=True, exist_ok=True)
-        yield keep.resolve()
-        return
-    path = Path(tempfile.mkdtemp(prefix="edge-ingest-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.role:
@@ -852,14 +836,8 @@ def main(argv: list[str] | None = None) -> int:
         run_publisher(spec) if args.role == "publisher" else run_bare(spec)
         return 0
 
-    # SIGTERM/SIGHUP unwind through the finally blocks: every process we started stops
-    def _exit(signum: int, _frame: object) -> None:
-        say(f"stopping on signal {signum}: cleaning up")
-        sys.exit(128 + signum)
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _exit)
-    with _work_dir(args.keep) as work:
+    exit_on_signals(say)
+    with work_dir(args.keep, "edge-ingest-") as work:
         bench = Bench(args, work)
         try:
             result = bench.run()

@@ -40,17 +40,15 @@ import contextlib
 import json
 import os
 import random
-import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from _common import exit_on_signals, progress, work_dir
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from local_stack.kafka import KafkaBroker, start_kafka
@@ -94,8 +92,7 @@ max_offsets_per_trigger = {max_offsets}
 """
 
 
-def say(msg: str) -> None:
-    print(f"[merge {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+say = progress("merge")
 
 
 # -- records -----------------------------------------------------------------------------
@@ -756,19 +753,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-@contextlib.contextmanager
-def _work_dir(keep: Path | None) -> Iterator[Path]:
-    if keep is not None:
-        keep.mkdir(parents=True, exist_ok=True)
-        yield keep.resolve()
-        return
-    path = Path(tempfile.mkdtemp(prefix="bench-merge-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.role:
@@ -776,19 +760,13 @@ def main(argv: list[str] | None = None) -> int:
         run_steady_producer(spec) if args.role == "producer" else run_consumer(spec)
         return 0
 
-    # SIGTERM/SIGHUP unwind through the finally blocks: every process we started stops
-    def _exit(signum: int, _frame: object) -> None:
-        say(f"stopping on signal {signum}: cleaning up")
-        sys.exit(128 + signum)
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _exit)
+    exit_on_signals(say)
     # the JVM (Ivy's ":: loading settings ::") writes to the stdout it inherits: point
     # fd 1 at stderr for the run and keep the real stdout for the one JSON object
     out = os.fdopen(os.dup(1), "w")
     sys.stdout.flush()
     os.dup2(2, 1)
-    with _work_dir(args.keep) as work:
+    with work_dir(args.keep, "bench-merge-") as work:
         bench = Bench(args, work)
         try:
             result = bench.run()

@@ -56,7 +56,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -67,6 +66,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from _common import exit_on_signals, progress, work_dir
 from prometheus_client.parser import text_string_to_metric_families
 
 from edge_agent.budget import utc_day
@@ -154,8 +154,7 @@ ingress_partitions = {partitions}
 """
 
 
-def say(msg: str) -> None:
-    print(f"[uplink {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+say = progress("uplink")
 
 
 # -- the workload: container telemetry -----------------------------------------------------
@@ -1205,19 +1204,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-@contextlib.contextmanager
-def _work_dir(keep: Path | None) -> Iterator[Path]:
-    if keep is not None:
-        keep.mkdir(parents=True, exist_ok=True)
-        yield keep.resolve()
-        return
-    path = Path(tempfile.mkdtemp(prefix="uplink-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.role == "agent":
@@ -1227,9 +1213,8 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(gateway_role(args.config))
         return 0
     # SIGTERM/SIGHUP unwind through the finally blocks: every process we started stops
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
-    with _work_dir(args.keep) as work:
+    exit_on_signals(say)
+    with work_dir(args.keep, "uplink-") as work:
         bench = Bench(args, work)
         try:
             result = bench.run()
