@@ -62,12 +62,13 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from _common import exit_on_signals, progress, work_dir
 from prometheus_client.parser import text_string_to_metric_families
+from telemetry import Container, fleet
 
 from edge_agent.budget import utc_day
 from edge_agent.config import load_config
@@ -89,7 +90,6 @@ BARE_TOPIC = "bench.bare.containers"
 INGRESS_PARTITIONS = 6  # the gateway's default
 GOALS = {"link_utilisation": 0.85, "resent_batches_per_outage": 1.0, "ingest_ratio": 0.5}
 REPO = Path(__file__).resolve().parent.parent
-OWNERS = ["MSCU", "MEDU", "MAEU", "MSKU", "CMAU", "HLXU", "TGHU", "TCLU", "SEGU", "CAIU"]
 
 AGENT_CONFIG = """\
 ship = "{ship}"
@@ -158,80 +158,15 @@ say = progress("uplink")
 
 
 # -- the workload: container telemetry -----------------------------------------------------
-def iso6346(owner: str, serial: int) -> str:
-    """A container id with its check digit (ISO 6346: letter values skip multiples of 11)."""
-    values: dict[str, int] = {}
-    v = 10
-    for ch in "ABCDEFGHIJKLMNOPQRSTUVWXYZ":
-        if v % 11 == 0:
-            v += 1
-        values[ch] = v
-        v += 1
-    body = f"{owner}{serial:06d}"
-    total = sum((values[c] if c.isalpha() else int(c)) * 2**i for i, c in enumerate(body))
-    return f"{body}{total % 11 % 10}"
-
-
-@dataclass
-class Container:
-    id: str
-    topic: str
-    phase_ms: int
-    setpoint: float | None  # reefers hold a setpoint; dry boxes follow the weather
-    temp: float
-    humidity: float
-    battery: float
-    drain: float
-    door_open_for: int = 0
-
-    def reading(self, rng: random.Random, ts_ms: int) -> bytes:
-        """Advance one minute; the payload as the sensor publishes it."""
-        if self.setpoint is not None:
-            self.temp += 0.2 * (self.setpoint - self.temp) + rng.gauss(0, 0.08)
-        else:
-            self.temp += rng.gauss(0, 0.03)
-        self.humidity = min(100.0, max(0.0, self.humidity + rng.gauss(0, 0.15)))
-        self.battery = max(0.0, self.battery - self.drain)
-        if self.door_open_for:
-            self.door_open_for -= 1
-        elif rng.random() < 1 / 20_000:
-            self.door_open_for = rng.randint(1, 5)
-            self.temp += 1.5
-        shock = abs(rng.gauss(0, 0.02)) + (rng.uniform(0.5, 4.0) if rng.random() < 1 / 2000 else 0)
-        door = "open" if self.door_open_for else "closed"
-        return (
-            f'{{"ts":{ts_ms / 1000:.3f},"temperature":{self.temp:.2f},'
-            f'"humidity":{self.humidity:.1f},"door":"{door}","shock":{shock:.2f},'
-            f'"battery":{self.battery:.1f}}}'
-        ).encode()
-
-
-def fleet(rng: random.Random, ship: str, n: int = CONTAINERS) -> list[Container]:
-    out = []
-    for serial in rng.sample(range(1_000_000), n):
-        reefer = rng.random() < 0.3
-        setpoint = rng.choice([-25.0, -18.0, 2.0, 4.0, 13.0]) if reefer else None
-        cid = iso6346(rng.choice(OWNERS), serial)
-        out.append(
-            Container(
-                id=cid,
-                topic=f"{ship}/deck{rng.randint(1, 12)}/containers/{cid}/env",
-                phase_ms=rng.randrange(60_000),
-                setpoint=setpoint,
-                temp=setpoint if setpoint is not None else rng.uniform(15, 32),
-                humidity=rng.uniform(85, 95) if reefer else rng.uniform(45, 80),
-                battery=rng.uniform(60, 100),
-                drain=rng.uniform(0.003, 0.02),
-            )
-        )
-    return sorted(out, key=lambda c: c.phase_ms)  # arrival order within a minute
+def fleet_in_arrival_order(rng: random.Random, n: int = CONTAINERS) -> list[Container]:
+    return sorted(fleet(rng, n), key=lambda c: c.phase_ms)  # arrival order within a minute
 
 
 def readings(ship: str, n: int, seed: int, end_ms: int) -> Iterator[tuple[str, int, str, bytes]]:
     """``n`` readings ``(key, ts_ms, topic, payload)`` in arrival order: every container
     once a minute, the last minute ending at ``end_ms``."""
     rng = random.Random(seed)
-    boxes = fleet(rng, ship)
+    boxes = fleet_in_arrival_order(rng)
     minutes = math.ceil(n / len(boxes))
     start = end_ms - minutes * 60_000
     done = 0
@@ -240,7 +175,7 @@ def readings(ship: str, n: int, seed: int, end_ms: int) -> Iterator[tuple[str, i
             if done == n:
                 return
             ts = start + minute * 60_000 + c.phase_ms
-            yield c.id, ts, c.topic, c.reading(rng, ts)
+            yield c.id, ts, c.topic(ship), c.reading(rng, ts)
             done += 1
 
 

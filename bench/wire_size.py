@@ -32,108 +32,28 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import zstandard
+from telemetry import Container, fleet
 
 from shorelink.wire import Batch, WireRecord, decode_batch, encode_batch
 
 SHIP = "bigblue"
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
-OWNERS = ["MSCU", "MEDU", "MAEU", "MSKU", "CMAU", "HLXU", "TGHU", "TCLU", "SEGU", "CAIU"]
-
-
-def iso6346(owner: str, serial: int) -> str:
-    """A container id with its check digit (ISO 6346: letters skip multiples of 11)."""
-    values: dict[str, int] = {}
-    v = 10
-    for ch in "ABCDEFGHIJKLMNOPQRSTUVWXYZ":
-        if v % 11 == 0:
-            v += 1
-        values[ch] = v
-        v += 1
-    body = f"{owner}{serial:06d}"
-    total = sum((values[c] if c.isalpha() else int(c)) * 2**i for i, c in enumerate(body))
-    return f"{body}{total % 11 % 10}"
-
-
-@dataclass
-class Container:
-    id: str
-    deck: int
-    phase_ms: int
-    setpoint: float | None  # reefers hold a setpoint; dry boxes follow the weather
-    temp: float
-    humidity: float
-    battery: float
-    drain: float
-    door_open_for: int = 0
-
-
-def containers(rng: random.Random, n: int) -> list[Container]:
-    serials = rng.sample(range(1_000_000), n)
-    out = []
-    for serial in serials:
-        reefer = rng.random() < 0.3
-        setpoint = rng.choice([-25.0, -18.0, 2.0, 4.0, 13.0]) if reefer else None
-        out.append(
-            Container(
-                id=iso6346(rng.choice(OWNERS), serial),
-                deck=rng.randint(1, 12),
-                phase_ms=rng.randrange(60_000),
-                setpoint=setpoint,
-                temp=setpoint if setpoint is not None else rng.uniform(15, 32),
-                humidity=rng.uniform(85, 95) if reefer else rng.uniform(45, 80),
-                battery=rng.uniform(60, 100),
-                drain=rng.uniform(0.003, 0.02),
-            )
-        )
-    return out
-
-
-def reading(rng: random.Random, c: Container, ts_ms: int, style: str) -> bytes:
-    """Advance container ``c`` by one minute and return its payload."""
-    if c.setpoint is not None:  # a reefer's controller pulls back to the setpoint
-        c.temp += 0.2 * (c.setpoint - c.temp) + rng.gauss(0, 0.08)
-    else:
-        c.temp += rng.gauss(0, 0.03)
-    c.humidity = min(100.0, max(0.0, c.humidity + rng.gauss(0, 0.15)))
-    c.battery = max(0.0, c.battery - c.drain)
-    if c.door_open_for:
-        c.door_open_for -= 1
-    elif rng.random() < 1 / 20_000:
-        c.door_open_for = rng.randint(1, 5)
-        c.temp += 1.5
-    shock = abs(rng.gauss(0, 0.02)) + (rng.uniform(0.5, 4.0) if rng.random() < 1 / 2000 else 0)
-    door = "open" if c.door_open_for else "closed"
-    if style == "python":  # json.dumps of rounded floats: varying decimals, ", " and ": "
-        doc = {
-            "ts": ts_ms / 1000,
-            "temperature": round(c.temp, 2),
-            "humidity": round(c.humidity, 1),
-            "door": door,
-            "shock": round(shock, 2),
-            "battery": round(c.battery, 1),
-        }
-        return json.dumps(doc).encode()
-    return (
-        f'{{"ts":{ts_ms / 1000:.3f},"temperature":{c.temp:.2f},"humidity":{c.humidity:.1f},'
-        f'"door":"{door}","shock":{shock:.2f},"battery":{c.battery:.1f}}}'
-    ).encode()
 
 
 def container_records(rng: random.Random, n: int, minutes: int, style: str) -> list[WireRecord]:
-    fleet = containers(rng, n)
+    boxes = fleet(rng, n)
     arrivals: list[tuple[int, int, Container, bytes]] = []
     for minute in range(minutes):
-        for c in fleet:
+        for c in boxes:
             ts = T0_MS + c.phase_ms + minute * 60_000 + int(rng.gauss(0, 150))
-            payload = reading(rng, c, ts, style)
+            payload = c.reading(rng, ts, style)
             arrivals.append((ts + rng.randint(5, 50), ts, c, payload))  # broker latency
     arrivals.sort(key=lambda a: a[0])
     return [
-        WireRecord(seq, c.id, ts, f"{SHIP}/deck{c.deck}/containers/{c.id}/env", payload)
+        WireRecord(seq, c.id, ts, c.topic(SHIP), payload)
         for seq, (_, ts, c, payload) in enumerate(arrivals, start=1)
     ]
 
