@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from confluent_kafka import Producer
 from core_gateway.auth import Credentials
 from core_gateway.cli import serve
 from edge_agent.agent import Agent
+from edge_agent.budget import utc_day
 from edge_agent.config import load_config
 from local_stack.kafka import KafkaBroker
 from local_stack.mosquitto import MosquittoBroker
@@ -43,19 +45,49 @@ class Site:
     task: asyncio.Task[None]
 
 
-async def _start_site(
-    tmp_path: Path, name: str, kafka: KafkaBroker, toxiproxy: Toxiproxy, ship: str
-) -> tuple[Site, str]:
-    cfg = gateway_config(tmp_path / name, kafka, site=name)
-    token = Credentials(cfg.credentials_file).add(ship)
-    stop = asyncio.Event()
-    started = asyncio.Event()
-    task = asyncio.create_task(serve(cfg, install_signals=False, started=started, stop=stop))
-    await asyncio.wait_for(started.wait(), 30)
-    proxy = unique(f"{ship}-to-{name}")
-    proxy_port = free_port()
-    toxiproxy.create_proxy(proxy, f"127.0.0.1:{proxy_port}", f"127.0.0.1:{cfg.port}")
-    return Site(name, kafka, cfg.port, proxy, proxy_port, stop, task), token
+class Shore:
+    """The shore side of one test's voyage: gateways (real servers) of one ship's sites,
+    each behind its own toxiproxy link, stopped when the test ends. The ship has one
+    credential, valid at every site."""
+
+    def __init__(self, tmp_path: Path, toxiproxy: Toxiproxy) -> None:
+        self.tmp_path = tmp_path
+        self.toxiproxy = toxiproxy
+        self.ship = unique("ship")
+        self.token = ""
+        self._credentials: Path | None = None
+        self.sites: list[Site] = []
+
+    async def site(self, name: str, kafka: KafkaBroker) -> Site:
+        cfg = gateway_config(self.tmp_path / name, kafka, site=name)
+        if self._credentials is None:
+            self.token = Credentials(cfg.credentials_file).add(self.ship)
+            self._credentials = cfg.credentials_file
+        else:
+            cfg.credentials_file.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(self._credentials, cfg.credentials_file)
+        stop = asyncio.Event()
+        started = asyncio.Event()
+        task = asyncio.create_task(serve(cfg, install_signals=False, started=started, stop=stop))
+        await asyncio.wait_for(started.wait(), 30)
+        proxy = unique(f"{self.ship}-to-{name}")
+        proxy_port = free_port()
+        self.toxiproxy.create_proxy(proxy, f"127.0.0.1:{proxy_port}", f"127.0.0.1:{cfg.port}")
+        site = Site(name, kafka, cfg.port, proxy, proxy_port, stop, task)
+        self.sites.append(site)
+        return site
+
+    async def close(self) -> None:
+        for site in self.sites:
+            site.stop.set()
+            await site.task
+
+
+@pytest.fixture
+async def shore(tmp_path: Path, toxiproxy: Toxiproxy) -> AsyncIterator[Shore]:
+    s = Shore(tmp_path, toxiproxy)
+    yield s
+    await s.close()
 
 
 def _agent_config(
@@ -85,6 +117,20 @@ retry_max = "500ms"
 """
     path.write_text(text)
     return path
+
+
+async def _sail(
+    shore: Shore,
+    mosquitto: MosquittoBroker,
+    run_agent: Callable[[Path], Agent],
+    sites: list[tuple[Site, str]],
+    links: str = "",
+) -> Agent:
+    """Start the ship's agent with these gateways; return it once it is subscribed."""
+    cfg = _agent_config(shore.tmp_path, mosquitto, shore.ship, shore.token, sites, links)
+    agent = run_agent(cfg)
+    await asyncio.wait_for(agent.ingest.connected.wait(), 10)
+    return agent
 
 
 @pytest.fixture
@@ -143,7 +189,7 @@ def _assert_exactly_once(kafka: KafkaBroker, agent: Agent) -> None:
 
 
 async def test_end_to_end_every_identity_once(
-    tmp_path: Path,
+    shore: Shore,
     kafka_sites: Callable[..., dict[str, KafkaBroker]],
     mosquitto: MosquittoBroker,
     publisher: Publisher,
@@ -151,20 +197,16 @@ async def test_end_to_end_every_identity_once(
     run_agent: Callable[[Path], Agent],
 ) -> None:
     kafka = kafka_sites("tokyo")["tokyo"]
-    ship = unique("ship")
-    site, token = await _start_site(tmp_path, "tokyo", kafka, toxiproxy, ship)
-    agent = run_agent(_agent_config(tmp_path, mosquitto, ship, token, [(site, "port_wifi")]))
-    await asyncio.wait_for(agent.ingest.connected.wait(), 10)
+    site = await shore.site("tokyo", kafka)
+    agent = await _sail(shore, mosquitto, run_agent, [(site, "port_wifi")])
     _publish_fleet(publisher, 3000)
     publisher.wait_all_acked()
     await _ingested_and_uploaded(agent, 3000)
     _assert_exactly_once(kafka, agent)
-    site.stop.set()
-    await site.task
 
 
 async def test_100_link_failures_mid_batch_still_exactly_once(
-    tmp_path: Path,
+    shore: Shore,
     kafka_sites: Callable[..., dict[str, KafkaBroker]],
     mosquitto: MosquittoBroker,
     publisher: Publisher,
@@ -174,15 +216,13 @@ async def test_100_link_failures_mid_batch_still_exactly_once(
     """Satellite and port links break mid-batch all the time: resets, black holes,
     stalls, outages. None of it may double or lose an identity."""
     kafka = kafka_sites("tokyo")["tokyo"]
-    ship = unique("ship")
-    site, token = await _start_site(tmp_path, "tokyo", kafka, toxiproxy, ship)
+    site = await shore.site("tokyo", kafka)
     links = """
 [links.port_wifi]
 batch_max_records = 300
 timeout = "2s"
 """
-    agent = run_agent(_agent_config(tmp_path, mosquitto, ship, token, [(site, "port_wifi")], links))
-    await asyncio.wait_for(agent.ingest.connected.wait(), 10)
+    agent = await _sail(shore, mosquitto, run_agent, [(site, "port_wifi")], links)
     rng = random.Random(11)
     published = 0
     kinds = ["reset_peer", "timeout", "bandwidth0", "disable"]
@@ -209,12 +249,10 @@ timeout = "2s"
     publisher.wait_all_acked()
     await _ingested_and_uploaded(agent, published, seconds=120)
     _assert_exactly_once(kafka, agent)
-    site.stop.set()
-    await site.task
 
 
 async def test_second_site_is_sent_only_what_it_lacks(
-    tmp_path: Path,
+    shore: Shore,
     kafka_sites: Callable[..., dict[str, KafkaBroker]],
     mosquitto: MosquittoBroker,
     publisher: Publisher,
@@ -224,21 +262,11 @@ async def test_second_site_is_sent_only_what_it_lacks(
     """The port already has the ship's earlier uploads through replication: they are
     not sent again over the ship's link."""
     brokers = kafka_sites("tokyo", "singapore")
-    ship = unique("ship")
-    a, token = await _start_site(tmp_path, "tokyo", brokers["tokyo"], toxiproxy, ship)
-    b, token_b = await _start_site(tmp_path, "singapore", brokers["singapore"], toxiproxy, ship)
+    ship = shore.ship
+    a = await shore.site("tokyo", brokers["tokyo"])
+    b = await shore.site("singapore", brokers["singapore"])
     toxiproxy.set_enabled(b.proxy, False)  # at sea near Tokyo: only Tokyo reachable
-    # one token for both sites: the ship has one credential; re-add it at B with the same hash
-    Credentials(tmp_path / "singapore" / "ships.json")  # (exists)
-    import json as _json
-
-    creds_a = _json.loads((tmp_path / "tokyo" / "ships.json").read_text())
-    (tmp_path / "singapore" / "ships.json").write_text(_json.dumps(creds_a))
-    del token_b
-    agent = run_agent(
-        _agent_config(tmp_path, mosquitto, ship, token, [(a, "port_wifi"), (b, "port_wifi")])
-    )
-    await asyncio.wait_for(agent.ingest.connected.wait(), 10)
+    agent = await _sail(shore, mosquitto, run_agent, [(a, "port_wifi"), (b, "port_wifi")])
     _publish_fleet(publisher, 1000)
     publisher.wait_all_acked()
     await _until(
@@ -273,13 +301,10 @@ async def test_second_site_is_sent_only_what_it_lacks(
     seqs_b = ingress_seqs(brokers["singapore"], ship)
     assert sorted(seqs_b) == list(range(1001, 1501)), "singapore was sent what it already held"
     assert max(seqs_b.values()) == 1
-    for s in (a, b):
-        s.stop.set()
-        await s.task
 
 
 async def test_satellite_carries_only_alerts_and_nav_within_its_budget(
-    tmp_path: Path,
+    shore: Shore,
     kafka_sites: Callable[..., dict[str, KafkaBroker]],
     mosquitto: MosquittoBroker,
     publisher: Publisher,
@@ -287,8 +312,8 @@ async def test_satellite_carries_only_alerts_and_nav_within_its_budget(
     run_agent: Callable[[Path], Agent],
 ) -> None:
     kafka = kafka_sites("hq")["hq"]
-    ship = unique("ship")
-    site, token = await _start_site(tmp_path, "hq", kafka, toxiproxy, ship)
+    ship = shore.ship
+    site = await shore.site("hq", kafka)
     budget = 6000
     links = f"""
 [links.satellite]
@@ -296,8 +321,7 @@ streams = ["alerts", "nav"]
 daily_budget_bytes = {budget}
 batch_max_records = 20
 """
-    agent = run_agent(_agent_config(tmp_path, mosquitto, ship, token, [(site, "satellite")], links))
-    await asyncio.wait_for(agent.ingest.connected.wait(), 10)
+    agent = await _sail(shore, mosquitto, run_agent, [(site, "satellite")], links)
     for i in range(400):
         publisher.publish(
             "bigblue/nav/ais",
@@ -308,13 +332,9 @@ batch_max_records = 20
     publisher.wait_all_acked()
     await _until(lambda: agent.log.stream_state("nav").count == 400, 30, "ingest")
     await asyncio.sleep(4)  # let the uplink spend what it may
-    from edge_agent.budget import utc_day
-
     spent = agent.log.link_spend("satellite", utc_day(time.time()))  # persisted for today
     assert 0 < spent <= budget * 1.02, f"spent {spent} of a {budget} budget"
     assert ingress_seqs(kafka, ship, "containers") == {}, "containers crossed the satellite"
     assert sorted(ingress_seqs(kafka, ship, "alerts")) == [1], "the alert did not cross"
     nav = ingress_seqs(kafka, ship, "nav")
     assert 0 < len(nav) < 400
-    site.stop.set()
-    await site.task
