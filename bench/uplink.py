@@ -28,9 +28,10 @@ script starts itself with ``--role gateway`` / ``--role agent``), toxiproxy for 
 2. exactly once: ``sl.ingress.containers`` is read to its end (read_committed): every
    seq of the ship exactly once.
 3. ingest: the gateway on loopback (no toxiproxy) takes ``--ingest-records`` records as
-   pre-encoded batches of ``--ingest-batch`` (``shorelink.wire.encode_batch``) POSTed
-   flat out by aiohttp, one sequence per ship, ``--ingest-ships`` ships in parallel:
-   records/s committed. Beside it, a bare confluent-kafka producer (idempotent, linger
+   pre-encoded batches of ``--ingest-batch`` (``shorelink.wire.encode_batch``) sent
+   flat out with the edge agent's own client (``HttpGateway``: the WebSocket upload,
+   ``--ingest-window`` batches in flight per ship), ``--ingest-ships`` ships in
+   parallel: records/s committed. Beside it, a bare confluent-kafka producer (idempotent, linger
    5 ms, lz4, acks=all) produces the same records with the same key, value and headers
    (``shorelink.contract.Record(...).headers()``) to another topic: records/s to
    ``flush()``. Rounds alternate (``--ingest-rounds``, medians reported).
@@ -456,6 +457,7 @@ class Bench:
             "ingest_records_per_round": a.ingest_records,
             "ingest_batch": a.ingest_batch,
             "ingest_ships": a.ingest_ships,
+            "ingest_window": a.ingest_window,
             "ingest_rounds": a.ingest_rounds,
         }
         # this machine's other load skews every number here: keep it beside them
@@ -904,34 +906,43 @@ class Bench:
     async def post_all(
         self, bodies: dict[str, list[bytes]], recs: dict[str, list[WireRecord]]
     ) -> tuple[float, list[float]]:
-        import aiohttp
-
-        from shorelink.wire import CONTENT_TYPE
+        """Every ship's batches through the edge agent's own client (``HttpGateway``:
+        the WebSocket upload), ``--ingest-window`` batches in flight per ship."""
+        from edge_agent.config import DEFAULT_LINKS
+        from edge_agent.config import GatewayConfig as EdgeGatewayConfig
+        from edge_agent.gateway import HttpGateway
+        from shorelink.config import Secret
 
         lat: list[float] = []
+        link = replace(DEFAULT_LINKS["port_wifi"], timeout_s=120.0)
 
-        async def one_ship(session: aiohttp.ClientSession, ship: str) -> None:
-            url = f"{self.gw_url}/v1/ships/{ship}/streams/{STREAM}/batches"
-            headers = {
-                "Authorization": f"Bearer {self.tokens[ship]}",
-                "Content-Type": CONTENT_TYPE,
-            }
-            for body in bodies[ship]:
-                t = time.perf_counter()
-                async with session.post(url, data=body, headers=headers) as resp:
-                    reply = await resp.json(content_type=None)
-                    if resp.status != 200:
-                        raise RuntimeError(f"ingest: {ship}: HTTP {resp.status} {reply}")
-                lat.append((time.perf_counter() - t) * 1000)
+        async def one_ship(ship: str) -> None:
+            gw = HttpGateway(
+                EdgeGatewayConfig(SITE, self.gw_url, "port_wifi"),
+                link,
+                ship,
+                Secret(self.tokens[ship]),
+            )
+            window = asyncio.Semaphore(self.args.ingest_window)
+
+            async def send(body: bytes) -> SendResult:
+                async with window:
+                    t = time.perf_counter()
+                    res = await gw.send(STREAM, body)
+                    lat.append((time.perf_counter() - t) * 1000)
+                    return res
+
+            try:
+                results = await asyncio.gather(*(send(b) for b in bodies[ship]))
+            finally:
+                await gw.close()
             want = recs[ship][-1].seq
-            if RangeSet.parse(reply["held"]).contiguous_end() != want:
-                raise RuntimeError(f"ingest: {ship}: the gateway holds {reply['held']}")
+            if results[-1].held.contiguous_end() != want:
+                raise RuntimeError(f"ingest: {ship}: the gateway holds {results[-1].held}")
 
-        timeout = aiohttp.ClientTimeout(total=120)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            t0 = time.perf_counter()
-            await asyncio.gather(*(one_ship(session, s) for s in bodies))
-            return time.perf_counter() - t0, lat
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one_ship(s) for s in bodies))
+        return time.perf_counter() - t0, lat
 
     def bare_produce(self, recs: dict[str, list[WireRecord]]) -> float:
         from confluent_kafka import Producer
@@ -1098,7 +1109,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--ingest-batch", type=int, default=5000, help="records a batch (default 5000)")
     p.add_argument(
-        "--ingest-ships", type=int, default=2, help="ships posting in parallel (default 2)"
+        "--ingest-ships", type=int, default=2, help="ships uploading in parallel (default 2)"
+    )
+    p.add_argument(
+        "--ingest-window",
+        type=int,
+        default=4,
+        help="batches in flight per ship on its upload connection (default 4)",
     )
     p.add_argument(
         "--ingest-rounds",
@@ -1129,7 +1146,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, (quick, full) in defaults.items():
         if getattr(a, name) is None:
             setattr(a, name, quick if q else full)
-    for name in ("records", "ingest_records", "ingest_batch", "ingest_ships", "ingest_rounds"):
+    for name in (
+        "records",
+        "ingest_records",
+        "ingest_batch",
+        "ingest_ships",
+        "ingest_window",
+        "ingest_rounds",
+    ):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if a.bandwidth < 1000 or a.latency_ms < 0 or a.outage_s < 0 or a.outage_every_s <= a.outage_s:

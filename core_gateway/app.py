@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,10 +19,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from core_gateway.auth import Credentials
 from core_gateway.config import GatewayConfig
 from core_gateway.errors import ApiError, KafkaWriteError
-from core_gateway.holdings import Holdings
+from core_gateway.holdings import Holdings, SourceHoldings
 from core_gateway.ledger import LedgerFollower
 from core_gateway.metrics import GatewayMetrics
-from core_gateway.writer import KafkaWriter
+from core_gateway.upload import serve_upload
+from core_gateway.writer import KafkaWriter, Write
 from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, WireError, decode_batch, peek_header
 
@@ -49,10 +49,11 @@ class GatewayService:
         self.credentials = Credentials(cfg.credentials_file)
         self.holdings = Holdings()
         self.metrics = GatewayMetrics()
-        self.writer = KafkaWriter(cfg)
+        self.writer = KafkaWriter(cfg, on_commit=self.metrics.committed)
         self.ledger = LedgerFollower(cfg.kafka_bootstrap, self.holdings)
         self.ready = asyncio.Event()
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        #: seqs of each (ship, stream) admitted but not committed yet, one set per write
+        self._inflight: dict[tuple[str, str], list[RangeSet]] = {}
         self.startup_error: str | None = None
 
     async def start(self) -> None:
@@ -90,75 +91,161 @@ class GatewayService:
         self.ledger.stop()
         await asyncio.to_thread(self.writer.close)
 
-    def lock(self, origin: str, stream: str) -> asyncio.Lock:
-        return self._locks.setdefault((origin, stream), asyncio.Lock())
-
     # -- the two operations ----------------------------------------------------------------
     def holdings_for(self, ship: str) -> dict[str, str]:
         return {s: str(r) for s, r in self.holdings.for_ship(ship, self.cfg.streams).items()}
 
-    async def accept(self, ship: str, batch: Batch) -> dict[str, Any]:
+    def admit(self, ship: str, batch: Batch) -> asyncio.Future[dict[str, Any]]:
+        """Check ``batch`` against what the site holds plus what is being written, and
+        reserve its seqs; return what completes its write (await it for the reply).
+
+        Synchronous up to the returned awaitable, so batches admitted one after another
+        build on each other (pipelining: batch N+1 of a stream is admitted while batch
+        N is still being written, and both may share a transaction). Raises ApiError
+        409 when the batch does not start where the site's holdings (and the batches
+        in flight) end."""
         stream = batch.stream
-        async with self.lock(ship, stream):
-            h = self.holdings.get(ship, stream)
-            settled = h.settled()
-            end = settled.contiguous_end()
-            floor = max(end, batch.first_available - 1)
-            if batch.first_seq > floor + 1:
-                self.metrics.rejected.labels("gap").inc()
-                raise ApiError(
-                    409,
-                    "gap",
-                    f"batch starts at seq {batch.first_seq} but this site holds "
-                    f"{ship}/{stream} only up to {end}: resend from {end + 1}",
-                    held=str(h.held()),
-                )
+        h = self.holdings.get(ship, stream)
+        inflight = self._inflight.setdefault((ship, stream), [])
+        pending = RangeSet()
+        for seqs in inflight:
+            pending.update(seqs)
+        settled = h.settled()
+        settled.update(pending)
+        end = settled.contiguous_end()
+        floor = max(end, batch.first_available - 1)
+        if batch.first_seq > floor + 1:
+            self.metrics.rejected.labels("gap").inc()
+            raise ApiError(
+                409,
+                "gap",
+                f"batch starts at seq {batch.first_seq} but this site holds "
+                f"{ship}/{stream} only up to {end}: resend from {end + 1}",
+                held=str(h.held()),
+            )
+        if settled.overlaps(batch.first_seq, batch.last_seq):
             new = [r for r in batch.records if r.seq not in settled]
-            abandoned = h.abandoned.copy()
-            if batch.first_available - 1 > end:
-                # the ship no longer has these (dropped on board by policy): they can
-                # never arrive, so the site stops waiting for them
-                abandoned.add_range(end + 1, batch.first_available - 1)
             written = RangeSet.from_seqs(r.seq for r in new)
-            if new or abandoned != h.abandoned:
-                new_written = h.written.copy()
-                new_written.update(written)
-                cursor = _cursor(new_written, abandoned)
-                t0 = time.monotonic()
-                try:
-                    await asyncio.to_thread(self.writer.write, ship, stream, new, cursor)
-                except KafkaWriteError as exc:
-                    self.metrics.kafka_errors.inc()
-                    if exc.fatal:
-                        self.ready.clear()
-                        self.metrics.ready.set(0)
-                    raise ApiError(503, "kafka_unavailable", str(exc)) from exc
-                self.metrics.write_seconds.observe(time.monotonic() - t0)
-                if abandoned != h.abandoned:
-                    self.metrics.abandoned.labels(stream).inc(
-                        abandoned.count() - h.abandoned.count()
-                    )
-                    log.warning(
-                        "event=seqs_abandoned ship=%s stream=%s seqs=%s", ship, stream, abandoned
-                    )
-                h.written = new_written
-                h.abandoned = abandoned
+        else:  # the usual case: nothing of it held yet (a batch's seqs are contiguous)
+            new = list(batch.records)
+            written = RangeSet([(batch.first_seq, batch.last_seq)])
+        abandoned = RangeSet()
+        if batch.first_available - 1 > end:
+            # the ship no longer has these (dropped on board by policy): they can never
+            # arrive, so the site stops waiting for them
+            abandoned.add_range(end + 1, batch.first_available - 1)
+        self.metrics.skipped.labels(stream).inc(batch.count - len(new))
+        if not new and not abandoned:
+            self.metrics.batches.labels(stream).inc()
+            answered: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            answered.set_result(self._reply(ship, batch, h, written))
+            return answered
+        write = Write(ship, stream, new, written, abandoned, depends=pending)
+        seqs = write.seqs
+        inflight.append(seqs)
+        done = asyncio.wrap_future(self.writer.submit(write))
+
+        def settle(f: asyncio.Future[None]) -> None:
+            # runs even if the request that waits for it went away: what Kafka
+            # committed is always added to the holdings (or a resend would double it)
+            inflight.remove(seqs)
+            if f.cancelled() or f.exception() is not None:
+                return
+            h.written.update(written)
             self.metrics.batches.labels(stream).inc()
             self.metrics.records.labels(stream).inc(len(new))
-            self.metrics.skipped.labels(stream).inc(batch.count - len(new))
-            return {
-                "ship": ship,
-                "site": self.cfg.site,
-                "stream": stream,
-                "held": str(h.held()),
-                "written": str(written),
-            }
+            if abandoned:
+                h.abandoned.update(abandoned)
+                self.metrics.abandoned.labels(stream).inc(abandoned.count())
+                log.warning(
+                    "event=seqs_abandoned ship=%s stream=%s seqs=%s", ship, stream, abandoned
+                )
 
+        done.add_done_callback(settle)
+        return asyncio.ensure_future(self._finish(ship, batch, h, written, done))
 
-def _cursor(written: RangeSet, abandoned: RangeSet) -> bytes:
-    from core_gateway.holdings import SourceHoldings
+    async def _finish(
+        self,
+        ship: str,
+        batch: Batch,
+        h: SourceHoldings,
+        written: RangeSet,
+        done: asyncio.Future[None],
+    ) -> dict[str, Any]:
+        try:
+            await asyncio.shield(done)
+        except KafkaWriteError as exc:
+            self.metrics.kafka_errors.inc()
+            if exc.fatal:
+                self.ready.clear()
+                self.metrics.ready.set(0)
+            raise ApiError(503, "kafka_unavailable", str(exc)) from exc
+        return self._reply(ship, batch, h, written)
 
-    return SourceHoldings(written, abandoned).cursor_value()
+    def _reply(
+        self, ship: str, batch: Batch, h: SourceHoldings, written: RangeSet
+    ) -> dict[str, Any]:
+        return {
+            "ship": ship,
+            "site": self.cfg.site,
+            "stream": batch.stream,
+            "first_seq": batch.first_seq,
+            "last_seq": batch.last_seq,
+            "held": str(h.held()),
+            "written": str(written),
+        }
+
+    async def receive(
+        self, ship: str, stream: str | None, body: bytes
+    ) -> asyncio.Future[dict[str, Any]]:
+        """One encoded batch from ``ship``: checked, decoded and admitted (see
+        :meth:`admit`); returns the future of its reply. ``stream`` is the one the URL
+        names (None: the batch's own). Raises ApiError when the batch is refused."""
+        cfg = self.cfg
+        self.metrics.bytes_in.inc(len(body))
+        try:
+            header = peek_header(body, cfg.limits)
+            if header.origin != ship:
+                raise ApiError(
+                    403,
+                    "wrong_origin",
+                    f"ship {ship!r} may write only its own origin, not {header.origin!r}",
+                )
+            if stream is not None and header.stream != stream:
+                raise ApiError(
+                    400,
+                    "stream_mismatch",
+                    f"batch is for stream {header.stream!r}, URL says {stream!r}",
+                )
+            self.check_stream(header.stream)
+            if len(body) > _THREAD_DECODE_BYTES:
+                batch = await asyncio.to_thread(decode_batch, body, cfg.limits)
+            else:
+                batch = decode_batch(body, cfg.limits)
+        except WireError as exc:
+            raise ApiError(_WIRE_STATUS.get(exc.reason, 400), exc.reason, str(exc)) from None
+        return self.admit(ship, batch)
+
+    def refused(self, exc: ApiError, route: str) -> None:
+        """Count and log a refused request or batch (409s are routine: not logged)."""
+        if exc.status == 409:
+            return
+        self.metrics.rejected.labels(exc.code).inc()
+        log.info(
+            "event=request_refused route=%s status=%d error=%s message=%r",
+            route,
+            exc.status,
+            exc.code,
+            str(exc),
+        )
+
+    def check_stream(self, stream: str) -> None:
+        if stream not in self.cfg.streams:
+            raise ApiError(
+                404,
+                "unknown_stream",
+                f"this site takes no stream {stream!r} (it takes {', '.join(self.cfg.streams)})",
+            )
 
 
 # -- HTTP -----------------------------------------------------------------------------------
@@ -178,6 +265,7 @@ def create_app(service: GatewayService) -> web.Application:
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/v1/ships/{ship}/holdings", _holdings)
     app.router.add_post("/v1/ships/{ship}/streams/{stream}/batches", _batch)
+    app.router.add_get("/v1/ships/{ship}/upload", _upload)
     return app
 
 
@@ -196,15 +284,7 @@ def _error_middleware(service: GatewayService) -> Any:
         try:
             resp = await handler(request)
         except ApiError as exc:
-            if exc.status != 409:
-                service.metrics.rejected.labels(exc.code).inc()
-                log.info(
-                    "event=request_refused route=%s status=%d error=%s message=%r",
-                    route,
-                    exc.status,
-                    exc.code,
-                    str(exc),
-                )
+            service.refused(exc, route)
             resp = _json_error(exc.status, exc.code, str(exc), **exc.extra)
         except web.HTTPRequestEntityTooLarge as exc:
             service.metrics.rejected.labels("too_large").inc()
@@ -240,19 +320,27 @@ async def _metrics(request: web.Request) -> web.Response:
     )
 
 
-def _authenticate(request: web.Request) -> str:
-    service: GatewayService = request.app[SERVICE]
-    ship = request.match_info["ship"]
-    auth = request.headers.get("Authorization", "")
-    scheme, _, token = auth.partition(" ")
+def bearer_token(request: web.Request) -> str:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "unauthorized", "missing bearer token")
+    return token.strip()
+
+
+def check_token(service: GatewayService, ship: str, token: str) -> None:
+    """401 unless ``token`` is a current credential, 403 unless it is ``ship``'s."""
     service.credentials.maybe_reload()
-    owner = service.credentials.ship_for_token(token.strip())
+    owner = service.credentials.ship_for_token(token)
     if owner is None:
         raise ApiError(401, "unauthorized", "unknown or revoked token")
     if owner != ship:
         raise ApiError(403, "forbidden", f"this token belongs to ship {owner!r}, not {ship!r}")
+
+
+def _authenticate(request: web.Request) -> str:
+    service: GatewayService = request.app[SERVICE]
+    ship = request.match_info["ship"]
+    check_token(service, ship, bearer_token(request))
     if not service.ready.is_set():
         raise ApiError(
             503, "not_ready", f"gateway not ready: {service.startup_error or 'starting'}"
@@ -273,12 +361,7 @@ async def _batch(request: web.Request) -> web.Response:
     cfg = service.cfg
     ship = _authenticate(request)
     stream = request.match_info["stream"]
-    if stream not in cfg.streams:
-        raise ApiError(
-            404,
-            "unknown_stream",
-            f"this site takes no stream {stream!r} (it takes {', '.join(cfg.streams)})",
-        )
+    service.check_stream(stream)
     if (
         request.content_length is not None
         and request.content_length > cfg.limits.max_compressed_bytes
@@ -295,25 +378,11 @@ async def _batch(request: web.Request) -> web.Response:
         raise ApiError(
             408, "body_timeout", f"request body not received within {cfg.body_timeout_s:.0f}s"
         ) from None
-    service.metrics.bytes_in.inc(len(body))
-    try:
-        header = peek_header(body, cfg.limits)
-        if header.origin != ship:
-            raise ApiError(
-                403,
-                "wrong_origin",
-                f"ship {ship!r} may write only its own origin, not {header.origin!r}",
-            )
-        if header.stream != stream:
-            raise ApiError(
-                400,
-                "stream_mismatch",
-                f"batch is for stream {header.stream!r}, URL says {stream!r}",
-            )
-        if len(body) > _THREAD_DECODE_BYTES:
-            batch = await asyncio.to_thread(decode_batch, body, cfg.limits)
-        else:
-            batch = decode_batch(body, cfg.limits)
-    except WireError as exc:
-        raise ApiError(_WIRE_STATUS.get(exc.reason, 400), exc.reason, str(exc)) from None
-    return web.json_response(await service.accept(ship, batch))
+    return web.json_response(await (await service.receive(ship, stream, body)))
+
+
+async def _upload(request: web.Request) -> web.StreamResponse:
+    service: GatewayService = request.app[SERVICE]
+    ship = _authenticate(request)
+    token = bearer_token(request)
+    return await serve_upload(service, request, ship, lambda: check_token(service, ship, token))

@@ -25,6 +25,8 @@ class GatewayConfig:
     tls_key_file: Path | None = None
     #: a whole request body must arrive within this (slow or endless uploads are cut)
     body_timeout_s: float = 60.0
+    #: WebSocket uploads: ping this often; a peer that does not answer is dropped
+    upload_heartbeat_s: float = 20.0
     limits: Limits = field(default_factory=Limits)
     ingress_partitions: int = 6
     ingress_retention_ms: int = 7 * 86400 * 1000
@@ -51,6 +53,9 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayCo
     cert = listen.opt_str("tls_cert_file")
     key = listen.opt_str("tls_key_file")
     body_timeout = listen.duration("body_timeout", d.body_timeout_s)
+    heartbeat = listen.duration("upload_heartbeat", d.upload_heartbeat_s)
+    if heartbeat <= 0:
+        raise ConfigError("listen.upload_heartbeat", "must be > 0")
     listen.done()
     if bool(cert) != bool(key):
         raise ConfigError(
@@ -89,6 +94,7 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayCo
         tls_cert_file=rel(Path(cert)) if cert else None,
         tls_key_file=rel(Path(key)) if key else None,
         body_timeout_s=body_timeout,
+        upload_heartbeat_s=heartbeat,
         limits=limits,
         ingress_partitions=partitions,
         ingress_retention_ms=int(retention * 1000),

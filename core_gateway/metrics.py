@@ -32,7 +32,18 @@ class GatewayMetrics:
         )
         self.bytes_in = Counter(p + "batch_bytes", "Compressed batch bytes received", registry=r)
         self.write_seconds = Histogram(
-            p + "kafka_write_seconds", "Time to commit one batch's transaction", registry=r
+            p + "kafka_write_seconds",
+            "Time to write and commit one Kafka transaction (one or more batches)",
+            registry=r,
+        )
+        self.transaction_batches = Histogram(
+            p + "transaction_batches",
+            "Batches sharing one Kafka transaction (group commit)",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
+        self.uploads = Gauge(
+            p + "upload_connections", "Open WebSocket upload connections", registry=r
         )
         self.kafka_errors = Counter(
             p + "kafka_errors", "Failed Kafka transactions (aborted)", registry=r
@@ -40,3 +51,9 @@ class GatewayMetrics:
         self.ready = Gauge(
             p + "ready", "1 when holdings are loaded and Kafka reachable", registry=r
         )
+
+    def committed(self, batches: int, records: int, seconds: float) -> None:
+        """One Kafka transaction committed (called from the writer thread)."""
+        del records  # counted per stream when each batch is answered
+        self.write_seconds.observe(seconds)
+        self.transaction_batches.observe(batches)

@@ -101,7 +101,7 @@ class UplinkConfig:
     #: ``holdings()`` probe timeout: a link that cannot answer this fast is "down"
     probe_timeout_s: float = 5.0
     #: backoff between attempts while no link works (exponential with jitter, capped)
-    retry_min_s: float = 1.0
+    retry_min_s: float = 0.25
     retry_max_s: float = 60.0
 
 

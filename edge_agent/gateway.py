@@ -1,7 +1,10 @@
 """The uplink's one seam: a shore gateway that says what it holds and takes batches.
 
 :class:`Gateway` is the protocol the uplink talks to; :class:`HttpGateway` speaks the
-gateway's HTTP API (``docs/gateway-api.md``) with one aiohttp session per gateway. The
+gateway's API (``docs/gateway-api.md``) with one aiohttp session per gateway: holdings
+with ``GET .../holdings``, batches on one WebSocket (``GET .../upload``), where they
+cross the link one after the other and are answered in order. Several batches may be
+in flight at once (the session's window): each ``send`` waits for its own answer. The
 tests drive the uplink through an in-memory implementation of the same protocol.
 
 Every failure becomes an edge_agent error at this boundary:
@@ -13,7 +16,10 @@ Every failure becomes an edge_agent error at this boundary:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -23,9 +29,11 @@ from edge_agent.config import GatewayConfig, LinkConfig
 from edge_agent.errors import GatewayGap, GatewayRejected, LinkError
 from shorelink.config import Secret
 from shorelink.ranges import RangeSet
-from shorelink.wire import CONTENT_TYPE
 
 __all__ = ["Gateway", "HttpGateway", "SendResult"]
+
+#: a WebSocket message may hold a batch of up to this many bytes (the gateway's cap)
+MAX_MESSAGE = 16 * 1024 * 1024
 
 USER_AGENT = "shorelink-edge/0.1"
 
@@ -71,7 +79,7 @@ class Gateway(Protocol):
 
 
 class HttpGateway:
-    """A gateway over HTTP(S): ``GET .../holdings``, ``POST .../batches``."""
+    """A gateway over HTTP(S): ``GET .../holdings``; batches on a WebSocket upload."""
 
     def __init__(self, cfg: GatewayConfig, link: LinkConfig, ship: str, token: Secret) -> None:
         self._cfg = cfg
@@ -79,6 +87,8 @@ class HttpGateway:
         self._ship = ship
         self._token = token
         self._session: aiohttp.ClientSession | None = None
+        self._upload: _Upload | None = None
+        self._connecting = asyncio.Lock()
 
     @property
     def site(self) -> str:
@@ -103,7 +113,6 @@ class HttpGateway:
             self._session = aiohttp.ClientSession(
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=self._link.timeout_s),
-                connector=aiohttp.TCPConnector(limit=self._link.in_flight + 1),
                 raise_for_status=False,
             )
         return self._session
@@ -118,20 +127,48 @@ class HttpGateway:
             raise LinkError(f"GET {path}: unexpected reply {data!r:.200}", site=self.site) from exc
 
     async def send(self, stream: str, body: bytes) -> SendResult:
-        path = f"/v1/ships/{self._ship}/streams/{stream}/batches"
-        data = await self._request(
-            "POST",
-            path,
-            stream=stream,
-            data=body,
-            headers={"Content-Type": CONTENT_TYPE},
-        )
+        """Send one batch on the upload connection (opened if needed) and wait for its
+        answer, at most ``link.timeout`` (then the connection is dropped: whether the
+        batch arrived is unknown, the holdings will say)."""
+        upload = await self._open_upload()
+        answer = await upload.send(body, self._link.timeout_s)
+        return self._result(stream, answer, len(body))
+
+    def _result(self, stream: str, data: dict[str, Any], nbytes: int) -> SendResult:
+        status = data.get("status", 200)
+        if not isinstance(status, int):
+            raise LinkError(f"upload: answer without a status: {data!r:.200}", site=self.site)
+        if status != 200:
+            self._raise_for(status, data, "upload", stream)
         try:
             held = RangeSet.parse(str(data["held"]))
             written = RangeSet.parse(str(data.get("written", "")))
         except (KeyError, AttributeError, TypeError, ValueError) as exc:
-            raise LinkError(f"POST {path}: unexpected reply {data!r:.200}", site=self.site) from exc
-        return SendResult(held, len(body), written)
+            raise LinkError(f"upload: unexpected answer {data!r:.200}", site=self.site) from exc
+        return SendResult(held, nbytes, written)
+
+    async def _open_upload(self) -> _Upload:
+        async with self._connecting:
+            if self._upload is not None and not self._upload.broken:
+                return self._upload
+            path = f"/v1/ships/{self._ship}/upload"
+            try:
+                ws = await self._client().ws_connect(
+                    self.url + path,
+                    max_msg_size=MAX_MESSAGE,
+                    heartbeat=self._link.timeout_s,
+                    compress=0,
+                    autoping=True,
+                )
+            except aiohttp.WSServerHandshakeError as exc:
+                # refused before the upgrade: the API's JSON error is not at hand here,
+                # but its status is (401/403/404/5xx)
+                self._raise_for(exc.status, {"error": f"http_{exc.status}"}, f"GET {path}", "")
+                raise  # not reached
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                raise LinkError(f"GET {path}: {type(exc).__name__}: {exc}", site=self.site) from exc
+            self._upload = _Upload(ws, self.site)
+            return self._upload
 
     async def _request(
         self,
@@ -156,24 +193,104 @@ class HttpGateway:
         if not isinstance(data, dict):
             # e.g. a captive portal or proxy answering in HTML: not the gateway
             raise LinkError(f"{method} {path}: HTTP {status}, not the API's JSON", site=self.site)
-        if status == 200:
-            return data
+        if status != 200:
+            self._raise_for(status, data, f"{method} {path}", stream)
+        return data
+
+    def _raise_for(self, status: int, data: dict[str, Any], what: str, stream: str) -> None:
+        """Raise the edge_agent error for a non-200 answer (see the module docstring)."""
         code = str(data.get("error", "")) or f"http_{status}"
         message = str(data.get("message", ""))
         if status == 409:
             try:
                 held = RangeSet.parse(str(data.get("held", "")))
             except ValueError as exc:
-                raise LinkError(f"{method} {path}: 409 with bad held", site=self.site) from exc
+                raise LinkError(f"{what}: 409 with bad held", site=self.site) from exc
             raise GatewayGap(held, message, site=self.site, stream=stream)
         if status in (408, 429) or status >= 500 or status < 400:
-            raise LinkError(f"{method} {path}: HTTP {status} {code}: {message}", site=self.site)
+            raise LinkError(f"{what}: HTTP {status} {code}: {message}", site=self.site)
         raise GatewayRejected(status, code, message, site=self.site, stream=stream)
 
     async def reset(self) -> None:
         await self.close()
 
     async def close(self) -> None:
+        if self._upload is not None:
+            await self._upload.close()
+            self._upload = None
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+class _Upload:
+    """One WebSocket upload connection: batches out in order, answers matched in order."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, site: str) -> None:
+        self._ws = ws
+        self._site = site
+        self._waiting: deque[asyncio.Future[dict[str, Any]]] = deque()
+        self._sending = asyncio.Lock()
+        self.broken: str = ""
+        self._reader = asyncio.create_task(self._read(), name=f"upload-answers:{site}")
+
+    async def send(self, body: bytes, answer_within: float) -> dict[str, Any]:
+        if self.broken:
+            raise LinkError(f"upload connection broken: {self.broken}", site=self._site)
+        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(answer_within):
+                async with self._sending:  # whole messages, in the order of the answers
+                    self._waiting.append(answer)
+                    try:
+                        await self._ws.send_bytes(body)
+                    except (aiohttp.ClientError, ConnectionError, RuntimeError, OSError) as exc:
+                        self._break(f"{type(exc).__name__}: {exc}")
+                return await asyncio.shield(answer)
+        except TimeoutError:
+            self._break(f"no answer within {answer_within:g}s")
+            await self.close()
+            raise LinkError(
+                f"upload: no answer within {answer_within:g}s (link stalled?)", site=self._site
+            ) from None
+
+    async def _read(self) -> None:
+        try:
+            async for msg in self._ws:
+                if msg.type is not aiohttp.WSMsgType.TEXT:
+                    self._break(f"unexpected {msg.type.name} message")
+                    break
+                try:
+                    data = json.loads(msg.data)
+                except ValueError:
+                    data = None
+                if not isinstance(data, dict) or not self._waiting:
+                    self._break(f"unexpected answer {msg.data!r:.200}")
+                    break
+                waiter = self._waiting.popleft()
+                if not waiter.done():
+                    waiter.set_result(data)
+            close = self._ws.close_code
+            self._break(f"closed by the gateway (code {close})" if close else "connection lost")
+        except (aiohttp.ClientError, ConnectionError, OSError) as exc:
+            self._break(f"{type(exc).__name__}: {exc}")
+        finally:
+            self._break("connection closed")
+
+    def _break(self, why: str) -> None:
+        """The connection is unusable: every batch still waiting gets a LinkError (it
+        may or may not have arrived; the site's holdings will tell)."""
+        if not self.broken:
+            self.broken = why
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_exception(LinkError(f"upload: {self.broken}", site=self._site))
+
+    async def close(self) -> None:
+        self._break("closed")
+        with contextlib.suppress(Exception):
+            await self._ws.close()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._reader

@@ -60,6 +60,8 @@ class _Cursor:
     floor: int | None = None
     in_flight: int = 0
     rewind: bool = False
+    #: bumped on every rewind: a batch built before it is stale
+    epoch: int = 0
     gaps: int = 0
     stalled: str = ""
 
@@ -71,6 +73,7 @@ class _Outgoing:
     last: int
     count: int
     body: bytes
+    epoch: int = 0
     task: asyncio.Task[SendResult] | None = None
 
 
@@ -136,24 +139,25 @@ class Session:
         (401/403)."""
         window: deque[_Outgoing] = deque()
         accepted = 0
+        #: the next batch, built (in a worker thread) while the window waits for answers
+        ahead: asyncio.Task[_Outgoing | None] | None = None
         try:
             while True:
                 while len(window) < self.link.in_flight and not self._stopping():
-                    out = await self._next()
+                    if ahead is not None:
+                        out, ahead = await ahead, None
+                        if out is not None and out.epoch != out.cursor.epoch:
+                            continue  # built before its stream was rewound: stale
+                    else:
+                        out = await self._next()
                     if out is None:
                         break
-                    await self.budget.pace(len(out.body))
-                    await self.budget.charge(len(out.body))
-                    self.metrics.uplink_bytes.labels(self.link.name).inc(len(out.body))
-                    self.metrics.budget_used.labels(self.link.name).set(self.budget.spent)
-                    out.cursor.in_flight += 1
-                    out.task = asyncio.create_task(
-                        self.gateway.send(out.cursor.stream, out.body),
-                        name=f"send:{self.site}:{out.cursor.stream}:{out.first}",
-                    )
+                    await self._launch(out)
                     window.append(out)
                 if not window:
                     return accepted
+                if ahead is None and not self._stopping():
+                    ahead = asyncio.create_task(self._next(), name=f"build:{self.site}")
                 accepted += await self._settle(window.popleft())
         except asyncio.CancelledError:
             for o in window:
@@ -162,10 +166,27 @@ class Session:
             window.clear()
             raise
         finally:
+            if ahead is not None:
+                ahead.cancel()
+                with contextlib.suppress(BaseException):
+                    await ahead
             # the rest of the window: take what the site confirmed, ignore the rest
             while window:
                 with contextlib.suppress(Exception):
                     accepted += await self._settle(window.popleft())
+
+    async def _launch(self, out: _Outgoing) -> None:
+        """Charge the budget (before the bytes go out: a crash must not hand out free
+        bytes) and start sending ``out``."""
+        await self.budget.pace(len(out.body))
+        await self.budget.charge(len(out.body))
+        self.metrics.uplink_bytes.labels(self.link.name).inc(len(out.body))
+        self.metrics.budget_used.labels(self.link.name).set(self.budget.spent)
+        out.cursor.in_flight += 1
+        out.task = asyncio.create_task(
+            self.gateway.send(out.cursor.stream, out.body),
+            name=f"send:{self.site}:{out.cursor.stream}:{out.first}",
+        )
 
     async def _settle(self, out: _Outgoing) -> int:
         c = out.cursor
@@ -189,6 +210,7 @@ class Session:
             c.held = gap.held.copy()
             await asyncio.to_thread(self.log.set_holdings, self.site, c.stream, c.held)
             c.pos, c.floor, c.rewind = None, None, True
+            c.epoch += 1
             if c.gaps >= MAX_GAPS:
                 c.stalled = "gap"
                 self._limited.warning(
@@ -267,8 +289,11 @@ class Session:
             if c.stalled or (c.rewind and c.in_flight):
                 continue
             c.rewind = False
+            epoch = c.epoch
             try:
-                out = await asyncio.to_thread(self._build, c)
+                out, pos, floor = await asyncio.to_thread(
+                    self._build, c, c.pos, c.floor, c.held, c.in_flight > 0
+                )
             except WireError as exc:  # a record the wire format cannot carry
                 c.stalled = exc.reason
                 self.metrics.uplink_failed.labels(self.site, c.stream, exc.reason).inc()
@@ -280,19 +305,28 @@ class Session:
                     str(exc),
                 )
                 continue
+            if c.epoch != epoch:  # rewound (a 409) while building: build again later
+                continue
+            c.pos, c.floor = pos, floor
             if out is not None:
                 return out
         return None
 
-    def _build(self, c: _Cursor) -> _Outgoing | None:
-        """Runs in a worker thread: the next batch of ``c``'s stream, or None."""
+    def _build(
+        self, c: _Cursor, pos: int | None, floor: int | None, held: RangeSet, busy: bool
+    ) -> tuple[_Outgoing | None, int | None, int | None]:
+        """Runs in a worker thread, so it reads a snapshot of the cursor (``pos``,
+        ``floor``, ``held``, ``busy``: batches of the stream in flight) and changes
+        nothing: the next batch of ``c``'s stream (or None) and the cursor's next
+        ``pos`` and ``floor``, which the caller applies unless the stream was rewound
+        meanwhile."""
         stream = c.stream
         first = self.log.first_seq(stream)
         last = self.log.stream_state(stream).next_seq - 1
-        pos = max(c.pos or first, first)
-        floor = max(c.floor or first, first)
+        pos = max(pos or first, first)
+        floor = max(floor or first, first)
         while pos <= last:
-            todo = c.held.missing(pos, last)
+            todo = held.missing(pos, last)
             if not todo:
                 break
             lo, hi = next(iter(todo))
@@ -308,21 +342,15 @@ class Session:
                 # seqs lo..start-1 are gone from the log and the site lacks them: the
                 # site must be told not to wait for them, but only once nothing
                 # earlier of this stream is in flight (or it would abandon those too)
-                if c.in_flight:
-                    return None
+                if busy:
+                    return None, pos, floor
                 floor = start
             if not recs:
                 pos = hi + 1
                 continue
-            run = _contiguous(recs)
-            out = self._encode(c, run, floor)
-            c.pos, c.floor = pos, floor
-            if out is None:
-                return None
-            c.pos = out.last + 1
-            return out
-        c.pos, c.floor = pos, floor
-        return None
+            out = self._encode(c, _contiguous(recs), floor)
+            return out, (pos if out is None else out.last + 1), floor
+        return None, pos, floor
 
     def _encode(self, c: _Cursor, recs: list[LogRecord], floor: int) -> _Outgoing | None:
         """Encode ``recs``; if today's budget cannot take them, as many as it can."""
@@ -338,7 +366,7 @@ class Session:
             )
             left = self.budget.remaining()
             if left is None or len(body) <= left:
-                return _Outgoing(c, recs[0].seq, recs[n - 1].seq, n, body)
+                return _Outgoing(c, recs[0].seq, recs[n - 1].seq, n, body, c.epoch)
             n = min(n - 1, int(n * left / len(body) * 0.97))
         self.budget.mark_spent_out()
         log.info(

@@ -10,8 +10,8 @@ A calm loop (``run``):
    ``uplink.refresh``;
 3. ``session.sync()``: send until the site lacks nothing (see session.py);
 4. on a link error: mark the link down, drop the session and its connections
-   (explicit reconnect), back off (tenacity: exponential with jitter, capped at
-   ``uplink.retry_max``) and start again at 2. A 401/403 puts that gateway aside for
+   (explicit reconnect), back off (tenacity: exponential from ``uplink.retry_min``,
+   growing by :data:`BACKOFF_GROWTH`, with jitter, capped at ``uplink.retry_max``) and start again at 2. A 401/403 puts that gateway aside for
    ``retry_max`` and the next attempt tries the others.
 """
 
@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 
 #: persist a link's last success at most this often while it stays up
 STATE_FLUSH_S = 5.0
+#: growth of the retry wait per failed attempt: gentler than doubling, so a short
+#: outage (seconds) is noticed to be over soon after it ends, while a long one still
+#: reaches retry_max within a few minutes (0.25 s x 1.5^n: 60 s after ~14 attempts)
+BACKOFF_GROWTH = 1.5
 
 
 class Uplink:
@@ -133,7 +137,10 @@ class Uplink:
                 first_failure["accepted"] = self._accepted
             n = state.attempt_number - first_failure["attempt"]
             # exponential with jitter, capped (what tenacity's wait_exponential_jitter does)
-            return min(u.retry_min_s * 2**n + random.uniform(0, u.retry_min_s), u.retry_max_s)
+            return min(
+                u.retry_min_s * BACKOFF_GROWTH**n + random.uniform(0, u.retry_min_s),
+                u.retry_max_s,
+            )
 
         retrying = AsyncRetrying(
             retry=retry_if_exception(lambda e: isinstance(e, UplinkError) and e.retryable),

@@ -48,7 +48,14 @@ class RangeSet:
     @classmethod
     def from_seqs(cls, seqs: Iterable[int]) -> RangeSet:
         out = cls()
-        for s in sorted(seqs):
+        ordered = sorted(seqs)
+        if not ordered:
+            return out
+        lo, hi = ordered[0], ordered[-1]
+        if hi - lo + 1 == len(ordered) and ordered == list(range(lo, hi + 1)):
+            out.add_range(lo, hi)  # the usual case (a batch's seqs): one run, no loop
+            return out
+        for s in ordered:
             out.add_range(s, s)
         return out
 
@@ -107,6 +114,10 @@ class RangeSet:
     def contains_range(self, lo: int, hi: int) -> bool:
         i = bisect.bisect_right(self._los, lo) - 1
         return i >= 0 and hi <= self._his[i]
+
+    def contains_all(self, other: RangeSet) -> bool:
+        """Is every seq of ``other`` in this set?"""
+        return all(self.contains_range(lo, hi) for lo, hi in other)
 
     def overlaps(self, lo: int, hi: int) -> bool:
         i = bisect.bisect_left(self._his, lo)

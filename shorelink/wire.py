@@ -16,6 +16,8 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter
 
 import zstandard
 
@@ -52,7 +54,7 @@ __all__ = [
 
 CONTENT_TYPE = "application/x-shorelink-batch"
 MAGIC = b"SLKB"
-VERSION = 1
+VERSION = 2
 _KNOWN_FLAGS = FLAG_TEMPLATED
 
 MAX_SEQ = 2**63 - 1
@@ -62,6 +64,8 @@ _U32 = 2**32 - 1
 _FIXED = struct.Struct("<4sBBBBQIQIII")
 _CRC_AT = 36
 _MAX_WINDOW = 1 << 27  # zstd's own default cap on the window a decoder accepts
+_SEQ = attrgetter("seq")
+_TS = attrgetter("ts_ms")
 
 
 @dataclass(frozen=True)
@@ -192,13 +196,20 @@ def _check_records(records: tuple[WireRecord, ...], first_available: object) -> 
         raise WireError(
             "bad_seq_range", f"first_available {first_available!r} is not in 1..{first}"
         )
-    for i, r in enumerate(records):
-        if r.seq != first + i:
-            raise WireError(
-                "bad_seq_range", f"seqs must be contiguous ascending: {r.seq!r} at {first + i}"
-            )
-        if not isinstance(r.ts_ms, int) or not I64_MIN <= r.ts_ms <= I64_MAX:
-            raise WireError("malformed", f"seq {r.seq}: ts_ms {r.ts_ms!r} is not an int64")
+    seqs = list(map(_SEQ, records))
+    if seqs != list(range(first, first + len(records))):
+        i = next(i for i, s in enumerate(seqs) if s != first + i)
+        raise WireError(
+            "bad_seq_range", f"seqs must be contiguous ascending: {seqs[i]!r} at {first + i}"
+        )
+    times = list(map(_TS, records))
+    if not all(map(isinstance, times, repeat(int))) or not (
+        min(times) >= I64_MIN and max(times) <= I64_MAX
+    ):
+        i = next(
+            i for i, t in enumerate(times) if not isinstance(t, int) or not I64_MIN <= t <= I64_MAX
+        )
+        raise WireError("malformed", f"seq {seqs[i]}: ts_ms {times[i]!r} is not an int64")
 
 
 def _check_limits(count: int, total: int, raw: int, decoded: int, limits: Limits) -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import WSMsgType, web
 
 from edge_agent.errors import GatewayGap, GatewayRejected
-from shorelink.wire import CONTENT_TYPE
+from shorelink.wire import CONTENT_TYPE, peek_header
 from tests.edge_agent.memory_gateway import MemoryGateway
 
 TOKEN = "tok-bigblue"
@@ -45,31 +45,53 @@ def api_app(site: MemoryGateway, override: dict[str, Any] | None = None) -> web.
             {"ship": "bigblue", "site": site.site, "streams": {s: str(r) for s, r in held.items()}}
         )
 
+    async def answer(stream: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+        if stream is None:  # an upload message: the batch names its stream
+            stream = peek_header(body).stream
+        try:
+            res = await site.send(stream, body)
+        except GatewayGap as gap:
+            return 409, {"error": "gap", "message": str(gap), "held": str(gap.held)}
+        except GatewayRejected as exc:
+            return exc.status, {"error": exc.error_code, "message": str(exc)}
+        return 200, {
+            "ship": "bigblue",
+            "site": site.site,
+            "stream": stream,
+            "held": str(res.held),
+            "written": str(res.written),
+        }
+
     async def batches(request: web.Request) -> web.Response:
         if request.headers.get("Content-Type") != CONTENT_TYPE:
             return web.json_response({"error": "bad_type", "message": "?"}, status=415)
-        stream = request.match_info["stream"]
-        try:
-            res = await site.send(stream, await request.read())
-        except GatewayGap as gap:
-            return web.json_response(
-                {"error": "gap", "message": str(gap), "held": str(gap.held)}, status=409
-            )
-        except GatewayRejected as exc:
-            return web.json_response(
-                {"error": exc.error_code, "message": str(exc)}, status=exc.status
-            )
-        return web.json_response(
-            {
-                "ship": "bigblue",
-                "site": site.site,
-                "stream": stream,
-                "held": str(res.held),
-                "written": str(res.written),
-            }
-        )
+        status, payload = await answer(request.match_info["stream"], await request.read())
+        return web.json_response(payload, status=status)
+
+    async def upload(request: web.Request) -> web.WebSocketResponse:
+        """Batches as binary messages, one JSON answer each, in order; ``override``
+        key ``"answer"`` replaces every answer: (status, dict) or raw text."""
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for msg in ws:
+            if msg.type is not WSMsgType.BINARY:
+                break
+            fixed = override.get("answer")
+            if fixed is not None:
+                if callable(fixed):
+                    fixed = await fixed()
+                status, payload = fixed
+                if isinstance(payload, str):
+                    await ws.send_str(payload)
+                else:
+                    await ws.send_json({"status": status, **payload})
+                continue
+            status, payload = await answer(None, msg.data)
+            await ws.send_json({"status": status, **payload})
+        return ws
 
     app = web.Application(middlewares=[auth])
     app.router.add_get("/v1/ships/{ship}/holdings", holdings)
     app.router.add_post("/v1/ships/{ship}/streams/{stream}/batches", batches)
+    app.router.add_get("/v1/ships/{ship}/upload", upload)
     return app

@@ -141,7 +141,7 @@ async def test_http_sends_bearer_token_and_maps_401_403(server: Server) -> None:
 async def test_http_status_becomes_the_right_exception(
     server: Server, status: int, payload: Any, error: type[Exception]
 ) -> None:
-    server.override["/v1/ships/bigblue/streams/containers/batches"] = (status, payload)
+    server.override["answer"] = (status, payload)
     client = server.client()
     with pytest.raises(error) as exc:
         await client.send("containers", body(1, 3))
@@ -150,14 +150,43 @@ async def test_http_status_becomes_the_right_exception(
     await client.close()
 
 
-async def test_http_timeout_and_refused_connection_are_link_errors(server: Server) -> None:
-    async def slow(_request: web.Request) -> web.Response:
-        await asyncio.sleep(1)
-        return web.json_response({})
+@pytest.mark.parametrize(
+    ("status", "error", "link_wide"),
+    [(401, GatewayRejected, True), (403, GatewayRejected, True), (503, LinkError, False)],
+)
+async def test_http_upload_refused_before_the_upgrade(
+    server: Server, status: int, error: type[Exception], link_wide: bool
+) -> None:
+    """The upload connection is refused (bad token, gateway not ready): the same
+    exceptions as for a refused request."""
+    server.override["/v1/ships/bigblue/upload"] = (status, {"error": "x", "message": "no"})
+    client = server.client()
+    with pytest.raises(error) as exc:
+        await client.send("containers", body(1, 3))
+    assert getattr(exc.value, "link_wide", False) == link_wide
+    await client.close()
 
-    server.override["/v1/ships/bigblue/streams/containers/batches"] = slow
+
+async def test_http_pipelined_batches_are_answered_in_order(server: Server) -> None:
+    """Several sends in flight on the one upload connection: each gets its own answer
+    (matched by order), and the site took them in the order they were sent."""
+    client = server.client()
+    results = await asyncio.gather(
+        *(client.send("containers", body(10 * i + 1, 10 * i + 10)) for i in range(8))
+    )
+    assert [r.written for r in results] == [RangeSet([(10 * i + 1, 10 * i + 10)]) for i in range(8)]
+    assert results[-1].held == RangeSet([(1, 80)])
+    await client.close()
+
+
+async def test_http_timeout_and_refused_connection_are_link_errors(server: Server) -> None:
+    async def slow() -> tuple[int, dict[str, Any]]:
+        await asyncio.sleep(1)
+        return 200, {}
+
+    server.override["answer"] = slow
     client = server.client(link=LinkConfig("port_wifi", timeout_s=0.3))
-    with pytest.raises(LinkError, match="Timeout"):
+    with pytest.raises(LinkError, match="no answer within"):
         await client.send("containers", body(1, 3))
     await client.close()
     dead = server.client(url=f"http://127.0.0.1:{free_port()}")

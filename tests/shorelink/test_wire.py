@@ -46,7 +46,7 @@ def forge(
     *,
     compressed: bytes | None = None,
     magic: bytes = b"SLKB",
-    version: int = 1,
+    version: int = 2,
     flags: int = 0,
     origin: bytes = b"bigblue",
     stream: bytes = b"containers",
@@ -389,8 +389,10 @@ def test_count_beyond_the_limit_is_refused_from_the_header() -> None:
         (b"SL", "truncated"),
         (b"NOPE" + GOOD[4:], "bad_magic"),
         (b"{}", "bad_magic"),
-        (GOOD[:4] + b"\x02" + GOOD[5:], "bad_version"),
-        (b"SLKB\x02", "bad_version"),
+        (GOOD[:4] + b"\x01" + GOOD[5:], "bad_version"),
+        (GOOD[:4] + b"\x03" + GOOD[5:], "bad_version"),
+        (b"SLKB\x01", "bad_version"),
+        (b"SLKB\x03", "bad_version"),
         (forge(b"\0", flags=0x80), "bad_version"),
         (forge(b"\0", origin=b"Big Blue"), "bad_name"),
         (forge(b"\0", stream=b""), "bad_name"),
@@ -461,7 +463,7 @@ def test_header_layout_is_the_documented_one() -> None:
     magic, version, flags, olen, slen, first, count, avail, raw_len, clen, crc = (
         DOC_FIXED.unpack_from(data)
     )
-    assert (magic, version, olen, slen) == (b"SLKB", 1, 7, 10)
+    assert (magic, version, olen, slen) == (b"SLKB", 2, 7, 10)
     assert (first, count, avail) == (1, 6, 1)
     assert data[40:57] == b"bigblue" + b"containers"
     assert clen == len(data) - 57
@@ -508,17 +510,24 @@ GOLDEN_V1 = bytes.fromhex(
 )
 
 
-def test_a_frozen_v1_batch_still_decodes() -> None:
-    """Ships at sea run old software for months: every gateway release must read the v1
-    bytes they send, templated columns included."""
+GOLDEN_V2 = bytes.fromhex(
+    "534c4b420201070a2900000000000000040000002900000000000000cb000000b4000000ec3010cf62696762"
+    "6c7565636f6e7461696e65727328b52ffd20cb5d0500740802000b084d53435531323334353635706f736974"
+    "696f6e190b0004ff626967626c75652f6465636b332f636f6e7461696e6572732f2f656e766e61760001133c"
+    "8e0004a791a87cdadbdadc769b010002060f11027b227473223a2c2274656d7065726174757265646f6f7222"
+    "3a22636c6f736564227dc3a9030702000111a5011100fe2b00fffe0e08f006e7016e204e065c65da283b8081"
+    "04bc707527d081abd221a07c7bca00c002"
+)
+
+
+def golden_batch() -> Batch:
     topic = "bigblue/deck3/containers/MSCU1234565/env"
 
     def reading(seq: int, ts: int, temp: str) -> WireRecord:
         payload = f'{{"ts":{ts // 1000}.{ts % 1000:03d},"temperature":{temp},"door":"closed"}}'
         return WireRecord(seq, "MSCU1234565", ts, topic, payload.encode())
 
-    assert peek_header(GOLDEN_V1).flags == FLAG_TEMPLATED
-    assert decode_batch(GOLDEN_V1) == Batch(
+    return Batch(
         "bigblue",
         "containers",
         (
@@ -529,3 +538,22 @@ def test_a_frozen_v1_batch_still_decodes() -> None:
         ),
         first_available=41,
     )
+
+
+def test_a_frozen_v2_batch_still_decodes() -> None:
+    """Ships at sea run old software for months: every gateway release must read the v2
+    bytes they send, templated columns included."""
+    assert peek_header(GOLDEN_V2).flags == FLAG_TEMPLATED
+    assert peek_header(GOLDEN_V2).version == 2
+    assert decode_batch(GOLDEN_V2) == golden_batch()
+
+
+def test_a_v1_batch_is_refused_by_version() -> None:
+    """No ship ever sent v1 (none was deployed before v2), so the gateway reads only v2
+    and says so, before looking at anything past the version byte."""
+    assert GOLDEN_V1[4] == 1
+    for data in (GOLDEN_V1, GOLDEN_V1[:5], GOLDEN_V1[:40]):
+        assert reason(data) == "bad_version"
+        with pytest.raises(WireError) as info:
+            peek_header(data, complete=False)
+        assert info.value.reason == "bad_version"

@@ -1,0 +1,121 @@
+"""The WebSocket upload: a ship's batches pipelined on one connection.
+
+``GET /v1/ships/{ship}/upload`` (bearer token, as every API call) upgrades to a
+WebSocket. The ship sends each encoded batch (``shorelink.wire``, any of its streams)
+as one binary message; the gateway answers every batch with one JSON text message, in
+the order the batches came: ``{"status": 200, "stream", "first_seq", "last_seq",
+"held", "written", ...}`` once Kafka committed it, or ``{"status": 4xx/503, "error",
+"message", ...}`` (a 409 carries ``held``) exactly as ``POST .../batches`` would have
+answered (docs/gateway-api.md).
+
+Why a WebSocket beside the POST: on a link with a long round trip, one request per
+batch leaves the link idle for a round trip per batch, and parallel requests run on
+parallel connections, which then all break in the same outage. On one connection the
+batches cross the link one after the other while the earlier ones are being written,
+so the link stays busy, and an outage cuts only what was still on the wire.
+
+The gateway admits batches in the order they arrive (a batch may build on the ones
+before it that are still being written, see ``GatewayService.admit``) and keeps at most
+:data:`UPLOAD_WINDOW` of them in progress per connection (then it stops reading: TCP
+flow control holds the ship back). A batch received whole is written even if the
+connection breaks before its answer leaves: the ship finds it in the holdings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from core_gateway.errors import ApiError
+
+if TYPE_CHECKING:
+    from core_gateway.app import GatewayService
+
+__all__ = ["ROUTE", "UPLOAD_WINDOW", "serve_upload"]
+
+log = logging.getLogger(__name__)
+
+ROUTE = "/v1/ships/{ship}/upload"
+#: batches in progress (received, not answered yet) per connection
+UPLOAD_WINDOW = 16
+
+
+async def serve_upload(
+    service: GatewayService,
+    request: web.Request,
+    ship: str,
+    authorized: Callable[[], None],
+) -> web.WebSocketResponse:
+    """Serve one upload connection of ``ship`` (already authenticated). ``authorized``
+    raises ApiError once the ship's token was revoked (checked for every batch)."""
+    cfg = service.cfg
+    ws = web.WebSocketResponse(
+        max_msg_size=cfg.limits.max_compressed_bytes,
+        heartbeat=cfg.upload_heartbeat_s,
+        compress=False,
+    )
+    await ws.prepare(request)
+    service.metrics.uploads.inc()
+    replies: asyncio.Queue[asyncio.Future[dict[str, Any]] | None] = asyncio.Queue(UPLOAD_WINDOW)
+    answering = asyncio.create_task(_answer(service, ws, replies), name=f"upload:{ship}")
+    batches = 0
+    log.info("event=upload_open ship=%s peer=%s", ship, request.remote)
+    try:
+        async for msg in ws:
+            if msg.type is WSMsgType.BINARY:
+                batches += 1
+                await replies.put(await _receive(service, ship, authorized, msg.data))
+            elif msg.type is WSMsgType.TEXT:
+                await ws.close(
+                    code=WSCloseCode.UNSUPPORTED_DATA,
+                    message=b"send batches as binary messages",
+                )
+                break
+    finally:
+        await replies.put(None)
+        await answering
+        service.metrics.uploads.dec()
+        log.info(
+            "event=upload_closed ship=%s batches=%d close_code=%s",
+            ship,
+            batches,
+            ws.close_code,
+        )
+    return ws
+
+
+async def _receive(
+    service: GatewayService, ship: str, authorized: Callable[[], None], body: bytes
+) -> asyncio.Future[dict[str, Any]]:
+    """Admit one batch (in arrival order); a refusal becomes an answered future."""
+    try:
+        authorized()
+        return await service.receive(ship, None, body)
+    except ApiError as exc:
+        refused: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        refused.set_exception(exc)
+        return refused
+
+
+async def _answer(
+    service: GatewayService,
+    ws: web.WebSocketResponse,
+    replies: asyncio.Queue[asyncio.Future[dict[str, Any]] | None],
+) -> None:
+    """Send each batch's answer, in order. Runs to the end of the queue even when the
+    connection is gone, so every write is waited for (and its holdings recorded)."""
+    while (pending := await replies.get()) is not None:
+        try:
+            reply = {"status": 200, **await pending}
+        except ApiError as exc:
+            service.refused(exc, ROUTE)
+            reply = {"status": exc.status, "error": exc.code, "message": str(exc), **exc.extra}
+        service.metrics.requests.labels(ROUTE, str(reply["status"])).inc()
+        if not ws.closed:
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                await ws.send_json(reply)
