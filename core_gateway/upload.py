@@ -1,7 +1,9 @@
 """The WebSocket upload: a ship's batches pipelined on one connection.
 
 ``GET /v1/ships/{ship}/upload`` (bearer token, as every API call) upgrades to a
-WebSocket. The ship sends each encoded batch (``shorelink.wire``, any of its streams)
+WebSocket. The gateway's first message is what the site holds of the ship (the body of
+``GET .../holdings`` plus ``"type": "holdings"``), so a ship starts sending one round
+trip after connecting, without a request of its own. Then the ship sends each encoded batch (``shorelink.wire``, any of its streams)
 as one binary message; the gateway answers every batch with one JSON text message, in
 the order the batches came: ``{"status": 200, "stream", "first_seq", "last_seq",
 "held", "written", ...}`` once Kafka committed it, or ``{"status": 4xx/503, "error",
@@ -60,6 +62,14 @@ async def serve_upload(
         compress=False,
     )
     await ws.prepare(request)
+    await ws.send_json(
+        {
+            "type": "holdings",
+            "ship": ship,
+            "site": cfg.site,
+            "streams": service.holdings_for(ship),
+        }
+    )
     service.metrics.uploads.inc()
     replies: asyncio.Queue[asyncio.Future[dict[str, Any]] | None] = asyncio.Queue(UPLOAD_WINDOW)
     answering = asyncio.create_task(_answer(service, ws, replies), name=f"upload:{ship}")

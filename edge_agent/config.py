@@ -122,8 +122,10 @@ class LinkConfig:
     cost: int = 10
     #: per request (connect + send + Kafka commit + reply)
     timeout_s: float = 30.0
-    #: batches in flight at once (pipelining, for high-latency links); a broken
-    #: connection costs at most this many batches resent
+    #: batches in flight at once on the upload connection (pipelining: the next batch
+    #: crosses the link while the site writes the previous one); a broken connection
+    #: costs at most this many batches resent, and a batch the site received whole is
+    #: not resent (it was written)
     in_flight: int = 1
 
     def carries(self, stream: str) -> bool:
@@ -142,8 +144,26 @@ DEFAULT_LINKS: dict[str, LinkConfig] = {
         timeout_s=60.0,
         in_flight=1,
     ),
-    "cellular": LinkConfig("cellular", cost=20, timeout_s=30.0, in_flight=3),
-    "port_wifi": LinkConfig("port_wifi", cost=1, timeout_s=30.0, in_flight=3),
+    # Port links: batches as large as a gateway takes (50,000 records, about 100 KB of
+    # container telemetry), two in flight: one crosses the link while the site writes
+    # the other, and a batch of 100 KB outlasts a round trip on a link of a few Mbit/s,
+    # so the link stays busy and an outage cuts about one batch (bench/uplink.py).
+    "cellular": LinkConfig(
+        "cellular",
+        batch_max_records=50_000,
+        batch_max_bytes=16 * 1024 * 1024,
+        cost=20,
+        timeout_s=30.0,
+        in_flight=2,
+    ),
+    "port_wifi": LinkConfig(
+        "port_wifi",
+        batch_max_records=50_000,
+        batch_max_bytes=16 * 1024 * 1024,
+        cost=1,
+        timeout_s=30.0,
+        in_flight=2,
+    ),
 }
 
 

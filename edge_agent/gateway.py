@@ -1,9 +1,11 @@
 """The uplink's one seam: a shore gateway that says what it holds and takes batches.
 
 :class:`Gateway` is the protocol the uplink talks to; :class:`HttpGateway` speaks the
-gateway's API (``docs/gateway-api.md``) with one aiohttp session per gateway: holdings
-with ``GET .../holdings``, batches on one WebSocket (``GET .../upload``), where they
-cross the link one after the other and are answered in order. Several batches may be
+gateway's API (``docs/gateway-api.md``) with one aiohttp session per gateway and one
+WebSocket upload connection (``GET .../upload``): the gateway's first message on it is
+the site's holdings (so asking for them is opening the connection: one round trip
+less after every outage), then batches cross the link one after the other and are
+answered in order. Several batches may be
 in flight at once (the session's window): each ``send`` waits for its own answer. The
 tests drive the uplink through an in-memory implementation of the same protocol.
 
@@ -118,13 +120,12 @@ class HttpGateway:
         return self._session
 
     async def holdings(self) -> dict[str, RangeSet]:
-        path = f"/v1/ships/{self._ship}/holdings"
-        data = await self._request("GET", path)
-        try:
-            streams = data["streams"]
-            return {str(s): RangeSet.parse(str(r)) for s, r in streams.items()}
-        except (KeyError, AttributeError, TypeError, ValueError) as exc:
-            raise LinkError(f"GET {path}: unexpected reply {data!r:.200}", site=self.site) from exc
+        """What the site holds now: the first message of a fresh upload connection
+        (an open one is replaced; the session that used it is over)."""
+        if self._upload is not None:
+            await self._upload.close()
+            self._upload = None
+        return (await self._open_upload()).held
 
     async def send(self, stream: str, body: bytes) -> SendResult:
         """Send one batch on the upload connection (opened if needed) and wait for its
@@ -167,35 +168,18 @@ class HttpGateway:
                 raise  # not reached
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 raise LinkError(f"GET {path}: {type(exc).__name__}: {exc}", site=self.site) from exc
-            self._upload = _Upload(ws, self.site)
+            try:
+                async with asyncio.timeout(self._link.timeout_s):
+                    hello = await ws.receive()
+                held = _parse_hello(hello)
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+                await ws.close()
+                raise LinkError(
+                    f"GET {path}: no holdings from the gateway: {type(exc).__name__}: {exc}",
+                    site=self.site,
+                ) from exc
+            self._upload = _Upload(ws, self.site, held)
             return self._upload
-
-    async def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        stream: str = "",
-        **kwargs: Any,
-    ) -> dict[str, Any]:
-        try:
-            async with self._client().request(method, self.url + path, **kwargs) as resp:
-                status = resp.status
-                raw = await resp.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise LinkError(
-                f"{method} {path}: {type(exc).__name__}: {exc}", site=self.site
-            ) from exc
-        try:
-            data = json.loads(raw) if raw else {}
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            # e.g. a captive portal or proxy answering in HTML: not the gateway
-            raise LinkError(f"{method} {path}: HTTP {status}, not the API's JSON", site=self.site)
-        if status != 200:
-            self._raise_for(status, data, f"{method} {path}", stream)
-        return data
 
     def _raise_for(self, status: int, data: dict[str, Any], what: str, stream: str) -> None:
         """Raise the edge_agent error for a non-200 answer (see the module docstring)."""
@@ -226,9 +210,13 @@ class HttpGateway:
 class _Upload:
     """One WebSocket upload connection: batches out in order, answers matched in order."""
 
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse, site: str) -> None:
+    def __init__(
+        self, ws: aiohttp.ClientWebSocketResponse, site: str, held: dict[str, RangeSet]
+    ) -> None:
         self._ws = ws
         self._site = site
+        #: what the site held when the connection opened (its first message)
+        self.held = held
         self._waiting: deque[asyncio.Future[dict[str, Any]]] = deque()
         self._sending = asyncio.Lock()
         self.broken: str = ""
@@ -294,3 +282,16 @@ class _Upload:
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._reader
+
+
+def _parse_hello(msg: aiohttp.WSMessage) -> dict[str, RangeSet]:
+    """The gateway's first upload message: stream -> held seqs. ValueError if it is not."""
+    if msg.type is not aiohttp.WSMsgType.TEXT:
+        raise ValueError(f"first message is {msg.type.name}, not the holdings")
+    data = json.loads(msg.data)
+    if not isinstance(data, dict) or data.get("type") != "holdings":
+        raise ValueError(f"first message is not the holdings: {msg.data!r:.200}")
+    streams = data.get("streams")
+    if not isinstance(streams, dict):
+        raise ValueError(f"holdings without streams: {msg.data!r:.200}")
+    return {str(s): RangeSet.parse(str(r)) for s, r in streams.items()}

@@ -95,6 +95,12 @@ class EdgeMetrics:
             p + "quarantine_rows", "Messages kept in the quarantine table", registry=r
         )
         # -- uplink (edge_agent/uplink.py, edge_agent/session.py) --
+        self.uplink_build_seconds = Histogram(
+            p + "uplink_batch_build_seconds",
+            "Time to read a batch from the log and encode it (a worker thread)",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
         self.uplink_bytes = Counter(
             p + "uplink_bytes_sent",
             "Request body bytes sent to gateways (what link budgets count)",

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -290,6 +291,7 @@ class Session:
                 continue
             c.rewind = False
             epoch = c.epoch
+            t0 = time.monotonic()
             try:
                 out, pos, floor = await asyncio.to_thread(
                     self._build, c, c.pos, c.floor, c.held, c.in_flight > 0
@@ -309,6 +311,7 @@ class Session:
                 continue
             c.pos, c.floor = pos, floor
             if out is not None:
+                self.metrics.uplink_build_seconds.observe(time.monotonic() - t0)
                 return out
         return None
 

@@ -3,6 +3,7 @@ operator commands work."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import random
@@ -15,8 +16,13 @@ import urllib.request
 from pathlib import Path
 
 from core_gateway.auth import Credentials
+from edge_agent.config import GatewayConfig as EdgeGatewayConfig
+from edge_agent.config import LinkConfig
+from edge_agent.errors import LinkError
+from edge_agent.gateway import HttpGateway
 from local_stack.kafka import KafkaBroker
 from local_stack.process import free_port
+from shorelink.config import Secret
 from tests.conftest import unique
 from tests.core_gateway.conftest import batch, ingress_seqs
 
@@ -125,6 +131,69 @@ def test_gateway_kill9_during_uploads_leaves_every_identity_once(
             next_seq = int(held.split("-")[-1]) + 1 if held else 1
             assert "," not in held, f"holdings have a gap: {held}"
     finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    assert kills >= 3
+    seqs = ingress_seqs(kafka, ship)
+    assert sorted(seqs) == list(range(1, total + 1)), "gap in sl.ingress"
+    assert max(seqs.values()) == 1, "an identity was written twice"
+
+
+async def test_gateway_kill9_during_pipelined_uploads_leaves_every_identity_once(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """The edge agent's client (one WebSocket, four batches in flight, several per Kafka
+    transaction) against a gateway killed at random moments: what the holdings say
+    after each restart is exactly what Kafka has, once, without a gap."""
+    port = free_port()
+    cfg = _write_config(tmp_path, kafka, port)
+    ship = unique("ship")
+    token = Credentials(tmp_path / "ships.json").add(ship)
+    link = LinkConfig("port_wifi", timeout_s=10.0, in_flight=4)
+    gw = HttpGateway(
+        EdgeGatewayConfig("tokyo", f"http://127.0.0.1:{port}", "port_wifi"),
+        link,
+        ship,
+        Secret(token),
+    )
+    rng = random.Random(5)
+    total, kills = 20_000, 0
+    proc = _start(cfg, tmp_path / "gw.log")
+    loop = asyncio.get_running_loop()
+    try:
+        await asyncio.to_thread(_wait_ready, port)
+        while True:
+            held = (await gw.holdings())["containers"]
+            assert len(held) <= 1, f"holdings have a gap: {held}"
+            next_seq = held.contiguous_end() + 1
+            if next_seq > total:
+                break
+            bodies = []
+            for _ in range(rng.randint(2, 8)):
+                hi = min(total, next_seq + rng.randint(100, 600) - 1)
+                bodies.append(batch(ship, next_seq, hi))
+                next_seq = hi + 1
+                if next_seq > total:
+                    break
+            killed = kills < 6 and rng.random() < 0.7
+            if killed:
+                loop.call_later(rng.uniform(0, 0.15), proc.send_signal, signal.SIGKILL)
+            window = asyncio.Semaphore(link.in_flight)
+
+            async def send(body: bytes, window: asyncio.Semaphore = window) -> None:
+                async with window:
+                    with contextlib.suppress(LinkError):
+                        await gw.send("containers", body)
+
+            await asyncio.gather(*(send(b) for b in bodies))
+            if killed:
+                await asyncio.to_thread(proc.wait, 10)
+                kills += 1
+                await gw.reset()
+                proc = _start(cfg, tmp_path / "gw.log")
+                await asyncio.to_thread(_wait_ready, port)
+    finally:
+        await gw.close()
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     assert kills >= 3

@@ -73,6 +73,15 @@ def api_app(site: MemoryGateway, override: dict[str, Any] | None = None) -> web.
         key ``"answer"`` replaces every answer: (status, dict) or raw text."""
         ws = web.WebSocketResponse()
         await ws.prepare(request)
+        held = await site.holdings()
+        await ws.send_json(
+            {
+                "type": "holdings",
+                "ship": "bigblue",
+                "site": site.site,
+                "streams": {s: str(r) for s, r in held.items()},
+            }
+        )
         async for msg in ws:
             if msg.type is not WSMsgType.BINARY:
                 break

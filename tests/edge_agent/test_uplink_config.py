@@ -20,6 +20,7 @@ from edge_agent.config import (
 )
 from shorelink.config import load_toml
 from shorelink.errors import ConfigError
+from shorelink.wire import Limits
 from tests.edge_agent.uplink_helpers import uplink_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +67,10 @@ def test_link_defaults_in_code(tmp_path: Path) -> None:
     assert not sat.carries("containers") and sat.carries("nav")
     for link in (cell, wifi):
         assert link.carries("containers") and link.daily_budget_bytes == 0
-        assert (link.batch_max_records, link.batch_max_bytes) == (5000, 1024 * 1024)
+        # large batches, two in flight (pipelined on the upload connection), and never
+        # more records than a gateway takes by default
+        assert (link.batch_max_records, link.in_flight) == (50_000, 2)
+        assert link.batch_max_records <= Limits().max_records
     assert wifi.cost < cell.cost < sat.cost
     assert cfg.gateways == ()  # no gateways: ingest only
 

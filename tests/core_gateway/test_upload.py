@@ -1,0 +1,168 @@
+"""The WebSocket upload (core_gateway/upload.py) against real Kafka: holdings first,
+pipelined batches answered in order and written once, refusals that are answers (the
+connection goes on), and the writer's rule that a batch built on a failed one fails."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from core_gateway.auth import Credentials
+from core_gateway.errors import KafkaWriteError
+from core_gateway.writer import KafkaWriter, Write
+from local_stack.kafka import KafkaBroker
+from shorelink.ranges import RangeSet
+from tests.core_gateway.conftest import (
+    RunningGateway,
+    batch,
+    gateway_config,
+    ingress_seqs,
+    records,
+)
+
+
+async def _connect(
+    s: aiohttp.ClientSession, gw: RunningGateway
+) -> tuple[aiohttp.ClientWebSocketResponse, dict[str, Any]]:
+    ws = await s.ws_connect(
+        f"{gw.url}/v1/ships/{gw.ship}/upload",
+        headers={"Authorization": f"Bearer {gw.token}"},
+    )
+    hello = json.loads((await ws.receive(timeout=10)).data)
+    return ws, hello
+
+
+async def _answer(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
+    msg = await ws.receive(timeout=30)
+    assert msg.type is aiohttp.WSMsgType.TEXT, msg
+    data = json.loads(msg.data)
+    assert isinstance(data, dict)
+    return data
+
+
+async def test_upload_starts_with_holdings_and_pipelined_batches_are_written_once(
+    gateway: RunningGateway, kafka: KafkaBroker
+) -> None:
+    """Twelve batches sent without waiting (one overlapping the one before, as a resend
+    after a lost answer would): twelve answers in order, each seq in Kafka once."""
+    async with aiohttp.ClientSession() as s:
+        ws, hello = await _connect(s, gateway)
+        assert hello == {
+            "type": "holdings",
+            "ship": gateway.ship,
+            "site": "tokyo",
+            "streams": {"alerts": "", "nav": "", "containers": ""},
+        }
+        ranges = [(100 * i + 1, 100 * i + 100) for i in range(10)]
+        ranges.insert(5, (450, 520))  # overlaps 401-500 (maybe not committed yet) and 501-600
+        ranges.append((990, 1010))
+        for lo, hi in ranges:
+            await ws.send_bytes(batch(gateway.ship, lo, hi))
+        answers = [await _answer(ws) for _ in ranges]
+        assert [(a["status"], a["first_seq"], a["last_seq"]) for a in answers] == [
+            (200, lo, hi) for lo, hi in ranges
+        ]
+        assert answers[5]["written"] == "501-520"  # 450-500 were already on their way
+        assert answers[6]["written"] == "521-600"
+        assert answers[-1]["held"] == "1-1010"
+        await ws.close()
+        ws, hello = await _connect(s, gateway)
+        assert hello["streams"]["containers"] == "1-1010"
+        await ws.close()
+    seqs = ingress_seqs(kafka, gateway.ship)
+    assert sorted(seqs) == list(range(1, 1011)) and max(seqs.values()) == 1
+
+
+async def test_upload_refusals_are_answers_and_the_connection_goes_on(
+    gateway: RunningGateway, kafka: KafkaBroker
+) -> None:
+    other = "not-" + gateway.ship
+    async with aiohttp.ClientSession() as s:
+        ws, _ = await _connect(s, gateway)
+        bad = [
+            (batch(gateway.ship, 50, 60), 409, "gap"),
+            (b"\x00" * 64, 400, "bad_magic"),
+            (batch(other, 1, 5), 403, "wrong_origin"),
+            (batch(gateway.ship, 1, 5, stream="weather"), 404, "unknown_stream"),
+        ]
+        for body, _, _ in bad:
+            await ws.send_bytes(body)
+        await ws.send_bytes(batch(gateway.ship, 1, 10))
+        for _, status, code in bad:
+            a = await _answer(ws)
+            assert (a["status"], a["error"]) == (status, code), a
+            assert a["message"]
+        assert (await _answer(ws))["held"] == "1-10"
+        gap = bad[0]
+        await ws.send_bytes(gap[0])
+        assert (await _answer(ws))["held"] == "1-10"  # a 409 says what the site holds
+        await ws.send_str("hello?")  # batches are binary: the gateway closes
+        msg = await ws.receive(timeout=10)
+        assert msg.type is aiohttp.WSMsgType.CLOSE and ws.close_code == 1003
+    assert sorted(ingress_seqs(kafka, gateway.ship)) == list(range(1, 11))
+    assert not ingress_seqs(kafka, other)
+
+
+async def test_upload_of_a_revoked_ship_gets_401_answers(
+    gateway: RunningGateway, kafka: KafkaBroker
+) -> None:
+    """A connection opened before ``ships revoke`` writes nothing afterwards."""
+    async with aiohttp.ClientSession() as s:
+        ws, _ = await _connect(s, gateway)
+        await ws.send_bytes(batch(gateway.ship, 1, 10))
+        assert (await _answer(ws))["status"] == 200
+        Credentials(gateway.cfg.credentials_file).revoke(gateway.ship)
+        await asyncio.sleep(1.2)  # the gateway looks at the credentials file once a second
+        await ws.send_bytes(batch(gateway.ship, 11, 20))
+        a = await _answer(ws)
+        assert (a["status"], a["error"]) == (401, "unauthorized")
+        await ws.close()
+        async with s.get(
+            f"{gateway.url}/v1/ships/{gateway.ship}/upload",
+            headers={"Authorization": f"Bearer {gateway.token}"},
+        ) as r:
+            assert r.status == 401  # and no new connection
+    assert sorted(ingress_seqs(kafka, gateway.ship)) == list(range(1, 11))
+
+
+async def test_writer_refuses_a_write_built_on_one_that_was_not_written(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """The rule that keeps a cursor honest under pipelining: a write admitted on top of
+    seqs still being written is itself written only if those were."""
+    cfg = gateway_config(tmp_path, kafka)
+    writer = KafkaWriter(cfg)
+    await asyncio.to_thread(writer.ensure_topics)
+    await asyncio.to_thread(writer.start)
+    ship = "ship-" + tmp_path.name[-8:].replace("_", "-").lower()
+    try:
+        orphan = Write(
+            ship,
+            "containers",
+            records(11, 20),
+            RangeSet([(11, 20)]),
+            RangeSet(),
+            depends=RangeSet([(1, 10)]),  # never written
+        )
+        with pytest.raises(KafkaWriteError, match="was not written"):
+            await asyncio.wrap_future(writer.submit(orphan))
+        first = Write(ship, "containers", records(1, 10), RangeSet([(1, 10)]), RangeSet())
+        second = Write(
+            ship,
+            "containers",
+            records(11, 20),
+            RangeSet([(11, 20)]),
+            RangeSet(),
+            depends=RangeSet([(1, 10)]),
+        )
+        done = [writer.submit(first), writer.submit(second)]
+        await asyncio.gather(*(asyncio.wrap_future(f) for f in done))
+    finally:
+        await asyncio.to_thread(writer.close)
+    seqs = ingress_seqs(kafka, ship)
+    assert sorted(seqs) == list(range(1, 21)) and max(seqs.values()) == 1
