@@ -132,6 +132,18 @@ class LinkConfig:
         return "*" in self.streams or stream in self.streams
 
 
+def _port_link(name: str, *, cost: int) -> LinkConfig:
+    """A link in or near port: every stream, no budget, large pipelined batches."""
+    return LinkConfig(
+        name,
+        batch_max_records=50_000,
+        batch_max_bytes=16 * 1024 * 1024,
+        cost=cost,
+        timeout_s=30.0,
+        in_flight=2,
+    )
+
+
 #: Defaults in code; ``[links.<class>]`` overrides fields of the class of that name.
 DEFAULT_LINKS: dict[str, LinkConfig] = {
     "satellite": LinkConfig(
@@ -148,22 +160,8 @@ DEFAULT_LINKS: dict[str, LinkConfig] = {
     # container telemetry), two in flight: one crosses the link while the site writes
     # the other, and a batch of 100 KB outlasts a round trip on a link of a few Mbit/s,
     # so the link stays busy and an outage cuts about one batch (bench/uplink.py).
-    "cellular": LinkConfig(
-        "cellular",
-        batch_max_records=50_000,
-        batch_max_bytes=16 * 1024 * 1024,
-        cost=20,
-        timeout_s=30.0,
-        in_flight=2,
-    ),
-    "port_wifi": LinkConfig(
-        "port_wifi",
-        batch_max_records=50_000,
-        batch_max_bytes=16 * 1024 * 1024,
-        cost=1,
-        timeout_s=30.0,
-        in_flight=2,
-    ),
+    "cellular": _port_link("cellular", cost=20),
+    "port_wifi": _port_link("port_wifi", cost=1),
 }
 
 

@@ -115,3 +115,12 @@ def ingress_seqs(kafka: KafkaBroker, ship: str, stream: str = "containers") -> C
         if h.get(H_ORIGIN) == ship.encode():
             out[int(h[H_SEQ])] += 1
     return out
+
+
+def assert_exactly_once(
+    kafka: KafkaBroker, ship: str, last: int, stream: str = "containers"
+) -> None:
+    """sl.ingress.<stream> holds every seq 1..``last`` of ``ship`` exactly once."""
+    seqs = ingress_seqs(kafka, ship, stream)
+    assert sorted(seqs) == list(range(1, last + 1)), "gap (or extra seqs) in sl.ingress"
+    assert max(seqs.values(), default=1) == 1, "an identity was written twice"

@@ -24,7 +24,7 @@ from local_stack.kafka import KafkaBroker
 from local_stack.process import free_port
 from shorelink.config import Secret
 from tests.conftest import unique
-from tests.core_gateway.conftest import batch, ingress_seqs
+from tests.core_gateway.conftest import assert_exactly_once, batch
 
 GW = [sys.executable, "-m", "core_gateway.cli"]
 
@@ -134,9 +134,7 @@ def test_gateway_kill9_during_uploads_leaves_every_identity_once(
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     assert kills >= 3
-    seqs = ingress_seqs(kafka, ship)
-    assert sorted(seqs) == list(range(1, total + 1)), "gap in sl.ingress"
-    assert max(seqs.values()) == 1, "an identity was written twice"
+    assert_exactly_once(kafka, ship, total)
 
 
 async def test_gateway_kill9_during_pipelined_uploads_leaves_every_identity_once(
@@ -197,9 +195,7 @@ async def test_gateway_kill9_during_pipelined_uploads_leaves_every_identity_once
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     assert kills >= 3
-    seqs = ingress_seqs(kafka, ship)
-    assert sorted(seqs) == list(range(1, total + 1)), "gap in sl.ingress"
-    assert max(seqs.values()) == 1, "an identity was written twice"
+    assert_exactly_once(kafka, ship, total)
 
 
 def test_ships_add_list_revoke_cli(tmp_path: Path, kafka: KafkaBroker) -> None:
