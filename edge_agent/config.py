@@ -117,6 +117,8 @@ class LinkConfig:
     #: bytes per second; 0: unlimited
     max_rate: int = 0
     batch_max_records: int = 5000
+    #: payload bytes read into a batch, and the most its encoded form may take (keep it
+    #: at most the gateways' limits.max_batch_bytes, 8 MiB by default)
     batch_max_bytes: int = 1024 * 1024
     #: lower is preferred when several gateways are reachable
     cost: int = 10
@@ -137,7 +139,7 @@ def _port_link(name: str, *, cost: int) -> LinkConfig:
     return LinkConfig(
         name,
         batch_max_records=50_000,
-        batch_max_bytes=16 * 1024 * 1024,
+        batch_max_bytes=8 * 1024 * 1024,
         cost=cost,
         timeout_s=30.0,
         in_flight=2,

@@ -259,6 +259,18 @@ class _Upload:
                 if not waiter.done():
                     waiter.set_result(data)
             close = self._ws.close_code
+            if close == aiohttp.WSCloseCode.MESSAGE_TOO_BIG and self._waiting:
+                # the batch it was reading (the oldest unanswered) is over its limit:
+                # resending it would only fail again
+                waiter = self._waiting.popleft()
+                if not waiter.done():
+                    waiter.set_result(
+                        {
+                            "status": 413,
+                            "error": "too_large",
+                            "message": "the gateway closed the upload: batch over its limit",
+                        }
+                    )
             self._break(f"closed by the gateway (code {close})" if close else "connection lost")
         except (aiohttp.ClientError, ConnectionError, OSError) as exc:
             self._break(f"{type(exc).__name__}: {exc}")

@@ -356,7 +356,9 @@ class Session:
         return None, pos, floor
 
     def _encode(self, c: _Cursor, recs: list[LogRecord], floor: int) -> _Outgoing | None:
-        """Encode ``recs``; if today's budget cannot take them, as many as it can."""
+        """Encode ``recs``; fewer of them if the encoded batch would be larger than
+        ``link.batch_max_bytes`` (records that do not compress: a gateway refuses
+        batches over its limit, the same 8 MiB by default) or than today's budget."""
         n = len(recs)
         while n:
             body = encode_batch(
@@ -367,6 +369,9 @@ class Session:
                     first_available=floor,
                 )
             )
+            if len(body) > self.link.batch_max_bytes and n > 1:
+                n = max(1, min(n - 1, int(n * self.link.batch_max_bytes / len(body) * 0.9)))
+                continue
             left = self.budget.remaining()
             if left is None or len(body) <= left:
                 return _Outgoing(c, recs[0].seq, recs[n - 1].seq, n, body, c.epoch)

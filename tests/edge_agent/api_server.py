@@ -71,7 +71,7 @@ def api_app(site: MemoryGateway, override: dict[str, Any] | None = None) -> web.
     async def upload(request: web.Request) -> web.WebSocketResponse:
         """Batches as binary messages, one JSON answer each, in order; ``override``
         key ``"answer"`` replaces every answer: (status, dict) or raw text."""
-        ws = web.WebSocketResponse()
+        ws = web.WebSocketResponse(max_msg_size=override.get("max_msg_size", 4 * 1024 * 1024))
         await ws.prepare(request)
         held = await site.holdings()
         await ws.send_json(

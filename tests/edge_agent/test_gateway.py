@@ -6,6 +6,7 @@ client really does; then HttpGateway's mapping of statuses to exceptions."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -164,6 +165,33 @@ async def test_http_upload_refused_before_the_upgrade(
     with pytest.raises(error) as exc:
         await client.send("containers", body(1, 3))
     assert getattr(exc.value, "link_wide", False) == link_wide
+    await client.close()
+
+
+async def test_http_batch_over_the_gateways_message_limit_is_rejected_not_retried(
+    server: Server,
+) -> None:
+    """A gateway closes the upload (1009) on a message over its limit: that batch is a
+    413 (resending it would fail again), not a flaky link."""
+    server.override["max_msg_size"] = 2000
+    big = encode_batch(
+        Batch(
+            "bigblue",
+            "containers",
+            tuple(
+                WireRecord(s, "C1", 1_700_000_000_000 + s, "t/C1", os.urandom(200))
+                for s in range(1, 51)
+            ),
+        )
+    )
+    client = server.client()
+    with pytest.raises(GatewayRejected) as exc:
+        await client.send("containers", big)
+    assert (exc.value.status, exc.value.error_code, exc.value.retryable) == (
+        413,
+        "too_large",
+        False,
+    )
     await client.close()
 
 
