@@ -15,8 +15,10 @@ fixture), running the project's own merge (``spark_core.merge.Merger`` /
    another topic, no dedup: records/s. Run before and after the merge (JVM warm-up and
    a shared machine skew single runs); the faster of the two is the reference;
 2. merge throughput: ``start_merge(..., available_now=True)`` over the same input:
-   records/s of input processed and identities written; the driver-side time split
-   per batch (``collect()``, Row -> SourceRow, ``plan_batch``, the Kafka transaction);
+   records/s of input processed and identities written; where the driver's time went
+   (the merge's own totals: ``fetch`` = Spark computing the batch and handing it over as
+   Arrow, ``plan`` = dedup, order and turning the written rows into Python objects,
+   ``kafka_txn`` = producing and committing the transaction);
 3. state size: ranges and sources of the merge's state, its status file, the
    ``sl.ledger`` entries (count and bytes);
 4. latency: the merge running continuously (processingTime trigger from the sites file),
@@ -269,6 +271,11 @@ def _write_result(path: str, data: dict[str, Any]) -> None:
     tmp.rename(path)
 
 
+def batch_ms(q: Any) -> list[int]:
+    """Each batch's time (Spark's triggerExecution): shows the JVM warming up."""
+    return [int(p["durationMs"].get("triggerExecution", 0)) for p in q.recentProgress]
+
+
 def pct(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
@@ -395,15 +402,19 @@ class Bench:
             "batch_time_s": round(batches, 2),
             "records_per_s": round(copied / wall),
             "records_per_s_batches": round(copied / batches) if batches else None,
+            "batch_ms": batch_ms(q),
         }
         say(f"copy {run}: {out}")
         return out
 
     def merge_phase(self, n: int, site: Any) -> dict[str, Any]:
-        from spark_core.merge import start_merge
+        from spark_core.merge import Merger, start_merge
 
-        merger = timed_merger(site)
+        merger = Merger(site)
         self.mergers.append(merger)
+        # its output topics exist before the clock starts, as the copy's does
+        merger.prepare()
+        merger.close()
         t0 = time.monotonic()
         q = start_merge(self.spark, merger, available_now=True)
         self.queries.append(q)
@@ -417,7 +428,8 @@ class Bench:
         merger.close()
         t = merger.totals
         batches = sum(p["durationMs"].get("triggerExecution", 0) for p in q.recentProgress) / 1000
-        split = {k: round(v, 2) for k, v in merger.split.items()}
+        split = {"fetch": t.fetch_s, "plan": t.plan_s, "kafka_txn": t.txn_s}
+        split = {k: round(v, 2) for k, v in split.items()}
         foreach = sum(split.values())
         out = {
             "input": t.input,
@@ -437,6 +449,7 @@ class Bench:
             if foreach
             else {},
             "spark_outside_foreach_batch_s": round(batches - foreach, 2),
+            "batch_ms": batch_ms(q),
         }
         say(f"merge: {out}")
         self.result["state"] = self.state_size(merger)
@@ -626,44 +639,6 @@ class Bench:
         self.result["elapsed_s"] = round(time.monotonic() - t_begin, 1)
         self.result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
         return self.result
-
-
-def timed_merger(site: Any) -> Any:
-    """A Merger that times where the driver spends each batch (bench-only subclass)."""
-    from spark_core.merge import Merger
-    from spark_core.merge_state import MergeError, SourceRow
-
-    class TimedMerger(Merger):
-        def __init__(self, site: Any) -> None:
-            super().__init__(site)
-            self.split = {"collect": 0.0, "to_source_rows": 0.0, "plan": 0.0, "kafka_txn": 0.0}
-
-        def process_batch(self, df: Any, batch_id: int) -> None:
-            with self.busy:
-                if self.stopping.is_set():
-                    raise MergeError("merge is stopping; batch left for the next run")
-                t0 = time.monotonic()
-                rows = df.select(
-                    "topic", "partition", "offset", "key", "value", "headers"
-                ).collect()
-                t1 = time.monotonic()
-                src = [SourceRow.from_spark(r) for r in rows]
-                t2 = time.monotonic()
-                txn_before = self.split["kafka_txn"]
-                self.write_rows(batch_id, src, t0=t0)
-                t3 = time.monotonic()
-                self.split["collect"] += t1 - t0
-                self.split["to_source_rows"] += t2 - t1
-                self.split["plan"] += (t3 - t2) - (self.split["kafka_txn"] - txn_before)
-
-        def _commit(self, batch_id: int, plan: Any) -> None:
-            t0 = time.monotonic()
-            try:
-                super()._commit(batch_id, plan)
-            finally:
-                self.split["kafka_txn"] += time.monotonic() - t0
-
-    return TimedMerger(site)
 
 
 class Helper:

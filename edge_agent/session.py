@@ -169,8 +169,9 @@ class Session:
         finally:
             if ahead is not None:
                 ahead.cancel()
-                with contextlib.suppress(BaseException):
-                    await ahead
+                await asyncio.wait([ahead])  # (does not raise what the build raised)
+                if not ahead.cancelled():
+                    ahead.exception()  # retrieved: a batch nobody sends is no error
             # the rest of the window: take what the site confirmed, ignore the rest
             while window:
                 with contextlib.suppress(Exception):

@@ -14,19 +14,34 @@ explains why that is exactly once.
 from __future__ import annotations
 
 import contextlib
+import gc
+import itertools
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from shorelink.contract import LEDGER_TOPIC, canonical_topic, dead_topic
+from shorelink.contract import (
+    H_MQTT_TOPIC,
+    H_ORIGIN,
+    H_SEQ,
+    H_SITE,
+    H_STREAM,
+    H_TS,
+    LEDGER_TOPIC,
+    canonical_topic,
+    dead_topic,
+)
 from shorelink.kafka_io import produce
 from shorelink.ledger import encode_entry
 from shorelink.topics import TopicSpec, ensure_topics
@@ -34,9 +49,13 @@ from spark_core.config import SiteConfig
 from spark_core.merge_state import (
     DEAD_UNKNOWN_TOPIC,
     MARKER_TOPIC,
+    Batch,
     BatchPlan,
+    Headers,
     MergeError,
     MergeState,
+    Out,
+    RowBatch,
     SourceRow,
     marker_key,
     plan_batch,
@@ -44,10 +63,13 @@ from spark_core.merge_state import (
 )
 
 __all__ = [
+    "CONTRACT_LAYOUT",
     "DEAD_UNKNOWN_TOPIC",
+    "ArrowBatch",
     "BatchPlan",
     "Merger",
     "SourceRow",
+    "batch_frame",
     "plan_batch",
     "start_merge",
     "topic_stream",
@@ -65,6 +87,12 @@ class Totals:
     dead: int = 0
     skipped: int = 0
     failures: int = 0
+    #: where the driver's time went, in seconds: Spark computing the batch and handing
+    #: it over as Arrow, the plan (dedup, order, fetching the rows written), the
+    #: Kafka transaction
+    fetch_s: float = 0.0
+    plan_s: float = 0.0
+    txn_s: float = 0.0
 
 
 class Merger:
@@ -95,8 +123,7 @@ class Merger:
             TopicSpec(MARKER_TOPIC, partitions=1, compacted=True),
             TopicSpec(DEAD_UNKNOWN_TOPIC, retention_ms=m.dead_retention_ms),
         ]
-        self._ensure(specs)
-        self._ensure_streams(self.site.streams)
+        self._ensure([*specs, *self._stream_specs(self.site.streams)])  # one admin round
         self._close_producer()
         p = Producer(
             {
@@ -135,6 +162,9 @@ class Merger:
             self._ensured.update(s.name for s in todo)
 
     def _ensure_streams(self, streams: Iterable[str]) -> None:
+        self._ensure(self._stream_specs(streams))
+
+    def _stream_specs(self, streams: Iterable[str]) -> list[TopicSpec]:
         m = self.site.merge
         specs: list[TopicSpec] = []
         for s in streams:
@@ -148,7 +178,7 @@ class Merger:
                 )
             )
             specs.append(TopicSpec(dead_topic(s), retention_ms=m.dead_retention_ms))
-        self._ensure(specs)
+        return specs
 
     # -- per batch ----------------------------------------------------------------------
     def process_batch(self, df: Any, batch_id: int) -> None:
@@ -157,22 +187,31 @@ class Merger:
             if self.stopping.is_set():
                 raise MergeError("merge is stopping; batch left for the next run")
             t0 = time.monotonic()
-            rows = df.select("topic", "partition", "offset", "key", "value", "headers").collect()
-            self.write_rows(batch_id, [SourceRow.from_spark(r) for r in rows], t0=t0)
+            # Arrow, not collect(): no Row objects; duplicates never leave Arrow buffers
+            batch = ArrowBatch(batch_frame(df).toArrow())
+            self.write_batch(batch_id, batch, t0=t0)
 
-    def write_rows(
-        self, batch_id: int, rows: Sequence[SourceRow], *, t0: float | None = None
-    ) -> BatchPlan:
-        t0 = time.monotonic() if t0 is None else t0
+    def write_rows(self, batch_id: int, rows: Sequence[SourceRow]) -> BatchPlan:
+        """``write_batch`` for rows already in Python (tests, tools)."""
+        return self.write_batch(batch_id, RowBatch(rows))
+
+    def write_batch(self, batch_id: int, batch: Batch, *, t0: float | None = None) -> BatchPlan:
+        t1 = time.monotonic()
+        t0 = t1 if t0 is None else t0
         if self._producer is None:
             self.prepare()  # after a failed transaction: new producer, state from Kafka
         replay = self.state.last_batch is not None and batch_id <= self.state.last_batch
-        plan = plan_batch(rows, self.state)
-        self._ensure_streams(plan.streams)
-        if plan.canonical or plan.dead or plan.offsets:
-            self._commit(batch_id, plan)
-        dt = time.monotonic() - t0
-        self._account(batch_id, plan, dt, replay)
+        with _cyclic_gc_paused():
+            plan = plan_batch(batch, self.state)
+            self._ensure_streams(plan.streams)
+            t2 = time.monotonic()
+            if plan.canonical or plan.dead or plan.offsets:
+                self._commit(batch_id, plan)
+        t3 = time.monotonic()
+        self.totals.fetch_s += t1 - t0
+        self.totals.plan_s += t2 - t1
+        self.totals.txn_s += t3 - t2
+        self._account(batch_id, plan, t3 - t0, replay, (t1 - t0, t2 - t1, t3 - t2))
         return plan
 
     def _commit(self, batch_id: int, plan: BatchPlan) -> None:
@@ -223,7 +262,14 @@ class Merger:
         )
         raise MergeError(f"merge transaction failed, aborted: {exc}", fatal=fatal) from exc
 
-    def _account(self, batch_id: int, plan: BatchPlan, dt: float, replay: bool) -> None:
+    def _account(
+        self,
+        batch_id: int,
+        plan: BatchPlan,
+        dt: float,
+        replay: bool,
+        split: tuple[float, float, float],
+    ) -> None:
         t = self.totals
         t.batches += 1
         t.input += plan.input
@@ -243,7 +289,8 @@ class Merger:
         }
         log.info(
             "event=merge_batch site=%s batch=%d input=%d written=%d duplicates=%d dead=%d "
-            "skipped=%d replay=%s sources=%d ranges=%d duration_ms=%.1f",
+            "skipped=%d replay=%s sources=%d ranges=%d duration_ms=%.1f fetch_ms=%.1f "
+            "plan_ms=%.1f txn_ms=%.1f",
             self.site.name,
             batch_id,
             plan.input,
@@ -255,6 +302,7 @@ class Merger:
             len(self.state.held),
             self.state.ranges(),
             dt * 1000,
+            *(x * 1000 for x in split),
         )
         self.write_status("running")
 
@@ -289,6 +337,235 @@ class Merger:
 
     def close(self) -> None:
         self._close_producer()
+
+
+# -- the batch, from Spark to the driver ---------------------------------------------------
+#: the headers exactly as the record contract writes them (``Record.headers``, the
+#: gateway's writer, the canonical records that reach other sites' inboxes)
+CONTRACT_LAYOUT = (H_ORIGIN, H_STREAM, H_SEQ, H_TS, H_SITE, H_MQTT_TOPIC)
+#: origins and streams (``shorelink.identity.NAME_RE``, but ``\z``: no trailing newline)
+_NAME_SQL = r"^[a-z0-9][a-z0-9_-]{0,62}\z"
+
+
+def batch_frame(df: Any) -> Any:
+    """The columns the driver needs, with the identity (``origin``, ``seq``) of every
+    row Spark can vouch for; ``origin`` is ``""`` and ``seq`` 0 where it cannot.
+
+    Spark vouches for a row only when ``Record.from_kafka`` certainly accepts it:
+    headers exactly :data:`CONTRACT_LAYOUT` (names and order) with every value present,
+    ``sl.origin`` a valid name, ``sl.stream`` the stream the topic carries (Python checks
+    that name, once per topic), ``sl.seq`` 1 to 18 digits without a leading zero,
+    ``sl.ts`` digits, ``sl.site`` and ``sl.mqtt_topic`` ASCII. Every other row, good or
+    bad, gets the full check in Python, which alone decides what is dead: vouching
+    saves the driver the per-row check (it runs on the executors, in parallel) and
+    never changes the outcome (``tests/spark_core/test_merge.py`` holds
+    it to that). A vouched row travels without its ``headers`` list: three flat
+    columns (``h_ts``, ``h_site``, ``h_mqtt_topic``) carry what origin, seq and topic do
+    not say, which is far cheaper to turn into Arrow and back (see ``ArrowBatch``).
+    Plain positions, not ``filter(headers, ...)`` lambdas: those cost the batch ~40%."""
+    from pyspark.sql import functions as F
+
+    h = F.col("headers")
+    raw = [F.try_element_at(h, F.lit(i + 1))["value"] for i in range(len(CONTRACT_LAYOUT))]
+    origin, stream, seq, ts = (v.cast("string") for v in raw[:4])
+    site_mqtt = F.concat(raw[4], raw[5]).cast("string")
+    topic = F.col("topic")
+    vouched = F.size(h) == len(CONTRACT_LAYOUT)
+    for i, name in enumerate(CONTRACT_LAYOUT):
+        vouched &= F.try_element_at(h, F.lit(i + 1))["key"] == name
+    vouched &= (
+        # a name, digits, or equal to (ASCII) topic text: ASCII, as the bytes that came
+        origin.rlike(_NAME_SQL)
+        # the topic's last part (lazily, CASE WHEN: the regex only for inbox rows);
+        # Python checks that it is a valid name, once per topic
+        & ~stream.contains(".")
+        & F.when(topic == F.concat(F.lit("sl.ingress."), stream), True).otherwise(
+            topic.rlike(r"^sl\.inbox\.[^.]*\.[^.]*\z")
+            & topic.endswith(F.concat(F.lit("."), stream))
+        )
+        & seq.rlike(r"^[1-9][0-9]{0,17}\z")
+        & ts.rlike(r"^[0-9]+\z")
+        & F.is_valid_utf8(site_mqtt)  # null if either is null
+        & (F.length(site_mqtt) == F.octet_length(site_mqtt))  # ASCII
+    )
+    checked = df.select(
+        "topic",
+        "partition",
+        "offset",
+        "key",
+        "value",
+        "headers",
+        F.coalesce(vouched, F.lit(False)).alias("vouched"),
+        origin.alias("v_origin"),
+        seq.alias("v_seq"),
+        *(raw[i].alias(f"v_{i}") for i in (3, 4, 5)),
+    )
+    # a projection of its own: Spark keeps `vouched` computed once, not once per use
+    ok = F.col("vouched")
+    return checked.select(
+        "topic",
+        "partition",
+        "offset",
+        "key",
+        "value",
+        F.when(~ok, h).alias("headers"),
+        F.when(ok, F.col("v_origin")).otherwise(F.lit("")).alias("origin"),
+        F.when(ok, F.col("v_seq").try_cast("bigint")).otherwise(F.lit(0)).alias("seq"),
+        F.when(ok, F.col("v_3")).alias("h_ts"),
+        F.when(ok, F.col("v_4")).alias("h_site"),
+        F.when(ok, F.col("v_5")).alias("h_mqtt_topic"),
+    )
+
+
+class ArrowBatch:
+    """A batch as ``batch_frame(df).toArrow()`` gives it (the :class:`Batch` the
+    planner reads). Columns become Python lists straight from the Arrow buffers; keys,
+    values and headers only for the rows written. A vouched row's headers come as the
+    flat ``h_ts``, ``h_site``, ``h_mqtt_topic`` columns (plus ``origin``, ``seq`` and the
+    topic's stream) and are rebuilt byte for byte in the contract's layout."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table.combine_chunks()
+        self.topics = _strings(self._col("topic"))
+        self.partitions = _ints(self._col("partition"))
+        self.offsets = _ints(self._col("offset"))
+        self.origins = _strings(self._col("origin"))
+        self.seqs = _ints(self._col("seq"))
+
+    def _col(self, name: str) -> pa.Array:
+        return _single(self.table.column(name))
+
+    def row(self, i: int) -> SourceRow:
+        if not self.origins[i]:
+            return SourceRow.from_spark(self.table.slice(i, 1).to_pylist()[0])
+        _, key, value, headers = self.records([""], [i])[0]
+        return SourceRow(self.topics[i], self.partitions[i], self.offsets[i], key, value, headers)
+
+    def records(self, topics: Sequence[str], rows: Sequence[int]) -> list[Out]:
+        if not rows:
+            return []
+        sub = self.table.take(pa.array(rows, pa.int64()))
+        col = partial(_column, sub)
+        keys, values = _binaries(col("key")), _binaries(col("value"))
+        rebuilt = _contract_headers(
+            _strings(col("topic")),
+            _strings(col("origin")),
+            _ints(col("seq")),
+            _repeated(col("h_ts")),
+            _repeated(col("h_site")),
+            _repeated(col("h_mqtt_topic")),
+        )
+        headers = [
+            # not vouched for: the headers as they came
+            SourceRow.from_spark(sub.slice(j, 1).to_pylist()[0]).headers if h is None else h
+            for j, h in enumerate(rebuilt)
+        ]
+        return list(zip(topics, keys, values, headers, strict=True))
+
+
+def _contract_headers(
+    topics: list[str],
+    origins: list[str],
+    seqs: list[int],
+    ts: list[bytes | None],
+    sites: list[bytes | None],
+    mqtt_topics: list[bytes | None],
+) -> list[Headers | None]:
+    """The headers of vouched rows in :data:`CONTRACT_LAYOUT` (``None`` for the other
+    rows). Spark vouched only for ASCII values and a seq without leading zeros, so
+    ``origin.encode()`` and ``b"%d" % seq`` are the bytes that came in."""
+    # Spark vouched that sl.stream is the topic's last part, byte for byte
+    streams = {t: (H_STREAM, t.rpartition(".")[2].encode()) for t in set(topics)}
+    origin_h = {o: (H_ORIGIN, o.encode()) for o in set(origins)}
+    site_h: dict[bytes | None, tuple[str, bytes | None]] = {s: (H_SITE, s) for s in set(sites)}
+    out: list[Headers | None] = []
+    append = out.append
+    for topic, origin, seq, t, site, mqtt in zip(
+        topics, origins, seqs, ts, sites, mqtt_topics, strict=True
+    ):
+        if not origin:
+            append(None)
+            continue
+        append(
+            [
+                origin_h[origin],
+                streams[topic],
+                (H_SEQ, b"%d" % seq),
+                (H_TS, t),
+                site_h[site],
+                (H_MQTT_TOPIC, mqtt),
+            ]
+        )
+    return out
+
+
+def _column(table: pa.Table, name: str) -> pa.Array:
+    return _single(table.column(name))
+
+
+def _single(col: pa.ChunkedArray) -> pa.Array:
+    return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+
+
+def _ints(arr: pa.Array) -> list[int]:
+    """An int32/int64 array without nulls, read from its buffer (``to_pylist`` builds
+    every value through a scalar object: ~10x slower)."""
+    if arr.null_count or arr.type not in (pa.int32(), pa.int64()):
+        return arr.to_pylist()
+    fmt: Literal["i", "q"] = "i" if arr.type == pa.int32() else "q"
+    return _buffer_ints(arr.buffers()[1], fmt, arr.offset, len(arr))
+
+
+def _buffer_ints(buf: pa.Buffer, fmt: Literal["i", "q"], start: int, count: int) -> list[int]:
+    width = 4 if fmt == "i" else 8
+    view = memoryview(buf).cast("B")[start * width : (start + count) * width]
+    return view.cast(fmt).tolist()
+
+
+def _binaries(arr: pa.Array) -> list[bytes | None]:
+    """A binary array as bytes objects sliced from one copy of its data buffer."""
+    if arr.null_count or not (pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type)):
+        return arr.to_pylist()
+    fmt: Literal["i", "q"] = "q" if pa.types.is_large_binary(arr.type) else "i"
+    bounds = _buffer_ints(arr.buffers()[1], fmt, arr.offset, len(arr) + 1)
+    data = arr.buffers()[2]
+    raw = b"" if data is None else data.to_pybytes()
+    return [raw[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+def _repeated(arr: pa.Array) -> list[bytes | None]:
+    """A binary column of repeated values (event times, sites, MQTT topics): each
+    distinct value becomes one bytes object, shared by its rows."""
+    if arr.null_count:
+        return arr.to_pylist()
+    enc = pc.dictionary_encode(arr)
+    distinct = _binaries(enc.dictionary)
+    return [distinct[i] for i in _ints(enc.indices)]
+
+
+def _strings(arr: pa.Array) -> list[str]:
+    """A string column of a few distinct values (topics, origins, header names)."""
+    if arr.null_count:
+        return arr.to_pylist()
+    enc = pc.dictionary_encode(arr)
+    names = enc.dictionary.to_pylist()
+    return [names[i] for i in _ints(enc.indices)]
+
+
+@contextlib.contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """A batch makes ~10 small tuples and lists per record (the records and their
+    headers, as the producer takes them), all alive until the commit: the cyclic GC
+    would scan them over and over while they pile up (it doubled the plan's time in
+    bench/merge.py). Reference counting still frees everything at once; the few
+    cycles wait for the end of the batch."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def start_merge(spark: Any, merger: Merger, *, available_now: bool = False) -> Any:

@@ -13,9 +13,9 @@ the state is exactly what committed transactions wrote, whatever Spark's checkpo
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from confluent_kafka import KafkaException
 
@@ -29,9 +29,11 @@ from shorelink.ranges import RangeSet
 __all__ = [
     "DEAD_UNKNOWN_TOPIC",
     "MARKER_TOPIC",
+    "Batch",
     "BatchPlan",
     "MergeError",
     "MergeState",
+    "RowBatch",
     "SourceRow",
     "marker_key",
     "plan_batch",
@@ -100,18 +102,20 @@ class MergeState:
         state = cls()
         key = marker_key(site)
         try:
-            for msg in read_to_end(bootstrap, [LEDGER_TOPIC], timeout=timeout):
-                if msg.value() is None:
+            # one consumer for both: each read_to_end costs a connection and a wait
+            for msg in read_to_end(bootstrap, [LEDGER_TOPIC, MARKER_TOPIC], timeout=timeout):
+                value = msg.value()
+                if msg.topic() == MARKER_TOPIC:
+                    if msg.key() == key and value:
+                        state.restore_marker(value)  # offset order: the last one wins
+                    continue
+                if value is None:
                     continue
                 try:
-                    origin, stream, held = decode_entry(msg.key(), msg.value())
+                    origin, stream, held = decode_entry(msg.key(), value)
                 except ContractError:
                     continue  # not ours to judge; the merge never writes such entries
                 state.held[(origin, stream)] = held
-            for msg in read_to_end(bootstrap, [MARKER_TOPIC], timeout=timeout):
-                value = msg.value()
-                if msg.key() == key and value:
-                    state.restore_marker(value)
         except (KafkaException, ValueError, KeyError) as exc:
             raise MergeError(f"cannot load merge state from {bootstrap}: {exc}") from exc
         return state
@@ -124,6 +128,7 @@ H_DEAD_REASON = "sl.dead.reason"
 H_DEAD_SOURCE = "sl.dead.source"
 
 Headers = list[tuple[str, str | bytes | None]]
+Out = tuple[str, bytes | None, bytes | None, Headers]  # topic, key, value, headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +144,7 @@ class SourceRow:
 
     @classmethod
     def from_spark(cls, row: Any) -> SourceRow:
+        """From a Spark ``Row`` or the dict ``pyarrow`` gives for one row."""
         hs = row["headers"] or []
         return cls(
             row["topic"],
@@ -150,7 +156,45 @@ class SourceRow:
         )
 
 
-Out = tuple[str, bytes | None, bytes | None, Headers]  # topic, key, value, headers
+@runtime_checkable
+class Batch(Protocol):
+    """One micro-batch as the planner reads it: per row where it came from and, when
+    Spark already checked its headers against the contract, its identity (``origin``
+    is ``""`` where it did not: :meth:`row` gives the whole record for the full check).
+    Keys, values and headers stay where they are until :meth:`records` asks for the
+    rows that are written, so duplicates never become Python objects."""
+
+    topics: list[str]
+    partitions: list[int]
+    offsets: list[int]
+    origins: list[str]
+    seqs: list[int]
+
+    def row(self, i: int) -> SourceRow: ...
+
+    def records(self, topics: Sequence[str], rows: Sequence[int]) -> list[Out]:
+        """``(topics[i], key, value, headers)`` of row ``rows[i]``, in that order."""
+        ...
+
+
+class RowBatch:
+    """A batch of :class:`SourceRow` (tests, tools): every row gets the full check."""
+
+    def __init__(self, rows: Iterable[SourceRow]) -> None:
+        self._rows = list(rows)
+        self.topics = [r.topic for r in self._rows]
+        self.partitions = [r.partition for r in self._rows]
+        self.offsets = [r.offset for r in self._rows]
+        self.origins = [""] * len(self._rows)
+        self.seqs = [0] * len(self._rows)
+
+    def row(self, i: int) -> SourceRow:
+        return self._rows[i]
+
+    def records(self, topics: Sequence[str], rows: Sequence[int]) -> list[Out]:
+        return [
+            (t, r.key, r.value, r.headers) for t, r in zip(topics, map(self.row, rows), strict=True)
+        ]
 
 
 @dataclass
@@ -186,56 +230,101 @@ def topic_stream(topic: str) -> str | None:
         return None
 
 
-def plan_batch(rows: Iterable[SourceRow], state: MergeState) -> BatchPlan:
-    """Pure: dedup ``rows`` against ``state`` and order the new identities by seq."""
-    plan = BatchPlan()
-    new: dict[tuple[str, str], dict[int, SourceRow]] = {}
-    for row in rows:
-        plan.input += 1
-        tp = (row.topic, row.partition)
-        if row.offset < state.offsets.get(tp, 0):
+def plan_batch(batch: Batch | Iterable[SourceRow], state: MergeState) -> BatchPlan:
+    """Pure: dedup ``batch`` against ``state`` and within itself (the first copy of an
+    identity wins), order the new identities by seq per ``(origin, stream)``.
+
+    The loop runs once per record on the driver, so it keeps per-partition and
+    per-source lookups out of the common path: rows come grouped by source partition,
+    and a seq above everything the ledger holds needs no range search."""
+    b = batch if isinstance(batch, Batch) else RowBatch(batch)
+    plan = BatchPlan(input=len(b.offsets))
+    new: dict[Source, tuple[dict[int, int], RangeSet, int]] = {}  # seen seq -> row, held
+    streams: dict[str, str | None] = {}
+    topics, partitions, offsets, origins, seqs = (
+        b.topics,
+        b.partitions,
+        b.offsets,
+        b.origins,
+        b.seqs,
+    )
+    tp: TopicPart | None = None
+    floor = high = 0  # of partition tp: first offset not handled yet; next offset
+    stream: str | None = None
+    for i in range(plan.input):
+        if tp is None or partitions[i] != tp[1] or topics[i] != tp[0]:
+            if tp is not None and high:
+                plan.offsets[tp] = high
+            tp = (topics[i], partitions[i])
+            floor, high = state.offsets.get(tp, 0), plan.offsets.get(tp, 0)
+            if tp[0] not in streams:
+                streams[tp[0]] = topic_stream(tp[0])
+            stream = streams[tp[0]]
+        offset = offsets[i]
+        if offset < floor:
             plan.skipped += 1
             continue
-        plan.offsets[tp] = max(plan.offsets.get(tp, 0), row.offset + 1)
-        stream = topic_stream(row.topic)
-        try:
-            if stream is None:
-                raise ContractError(f"topic {row.topic} names no stream")
-            rec = Record.from_kafka(row.key, row.value, row.headers)
-            if rec.identity.stream != stream:
-                raise ContractError(
-                    f"header sl.stream={rec.identity.stream} but topic is {row.topic}"
-                )
-        except ContractError as exc:
-            dead = dead_topic(stream) if stream else DEAD_UNKNOWN_TOPIC
-            if stream:
-                plan.streams.add(stream)
-            plan.dead.append(_dead_record(dead, row, str(exc)))
-            continue
-        ident = rec.identity
-        seqs = new.setdefault(ident.source, {})
-        if ident.seq in seqs or ident.seq in state.held_for(ident.source):
+        if offset >= high:
+            high = offset + 1
+        origin, seq, source_stream = origins[i], seqs[i], stream
+        if not origin or source_stream is None:  # Spark did not vouch: the full check
+            row = b.row(i)
+            try:
+                origin, source_stream, seq = _checked_identity(row, stream)
+            except ContractError as exc:
+                plan.streams.update([stream] if stream else [])
+                plan.dead.append(_dead_record(row, stream, str(exc)))
+                continue
+        source = (origin, source_stream)
+        entry = new.get(source)
+        if entry is None:
+            held = state.held_for(source)
+            entry = new[source] = ({}, held, held.last or 0)
+        seen, held, top = entry
+        if seq in seen or (seq <= top and seq in held):
             plan.duplicates += 1
             continue
-        seqs[ident.seq] = row
-    for source, seqs in new.items():
-        if not seqs:
+        seen[seq] = i
+    if tp is not None and high:
+        plan.offsets[tp] = high
+    _order_new(b, {source: seen for source, (seen, _, _) in new.items()}, state, plan)
+    return plan
+
+
+def _checked_identity(row: SourceRow, stream: str | None) -> tuple[str, str, int]:
+    """``Record.from_kafka`` plus: the ``sl.stream`` header names the topic's stream."""
+    if stream is None:
+        raise ContractError(f"topic {row.topic} names no stream")
+    ident = Record.from_kafka(row.key, row.value, row.headers).identity
+    if ident.stream != stream:
+        raise ContractError(f"header sl.stream={ident.stream} but topic is {row.topic}")
+    return ident.origin, stream, ident.seq
+
+
+def _order_new(
+    b: Batch, new: dict[Source, dict[int, int]], state: MergeState, plan: BatchPlan
+) -> None:
+    """Seq order per source; the new ledger entries; fetch the written rows at once."""
+    order: list[int] = []
+    topics: list[str] = []
+    for source, seen in new.items():
+        if not seen:
             continue
         held = state.held_for(source).copy()
         topic = canonical_topic(source[1])
         plan.streams.add(source[1])
-        for seq in sorted(seqs):
-            r = seqs[seq]
-            plan.canonical.append((topic, r.key, r.value, r.headers))
+        for seq in sorted(seen):
+            order.append(seen[seq])
             held.add(seq)
+        topics += [topic] * len(seen)
         plan.ledger[source] = held
-    return plan
+    plan.canonical = b.records(topics, order)
 
 
-def _dead_record(topic: str, row: SourceRow, reason: str) -> Out:
+def _dead_record(row: SourceRow, stream: str | None, reason: str) -> Out:
     headers = [
         *row.headers,
         (H_DEAD_REASON, reason.encode()),
         (H_DEAD_SOURCE, f"{row.topic}/{row.partition}/{row.offset}".encode()),
     ]
-    return (topic, row.key, row.value, headers)
+    return (dead_topic(stream) if stream else DEAD_UNKNOWN_TOPIC, row.key, row.value, headers)

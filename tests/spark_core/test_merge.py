@@ -15,8 +15,16 @@ from local_stack.kafka import KafkaBroker
 from shorelink.contract import H_SEQ, H_SITE, canonical_topic, dead_topic, ingress_topic
 from shorelink.kafka_io import read_to_end
 from shorelink.ranges import RangeSet
-from spark_core.merge import DEAD_UNKNOWN_TOPIC, Merger, SourceRow, plan_batch, start_merge
-from spark_core.merge_state import MergeState
+from spark_core.merge import (
+    DEAD_UNKNOWN_TOPIC,
+    ArrowBatch,
+    Merger,
+    SourceRow,
+    batch_frame,
+    plan_batch,
+    start_merge,
+)
+from spark_core.merge_state import Headers, MergeState
 from tests.conftest import unique
 from tests.spark_core.conftest import (
     assert_exactly_once,
@@ -219,3 +227,79 @@ def test_replayed_batch_after_a_crash_writes_nothing_twice(
     got = canonical(b, s)
     assert_exactly_once(got, {("ship1", s): 11})
     assert b"zombie" not in {r.value for r in got}
+
+
+def _kafka_frame(spark: Any, rows: list[SourceRow]) -> Any:
+    """Rows with the Kafka source's schema, as the merge's micro-batch has them."""
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+    )
+
+    header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+    schema = StructType(
+        [
+            StructField("topic", StringType()),
+            StructField("partition", IntegerType()),
+            StructField("offset", LongType()),
+            StructField("key", BinaryType()),
+            StructField("value", BinaryType()),
+            StructField("headers", ArrayType(header)),
+        ]
+    )
+    data = [(r.topic, r.partition, r.offset, r.key, r.value, r.headers or None) for r in rows]
+    return spark.createDataFrame(data, schema).coalesce(1)
+
+
+@pytest.mark.spark
+def test_spark_vouching_never_changes_what_the_plan_decides(spark: Any) -> None:
+    """Spark pre-checks the headers so the driver can skip the contract check for
+    well-formed rows; on any row it must agree with ``Record.from_kafka`` or leave the
+    row to it, else a bad record could reach a canonical topic (or a good one die)."""
+    s = unique("s")
+    t, inbox = ingress_topic(s), f"sl.inbox.hq.{s}"
+
+    def hdrs(n: int, **change: bytes | None) -> Headers:
+        """The contract's headers of identity ``a/<s>/n``, with some values changed."""
+        return [(k, change.get(k.removeprefix("sl."), v)) for k, v in record("a", s, n).headers()]
+
+    cases: list[tuple[str, Headers, bool]] = [
+        (t, hdrs(1), True),
+        (inbox, hdrs(2), True),
+        (t, hdrs(3, seq=b"0003"), False),  # leading zeros: seq 3, good
+        (t, hdrs(1), True),  # a duplicate
+        (t, [*hdrs(4), ("x-extra", b"1")], False),  # other layout, still good
+        (t, hdrs(5)[::-1], False),  # other order, still good
+        (t, [*hdrs(6), ("sl.seq", b"7")], False),  # the last sl.seq counts: 7
+        (t, hdrs(8, mqtt_topic="ship/a/kühl".encode()), False),  # UTF-8, good
+        (t, hdrs(9, origin=b"a\n"), False),  # Python's `$` admits a final newline
+        (t, hdrs(10, seq=b"1" * 24), False),  # beyond 18 digits, still a seq
+        (t, hdrs(11, mqtt_topic=None), False),  # a null value is skipped: good
+        (t, hdrs(12, seq=b"0"), False),
+        (t, hdrs(13, seq=b" 13"), False),
+        (t, hdrs(14, seq="١٤".encode()), False),  # non-ASCII digits
+        (t, hdrs(15, ts=b"15a"), False),
+        (t, hdrs(16, site=b"\xff"), False),
+        (t, hdrs(17, site=None), False),
+        (t, hdrs(18, stream=b"other"), False),
+        (t, hdrs(19, origin=b"Bad"), False),
+        (t, [], False),
+        (f"sl.ingress.{s}.x", hdrs(20), False),
+        ("sl.ingress.Bad", hdrs(21), False),
+        # Spark vouches (stream = topic's); Python's name check still says no stream
+        ("sl.ingress.Bad", hdrs(22, stream=b"Bad"), True),
+        (t, hdrs(23, mqtt_topic=b"\xc3"), False),  # not UTF-8
+        (f"sl.ingress.{s}.x", hdrs(24, stream=f"{s}.x".encode()), False),
+    ]
+    rows = [SourceRow(topic, 0, i, b"k", b"v%d" % i, hs) for i, (topic, hs, _) in enumerate(cases)]
+    batch = ArrowBatch(batch_frame(_kafka_frame(spark, rows)).toArrow())
+    assert [bool(o) for o in batch.origins] == [vouched for _, _, vouched in cases]
+    by_spark, by_python = plan_batch(batch, MergeState()), plan_batch(rows, MergeState())
+    assert by_spark == by_python
+    assert len(by_spark.canonical) == 10 and len(by_spark.dead) == 14
+    assert by_spark.duplicates == 1
