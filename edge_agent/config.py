@@ -103,6 +103,8 @@ class UplinkConfig:
     #: backoff between attempts while no link works (exponential with jitter, capped)
     retry_min_s: float = 0.25
     retry_max_s: float = 60.0
+    #: build batches (read + encode) in a child process (1) or an agent thread (0)
+    encode_workers: int = 1
 
 
 @dataclass(frozen=True)
@@ -277,6 +279,7 @@ def _uplink(s: Section, base: Path | None) -> UplinkConfig:
         probe_timeout_s=s.duration("probe_timeout", d.probe_timeout_s),
         retry_min_s=s.duration("retry_min", d.retry_min_s),
         retry_max_s=s.duration("retry_max", d.retry_max_s),
+        encode_workers=s.integer("encode_workers", d.encode_workers, min=0, max=1),
     )
     s.done()
     if out.token_file is not None:

@@ -33,15 +33,16 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from edge_agent.batching import BatchBuilder, BuildSpec
 from edge_agent.budget import LinkBudget
 from edge_agent.config import LinkConfig
 from edge_agent.errors import GatewayGap, GatewayRejected, LinkError
 from edge_agent.gateway import Gateway, SendResult
-from edge_agent.log import EdgeLog, LogRecord
+from edge_agent.log import EdgeLog
 from edge_agent.metrics import EdgeMetrics
 from shorelink.logs import RateLimitedLog
 from shorelink.ranges import RangeSet
-from shorelink.wire import Batch, WireError, WireRecord, encode_batch
+from shorelink.wire import WireError
 
 __all__ = ["Session"]
 
@@ -88,6 +89,7 @@ class Session:
         streams: list[str],
         held: dict[str, RangeSet],
         metrics: EdgeMetrics,
+        builder: BatchBuilder,
         *,
         on_success: Callable[[], None] = lambda: None,
         stopping: Callable[[], bool] = lambda: False,
@@ -97,6 +99,7 @@ class Session:
         self.budget = budget
         self.log = edge_log
         self.metrics = metrics
+        self.builder = builder
         self._on_success = on_success
         self._stopping = stopping
         self._limited = RateLimitedLog(log)
@@ -293,10 +296,19 @@ class Session:
             c.rewind = False
             epoch = c.epoch
             t0 = time.monotonic()
+            spec = BuildSpec(
+                c.stream,
+                self.log.stream_state(c.stream).next_seq - 1,
+                c.pos,
+                c.floor,
+                c.held,
+                c.in_flight > 0,
+                self.link.batch_max_records,
+                self.link.batch_max_bytes,
+                self.budget.remaining(),
+            )
             try:
-                out, pos, floor = await asyncio.to_thread(
-                    self._build, c, c.pos, c.floor, c.held, c.in_flight > 0
-                )
+                built = await self.builder.build(spec)
             except WireError as exc:  # a record the wire format cannot carry
                 c.stalled = exc.reason
                 self.metrics.uplink_failed.labels(self.site, c.stream, exc.reason).inc()
@@ -310,87 +322,18 @@ class Session:
                 continue
             if c.epoch != epoch:  # rewound (a 409) while building: build again later
                 continue
-            c.pos, c.floor = pos, floor
-            if out is not None:
-                self.metrics.uplink_build_seconds.observe(time.monotonic() - t0)
-                return out
-        return None
-
-    def _build(
-        self, c: _Cursor, pos: int | None, floor: int | None, held: RangeSet, busy: bool
-    ) -> tuple[_Outgoing | None, int | None, int | None]:
-        """Runs in a worker thread, so it reads a snapshot of the cursor (``pos``,
-        ``floor``, ``held``, ``busy``: batches of the stream in flight) and changes
-        nothing: the next batch of ``c``'s stream (or None) and the cursor's next
-        ``pos`` and ``floor``, which the caller applies unless the stream was rewound
-        meanwhile."""
-        stream = c.stream
-        first = self.log.first_seq(stream)
-        last = self.log.stream_state(stream).next_seq - 1
-        pos = max(pos or first, first)
-        floor = max(floor or first, first)
-        while pos <= last:
-            todo = held.missing(pos, last)
-            if not todo:
-                break
-            lo, hi = next(iter(todo))
-            recs = self.log.read(
-                stream,
-                lo,
-                hi,
-                max_records=self.link.batch_max_records,
-                max_bytes=self.link.batch_max_bytes,
-            )
-            start = recs[0].seq if recs else hi + 1
-            if start > lo and floor < start:
-                # seqs lo..start-1 are gone from the log and the site lacks them: the
-                # site must be told not to wait for them, but only once nothing
-                # earlier of this stream is in flight (or it would abandon those too)
-                if busy:
-                    return None, pos, floor
-                floor = start
-            if not recs:
-                pos = hi + 1
-                continue
-            out = self._encode(c, _contiguous(recs), floor)
-            return out, (pos if out is None else out.last + 1), floor
-        return None, pos, floor
-
-    def _encode(self, c: _Cursor, recs: list[LogRecord], floor: int) -> _Outgoing | None:
-        """Encode ``recs``; fewer of them if the encoded batch would be larger than
-        ``link.batch_max_bytes`` (records that do not compress: a gateway refuses
-        batches over its limit, the same 8 MiB by default) or than today's budget."""
-        n = len(recs)
-        while n:
-            body = encode_batch(
-                Batch(
-                    self.log.origin,
-                    c.stream,
-                    tuple(WireRecord(r.seq, r.key, r.ts_ms, r.topic, r.payload) for r in recs[:n]),
-                    first_available=floor,
+            c.pos, c.floor = built.pos, built.floor
+            if built.spent:
+                self.budget.mark_spent_out()
+                log.info(
+                    "event=link_budget_spent link=%s day=%s spent=%d budget=%d",
+                    self.link.name,
+                    self.budget.day,
+                    self.budget.spent,
+                    self.budget.limit,
                 )
-            )
-            if len(body) > self.link.batch_max_bytes and n > 1:
-                n = max(1, min(n - 1, int(n * self.link.batch_max_bytes / len(body) * 0.9)))
-                continue
-            left = self.budget.remaining()
-            if left is None or len(body) <= left:
-                return _Outgoing(c, recs[0].seq, recs[n - 1].seq, n, body, c.epoch)
-            n = min(n - 1, int(n * left / len(body) * 0.97))
-        self.budget.mark_spent_out()
-        log.info(
-            "event=link_budget_spent link=%s day=%s spent=%d budget=%d",
-            self.link.name,
-            self.budget.day,
-            self.budget.spent,
-            self.budget.limit,
-        )
+                return None
+            if built.body is not None:
+                self.metrics.uplink_build_seconds.observe(time.monotonic() - t0)
+                return _Outgoing(c, built.first, built.last, built.count, built.body, epoch)
         return None
-
-
-def _contiguous(recs: list[LogRecord]) -> list[LogRecord]:
-    """The leading run of consecutive seqs (a batch's seqs are contiguous)."""
-    for i in range(1, len(recs)):
-        if recs[i].seq != recs[i - 1].seq + 1:
-            return recs[:i]
-    return recs

@@ -27,6 +27,7 @@ from dataclasses import replace
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
+from edge_agent.batching import BatchBuilder
 from edge_agent.budget import LinkBudget
 from edge_agent.config import EdgeConfig
 from edge_agent.errors import GatewayRejected, LinkError, UplinkError
@@ -89,6 +90,7 @@ class Uplink:
         self._stop = asyncio.Event()
         self._limited = RateLimitedLog(log)
         self._streams = [s.name for s in cfg.by_priority()]
+        self.builder = BatchBuilder(edge_log, workers=cfg.uplink.encode_workers)
 
     # -- the loop ------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -122,7 +124,12 @@ class Uplink:
                     await g.close()
             with contextlib.suppress(Exception):
                 await self._flush_states(force=True)
+            await asyncio.to_thread(self.close)
             log.info("event=uplink_stopped")
+
+    def close(self) -> None:
+        """Stop the batch builder's child process (if one was started)."""
+        self.builder.close()
 
     async def _pass_with_retry(self) -> None:
         u = self.cfg.uplink
@@ -286,6 +293,7 @@ class Uplink:
             self._streams,
             held,
             self.metrics,
+            self.builder,
             on_success=lambda: self._success(g),
             stopping=self._stop.is_set,
         )

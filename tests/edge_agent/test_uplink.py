@@ -5,10 +5,15 @@ Real SQLite logs; the gateway is the in-memory implementation of the seam."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from edge_agent.batching import BuildFailed
 from edge_agent.config import EdgeConfig
 from edge_agent.log import EdgeLog
 from edge_agent.metrics import EdgeMetrics
@@ -105,6 +110,39 @@ async def test_encoded_batches_stay_under_batch_max_bytes(tmp_path: Path) -> Non
     assert max(r.nbytes for r in gw.log) <= 8 * 1024
     assert len(gw.log) >= 300 * 500 // (8 * 1024)
     log.close()
+
+
+async def test_batches_built_in_a_child_process_which_is_replaced_if_it_dies(
+    tmp_path: Path,
+) -> None:
+    """The default builder: a child process with its own read-only view of the log
+    (it must see records committed after it started); killed, it is replaced."""
+    cfg = uplink_config(
+        tmp_path,
+        gateways=[("tokyo", "port_wifi")],
+        links={"port_wifi": {"batch_max_records": 100}},
+        uplink={"encode_workers": 1},
+    )
+    log = open_log(cfg)
+    fill(log, "containers", 250)
+    gw = MemoryGateway("tokyo", "port_wifi")
+    up = _uplink(cfg, log, [gw])
+    try:
+        await up.sync_once()
+        assert gw.held("containers") == _all(250)
+        (child,) = up.builder.pids()
+        assert child != os.getpid()
+        fill(log, "containers", 150)
+        os.kill(child, signal.SIGKILL)
+        with pytest.raises(BuildFailed):
+            await up.sync_once()
+        await up.sync_once()  # a new child
+        assert gw.held("containers") == _all(400) and max(gw.arrivals.values()) == 1
+        assert up.builder.pids() not in ([], [child])
+    finally:
+        up.close()
+        log.close()
+    assert up.builder.pids() == []
 
 
 async def test_satellite_carries_only_alerts_and_nav_in_small_batches(tmp_path: Path) -> None:

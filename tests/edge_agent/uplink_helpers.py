@@ -41,6 +41,9 @@ def uplink_config(
             "probe_timeout": "2s",
             "retry_min": "10ms",
             "retry_max": "100ms",
+            # batches built in a thread here (no child process per test); the agent
+            # tests run the default, a child process
+            "encode_workers": 0,
             **(uplink or {}),
         },
         "links": links or {},

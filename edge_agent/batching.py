@@ -1,0 +1,195 @@
+"""Building the next batch of a stream: read it from the log, encode it.
+
+:func:`build` is a pure function of a :class:`BuildSpec` (a snapshot of the session's
+cursor) and a log: it changes nothing and returns a :class:`Built`. That lets it run
+away from the agent's event loop:
+
+- ``uplink.encode_workers = 1`` (the default): in a child process with its own
+  read-only connection to the log (SQLite WAL: readers do not block the writer).
+  Encoding a 50,000-record batch takes a few hundred milliseconds of CPU; in a thread it
+  would hold the GIL the MQTT ingest needs, and on a port link it bounds the upload
+  (bench/uplink.py: ``agent_build_bound_bytes_s``). A child process uses the ship
+  computer's second core.
+- ``uplink.encode_workers = 0``: in a worker thread of the agent (no extra process; for
+  small ships with satellite links only, where batches are small).
+
+A child that dies (killed, out of memory) is replaced at the next batch; the error is
+raised to the session as a :class:`BuildFailed` (the batch is simply built again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+
+from edge_agent.config import LogConfig, StreamConfig
+from edge_agent.errors import UplinkError
+from edge_agent.log import EdgeLog, LogRecord
+from shorelink.ranges import RangeSet
+from shorelink.wire import Batch, WireRecord, encode_batch
+
+__all__ = ["BatchBuilder", "BuildFailed", "BuildSpec", "Built", "build"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    stream: str
+    #: the stream's last committed seq (a child's read-only view does not follow it)
+    last: int
+    #: next seq to consider (None: the log's lowest)
+    pos: int | None
+    #: first_available so far (None: the log's lowest seq)
+    floor: int | None
+    #: what the site holds of the stream
+    held: RangeSet
+    #: batches of the stream are in flight (first_available must not move past them)
+    busy: bool
+    max_records: int
+    #: payload bytes read, and the most the encoded batch may take
+    max_bytes: int
+    #: what today's link budget still allows (None: no budget)
+    budget_left: int | None
+
+
+@dataclass(frozen=True)
+class Built:
+    #: the encoded batch, or None (nothing to send now, or the budget is spent)
+    body: bytes | None
+    first: int
+    last: int
+    count: int
+    #: the cursor's next pos and floor
+    pos: int | None
+    floor: int | None
+    #: not even one record fits today's budget
+    spent: bool = False
+
+
+def build(edge_log: EdgeLog, spec: BuildSpec) -> Built:
+    """The next batch of ``spec.stream`` the site lacks, from ``spec.pos`` on."""
+    first = edge_log.first_seq(spec.stream)
+    pos = max(spec.pos or first, first)
+    floor = max(spec.floor or first, first)
+    while pos <= spec.last:
+        todo = spec.held.missing(pos, spec.last)
+        if not todo:
+            break
+        lo, hi = next(iter(todo))
+        recs = edge_log.read(
+            spec.stream, lo, hi, max_records=spec.max_records, max_bytes=spec.max_bytes
+        )
+        start = recs[0].seq if recs else hi + 1
+        if start > lo and floor < start:
+            # seqs lo..start-1 are gone from the log and the site lacks them: the site
+            # must be told not to wait for them, but only once nothing earlier of this
+            # stream is in flight (or it would abandon those too)
+            if spec.busy:
+                return Built(None, 0, 0, 0, pos, floor)
+            floor = start
+        if not recs:
+            pos = hi + 1
+            continue
+        return _encode(edge_log.origin, spec, _contiguous(recs), pos, floor)
+    return Built(None, 0, 0, 0, pos, floor)
+
+
+def _encode(origin: str, spec: BuildSpec, recs: list[LogRecord], pos: int, floor: int) -> Built:
+    """Encode ``recs``; fewer of them if the encoded batch would be larger than
+    ``max_bytes`` (records that do not compress: a gateway refuses batches over its
+    limit, 8 MiB by default) or than today's budget."""
+    n = len(recs)
+    while n:
+        body = encode_batch(
+            Batch(
+                origin,
+                spec.stream,
+                tuple(WireRecord(r.seq, r.key, r.ts_ms, r.topic, r.payload) for r in recs[:n]),
+                first_available=floor,
+            )
+        )
+        if len(body) > spec.max_bytes and n > 1:
+            n = max(1, min(n - 1, int(n * spec.max_bytes / len(body) * 0.9)))
+            continue
+        left = spec.budget_left
+        if left is None or len(body) <= left:
+            return Built(body, recs[0].seq, recs[n - 1].seq, n, recs[n - 1].seq + 1, floor)
+        n = min(n - 1, int(n * left / len(body) * 0.97))
+    return Built(None, 0, 0, 0, pos, floor, spent=True)
+
+
+def _contiguous(recs: list[LogRecord]) -> list[LogRecord]:
+    """The leading run of consecutive seqs (a batch's seqs are contiguous)."""
+    for i in range(1, len(recs)):
+        if recs[i].seq != recs[i - 1].seq + 1:
+            return recs[:i]
+    return recs
+
+
+# -- where build runs ------------------------------------------------------------------------
+class BuildFailed(UplinkError):
+    """The child process building a batch died; it is replaced at the next batch (the
+    uplink retries with its backoff)."""
+
+    retryable = True
+
+
+_CHILD_LOG: EdgeLog | None = None
+
+
+def _child_open(path: Path, origin: str, streams: dict[str, StreamConfig], cfg: LogConfig) -> None:
+    global _CHILD_LOG
+    _CHILD_LOG = EdgeLog(path, origin, streams, cfg, readonly=True)
+
+
+def _child_build(spec: BuildSpec) -> Built:
+    assert _CHILD_LOG is not None
+    return build(_CHILD_LOG, spec)
+
+
+class BatchBuilder:
+    """Runs :func:`build` in a child process (``workers = 1``) or a thread (0)."""
+
+    def __init__(self, edge_log: EdgeLog, *, workers: int) -> None:
+        self.log = edge_log
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+
+    async def build(self, spec: BuildSpec) -> Built:
+        if not self.workers:
+            return await asyncio.to_thread(build, self.log, spec)
+        pool = self._pool_now()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(pool, _child_build, spec)
+        except BrokenProcessPool as exc:
+            self._pool = None
+            pool.shutdown(wait=False, cancel_futures=True)
+            log.error("event=batch_builder_died error=%r", str(exc))
+            raise BuildFailed(f"the batch builder process died: {exc}") from exc
+
+    def _pool_now(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            # spawn, not fork: the agent has threads (paho, SQLite) a fork would copy
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_child_open,
+                initargs=(self.log.path, self.log.origin, self.log.streams, self.log.cfg),
+            )
+        return self._pool
+
+    def pids(self) -> list[int]:
+        """The child processes building batches now (none before the first batch)."""
+        procs = getattr(self._pool, "_processes", None) or {}
+        return sorted(procs)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
