@@ -343,8 +343,54 @@ class Merger:
 #: the headers exactly as the record contract writes them (``Record.headers``, the
 #: gateway's writer, the canonical records that reach other sites' inboxes)
 CONTRACT_LAYOUT = (H_ORIGIN, H_STREAM, H_SEQ, H_TS, H_SITE, H_MQTT_TOPIC)
-#: origins and streams (``shorelink.identity.NAME_RE``, but ``\z``: no trailing newline)
-_NAME_SQL = r"^[a-z0-9][a-z0-9_-]{0,62}\z"
+
+
+def _value(i: int) -> str:
+    return f"try_element_at(headers, {i + 1}).value"
+
+
+def _text(i: int) -> str:
+    return f"CAST({_value(i)} AS STRING)"
+
+
+#: SQL (backslashes doubled for SQL string literals): when Spark vouches for a row
+_VOUCHED = " AND ".join(
+    [
+        f"size(headers) = {len(CONTRACT_LAYOUT)}",
+        *(f"try_element_at(headers, {i + 1}).key = '{n}'" for i, n in enumerate(CONTRACT_LAYOUT)),
+        # a valid name (shorelink.identity.NAME_RE, but \z: no trailing newline)
+        rf"{_text(0)} RLIKE '^[a-z0-9][a-z0-9_-]{{0,62}}\\z'",
+        # the topic's last part; Python checks that it is a valid name, once per topic
+        f"NOT contains({_text(1)}, '.')",
+        f"CASE WHEN topic = concat('sl.ingress.', {_text(1)}) THEN true"  # lazily:
+        rf" ELSE topic RLIKE '^sl\\.inbox\\.[^.]*\\.[^.]*\\z'"  # the regex for inbox only
+        f" AND endswith(topic, concat('.', {_text(1)})) END",
+        rf"{_text(2)} RLIKE '^[1-9][0-9]{{0,17}}\\z'",
+        rf"{_text(3)} RLIKE '^[0-9]+\\z'",
+        # ASCII (null if either value is null)
+        f"is_valid_utf8(CAST(concat({_value(4)}, {_value(5)}) AS STRING))",
+        f"length(CAST(concat({_value(4)}, {_value(5)}) AS STRING))"
+        f" = octet_length(concat({_value(4)}, {_value(5)}))",
+    ]
+)
+_KAFKA = ("topic", "partition", "offset", "key", "value")
+_CHECKED = (
+    *_KAFKA,
+    "headers",
+    f"coalesce({_VOUCHED}, false) AS vouched",
+    f"{_text(0)} AS v_origin",
+    f"{_text(2)} AS v_seq",
+    *(f"{_value(i)} AS v_{i}" for i in (3, 4, 5)),
+)
+_PROJECTED = (
+    *_KAFKA,
+    "CASE WHEN vouched THEN NULL ELSE headers END AS headers",
+    "CASE WHEN vouched THEN v_origin ELSE '' END AS origin",
+    "CASE WHEN vouched THEN try_cast(v_seq AS BIGINT) ELSE 0L END AS seq",
+    "CASE WHEN vouched THEN v_3 END AS h_ts",
+    "CASE WHEN vouched THEN v_4 END AS h_site",
+    "CASE WHEN vouched THEN v_5 END AS h_mqtt_topic",
+)
 
 
 def batch_frame(df: Any) -> Any:
@@ -362,59 +408,11 @@ def batch_frame(df: Any) -> Any:
     it to that). A vouched row travels without its ``headers`` list: three flat
     columns (``h_ts``, ``h_site``, ``h_mqtt_topic``) carry what origin, seq and topic do
     not say, which is far cheaper to turn into Arrow and back (see ``ArrowBatch``).
-    Plain positions, not ``filter(headers, ...)`` lambdas: those cost the batch ~40%."""
-    from pyspark.sql import functions as F
-
-    h = F.col("headers")
-    raw = [F.try_element_at(h, F.lit(i + 1))["value"] for i in range(len(CONTRACT_LAYOUT))]
-    origin, stream, seq, ts = (v.cast("string") for v in raw[:4])
-    site_mqtt = F.concat(raw[4], raw[5]).cast("string")
-    topic = F.col("topic")
-    vouched = F.size(h) == len(CONTRACT_LAYOUT)
-    for i, name in enumerate(CONTRACT_LAYOUT):
-        vouched &= F.try_element_at(h, F.lit(i + 1))["key"] == name
-    vouched &= (
-        # a name, digits, or equal to (ASCII) topic text: ASCII, as the bytes that came
-        origin.rlike(_NAME_SQL)
-        # the topic's last part (lazily, CASE WHEN: the regex only for inbox rows);
-        # Python checks that it is a valid name, once per topic
-        & ~stream.contains(".")
-        & F.when(topic == F.concat(F.lit("sl.ingress."), stream), True).otherwise(
-            topic.rlike(r"^sl\.inbox\.[^.]*\.[^.]*\z")
-            & topic.endswith(F.concat(F.lit("."), stream))
-        )
-        & seq.rlike(r"^[1-9][0-9]{0,17}\z")
-        & ts.rlike(r"^[0-9]+\z")
-        & F.is_valid_utf8(site_mqtt)  # null if either is null
-        & (F.length(site_mqtt) == F.octet_length(site_mqtt))  # ASCII
-    )
-    checked = df.select(
-        "topic",
-        "partition",
-        "offset",
-        "key",
-        "value",
-        "headers",
-        F.coalesce(vouched, F.lit(False)).alias("vouched"),
-        origin.alias("v_origin"),
-        seq.alias("v_seq"),
-        *(raw[i].alias(f"v_{i}") for i in (3, 4, 5)),
-    )
-    # a projection of its own: Spark keeps `vouched` computed once, not once per use
-    ok = F.col("vouched")
-    return checked.select(
-        "topic",
-        "partition",
-        "offset",
-        "key",
-        "value",
-        F.when(~ok, h).alias("headers"),
-        F.when(ok, F.col("v_origin")).otherwise(F.lit("")).alias("origin"),
-        F.when(ok, F.col("v_seq").try_cast("bigint")).otherwise(F.lit(0)).alias("seq"),
-        F.when(ok, F.col("v_3")).alias("h_ts"),
-        F.when(ok, F.col("v_4")).alias("h_site"),
-        F.when(ok, F.col("v_5")).alias("h_mqtt_topic"),
-    )
+    Plain positions, not ``filter(headers, ...)`` lambdas (those cost the batch ~40%);
+    SQL text built once, not Column objects (one py4j call per projection, not one per
+    operator); two projections, so that Spark computes ``vouched`` once per row, not
+    once per use."""
+    return df.selectExpr(*_CHECKED).selectExpr(*_PROJECTED)
 
 
 class ArrowBatch:
@@ -510,7 +508,7 @@ def _single(col: pa.ChunkedArray) -> pa.Array:
 def _ints(arr: pa.Array) -> list[int]:
     """An int32/int64 array without nulls, read from its buffer (``to_pylist`` builds
     every value through a scalar object: ~10x slower)."""
-    if arr.null_count or arr.type not in (pa.int32(), pa.int64()):
+    if not len(arr) or arr.null_count or arr.type not in (pa.int32(), pa.int64()):
         return arr.to_pylist()
     fmt: Literal["i", "q"] = "i" if arr.type == pa.int32() else "q"
     return _buffer_ints(arr.buffers()[1], fmt, arr.offset, len(arr))
@@ -524,7 +522,8 @@ def _buffer_ints(buf: pa.Buffer, fmt: Literal["i", "q"], start: int, count: int)
 
 def _binaries(arr: pa.Array) -> list[bytes | None]:
     """A binary array as bytes objects sliced from one copy of its data buffer."""
-    if arr.null_count or not (pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type)):
+    binary = pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type)
+    if not len(arr) or arr.null_count or not binary:
         return arr.to_pylist()
     fmt: Literal["i", "q"] = "q" if pa.types.is_large_binary(arr.type) else "i"
     bounds = _buffer_ints(arr.buffers()[1], fmt, arr.offset, len(arr) + 1)

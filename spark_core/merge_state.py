@@ -102,8 +102,11 @@ class MergeState:
         state = cls()
         key = marker_key(site)
         try:
-            # one consumer for both: each read_to_end costs a connection and a wait
-            for msg in read_to_end(bootstrap, [LEDGER_TOPIC, MARKER_TOPIC], timeout=timeout):
+            # one consumer for both, and no fetch parked at the end of a small topic
+            # waiting for data (fetch.wait.max.ms, 500 ms by default): start-up is quick
+            topics = [LEDGER_TOPIC, MARKER_TOPIC]
+            quick: dict[str, object] = {"fetch.wait.max.ms": 10}
+            for msg in read_to_end(bootstrap, topics, timeout=timeout, extra=quick):
                 value = msg.value()
                 if msg.topic() == MARKER_TOPIC:
                     if msg.key() == key and value:

@@ -4,7 +4,9 @@
 A small supervisor runs the site's streaming queries (the merge and, with ``tables =
 true``, one query per Delta table; replication plugs in as more runners): a query that
 fails is restarted with exponential backoff without touching the others; SIGTERM/SIGINT
-stop every query between batches, then Spark.
+stop every query between batches, then Spark. Every query's progress (rows, rate, batch
+duration, Kafka lag) is logged per batch and kept in
+``<checkpoint_dir>/queries.status.json`` (spark_core/progress.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from shorelink.errors import ShorelinkError
 from shorelink.logs import configure_logging
 from spark_core.config import SiteConfig, load_config
 from spark_core.merge import Merger, start_merge
+from spark_core.progress import ProgressReporter, as_dict
 from spark_core.tables import TABLES, start_table
 
 __all__ = ["QueryRunner", "Supervisor", "main"]
@@ -51,9 +54,15 @@ class QueryRunner:
 
 class Supervisor:
     def __init__(
-        self, runners: list[QueryRunner], *, backoff_s: float = 1.0, backoff_cap_s: float = 60.0
+        self,
+        runners: list[QueryRunner],
+        *,
+        backoff_s: float = 1.0,
+        backoff_cap_s: float = 60.0,
+        progress: ProgressReporter | None = None,
     ) -> None:
         self.runners = runners
+        self.progress = progress
         self.backoff_s = backoff_s
         self.backoff_cap_s = backoff_cap_s
         self._stop = threading.Event()
@@ -98,13 +107,35 @@ class Supervisor:
                         self._failed(r, str(error))
                 elif r.failures and r.query.lastProgress is not None:
                     r.failures = 0  # healthy again: next failure starts from a short backoff
+            self._report()
             if until_done and all(r.done for r in self.runners):
                 break
             self._stop.wait(0.5)
         for r in self.runners:
             if r.query is not None:
                 r.stop_gracefully(r.query)
+                self._report(r, "stopped")
         return 0
+
+    def _report(self, only: QueryRunner | None = None, state: str = "") -> None:
+        """Each query's last progress to the log and the status file (see progress.py)."""
+        if self.progress is None:
+            return
+        for r in [only] if only is not None else self.runners:
+            try:
+                progress = as_dict(r.query.lastProgress) if r.query is not None else None
+            except Exception:  # the query is going away under us: report next time
+                continue
+            st = state or (
+                "finished"
+                if r.done
+                else "running"
+                if r.query is not None
+                else "failed"
+                if r.failures
+                else "starting"
+            )
+            self.progress.update(r.name, progress, st)
 
 
 def merge_runner(spark: Any, site: SiteConfig, *, available_now: bool) -> QueryRunner:
@@ -179,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         [
             merge_runner(spark, site, available_now=args.available_now),
             *table_runners(spark, site, available_now=args.available_now),
-        ]
+        ],
+        progress=ProgressReporter(site.checkpoint_dir / "queries.status.json"),
     )
     signal.signal(signal.SIGTERM, sup.request_stop)
     signal.signal(signal.SIGINT, sup.request_stop)

@@ -222,3 +222,13 @@ def test_driver_killed_five_times_canonical_and_table_exactly_once(
     text = log.read_text()
     assert "event=merge_batch" in text
     assert f"event=query_started query=table-{TABLE}" in text
+    # every query's progress, with its Kafka lag, for operators (spark_core/progress.py)
+    assert "event=query_progress query=merge" in text and "lag_records=" in text
+    queries = {
+        q["query"]: q
+        for q in json.loads((site.checkpoint_dir / "queries.status.json").read_text())["queries"]
+    }
+    assert set(queries) == {"merge", f"table-{TABLE}"}
+    for q in queries.values():
+        assert q["state"] == "stopped" and isinstance(q["batch_id"], int)
+        assert isinstance(q["lag_records"], int) and q["lag_records"] >= 0

@@ -297,7 +297,9 @@ def test_spark_vouching_never_changes_what_the_plan_decides(spark: Any) -> None:
         (f"sl.ingress.{s}.x", hdrs(24, stream=f"{s}.x".encode()), False),
     ]
     rows = [SourceRow(topic, 0, i, b"k", b"v%d" % i, hs) for i, (topic, hs, _) in enumerate(cases)]
-    batch = ArrowBatch(batch_frame(_kafka_frame(spark, rows)).toArrow())
+    frame = _kafka_frame(spark, rows)
+    assert plan_batch(ArrowBatch(batch_frame(frame.limit(0)).toArrow()), MergeState()).input == 0
+    batch = ArrowBatch(batch_frame(frame).toArrow())
     assert [bool(o) for o in batch.origins] == [vouched for _, _, vouched in cases]
     by_spark, by_python = plan_batch(batch, MergeState()), plan_batch(rows, MergeState())
     assert by_spark == by_python

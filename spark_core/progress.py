@@ -1,0 +1,131 @@
+"""Every supervised query's progress, for operators: one log line per new batch and one
+JSON status file for the site (``<checkpoint_dir>/queries.status.json``).
+
+From Spark's ``StreamingQuery.lastProgress`` (a dict): batch id, input rows, rows/s in
+and processed, the batch's duration, and the **lag**: Kafka records in the query's
+source topics that are not processed yet, summed over partitions from each source's
+``latestOffset`` minus its ``endOffset`` (what the batch read up to). The merge adds
+its own figures (rows written, duplicates dropped, dead letters) in
+``merge.status.json``; this file is the same for every query.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ProgressReporter", "as_dict", "kafka_lag", "summarize"]
+
+log = logging.getLogger("spark_core.progress")
+
+
+def as_dict(progress: Any) -> dict[str, Any] | None:
+    """``StreamingQuery.lastProgress`` as plain JSON data (pyspark 4 returns an object
+    that is a dict of objects; its ``json`` is the query's own report)."""
+    if progress is None:
+        return None
+    text = getattr(progress, "json", None)
+    if isinstance(text, str):
+        data = json.loads(text)
+        return data if isinstance(data, dict) else None
+    return dict(progress)
+
+
+def kafka_lag(progress: dict[str, Any]) -> int | None:
+    """Records behind the latest offsets over every Kafka source of the batch (None when
+    no source reports offsets: not a Kafka query, or no batch yet)."""
+    total, seen = 0, False
+    for source in progress.get("sources") or ():
+        latest = _offsets(source.get("latestOffset"))
+        end = _offsets(source.get("endOffset"))
+        if latest is None or end is None:
+            continue
+        seen = True
+        for key, last in latest.items():
+            total += max(0, last - end.get(key, 0))
+    return total if seen else None
+
+
+def _offsets(value: Any) -> dict[tuple[str, str], int] | None:
+    """A Kafka source offset (JSON text or dict: topic -> partition -> offset)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if not isinstance(value, dict):
+        return None
+    out: dict[tuple[str, str], int] = {}
+    for topic, parts in value.items():
+        if not isinstance(parts, dict):
+            return None
+        for part, offset in parts.items():
+            if isinstance(offset, int) and offset >= 0:
+                out[(str(topic), str(part))] = offset
+    return out
+
+
+def summarize(name: str, progress: dict[str, Any]) -> dict[str, Any]:
+    """The figures an operator looks at, from one ``lastProgress``."""
+    durations = progress.get("durationMs") or {}
+    return {
+        "query": name,
+        "batch_id": progress.get("batchId"),
+        "timestamp": progress.get("timestamp"),
+        "input_rows": progress.get("numInputRows", 0),
+        "input_rows_per_s": round(float(progress.get("inputRowsPerSecond") or 0.0), 1),
+        "processed_rows_per_s": round(float(progress.get("processedRowsPerSecond") or 0.0), 1),
+        "batch_duration_ms": durations.get("triggerExecution"),
+        "lag_records": kafka_lag(progress),
+    }
+
+
+class ProgressReporter:
+    """Called by the supervisor every loop with the active queries; logs each new batch
+    once and rewrites the status file when something changed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._last_batch: dict[str, Any] = {}
+        self._state: dict[str, dict[str, Any]] = {}
+
+    def update(self, name: str, progress: dict[str, Any] | None, state: str) -> None:
+        """``progress``: the query's ``lastProgress`` (None before its first batch);
+        ``state``: running, failed, finished, stopped."""
+        entry = dict(self._state.get(name) or {"query": name})
+        entry["state"] = state
+        if progress is not None:
+            summary = summarize(name, progress)
+            if self._last_batch.get(name) != summary["batch_id"]:
+                self._last_batch[name] = summary["batch_id"]
+                log.info(
+                    "event=query_progress query=%s batch=%s input_rows=%s rows_per_s=%s "
+                    "batch_ms=%s lag_records=%s",
+                    name,
+                    summary["batch_id"],
+                    summary["input_rows"],
+                    summary["processed_rows_per_s"],
+                    summary["batch_duration_ms"],
+                    summary["lag_records"],
+                )
+            entry.update(summary)
+        if entry != self._state.get(name):
+            self._state[name] = entry
+            self._write()
+
+    def _write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps(
+                {"updated_ms": int(time.time() * 1000), "queries": list(self._state.values())},
+                indent=1,
+            )
+        )
+        os.replace(tmp, self.path)
