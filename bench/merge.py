@@ -370,7 +370,7 @@ class Bench:
         """Untimed: run the Spark side of both pipelines once over a slice of ingress
         (the merge's projection and Arrow hand-over, the copy's Kafka write), so that
         no timed phase pays for the JIT compiling code the other phase already warmed."""
-        from spark_core.merge import ArrowBatch, batch_frame
+        from spark_core.merge_batch import ArrowBatch, batch_frame
 
         t0 = time.monotonic()
         ensure_topics(self.bootstrap, [TopicSpec(f"{COPY_TOPIC}.warm", partitions=PARTITIONS)])

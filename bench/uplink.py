@@ -36,7 +36,7 @@ script starts itself with ``--role gateway`` / ``--role agent``), toxiproxy for 
    (``shorelink.contract.Record(...).headers()``) to another topic: records/s to
    ``flush()``. Rounds alternate (``--ingest-rounds``, medians reported).
 
-    .venv/bin/python bench/uplink.py --quick     # ~45 seconds (outages every 6 s)
+    .venv/bin/python bench/uplink.py --quick     # ~40 seconds (2 s outages every 5 s)
     .venv/bin/python bench/uplink.py             # full run, ~2 minutes
     .venv/bin/python bench/uplink.py --in-flight 6 --bandwidth-mode shared
 
@@ -1058,7 +1058,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="small sizes, frequent outages: a run of about 45 seconds",
     )
     p.add_argument(
-        "--records", type=int, default=None, help="backlog to drain (default 500000; quick 100000)"
+        "--records", type=int, default=None, help="backlog to drain (default 500000; quick 300000)"
     )
     p.add_argument(
         "--link",
@@ -1100,13 +1100,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--outage-every-s",
         type=float,
         default=None,
-        help="an outage this often (default 60; quick 6)",
+        help="an outage this often (default 60; quick 5)",
     )
     p.add_argument(
         "--outage-first-s",
         type=float,
         default=None,
-        help="first outage this long after the first batch went out (default 4; quick 2)",
+        help="first outage this long after the first batch went out (default 4; quick 1)",
     )
     p.add_argument(
         "--drain-timeout",
@@ -1149,9 +1149,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = p.parse_args(argv)
     q = a.quick
     defaults = {
-        "records": (100_000, 500_000),
-        "outage_every_s": (6.0, 60.0),
-        "outage_first_s": (2.0, 4.0),
+        "records": (300_000, 500_000),
+        "outage_every_s": (5.0, 60.0),
+        "outage_first_s": (1.0, 4.0),
         "drain_timeout": (90.0, 420.0),
         "ingest_records": (50_000, 200_000),
         "ingest_rounds": (1, 3),

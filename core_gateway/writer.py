@@ -41,16 +41,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from core_gateway.config import GatewayConfig
 from core_gateway.errors import KafkaWriteError
 from core_gateway.holdings import Holdings, SourceHoldings
-from shorelink.contract import (
-    GATEWAY_CURSOR_TOPIC,
-    H_MQTT_TOPIC,
-    H_ORIGIN,
-    H_SEQ,
-    H_SITE,
-    H_STREAM,
-    H_TS,
-    ingress_topic,
-)
+from shorelink.contract import GATEWAY_CURSOR_TOPIC, contract_headers, ingress_topic
 from shorelink.kafka_io import Headers, read_to_end
 from shorelink.ledger import ledger_key
 from shorelink.ranges import RangeSet
@@ -244,16 +235,9 @@ class KafkaWriter:
                 topic = ingress_topic(w.stream)
                 origin, stream = w.origin.encode(), w.stream.encode()
                 for r in w.records:
-                    # the record contract (shorelink.contract.Record.headers), inlined:
-                    # this loop is the gateway's hot path
-                    headers: Headers = [
-                        (H_ORIGIN, origin),
-                        (H_STREAM, stream),
-                        (H_SEQ, b"%d" % r.seq),
-                        (H_TS, b"%d" % r.ts_ms),
-                        (H_SITE, site),
-                        (H_MQTT_TOPIC, r.topic.encode()),
-                    ]
+                    headers: Headers = contract_headers(  # type: ignore[assignment]
+                        origin, stream, r.seq, r.ts_ms, site, r.topic.encode()
+                    )
                     key = r.key.encode()
                     while True:
                         try:

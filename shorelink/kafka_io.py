@@ -55,7 +55,8 @@ def read_to_end(
                 raise KafkaException(
                     KafkaError(KafkaError._TIMED_OUT, f"end not reached: {sorted(pending)}")
                 )
-            for msg in consumer.consume(500, timeout=0.5):
+            # a short wait: a small topic must not cost half a second per read
+            for msg in consumer.consume(500, timeout=0.05):
                 err = msg.error()
                 if err is None:
                     yield msg

@@ -15,15 +15,8 @@ from local_stack.kafka import KafkaBroker
 from shorelink.contract import H_SEQ, H_SITE, canonical_topic, dead_topic, ingress_topic
 from shorelink.kafka_io import read_to_end
 from shorelink.ranges import RangeSet
-from spark_core.merge import (
-    DEAD_UNKNOWN_TOPIC,
-    ArrowBatch,
-    Merger,
-    SourceRow,
-    batch_frame,
-    plan_batch,
-    start_merge,
-)
+from spark_core.merge import DEAD_UNKNOWN_TOPIC, Merger, SourceRow, plan_batch, start_merge
+from spark_core.merge_batch import ArrowBatch, batch_frame
 from spark_core.merge_state import Headers, MergeState
 from tests.conftest import unique
 from tests.spark_core.conftest import (
