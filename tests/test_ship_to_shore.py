@@ -5,9 +5,11 @@ missing, whatever the link does."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import shutil
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +78,16 @@ class Shore:
         site = Site(name, kafka, cfg.port, proxy, proxy_port, stop, task)
         self.sites.append(site)
         return site
+
+    def holdings(self, site: Site) -> dict[str, str]:
+        """What ``site``'s gateway says it holds of the ship (asked directly, not over
+        the ship's link)."""
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{site.port}/v1/ships/{self.ship}/holdings",
+            headers={"Authorization": f"Bearer {self.token}"},
+        )
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return dict(json.loads(r.read())["streams"])
 
     async def close(self) -> None:
         for site in self.sites:
@@ -286,7 +298,14 @@ async def test_second_site_is_sent_only_what_it_lacks(
         k, v = encode_entry(ship, stream, agent.log.delivered(stream))
         p.produce(LEDGER_TOPIC, key=k, value=v)
     p.flush(10)
-    await asyncio.sleep(1.5)  # the gateway follows the ledger
+    # the gateway follows the ledger (it may first have to notice the topic exists)
+    for _ in range(300):
+        held = await asyncio.to_thread(shore.holdings, b)  # (the gateway runs on this loop)
+        if held.get("containers") == "1-1000":
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError(f"singapore's gateway never followed its ledger: {held}")
     # sail on: Tokyo out of reach, Singapore in reach; more readings arrive
     toxiproxy.set_enabled(a.proxy, False)
     toxiproxy.set_enabled(b.proxy, True)

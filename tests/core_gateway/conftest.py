@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +23,14 @@ from shorelink.wire import Batch, WireRecord, encode_batch
 from tests.conftest import unique
 
 STREAMS = ("alerts", "nav", "containers")
+
+
+@pytest.fixture(scope="session")
+def kafka(kafka_sites: Callable[..., dict[str, KafkaBroker]]) -> KafkaBroker:
+    """The gateway tests' own site broker: the tens of thousands of ``containers``
+    records they upload (kill -9 tests, pipelining) must not become the backlog of the
+    Spark tests, whose merge reads ``sl.ingress.containers`` from the beginning."""
+    return kafka_sites("gateway-tests")["gateway-tests"]
 
 
 def gateway_config(
