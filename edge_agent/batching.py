@@ -164,14 +164,29 @@ class BatchBuilder:
     async def build(self, spec: BuildSpec) -> Built:
         if not self.workers:
             return await asyncio.to_thread(build, self.log, spec)
-        pool = self._pool_now()
         try:
-            return await asyncio.get_running_loop().run_in_executor(pool, _child_build, spec)
+            pool = self._pool_now()
+            done = asyncio.get_running_loop().run_in_executor(pool, _child_build, spec)
+        except OSError as exc:
+            # no child process here (a sandbox without /dev/shm, a process limit): build
+            # in a thread from now on rather than never upload
+            log.error("event=batch_builder_unavailable fallback=thread error=%r", str(exc))
+            self.workers = 0
+            return await asyncio.to_thread(build, self.log, spec)
+        except BrokenProcessPool as exc:  # (submit: the child died while idle)
+            raise self._broken(exc) from exc
+        try:
+            return await done
         except BrokenProcessPool as exc:
+            raise self._broken(exc) from exc
+
+    def _broken(self, exc: BrokenProcessPool) -> BuildFailed:
+        """The child died: drop its pool (the next batch starts a new one)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
-            pool.shutdown(wait=False, cancel_futures=True)
-            log.error("event=batch_builder_died error=%r", str(exc))
-            raise BuildFailed(f"the batch builder process died: {exc}") from exc
+        log.error("event=batch_builder_died error=%r", str(exc))
+        return BuildFailed(f"the batch builder process died: {exc}")
 
     def _pool_now(self) -> ProcessPoolExecutor:
         if self._pool is None:
