@@ -22,7 +22,7 @@ from core_gateway.errors import ApiError, KafkaWriteError
 from core_gateway.holdings import Holdings, SourceHoldings
 from core_gateway.ledger import LedgerFollower
 from core_gateway.metrics import GatewayMetrics
-from core_gateway.upload import serve_upload
+from core_gateway.upload import close_uploads, serve_upload
 from core_gateway.writer import KafkaWriter, Write
 from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, WireError, decode_batch, peek_header
@@ -52,6 +52,8 @@ class GatewayService:
         self.writer = KafkaWriter(cfg, on_commit=self.metrics.committed)
         self.ledger = LedgerFollower(cfg.kafka_bootstrap, self.holdings)
         self.ready = asyncio.Event()
+        #: open WebSocket uploads (closed on shutdown)
+        self.uploads: set[web.WebSocketResponse] = set()
         #: seqs of each (ship, stream) admitted but not committed yet, one set per write
         self._inflight: dict[tuple[str, str], list[RangeSet]] = {}
         self.startup_error: str | None = None
@@ -260,6 +262,7 @@ def create_app(service: GatewayService) -> web.Application:
         middlewares=[_error_middleware(service)],
     )
     app[SERVICE] = service
+    app.on_shutdown.append(lambda _app: close_uploads(service))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)

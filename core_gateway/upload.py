@@ -38,7 +38,7 @@ from core_gateway.errors import ApiError
 if TYPE_CHECKING:
     from core_gateway.app import GatewayService
 
-__all__ = ["ROUTE", "UPLOAD_WINDOW", "serve_upload"]
+__all__ = ["ROUTE", "UPLOAD_WINDOW", "close_uploads", "serve_upload"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,7 @@ async def serve_upload(
         compress=False,
     )
     await ws.prepare(request)
+    service.uploads.add(ws)
     await ws.send_json(
         {
             "type": "holdings",
@@ -89,6 +90,7 @@ async def serve_upload(
     finally:
         await replies.put(None)
         await answering
+        service.uploads.discard(ws)
         service.metrics.uploads.dec()
         log.info(
             "event=upload_closed ship=%s batches=%d close_code=%s",
@@ -129,3 +131,12 @@ async def _answer(
         if not ws.closed:
             with contextlib.suppress(ConnectionError, RuntimeError):
                 await ws.send_json(reply)
+
+
+async def close_uploads(service: GatewayService) -> None:
+    """On shutdown: close every upload connection (1001, going away) so that a stopping
+    gateway does not wait for ships to hang up; batches already received are still
+    written and answered before the Kafka writer stops."""
+    for ws in list(service.uploads):
+        with contextlib.suppress(Exception):
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"gateway stopping")

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from core_gateway.auth import Credentials
+from core_gateway.cli import serve
 from core_gateway.errors import KafkaWriteError
 from core_gateway.writer import KafkaWriter, Write
 from local_stack.kafka import KafkaBroker
@@ -165,3 +166,38 @@ async def test_writer_refuses_a_write_built_on_one_that_was_not_written(
     finally:
         await asyncio.to_thread(writer.close)
     assert_exactly_once(kafka, ship, 20)
+
+
+async def test_stopping_gateway_closes_uploads_and_writes_what_it_received(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """A gateway told to stop does not wait for ships to hang up: it closes their upload
+    connections (1001) and still commits the batches it had taken in."""
+    cfg = gateway_config(tmp_path, kafka)
+    ship = "ship-" + tmp_path.name[-8:].replace("_", "-").lower()
+    token = Credentials(cfg.credentials_file).add(ship)
+    stop, started = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(serve(cfg, install_signals=False, started=started, stop=stop))
+    await asyncio.wait_for(started.wait(), 30)
+    gw = RunningGateway(cfg, f"http://127.0.0.1:{cfg.port}", ship, token)
+    async with aiohttp.ClientSession() as s:
+        for _ in range(300):
+            async with s.get(gw.url + "/readyz") as r:
+                if r.status == 200:
+                    break
+            await asyncio.sleep(0.1)
+        ws, _ = await _connect(s, gw)
+        for lo in range(1, 2001, 500):
+            await ws.send_bytes(batch(ship, lo, lo + 499))
+        assert (await _answer(ws))["status"] == 200
+        stop.set()
+        closing = await ws.receive(timeout=20)
+        while closing.type is aiohttp.WSMsgType.TEXT:  # answers still on their way
+            closing = await ws.receive(timeout=20)
+        assert closing.type is aiohttp.WSMsgType.CLOSE and ws.close_code == 1001
+    await asyncio.wait_for(task, 30)  # not the 60 s aiohttp would wait for handlers
+    # what it had taken in is written once, without a gap (a batch still unread when
+    # the connection closed is simply not taken: the ship resends it)
+    seqs = ingress_seqs(kafka, ship)
+    assert len(seqs) >= 500 and sorted(seqs) == list(range(1, len(seqs) + 1))
+    assert max(seqs.values()) == 1
