@@ -4,6 +4,7 @@ scripts' finally blocks so every process they started stops."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import shutil
 import signal
@@ -13,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["exit_on_signals", "progress", "work_dir"]
+__all__ = ["exit_on_signals", "progress", "require_at_least_one", "work_dir"]
 
 
 def progress(name: str) -> Callable[[str], None]:
@@ -47,3 +48,10 @@ def exit_on_signals(say: Callable[[str], None]) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit)
+
+
+def require_at_least_one(p: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
+    """Exit with a usage error naming the option if any of ``names`` is below 1."""
+    for name in names:
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")

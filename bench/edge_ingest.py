@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from _common import exit_on_signals, progress, work_dir
+from _common import exit_on_signals, progress, require_at_least_one, work_dir
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -821,9 +821,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         a.rounds = 1 if quick else 3
     if a.steady_seconds is None:
         a.steady_seconds = 3.0 if quick else 10.0
-    for name in ("messages", "backlog", "after_messages", "rounds"):
-        if getattr(a, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    require_at_least_one(p, a, "messages", "backlog", "after_messages", "rounds")
     if a.steady_rate <= 0 or a.steady_seconds <= 0:
         p.error("--steady-rate and --steady-seconds must be positive")
     return a

@@ -55,7 +55,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import exit_on_signals, progress, work_dir
+from _common import exit_on_signals, progress, require_at_least_one, work_dir
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from local_stack.kafka import KafkaBroker, start_kafka
@@ -751,9 +751,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         a.records = 100_000 if a.quick else 1_000_000
     if a.steady_seconds is None:
         a.steady_seconds = 10.0 if a.quick else 30.0
-    for name in ("records", "origins", "chunk", "max_offsets"):
-        if getattr(a, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    require_at_least_one(p, a, "records", "origins", "chunk", "max_offsets")
     if a.steady_rate <= 0 or a.steady_seconds < 0:
         p.error("--steady-rate must be positive and --steady-seconds not negative")
     return a

@@ -67,7 +67,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from _common import exit_on_signals, progress, work_dir
+from _common import exit_on_signals, progress, require_at_least_one, work_dir
 from prometheus_client.parser import text_string_to_metric_families
 from telemetry import Container, fleet
 
@@ -1159,16 +1159,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, (quick, full) in defaults.items():
         if getattr(a, name) is None:
             setattr(a, name, quick if q else full)
-    for name in (
+    require_at_least_one(
+        p,
+        a,
         "records",
         "ingest_records",
         "ingest_batch",
         "ingest_ships",
         "ingest_window",
         "ingest_rounds",
-    ):
-        if getattr(a, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    )
     if a.bandwidth < 1000 or a.latency_ms < 0 or a.outage_s < 0 or a.outage_every_s <= a.outage_s:
         p.error("need --bandwidth >= 1000, --latency-ms >= 0, 0 <= --outage-s < --outage-every-s")
     if a.ingest_records < a.ingest_ships:

@@ -18,7 +18,6 @@ import pytest
 from confluent_kafka import Producer
 
 from core_gateway.auth import Credentials
-from core_gateway.cli import serve
 from edge_agent.agent import Agent
 from edge_agent.budget import utc_day
 from edge_agent.config import load_config
@@ -31,7 +30,7 @@ from shorelink.ledger import encode_entry
 from shorelink.ranges import RangeSet
 from shorelink.topics import TopicSpec, ensure_topics
 from tests.conftest import unique
-from tests.core_gateway.conftest import gateway_config, ingress_seqs
+from tests.core_gateway.conftest import gateway_config, ingress_seqs, start_gateway
 from tests.edge_agent.conftest import Publisher, write_config
 from tests.edge_agent.conftest import publisher as publisher
 
@@ -69,9 +68,7 @@ class Shore:
             cfg.credentials_file.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(self._credentials, cfg.credentials_file)
         stop = asyncio.Event()
-        started = asyncio.Event()
-        task = asyncio.create_task(serve(cfg, install_signals=False, started=started, stop=stop))
-        await asyncio.wait_for(started.wait(), 30)
+        task = await start_gateway(cfg, stop)
         proxy = unique(f"{self.ship}-to-{name}")
         proxy_port = free_port()
         self.toxiproxy.create_proxy(proxy, f"127.0.0.1:{proxy_port}", f"127.0.0.1:{cfg.port}")

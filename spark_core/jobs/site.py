@@ -126,16 +126,15 @@ class Supervisor:
                 progress = as_dict(r.query.lastProgress) if r.query is not None else None
             except Exception:  # the query is going away under us: report next time
                 continue
-            st = state or (
-                "finished"
-                if r.done
-                else "running"
-                if r.query is not None
-                else "failed"
-                if r.failures
-                else "starting"
-            )
-            self.progress.update(r.name, progress, st)
+            self.progress.update(r.name, progress, state or _state(r))
+
+
+def _state(r: QueryRunner) -> str:
+    if r.done:
+        return "finished"
+    if r.query is not None:
+        return "running"
+    return "failed" if r.failures else "starting"
 
 
 def merge_runner(spark: Any, site: SiteConfig, *, available_now: bool) -> QueryRunner:

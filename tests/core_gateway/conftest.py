@@ -71,12 +71,9 @@ class RunningGateway:
         }
 
 
-@pytest.fixture
-async def gateway(tmp_path: Path, kafka: KafkaBroker) -> AsyncIterator[RunningGateway]:
-    cfg = gateway_config(tmp_path, kafka)
-    ship = unique("ship")
-    token = Credentials(cfg.credentials_file).add(ship)
-    stop = asyncio.Event()
+async def start_gateway(cfg: GatewayConfig, stop: asyncio.Event) -> asyncio.Task[None]:
+    """Serve ``cfg`` (a real aiohttp server) until ``stop`` is set; returns the serving
+    task once the gateway listens and answers /readyz with 200."""
     started = asyncio.Event()
     task = asyncio.create_task(serve(cfg, install_signals=False, started=started, stop=stop))
     waiter = asyncio.create_task(started.wait())
@@ -84,14 +81,23 @@ async def gateway(tmp_path: Path, kafka: KafkaBroker) -> AsyncIterator[RunningGa
     if task.done():
         task.result()  # raises what went wrong
     assert started.is_set(), "gateway did not start listening"
-    gw = RunningGateway(cfg, f"http://127.0.0.1:{cfg.port}", ship, token)
     async with aiohttp.ClientSession() as s:
         for _ in range(300):
-            async with s.get(gw.url + "/readyz") as r:
+            async with s.get(f"http://127.0.0.1:{cfg.port}/readyz") as r:
                 if r.status == 200:
                     break
             await asyncio.sleep(0.1)
-    yield gw
+    return task
+
+
+@pytest.fixture
+async def gateway(tmp_path: Path, kafka: KafkaBroker) -> AsyncIterator[RunningGateway]:
+    cfg = gateway_config(tmp_path, kafka)
+    ship = unique("ship")
+    token = Credentials(cfg.credentials_file).add(ship)
+    stop = asyncio.Event()
+    task = await start_gateway(cfg, stop)
+    yield RunningGateway(cfg, f"http://127.0.0.1:{cfg.port}", ship, token)
     stop.set()
     await task
 

@@ -13,11 +13,11 @@ import aiohttp
 import pytest
 
 from core_gateway.auth import Credentials
-from core_gateway.cli import serve
 from core_gateway.errors import KafkaWriteError
 from core_gateway.writer import KafkaWriter, Write
 from local_stack.kafka import KafkaBroker
 from shorelink.ranges import RangeSet
+from tests.conftest import unique
 from tests.core_gateway.conftest import (
     RunningGateway,
     assert_exactly_once,
@@ -25,6 +25,7 @@ from tests.core_gateway.conftest import (
     gateway_config,
     ingress_seqs,
     records,
+    start_gateway,
 )
 
 
@@ -140,7 +141,7 @@ async def test_writer_refuses_a_write_built_on_one_that_was_not_written(
     writer = KafkaWriter(cfg)
     await asyncio.to_thread(writer.ensure_topics)
     await asyncio.to_thread(writer.start)
-    ship = "ship-" + tmp_path.name[-8:].replace("_", "-").lower()
+    ship = unique("ship")
     try:
         orphan = Write(
             ship,
@@ -174,18 +175,12 @@ async def test_stopping_gateway_closes_uploads_and_writes_what_it_received(
     """A gateway told to stop does not wait for ships to hang up: it closes their upload
     connections (1001) and still commits the batches it had taken in."""
     cfg = gateway_config(tmp_path, kafka)
-    ship = "ship-" + tmp_path.name[-8:].replace("_", "-").lower()
+    ship = unique("ship")
     token = Credentials(cfg.credentials_file).add(ship)
-    stop, started = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(serve(cfg, install_signals=False, started=started, stop=stop))
-    await asyncio.wait_for(started.wait(), 30)
+    stop = asyncio.Event()
+    task = await start_gateway(cfg, stop)
     gw = RunningGateway(cfg, f"http://127.0.0.1:{cfg.port}", ship, token)
     async with aiohttp.ClientSession() as s:
-        for _ in range(300):
-            async with s.get(gw.url + "/readyz") as r:
-                if r.status == 200:
-                    break
-            await asyncio.sleep(0.1)
         ws, _ = await _connect(s, gw)
         for lo in range(1, 2001, 500):
             await ws.send_bytes(batch(ship, lo, lo + 499))
