@@ -533,6 +533,8 @@ class Bench:
             out["retry_min"] = a.retry_min
         if a.retry_max is not None:
             out["retry_max"] = a.retry_max
+        if a.seal_records is not None:
+            out["seal_records"] = a.seal_records
         return out
 
     def link_settings(self) -> dict[str, Any]:
@@ -628,9 +630,15 @@ class Bench:
             f"({a.bandwidth} B/s, {a.latency_ms} ms, {a.outage_s:g}s outage every "
             f"{a.outage_every_s:g}s from {a.outage_first_s:g}s)"
         )
-        t_start = time.time()
+        # the ship at sea: the agent starts with the link down and seals its backlog
+        # (edge_agent/sealing.py); then it reaches port and the link comes up
+        tp.set_enabled(PROXY, False)
+        t_agent = time.time()
         agent = start_role("agent", "agent", config, self.logs, "--record", str(record))
         self.procs.append(agent)
+        self.wait_sealed(agent, agent_metrics, t_agent)
+        tp.set_enabled(PROXY, True)
+        t_start = time.time()
         outages: list[tuple[float, float]] = []
         deadline = time.monotonic() + a.drain_timeout
         t_first: float | None = None
@@ -699,6 +707,31 @@ class Bench:
         self.result["link"] = self.link_report(
             sent, outages, m, g0, g1, spend, t_start, t_first, t_done, toxics, toxics_after
         )
+
+    def wait_sealed(self, agent: Proc, metrics_url: str, t_agent: float) -> None:
+        """Until the agent sealed every whole segment of the backlog (at sea)."""
+        seal = load_config(self.work / "edge" / "edge.toml").uplink.seal_records
+        n = self.args.records
+        want = n // seal * seal if seal else 0
+        say(f"link: the ship at sea seals {want} of {n} records (link down)")
+        sealed = 0.0
+        deadline = time.monotonic() + self.args.drain_timeout
+        while sealed < want:
+            if not agent.alive():
+                raise RuntimeError(f"the agent exited:\n{agent.tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the agent sealed {sealed:.0f} of {want} records")
+            time.sleep(0.05)
+            with contextlib.suppress(OSError, ValueError):
+                sealed = total(scrape(metrics_url), "shorelink_edge_sealed_records_total")
+        took = time.time() - t_agent
+        self.result["sealing"] = {
+            "seal_records": seal,
+            "records_sealed": int(sealed),
+            "agent_start_to_sealed_s": round(took, 2),
+            # what sealing costs the ship at sea (one core, not competing with sends)
+            "records_per_s": round(sealed / took) if sealed else None,
+        }
 
     def link_report(
         self,
@@ -827,6 +860,9 @@ class Bench:
             "agent_build_bound_bytes_s": round(mean_bytes / (build_ms / 1000))
             if build_ms
             else None,
+            "agent_batches_from_segments": int(
+                total(m, "shorelink_edge_uplink_sealed_batches_total")
+            ),
             "gateway_batches_written": int(gw_batches),
             "gateway_records_already_held": int(
                 delta(g0, g1, "shorelink_gateway_records_already_held_total")
@@ -1075,6 +1111,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--in-flight", type=int, default=None, help="override the link's in_flight")
     p.add_argument("--retry-min", default=None, help='override uplink.retry_min (e.g. "200ms")')
     p.add_argument("--retry-max", default=None, help='override uplink.retry_max (e.g. "5s")')
+    p.add_argument(
+        "--seal-records",
+        type=int,
+        default=None,
+        help="override uplink.seal_records (0: no sealing at sea, every batch is encoded "
+        "while the link waits)",
+    )
     p.add_argument(
         "--bandwidth",
         type=int,

@@ -1,6 +1,10 @@
-"""Building the next batch of a stream: read it from the log, encode it.
+"""Building the next batch of a stream: frame a sealed segment, or read and encode.
 
-:func:`build` is a pure function of a :class:`BuildSpec` (a snapshot of the session's
+:func:`build` sends a sealed segment (records encoded ahead of any link by
+edge_agent/sealing.py) when one starts where the site's holdings end and fits the link
+(records, bytes, today's budget): only its header is new. Otherwise it reads the records
+and encodes them, stopping where the next segment starts so later batches line up with
+segments again. It is a pure function of a :class:`BuildSpec` (a snapshot of the session's
 cursor) and a log: it changes nothing and returns a :class:`Built`. That lets it run
 away from the agent's event loop:
 
@@ -22,20 +26,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from edge_agent.config import LogConfig, StreamConfig
 from edge_agent.errors import UplinkError
 from edge_agent.log import EdgeLog, LogRecord
 from shorelink.ranges import RangeSet
-from shorelink.wire import Batch, WireRecord, encode_batch
+from shorelink.wire import Batch, Body, WireRecord, encode_batch, encode_body, frame_batch
 
-__all__ = ["BatchBuilder", "BuildFailed", "BuildSpec", "Built", "build"]
+__all__ = ["BatchBuilder", "BuildFailed", "BuildSpec", "Built", "SealSpec", "build", "seal"]
 
 log = logging.getLogger(__name__)
+
+_Spec = TypeVar("_Spec")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,8 @@ class Built:
     floor: int | None
     #: not even one record fits today's budget
     spent: bool = False
+    #: framed from a sealed segment (nothing encoded now)
+    sealed: bool = False
 
 
 def build(edge_log: EdgeLog, spec: BuildSpec) -> Built:
@@ -82,6 +93,12 @@ def build(edge_log: EdgeLog, spec: BuildSpec) -> Built:
         if not todo:
             break
         lo, hi = next(iter(todo))
+        sealed = _sealed(edge_log, spec, lo, hi, floor)
+        if sealed is not None:
+            return sealed
+        nxt = edge_log.next_segment(spec.stream, lo)
+        if nxt is not None and nxt <= hi:
+            hi = nxt - 1  # line up with the segment: the batch after it can be sent as is
         recs = edge_log.read(
             spec.stream, lo, hi, max_records=spec.max_records, max_bytes=spec.max_bytes
         )
@@ -98,6 +115,20 @@ def build(edge_log: EdgeLog, spec: BuildSpec) -> Built:
             continue
         return _encode(edge_log.origin, spec, _contiguous(recs), pos, floor)
     return Built(None, 0, 0, 0, pos, floor)
+
+
+def _sealed(edge_log: EdgeLog, spec: BuildSpec, lo: int, hi: int, floor: int) -> Built | None:
+    """The sealed segment starting at ``lo``, framed, if the link can take it whole."""
+    seg = edge_log.segment(spec.stream, lo)
+    if seg is None or seg.count > spec.max_records or lo + seg.count - 1 > hi:
+        return None
+    body = frame_batch(edge_log.origin, spec.stream, seg, first_available=floor)
+    if len(body) > spec.max_bytes or (
+        spec.budget_left is not None and len(body) > spec.budget_left
+    ):
+        return None  # built from the records instead (fewer of them)
+    last = lo + seg.count - 1
+    return Built(body, lo, last, seg.count, last + 1, floor, sealed=True)
 
 
 def _encode(origin: str, spec: BuildSpec, recs: list[LogRecord], pos: int, floor: int) -> Built:
@@ -132,6 +163,35 @@ def _contiguous(recs: list[LogRecord]) -> list[LogRecord]:
     return recs
 
 
+@dataclass(frozen=True)
+class SealSpec:
+    stream: str
+    #: seal from here (or the first seq still on board after it)
+    start: int
+    #: the stream's last committed seq
+    last: int
+    #: a segment is this many records, or fewer whose payloads reach half of max_bytes
+    max_records: int
+    max_bytes: int
+
+
+def seal(edge_log: EdgeLog, spec: SealSpec) -> Body | None:
+    """The next segment of ``spec.stream`` from ``spec.start`` on, encoded; None while
+    the contiguous records there are not yet a whole segment."""
+    read = edge_log.read(
+        spec.stream, spec.start, spec.last, max_records=spec.max_records, max_bytes=spec.max_bytes
+    )
+    recs = _contiguous(read)
+    cut = len(recs) < len(read)  # a gap (retention) ends this run: it can grow no more
+    if not recs or not (
+        cut
+        or len(recs) == spec.max_records
+        or sum(len(r.payload) for r in recs) >= spec.max_bytes // 2
+    ):
+        return None
+    return encode_body(tuple(WireRecord(r.seq, r.key, r.ts_ms, r.topic, r.payload) for r in recs))
+
+
 # -- where build runs ------------------------------------------------------------------------
 class BuildFailed(UplinkError):
     """The child process building a batch died; it is replaced at the next batch (the
@@ -153,26 +213,53 @@ def _child_build(spec: BuildSpec) -> Built:
     return build(_CHILD_LOG, spec)
 
 
+def _child_seal(spec: SealSpec) -> Body | None:
+    assert _CHILD_LOG is not None
+    return seal(_CHILD_LOG, spec)
+
+
 class BatchBuilder:
-    """Runs :func:`build` in a child process (``workers = 1``) or a thread (0)."""
+    """Runs :func:`build` and :func:`seal` in a child process (``workers = 1``) or a
+    thread (0). Sending comes first: a seal starts only while no build is waiting or
+    running (a build that arrives during a seal waits for it, a few hundred ms)."""
 
     def __init__(self, edge_log: EdgeLog, *, workers: int) -> None:
         self.log = edge_log
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
+        self._builds = 0
+        self._no_builds = asyncio.Event()
+        self._no_builds.set()
 
     async def build(self, spec: BuildSpec) -> Built:
+        self._builds += 1
+        self._no_builds.clear()
+        try:
+            return await self._run(_child_build, build, spec)
+        finally:
+            self._builds -= 1
+            if not self._builds:
+                self._no_builds.set()
+
+    async def seal(self, spec: SealSpec) -> Body | None:
+        while self._builds:
+            await self._no_builds.wait()
+        return await self._run(_child_seal, seal, spec)
+
+    async def _run(
+        self, in_child: Callable[[_Spec], _T], here: Callable[[EdgeLog, _Spec], _T], spec: _Spec
+    ) -> _T:
         if not self.workers:
-            return await asyncio.to_thread(build, self.log, spec)
+            return await asyncio.to_thread(here, self.log, spec)
         try:
             pool = self._pool_now()
-            done = asyncio.get_running_loop().run_in_executor(pool, _child_build, spec)
+            done = asyncio.get_running_loop().run_in_executor(pool, in_child, spec)
         except OSError as exc:
             # no child process here (a sandbox without /dev/shm, a process limit): build
             # in a thread from now on rather than never upload
             log.error("event=batch_builder_unavailable fallback=thread error=%r", str(exc))
             self.workers = 0
-            return await asyncio.to_thread(build, self.log, spec)
+            return await asyncio.to_thread(here, self.log, spec)
         except BrokenProcessPool as exc:  # (submit: the child died while idle)
             raise self._broken(exc) from exc
         try:

@@ -14,6 +14,7 @@ from edge_agent.rules import Rule
 from shorelink.config import Secret, Section, load_toml
 from shorelink.errors import ConfigError
 from shorelink.identity import check_name
+from shorelink.wire import DEFAULT_LIMITS
 
 __all__ = [
     "DEFAULT_LINKS",
@@ -105,6 +106,11 @@ class UplinkConfig:
     retry_max_s: float = 60.0
     #: build batches (read + encode) in a child process (1) or an agent thread (0)
     encode_workers: int = 1
+    #: seal every this many records of a stream into an encoded segment, ahead of any
+    #: link (edge_agent/sealing.py); 0: encode only when sending
+    seal_records: int = 50_000
+    #: look for records to seal at least this often
+    seal_interval_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -280,6 +286,10 @@ def _uplink(s: Section, base: Path | None) -> UplinkConfig:
         retry_min_s=s.duration("retry_min", d.retry_min_s),
         retry_max_s=s.duration("retry_max", d.retry_max_s),
         encode_workers=s.integer("encode_workers", d.encode_workers, min=0, max=1),
+        seal_records=s.integer(
+            "seal_records", d.seal_records, min=0, max=DEFAULT_LIMITS.max_records
+        ),
+        seal_interval_s=s.duration("seal_interval", d.seal_interval_s),
     )
     s.done()
     if out.token_file is not None:
@@ -288,6 +298,8 @@ def _uplink(s: Section, base: Path | None) -> UplinkConfig:
         out = replace(out, token=_read_token(out.token_file, s.field("token_file")))
     if out.interval_s < 0.05:
         raise ConfigError(s.field("interval"), "at least 50ms")
+    if out.seal_interval_s <= 0:
+        raise ConfigError(s.field("seal_interval"), "must be > 0")
     if out.probe_timeout_s <= 0:
         raise ConfigError(s.field("probe_timeout"), "must be > 0")
     if not 0 < out.retry_min_s <= out.retry_max_s:

@@ -97,8 +97,30 @@ class EdgeMetrics:
         # -- uplink (edge_agent/uplink.py, edge_agent/session.py) --
         self.uplink_build_seconds = Histogram(
             p + "uplink_batch_build_seconds",
-            "Time to read a batch from the log and encode it (a worker thread)",
+            "Time to build a batch: read and encode, or frame a sealed segment",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
+        self.uplink_sealed_batches = Counter(
+            p + "uplink_sealed_batches",
+            "Batches framed from a sealed segment (encoded before they were due)",
+            ["site", "stream"],
+            registry=r,
+        )
+        # -- sealing (edge_agent/sealing.py) --
+        self.sealed_records = Counter(
+            p + "sealed_records", "Records sealed into encoded segments", ["stream"], registry=r
+        )
+        self.seal_seconds = Histogram(
+            p + "seal_seconds",
+            "Time to seal one segment (read and encode)",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            registry=r,
+        )
+        self.segment_records = Gauge(
+            p + "segment_records",
+            "Records on board in sealed segments (retention removes segments with them)",
+            ["stream"],
             registry=r,
         )
         self.uplink_bytes = Counter(

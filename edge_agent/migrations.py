@@ -96,7 +96,29 @@ def _m002_uplink(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [_m001_initial, _m002_uplink]
+def _m003_segments(db: sqlite_utils.Database) -> None:
+    # Sealed segments: runs of a stream's records already encoded as a batch body (zstd
+    # frame; the header is added when sent). Removed together with any of their records.
+    db.execute(
+        """CREATE TABLE segments (
+            stream TEXT NOT NULL,
+            first_seq INTEGER NOT NULL,
+            last_seq INTEGER NOT NULL,
+            flags INTEGER NOT NULL,
+            raw_len INTEGER NOT NULL,
+            decoded_len INTEGER NOT NULL,
+            body BLOB NOT NULL,
+            sealed_ms INTEGER NOT NULL
+        )"""
+    )
+    db.execute("CREATE UNIQUE INDEX segments_by_seq ON segments (stream, first_seq)")
+
+
+MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
+    _m001_initial,
+    _m002_uplink,
+    _m003_segments,
+]
 
 
 def migrate(db: sqlite_utils.Database) -> list[int]:

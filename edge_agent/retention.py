@@ -201,6 +201,11 @@ class Retention:
         conn.execute(
             "DELETE FROM records WHERE stream = ? AND seq BETWEEN ? AND ?", [stream, lo, hi]
         )
+        # a sealed segment is only ever sent whole: it goes with any of its records
+        conn.execute(
+            "DELETE FROM segments WHERE stream = ? AND first_seq <= ? AND last_seq >= ?",
+            [stream, hi, lo],
+        )
         st = self._st(stream)
         st.count -= count
         st.bytes -= nbytes

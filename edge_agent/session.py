@@ -335,5 +335,7 @@ class Session:
                 return None
             if built.body is not None:
                 self.metrics.uplink_build_seconds.observe(time.monotonic() - t0)
+                if built.sealed:
+                    self.metrics.uplink_sealed_batches.labels(self.site, c.stream).inc()
                 return _Outgoing(c, built.first, built.last, built.count, built.body, epoch)
         return None

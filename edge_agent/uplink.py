@@ -9,6 +9,8 @@ A calm loop (``run``):
    the timer and switch if one answers, and ask the current site again every
    ``uplink.refresh``;
 3. ``session.sync()``: send until the site lacks nothing (see session.py);
+   meanwhile, and while no link is up, the :class:`~edge_agent.sealing.Sealer`
+   encodes whole segments of the backlog ahead of time (sealing.py);
 4. on a link error: mark the link down, drop the session and its connections
    (explicit reconnect), back off (tenacity: exponential from ``uplink.retry_min``,
    growing by :data:`BACKOFF_GROWTH`, with jitter, capped at ``uplink.retry_max``) and start again at 2. A 401/403 puts that gateway aside for
@@ -35,6 +37,7 @@ from edge_agent.gateway import Gateway, HttpGateway
 from edge_agent.linkstate import LinkState
 from edge_agent.log import EdgeLog
 from edge_agent.metrics import EdgeMetrics
+from edge_agent.sealing import Sealer
 from edge_agent.session import Session
 from shorelink.logs import RateLimitedLog
 from shorelink.ranges import RangeSet
@@ -91,6 +94,7 @@ class Uplink:
         self._limited = RateLimitedLog(log)
         self._streams = [s.name for s in cfg.by_priority()]
         self.builder = BatchBuilder(edge_log, workers=cfg.uplink.encode_workers)
+        self.sealer = Sealer(cfg, edge_log, self.builder, metrics)
 
     # -- the loop ------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -101,6 +105,7 @@ class Uplink:
             "event=uplink_started gateways=%s",
             ",".join(f"{g.site}/{g.link}" for g in self.gateways),
         )
+        sealing = asyncio.create_task(self.sealer.run(stop), name="sealer")
         try:
             while not stop.is_set():
                 try:
@@ -118,6 +123,9 @@ class Uplink:
                     break
                 await self._idle()
         finally:
+            sealing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sealing
             self.session = None
             for g in self.gateways:
                 with contextlib.suppress(Exception):

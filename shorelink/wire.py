@@ -43,12 +43,15 @@ __all__ = [
     "REASONS",
     "VERSION",
     "Batch",
+    "Body",
     "Header",
     "Limits",
     "WireError",
     "WireRecord",
     "decode_batch",
     "encode_batch",
+    "encode_body",
+    "frame_batch",
     "peek_header",
 ]
 
@@ -157,22 +160,59 @@ def encode_batch(batch: Batch, *, level: int = 12, limits: Limits | None = None)
     rules, or (when ``limits`` is given) if a decoder with those limits would refuse it."""
     origin = _encode_name("origin", batch.origin)
     stream = _encode_name("stream", batch.stream)
-    records = batch.records
-    _check_records(records, batch.first_available)
+    body = encode_body(batch.records, first_available=batch.first_available, level=level)
+    data = _frame(origin, stream, body, batch.first_available)
+    if limits is not None:
+        _check_limits(body.count, len(data), body.raw_len, body.decoded_len, limits)
+    return data
+
+
+@dataclass(frozen=True, slots=True)
+class Body:
+    """A batch's compressed body without its header: records encoded once can be framed
+    later with the ``first_available`` of the moment (the edge agent's sealed segments,
+    ``docs/wire-format.md``: "Framing a body again")."""
+
+    flags: int
+    first_seq: int
+    count: int
+    raw_len: int
+    #: the zstd frame
+    data: bytes
+    #: key + topic + payload bytes of the records (what a decoder charges to its budget)
+    decoded_len: int
+
+
+def encode_body(
+    records: tuple[WireRecord, ...], *, first_available: int = 1, level: int = 12
+) -> Body:
+    """The compressed body of ``records`` (contiguous ascending seqs, checked)."""
+    _check_records(records, first_available)
     flags, raw, decoded_size = build_body(records)
     if len(raw) > _U32:
         raise WireError("too_large", f"body of {len(raw)} bytes does not fit the format")
     cctx = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
-    body = cctx.compress(raw)
+    return Body(flags, records[0].seq, len(records), len(raw), cctx.compress(raw), decoded_size)
+
+
+def frame_batch(origin: str, stream: str, body: Body, first_available: int) -> bytes:
+    """The whole batch: header (names, seq range, lengths, CRC) around ``body``."""
+    if not isinstance(first_available, int) or not 1 <= first_available <= body.first_seq:
+        raise WireError(
+            "bad_seq_range", f"first_available {first_available!r} is not in 1..{body.first_seq}"
+        )
+    return _frame(
+        _encode_name("origin", origin), _encode_name("stream", stream), body, first_available
+    )
+
+
+def _frame(origin: bytes, stream: bytes, body: Body, first_available: int) -> bytes:
     fixed = _FIXED.pack(
-        MAGIC, VERSION, flags, len(origin), len(stream), records[0].seq, len(records),
-        batch.first_available, len(raw), len(body), 0,
+        MAGIC, VERSION, body.flags, len(origin), len(stream), body.first_seq, body.count,
+        first_available, body.raw_len, len(body.data), 0,
     )  # fmt: skip
-    crc = zlib.crc32(body, zlib.crc32(origin + stream, zlib.crc32(fixed[:_CRC_AT])))
-    data = fixed[:_CRC_AT] + crc.to_bytes(4, "little") + origin + stream + body
-    if limits is not None:
-        _check_limits(len(records), len(data), len(raw), decoded_size, limits)
-    return data
+    crc = zlib.crc32(body.data, zlib.crc32(origin + stream, zlib.crc32(fixed[:_CRC_AT])))
+    return b"".join((fixed[:_CRC_AT], crc.to_bytes(4, "little"), origin, stream, body.data))
 
 
 def _encode_name(kind: str, name: object) -> bytes:

@@ -34,6 +34,7 @@ RENAMED = {
     "retry_min_s": "retry_min",
     "retry_max_s": "retry_max",
     "timeout_s": "timeout",
+    "seal_interval_s": "seal_interval",
 }
 
 

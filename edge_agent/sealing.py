@@ -1,0 +1,119 @@
+"""Sealing: encoding a stream's records into batch bodies before any link needs them.
+
+A ship spends most of its time at sea with a spare core, and arrives in port with a
+backlog to send over a link that may be up for minutes. Reading and encoding that
+backlog when the link comes up costs about 8 µs per record (bench/uplink.py:
+``agent_build_ms_mean``), more than a 2 Mbit/s port link needs to stay busy at ~2 bytes
+per record. So the agent seals as it goes: once ``uplink.seal_records`` records of a
+stream (50,000 by default, the port links' batch size) are committed beyond the last
+segment, they are encoded once (the batch builder's child process, when no batch is
+waiting to be sent) and kept in the log's ``segments`` table (about 2% of the records'
+payload bytes). A link that can take a segment whole sends it with a fresh header
+(edge_agent/batching.py); smaller links (satellite) and the records since the last
+segment are encoded when sent, as before.
+
+A segment is a cache, never the truth: it is written only if every one of its records
+is still in the log (checked in the same transaction), retention deletes it with any of
+its records, and a batch framed from it carries exactly the bytes the records would
+encode to. Sealing is idempotent (one segment per first seq), so a crash costs at most
+the segment being encoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from edge_agent.batching import BatchBuilder, BuildFailed, SealSpec
+from edge_agent.config import EdgeConfig
+from edge_agent.errors import LogError
+from edge_agent.log import EdgeLog
+from edge_agent.metrics import EdgeMetrics
+from shorelink.logs import RateLimitedLog
+from shorelink.wire import DEFAULT_LIMITS, WireError
+
+__all__ = ["Sealer"]
+
+log = logging.getLogger(__name__)
+
+#: payload bytes one segment reads at most (its encoded body stays well under the
+#: gateway's 8 MiB batch limit; a segment of large records holds fewer of them)
+SEAL_MAX_BYTES = DEFAULT_LIMITS.max_compressed_bytes
+
+
+class Sealer:
+    def __init__(
+        self, cfg: EdgeConfig, edge_log: EdgeLog, builder: BatchBuilder, metrics: EdgeMetrics
+    ) -> None:
+        self.records = cfg.uplink.seal_records
+        self.interval_s = cfg.uplink.seal_interval_s
+        self.log = edge_log
+        self.builder = builder
+        self.metrics = metrics
+        self.streams = [s.name for s in cfg.by_priority()]
+        #: streams whose next records cannot be sealed (a record the format cannot
+        #: carry): skipped until the agent restarts; they are still sent, encoded then
+        self._stuck: set[str] = set()
+        self._limited = RateLimitedLog(log)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Seal what is due, then look again every ``seal_interval``, until ``stop``."""
+        if not self.records:
+            return
+        while not stop.is_set():
+            try:
+                await self.seal_due(stop)
+            except (BuildFailed, LogError) as exc:  # the next pass tries again
+                self._limited.warning("seal", "event=seal_failed error=%r", str(exc))
+            self.update_gauges()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.interval_s)
+
+    async def seal_due(self, stop: asyncio.Event | None = None) -> int:
+        """Seal every whole segment that is due; return how many were sealed."""
+        sealed = 0
+        for stream in self.streams:
+            while stream not in self._stuck and not (stop is not None and stop.is_set()):
+                if not await self._seal_next(stream):
+                    break
+                sealed += 1
+        return sealed
+
+    async def _seal_next(self, stream: str) -> bool:
+        last = self.log.stream_state(stream).next_seq - 1
+        start = max(
+            await asyncio.to_thread(self.log.sealed_upto, stream) + 1,
+            await asyncio.to_thread(self.log.first_seq, stream),
+        )
+        if last - start + 1 < self.records:
+            return False
+        t0 = time.monotonic()
+        try:
+            body = await self.builder.seal(
+                SealSpec(stream, start, last, self.records, SEAL_MAX_BYTES)
+            )
+        except WireError as exc:
+            self._stuck.add(stream)
+            log.error("event=seal_unencodable stream=%s start=%d error=%r", stream, start, str(exc))
+            return False
+        if body is None:
+            return False
+        if not await asyncio.to_thread(self.log.add_segment, stream, body):
+            return False  # retention took some of its records meanwhile: next pass
+        self.metrics.seal_seconds.observe(time.monotonic() - t0)
+        self.metrics.sealed_records.labels(stream).inc(body.count)
+        log.debug(
+            "event=segment_sealed stream=%s seqs=%d-%d bytes=%d",
+            stream,
+            body.first_seq,
+            body.first_seq + body.count - 1,
+            len(body.data),
+        )
+        return True
+
+    def update_gauges(self) -> None:
+        totals = self.log.segment_totals()
+        for stream in self.streams:
+            self.metrics.segment_records.labels(stream).set(totals.get(stream, (0, 0, 0))[1])
