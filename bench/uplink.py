@@ -8,8 +8,11 @@ script starts itself with ``--role gateway`` / ``--role agent``), toxiproxy for 
 1. link: ``--records`` container readings (1,000 containers reporting once a minute,
    JSON with ts, temperature, humidity, door, shock, battery, on
    ``bigblue/deck{d}/containers/{id}/env``) are committed straight into the ship's
-   SQLite log with ``EdgeLog.commit``, then the agent starts and drains them to the
-   gateway through a toxiproxy proxy: bandwidth ``--bandwidth`` bytes/s on both
+   SQLite log with ``EdgeLog.commit``. The agent starts with the link down (the ship
+   at sea) and seals the backlog into encoded segments (edge_agent/sealing.py;
+   reported under "sealing"; ``--seal-records 0`` turns sealing off, so every batch is
+   read and encoded while the link waits). Then the link comes up (the ship in port)
+   and the agent drains the backlog to the gateway through a toxiproxy proxy: bandwidth ``--bandwidth`` bytes/s on both
    directions (toxiproxy ``bandwidth`` toxic), ``--latency-ms`` on the ship->shore
    direction (so every request/reply round trip takes at least that), and the proxy
    disabled for ``--outage-s`` every ``--outage-every-s`` (the first
@@ -83,10 +86,11 @@ from shorelink.ranges import RangeSet
 from shorelink.wire import WireRecord, peek_header
 
 SHIP = "bigblue"
+#: the second drain's ship (the same backlog, an outage in the middle of the drain)
+CUT_SHIP = "redstar"
 SITE = "tokyo"
 STREAM = "containers"
 CONTAINERS = 1000
-PROXY = "bigblue-to-tokyo"
 BARE_TOPIC = "bench.bare.containers"
 INGRESS_PARTITIONS = 6  # the gateway's default
 GOALS = {"link_utilisation": 0.85, "resent_batches_per_outage": 1.0, "ingest_ratio": 0.5}
@@ -428,8 +432,9 @@ class Bench:
 
     def cleanup(self) -> None:
         if self.toxiproxy is not None:
-            with contextlib.suppress(Exception):
-                self.toxiproxy.set_enabled(PROXY, True)
+            for ship in (SHIP, CUT_SHIP):
+                with contextlib.suppress(Exception):
+                    self.toxiproxy.set_enabled(f"{ship}-to-{SITE}", True)
         stop_procs([p for p in self.procs if p.alive()], grace=20)
 
     @property
@@ -454,6 +459,7 @@ class Bench:
             "outage_s": a.outage_s,
             "outage_every_s": a.outage_every_s,
             "outage_first_s": a.outage_first_s,
+            "cut_at_s": a.cut_at_s,
             "ingest_records_per_round": a.ingest_records,
             "ingest_batch": a.ingest_batch,
             "ingest_ships": a.ingest_ships,
@@ -463,7 +469,12 @@ class Bench:
         # this machine's other load skews every number here: keep it beside them
         self.result["loadavg_1m_at_start"] = round(os.getloadavg()[0], 2)
         self.start_stack()
-        self.link_phase()
+        # as the issue has it (an outage every --outage-every-s, the first at
+        # --outage-first-s), then the same backlog of another ship with one outage in
+        # the middle of its drain (what an outage costs)
+        self.result["link"] = self.link_phase(SHIP, a.outage_first_s)
+        if a.cut_at_s is not None:
+            self.result["link_cut"] = self.link_phase(CUT_SHIP, a.cut_at_s)
         self.ingest_phase()
         self.verify()
         self.result["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
@@ -491,7 +502,7 @@ class Bench:
         self.procs.append(server.proc)
         self.toxiproxy = server.client()
         creds = Credentials(self.work / "gateway" / "ships.json")
-        for ship in [SHIP, *self.ingest_ships]:
+        for ship in [SHIP, CUT_SHIP, *self.ingest_ships]:
             self.tokens[ship] = creds.add(ship)
         config = self.work / "gateway" / "gateway.toml"
         config.write_text(
@@ -539,7 +550,7 @@ class Bench:
 
     def link_settings(self) -> dict[str, Any]:
         """The link class's effective settings (defaults in code plus our overrides)."""
-        cfg = load_config(self.work / "edge" / "edge.toml")
+        cfg = load_config(self.work / SHIP / "edge.toml")
         lc = cfg.links[self.args.link]
         u = cfg.uplink
         return {
@@ -552,22 +563,22 @@ class Bench:
             "probe_timeout_s": u.probe_timeout_s,
         }
 
-    def write_agent_config(self, metrics_port: int, proxy_port: int) -> Path:
+    def write_agent_config(self, ship: str, metrics_port: int, proxy_port: int) -> Path:
         def toml(d: dict[str, Any]) -> str:
             return "".join(
                 f"{k} = {json.dumps(v) if isinstance(v, str) else v}\n" for k, v in d.items()
             )
 
-        path = self.work / "edge" / "edge.toml"
+        path = self.work / ship / "edge.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(
             AGENT_CONFIG.format(
-                ship=SHIP,
+                ship=ship,
                 site=SITE,
                 mqtt_port=free_port(),
-                log_path=self.work / "edge" / "edge.db",
+                log_path=self.work / ship / "edge.db",
                 metrics_port=metrics_port,
-                token=self.tokens[SHIP],
+                token=self.tokens[ship],
                 uplink=toml(self.uplink_overrides()),
                 link=self.args.link,
                 link_overrides=toml(self.link_overrides()),
@@ -585,7 +596,7 @@ class Bench:
         t0 = time.monotonic()
         batch: list[Incoming] = []
         try:
-            for key, ts, topic, payload in readings(SHIP, n, 1, int(time.time() * 1000)):
+            for key, ts, topic, payload in readings(cfg.ship, n, 1, int(time.time() * 1000)):
                 batch.append(Incoming(STREAM, key, ts, ts + 20, topic, payload))
                 if len(batch) == 5000:
                     edge_log.commit(batch)
@@ -597,47 +608,49 @@ class Bench:
             edge_log.close()
         if last != n:
             raise RuntimeError(f"prefill: the log ends at seq {last}, expected {n}")
-        self.result["link_prefill_s"] = round(time.monotonic() - t0, 1)
+        say(f"link: {n} records committed in {time.monotonic() - t0:.1f}s")
 
     # -- 1. the link ---------------------------------------------------------------------------
-    def link_phase(self) -> None:
+    def link_phase(self, ship: str, outage_first_s: float) -> dict[str, Any]:
+        """``ship``'s backlog drained over the link, outages from ``outage_first_s``."""
         a = self.args
         assert self.toxiproxy is not None
         tp = self.toxiproxy
+        proxy = f"{ship}-to-{SITE}"
         metrics_port, proxy_port = free_port(), free_port()
-        config = self.write_agent_config(metrics_port, proxy_port)
+        config = self.write_agent_config(ship, metrics_port, proxy_port)
         self.prefill(config, a.records)
         shaper: SharedShaper | None = None
         if a.bandwidth_mode == "shared":
             # agent -> shaper (shared bandwidth) -> toxiproxy (latency, outages) -> gateway
             toxi_port = free_port()
-            tp.create_proxy(PROXY, f"127.0.0.1:{toxi_port}", f"127.0.0.1:{self.gw_port}")
+            tp.create_proxy(proxy, f"127.0.0.1:{toxi_port}", f"127.0.0.1:{self.gw_port}")
             shaper = SharedShaper(proxy_port, toxi_port, a.bandwidth)
             shaper.start()
         else:
-            tp.create_proxy(PROXY, f"127.0.0.1:{proxy_port}", f"127.0.0.1:{self.gw_port}")
+            tp.create_proxy(proxy, f"127.0.0.1:{proxy_port}", f"127.0.0.1:{self.gw_port}")
             rate_kb = max(1, round(a.bandwidth / 1000))  # toxiproxy: KB/s of 1000 bytes
-            tp.add_toxic(PROXY, "bandwidth", name="bw_up", stream="upstream", rate=rate_kb)
-            tp.add_toxic(PROXY, "bandwidth", name="bw_down", stream="downstream", rate=rate_kb)
+            tp.add_toxic(proxy, "bandwidth", name="bw_up", stream="upstream", rate=rate_kb)
+            tp.add_toxic(proxy, "bandwidth", name="bw_down", stream="downstream", rate=rate_kb)
         if a.latency_ms:
-            tp.add_toxic(PROXY, "latency", name="lat_up", stream="upstream", latency=a.latency_ms)
-        toxics = sorted(t["name"] for t in tp.proxies()[PROXY]["toxics"])
-        record = self.work / "edge" / "sends.json"
+            tp.add_toxic(proxy, "latency", name="lat_up", stream="upstream", latency=a.latency_ms)
+        toxics = sorted(t["name"] for t in tp.proxies()[proxy]["toxics"])
+        record = self.work / ship / "sends.json"
         agent_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
         g0 = scrape(self.gw_url + "/metrics")
         say(
-            f"link: agent drains {a.records} records over {a.link} "
+            f"link: {ship}'s agent drains {a.records} records over {a.link} "
             f"({a.bandwidth} B/s, {a.latency_ms} ms, {a.outage_s:g}s outage every "
-            f"{a.outage_every_s:g}s from {a.outage_first_s:g}s)"
+            f"{a.outage_every_s:g}s from {outage_first_s:g}s)"
         )
         # the ship at sea: the agent starts with the link down and seals its backlog
         # (edge_agent/sealing.py); then it reaches port and the link comes up
-        tp.set_enabled(PROXY, False)
+        tp.set_enabled(proxy, False)
         t_agent = time.time()
         agent = start_role("agent", "agent", config, self.logs, "--record", str(record))
         self.procs.append(agent)
-        self.wait_sealed(agent, agent_metrics, t_agent)
-        tp.set_enabled(PROXY, True)
+        sealing = self.wait_sealed(agent, agent_metrics, t_agent)
+        tp.set_enabled(proxy, True)
         t_start = time.time()
         outages: list[tuple[float, float]] = []
         deadline = time.monotonic() + a.drain_timeout
@@ -663,19 +676,19 @@ class Bench:
                             t_first = now
                 else:
                     k = len(outages)
-                    due = t_first + a.outage_first_s + k * a.outage_every_s
+                    due = t_first + outage_first_s + k * a.outage_every_s
                     if a.outage_s > 0 and now >= due:
-                        tp.set_enabled(PROXY, False)
+                        tp.set_enabled(proxy, False)
                         t_off = time.time()
                         time.sleep(max(0.0, t_off + a.outage_s - time.time()))
-                        tp.set_enabled(PROXY, True)
+                        tp.set_enabled(proxy, True)
                         outages.append((t_off, time.time()))
                         say(f"link: outage {len(outages)} ({outages[-1][1] - t_off:.2f}s)")
                 if now_m >= next_poll:
                     next_poll = now_m + 0.2
                     with contextlib.suppress(OSError, ValueError):
                         body = get_json(
-                            f"{self.gw_url}/v1/ships/{SHIP}/holdings", self.tokens[SHIP]
+                            f"{self.gw_url}/v1/ships/{ship}/holdings", self.tokens[ship]
                         )
                         held = RangeSet.parse(body["streams"][STREAM])
                         if str(held) == want:
@@ -688,9 +701,9 @@ class Bench:
             time.sleep(0.3)  # the agent settles the last reply
             m = scrape(agent_metrics)
             g1 = scrape(self.gw_url + "/metrics")
-            toxics_after = sorted(t["name"] for t in tp.proxies()[PROXY]["toxics"])
+            toxics_after = sorted(t["name"] for t in tp.proxies()[proxy]["toxics"])
         finally:
-            tp.set_enabled(PROXY, True)
+            tp.set_enabled(proxy, True)
             agent.stop(grace=30)
             if shaper is not None:
                 shaper.stop()
@@ -704,13 +717,14 @@ class Bench:
             spend = sum(edge_log.link_spend(a.link, d) for d in days)
         finally:
             edge_log.close()
-        self.result["link"] = self.link_report(
+        report = self.link_report(
             sent, outages, m, g0, g1, spend, t_start, t_first, t_done, toxics, toxics_after
         )
+        return {"ship": ship, "outage_first_s": outage_first_s, "sealing": sealing, **report}
 
-    def wait_sealed(self, agent: Proc, metrics_url: str, t_agent: float) -> None:
+    def wait_sealed(self, agent: Proc, metrics_url: str, t_agent: float) -> dict[str, Any]:
         """Until the agent sealed every whole segment of the backlog (at sea)."""
-        seal = load_config(self.work / "edge" / "edge.toml").uplink.seal_records
+        seal = load_config(self.work / SHIP / "edge.toml").uplink.seal_records
         n = self.args.records
         want = n // seal * seal if seal else 0
         say(f"link: the ship at sea seals {want} of {n} records (link down)")
@@ -725,7 +739,7 @@ class Bench:
             with contextlib.suppress(OSError, ValueError):
                 sealed = total(scrape(metrics_url), "shorelink_edge_sealed_records_total")
         took = time.time() - t_agent
-        self.result["sealing"] = {
+        return {
             "seal_records": seal,
             "records_sealed": int(sealed),
             "agent_start_to_sealed_s": round(took, 2),
@@ -811,8 +825,8 @@ class Bench:
                 (confirmed + sum(s["bytes"] for s in failed if s not in again)) / n, 2
             ),
             "drain_s": round(drain, 2),
-            "agent_start_to_drained_s": round(t_done - t_start, 2),
-            "first_byte_seen_after_start_s": r3(None if t_first is None else t_first - t_start),
+            "link_up_to_drained_s": round(t_done - t_start, 2),
+            "first_byte_after_link_up_s": r3(None if t_first is None else t_first - t_start),
             "records_per_s": round(n / drain),
             "bytes_sent": bytes_sent,
             "bytes_sent_link_spend": spend,
@@ -1067,9 +1081,11 @@ class Bench:
                 "unexpected": sum(1 for s in c if not 1 <= s <= last),
             }
 
-        link = check(SHIP, self.args.records)
-        self.result["exactly_once"] = (
-            link["distinct"] == link["expected"] and not link["doubled"] and not link["unexpected"]
+        drained = [SHIP, CUT_SHIP] if "link_cut" in self.result else [SHIP]
+        link = {ship: check(ship, self.args.records) for ship in drained}
+        self.result["exactly_once"] = all(
+            d["distinct"] == d["expected"] and not d["doubled"] and not d["unexpected"]
+            for d in link.values()
         )
         self.result["exactly_once_detail"] = link
         ingest = {s: check(s, self.ingest_next_seq[s] - 1) for s in self.ingest_ships}
@@ -1149,7 +1165,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--outage-first-s",
         type=float,
         default=None,
-        help="first outage this long after the first batch went out (default 4; quick 1)",
+        help="first outage this long after the first batch went out (default 60; quick 5)",
+    )
+    p.add_argument(
+        "--cut-at-s",
+        type=float,
+        default=None,
+        help="then drain another ship's backlog with its first outage this long after its "
+        "first batch (default 1.5; quick 1; a negative value skips that drain)",
     )
     p.add_argument(
         "--drain-timeout",
@@ -1194,7 +1217,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     defaults = {
         "records": (300_000, 500_000),
         "outage_every_s": (5.0, 60.0),
-        "outage_first_s": (1.0, 4.0),
+        "outage_first_s": (5.0, 60.0),
+        "cut_at_s": (1.0, 1.5),
         "drain_timeout": (90.0, 420.0),
         "ingest_records": (50_000, 200_000),
         "ingest_rounds": (1, 3),
@@ -1214,6 +1238,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     if a.bandwidth < 1000 or a.latency_ms < 0 or a.outage_s < 0 or a.outage_every_s <= a.outage_s:
         p.error("need --bandwidth >= 1000, --latency-ms >= 0, 0 <= --outage-s < --outage-every-s")
+    if a.cut_at_s is not None and a.cut_at_s < 0:
+        a.cut_at_s = None
     if a.ingest_records < a.ingest_ships:
         p.error("--ingest-records must be at least --ingest-ships")
     return a

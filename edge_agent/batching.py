@@ -170,24 +170,25 @@ class SealSpec:
     start: int
     #: the stream's last committed seq
     last: int
-    #: a segment is this many records, or fewer whose payloads reach half of max_bytes
+    #: a segment is this many records, or as many as ``max_bytes`` of payload hold
     max_records: int
     max_bytes: int
 
 
 def seal(edge_log: EdgeLog, spec: SealSpec) -> Body | None:
     """The next segment of ``spec.stream`` from ``spec.start`` on, encoded; None while
-    the contiguous records there are not yet a whole segment."""
-    read = edge_log.read(
-        spec.stream, spec.start, spec.last, max_records=spec.max_records, max_bytes=spec.max_bytes
+    the records there are not yet a whole segment: ``max_records`` of them, or a run that
+    can grow no more (cut by ``max_bytes`` of payload, or by a gap retention left)."""
+    recs = _contiguous(
+        edge_log.read(
+            spec.stream,
+            spec.start,
+            spec.last,
+            max_records=spec.max_records,
+            max_bytes=spec.max_bytes,
+        )
     )
-    recs = _contiguous(read)
-    cut = len(recs) < len(read)  # a gap (retention) ends this run: it can grow no more
-    if not recs or not (
-        cut
-        or len(recs) == spec.max_records
-        or sum(len(r.payload) for r in recs) >= spec.max_bytes // 2
-    ):
+    if not recs or (len(recs) < spec.max_records and recs[-1].seq >= spec.last):
         return None
     return encode_body(tuple(WireRecord(r.seq, r.key, r.ts_ms, r.topic, r.payload) for r in recs))
 

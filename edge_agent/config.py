@@ -102,7 +102,7 @@ class UplinkConfig:
     #: ``holdings()`` probe timeout: a link that cannot answer this fast is "down"
     probe_timeout_s: float = 5.0
     #: backoff between attempts while no link works (exponential with jitter, capped)
-    retry_min_s: float = 0.25
+    retry_min_s: float = 0.1
     retry_max_s: float = 60.0
     #: build batches (read + encode) in a child process (1) or an agent thread (0)
     encode_workers: int = 1
@@ -150,7 +150,7 @@ def _port_link(name: str, *, cost: int) -> LinkConfig:
         batch_max_bytes=8 * 1024 * 1024,
         cost=cost,
         timeout_s=30.0,
-        in_flight=2,
+        in_flight=3,
     )
 
 
@@ -167,9 +167,11 @@ DEFAULT_LINKS: dict[str, LinkConfig] = {
         in_flight=1,
     ),
     # Port links: batches as large as a gateway takes (50,000 records, about 100 KB of
-    # container telemetry), two in flight: one crosses the link while the site writes
-    # the other, and a batch of 100 KB outlasts a round trip on a link of a few Mbit/s,
-    # so the link stays busy and an outage cuts about one batch (bench/uplink.py).
+    # container telemetry), three in flight: one crosses the link while the site
+    # writes another and the answer to a third comes back. With two, a 2 Mbit/s link
+    # with 300 ms latency idles while the site writes (window-bound at ~80%). A batch
+    # the site received whole is written even if the link breaks, so an outage costs
+    # about the one batch on the wire (bench/uplink.py).
     "cellular": _port_link("cellular", cost=20),
     "port_wifi": _port_link("port_wifi", cost=1),
 }

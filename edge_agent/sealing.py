@@ -38,9 +38,13 @@ __all__ = ["Sealer"]
 
 log = logging.getLogger(__name__)
 
-#: payload bytes one segment reads at most (its encoded body stays well under the
-#: gateway's 8 MiB batch limit; a segment of large records holds fewer of them)
+#: payload bytes one segment reads at most (a segment of large records holds fewer)
 SEAL_MAX_BYTES = DEFAULT_LIMITS.max_compressed_bytes
+#: a segment is kept only if its body is at most this part of its records' bytes: that
+#: bounds what segments add to the log's disk use (container telemetry: about 2%), and
+#: records that do not compress gain nothing from it (the link, not the encoder, is
+#: their bottleneck); such a run is skipped and encoded when sent
+MAX_SEGMENT_RATIO = 0.1
 
 
 class Sealer:
@@ -56,6 +60,9 @@ class Sealer:
         #: streams whose next records cannot be sealed (a record the format cannot
         #: carry): skipped until the agent restarts; they are still sent, encoded then
         self._stuck: set[str] = set()
+        #: per stream, where sealing goes on after runs that did not compress (not
+        #: persisted: after a restart such a run is encoded once more, then skipped)
+        self._skip_to: dict[str, int] = {}
         self._limited = RateLimitedLog(log)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -76,19 +83,23 @@ class Sealer:
         sealed = 0
         for stream in self.streams:
             while stream not in self._stuck and not (stop is not None and stop.is_set()):
-                if not await self._seal_next(stream):
+                step = await self._seal_next(stream)
+                if step is None:
                     break
-                sealed += 1
+                sealed += step
         return sealed
 
-    async def _seal_next(self, stream: str) -> bool:
+    async def _seal_next(self, stream: str) -> int | None:
+        """Seal the next segment of ``stream``: 1 if one was stored, 0 if a run was
+        skipped (it did not compress), None if there is nothing to seal now."""
         last = self.log.stream_state(stream).next_seq - 1
         start = max(
             await asyncio.to_thread(self.log.sealed_upto, stream) + 1,
             await asyncio.to_thread(self.log.first_seq, stream),
+            self._skip_to.get(stream, 0),
         )
         if last - start + 1 < self.records:
-            return False
+            return None
         t0 = time.monotonic()
         try:
             body = await self.builder.seal(
@@ -97,11 +108,23 @@ class Sealer:
         except WireError as exc:
             self._stuck.add(stream)
             log.error("event=seal_unencodable stream=%s start=%d error=%r", stream, start, str(exc))
-            return False
+            return None
         if body is None:
-            return False
+            return None
+        if len(body.data) > body.decoded_len * MAX_SEGMENT_RATIO:
+            self._skip_to[stream] = body.first_seq + body.count
+            self._limited.warning(
+                f"incompressible:{stream}",
+                "event=seal_skipped stream=%s seqs=%d-%d bytes=%d of=%d reason=incompressible",
+                stream,
+                body.first_seq,
+                body.first_seq + body.count - 1,
+                len(body.data),
+                body.decoded_len,
+            )
+            return 0
         if not await asyncio.to_thread(self.log.add_segment, stream, body):
-            return False  # retention took some of its records meanwhile: next pass
+            return None  # retention took some of its records meanwhile: next pass
         self.metrics.seal_seconds.observe(time.monotonic() - t0)
         self.metrics.sealed_records.labels(stream).inc(body.count)
         log.debug(
@@ -111,7 +134,7 @@ class Sealer:
             body.first_seq + body.count - 1,
             len(body.data),
         )
-        return True
+        return 1
 
     def update_gauges(self) -> None:
         totals = self.log.segment_totals()

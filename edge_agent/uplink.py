@@ -48,10 +48,12 @@ log = logging.getLogger(__name__)
 
 #: persist a link's last success at most this often while it stays up
 STATE_FLUSH_S = 5.0
-#: growth of the retry wait per failed attempt: gentler than doubling, so a short
-#: outage (seconds) is noticed to be over soon after it ends, while a long one still
-#: reaches retry_max within a few minutes (0.25 s x 1.5^n: 60 s after ~14 attempts)
-BACKOFF_GROWTH = 1.5
+#: growth of the retry wait per failed attempt: much gentler than doubling, so the end
+#: of a short outage (a port's Wi-Fi dropping for seconds) is noticed within a couple of
+#: hundred ms (the wait t seconds into an outage is about 0.15 t), while a long one still
+#: reaches retry_max within minutes (0.1 s x 1.15^n: 60 s after ~46 attempts, ~7 min).
+#: A failed attempt is a refused or timed-out connect: no budget is spent on it.
+BACKOFF_GROWTH = 1.15
 
 
 class Uplink:
