@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from core_gateway.auth import Credentials
 from core_gateway.config import GatewayConfig
+from core_gateway.decoding import BatchDecoder
 from core_gateway.errors import ApiError, KafkaWriteError
 from core_gateway.holdings import Holdings, SourceHoldings
 from core_gateway.ledger import LedgerFollower
@@ -37,7 +38,7 @@ _WIRE_STATUS = {
     "too_many_records": 413,
     "bad_seq_range": 422,
 }
-#: decode in a worker thread above this many bytes, so big batches don't stall the loop
+#: decode away from the event loop above this many bytes, so big batches don't stall it
 _THREAD_DECODE_BYTES = 64 * 1024
 
 
@@ -50,6 +51,7 @@ class GatewayService:
         self.holdings = Holdings()
         self.metrics = GatewayMetrics()
         self.writer = KafkaWriter(cfg, on_commit=self.metrics.committed)
+        self.decoder = BatchDecoder(cfg.limits, workers=cfg.decode_workers)
         self.ledger = LedgerFollower(cfg.kafka_bootstrap, self.holdings)
         self.ready = asyncio.Event()
         #: open WebSocket uploads (closed on shutdown)
@@ -92,6 +94,7 @@ class GatewayService:
     async def stop(self) -> None:
         self.ledger.stop()
         await asyncio.to_thread(self.writer.close)
+        await asyncio.to_thread(self.decoder.close)
 
     # -- the two operations ----------------------------------------------------------------
     def holdings_for(self, ship: str) -> dict[str, str]:
@@ -221,7 +224,7 @@ class GatewayService:
                 )
             self.check_stream(header.stream)
             if len(body) > _THREAD_DECODE_BYTES:
-                batch = await asyncio.to_thread(decode_batch, body, cfg.limits)
+                batch = await self.decoder.decode(body)
             else:
                 batch = decode_batch(body, cfg.limits)
         except WireError as exc:

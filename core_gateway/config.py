@@ -34,6 +34,8 @@ class GatewayConfig:
     transactional_id: str = ""
     kafka_timeout_s: float = 30.0
     log_level: str = "info"
+    #: processes decoding large batches (core_gateway/decoding.py); 0: a thread
+    decode_workers: int = 1
 
 
 def _name(field: str, kind: str, value: str) -> str:
@@ -101,6 +103,7 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayCo
         transactional_id=txid,
         kafka_timeout_s=ktimeout,
         log_level=top.choice("log_level", ("debug", "info", "warning", "error"), "info"),
+        decode_workers=top.integer("decode_workers", d.decode_workers, min=0, max=64),
     )
     top.done()
     return cfg

@@ -1,0 +1,173 @@
+"""Large batches are decoded in worker processes: the same batch (or the same refusal)
+as decoding in the gateway's own process, a worker that dies costs no request, and a
+machine without worker processes decodes in threads. Real processes, real Kafka for the
+end-to-end case."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from core_gateway.auth import Credentials
+from core_gateway.config import parse_config
+from core_gateway.decoding import MAX_BROKEN, PROCESS_DECODE_BYTES, BatchDecoder
+from local_stack.kafka import KafkaBroker
+from shorelink.wire import (
+    DEFAULT_LIMITS,
+    Batch,
+    Limits,
+    WireError,
+    WireRecord,
+    decode_batch,
+    encode_batch,
+)
+from tests.conftest import unique
+from tests.core_gateway.conftest import assert_exactly_once, gateway_config, start_gateway
+
+
+def _large(ship: str, lo: int, hi: int) -> bytes:
+    """A batch over PROCESS_DECODE_BYTES: payloads that do not compress."""
+    recs = tuple(
+        WireRecord(
+            seq,
+            f"C{seq % 7}",
+            1_700_000_000_000 + seq,
+            f"{ship}/d1/c/C{seq % 7}/env",
+            os.urandom(200),
+        )
+        for seq in range(lo, hi + 1)
+    )
+    body = encode_batch(Batch(ship, "containers", recs, first_available=lo))
+    assert len(body) >= PROCESS_DECODE_BYTES
+    return body
+
+
+def _flip(data: bytes, index: int) -> bytes:
+    return data[:index] + bytes([data[index] ^ 0x55]) + data[index + 1 :]
+
+
+async def test_worker_decodes_exactly_what_the_process_would() -> None:
+    body = _large("bigblue", 11, 600)
+    decoder = BatchDecoder(DEFAULT_LIMITS, workers=1)
+    try:
+        got = await decoder.decode(body)
+        assert decoder.pids(), "a large batch goes to a worker process"
+        assert got == decode_batch(body)
+        assert (got.first_seq, got.last_seq, got.first_available) == (11, 600, 11)
+    finally:
+        decoder.close()
+
+
+@pytest.mark.parametrize("workers", [1, 0])
+async def test_refusals_are_the_same_from_a_worker(workers: int) -> None:
+    body = _large("bigblue", 1, 500)
+    limits = Limits(max_records=400)
+    decoder = BatchDecoder(DEFAULT_LIMITS, workers=workers)
+    strict = BatchDecoder(limits, workers=workers)
+    try:
+        for bad, reason in [
+            (_flip(body, len(body) - 5), "bad_checksum"),
+            (body[:-1] + b"", "truncated"),
+        ]:
+            with pytest.raises(WireError) as local:
+                decode_batch(bad)
+            with pytest.raises(WireError) as remote:
+                await decoder.decode(bad)
+            assert remote.value.reason == local.value.reason == reason
+            assert str(remote.value) == str(local.value)
+        with pytest.raises(WireError) as too_many:
+            await strict.decode(body)
+        assert too_many.value.reason == "too_many_records"
+        assert bool(decoder.pids()) is bool(workers)
+    finally:
+        decoder.close()
+        strict.close()
+
+
+async def test_a_worker_that_dies_costs_no_batch() -> None:
+    decoder = BatchDecoder(DEFAULT_LIMITS, workers=1)
+    try:
+        first = _large("bigblue", 1, 400)
+        assert (await decoder.decode(first)).last_seq == 400
+        (pid,) = decoder.pids()
+        os.kill(pid, signal.SIGKILL)
+        await asyncio.sleep(0.2)
+        second = _large("bigblue", 401, 800)
+        assert await decoder.decode(second) == decode_batch(second)  # decoded in a thread
+        third = _large("bigblue", 801, 1200)
+        assert await decoder.decode(third) == decode_batch(third)
+        assert decoder.pids() and pid not in decoder.pids(), "a new worker replaced it"
+    finally:
+        decoder.close()
+
+
+async def test_no_worker_processes_falls_back_to_threads(tmp_path: Path) -> None:
+    """Where no worker can start (here: the worker's interpreter is missing, so every
+    new worker dies at once), the gateway still decodes every batch, and after
+    MAX_BROKEN tries in threads only."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    decoder = BatchDecoder(DEFAULT_LIMITS, workers=1)
+    missing = tmp_path / "no-such-python"
+    ctx.set_executable(str(missing))
+    try:
+        for i in range(MAX_BROKEN + 1):
+            body = _large("bigblue", 1 + 400 * i, 400 * (i + 1))
+            assert await decoder.decode(body) == decode_batch(body)
+        assert decoder.workers == 0 and not decoder.pids()
+    finally:
+        ctx.set_executable(multiprocessing.spawn.get_executable())
+        decoder.close()
+
+
+def test_decode_workers_config() -> None:
+    base = {
+        "site": "tokyo",
+        "credentials_file": "ships.json",
+        "streams": ["containers"],
+        "kafka": {"bootstrap": "127.0.0.1:9092"},
+    }
+    assert parse_config(base).decode_workers == 1
+    assert parse_config({**base, "decode_workers": 0}).decode_workers == 0
+    with pytest.raises(Exception, match="decode_workers"):
+        parse_config({**base, "decode_workers": -1})
+
+
+async def test_large_batches_through_the_gateway_exactly_once(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """End to end: large batches (decoded by the worker) are written once; a corrupt
+    one is refused with the same answer as a small one; the gateway keeps serving."""
+    cfg = gateway_config(tmp_path, kafka)
+    assert cfg.decode_workers == 1
+    ship = unique("ship")
+    token = Credentials(cfg.credentials_file).add(ship)
+    stop = asyncio.Event()
+    task = await start_gateway(cfg, stop)
+    url = f"http://127.0.0.1:{cfg.port}/v1/ships/{ship}/streams/containers/batches"
+    headers = {"Authorization": f"Bearer {token}"}
+    try:
+        async with aiohttp.ClientSession() as s:
+
+            async def post(body: bytes) -> tuple[int, dict[str, object]]:
+                async with s.post(url, data=io.BytesIO(body), headers=headers) as r:
+                    return r.status, await r.json()
+
+            first, second = _large(ship, 1, 400), _large(ship, 401, 800)
+            assert (await post(_flip(second, len(second) - 9)))[1]["error"] == "bad_checksum"
+            st, out = await post(first)
+            assert (st, out["held"]) == (200, "1-400")
+            assert (await post(first))[1]["written"] == ""  # a resend: not written again
+            st, out = await post(second)
+            assert (st, out["held"]) == (200, "1-800")
+    finally:
+        stop.set()
+        await task
+    assert_exactly_once(kafka, ship, 800)
