@@ -12,32 +12,23 @@ records. ``decode_workers = 0`` decodes in a thread of the gateway (one process)
 
 A worker that dies is replaced; the batch it was decoding is decoded again in a thread,
 so no request fails for it. Where no worker can be started (no writable /dev/shm, a
-process limit, workers that die at start :data:`MAX_BROKEN` times in a row) the gateway
-logs it once and decodes in threads from then on.
+process limit, workers that die again and again) the gateway logs it once and decodes in
+threads from then on (shorelink/workers.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from shorelink.wire import Batch, Limits, WireError, WireRecord, decode_batch
+from shorelink.workers import WorkerDied, WorkerPool, WorkersUnavailable
 
 __all__ = ["PROCESS_DECODE_BYTES", "BatchDecoder"]
-
-log = logging.getLogger(__name__)
 
 #: batches at least this large go to a worker process (smaller ones decode in a thread:
 #: the hand-over would cost more than it saves)
 PROCESS_DECODE_BYTES = 64 * 1024
-
-#: worker pools broken in a row (no batch decoded by a worker in between) before the
-#: gateway gives up on worker processes
-MAX_BROKEN = 3
 
 _Columns = tuple[Any, ...]
 
@@ -76,57 +67,24 @@ def _from_columns(cols: _Columns) -> Batch:
 class BatchDecoder:
     def __init__(self, limits: Limits, *, workers: int) -> None:
         self.limits = limits
-        self.workers = workers
-        self._pool: ProcessPoolExecutor | None = None
-        self._broken = 0
+        self.pool = WorkerPool("decode_workers", workers)
+
+    @property
+    def workers(self) -> int:
+        return self.pool.workers
 
     async def decode(self, body: bytes) -> Batch:
         """Decode and check ``body`` (raises :class:`WireError` as ``decode_batch``)."""
-        if not self.workers or len(body) < PROCESS_DECODE_BYTES:
-            return await asyncio.to_thread(decode_batch, body, self.limits)
-        try:
-            pool = self._pool_now()
-            done = asyncio.get_running_loop().run_in_executor(
-                pool, _decode_columns, body, self.limits
-            )
-            cols = await done
-            self._broken = 0
-            return _from_columns(cols)
-        except OSError as exc:
-            self._give_up(exc)
-        except BrokenProcessPool as exc:
-            self._drop_pool()
-            self._broken += 1
-            if self._broken >= MAX_BROKEN:
-                self._give_up(exc)
-            else:
-                log.error("event=decode_worker_died error=%r", str(exc))
+        if self.pool.workers and len(body) >= PROCESS_DECODE_BYTES:
+            try:
+                return _from_columns(await self.pool.run(_decode_columns, body, self.limits))
+            except (WorkerDied, WorkersUnavailable):
+                pass  # (logged by the pool) this batch, at least, in a thread
         return await asyncio.to_thread(decode_batch, body, self.limits)
-
-    def _give_up(self, exc: Exception) -> None:
-        log.error("event=decode_workers_unavailable fallback=thread error=%r", str(exc))
-        self._drop_pool()
-        self.workers = 0
-
-    def _pool_now(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            # spawn, not fork: the gateway has threads (the Kafka writer, librdkafka's)
-            self._pool = ProcessPoolExecutor(
-                max_workers=self.workers, mp_context=multiprocessing.get_context("spawn")
-            )
-        return self._pool
-
-    def _drop_pool(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
 
     def pids(self) -> list[int]:
         """The worker processes now (none before the first large batch)."""
-        procs = getattr(self._pool, "_processes", None) or {}
-        return sorted(procs)
+        return self.pool.pids()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        self.pool.close()

@@ -24,11 +24,7 @@ raised to the session as a :class:`BuildFailed` (the batch is simply built again
 from __future__ import annotations
 
 import asyncio
-import logging
-import multiprocessing
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -38,10 +34,9 @@ from edge_agent.errors import UplinkError
 from edge_agent.log import EdgeLog, LogRecord
 from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, Body, WireRecord, encode_batch, encode_body, frame_batch
+from shorelink.workers import WorkerDied, WorkerPool, WorkersUnavailable
 
 __all__ = ["BatchBuilder", "BuildFailed", "BuildSpec", "Built", "SealSpec", "build", "seal"]
-
-log = logging.getLogger(__name__)
 
 _Spec = TypeVar("_Spec")
 _T = TypeVar("_T")
@@ -226,11 +221,21 @@ class BatchBuilder:
 
     def __init__(self, edge_log: EdgeLog, *, workers: int) -> None:
         self.log = edge_log
-        self.workers = workers
-        self._pool: ProcessPoolExecutor | None = None
+        # (a child's read-only view of the log: SQLite WAL readers never block the writer)
+        self.pool = WorkerPool(
+            "batch_builder",
+            workers,
+            initializer=_child_open,
+            initargs=(edge_log.path, edge_log.origin, edge_log.streams, edge_log.cfg),
+        )
         self._builds = 0
         self._no_builds = asyncio.Event()
         self._no_builds.set()
+
+    @property
+    def workers(self) -> int:
+        """1: builds in a child process; 0: in a thread (asked for, or no child possible)."""
+        return self.pool.workers
 
     async def build(self, spec: BuildSpec) -> Built:
         self._builds += 1
@@ -250,49 +255,18 @@ class BatchBuilder:
     async def _run(
         self, in_child: Callable[[_Spec], _T], here: Callable[[EdgeLog, _Spec], _T], spec: _Spec
     ) -> _T:
-        if not self.workers:
-            return await asyncio.to_thread(here, self.log, spec)
-        try:
-            pool = self._pool_now()
-            done = asyncio.get_running_loop().run_in_executor(pool, in_child, spec)
-        except OSError as exc:
-            # no child process here (a sandbox without /dev/shm, a process limit): build
-            # in a thread from now on rather than never upload
-            log.error("event=batch_builder_unavailable fallback=thread error=%r", str(exc))
-            self.workers = 0
-            return await asyncio.to_thread(here, self.log, spec)
-        except BrokenProcessPool as exc:  # (submit: the child died while idle)
-            raise self._broken(exc) from exc
-        try:
-            return await done
-        except BrokenProcessPool as exc:
-            raise self._broken(exc) from exc
-
-    def _broken(self, exc: BrokenProcessPool) -> BuildFailed:
-        """The child died: drop its pool (the next batch starts a new one)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-        log.error("event=batch_builder_died error=%r", str(exc))
-        return BuildFailed(f"the batch builder process died: {exc}")
-
-    def _pool_now(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            # spawn, not fork: the agent has threads (paho, SQLite) a fork would copy
-            self._pool = ProcessPoolExecutor(
-                max_workers=self.workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_child_open,
-                initargs=(self.log.path, self.log.origin, self.log.streams, self.log.cfg),
-            )
-        return self._pool
+        if self.pool.workers:
+            try:
+                return await self.pool.run(in_child, spec)
+            except WorkerDied as exc:
+                raise BuildFailed(str(exc)) from exc
+            except WorkersUnavailable:
+                pass  # (logged by the pool) a thread from now on rather than never upload
+        return await asyncio.to_thread(here, self.log, spec)
 
     def pids(self) -> list[int]:
         """The child processes building batches now (none before the first batch)."""
-        procs = getattr(self._pool, "_processes", None) or {}
-        return sorted(procs)
+        return self.pool.pids()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        self.pool.close()

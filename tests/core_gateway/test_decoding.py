@@ -16,7 +16,7 @@ import pytest
 
 from core_gateway.auth import Credentials
 from core_gateway.config import parse_config
-from core_gateway.decoding import MAX_BROKEN, PROCESS_DECODE_BYTES, BatchDecoder
+from core_gateway.decoding import PROCESS_DECODE_BYTES, BatchDecoder
 from local_stack.kafka import KafkaBroker
 from shorelink.wire import (
     DEFAULT_LIMITS,
@@ -27,6 +27,7 @@ from shorelink.wire import (
     decode_batch,
     encode_batch,
 )
+from shorelink.workers import MAX_BROKEN
 from tests.conftest import unique
 from tests.core_gateway.conftest import assert_exactly_once, gateway_config, start_gateway
 
@@ -114,16 +115,16 @@ async def test_no_worker_processes_falls_back_to_threads(tmp_path: Path) -> None
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
+    python = multiprocessing.spawn.get_executable()
     decoder = BatchDecoder(DEFAULT_LIMITS, workers=1)
-    missing = tmp_path / "no-such-python"
-    ctx.set_executable(str(missing))
+    ctx.set_executable(str(tmp_path / "no-such-python"))
     try:
         for i in range(MAX_BROKEN + 1):
             body = _large("bigblue", 1 + 400 * i, 400 * (i + 1))
             assert await decoder.decode(body) == decode_batch(body)
         assert decoder.workers == 0 and not decoder.pids()
     finally:
-        ctx.set_executable(multiprocessing.spawn.get_executable())
+        ctx.set_executable(python)
         decoder.close()
 
 
