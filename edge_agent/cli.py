@@ -101,6 +101,7 @@ def _print_status(report: dict[str, Any]) -> None:
         "backlog",
         "backlog bytes",
         "oldest undelivered",
+        "sealed",
         "dropped",
         "rejected",
     ):
@@ -116,6 +117,7 @@ def _print_status(report: dict[str, Any]) -> None:
             str(s["backlog_records"]),
             str(s["backlog_bytes"]),
             "-" if age is None else f"{age:.0f}s",
+            str(s["sealed_records"]),
             str(s["dropped"]),
             str(s["rejected"]),
         )

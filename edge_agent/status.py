@@ -24,6 +24,7 @@ def collect_status(cfg: EdgeConfig, edge_log: EdgeLog) -> dict[str, Any]:
     streams: dict[str, Any] = {}
     names = [s.name for s in cfg.by_priority()]
     names += [n for n in edge_log.stream_names() if n not in cfg.streams]
+    sealed = edge_log.segment_totals()
     for name in names:
         st = edge_log.stream_state(name)
         n, nbytes, oldest = edge_log.backlog(name)
@@ -42,6 +43,9 @@ def collect_status(cfg: EdgeConfig, edge_log: EdgeLog) -> dict[str, Any]:
             "dropped": st.dropped,
             "retired": st.retired,
             "rejected": st.rejected,
+            # encoded ahead of any link (edge_agent/sealing.py): records and bytes
+            "sealed_records": sealed.get(name, (0, 0, 0))[1],
+            "sealed_bytes": sealed.get(name, (0, 0, 0))[2],
         }
     return {
         "ship": cfg.ship,

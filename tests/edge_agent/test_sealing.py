@@ -23,7 +23,7 @@ from edge_agent.config import EdgeConfig, load_config
 from edge_agent.log import EdgeLog, Incoming, message_digest
 from edge_agent.metrics import EdgeMetrics
 from edge_agent.sealing import SEAL_MAX_BYTES, Sealer
-from edge_agent.status import open_log
+from edge_agent.status import collect_status, open_log
 from edge_agent.uplink import Uplink
 from local_stack.kafka import KafkaBroker
 from local_stack.mosquitto import MosquittoBroker
@@ -492,6 +492,13 @@ async def test_sealer_seals_exactly_the_whole_segments_once(tmp_path: Path, work
         sealer.update_gauges()
         assert _sample(metrics, "shorelink_edge_segment_records", stream="containers") == 1500
         assert _sample(metrics, "shorelink_edge_segment_records", stream="nav") == 0
+
+        report = collect_status(cfg, edge_log)["streams"]
+        assert (report["containers"]["sealed_records"], report["nav"]["sealed_records"]) == (
+            1500,
+            0,
+        )
+        assert report["containers"]["sealed_bytes"] == totals["containers"][2] > 0
 
         fill(edge_log, "containers", 300)  # 1501..2000: one more
         fill(edge_log, "nav", 1)  # nav 1..500
