@@ -96,6 +96,22 @@ def _seal_ranges(edge_log: EdgeLog, stream: str, *ranges: tuple[int, int]) -> No
         assert edge_log.add_segment(stream, body)
 
 
+def _session(edge_log: EdgeLog, held: RangeSet, **spec: int) -> list[tuple[int, int, bool]]:
+    """Every batch a session would build for a site holding ``held``, as (first, last,
+    sealed); an encoded one must be what its records encode to."""
+    sent = []
+    pos = floor = None
+    while (built := build(edge_log, _spec(edge_log, held=held, pos=pos, floor=floor, **spec))).body:
+        sent.append((built.first, built.last, built.sealed))
+        pos, floor = built.pos, built.floor
+        if not built.sealed:
+            recs = _wire(edge_log, "containers", built.first, built.last)
+            assert built.body == encode_batch(
+                Batch("bigblue", "containers", recs, first_available=built.floor or 1)
+            )
+    return sent
+
+
 def _age_out(edge_log: EdgeLog, upto: int) -> dict[str, int]:
     """Retention by age removes seqs 1..``upto`` of a stream filled by one ``fill``
     (drop_oldest streams: undelivered too; others: what a site holds)."""
@@ -308,15 +324,7 @@ def test_partly_held_segment_is_completed_encoded_then_the_next_goes_sealed(
     edge_log = open_log(_config(tmp_path))
     fill(edge_log, "containers", 1700)
     _seal_ranges(edge_log, "containers", (1, 500), (501, 1000), (1001, 1500))
-    held = RangeSet([(1, 200)])
-    sent = []
-    pos = floor = None
-    while (built := build(edge_log, _spec(edge_log, held=held, pos=pos, floor=floor))).body:
-        sent.append((built.first, built.last, built.sealed))
-        pos, floor = built.pos, built.floor
-        if not built.sealed:
-            recs = _wire(edge_log, "containers", built.first, built.last)
-            assert built.body == encode_batch(Batch("bigblue", "containers", recs))
+    sent = _session(edge_log, RangeSet([(1, 200)]))
     assert sent == [
         (201, 500, False),
         (501, 1000, True),
@@ -334,12 +342,7 @@ def test_hole_inside_a_segment_is_filled_around_and_batches_line_up_again(
     edge_log = open_log(_config(tmp_path))
     fill(edge_log, "containers", 1000)
     _seal_ranges(edge_log, "containers", (1, 500), (501, 1000))
-    held = RangeSet([(300, 400)])
-    sent = []
-    pos = floor = None
-    while (built := build(edge_log, _spec(edge_log, held=held, pos=pos, floor=floor))).body:
-        sent.append((built.first, built.last, built.sealed))
-        pos, floor = built.pos, built.floor
+    sent = _session(edge_log, RangeSet([(300, 400)]))
     assert sent == [(1, 299, False), (401, 500, False), (501, 1000, True)]
     edge_log.close()
 
@@ -350,11 +353,7 @@ def test_small_batches_stop_before_a_segment_they_cannot_take(tmp_path: Path) ->
     edge_log = open_log(_config(tmp_path))
     fill(edge_log, "containers", 1000)
     _seal_ranges(edge_log, "containers", (1, 500), (501, 1000))
-    sent = []
-    pos = floor = None
-    while (built := build(edge_log, _spec(edge_log, pos=pos, floor=floor, max_records=300))).body:
-        sent.append((built.first, built.last, built.sealed))
-        pos, floor = built.pos, built.floor
+    sent = _session(edge_log, RangeSet(), max_records=300)
     assert sent == [(1, 300, False), (301, 500, False), (501, 800, False), (801, 1000, False)]
     edge_log.close()
 
