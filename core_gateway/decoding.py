@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from shorelink.wire import Batch, Limits, WireError, WireRecord, decode_batch
+from shorelink.wire import Batch, Limits, WireError, WireRecord, decode_batch, decode_columns
 from shorelink.workers import WorkerDied, WorkerPool, WorkersUnavailable
 
 __all__ = ["PROCESS_DECODE_BYTES", "BatchDecoder"]
@@ -37,21 +37,10 @@ def _decode_columns(body: bytes, limits: Limits) -> _Columns:
     """In a worker: the batch as columns, or ("error", reason, message) (an exception
     with a custom constructor does not cross a process boundary intact)."""
     try:
-        batch = decode_batch(body, limits)
+        h, (keys, times, topics, payloads) = decode_columns(body, limits)
     except WireError as exc:
         return ("error", exc.reason, str(exc).removeprefix(f"{exc.reason}: "))
-    _seqs, keys, times, topics, payloads = zip(*batch.records, strict=True)
-    return (
-        "ok",
-        batch.origin,
-        batch.stream,
-        batch.first_available,
-        batch.first_seq,
-        keys,
-        times,
-        topics,
-        payloads,
-    )
+    return ("ok", h.origin, h.stream, h.first_available, h.first_seq, keys, times, topics, payloads)
 
 
 def _from_columns(cols: _Columns) -> Batch:

@@ -31,7 +31,7 @@ from shorelink.wire_body import (
     WireError,
     WireRecord,
     build_body,
-    parse_body,
+    parse_columns,
 )
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "WireError",
     "WireRecord",
     "decode_batch",
+    "decode_columns",
     "encode_batch",
     "encode_body",
     "frame_batch",
@@ -283,6 +284,19 @@ def peek_header(data: bytes, limits: Limits = DEFAULT_LIMITS, *, complete: bool 
 
 def decode_batch(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Batch:
     """Decode and fully check one batch; raise :class:`WireError` on anything wrong."""
+    header, (keys, times, topics, payloads) = decode_columns(data, limits)
+    first = header.first_seq
+    records = tuple(
+        map(WireRecord, range(first, first + header.count), keys, times, topics, payloads)
+    )
+    return Batch(header.origin, header.stream, records, header.first_available)
+
+
+def decode_columns(
+    data: bytes, limits: Limits = DEFAULT_LIMITS
+) -> tuple[Header, tuple[list[str], list[int], list[str], list[bytes]]]:
+    """As :func:`decode_batch` (the same checks), the records as columns: keys, event
+    times, topics, payloads (seqs: ``header.first_seq`` on)."""
     try:
         view = memoryview(data)
         header = _peek(view, limits, True)
@@ -292,14 +306,10 @@ def decode_batch(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Batch:
         if crc != header.crc32:
             raise WireError("bad_checksum", f"CRC32 {crc:08x} != header's {header.crc32:08x}")
         raw = _decompress(view[header.header_len :], header.raw_len)
-        records = parse_body(
-            raw,
-            flags=header.flags,
-            first_seq=header.first_seq,
-            count=header.count,
-            max_decoded=limits.max_decompressed_bytes,
+        columns = parse_columns(
+            raw, flags=header.flags, count=header.count, max_decoded=limits.max_decompressed_bytes
         )
-        return Batch(header.origin, header.stream, records, header.first_available)
+        return header, columns
     except WireError:
         raise
     except Exception as exc:  # belt and braces: nothing but WireError escapes

@@ -36,7 +36,7 @@ __all__ = [
     "WireError",
     "WireRecord",
     "build_body",
-    "parse_body",
+    "parse_columns",
 ]
 
 #: Header flag: payloads are stored as templates plus numeric columns (see the docs).
@@ -579,12 +579,15 @@ class _Budget:
             )
 
 
-def parse_body(
-    raw: bytes, *, flags: int, first_seq: int, count: int, max_decoded: int
-) -> tuple[WireRecord, ...]:
-    """The ``count`` records (seqs from ``first_seq``) in ``raw``, a decompressed body
-    written with header ``flags``; their keys, topics and payloads together may take at
-    most ``max_decoded`` bytes. Anything wrong raises :class:`WireError`."""
+def parse_columns(
+    raw: bytes, *, flags: int, count: int, max_decoded: int
+) -> tuple[list[str], list[int], list[str], list[bytes]]:
+    """The ``count`` records in ``raw``, a decompressed body written with header
+    ``flags``, as columns: keys, event times, topics, payloads (their seqs follow from the
+    header). Keys, topics and payloads together may take at most ``max_decoded`` bytes.
+    Anything wrong raises :class:`WireError`. Columns, not records: building a tuple per
+    record is a quarter of the decoding time, which a caller that hands the columns on
+    (the gateway's decode workers) does not pay."""
     rd = _Reader(raw)
     budget = _Budget(max_decoded)
     n_keys = rd.u32("keys", count)
@@ -628,17 +631,11 @@ def parse_body(
         payloads = rd.pieces(lengths, "payloads")
     if rd.pos != rd.end:
         raise WireError("malformed", f"{rd.end - rd.pos} unread bytes at the end of the body")
-    record_keys = list(map(keys.__getitem__, key_of))
-    record_topics = list(map(pair_topic.__getitem__, pair_of))
-    return tuple(
-        map(
-            WireRecord,
-            range(first_seq, first_seq + count),
-            record_keys,
-            times,
-            record_topics,
-            payloads,
-        )
+    return (
+        list(map(keys.__getitem__, key_of)),
+        times,
+        list(map(pair_topic.__getitem__, pair_of)),
+        payloads,
     )
 
 
