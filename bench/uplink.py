@@ -41,8 +41,8 @@ script starts itself with ``--role gateway`` / ``--role agent``), toxiproxy for 
 3. exactly once: ``sl.ingress.containers`` is read to its end (read_committed): every
    seq of every ship exactly once.
 
-    .venv/bin/python bench/uplink.py --quick     # ~40 seconds (2 s outages every 5 s)
-    .venv/bin/python bench/uplink.py             # full run, ~2 minutes
+    .venv/bin/python bench/uplink.py --quick     # ~35 seconds (300k records, cut 1 s into the drain)
+    .venv/bin/python bench/uplink.py             # full run, ~75 seconds
     .venv/bin/python bench/uplink.py --in-flight 6 --bandwidth-mode shared
 
 Progress goes to stderr; one JSON object goes to stdout.
@@ -1119,7 +1119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="small sizes, frequent outages: a run of about 45 seconds",
+        help="small sizes, the cut 1 s into the drain: a run of about 35 seconds",
     )
     p.add_argument(
         "--records", type=int, default=None, help="backlog to drain (default 500000; quick 300000)"
