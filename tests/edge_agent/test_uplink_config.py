@@ -68,7 +68,7 @@ def test_link_defaults_in_code(tmp_path: Path) -> None:
     assert not sat.carries("containers") and sat.carries("nav")
     for link in (cell, wifi):
         assert link.carries("containers") and link.daily_budget_bytes == 0
-        # large batches, two in flight (pipelined on the upload connection), and never
+        # large batches, three in flight (pipelined on the upload connection), and never
         # more records than a gateway takes by default
         assert (link.batch_max_records, link.in_flight) == (50_000, 3)
         assert link.batch_max_records <= Limits().max_records
