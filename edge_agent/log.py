@@ -357,8 +357,13 @@ class EdgeLog:
         return row[0] or 0
 
     def segment_totals(self) -> dict[str, tuple[int, int, int]]:
-        """stream -> (segments, records, bytes) sealed and still on board."""
+        """stream -> (segments, records, bytes) sealed and still on board (nothing for a
+        log an older agent wrote and the new one has not opened yet: ``status``)."""
         with self._lock:
+            if not self._conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'segments'"
+            ).fetchone():
+                return {}
             rows = self._conn.execute(
                 "SELECT stream, count(*), sum(last_seq - first_seq + 1), sum(length(body))"
                 " FROM segments GROUP BY stream"

@@ -443,6 +443,11 @@ def test_log_from_before_sealing_gains_the_segments_table(
     assert "segments" not in db.table_names()
     assert [r["id"] for r in db.query("SELECT id FROM _migrations ORDER BY id")] == [1, 2]
     db.close()
+    # `status` of the new version reads the old log (the agent not restarted yet)
+    reader = open_log(cfg, readonly=True)
+    report = collect_status(cfg, reader)["streams"]["containers"]
+    assert (report["records"], report["sealed_records"]) == (600, 0)
+    reader.close()
 
     edge_log = open_log(cfg)
     db = sqlite_utils.Database(cfg.log.path)
