@@ -531,27 +531,24 @@ class Bench:
         self.gateway.wait_ready(ready, timeout=90)
         say(f"gateway ready at {self.gw_url}")
 
+    def _given(self, keys: dict[str, str]) -> dict[str, Any]:
+        """Config key -> value of the options (``keys``: option -> key) that were given."""
+        given = {opt: getattr(self.args, opt) for opt in keys}
+        return {keys[opt]: v for opt, v in given.items() if v is not None}
+
     def link_overrides(self) -> dict[str, Any]:
-        a = self.args
-        out: dict[str, Any] = {}
-        if a.batch_records is not None:
-            out["batch_max_records"] = a.batch_records
-        if a.batch_bytes is not None:
-            out["batch_max_bytes"] = a.batch_bytes
-        if a.in_flight is not None:
-            out["in_flight"] = a.in_flight
-        return out
+        return self._given(
+            {
+                "batch_records": "batch_max_records",
+                "batch_bytes": "batch_max_bytes",
+                "in_flight": "in_flight",
+            }
+        )
 
     def uplink_overrides(self) -> dict[str, Any]:
-        a = self.args
-        out: dict[str, Any] = {}
-        if a.retry_min is not None:
-            out["retry_min"] = a.retry_min
-        if a.retry_max is not None:
-            out["retry_max"] = a.retry_max
-        if a.seal_records is not None:
-            out["seal_records"] = a.seal_records
-        return out
+        return self._given(
+            {"retry_min": "retry_min", "retry_max": "retry_max", "seal_records": "seal_records"}
+        )
 
     def link_settings(self) -> dict[str, Any]:
         """The link class's effective settings (defaults in code plus our overrides)."""
@@ -654,7 +651,7 @@ class Bench:
         t_agent = time.time()
         agent = start_role("agent", "agent", config, self.logs, "--record", str(record))
         self.procs.append(agent)
-        sealing = self.wait_sealed(agent, agent_metrics, t_agent)
+        sealing = self.wait_sealed(agent, agent_metrics, t_agent, config)
         tp.set_enabled(proxy, True)
         t_start = time.time()
         outages: list[tuple[float, float]] = []
@@ -727,9 +724,11 @@ class Bench:
         )
         return {"ship": ship, "outage_first_s": outage_first_s, "sealing": sealing, **report}
 
-    def wait_sealed(self, agent: Proc, metrics_url: str, t_agent: float) -> dict[str, Any]:
+    def wait_sealed(
+        self, agent: Proc, metrics_url: str, t_agent: float, config: Path
+    ) -> dict[str, Any]:
         """Until the agent sealed every whole segment of the backlog (at sea)."""
-        seal = load_config(self.work / SHIP / "edge.toml").uplink.seal_records
+        seal = load_config(config).uplink.seal_records
         n = self.args.records
         want = n // seal * seal if seal else 0
         say(f"link: the ship at sea seals {want} of {n} records (link down)")

@@ -26,7 +26,7 @@ from core_gateway.metrics import GatewayMetrics
 from core_gateway.upload import close_uploads, serve_upload
 from core_gateway.writer import KafkaWriter, Write
 from shorelink.ranges import RangeSet
-from shorelink.wire import Batch, WireError, decode_batch, peek_header
+from shorelink.wire import Batch, WireError, peek_header
 
 __all__ = ["GatewayService", "create_app"]
 
@@ -38,8 +38,6 @@ _WIRE_STATUS = {
     "too_many_records": 413,
     "bad_seq_range": 422,
 }
-#: decode away from the event loop above this many bytes, so big batches don't stall it
-_THREAD_DECODE_BYTES = 64 * 1024
 
 
 class GatewayService:
@@ -223,10 +221,7 @@ class GatewayService:
                     f"batch is for stream {header.stream!r}, URL says {stream!r}",
                 )
             self.check_stream(header.stream)
-            if len(body) > _THREAD_DECODE_BYTES:
-                batch = await self.decoder.decode(body)
-            else:
-                batch = decode_batch(body, cfg.limits)
+            batch = await self.decoder.decode(body)
         except WireError as exc:
             raise ApiError(_WIRE_STATUS.get(exc.reason, 400), exc.reason, str(exc)) from None
         return self.admit(ship, batch)

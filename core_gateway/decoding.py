@@ -21,13 +21,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from shorelink.wire import Batch, Limits, WireError, WireRecord, decode_batch, decode_columns
+from shorelink.wire import Batch, Limits, WireError, decode_batch, decode_columns
 from shorelink.workers import WorkerDied, WorkerPool, WorkersUnavailable
 
 __all__ = ["PROCESS_DECODE_BYTES", "BatchDecoder"]
 
-#: batches at least this large go to a worker process (smaller ones decode in a thread:
-#: the hand-over would cost more than it saves)
+#: batches larger than this leave the event loop: to a worker process (or a thread);
+#: smaller ones decode in place (a hand-over would cost more than it saves)
 PROCESS_DECODE_BYTES = 64 * 1024
 
 _Columns = tuple[Any, ...]
@@ -46,11 +46,8 @@ def _decode_columns(body: bytes, limits: Limits) -> _Columns:
 def _from_columns(cols: _Columns) -> Batch:
     if cols[0] == "error":
         raise WireError(cols[1], cols[2])
-    _, origin, stream, first_available, first, keys, times, topics, payloads = cols
-    seqs = range(first, first + len(keys))
-    return Batch(
-        origin, stream, tuple(map(WireRecord, seqs, keys, times, topics, payloads)), first_available
-    )
+    _, origin, stream, first_available, first, *columns = cols
+    return Batch.from_columns(origin, stream, first, first_available, columns)
 
 
 class BatchDecoder:
@@ -64,7 +61,9 @@ class BatchDecoder:
 
     async def decode(self, body: bytes) -> Batch:
         """Decode and check ``body`` (raises :class:`WireError` as ``decode_batch``)."""
-        if self.pool.workers and len(body) >= PROCESS_DECODE_BYTES:
+        if len(body) <= PROCESS_DECODE_BYTES:
+            return decode_batch(body, self.limits)
+        if self.pool.workers:
             try:
                 return _from_columns(await self.pool.run(_decode_columns, body, self.limits))
             except (WorkerDied, WorkersUnavailable):

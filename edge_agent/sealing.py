@@ -74,7 +74,7 @@ class Sealer:
                 await self.seal_due(stop)
             except (BuildFailed, LogError) as exc:  # the next pass tries again
                 self._limited.warning("seal", "event=seal_failed error=%r", str(exc))
-            self.update_gauges()
+            await asyncio.to_thread(self.update_gauges)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval_s)
 
@@ -93,11 +93,7 @@ class Sealer:
         """Seal the next segment of ``stream``: 1 if one was stored, 0 if a run was
         skipped (it did not compress), None if there is nothing to seal now."""
         last = self.log.stream_state(stream).next_seq - 1
-        start = max(
-            await asyncio.to_thread(self.log.sealed_upto, stream) + 1,
-            await asyncio.to_thread(self.log.first_seq, stream),
-            self._skip_to.get(stream, 0),
-        )
+        start = max(await asyncio.to_thread(self._unsealed, stream), self._skip_to.get(stream, 0))
         if last - start + 1 < self.records:
             return None
         t0 = time.monotonic()
@@ -135,6 +131,10 @@ class Sealer:
             len(body.data),
         )
         return 1
+
+    def _unsealed(self, stream: str) -> int:
+        """The first seq after the last segment that is still on board."""
+        return max(self.log.sealed_upto(stream) + 1, self.log.first_seq(stream))
 
     def update_gauges(self) -> None:
         totals = self.log.segment_totals()

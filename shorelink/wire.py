@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import attrgetter
+from typing import Any
 
 import zstandard
 
@@ -89,6 +91,26 @@ class Batch:
     def __post_init__(self) -> None:
         if not isinstance(self.records, tuple):
             object.__setattr__(self, "records", tuple(self.records))
+
+    @classmethod
+    def from_columns(
+        cls,
+        origin: str,
+        stream: str,
+        first_seq: int,
+        first_available: int,
+        columns: Sequence[Sequence[Any]],
+    ) -> Batch:
+        """The batch of records ``first_seq`` on whose keys, event times, topics and
+        payloads are ``columns`` (what :func:`decode_columns` returns)."""
+        keys, times, topics, payloads = columns
+        seqs = range(first_seq, first_seq + len(keys))
+        return cls(
+            origin,
+            stream,
+            tuple(map(WireRecord, seqs, keys, times, topics, payloads)),
+            first_available,
+        )
 
     @property
     def first_seq(self) -> int:
@@ -284,12 +306,8 @@ def peek_header(data: bytes, limits: Limits = DEFAULT_LIMITS, *, complete: bool 
 
 def decode_batch(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Batch:
     """Decode and fully check one batch; raise :class:`WireError` on anything wrong."""
-    header, (keys, times, topics, payloads) = decode_columns(data, limits)
-    first = header.first_seq
-    records = tuple(
-        map(WireRecord, range(first, first + header.count), keys, times, topics, payloads)
-    )
-    return Batch(header.origin, header.stream, records, header.first_available)
+    h, columns = decode_columns(data, limits)
+    return Batch.from_columns(h.origin, h.stream, h.first_seq, h.first_available, columns)
 
 
 def decode_columns(
