@@ -8,6 +8,7 @@ from pathlib import Path
 from shorelink.config import Section, load_toml
 from shorelink.errors import ConfigError
 from shorelink.identity import check_name
+from shorelink.topics import Durability
 from shorelink.wire import Limits
 
 __all__ = ["GatewayConfig", "load_config", "parse_config"]
@@ -28,8 +29,14 @@ class GatewayConfig:
     #: WebSocket uploads: ping this often; a peer that does not answer is dropped
     upload_heartbeat_s: float = 20.0
     limits: Limits = field(default_factory=Limits)
+    #: memory bound: bytes of batches taken in and not yet committed (compressed size
+    #: plus declared decoded size); a batch beyond it is answered 503 busy
+    max_inflight_bytes: int = 256 * 1024 * 1024
+    #: open WebSocket uploads at most; more are refused (503 busy) before the upgrade
+    max_uploads: int = 32
     ingress_partitions: int = 6
-    ingress_retention_ms: int = 7 * 86400 * 1000
+    #: replication of the topics the gateway creates (ingress, cursor)
+    durability: Durability = field(default_factory=Durability)
     #: Kafka transactional.id; one gateway per site holds it (a second one fences the first)
     transactional_id: str = ""
     kafka_timeout_s: float = 30.0
@@ -66,7 +73,13 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayCo
     kafka = top.section("kafka")
     bootstrap = kafka.text("bootstrap")
     partitions = kafka.integer("ingress_partitions", d.ingress_partitions, min=1, max=1000)
-    retention = kafka.duration("ingress_retention", d.ingress_retention_ms / 1000)
+    if kafka.has("ingress_retention"):
+        raise ConfigError(
+            kafka.field("ingress_retention"),
+            "removed: ingress is kept until the site's merge has committed past it "
+            "(the merge deletes what it merged), so nothing a ship was told is held expires",
+        )
+    durability = Durability.from_section(kafka)
     txid = kafka.text("transactional_id", f"shorelink-gateway-{site}")
     ktimeout = kafka.duration("timeout", d.kafka_timeout_s)
     kafka.done()
@@ -77,6 +90,12 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayCo
         max_compressed_bytes=lim.size("max_batch_bytes", dl.max_compressed_bytes),
         max_decompressed_bytes=lim.size("max_decompressed_bytes", dl.max_decompressed_bytes),
     )
+    inflight = lim.size("max_inflight_bytes", d.max_inflight_bytes)
+    if inflight < limits.max_compressed_bytes:
+        raise ConfigError(
+            "limits.max_inflight_bytes", "must be at least limits.max_batch_bytes"
+        )
+    max_uploads = lim.integer("max_uploads", d.max_uploads, min=1, max=100_000)
     lim.done()
     streams = tuple(_name("streams", "stream", s) for s in top.strings("streams"))
     if not streams:
@@ -98,8 +117,10 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayCo
         body_timeout_s=body_timeout,
         upload_heartbeat_s=heartbeat,
         limits=limits,
+        max_inflight_bytes=inflight,
+        max_uploads=max_uploads,
         ingress_partitions=partitions,
-        ingress_retention_ms=int(retention * 1000),
+        durability=durability,
         transactional_id=txid,
         kafka_timeout_s=ktimeout,
         log_level=top.choice("log_level", ("debug", "info", "warning", "error"), "info"),

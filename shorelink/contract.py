@@ -6,7 +6,8 @@ consumers at HQ depend on.
 - headers: ``sl.origin``, ``sl.stream``, ``sl.seq`` (decimal ASCII), ``sl.ts`` (event
   time, epoch ms), ``sl.site`` (site whose gateway took it in), ``sl.mqtt_topic``.
 
-Topic names per site live here too, so nobody spells them twice.
+Topic names per site live here too, so nobody spells them twice, and so does the one
+size limit every hop checks (:data:`MAX_RECORD_BYTES`).
 """
 
 from __future__ import annotations
@@ -26,13 +27,17 @@ __all__ = [
     "H_SITE",
     "H_STREAM",
     "H_TS",
+    "KAFKA_MAX_MESSAGE_BYTES",
     "LEDGER_TOPIC",
+    "MAX_RECORD_BYTES",
     "Record",
     "canonical_topic",
     "contract_headers",
     "dead_topic",
     "inbox_topic",
     "ingress_topic",
+    "oversized_record",
+    "record_bytes",
 ]
 
 H_ORIGIN = "sl.origin"
@@ -43,6 +48,19 @@ H_SITE = "sl.site"
 H_MQTT_TOPIC = "sl.mqtt_topic"
 #: the headers, in the order every shorelink writer puts them
 HEADER_LAYOUT = (H_ORIGIN, H_STREAM, H_SEQ, H_TS, H_SITE, H_MQTT_TOPIC)
+
+#: The largest record shorelink carries anywhere, counted by :func:`record_bytes`
+#: (payload + key + MQTT topic, UTF-8). Defined once and checked at every hop: the ship
+#: quarantines a bigger message (edge_agent/ingest.py), the wire format neither encodes
+#: nor decodes a batch holding one (the gateway refuses that batch alone: 413
+#: ``record_too_large``), the merge dead-letters one that reached a source topic anyway,
+#: and every producer and topic shorelink creates takes :data:`KAFKA_MAX_MESSAGE_BYTES`.
+MAX_RECORD_BYTES = 1024 * 1024
+#: Kafka's own limit at every hop: each producer's ``message.max.bytes`` and each
+#: topic's ``max.message.bytes`` (brokers default to 1 MiB). Room for one record of
+#: :data:`MAX_RECORD_BYTES` with its ``sl.*`` headers (names of at most 63 bytes, seq and
+#: time in decimal) and Kafka's record-batch framing, with a wide margin.
+KAFKA_MAX_MESSAGE_BYTES = MAX_RECORD_BYTES + 64 * 1024
 
 LEDGER_TOPIC = "sl.ledger"
 #: compacted; key ``origin/stream``, value JSON ``{"written": ranges, "abandoned": ranges}``:
@@ -69,6 +87,32 @@ def canonical_topic(stream: str) -> str:
 def dead_topic(stream: str) -> str:
     """Records that broke the contract, kept for inspection instead of being dropped."""
     return f"sl.dead.{check_name('stream', stream)}"
+
+
+def record_bytes(key: str | bytes, value: bytes, mqtt_topic: str | bytes) -> int:
+    """A record's size as :data:`MAX_RECORD_BYTES` counts it."""
+    k = len(key.encode()) if isinstance(key, str) else len(key)
+    t = len(mqtt_topic.encode()) if isinstance(mqtt_topic, str) else len(mqtt_topic)
+    return k + len(value) + t
+
+
+def oversized_record(
+    keys: Sequence[str | bytes], values: Sequence[bytes], topics: Sequence[str | bytes]
+) -> int | None:
+    """The index of the first record over :data:`MAX_RECORD_BYTES` among the columns,
+    or None. Cheap when nothing is near the limit (three ``max`` over lengths; a str
+    counts 4 bytes a character there), exact otherwise."""
+    if not values:
+        return None
+    if (
+        max(map(len, values)) + 4 * max(map(len, keys)) + 4 * max(map(len, topics))
+        <= MAX_RECORD_BYTES
+    ):
+        return None
+    for i, (k, v, t) in enumerate(zip(keys, values, topics, strict=True)):
+        if record_bytes(k, v, t) > MAX_RECORD_BYTES:
+            return i
+    return None
 
 
 HeaderList = Sequence[tuple[str, bytes | str | None]] | dict[str, bytes | str | None]

@@ -1,8 +1,20 @@
-"""Creating topics on purpose.
+"""Creating topics on purpose, with the durability and size limits every hop shares.
 
 Every stack broker runs with ``auto.create.topics.enable=false``, as production should:
 whoever writes a topic creates it first with the partitions and retention it needs, by
 calling :func:`ensure_topics`. Creating a topic that exists is not an error.
+
+Durability is a site's setting (:class:`Durability`: the gateway's ``[kafka]`` and each
+site's ``[sites.NAME.kafka]`` in sites.toml). Its defaults are right for a production
+cluster of three or more brokers (replication factor 3, ``min.insync.replicas`` 2) and
+shrink to what a smaller cluster can hold (a one-broker local stack: 1 and 1), with a
+warning, so a development stack needs no setting and a production cluster no care.
+Every producer writes with ``acks=all`` (:func:`producer_config`), so a record is
+acknowledged only once ``min.insync.replicas`` brokers have it.
+
+Every topic gets ``max.message.bytes`` = :data:`~shorelink.contract.KAFKA_MAX_MESSAGE_BYTES`,
+whatever the broker's default (1 MiB), so a record of
+:data:`~shorelink.contract.MAX_RECORD_BYTES` fits every hop.
 """
 
 from __future__ import annotations
@@ -14,17 +26,66 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from shorelink.errors import ShorelinkError
+from shorelink.config import Section
+from shorelink.contract import KAFKA_MAX_MESSAGE_BYTES
+from shorelink.errors import ConfigError, ShorelinkError
 
-__all__ = ["TopicError", "TopicSpec", "ensure_topics"]
+__all__ = ["Durability", "TopicError", "TopicSpec", "ensure_topics", "producer_config"]
 
 log = logging.getLogger(__name__)
+
+#: replicas per partition in a production cluster (three brokers or more)
+PRODUCTION_REPLICATION_FACTOR = 3
+#: of which must have a record before it is acknowledged
+PRODUCTION_MIN_INSYNC = 2
 
 
 class TopicError(ShorelinkError):
     """A topic could not be created or checked."""
 
     retryable = True
+
+
+@dataclass(frozen=True)
+class Durability:
+    """How many brokers hold each partition of the topics a site creates.
+
+    ``None`` is "as production wants, as far as the cluster allows": a replication
+    factor of ``min(3, brokers)`` and ``min.insync.replicas`` of ``min(2, factor)``."""
+
+    replication_factor: int | None = None
+    min_insync_replicas: int | None = None
+
+    @classmethod
+    def from_section(cls, kafka: Section) -> Durability:
+        """``replication_factor`` and ``min_insync_replicas`` of a ``[kafka]`` table
+        (each left out: as production wants, as far as the cluster allows)."""
+
+        def opt(key: str) -> int | None:
+            return kafka.integer(key, min=1, max=16) if kafka.has(key) else None
+
+        d = cls(opt("replication_factor"), opt("min_insync_replicas"))
+        rf, isr = d.replication_factor, d.min_insync_replicas
+        if rf and isr and isr > rf:
+            raise ConfigError(
+                kafka.field("min_insync_replicas"), f"{isr} > replication_factor {rf}"
+            )
+        return d
+
+    def resolve(self, brokers: int) -> tuple[int, int]:
+        """(replication factor, min.insync.replicas) for a cluster of ``brokers``."""
+        rf = self.replication_factor or min(PRODUCTION_REPLICATION_FACTOR, max(brokers, 1))
+        if rf > brokers:
+            raise TopicError(
+                f"replication_factor {rf} > the {brokers} broker(s) of this Kafka cluster",
+                retryable=False,
+            )
+        isr = self.min_insync_replicas or min(PRODUCTION_MIN_INSYNC, rf)
+        if isr > rf:
+            raise TopicError(
+                f"min_insync_replicas {isr} > replication_factor {rf}", retryable=False
+            )
+        return rf, isr
 
 
 @dataclass(frozen=True)
@@ -36,30 +97,69 @@ class TopicSpec:
     compacted: bool = False
     config: dict[str, str] = field(default_factory=dict)
 
-    def new_topic(self) -> NewTopic:
-        cfg = dict(self.config)
+    def new_topic(self, replication_factor: int = 1, min_insync: int = 1) -> NewTopic:
+        cfg = {
+            "max.message.bytes": str(KAFKA_MAX_MESSAGE_BYTES),
+            "min.insync.replicas": str(min_insync),
+            **self.config,
+        }
         if self.retention_ms is not None:
             cfg["retention.ms"] = str(self.retention_ms)
         if self.compacted:
             cfg["cleanup.policy"] = "compact"
-        return NewTopic(self.name, num_partitions=self.partitions, replication_factor=1, config=cfg)
+        return NewTopic(
+            self.name,
+            num_partitions=self.partitions,
+            replication_factor=replication_factor,
+            config=cfg,
+        )
 
 
-def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 30.0) -> list[str]:
+def producer_config(bootstrap: str, extra: dict[str, object] | None = None) -> dict[str, object]:
+    """What every shorelink producer sets: the cluster, ``acks=all`` (a record is
+    acknowledged once ``min.insync.replicas`` brokers hold it) and the size limit of
+    every hop; ``extra`` adds the rest (``transactional.id``, ...)."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "acks": "all",
+        "message.max.bytes": KAFKA_MAX_MESSAGE_BYTES,
+        **(extra or {}),
+    }
+
+
+def ensure_topics(
+    bootstrap: str,
+    specs: Iterable[TopicSpec],
+    timeout: float = 30.0,
+    durability: Durability | None = None,
+) -> list[str]:
     """Create the topics that do not exist yet; return the names that were created."""
     specs = list(specs)
     if not specs:
         return []
     admin = AdminClient({"bootstrap.servers": bootstrap})
     try:
-        existing = set(admin.list_topics(timeout=timeout).topics)
+        md = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
         raise TopicError(f"cannot list topics at {bootstrap}: {exc}") from exc
+    existing = set(md.topics)
     todo = [s for s in specs if s.name not in existing]
     created: list[str] = []
     if not todo:
         return created
-    futures = admin.create_topics([s.new_topic() for s in todo], operation_timeout=timeout)
+    rf, isr = (durability or Durability()).resolve(len(md.brokers))
+    if rf < PRODUCTION_REPLICATION_FACTOR:
+        log.warning(
+            "event=topics_under_replicated bootstrap=%s brokers=%d replication_factor=%d "
+            "min_insync_replicas=%d (production wants %d and %d)",
+            bootstrap,
+            len(md.brokers),
+            rf,
+            isr,
+            PRODUCTION_REPLICATION_FACTOR,
+            PRODUCTION_MIN_INSYNC,
+        )
+    futures = admin.create_topics([s.new_topic(rf, isr) for s in todo], operation_timeout=timeout)
     for name, fut in futures.items():
         try:
             fut.result(timeout=timeout)

@@ -23,6 +23,7 @@ from typing import Any
 
 import zstandard
 
+from shorelink.contract import MAX_RECORD_BYTES, oversized_record, record_bytes
 from shorelink.errors import ContractError
 from shorelink.identity import check_name
 from shorelink.wire_body import (
@@ -273,6 +274,19 @@ def _check_records(records: tuple[WireRecord, ...], first_available: object) -> 
             i for i, t in enumerate(times) if not isinstance(t, int) or not I64_MIN <= t <= I64_MAX
         )
         raise WireError("malformed", f"seq {seqs[i]}: ts_ms {times[i]!r} is not an int64")
+    big = oversized_record(
+        [r.key for r in records], [r.payload for r in records], [r.topic for r in records]
+    )
+    if big is not None:
+        raise _record_too_large(records[big].seq, records[big])
+
+
+def _record_too_large(seq: int, r: WireRecord) -> WireError:
+    return WireError(
+        "record_too_large",
+        f"seq {seq}: record of {record_bytes(r.key, r.payload, r.topic)} bytes (payload, key"
+        f" and topic) > the {MAX_RECORD_BYTES}-byte limit of every hop",
+    )
 
 
 def _check_limits(count: int, total: int, raw: int, decoded: int, limits: Limits) -> None:
@@ -327,6 +341,11 @@ def decode_columns(
         columns = parse_columns(
             raw, flags=header.flags, count=header.count, max_decoded=limits.max_decompressed_bytes
         )
+        keys, _, topics, payloads = columns
+        big = oversized_record(keys, payloads, topics)
+        if big is not None:
+            seq = header.first_seq + big
+            raise _record_too_large(seq, WireRecord(seq, keys[big], 0, topics[big], payloads[big]))
         return header, columns
     except WireError:
         raise

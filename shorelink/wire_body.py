@@ -54,6 +54,7 @@ REASONS = frozenset(
         "bad_seq_range",
         "bad_name",
         "malformed",
+        "record_too_large",
     }
 )
 

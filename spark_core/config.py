@@ -12,6 +12,7 @@ from pathlib import Path
 from shorelink.config import Section, load_toml
 from shorelink.errors import ConfigError
 from shorelink.identity import check_name
+from shorelink.topics import Durability
 
 __all__ = ["MergeConfig", "SiteConfig", "SitesConfig", "SparkConfig", "load_config", "parse_config"]
 
@@ -55,6 +56,8 @@ class SiteConfig:
     neighbours: tuple[str, ...] = ()
     trigger_interval_s: float = 2.0
     kafka_timeout_s: float = 30.0
+    #: replication of the topics the site's application creates
+    durability: Durability = field(default_factory=Durability)
     tables: bool = False
     merge: MergeConfig = field(default_factory=MergeConfig)
 
@@ -118,6 +121,7 @@ def _site(name: str, sec: Section, base: Path | None) -> SiteConfig:
     kafka = sec.section("kafka")
     bootstrap = kafka.text("bootstrap")
     ktimeout = kafka.duration("timeout", 30)
+    durability = Durability.from_section(kafka)
     kafka.done()
     streams = tuple(_name(sec.field("streams"), "stream", s) for s in sec.strings("streams"))
     if not streams:
@@ -136,6 +140,7 @@ def _site(name: str, sec: Section, base: Path | None) -> SiteConfig:
         neighbours=neighbours,
         trigger_interval_s=sec.duration("trigger_interval", 2.0),
         kafka_timeout_s=ktimeout,
+        durability=durability,
         tables=sec.flag("tables", False),
         merge=_merge(sec.section("merge"), name),
     )

@@ -19,7 +19,15 @@ from typing import Any, Protocol, runtime_checkable
 
 from confluent_kafka import KafkaException
 
-from shorelink.contract import LEDGER_TOPIC, Record, canonical_topic, dead_topic
+from shorelink.contract import (
+    H_MQTT_TOPIC,
+    LEDGER_TOPIC,
+    MAX_RECORD_BYTES,
+    Record,
+    canonical_topic,
+    dead_topic,
+    record_bytes,
+)
 from shorelink.errors import ContractError, ShorelinkError
 from shorelink.identity import check_name
 from shorelink.kafka_io import read_to_end
@@ -129,6 +137,8 @@ DEAD_UNKNOWN_TOPIC = "sl.dead.unknown"
 #: headers added to a dead-lettered record (the original ones are kept as they were)
 H_DEAD_REASON = "sl.dead.reason"
 H_DEAD_SOURCE = "sl.dead.source"
+#: a dead-lettered record over the size limit keeps this much of its value
+DEAD_VALUE_MAX = 64 * 1024
 
 Headers = list[tuple[str, str | bytes | None]]
 Out = tuple[str, bytes | None, bytes | None, Headers]  # topic, key, value, headers
@@ -307,21 +317,56 @@ def _checked_identity(row: SourceRow, stream: str | None) -> tuple[str, str, int
 def _order_new(
     b: Batch, new: dict[Source, dict[int, int]], state: MergeState, plan: BatchPlan
 ) -> None:
-    """Seq order per source; the new ledger entries; fetch the written rows at once."""
+    """Seq order per source; the new ledger entries; fetch the written rows at once.
+
+    A record over :data:`MAX_RECORD_BYTES` (only a writer that skipped the gateway's
+    check can have put one in a source topic) is dead-lettered, cut to
+    :data:`DEAD_VALUE_MAX` bytes, instead of failing the transaction on every replay."""
     order: list[int] = []
     topics: list[str] = []
+    sources: list[tuple[Source, list[int]]] = []
     for source, seen in new.items():
         if not seen:
             continue
+        seqs = sorted(seen)
+        order += [seen[seq] for seq in seqs]
+        topics += [canonical_topic(source[1])] * len(seqs)
+        sources.append((source, seqs))
+    records = b.records(topics, order)
+    big = _oversized(records)
+    i = 0
+    for source, seqs in sources:
         held = state.held_for(source).copy()
-        topic = canonical_topic(source[1])
+        for seq in seqs:
+            if i in big:
+                plan.dead.append(_too_large(records[i], b.row(order[i]), source[1]))
+            else:
+                held.add(seq)
+            i += 1
         plan.streams.add(source[1])
-        for seq in sorted(seen):
-            order.append(seen[seq])
-            held.add(seq)
-        topics += [topic] * len(seen)
-        plan.ledger[source] = held
-    plan.canonical = b.records(topics, order)
+        if held != state.held_for(source):
+            plan.ledger[source] = held
+    plan.canonical = [r for j, r in enumerate(records) if j not in big] if big else records
+
+
+def _oversized(records: list[Out]) -> set[int]:
+    values = [r[2] or b"" for r in records]
+    if not values or max(map(len, values)) + 1024 <= MAX_RECORD_BYTES:
+        return set()  # the usual case: nothing near the limit, no per-record work
+    out = set()
+    for i, (_, key, value, headers) in enumerate(records):
+        topic = next((v for k, v in headers if k == H_MQTT_TOPIC), None) or b""
+        if record_bytes(key or b"", value or b"", topic) > MAX_RECORD_BYTES:
+            out.add(i)
+    return out
+
+
+def _too_large(out: Out, row: SourceRow, stream: str) -> Out:
+    _, key, value, _ = out
+    value = value or b""
+    reason = f"record of {len(value)} value bytes > MAX_RECORD_BYTES {MAX_RECORD_BYTES}"
+    topic, key, _, headers = _dead_record(row, stream, reason)
+    return (topic, key, value[:DEAD_VALUE_MAX], headers)
 
 
 def _dead_record(row: SourceRow, stream: str | None, reason: str) -> Out:

@@ -3,10 +3,32 @@
 from __future__ import annotations
 
 import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from shorelink.contract import Record, canonical_topic, inbox_topic, ingress_topic
+from shorelink.contract import (
+    KAFKA_MAX_MESSAGE_BYTES,
+    MAX_RECORD_BYTES,
+    Record,
+    canonical_topic,
+    inbox_topic,
+    ingress_topic,
+    oversized_record,
+    record_bytes,
+)
 from shorelink.errors import ContractError
 from shorelink.identity import Identity
+from shorelink.wire import (
+    Batch,
+    Body,
+    WireError,
+    WireRecord,
+    decode_batch,
+    encode_batch,
+    frame_batch,
+)
+from shorelink.wire_body import build_body
 
 
 def test_record_headers_round_trip() -> None:
@@ -85,3 +107,73 @@ def test_topic_names() -> None:
     assert canonical_topic("containers") == "sl.containers"
     with pytest.raises(ContractError):
         ingress_topic("Bad.Name")
+
+
+# -- one record size limit, checked at every hop (MAX_RECORD_BYTES) -------------------------
+def _at(size: int, key: str = "c-17", topic: str = "bigblue/d1/containers/c-17/env") -> WireRecord:
+    """A record whose payload + key + topic bytes are exactly ``size``."""
+    return WireRecord(1, key, 1_700_000_000_000, topic, b"x" * (size - len(key) - len(topic)))
+
+
+def crafted_batch(origin: str, stream: str, records: tuple[WireRecord, ...]) -> bytes:
+    """A batch framed without :func:`encode_batch`'s checks, as a hostile ship could."""
+    flags, raw, decoded = build_body(records)
+    frame = zstandard.ZstdCompressor(level=3, write_content_size=True).compress(raw)
+    body = Body(flags, records[0].seq, len(records), len(raw), frame, decoded)
+    return frame_batch(origin, stream, body, 1)
+
+
+def test_a_record_at_the_limit_crosses_the_wire_and_one_byte_more_does_not() -> None:
+    """The wire format is where a ship's record meets the gateway: a record one byte over
+    the limit must be refused on both sides, so no hop downstream ever sees one."""
+    ok = Batch("ship1", "containers", (_at(MAX_RECORD_BYTES),))
+    assert decode_batch(encode_batch(ok)).records == ok.records
+    over = (_at(MAX_RECORD_BYTES + 1),)
+    with pytest.raises(WireError) as exc:
+        encode_batch(Batch("ship1", "containers", over))
+    assert exc.value.reason == "record_too_large"
+    with pytest.raises(WireError) as exc:
+        decode_batch(crafted_batch("ship1", "containers", over))
+    assert exc.value.reason == "record_too_large"
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    extra=st.integers(-3, 3),
+    key=st.text(min_size=1, max_size=40),
+    topic=st.text(min_size=1, max_size=80),
+    at=st.integers(0, 4),
+)
+def test_the_limit_counts_utf8_bytes_of_key_topic_and_payload(
+    extra: int, key: str, topic: str, at: int
+) -> None:
+    """Keys and topics are counted in UTF-8 bytes (what Kafka stores), wherever in a
+    batch the large record stands."""
+    k, t = len(key.encode()), len(topic.encode())
+    size = MAX_RECORD_BYTES + extra
+    big = WireRecord(1, key, 1, topic, b"y" * (size - k - t))
+    small = [WireRecord(1, "k", 1, "t", b"z")] * 5
+    recs = tuple(r._replace(seq=i + 1) for i, r in enumerate([*small[:at], big, *small[at + 1 :]]))
+    assert record_bytes(key, big.payload, topic) == size
+    assert (oversized_record(*_columns(recs)) is not None) == (size > MAX_RECORD_BYTES)
+    data = crafted_batch("ship1", "containers", recs)
+    if size > MAX_RECORD_BYTES:
+        with pytest.raises(WireError, match="record_too_large"):
+            decode_batch(data)
+    else:
+        assert decode_batch(data).records == recs
+
+
+def _columns(recs: tuple[WireRecord, ...]) -> tuple[list[str], list[bytes], list[str]]:
+    return [r.key for r in recs], [r.payload for r in recs], [r.topic for r in recs]
+
+
+def test_every_topic_and_producer_takes_a_record_at_the_limit() -> None:
+    """Kafka's own limits sit above the record limit at every hop (topics and producers
+    are made through these two helpers only)."""
+    from shorelink.topics import TopicSpec, producer_config
+
+    cfg = TopicSpec("t").new_topic().config
+    assert int(cfg["max.message.bytes"]) == KAFKA_MAX_MESSAGE_BYTES > MAX_RECORD_BYTES
+    conf = producer_config("x:1", {"transactional.id": "t"})
+    assert conf["message.max.bytes"] == KAFKA_MAX_MESSAGE_BYTES and conf["acks"] == "all"
