@@ -4,6 +4,11 @@ Every request that changes something is checked whole before anything is written
 credential, origin, stream, size, checksum, version, decompressed size, seq range. A
 refused request gets a 4xx with a JSON body ``{"error": code, "message": ...}`` and a
 counter; nothing is written. A batch is answered only after Kafka committed it.
+
+Memory is bounded globally: a batch holds ``len(body) + declared decoded size`` of
+``limits.max_inflight_bytes`` from the moment its body is in hand until its write is
+done; one that does not fit is answered ``503 busy`` with ``Retry-After`` (the ship
+retries later), and at most ``limits.max_uploads`` upload connections are open.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ _WIRE_STATUS = {
     "too_large": 413,
     "decompressed_too_large": 413,
     "too_many_records": 413,
+    "record_too_large": 413,
     "bad_seq_range": 422,
 }
 
@@ -49,6 +55,7 @@ class GatewayService:
         self.holdings = Holdings()
         self.metrics = GatewayMetrics()
         self.writer = KafkaWriter(cfg, on_commit=self.metrics.committed)
+        self.metrics.commit_retries.set_function(lambda: self.writer.retries)
         self.decoder = BatchDecoder(cfg.limits, workers=cfg.decode_workers)
         self.ledger = LedgerFollower(cfg.kafka_bootstrap, self.holdings)
         self.ready = asyncio.Event()
@@ -56,17 +63,29 @@ class GatewayService:
         self.uploads: set[web.WebSocketResponse] = set()
         #: seqs of each (ship, stream) admitted but not committed yet, one set per write
         self._inflight: dict[tuple[str, str], list[RangeSet]] = {}
+        #: why the gateway is not ready (starting, recovering its producer, fenced)
         self.startup_error: str | None = None
+        #: bytes of batches taken in and not written yet (limits.max_inflight_bytes)
+        self.inflight_bytes = 0
+        #: upload connections open or being opened (limits.max_uploads)
+        self.upload_slots = 0
+        self._recovering: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Create topics, restore holdings from the cursor, start the transactional
-        producer and the ledger follower; then the gateway is ready."""
+        """Create topics, start the transactional producer (its ``init_transactions``
+        fences an older gateway of this site), then restore holdings from the cursor,
+        and start the ledger follower; then the gateway is ready. The cursor is read
+        only after the fence: before it, an older gateway could still commit behind
+        the read, and its batches would be taken again."""
+        started = False
 
         def blocking() -> int:
+            nonlocal started
             self.writer.ensure_topics()
-            n = self.writer.restore(self.holdings)
-            self.writer.start()
-            return n
+            if not started:
+                self.writer.start()
+                started = True
+            return self.writer.restore(self.holdings)
 
         delay = 1.0
         while True:
@@ -90,6 +109,8 @@ class GatewayService:
         )
 
     async def stop(self) -> None:
+        if self._recovering is not None:
+            self._recovering.cancel()
         self.ledger.stop()
         await asyncio.to_thread(self.writer.close)
         await asyncio.to_thread(self.decoder.close)
@@ -179,11 +200,48 @@ class GatewayService:
             await asyncio.shield(done)
         except KafkaWriteError as exc:
             self.metrics.kafka_errors.inc()
-            if exc.fatal:
-                self.ready.clear()
-                self.metrics.ready.set(0)
+            if exc.fenced:
+                self._unready(str(exc))
+            elif exc.fatal:
+                self._recover()
             raise ApiError(503, "kafka_unavailable", str(exc)) from exc
         return self._reply(ship, batch, h, written)
+
+    def _unready(self, why: str) -> None:
+        self.startup_error = why
+        self.ready.clear()
+        self.metrics.ready.set(0)
+
+    def _recover(self) -> None:
+        """The producer is unusable (not fenced): stop accepting, re-create it
+        (``init_transactions`` settles the transaction it left) and re-read the cursor
+        (a commit whose outcome was unknown may have happened), then accept again."""
+        if self._recovering is not None and not self._recovering.done():
+            return
+        self._unready(f"recovering the Kafka producer: {self.writer.broken}")
+        self._recovering = asyncio.create_task(self._recovery(), name="kafka-recovery")
+
+    async def _recovery(self) -> None:
+        def blocking() -> None:
+            self.writer.reinit()
+            self.writer.restore(self.holdings)
+            self.writer.resume()
+
+        delay = 1.0
+        while not self.writer.fatal:
+            try:
+                await asyncio.to_thread(blocking)
+            except Exception as exc:
+                log.warning("event=kafka_recovery_retry error=%r retry_in=%.0fs", str(exc), delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30)
+                continue
+            self.startup_error = None
+            self.ready.set()
+            self.metrics.ready.set(1)
+            log.info("event=kafka_recovered site=%s", self.cfg.site)
+            return
+        self._unready(self.writer.fatal)
 
     def _reply(
         self, ship: str, batch: Batch, h: SourceHoldings, written: RangeSet
@@ -206,6 +264,7 @@ class GatewayService:
         names (None: the batch's own). Raises ApiError when the batch is refused."""
         cfg = self.cfg
         self.metrics.bytes_in.inc(len(body))
+        self.check_ready()
         try:
             header = peek_header(body, cfg.limits)
             if header.origin != ship:
@@ -221,16 +280,58 @@ class GatewayService:
                     f"batch is for stream {header.stream!r}, URL says {stream!r}",
                 )
             self.check_stream(header.stream)
-            batch = await self.decoder.decode(body)
         except WireError as exc:
             raise ApiError(_WIRE_STATUS.get(exc.reason, 400), exc.reason, str(exc)) from None
-        return self.admit(ship, batch)
+        cost = len(body) + header.raw_len
+        self.reserve(cost)
+        try:
+            try:
+                batch = await self.decoder.decode(body)
+            except WireError as exc:
+                raise ApiError(_WIRE_STATUS.get(exc.reason, 400), exc.reason, str(exc)) from None
+            answer = self.admit(ship, batch)
+        except BaseException:
+            self.release(cost)
+            raise
+        answer.add_done_callback(lambda _f: self.release(cost))
+        return answer
+
+    def check_ready(self) -> None:
+        """503 not_ready while starting, recovering the producer or fenced."""
+        if not self.ready.is_set():
+            raise ApiError(
+                503, "not_ready", f"gateway not ready: {self.startup_error or 'starting'}"
+            )
+
+    def has_room(self, nbytes: int) -> bool:
+        """Would ``nbytes`` more fit in ``limits.max_inflight_bytes``? (Always when
+        nothing is in progress, so a batch larger than the budget still goes.)"""
+        return self.inflight_bytes == 0 or (
+            self.inflight_bytes + nbytes <= self.cfg.max_inflight_bytes
+        )
+
+    def reserve(self, nbytes: int) -> None:
+        """Take ``nbytes`` of the memory budget, or raise 503 busy (retry later)."""
+        if not self.has_room(nbytes):
+            raise busy(
+                f"gateway busy: {self.inflight_bytes} bytes of batches in progress "
+                f"(limits.max_inflight_bytes {self.cfg.max_inflight_bytes}); retry later"
+            )
+        self.inflight_bytes += nbytes
+        self.metrics.inflight_bytes.set(self.inflight_bytes)
+
+    def release(self, nbytes: int) -> None:
+        self.inflight_bytes -= nbytes
+        self.metrics.inflight_bytes.set(self.inflight_bytes)
 
     def refused(self, exc: ApiError, route: str) -> None:
-        """Count and log a refused request or batch (409s are routine: not logged)."""
+        """Count and log a refused request or batch (409s are routine: not logged;
+        busy ones are counted, not logged)."""
         if exc.status == 409:
             return
         self.metrics.rejected.labels(exc.code).inc()
+        if exc.code == "busy":
+            return
         log.info(
             "event=request_refused route=%s status=%d error=%s message=%r",
             route,
@@ -246,6 +347,14 @@ class GatewayService:
                 "unknown_stream",
                 f"this site takes no stream {stream!r} (it takes {', '.join(self.cfg.streams)})",
             )
+
+
+#: seconds a busy gateway asks a client to wait (``Retry-After``)
+RETRY_AFTER_S = 1
+
+
+def busy(message: str) -> ApiError:
+    return ApiError(503, "busy", message, retry_after=RETRY_AFTER_S)
 
 
 # -- HTTP -----------------------------------------------------------------------------------
@@ -287,6 +396,8 @@ def _error_middleware(service: GatewayService) -> Any:
         except ApiError as exc:
             service.refused(exc, route)
             resp = _json_error(exc.status, exc.code, str(exc), **exc.extra)
+            if "retry_after" in exc.extra:
+                resp.headers["Retry-After"] = str(exc.extra["retry_after"])
         except web.HTTPRequestEntityTooLarge as exc:
             service.metrics.rejected.labels("too_large").inc()
             resp = _json_error(413, "too_large", str(exc.text))
@@ -342,10 +453,7 @@ def _authenticate(request: web.Request) -> str:
     service: GatewayService = request.app[SERVICE]
     ship = request.match_info["ship"]
     check_token(service, ship, bearer_token(request))
-    if not service.ready.is_set():
-        raise ApiError(
-            503, "not_ready", f"gateway not ready: {service.startup_error or 'starting'}"
-        )
+    service.check_ready()
     return ship
 
 
@@ -372,6 +480,8 @@ async def _batch(request: web.Request) -> web.Response:
             "too_large",
             f"batch of {request.content_length} bytes > {cfg.limits.max_compressed_bytes}",
         )
+    if not service.has_room(request.content_length or cfg.limits.max_compressed_bytes):
+        raise busy(f"gateway busy: {service.inflight_bytes} bytes of batches in progress")
     try:
         async with asyncio.timeout(cfg.body_timeout_s):
             body = await request.read()
@@ -386,4 +496,13 @@ async def _upload(request: web.Request) -> web.StreamResponse:
     service: GatewayService = request.app[SERVICE]
     ship = _authenticate(request)
     token = bearer_token(request)
-    return await serve_upload(service, request, ship, lambda: check_token(service, ship, token))
+    if service.upload_slots >= service.cfg.max_uploads:
+        raise busy(
+            f"gateway busy: {service.upload_slots} upload connections open "
+            f"(limits.max_uploads); retry later"
+        )
+    service.upload_slots += 1
+    try:
+        return await serve_upload(service, request, ship, lambda: check_token(service, ship, token))
+    finally:
+        service.upload_slots -= 1

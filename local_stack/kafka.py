@@ -42,7 +42,6 @@ share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 transaction.max.timeout.ms=900000
 log.retention.hours=168
-message.max.bytes=8388608
 """
 
 

@@ -12,12 +12,20 @@ import pytest
 from confluent_kafka import Producer
 
 from local_stack.kafka import KafkaBroker
-from shorelink.contract import H_SEQ, H_SITE, canonical_topic, dead_topic, ingress_topic
+from shorelink.contract import (
+    H_SEQ,
+    H_SITE,
+    MAX_RECORD_BYTES,
+    canonical_topic,
+    dead_topic,
+    ingress_topic,
+)
 from shorelink.kafka_io import read_to_end
 from shorelink.ranges import RangeSet
+from shorelink.topics import TopicSpec, ensure_topics, producer_config
 from spark_core.merge import DEAD_UNKNOWN_TOPIC, Merger, SourceRow, plan_batch, start_merge
 from spark_core.merge_batch import ArrowBatch, batch_frame
-from spark_core.merge_state import Headers, MergeState
+from spark_core.merge_state import DEAD_VALUE_MAX, Headers, MergeState
 from tests.conftest import unique
 from tests.spark_core.conftest import (
     assert_exactly_once,
@@ -298,3 +306,47 @@ def test_spark_vouching_never_changes_what_the_plan_decides(spark: Any) -> None:
     assert by_spark == by_python
     assert len(by_spark.canonical) == 10 and len(by_spark.dead) == 14
     assert by_spark.duplicates == 1
+
+
+def test_plan_dead_letters_a_record_over_the_size_limit_and_writes_the_rest() -> None:
+    """A record over MAX_RECORD_BYTES (a writer that skipped the gateway) must not fail
+    the transaction on every replay, which would stop the site's merge for good."""
+    t = ingress_topic("nav")
+    big = record("a", "nav", 2, value=b"v" * (MAX_RECORD_BYTES + 1))
+    rows = [_row(t, 0, "a", "nav", 1), SourceRow(t, 0, 1, big.key, big.value, big.headers())]
+    rows.append(_row(t, 2, "a", "nav", 3))
+    plan = plan_batch(rows, MergeState())
+    assert [int(dict(h)[H_SEQ]) for _, _, _, h in plan.canonical] == [1, 3]
+    ((topic, _, value, headers),) = plan.dead
+    assert topic == dead_topic("nav") and len(value or b"") == DEAD_VALUE_MAX
+    assert b"MAX_RECORD_BYTES" in dict(headers)["sl.dead.reason"]
+    assert str(plan.ledger[("a", "nav")]) == "1,3"  # seq 2 is not held: the audit shows it
+
+
+@pytest.mark.spark
+def test_a_record_at_the_limit_is_merged_and_one_over_is_dead_lettered(
+    spark: Any, kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """Every hop of the site takes a record at the limit: the ingress topic, Spark's
+    source, the merge's producer and the canonical topic."""
+    b = kafka.bootstrap
+    s = unique("s")
+    ensure_topics(b, [TopicSpec(ingress_topic(s), partitions=1)])  # as the gateway makes it
+    site, _ = make_site(b, tmp_path, [s])
+    topic = f"ship/ship1/{s}"
+    at_limit = record("ship1", s, 1, value=b"a" * (MAX_RECORD_BYTES - 2 - len(topic)))
+    over = record("ship1", s, 2, value=b"o" * (MAX_RECORD_BYTES + 10))
+    p = Producer(producer_config(b))
+    for r in (at_limit, over, record("ship1", s, 3)):
+        p.produce(ingress_topic(s), key=r.key, value=r.value, headers=r.headers())
+    assert p.flush(20) == 0
+    merger = Merger(site)
+    q = start_merge(spark, merger, available_now=True)
+    q.awaitTermination(120)
+    assert q.exception() is None
+    got = canonical(b, s)
+    assert [r.identity.seq for r in got] == [1, 3]
+    assert got[0].value == at_limit.value
+    (dead,) = list(read_to_end(b, [dead_topic(s)]))
+    assert len(dead.value() or b"") == DEAD_VALUE_MAX
+    merger.close()
