@@ -50,6 +50,13 @@ __all__ = ["Ingest"]
 
 log = logging.getLogger(__name__)
 
+#: after an unexpected commit error, how often a message is tried alone before it is
+#: quarantined as ``commit_error``
+ISOLATE_ATTEMPTS = 3
+#: a message that can be neither committed nor quarantined for this long makes
+#: :meth:`Ingest.healthy` false (the systemd watchdog then restarts the agent)
+STUCK_AFTER_S = 60.0
+
 
 @dataclass(frozen=True, slots=True)
 class _Received:
@@ -110,15 +117,28 @@ class Ingest:
         self.committed = asyncio.Event()
         #: monotonic time the commit loop last went round (for the systemd watchdog)
         self.heartbeat = time.monotonic()
+        #: monotonic time since which a group has failed with an unexpected error and
+        #: none of its messages could be committed or quarantined (None: not stuck)
+        self.stuck_since: float | None = None
+        self._committer: asyncio.Task[None] | None = None
         self._limited = RateLimitedLog(log)
 
-    def healthy(self, max_age: float = 10.0) -> bool:
-        return time.monotonic() - self.heartbeat < max_age
+    def healthy(self, max_age: float = 10.0, max_stuck: float = STUCK_AFTER_S) -> bool:
+        """False when ingest cannot make progress and a restart may help: the commit
+        task is gone, its loop has not gone round for ``max_age`` seconds, or a message
+        has waited ``max_stuck`` seconds while commits keep failing unexpectedly. (A
+        full disk is not "stuck": restarting cannot free it; ``log_full`` says so.)"""
+        now = time.monotonic()
+        if self._committer is not None and self._committer.done():
+            return False
+        if self.stuck_since is not None and now - self.stuck_since > max_stuck:
+            return False
+        return now - self.heartbeat < max_age
 
     async def run(self, stop: asyncio.Event) -> None:
         """Receive and commit until ``stop`` is set; then commit and acknowledge what
         was received, and disconnect."""
-        committer = asyncio.create_task(self._commit_loop(), name="commit")
+        committer = self._committer = asyncio.create_task(self._commit_loop(), name="commit")
         try:
             await self._connection_loop(stop)
         finally:
@@ -263,21 +283,100 @@ class Ingest:
                 while len(batch) < max_n and not q.empty():
                     batch.append(q.get_nowait())
                 await self._process(batch)
+            except Exception:  # the commit loop must never die quietly
+                # _process contains its own errors; this is the last line of defence.
+                self.metrics.ingest_errors.inc()
+                log.exception("event=commit_loop_error")
             finally:
                 self._idle.set()
 
     async def _process(self, batch: list[_Received]) -> None:
+        try:
+            done = await self._commit_group(batch)
+        except Exception as exc:  # nothing of the group was stored
+            self.metrics.ingest_errors.inc()
+            self._limited.warning(
+                "commit_unexpected",
+                "event=commit_unexpected_error messages=%d error=%r retry=one_by_one",
+                len(batch),
+                repr(exc),
+            )
+            log.debug("event=commit_unexpected_error", exc_info=True)
+            await self._isolate(batch)
+            return
+        if done:
+            self.stuck_since = None
+
+    async def _commit_group(self, batch: list[_Received]) -> bool:
+        """Commit ``batch`` and acknowledge it; False if stopping before the log took
+        it. Raises only if nothing was stored (then retrying cannot double anything)."""
         incoming, quarantined = self._prepare(batch)
         t0 = time.monotonic()
         result = await self._commit_with_retry(incoming, quarantined)
         if result is None:
-            return  # stopping while the log could not be written: nothing is acknowledged
-        self.metrics.commit_seconds.observe(time.monotonic() - t0)
-        self.metrics.batch_size.observe(len(batch))
-        self._acknowledge(batch)
-        self.metrics.observe_commit(incoming, result)
-        if any(seq for seq in result.seqs):
-            self.committed.set()
+            return False  # stopping while the log could not be written: nothing is acknowledged
+        try:
+            self.metrics.commit_seconds.observe(time.monotonic() - t0)
+            self.metrics.batch_size.observe(len(batch))
+            self._acknowledge(batch)
+            self.metrics.observe_commit(incoming, result)
+            if any(seq for seq in result.seqs):
+                self.committed.set()
+        except Exception:  # committed: must not be retried
+            self.metrics.ingest_errors.inc()
+            log.exception("event=after_commit_error")
+        return True
+
+    async def _isolate(self, batch: list[_Received]) -> None:
+        """After a group failed unexpectedly: commit its messages one by one, so one
+        poisonous message cannot hold back the others. A message that fails
+        ``ISOLATE_ATTEMPTS`` times alone is quarantined (``commit_error``) and
+        acknowledged. If even that fails, keep trying (nothing is acknowledged, the
+        broker keeps the messages) and let :meth:`healthy` report it."""
+        if self.stuck_since is None:
+            self.stuck_since = time.monotonic()
+        for r in batch:
+            delay = 0.1
+            attempt = 0
+            while True:
+                attempt += 1
+                try:
+                    if attempt <= ISOLATE_ATTEMPTS:
+                        if not await self._commit_group([r]):
+                            return
+                    else:
+                        await self._quarantine_alone(r)
+                    break
+                except Exception as exc:
+                    self.metrics.ingest_errors.inc()
+                    self._limited.warning(
+                        "commit_isolated",
+                        "event=commit_unexpected_error mid=%d attempt=%d error=%r",
+                        r.msg.mid,
+                        attempt,
+                        repr(exc),
+                    )
+                    if self._stopping.is_set():
+                        return
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    self.heartbeat = time.monotonic()
+        self.stuck_since = None
+
+    async def _quarantine_alone(self, r: _Received) -> None:
+        raw_topic: bytes = r.msg._topic
+        payload = bytes(r.msg.payload)
+        q = Quarantined(
+            r.recv_ms, raw_topic, "commit_error", "the log refused it repeatedly", payload
+        )
+        self.log.commit([], [q])
+        self.metrics.quarantined.labels("commit_error").inc()
+        log.error(
+            "event=message_quarantined reason=commit_error topic=%r payload_len=%d",
+            raw_topic[:200],
+            len(payload),
+        )
+        self._acknowledge([r])
 
     def _prepare(self, batch: list[_Received]) -> tuple[list[Incoming], list[Quarantined]]:
         incoming: list[Incoming] = []
@@ -297,7 +396,13 @@ class Ingest:
                     raise UnusableMessage(
                         "oversized", f"{len(payload)} bytes > max_payload_bytes {max_payload}"
                     )
-                mapped = map_message(self.cfg.rules, topic, payload, r.recv_ms)
+                try:
+                    mapped = map_message(self.cfg.rules, topic, payload, r.recv_ms)
+                except UnusableMessage:
+                    raise
+                except Exception as exc:  # no payload may stop ingest
+                    log.error("event=mapping_error topic=%r", topic[:200], exc_info=True)
+                    raise UnusableMessage("mapping_error", repr(exc)[:300]) from exc
             except UnusableMessage as exc:
                 quarantined.append(Quarantined(r.recv_ms, raw_topic, exc.reason, str(exc), payload))
                 self.metrics.quarantined.labels(exc.reason).inc()
@@ -308,6 +413,14 @@ class Ingest:
                     str(exc),
                 )
                 continue
+            if mapped.ts_problem is not None:
+                self.metrics.event_time_unusable.labels(mapped.ts_problem).inc()
+                self._limited.warning(
+                    f"event_time:{mapped.ts_problem}",
+                    "event=event_time_unusable reason=%s topic=%s: stored with receive time",
+                    mapped.ts_problem,
+                    topic,
+                )
             incoming.append(
                 Incoming(
                     mapped.stream,

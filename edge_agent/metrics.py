@@ -48,6 +48,19 @@ class EdgeMetrics:
         self.over_budget = Counter(
             p + "alerts_over_budget", "Alerts accepted beyond the log budget", registry=r
         )
+        self.event_time_unusable = Counter(
+            p + "event_time_unusable",
+            "Records stored with their receive time because the payload's event time was"
+            " missing, not a time or outside 1970..2200",
+            ["reason"],
+            registry=r,
+        )
+        self.ingest_errors = Counter(
+            p + "ingest_errors",
+            "Unexpected errors committing a group (the group is retried message by message;"
+            " a message that keeps failing is quarantined as commit_error)",
+            registry=r,
+        )
         self.log_errors = Counter(
             p + "log_errors", "Failed log commits (retried; nothing acknowledged)", registry=r
         )

@@ -7,11 +7,17 @@ A rule has an MQTT topic ``filter`` (``+`` one level, ``#`` the rest), a ``strea
 ``ts_field``: the JSON field (dotted path) of the payload holding the event time (epoch
 seconds or milliseconds, or ISO 8601). Without it, or when the payload lacks it, the
 event time is the receive time. The first rule that matches a topic wins.
+
+An event time that is missing, not a time, or outside 1970..2200 (NaN, Infinity, 1e308,
+a date in year 9999) is replaced by the receive time and the reason is reported in
+:attr:`Mapped.ts_problem` (ingest counts it): the record is kept, its time is the one
+the ship can vouch for.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -92,25 +98,59 @@ class Mapped:
     stream: str
     key: str
     ts_ms: int
+    #: why the payload's event time was not used (the receive time was), if it was not
+    ts_problem: str | None = None
 
 
-def _event_time(payload: bytes, path: str) -> int | None:
+#: event times outside [1970, 2200) are not trusted: the record gets its receive time
+MIN_EVENT_MS = 0
+MAX_EVENT_MS = 7_258_118_400_000  # 2200-01-01T00:00Z
+
+
+def _event_time(payload: bytes, path: str) -> tuple[int | None, str | None]:
+    """(event time in ms, None), or (None, why it is unusable).
+
+    Whatever a sensor publishes must not escape from here: NaN, Infinity, 1e308,
+    integers of thousands of digits, JSON nested beyond the parser's recursion limit,
+    dates Python's datetime cannot represent are all "unusable", never an exception."""
     try:
         doc: Any = json.loads(payload)
+    except RecursionError:
+        return None, "too_deep"
+    except ValueError:  # also UnicodeDecodeError, and ints beyond int_max_str_digits
+        return None, "not_json"
+    try:
         for part in path.split("."):
             doc = doc[part]
-    except (ValueError, KeyError, TypeError, IndexError):
-        return None
+    except (KeyError, TypeError, IndexError):
+        return None, "missing"
+    try:
+        ms = _as_ms(doc)
+    except (ValueError, OverflowError, OSError):
+        return None, "out_of_range"
+    if ms is None:
+        return None, "not_a_time"
+    if not MIN_EVENT_MS <= ms < MAX_EVENT_MS:
+        return None, "out_of_range"
+    return ms, None
+
+
+def _as_ms(doc: Any) -> int | None:
     if isinstance(doc, bool):
         return None
+    if isinstance(doc, float) and not math.isfinite(doc):
+        raise ValueError("not a finite number")
     if isinstance(doc, int | float):
+        if abs(doc) > 1e16:  # beyond any plausible ms; int() of 1e308 is a 300-digit int
+            raise OverflowError("too large")
         # seconds or milliseconds: 1e11 ms is 1973, 1e11 s is year 5138
         return int(doc) if doc > 1e11 else int(doc * 1000)
     if isinstance(doc, str):
         try:
-            return int(datetime.fromisoformat(doc.replace("Z", "+00:00")).timestamp() * 1000)
+            dt = datetime.fromisoformat(doc.replace("Z", "+00:00"))
         except ValueError:
             return None
+        return int(dt.timestamp() * 1000)
     return None
 
 
@@ -118,6 +158,9 @@ def map_message(rules: tuple[Rule, ...], topic: str, payload: bytes, recv_ms: in
     """The stream, key and event time of a message; raises :class:`UnusableMessage`."""
     for rule in rules:
         if rule.matches(topic):
-            ts = _event_time(payload, rule.ts_field) if rule.ts_field else None
-            return Mapped(rule.stream, rule.key_for(topic), ts if ts is not None else recv_ms)
+            key = rule.key_for(topic)
+            if not rule.ts_field:
+                return Mapped(rule.stream, key, recv_ms)
+            ts, problem = _event_time(payload, rule.ts_field)
+            return Mapped(rule.stream, key, recv_ms if ts is None else ts, problem)
     raise UnusableMessage("unmapped_topic", f"no rule maps topic {topic!r}")

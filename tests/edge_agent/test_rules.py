@@ -3,10 +3,16 @@ container's history over partitions."""
 
 from __future__ import annotations
 
-import pytest
+import json
+from pathlib import Path
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edge_agent.config import load_config
 from edge_agent.errors import UnusableMessage
-from edge_agent.rules import Rule, map_message
+from edge_agent.rules import MAX_EVENT_MS, MIN_EVENT_MS, Rule, map_message
 from shorelink.config import Section
 from shorelink.errors import ConfigError
 
@@ -82,3 +88,87 @@ def test_key_level_beyond_topic_is_unusable_not_a_crash() -> None:
 def test_bad_filters_are_config_errors(flt: str) -> None:
     with pytest.raises(ConfigError, match=r"rules\[0\]\.filter"):
         _rule(filter=flt, stream="nav")
+
+
+# -- hostile payloads: whatever a sensor publishes, mapping answers ----------------------
+
+SAMPLE = load_config(Path(__file__).resolve().parents[2] / "deploy" / "edge" / "edge.toml")
+
+_json_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**400), max_value=10**400),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([1e19, 1e308, -1e308, 1e11, 1e16, 2**63, -(2**63) - 1, 7258118400]),
+    st.text(max_size=30),
+    st.sampled_from(["9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00+14:00", "2200-01-01Z"]),
+)
+_json = st.recursive(
+    _json_leaf,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=12,
+)
+
+
+def _encode(doc: object) -> bytes:
+    # json.dumps writes NaN/Infinity as the non-standard tokens json.loads accepts
+    return json.dumps(doc).encode()
+
+
+_payloads = st.one_of(
+    st.binary(max_size=300),
+    _json.map(_encode),
+    _json.map(lambda v: _encode({"ts": v})),
+    _json_leaf.map(lambda v: _encode({"ts": v, "t": 4.5})),
+    st.integers(min_value=1, max_value=200_000).map(lambda n: b'{"ts": ' + b"[" * n),
+    st.integers(min_value=1, max_value=200_000).map(lambda n: b"[" * n + b"]" * n),
+    st.sampled_from([b'{"ts": NaN}', b'{"ts": Infinity}', b'{"ts": -Infinity}', b'{"ts": 1e308}']),
+)
+
+
+def _topic_for(rule: Rule, level: str) -> str:
+    return "/".join(level if part == "+" else part for part in rule.filter.split("/"))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    rule=st.sampled_from(SAMPLE.rules),
+    level=st.text(st.characters(blacklist_characters="/+#\0"), min_size=1, max_size=12),
+    payload=_payloads,
+)
+def test_no_payload_escapes_mapping_and_event_times_stay_in_1970_to_2200(
+    rule: Rule, level: str, payload: bytes
+) -> None:
+    """One bad event time used to kill the commit task (NaN, Infinity, 1e308, deep
+    nesting): mapping must answer for every payload, with a time SQLite can store."""
+    recv_ms = 1_700_000_000_000
+    m = map_message(SAMPLE.rules, _topic_for(rule, level), payload, recv_ms)
+    assert m.stream == rule.stream
+    assert MIN_EVENT_MS <= m.ts_ms < MAX_EVENT_MS
+    if m.ts_problem is not None:
+        assert m.ts_ms == recv_ms and m.ts_problem in {
+            "not_json", "missing", "not_a_time", "out_of_range", "too_deep",
+        }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("payload", "problem"),
+    [
+        (b'{"ts": NaN}', "out_of_range"),
+        (b'{"ts": Infinity}', "out_of_range"),
+        (b'{"ts": 1e19}', "out_of_range"),
+        (b'{"ts": 1e308}', "out_of_range"),
+        (b'{"ts": ' + b"9" * 400 + b"}", "out_of_range"),
+        (b'{"ts": ' + b"9" * 5000 + b"}", "not_json"),
+        (b'{"ts": -5}', "out_of_range"),
+        (b'{"ts": "9999-12-31T23:59:59-23:59"}', "out_of_range"),
+        (b'{"ts": "2201-01-01T00:00:00Z"}', "out_of_range"),
+        (b"[" * 100_000 + b"]" * 100_000, "too_deep"),
+        (b'{"t": 4}', "missing"),
+        (b'{"ts": true}', "not_a_time"),
+    ],
+)
+def test_unusable_event_time_means_receive_time_and_says_why(payload: bytes, problem: str) -> None:
+    rule = _rule(filter="#", stream="containers", ts_field="ts")
+    m = map_message((rule,), "x", payload, 7)
+    assert (m.ts_ms, m.ts_problem) == (7, problem)
