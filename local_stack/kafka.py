@@ -90,14 +90,19 @@ def start_kafka(
     port: int | None = None,
     heap: str = "512m",
     wait: bool = True,
+    properties: dict[str, str] | None = None,
 ) -> KafkaBroker:
-    """Format (first time only) and start a broker for ``site`` under ``root``."""
+    """Format (first time only) and start a broker for ``site`` under ``root``;
+    ``properties`` add to (or override) the broker's server.properties."""
     port = port or free_port(HOST)
     cport = free_port(HOST)
     data = root / "data"
     root.mkdir(parents=True, exist_ok=True)
     props = root / "server.properties"
-    props.write_text(SERVER_PROPERTIES.format(host=HOST, port=port, cport=cport, data=data))
+    extra = "".join(f"{k}={v}\n" for k, v in (properties or {}).items())
+    props.write_text(
+        SERVER_PROPERTIES.format(host=HOST, port=port, cport=cport, data=data) + extra
+    )
     site_logs = logs / f"kafka-{site}"
     site_logs.mkdir(parents=True, exist_ok=True)
     if not (data / "meta.properties").exists():

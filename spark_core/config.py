@@ -36,6 +36,9 @@ class MergeConfig:
     max_offsets_per_trigger: int = 100_000
     #: fail the query when ingress records vanished before the merge read them
     fail_on_data_loss: bool = True
+    #: delete from ``sl.ingress.*``/``sl.inbox.*`` what the merge committed past
+    #: (spark_core/purge.py); off only if something else must read those topics later
+    purge_sources: bool = True
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,7 @@ def _merge(sec: Section, site: str) -> MergeConfig:
             "max_offsets_per_trigger", d.max_offsets_per_trigger, min=1
         ),
         fail_on_data_loss=sec.flag("fail_on_data_loss", d.fail_on_data_loss),
+        purge_sources=sec.flag("purge_sources", d.purge_sources),
     )
     sec.done()
     return cfg

@@ -1,0 +1,80 @@
+"""Deleting from the merge's source topics what the merge has committed past.
+
+``sl.ingress.<stream>`` has no time retention (core_gateway/writer.py): what a gateway
+told a ship it holds must stay in Kafka until it is in the canonical topic, however long
+the merge is stopped. The merge frees it instead: after each batch it deletes
+(``DeleteRecords``, the admin API) every record of ``sl.ingress.*`` and ``sl.inbox.*``
+below the offsets the batch *before* it committed in ``sl.merge.marker``.
+
+Why one batch behind: Spark re-reads a batch from its start offsets if the driver dies
+after the Kafka transaction committed but before Spark logged the batch as done (the
+replay the merge recognises by its batch id). Once batch N+1 runs, Spark has logged batch
+N, so nothing below N's end offsets is read again: not by a replay, not after a lost
+checkpoint (the query then starts from the earliest offset still there, and the marker
+skips what was handled). A replayed batch purges nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from concurrent.futures import Future
+from functools import partial
+
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from shorelink.logs import RateLimitedLog
+from spark_core.merge_state import topic_stream
+
+__all__ = ["SourcePurger"]
+
+log = logging.getLogger(__name__)
+
+
+class SourcePurger:
+    def __init__(self, bootstrap: str, *, timeout: float = 30.0) -> None:
+        self._admin = AdminClient({"bootstrap.servers": bootstrap})
+        self._timeout = timeout
+        #: per source partition, the offset below which deletion was last requested
+        self._purged: dict[tuple[str, int], int] = {}
+        self._limited = RateLimitedLog(log)
+        #: records of the source topics deleted so far (by offset arithmetic)
+        self.requested = 0
+        self.failures = 0
+
+    def purge(self, committed: Mapping[tuple[str, int], int]) -> int:
+        """Delete records below ``committed`` (next offset not handled, per source
+        partition) where that moved on; returns how many partitions were asked. Does not
+        wait: a failure is logged and counted, and the next batch asks again."""
+        todo = [
+            TopicPartition(topic, part, off)
+            for (topic, part), off in committed.items()
+            if off > self._purged.get((topic, part), 0) and topic_stream(topic) is not None
+        ]
+        if not todo:
+            return 0
+        try:
+            futures = self._admin.delete_records(todo, request_timeout=self._timeout)
+        except (KafkaException, ValueError) as exc:
+            self._failed("request", exc)
+            return 0
+        for tp in todo:
+            key = (tp.topic, tp.partition)
+            self.requested += tp.offset - self._purged.get(key, 0)
+            self._purged[key] = tp.offset
+        for tp, fut in futures.items():
+            fut.add_done_callback(partial(self._done, tp))
+        return len(todo)
+
+    def _done(self, tp: TopicPartition, fut: Future[object]) -> None:
+        exc = fut.exception()
+        if exc is not None:
+            self._purged.pop((tp.topic, tp.partition), None)  # ask again next time
+            self._failed(f"{tp.topic}/{tp.partition}", exc)
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        self.failures += 1
+        self._limited.warning(
+            "merge_purge", "event=merge_purge_failed what=%s error=%r", what, str(exc)
+        )
