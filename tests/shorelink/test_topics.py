@@ -1,0 +1,54 @@
+"""Topics are made with the site's durability and the size limit of every hop: a
+production cluster gets 3 replicas and min.insync.replicas 2 without a setting, a
+one-broker stack what it can hold, and a setting the cluster cannot meet is a clear
+error instead of a topic that silently holds less."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from local_stack.kafka import KafkaBroker
+from shorelink.config import Section
+from shorelink.contract import KAFKA_MAX_MESSAGE_BYTES
+from shorelink.errors import ConfigError
+from shorelink.topics import Durability, TopicError, TopicSpec, ensure_topics
+from tests.conftest import unique
+
+
+@pytest.mark.parametrize(
+    ("durability", "brokers", "expected"),
+    [
+        (Durability(), 1, (1, 1)),
+        (Durability(), 2, (2, 2)),
+        (Durability(), 3, (3, 2)),
+        (Durability(), 9, (3, 2)),
+        (Durability(2, None), 5, (2, 2)),
+        (Durability(5, 3), 5, (5, 3)),
+    ],
+)
+def test_durability_defaults_to_production_as_far_as_the_cluster_allows(
+    durability: Durability, brokers: int, expected: tuple[int, int]
+) -> None:
+    assert durability.resolve(brokers) == expected
+
+
+def test_durability_the_cluster_cannot_hold_is_an_error() -> None:
+    with pytest.raises(TopicError, match="replication_factor 3 > the 1 broker"):
+        Durability(3).resolve(1)
+    with pytest.raises(ConfigError, match="min_insync_replicas"):
+        Durability.from_section(Section({"replication_factor": 2, "min_insync_replicas": 3}))
+    assert Durability.from_section(Section({})) == Durability()
+
+
+def test_topics_carry_the_size_limit_and_min_insync(kafka: KafkaBroker) -> None:
+    topic = unique("t")
+    assert ensure_topics(kafka.bootstrap, [TopicSpec(topic, retention_ms=-1)]) == [topic]
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    (fut,) = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)]).values()
+    cfg = {k: v.value for k, v in fut.result(timeout=10).items()}
+    assert cfg["max.message.bytes"] == str(KAFKA_MAX_MESSAGE_BYTES)
+    assert cfg["min.insync.replicas"] == "1"
+    assert cfg["retention.ms"] == "-1"
+    with pytest.raises(TopicError, match="broker"):
+        ensure_topics(kafka.bootstrap, [TopicSpec(unique("t"))], durability=Durability(3))
