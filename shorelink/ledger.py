@@ -13,7 +13,18 @@ from shorelink.errors import ContractError
 from shorelink.identity import check_name
 from shorelink.ranges import RangeSet
 
-__all__ = ["decode_entry", "encode_entry", "ledger_key"]
+__all__ = ["MAX_HOLDINGS_RANGES", "decode_entry", "encode_entry", "ledger_key"]
+
+#: The most ranges one ``(origin, stream)``'s holdings may have, anywhere (the ledger,
+#: the gateway's cursor, its abandoned seqs): every value written per batch stays under
+#: about 250 KB (a range is at most ~24 characters of text), far below
+#: :data:`~shorelink.contract.MAX_RECORD_BYTES`, and every range operation per batch
+#: stays in milliseconds. Holes come from seqs a ship abandoned (one range per episode of
+#: dropping on board) and from arrival order; a gateway refuses a batch that would
+#: abandon past the bound (422 ``too_many_holes``), and the merge dead-letters a record
+#: that would split a full entry once more (only a writer that skipped the gateway can
+#: send one).
+MAX_HOLDINGS_RANGES = 10_000
 
 
 def ledger_key(origin: str, stream: str) -> bytes:

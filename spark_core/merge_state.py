@@ -31,7 +31,7 @@ from shorelink.contract import (
 from shorelink.errors import ContractError, ShorelinkError
 from shorelink.identity import check_name
 from shorelink.kafka_io import read_to_end
-from shorelink.ledger import decode_entry
+from shorelink.ledger import MAX_HOLDINGS_RANGES, decode_entry
 from shorelink.ranges import RangeSet
 
 __all__ = [
@@ -337,9 +337,15 @@ def _order_new(
     i = 0
     for source, seqs in sources:
         held = state.held_for(source).copy()
+        # each new seq adds at most one range: only a source near the bound is checked
+        bounded = len(held) + len(seqs) > MAX_HOLDINGS_RANGES
         for seq in seqs:
             if i in big:
                 plan.dead.append(_too_large(records[i], b.row(order[i]), source[1]))
+            elif bounded and _splits(held, seq) and len(held) >= MAX_HOLDINGS_RANGES:
+                big.add(i)  # (not written either)
+                reason = f"{source[0]}/{source[1]} holds {len(held)} ranges already"
+                plan.dead.append(_dead_record(b.row(order[i]), source[1], reason))
             else:
                 held.add(seq)
             i += 1
@@ -347,6 +353,11 @@ def _order_new(
         if held != state.held_for(source):
             plan.ledger[source] = held
     plan.canonical = [r for j, r in enumerate(records) if j not in big] if big else records
+
+
+def _splits(held: RangeSet, seq: int) -> bool:
+    """Would adding ``seq`` make one more range (it touches none)?"""
+    return seq - 1 not in held and seq + 1 not in held
 
 
 def _oversized(records: list[Out]) -> set[int]:

@@ -21,6 +21,7 @@ from shorelink.contract import (
     ingress_topic,
 )
 from shorelink.kafka_io import read_to_end
+from shorelink.ledger import MAX_HOLDINGS_RANGES
 from shorelink.ranges import RangeSet
 from shorelink.topics import TopicSpec, ensure_topics, producer_config
 from spark_core.merge import DEAD_UNKNOWN_TOPIC, Merger, SourceRow, plan_batch, start_merge
@@ -350,3 +351,22 @@ def test_a_record_at_the_limit_is_merged_and_one_over_is_dead_lettered(
     (dead,) = list(read_to_end(b, [dead_topic(s)]))
     assert len(dead.value() or b"") == DEAD_VALUE_MAX
     merger.close()
+
+
+def test_plan_keeps_a_ledger_entry_within_the_range_bound() -> None:
+    """A ledger value is rewritten with every batch and must fit one Kafka record: a
+    record that would split an entry already at MAX_HOLDINGS_RANGES is dead-lettered,
+    one that extends a range is written."""
+    t = ingress_topic("nav")
+    full = RangeSet((3 * i + 1, 3 * i + 1) for i in range(MAX_HOLDINGS_RANGES))  # 1,4,7,...
+    assert len(full) == MAX_HOLDINGS_RANGES
+    top = 3 * MAX_HOLDINGS_RANGES
+    state = MergeState(held={("a", "nav"): full})
+    seqs = [2, top + 5, top + 7, 3 * 7 + 2, top - 2 + 1]  # extends, splits, splits, extends, extends
+    rows = [_row(t, i, "a", "nav", s) for i, s in enumerate(seqs)]
+    plan = plan_batch(rows, state)
+    written = sorted(int(dict(h)[H_SEQ]) for _, _, _, h in plan.canonical)
+    assert written == [2, 23, top - 1]
+    assert len(plan.dead) == 2
+    assert all(b"ranges already" in dict(h)["sl.dead.reason"] for _, _, _, h in plan.dead)
+    assert len(plan.ledger[("a", "nav")]) == MAX_HOLDINGS_RANGES
