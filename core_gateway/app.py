@@ -30,6 +30,7 @@ from core_gateway.ledger import LedgerFollower
 from core_gateway.metrics import GatewayMetrics
 from core_gateway.upload import close_uploads, serve_upload
 from core_gateway.writer import KafkaWriter, Write
+from shorelink.ledger import MAX_HOLDINGS_RANGES
 from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, WireError, peek_header
 
@@ -157,6 +158,17 @@ class GatewayService:
         if batch.first_available - 1 > end:
             # the ship no longer has these (dropped on board by policy): they can never
             # arrive, so the site stops waiting for them
+            if len(h.abandoned) >= MAX_HOLDINGS_RANGES:
+                # each abandonment is a hole in what the site writes, and every hole is
+                # rewritten with every batch (cursor, ledger): a ship that keeps
+                # abandoning (hostile, or broken) must not grow them without bound
+                raise ApiError(
+                    422,
+                    "too_many_holes",
+                    f"{ship}/{stream} already has {len(h.abandoned)} abandoned ranges (the"
+                    f" most is {MAX_HOLDINGS_RANGES}); send seqs from {end + 1}",
+                    held=str(h.held()),
+                )
             abandoned.add_range(end + 1, batch.first_available - 1)
         self.metrics.skipped.labels(stream).inc(batch.count - len(new))
         if not new and not abandoned:

@@ -4,6 +4,8 @@ the ship-credential tools."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import logging
 import signal
 import ssl
 from pathlib import Path
@@ -19,6 +21,8 @@ from shorelink.logs import configure_logging
 __all__ = ["main"]
 
 CONFIG = config_option("Gateway", "SHORELINK_GATEWAY_CONFIG")
+
+log = logging.getLogger(__name__)
 
 
 def _load(path: Path) -> GatewayConfig:
@@ -81,28 +85,43 @@ async def serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
     starter = asyncio.create_task(service.start())
-    import logging
-
-    logging.getLogger(__name__).info(
+    log.info(
         "event=gateway_listening site=%s address=%s:%d tls=%s",
         cfg.site,
         cfg.host,
         cfg.port,
         bool(ctx),
     )
+    if ctx is None and not is_loopback(cfg.host):
+        log.warning(
+            "event=plaintext_listen address=%s:%d message=%r",
+            cfg.host,
+            cfg.port,
+            "SERVING WITHOUT TLS on a non-loopback address: ships' bearer tokens and "
+            "data cross the network in clear text. Set listen.tls_cert_file and "
+            "listen.tls_key_file, or listen on 127.0.0.1 behind a TLS proxy.",
+        )
     if started is not None:
         started.set()
     try:
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), 1)
-            except TimeoutError:
-                if service.writer.fatal:
-                    raise ShorelinkError(f"stopping: {service.writer.fatal}") from None
+        # a fenced gateway keeps running, unready (503 not_ready, /readyz says why):
+        # exiting would let a supervisor restart it, and its restart would fence the
+        # gateway that took over, which would do the same: a fencing loop
+        await stop.wait()
     finally:
         starter.cancel()
         await runner.cleanup()
         await service.stop()
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost (an address only this machine reaches)."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @main.group()

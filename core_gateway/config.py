@@ -92,9 +92,7 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayCo
     )
     inflight = lim.size("max_inflight_bytes", d.max_inflight_bytes)
     if inflight < limits.max_compressed_bytes:
-        raise ConfigError(
-            "limits.max_inflight_bytes", "must be at least limits.max_batch_bytes"
-        )
+        raise ConfigError("limits.max_inflight_bytes", "must be at least limits.max_batch_bytes")
     max_uploads = lim.integer("max_uploads", d.max_uploads, min=1, max=100_000)
     lim.done()
     streams = tuple(_name("streams", "stream", s) for s in top.strings("streams"))

@@ -24,11 +24,14 @@ class ApiError(GatewayError):
 
 
 class KafkaWriteError(GatewayError):
-    """Kafka did not take a batch; nothing of it is visible (the transaction aborted).
-    ``fatal`` means this gateway was fenced or its producer is unusable: it must stop."""
+    """Kafka did not take a batch (the transaction aborted, or its outcome is unknown:
+    the site's holdings tell). ``fatal``: the producer is unusable; the gateway stops
+    accepting until it has re-created it and re-read its cursor. ``fenced``: another
+    gateway of this site took over; this one stops accepting for good."""
 
     retryable = True
 
-    def __init__(self, message: str, *, fatal: bool = False) -> None:
+    def __init__(self, message: str, *, fatal: bool = False, fenced: bool = False) -> None:
         super().__init__(message)
-        self.fatal = fatal
+        self.fatal = fatal or fenced
+        self.fenced = fenced

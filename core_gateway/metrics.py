@@ -48,6 +48,16 @@ class GatewayMetrics:
         self.kafka_errors = Counter(
             p + "kafka_errors", "Failed Kafka transactions (aborted)", registry=r
         )
+        self.inflight_bytes = Gauge(
+            p + "inflight_bytes",
+            "Bytes of batches taken in and not yet written (limits.max_inflight_bytes)",
+            registry=r,
+        )
+        self.commit_retries = Gauge(
+            p + "kafka_retries",
+            "Kafka transaction calls retried after a retriable error (commit timeouts)",
+            registry=r,
+        )
         self.ready = Gauge(
             p + "ready", "1 when holdings are loaded and Kafka reachable", registry=r
         )

@@ -13,6 +13,20 @@ none does, so:
 The transactional.id is per site: a second gateway with the same id fences the first
 (its commits fail with a fatal error and it stops), so there is one writer per site.
 
+Kafka's transaction errors are handled the way librdkafka defines them:
+- *retriable* (``KafkaError.retriable()``, e.g. ``commit_transaction`` timed out while
+  the broker is slow or paused): the same call is retried; the commit goes on in the
+  background meanwhile, so aborting then would be wrong (``_CONFLICT``);
+- *abortable* (``txn_requires_abort()``): the transaction is aborted, its batches fail
+  (503; the ship resends from the holdings);
+- *fatal* (``fatal()``): the producer is unusable. Fenced (``_FENCED``,
+  ``PRODUCER_FENCED``): another gateway of this site took over; this one stops writing
+  for good (:attr:`KafkaWriter.fatal`) and never re-initialises by itself, so two
+  gateways never fence each other in a loop. Any other fatal error, or a commit whose
+  outcome stays unknown: :attr:`KafkaWriter.broken`; the service re-creates the
+  producer (``init_transactions`` settles the open transaction) and re-reads the
+  cursor before it accepts batches again (``GatewayService`` in app.py).
+
 An idempotent producer alone would not do: it removes duplicates from producer retries
 within one session, not from a gateway restart or a ship's resend.
 
@@ -35,6 +49,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -45,7 +60,7 @@ from shorelink.contract import GATEWAY_CURSOR_TOPIC, contract_headers, ingress_t
 from shorelink.kafka_io import Headers, read_to_end
 from shorelink.ledger import ledger_key
 from shorelink.ranges import RangeSet
-from shorelink.topics import TopicSpec, ensure_topics
+from shorelink.topics import TopicSpec, ensure_topics, producer_config
 from shorelink.wire import WireRecord
 
 __all__ = ["MAX_GROUP_RECORDS", "KafkaWriter", "Write"]
@@ -98,23 +113,35 @@ class KafkaWriter:
         self._thread: threading.Thread | None = None
         #: committed cursor per (origin, stream): owned by the writer thread after start
         self._committed: dict[tuple[str, str], SourceHoldings] = {}
+        #: fenced by another gateway of this site: this one never writes again
         self.fatal: str | None = None
+        #: the producer is unusable (not fenced): :meth:`reinit` before writing again
+        self.broken: str | None = None
+        #: retriable errors retried (commit timeouts, ...), for metrics
+        self.retries = 0
+        self._closing = threading.Event()
 
     def ensure_topics(self) -> None:
+        # ingress is kept until the merge has committed past it: the merge deletes
+        # what it merged (spark_core/merge.py), nothing expires it by time (what a ship
+        # was told is held must stay held until it is in the canonical topic)
         specs = [
-            TopicSpec(
-                ingress_topic(s),
-                partitions=self.cfg.ingress_partitions,
-                retention_ms=self.cfg.ingress_retention_ms,
-            )
+            TopicSpec(ingress_topic(s), partitions=self.cfg.ingress_partitions, retention_ms=-1)
             for s in self.cfg.streams
         ]
         specs.append(TopicSpec(GATEWAY_CURSOR_TOPIC, partitions=1, compacted=True))
-        ensure_topics(self.cfg.kafka_bootstrap, specs, timeout=self.cfg.kafka_timeout_s)
+        ensure_topics(
+            self.cfg.kafka_bootstrap,
+            specs,
+            timeout=self.cfg.kafka_timeout_s,
+            durability=self.cfg.durability,
+        )
 
     def restore(self, holdings: Holdings) -> int:
         """Load the committed cursors into ``holdings`` (and the writer's own copy);
-        returns how many."""
+        returns how many. Call it after :meth:`start` (or :meth:`reinit`): only once
+        ``init_transactions`` has fenced an older instance can nothing commit behind
+        the cursor read here."""
         n = 0
         for msg in read_to_end(
             self.cfg.kafka_bootstrap, [GATEWAY_CURSOR_TOPIC], timeout=self.cfg.kafka_timeout_s
@@ -129,16 +156,34 @@ class KafkaWriter:
     def start(self) -> None:
         """Create the transactional producer (fences any older gateway of this site) and
         the thread that writes."""
+        self._producer = self._new_producer()
+        self._thread = threading.Thread(target=self._run, name="kafka-writer", daemon=True)
+        self._thread.start()
+
+    def reinit(self) -> None:
+        """After :attr:`broken`: a new producer (``init_transactions`` aborts or
+        completes the transaction the old one left). The caller then re-reads the
+        cursor (:meth:`restore`) and calls :meth:`resume`."""
+        if self.fatal:
+            raise KafkaWriteError(self.fatal, fatal=True, fenced=True)
+        self._producer = self._new_producer()
+
+    def resume(self) -> None:
+        """The cursor was re-read after :meth:`reinit`: accept writes again."""
+        self.broken = None
+
+    def _new_producer(self) -> Producer:
         p = Producer(
-            {
-                "bootstrap.servers": self.cfg.kafka_bootstrap,
-                "transactional.id": self.cfg.transactional_id,
-                "transaction.timeout.ms": int(self.cfg.kafka_timeout_s * 2000),
-                "linger.ms": 5,
-                "compression.type": "lz4",
-                "message.max.bytes": 8 * 1024 * 1024,
-                "queue.buffering.max.messages": 500_000,
-            }
+            producer_config(
+                self.cfg.kafka_bootstrap,
+                {
+                    "transactional.id": self.cfg.transactional_id,
+                    "transaction.timeout.ms": int(self.cfg.kafka_timeout_s * 2000),
+                    "linger.ms": 5,
+                    "compression.type": "lz4",
+                    "queue.buffering.max.messages": 500_000,
+                },
+            )
         )
         try:
             p.init_transactions(self.cfg.kafka_timeout_s)
@@ -146,16 +191,18 @@ class KafkaWriter:
             raise KafkaWriteError(
                 f"cannot init transactions at {self.cfg.kafka_bootstrap}: {exc}"
             ) from exc
-        self._producer = p
-        self._thread = threading.Thread(target=self._run, name="kafka-writer", daemon=True)
-        self._thread.start()
+        return p
 
     def submit(self, write: Write) -> Future[None]:
         """Queue ``write``; its future completes once Kafka committed it (or raises
         :class:`KafkaWriteError`: then nothing of it is visible)."""
         if self.fatal or self._thread is None:
             write.done.set_exception(
-                KafkaWriteError(self.fatal or "writer not started", fatal=bool(self.fatal))
+                KafkaWriteError(
+                    self.fatal or "writer not started",
+                    fatal=bool(self.fatal),
+                    fenced=bool(self.fatal),
+                )
             )
         else:
             self._queue.put(write)
@@ -186,9 +233,14 @@ class KafkaWriter:
                 return
 
     def _commit_group(self, group: list[Write]) -> None:
-        if self.fatal:
+        if self.fatal or self.broken:
+            exc = KafkaWriteError(
+                self.fatal or f"Kafka writer recovering: {self.broken}",
+                fatal=True,
+                fenced=bool(self.fatal),
+            )
             for w in group:
-                _fail(w, KafkaWriteError(self.fatal, fatal=True))
+                _fail(w, exc)
             return
         staged: dict[tuple[str, str], SourceHoldings] = {}
         taken: list[Write] = []
@@ -249,24 +301,94 @@ class KafkaWriter:
                 p.produce(
                     GATEWAY_CURSOR_TOPIC, value=h.cursor_value(), key=ledger_key(origin_, stream_)
                 )
-            p.commit_transaction(self.cfg.kafka_timeout_s)
         except KafkaException as exc:
             self._fail(p, exc)
+        self._commit(p)
 
-    def _fail(self, p: Producer, exc: KafkaException) -> None:
-        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    def _commit(self, p: Producer) -> None:
+        """``commit_transaction``, retried while it fails with a retriable error (a
+        timeout: the commit goes on in the background; aborting now would conflict
+        with it). After the transaction timeout (the broker aborts it by then) the
+        outcome is unknown: the producer is re-created and the cursor re-read."""
+        give_up = time.monotonic() + self.cfg.kafka_timeout_s * 3
+        while True:
+            try:
+                p.commit_transaction(self.cfg.kafka_timeout_s)
+                return
+            except KafkaException as exc:
+                err = _error(exc)
+                if err is None or not _only_retriable(err):
+                    self._fail(p, exc)
+                if time.monotonic() > give_up or self._closing.is_set():
+                    self._break(f"commit outcome unknown after retries: {err}")
+                    raise KafkaWriteError(
+                        f"Kafka commit outcome unknown: {err}; the site's holdings will tell",
+                        fatal=True,
+                    ) from exc
+                self.retries += 1
+                log.warning("event=kafka_commit_retry error=%r", str(err))
+
+    def _fail(self, p: Producer, exc: KafkaException) -> NoReturn:
+        """Handle a failed transaction call (not a retriable commit): abort if Kafka
+        allows it, else mark the writer fenced or broken. Always raises."""
+        err = _error(exc)
         if err is not None and err.fatal():
-            self.fatal = (
-                f"Kafka producer fatal error (fenced by another gateway of this site?): {err}"
-            )
-            log.error("event=kafka_fatal error=%r", str(err))
-            raise KafkaWriteError(self.fatal, fatal=True) from exc
-        try:
-            p.abort_transaction(self.cfg.kafka_timeout_s)
-        except KafkaException as abort_exc:
-            self.fatal = f"cannot abort transaction: {abort_exc}"
-            raise KafkaWriteError(self.fatal, fatal=True) from exc
+            self._fatal(err)
+            raise KafkaWriteError(
+                self.fatal or f"Kafka producer fatal error: {err}",
+                fatal=True,
+                fenced=bool(self.fatal),
+            ) from exc
+        self._abort(p)
+        if self.fatal or self.broken:
+            raise KafkaWriteError(
+                self.fatal or f"Kafka write failed: {exc}; {self.broken}",
+                fatal=True,
+                fenced=bool(self.fatal),
+            ) from exc
         raise KafkaWriteError(f"Kafka write failed, transaction aborted: {exc}") from exc
+
+    def _abort(self, p: Producer) -> None:
+        """``abort_transaction``, retried while retriable; a fatal error marks the
+        writer fenced or broken (``init_transactions`` aborts the transaction then)."""
+        give_up = time.monotonic() + self.cfg.kafka_timeout_s * 3
+        while True:
+            try:
+                p.abort_transaction(self.cfg.kafka_timeout_s)
+                return
+            except KafkaException as exc:
+                err = _error(exc)
+                if err is not None and err.fatal():
+                    self._fatal(err)
+                    return
+                if (
+                    err is None
+                    or not err.retriable()
+                    or time.monotonic() > give_up
+                    or self._closing.is_set()
+                ):
+                    self._break(f"cannot abort transaction: {exc}")
+                    return
+                self.retries += 1
+                log.warning("event=kafka_abort_retry error=%r", str(err))
+
+    def _fatal(self, err: KafkaError) -> None:
+        if err.code() in _FENCED:
+            if not self.fatal:
+                self.fatal = (
+                    f"fenced: another gateway of site {self.cfg.site} took over "
+                    f"(transactional.id {self.cfg.transactional_id}); this one no longer "
+                    f"writes. Keep one gateway per site; restart this one only to make it "
+                    f"the active one again ({err})"
+                )
+                log.error("event=kafka_fenced site=%s error=%r", self.cfg.site, str(err))
+        else:
+            self._break(f"Kafka producer fatal error: {err}")
+
+    def _break(self, why: str) -> None:
+        if not self.broken and not self.fatal:
+            log.error("event=kafka_producer_broken error=%r", why)
+        self.broken = self.broken or why
 
     def ping(self) -> bool:
         """Is Kafka reachable (for /readyz)?"""
@@ -281,6 +403,7 @@ class KafkaWriter:
 
     def close(self) -> None:
         """Finish the writes queued so far, then stop the thread and the producer."""
+        self._closing.set()
         if self._thread is not None:
             self._queue.put(_STOP)
             self._thread.join(self.cfg.kafka_timeout_s * 2)
@@ -288,6 +411,19 @@ class KafkaWriter:
         if self._producer is not None:
             self._producer.flush(5)
             self._producer = None
+
+
+#: fatal errors that mean another producer with our transactional.id took over
+_FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED)
+
+
+def _error(exc: KafkaException) -> KafkaError | None:
+    return exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+
+
+def _only_retriable(err: KafkaError) -> bool:
+    """Retry the same call (neither abortable nor fatal)."""
+    return bool(err.retriable()) and not err.fatal() and not err.txn_requires_abort()
 
 
 def _fail(w: Write, exc: KafkaWriteError) -> None:

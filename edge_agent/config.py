@@ -5,6 +5,8 @@ The fully commented sample is ``deploy/edge/edge.toml``; every key there is read
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -15,6 +17,8 @@ from shorelink.config import Secret, Section, load_toml
 from shorelink.errors import ConfigError
 from shorelink.identity import check_name
 from shorelink.wire import DEFAULT_LIMITS
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_LINKS",
@@ -184,6 +188,9 @@ class GatewayConfig:
     site: str
     url: str
     link: str
+    #: accept a plain http:// URL to a host other than this machine (tokens and data
+    #: then cross the link in clear text; warned about at every start)
+    allow_plaintext: bool = False
 
 
 @dataclass(frozen=True)
@@ -357,6 +364,7 @@ def _gateway(s: Section, links: dict[str, LinkConfig]) -> GatewayConfig:
     check_name_field(s.field("site"), "site", site)
     url = s.text("url").rstrip("/")
     link = s.text("link")
+    allow_plaintext = s.flag("allow_plaintext", False)
     s.done()
     try:
         parts = urlsplit(url)
@@ -367,11 +375,36 @@ def _gateway(s: Section, links: dict[str, LinkConfig]) -> GatewayConfig:
         raise ConfigError(s.field("url"), f"expected http(s)://host:port, got {url!r}")
     if parts.query or parts.fragment:
         raise ConfigError(s.field("url"), "no query or fragment")
+    if parts.scheme == "http" and not _loopback(parts.hostname):
+        if not allow_plaintext:
+            raise ConfigError(
+                s.field("url"),
+                f"{url} is plain http: the ship's token and data would cross the link in "
+                "clear text. Use https://, or set allow_plaintext = true on this gateway "
+                "(only for a link that is encrypted otherwise, e.g. a VPN)",
+            )
+        log.warning(
+            "event=gateway_plaintext site=%s url=%s message=%r",
+            site,
+            url,
+            "PLAIN HTTP to a remote gateway (allow_plaintext = true): the ship's token and "
+            "data cross the link in clear text",
+        )
     if link not in links:
         raise ConfigError(
             s.field("link"), f"unknown link class {link!r} (known: {', '.join(sorted(links))})"
         )
-    return GatewayConfig(site=site, url=url, link=link)
+    return GatewayConfig(site=site, url=url, link=link, allow_plaintext=allow_plaintext)
+
+
+def _loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: the link never leaves this machine."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _relative(p: Path, base: Path | None) -> Path:

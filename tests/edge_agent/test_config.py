@@ -3,6 +3,7 @@ one to ask what 'invalid value' means."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -108,3 +109,41 @@ def test_check_config_cli(tmp_path: Path) -> None:
         timeout=60,
     )
     assert res.returncode == 2 and "ship:" in res.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://gw.tokyo.example.net:8443", "http://10.0.0.7:8080", "http://[2001:db8::1]:80"],
+)
+def test_plain_http_to_a_remote_gateway_is_refused(url: str) -> None:
+    """A bearer token sent over plain http on a satellite or cellular link can be read
+    by anyone on the path: TLS is required unless the operator opts out explicitly."""
+    with pytest.raises(ConfigError) as exc:
+        parse_config(_with({"gateways.0.url": url}))
+    assert exc.value.field == "gateways[0].url"
+    assert "allow_plaintext" in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:8443", "http://127.3.2.1:80", "http://[::1]:8443", "http://localhost:1"],
+)
+def test_plain_http_to_this_machine_is_accepted(url: str) -> None:
+    cfg = parse_config(_with({"gateways.0.url": url}))
+    assert cfg.gateways[0].url == url and not cfg.gateways[0].allow_plaintext
+
+
+def test_plaintext_opt_out_is_accepted_and_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="edge_agent.config")
+    cfg = parse_config(
+        _with(
+            {"gateways.0.url": "http://gw.tokyo.example.net:80", "gateways.0.allow_plaintext": True}
+        )
+    )
+    assert cfg.gateways[0].allow_plaintext
+    warned = [r for r in caplog.records if "event=gateway_plaintext" in r.getMessage()]
+    assert len(warned) == 1 and "clear text" in warned[0].getMessage()
+    # https needs no opt-out, and is not warned about
+    caplog.clear()
+    parse_config(_with({}))
+    assert not [r for r in caplog.records if "gateway_plaintext" in r.getMessage()]

@@ -1,0 +1,211 @@
+"""The gateway's memory is bounded however many ships upload at once: a port where
+twenty ships come into Wi-Fi range together must not have its gateway killed by the
+OOM killer (every ship's uploads would then fail until it is back)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+from core_gateway.auth import Credentials
+from edge_agent.config import GatewayConfig as EdgeGatewayConfig
+from edge_agent.config import LinkConfig
+from edge_agent.errors import LinkError
+from edge_agent.gateway import HttpGateway
+from local_stack.kafka import KafkaBroker
+from local_stack.process import free_port
+from shorelink.config import Secret
+from shorelink.contract import H_ORIGIN, H_SEQ, ingress_topic
+from shorelink.kafka_io import read_to_end
+from shorelink.ranges import RangeSet
+from shorelink.wire import Body, WireRecord, encode_body, frame_batch
+from tests.conftest import unique
+from tests.core_gateway.conftest import STREAMS
+
+SHIPS = 20
+RECORDS = 50_000  # limits.max_records
+#: the documented bound (docs/gateway-api.md, "Memory") for the gateway process with
+#: the default limits
+RSS_BOUND = 1024 * 1024 * 1024
+
+
+def _max_size_body() -> Body:
+    """One batch body at the default limits' edge: 50,000 records, ~60 MiB decoded,
+    ~7.5 MiB compressed (framed for each ship with its own origin)."""
+    rnd = random.Random(7)
+    words = [f"w{i:02d}" for i in range(12)]
+    payloads = [
+        json.dumps({"c": rnd.choices(words, k=300)}).encode()[:1250] for _ in range(RECORDS)
+    ]
+    records = tuple(
+        WireRecord(
+            seq,
+            f"C{seq % 50}",
+            1_700_000_000_000 + seq,
+            f"ship/d1/containers/C{seq % 50}/env",
+            payloads[seq % len(payloads)],
+        )
+        for seq in range(1, RECORDS + 1)
+    )
+    return encode_body(records, level=6)
+
+
+def _vm_hwm(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+async def _ship(url: str, ship: str, token: str, body: bytes) -> tuple[int, int]:
+    """What the edge agent's uplink does, on the real edge client: send, and on a
+    retryable error (503 busy is one) back off and start again from the holdings.
+    Returns (attempts, busy answers)."""
+    gw = HttpGateway(
+        EdgeGatewayConfig("tokyo", url, "port_wifi"),
+        LinkConfig("port_wifi", timeout_s=120.0, in_flight=1),
+        ship,
+        Secret(token),
+    )
+    attempts = busy = 0
+    delay = 0.1
+    try:
+        while True:
+            attempts += 1
+            try:
+                held = (await gw.holdings()).get("containers", RangeSet())
+                if held.contains_all(RangeSet([(1, RECORDS)])):
+                    return attempts, busy
+                await gw.send("containers", body)
+            except LinkError as exc:
+                busy += "busy" in str(exc)
+                await gw.reset()
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 1.5, 2.0)
+            assert attempts < 200, f"{ship} never got its batch written"
+    finally:
+        await gw.close()
+
+
+def _rss(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * 4096
+    return total
+
+
+async def _all_ships(
+    url: str, ships: list[str], tokens: list[str], bodies: list[bytes]
+) -> list[tuple[int, int]]:
+    return await asyncio.gather(
+        *(_ship(url, s, t, b) for s, t, b in zip(ships, tokens, bodies, strict=True))
+    )
+
+
+def test_twenty_ships_sending_max_size_batches_keep_the_gateway_under_its_bound(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """20 ships upload a maximum-size batch (limits.max_records, ~60 MiB decoded) at
+    once over the real edge client to `shorelink-gateway run`: its peak RSS (VmHWM)
+    stays under the documented bound, the batches that do not fit are answered 503
+    busy, and every ship's batch is eventually written exactly once."""
+    port = free_port()
+    creds = tmp_path / "ships.json"
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f'site = "tokyo"\ncredentials_file = "{creds}"\nstreams = {list(STREAMS)!r}\n'
+        f'decode_workers = 1\n[listen]\nhost = "127.0.0.1"\nport = {port}\n'
+        f'[kafka]\nbootstrap = "{kafka.bootstrap}"\ntransactional_id = "{unique("gw")}"\n'
+        f'ingress_partitions = 2\ntimeout = "30s"\n'
+    )
+    ships = [unique(f"ship{i}") for i in range(SHIPS)]
+    tokens = [Credentials(creds).add(s) for s in ships]
+    body = _max_size_body()
+    bodies = [frame_batch(s, "containers", body, 1) for s in ships]
+    gateway_log = tmp_path / "gateway.log"
+    with open(gateway_log, "wb") as out:
+        gateway = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "shorelink-gateway"),
+                "run",
+                "--config",
+                str(config),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            with contextlib.suppress(OSError):
+                peak[0] = max(peak[0], _rss([gateway.pid, *_children(gateway.pid)]))
+
+    sampler = threading.Thread(target=sample)
+    try:
+        for _ in range(600):
+            with contextlib.suppress(OSError), urllib.request.urlopen(url + "/readyz") as r:
+                if r.status == 200:
+                    break
+            assert gateway.poll() is None, gateway_log.read_text()[-3000:]
+            time.sleep(0.1)
+        sampler.start()
+        t0 = time.monotonic()
+        results = asyncio.run(_all_ships(url, ships, tokens, bodies))
+        seconds = time.monotonic() - t0
+        hwm = _vm_hwm(gateway.pid)
+        workers = [_vm_hwm(pid) for pid in _children(gateway.pid)]
+        with urllib.request.urlopen(url + "/metrics") as r:
+            metrics = r.read().decode()
+        assert gateway.poll() is None, "the gateway died"
+    finally:
+        done.set()
+        if sampler.is_alive():
+            sampler.join()
+        gateway.send_signal(signal.SIGTERM)
+        gateway.wait(60)
+    busy = sum(b for _, b in results)
+    refused_busy = sum(
+        float(ln.split()[-1])
+        for ln in metrics.splitlines()
+        if ln.startswith("shorelink_gateway_rejected_batches_total") and 'reason="busy"' in ln
+    )
+    print(
+        f"\n{SHIPS} ships x {len(bodies[0]) / 2**20:.1f} MiB ({RECORDS} records) in "
+        f"{seconds:.1f}s: gateway VmHWM {hwm / 2**20:.0f} MiB, decode workers "
+        f"{[round(v / 2**20) for v in workers]} MiB, sampled peak with workers "
+        f"{peak[0] / 2**20:.0f} MiB, busy answers {busy} (gateway: {refused_busy:.0f}), attempts "
+        f"{sum(a for a, _ in results)}",
+        file=sys.stderr,
+    )
+    assert hwm < RSS_BOUND, f"gateway peaked at {hwm / 2**20:.0f} MiB"
+    assert refused_busy > 0 and busy > 0, "the memory budget never refused a batch"
+    # every batch written exactly once (read sl.ingress once, read_committed)
+    counts: Counter[tuple[bytes, int]] = Counter()
+    for m in read_to_end(kafka.bootstrap, [ingress_topic("containers")], timeout=120):
+        h = dict(m.headers() or [])
+        counts[(h[H_ORIGIN], int(h[H_SEQ]))] += 1
+    for ship in ships:
+        seqs = [n for (o, _), n in counts.items() if o == ship.encode()]
+        assert len(seqs) == RECORDS and max(seqs) == 1, f"{ship}: not exactly once"
