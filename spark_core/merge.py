@@ -94,6 +94,8 @@ class Merger:
         self.busy = threading.Lock()
         self._producer: Producer | None = None
         self._ensured: set[str] = set()
+        #: set once another merge of this site fenced this one (it never writes again)
+        self.fenced: str | None = None
 
     @property
     def status_path(self) -> Path:
@@ -224,7 +226,7 @@ class Merger:
                 k, v = encode_entry(origin, stream, held)
                 produce(p, LEDGER_TOPIC, k, v, None)
             produce(p, MARKER_TOPIC, marker_key(self.site.name, self.query), marker, None)
-            p.commit_transaction(self.site.kafka_timeout_s * 2)
+            self._commit_transaction(p)
         except KafkaException as exc:
             self._fail(p, exc)
         # committed: the in-memory state follows what Kafka now holds
@@ -232,11 +234,69 @@ class Merger:
         self.state.offsets = offsets
         self.state.last_batch = batch_id
 
+    def _commit_transaction(self, p: Producer) -> None:
+        """``commit_transaction``, retried while it fails with a retriable error (it
+        timed out: the commit goes on in the background, and librdkafka allows only
+        a retry then, not an abort), up to the transaction timeout."""
+        timeout = self.site.kafka_timeout_s
+        give_up = time.monotonic() + timeout * 3
+        while True:
+            try:
+                p.commit_transaction(timeout)
+                return
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                if (
+                    err is None
+                    or not err.retriable()
+                    or err.fatal()
+                    or err.txn_requires_abort()
+                    or time.monotonic() > give_up
+                ):
+                    raise
+                log.warning("event=merge_commit_retry site=%s error=%r", self.site.name, str(err))
+
     def _fail(self, p: Producer, exc: KafkaException) -> None:
+        """A transaction call failed; handle it as librdkafka defines its errors, then
+        raise (Spark replays the batch):
+        - fenced (another merge of this site took over): keep the fenced producer, so
+          no later batch re-initialises it (which would fence the other merge back);
+          every batch fails with the same error until this merge is stopped;
+        - other fatal errors: drop the producer; the next batch re-creates it
+          (``init_transactions`` aborts what was left) and reloads the state;
+        - abortable: abort, drop the producer, reload the state at the next batch;
+        - a commit still timing out after its retries: no abort (it would conflict
+          with the commit going on): drop the producer, the next one settles it."""
         self.totals.failures += 1
+        if self.fenced is not None:
+            # a fenced producer answers later calls with other errors (_CONFLICT): it
+            # stays fenced whatever they say
+            raise MergeError(self.fenced, fatal=True) from exc
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
         fatal = err is not None and err.fatal()
-        if not fatal:
+        if (
+            fatal
+            and err is not None
+            and err.code()
+            in (
+                KafkaError._FENCED,
+                KafkaError.PRODUCER_FENCED,
+            )
+        ):
+            message = (
+                f"fenced: another merge of site {self.site.name} took over "
+                f"(transactional.id {self.site.merge.transactional_id}); this one no longer "
+                f"writes: stop it ({err})"
+            )
+            if self.fenced is None:
+                self.fenced = message
+                log.error("event=merge_fenced site=%s error=%r", self.site.name, str(err))
+                self.write_status("fenced", message)
+            raise MergeError(message, fatal=True) from exc
+        commit_pending = (
+            err is not None and err.retriable() and not err.txn_requires_abort() and not fatal
+        )
+        if not fatal and not commit_pending:
             # if this fails too, the next prepare() fences and aborts it anyway
             with contextlib.suppress(KafkaException):
                 p.abort_transaction(self.site.kafka_timeout_s)
@@ -245,7 +305,7 @@ class Merger:
         log.error(
             "event=merge_batch_failed site=%s fatal=%s error=%r", self.site.name, fatal, str(exc)
         )
-        raise MergeError(f"merge transaction failed, aborted: {exc}", fatal=fatal) from exc
+        raise MergeError(f"merge transaction failed: {exc}", fatal=fatal) from exc
 
     def _account(
         self,
