@@ -31,7 +31,7 @@ class GatewayConfig:
     limits: Limits = field(default_factory=Limits)
     #: memory bound: bytes of batches taken in and not yet committed (compressed size
     #: plus declared decoded size); a batch beyond it is answered 503 busy
-    max_inflight_bytes: int = 256 * 1024 * 1024
+    max_inflight_bytes: int = 128 * 1024 * 1024
     #: open WebSocket uploads at most; more are refused (503 busy) before the upgrade
     max_uploads: int = 32
     ingress_partitions: int = 6

@@ -15,9 +15,14 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
+import aiohttp
+import pytest
+
 from core_gateway.auth import Credentials
+from core_gateway.config import parse_config
 from edge_agent.config import GatewayConfig as EdgeGatewayConfig
 from edge_agent.config import LinkConfig
 from edge_agent.errors import LinkError
@@ -26,11 +31,12 @@ from local_stack.kafka import KafkaBroker
 from local_stack.process import free_port
 from shorelink.config import Secret
 from shorelink.contract import H_ORIGIN, H_SEQ, ingress_topic
+from shorelink.errors import ConfigError
 from shorelink.kafka_io import read_to_end
 from shorelink.ranges import RangeSet
 from shorelink.wire import Body, WireRecord, encode_body, frame_batch
 from tests.conftest import unique
-from tests.core_gateway.conftest import STREAMS
+from tests.core_gateway.conftest import STREAMS, gateway_config, start_gateway
 
 SHIPS = 20
 RECORDS = 50_000  # limits.max_records
@@ -132,7 +138,7 @@ def test_twenty_ships_sending_max_size_batches_keep_the_gateway_under_its_bound(
     config = tmp_path / "gateway.toml"
     config.write_text(
         f'site = "tokyo"\ncredentials_file = "{creds}"\nstreams = {list(STREAMS)!r}\n'
-        f'decode_workers = 1\n[listen]\nhost = "127.0.0.1"\nport = {port}\n'
+        f'decode_workers = 0\n[listen]\nhost = "127.0.0.1"\nport = {port}\n'
         f'[kafka]\nbootstrap = "{kafka.bootstrap}"\ntransactional_id = "{unique("gw")}"\n'
         f'ingress_partitions = 2\ntimeout = "30s"\n'
     )
@@ -209,3 +215,44 @@ def test_twenty_ships_sending_max_size_batches_keep_the_gateway_under_its_bound(
     for ship in ships:
         seqs = [n for (o, _), n in counts.items() if o == ship.encode()]
         assert len(seqs) == RECORDS and max(seqs) == 1, f"{ship}: not exactly once"
+
+
+async def test_uploads_beyond_max_uploads_are_answered_busy_with_retry_after(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """Each open upload can hold a batch being received: their number is bounded too."""
+    cfg = replace(gateway_config(tmp_path, kafka), max_uploads=1, decode_workers=0)
+    ship = unique("ship")
+    token = Credentials(cfg.credentials_file).add(ship)
+    stop = asyncio.Event()
+    task = await start_gateway(cfg, stop)
+    url = f"http://127.0.0.1:{cfg.port}/v1/ships/{ship}/upload"
+    headers = {"Authorization": f"Bearer {token}"}
+    try:
+        async with aiohttp.ClientSession() as s:
+            first = await s.ws_connect(url, headers=headers)
+            assert (await first.receive_json())["type"] == "holdings"
+            async with s.get(url, headers={**headers, "Upgrade": "websocket"}) as r:
+                assert r.status == 503 and r.headers["Retry-After"] == "1"
+                assert (await r.json())["error"] == "busy"
+            await first.close()
+            await asyncio.sleep(0.2)
+            second = await s.ws_connect(url, headers=headers)  # a slot is free again
+            assert (await second.receive_json())["type"] == "holdings"
+            await second.close()
+    finally:
+        stop.set()
+        await task
+
+
+def test_max_inflight_bytes_below_one_batch_names_the_field() -> None:
+    data = {
+        "site": "tokyo",
+        "credentials_file": "ships.json",
+        "streams": ["nav"],
+        "kafka": {"bootstrap": "127.0.0.1:9092"},
+        "limits": {"max_batch_bytes": "8MiB", "max_inflight_bytes": "1MiB"},
+    }
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data)
+    assert exc.value.field == "limits.max_inflight_bytes"
