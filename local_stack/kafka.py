@@ -100,9 +100,7 @@ def start_kafka(
     root.mkdir(parents=True, exist_ok=True)
     props = root / "server.properties"
     extra = "".join(f"{k}={v}\n" for k, v in (properties or {}).items())
-    props.write_text(
-        SERVER_PROPERTIES.format(host=HOST, port=port, cport=cport, data=data) + extra
-    )
+    props.write_text(SERVER_PROPERTIES.format(host=HOST, port=port, cport=cport, data=data) + extra)
     site_logs = logs / f"kafka-{site}"
     site_logs.mkdir(parents=True, exist_ok=True)
     if not (data / "meta.properties").exists():

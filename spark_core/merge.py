@@ -33,7 +33,7 @@ from shorelink.contract import (
 )
 from shorelink.kafka_io import produce
 from shorelink.ledger import encode_entry
-from shorelink.topics import TopicSpec, ensure_topics
+from shorelink.topics import TopicSpec, ensure_topics, producer_config
 from spark_core.config import SiteConfig
 from spark_core.merge_batch import ArrowBatch, batch_frame, cyclic_gc_paused
 from spark_core.merge_state import (
@@ -49,6 +49,7 @@ from spark_core.merge_state import (
     plan_batch,
     topic_stream,
 )
+from spark_core.purge import SourcePurger
 
 __all__ = [
     "DEAD_UNKNOWN_TOPIC",
@@ -94,6 +95,7 @@ class Merger:
         self.busy = threading.Lock()
         self._producer: Producer | None = None
         self._ensured: set[str] = set()
+        self._purger = SourcePurger(site.kafka_bootstrap, timeout=site.kafka_timeout_s)
         #: set once another merge of this site fenced this one (it never writes again)
         self.fenced: str | None = None
 
@@ -113,16 +115,18 @@ class Merger:
         self._ensure([*specs, *self._stream_specs(self.site.streams)])  # one admin round
         self._close_producer()
         p = Producer(
-            {
-                "bootstrap.servers": self.site.kafka_bootstrap,
-                "transactional.id": m.transactional_id,
-                "transaction.timeout.ms": int(self.site.kafka_timeout_s * 2000),
-                "linger.ms": 5,
-                "compression.type": "lz4",
-                # the Java clients' partitioner: same key, same partition, whoever writes
-                "partitioner": "murmur2_random",
-                "queue.buffering.max.messages": 1_000_000,
-            }
+            producer_config(
+                self.site.kafka_bootstrap,
+                {
+                    "transactional.id": m.transactional_id,
+                    "transaction.timeout.ms": int(self.site.kafka_timeout_s * 2000),
+                    "linger.ms": 5,
+                    "compression.type": "lz4",
+                    # the Java clients' partitioner: same key, same partition, whoever writes
+                    "partitioner": "murmur2_random",
+                    "queue.buffering.max.messages": 1_000_000,
+                },
+            )
         )
         try:
             # aborts whatever transaction a crashed predecessor left open, and fences it
@@ -145,7 +149,12 @@ class Merger:
     def _ensure(self, specs: Sequence[TopicSpec]) -> None:
         todo = [s for s in specs if s.name not in self._ensured]
         if todo:
-            ensure_topics(self.site.kafka_bootstrap, todo, timeout=self.site.kafka_timeout_s)
+            ensure_topics(
+                self.site.kafka_bootstrap,
+                todo,
+                timeout=self.site.kafka_timeout_s,
+                durability=self.site.durability,
+            )
             self._ensured.update(s.name for s in todo)
 
     def _ensure_streams(self, streams: Iterable[str]) -> None:
@@ -192,8 +201,11 @@ class Merger:
             plan = plan_batch(batch, self.state)
             self._ensure_streams(plan.streams)
             t2 = time.monotonic()
+            before = dict(self.state.offsets)  # what the batch before this one committed
             if plan.canonical or plan.dead or plan.offsets:
                 self._commit(batch_id, plan)
+            if not replay and self.site.merge.purge_sources:
+                self._purger.purge(before)  # spark_core/purge.py: why one batch behind
         t3 = time.monotonic()
         self.totals.fetch_s += t1 - t0
         self.totals.plan_s += t2 - t1

@@ -18,7 +18,7 @@ from shorelink.kafka_io import read_to_end
 from shorelink.ledger import encode_entry
 from shorelink.ranges import RangeSet
 from shorelink.topics import TopicSpec, ensure_topics
-from shorelink.wire import Batch, WireRecord, encode_batch
+from shorelink.wire import WireRecord
 from tests.conftest import unique
 from tests.core_gateway.conftest import (
     RunningGateway,
@@ -27,6 +27,7 @@ from tests.core_gateway.conftest import (
     ingress_seqs,
     records,
 )
+from tests.shorelink.test_contract import crafted_batch
 
 
 async def _post(
@@ -129,9 +130,10 @@ async def test_bad_batches_get_4xx_write_nothing_and_the_gateway_keeps_serving(
         (good, "weather", 404, "unknown_stream"),
         (good, "nav", 400, "stream_mismatch"),
         (
-            encode_batch(
-                Batch(gateway.ship, "containers", (WireRecord(1, "k", 1, "t", bomb_payload),))
-            ),
+            # framed without the encoder's checks (it refuses such a record), as a
+            # hostile ship could: the decoded-size budget refuses it before the record
+            # size check would
+            crafted_batch(gateway.ship, "containers", (WireRecord(1, "k", 1, "t", bomb_payload),)),
             "containers",
             413,
             "decompressed_too_large",

@@ -362,7 +362,13 @@ def test_plan_keeps_a_ledger_entry_within_the_range_bound() -> None:
     assert len(full) == MAX_HOLDINGS_RANGES
     top = 3 * MAX_HOLDINGS_RANGES
     state = MergeState(held={("a", "nav"): full})
-    seqs = [2, top + 5, top + 7, 3 * 7 + 2, top - 2 + 1]  # extends, splits, splits, extends, extends
+    seqs = [
+        2,
+        top + 5,
+        top + 7,
+        3 * 7 + 2,
+        top - 2 + 1,
+    ]  # extends, splits, splits, extends, extends
     rows = [_row(t, i, "a", "nav", s) for i, s in enumerate(seqs)]
     plan = plan_batch(rows, state)
     written = sorted(int(dict(h)[H_SEQ]) for _, _, _, h in plan.canonical)
