@@ -65,6 +65,10 @@ class _Received:
     msg: mqtt.MQTTMessage
     recv_ms: int
     recv_mono: float
+    #: the connection it came on (random id) and whether that connection resumed a
+    #: session the broker kept (then it may redeliver: edge_agent/redelivery.py)
+    conn: int = 0
+    resumed: bool = False
 
 
 class _PahoOnAsyncio:
@@ -109,6 +113,8 @@ class Ingest:
         self.metrics = metrics
         self._queue: asyncio.Queue[_Received] = asyncio.Queue()
         self._generation = 0
+        self._conn_id = 0
+        self._resumed = False
         self._stopping = threading.Event()  # set once we are leaving
         self._idle = asyncio.Event()
         self._idle.set()
@@ -228,6 +234,8 @@ class Ingest:
             client.disconnect()
             return
         self._generation += 1
+        self._conn_id = random.getrandbits(62) + 1  # distinct across restarts too
+        self._resumed = bool(flags.session_present)
         if not flags.session_present:
             log.info("event=mqtt_new_session client_id=%s", self.cfg.mqtt.client_id)
         # retainHandling=2: retained messages are not replayed on (re)subscribe: they were
@@ -261,7 +269,15 @@ class Ingest:
     def _on_message(self, client: mqtt.Client, _u: object, msg: mqtt.MQTTMessage) -> None:
         log.debug("event=message mid=%d dup=%s qos=%d", msg.mid, msg.dup, msg.qos)
         self._queue.put_nowait(
-            _Received(self._generation, client, msg, int(time.time() * 1000), time.monotonic())
+            _Received(
+                self._generation,
+                client,
+                msg,
+                int(time.time() * 1000),
+                time.monotonic(),
+                self._conn_id,
+                self._resumed,
+            )
         )
 
     # -- commit --------------------------------------------------------------------------
@@ -432,6 +448,8 @@ class Ingest:
                     mid=r.msg.mid if r.msg.qos else 0,
                     dup=bool(r.msg.dup),
                     digest=message_digest(raw_topic, payload),
+                    conn=r.conn,
+                    resumed=r.resumed,
                 )
             )
         return incoming, quarantined

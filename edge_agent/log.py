@@ -32,6 +32,7 @@ from edge_agent.linkstate import (
     write_link_state,
 )
 from edge_agent.migrations import migrate
+from edge_agent.redelivery import Redelivery
 from edge_agent.retention import Retention, StreamState
 from shorelink.ranges import RangeSet
 from shorelink.wire import Body
@@ -62,6 +63,10 @@ class Incoming:
     mid: int = 0  # MQTT packet id (0: none, QoS 0)
     dup: bool = False
     digest: bytes = b""
+    #: the MQTT connection it arrived on (0: unknown, the DUP rule alone) and whether
+    #: that connection resumed a session the broker kept (edge_agent/redelivery.py)
+    conn: int = 0
+    resumed: bool = False
 
     @property
     def size(self) -> int:
@@ -103,6 +108,9 @@ class CommitResult:
 
 
 class EdgeLog:
+    #: packet ids seen, for recognising redeliveries (loaded by the first commit)
+    _redelivery: Redelivery | None = None
+
     def __init__(
         self,
         path: Path,
@@ -211,36 +219,32 @@ class EdgeLog:
 
             ret = self._retention
             ret.begin(flush)
-            inflight = dict(self._inflight)
-            mids = []
+            if self._redelivery is None:
+                self._redelivery = Redelivery.load(conn)
+            redelivery = self._redelivery.begin()
             for m in batch:
-                if m.mid and m.dup and inflight.get(m.mid) == m.digest:
+                if redelivery.is_redelivery(m):
                     outcomes.append("duplicate")
                     seqs.append(0)
                     continue
+                redelivery.record(m)
                 if not ret.make_room(m.stream, m.size, now_ms):
                     outcomes.append("rejected")
                     seqs.append(0)
                     continue
                 seq = ret.assign(m.stream, m.size)
                 rows.append((m.stream, seq, m.key, m.ts_ms, m.recv_ms, m.topic, m.payload, m.size))
-                if m.mid:
-                    inflight[m.mid] = m.digest
-                    mids.append((m.mid, m.digest))
                 outcomes.append("stored")
                 seqs.append(seq)
             flush()
-            if mids:
-                conn.executemany(
-                    "INSERT OR REPLACE INTO inflight (mid, digest) VALUES (?, ?)", mids
-                )
+            redelivery.write(conn)
             if quarantine:
                 self._quarantine(conn, quarantine)
             ret.save()
             result = CommitResult(
                 outcomes, seqs, ret.dropped_now, ret.retired_now, ret.over_budget_now
             )
-        self._inflight = inflight
+        redelivery.apply()
         return result
 
     def _quarantine(self, conn: sqlite3.Connection, items: Sequence[Quarantined]) -> None:

@@ -114,10 +114,19 @@ def _m003_segments(db: sqlite_utils.Database) -> None:
     db.execute("CREATE UNIQUE INDEX segments_by_seq ON segments (stream, first_seq)")
 
 
+def _m004_redelivery(db: sqlite_utils.Database) -> None:
+    # Per packet id also the MQTT connection the message came on and its place in commit
+    # order: a broker restored from an older persistence file redelivers without DUP,
+    # and packet ids wrap (edge_agent/redelivery.py).
+    db.execute("ALTER TABLE inflight ADD COLUMN conn INTEGER NOT NULL DEFAULT 0")
+    db.execute("ALTER TABLE inflight ADD COLUMN n INTEGER NOT NULL DEFAULT 0")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_uplink,
     _m003_segments,
+    _m004_redelivery,
 ]
 
 

@@ -23,7 +23,9 @@ user {user}
 allow_anonymous true
 persistence true
 persistence_location {data}/
-autosave_interval 30
+# as deploy/mosquitto/ship.conf: save whenever something was queued
+autosave_on_changes true
+autosave_interval 1
 # 0 = unlimited: the default of 1000 silently drops QoS 1 messages for a stopped agent
 max_queued_messages 0
 max_queued_bytes 0

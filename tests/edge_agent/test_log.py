@@ -3,6 +3,7 @@ policy (alerts always get in), nothing accepted lost when the disk is full."""
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import subprocess
 import sys
@@ -185,3 +186,79 @@ def test_commit_survives_kill9_right_after_commit(tmp_path: Path) -> None:
     assert proc.returncode == -9 and "committed" in proc.stdout
     with sqlite3.connect(tmp_path / "edge.db") as c:
         assert c.execute("SELECT count(*), max(seq) FROM records").fetchone() == (50, 50)
+
+
+# -- redeliveries (edge_agent/redelivery.py) ---------------------------------------------
+
+
+def _on(m: Incoming, conn: int, *, resumed: bool = True, dup: bool | None = None) -> Incoming:
+    """``m`` as it arrived on MQTT connection ``conn``."""
+    return dataclasses.replace(m, conn=conn, resumed=resumed, dup=m.dup if dup is None else dup)
+
+
+def test_broker_restored_from_an_older_file_redelivers_without_dup_and_it_is_recognised(
+    tmp_path: Path,
+) -> None:
+    """Mosquitto restored from a persistence file written before the agent committed
+    these sends them again without DUP (they were still queued at the save)."""
+    log = _log(tmp_path)
+    first = [_on(_msg("containers", n, mid=n), conn=1) for n in range(1, 6)]
+    assert log.commit(first).outcomes == ["stored"] * 5
+    log.close()
+    log = _log(tmp_path)  # the power cut took the agent too
+    again = [_on(m, conn=2, dup=False) for m in first[2:]]
+    new = _on(_msg("containers", 6, mid=6), conn=2)
+    assert log.commit([*again, new]).outcomes == ["duplicate"] * 3 + ["stored"]
+    assert _seqs(log, "containers") == [1, 2, 3, 4, 5, 6]
+
+
+def test_identical_payload_after_packet_ids_wrapped_is_stored_even_with_dup(
+    tmp_path: Path,
+) -> None:
+    """Sensors repeat payloads (a door that stays open): once the broker has reused
+    every packet id, the same id and payload is a new message, not a redelivery, even
+    when it comes with DUP because the agent died before committing it."""
+    log = _log(tmp_path, max_bytes=10**9)
+    door = _on(_msg("alerts", 0, mid=5), conn=1)
+    log.commit([door])
+    # 65534 other messages: the broker's ids went round once (6..65535, 1..4)
+    mids = [*range(6, 65536), *range(1, 5)]
+    log.commit([_on(_msg("nav", i, mid=mid, size=8), conn=1) for i, mid in enumerate(mids)])
+    log.close()
+    log = _log(tmp_path, max_bytes=10**9)
+    res = log.commit([_on(door, conn=2, dup=True), _on(door, conn=2, dup=False)])
+    assert res.outcomes == ["stored", "stored"]
+    assert _seqs(log, "alerts") == [1, 2, 3]
+
+
+def test_repeats_on_the_same_connection_or_a_new_session_are_new_messages(
+    tmp_path: Path,
+) -> None:
+    """The broker reuses a packet id on one connection only after our PUBACK, and a
+    broker that lost the session has nothing to redeliver."""
+    log = _log(tmp_path)
+    door = _msg("alerts", 1, mid=7)
+    assert log.commit([_on(door, conn=1)]).outcomes == ["stored"]
+    assert log.commit([_on(door, conn=1)]).outcomes == ["stored"]
+    assert log.commit([_on(door, conn=2, resumed=False, dup=True)]).outcomes == ["stored"]
+    assert log.commit([_on(door, conn=3, dup=True)]).outcomes == ["duplicate"]
+    assert _seqs(log, "alerts") == [1, 2, 3]
+
+
+def test_recognition_without_dup_ends_at_the_first_new_message_of_a_connection(
+    tmp_path: Path,
+) -> None:
+    """A restored broker sends what it restored first: after a new message, a repeat
+    without DUP is a sensor repeating itself."""
+    log = _log(tmp_path)
+    old = [_on(_msg("containers", n, mid=n), conn=1) for n in range(1, 4)]
+    log.commit(old)
+    res = log.commit(
+        [
+            _on(old[0], conn=2, dup=False),
+            _on(_msg("containers", 99, mid=2), conn=2),
+            _on(old[2], conn=2, dup=False),
+        ]
+    )
+    assert res.outcomes == ["duplicate", "stored", "stored"]
+    assert log.commit([_on(old[2], conn=2, dup=False)]).outcomes == ["stored"]
