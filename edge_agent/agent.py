@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import start_http_server
 
 from edge_agent import systemd
+from edge_agent.clock import SHIP_CLOCK, SteadyClock
 from edge_agent.config import EdgeConfig
 from edge_agent.ingest import Ingest
 from edge_agent.log import EdgeLog
@@ -38,13 +39,21 @@ UPLINK_STOP_GRACE_S = 10.0
 
 
 class Agent:
-    def __init__(self, cfg: EdgeConfig, *, gateways: Sequence[Gateway] | None = None) -> None:
-        """``gateways`` replaces the configured ones (tests: an in-memory gateway)."""
+    def __init__(
+        self,
+        cfg: EdgeConfig,
+        *,
+        gateways: Sequence[Gateway] | None = None,
+        clock: SteadyClock = SHIP_CLOCK,
+    ) -> None:
+        """``gateways`` replaces the configured ones (tests: an in-memory gateway);
+        ``clock`` is the wall clock with its jumps taken out (budgets, retention)."""
         if gateways is None and cfg.gateways and not cfg.uplink.token:
             raise ConfigError(
                 "uplink.token", "gateways are configured: set uplink.token or uplink.token_file"
             )
         self.cfg = cfg
+        self.clock = clock
         self.metrics = EdgeMetrics()
         t0 = time.monotonic()
         self.log: EdgeLog = open_log(cfg)
@@ -64,7 +73,12 @@ class Agent:
             from edge_agent.uplink import Uplink
 
             self.uplink = Uplink(
-                cfg, self.log, self.metrics, self.ingest.committed, gateways=gateways
+                cfg,
+                self.log,
+                self.metrics,
+                self.ingest.committed,
+                gateways=gateways,
+                clock=clock.now,
             )
 
     async def run(self, *, install_signals: bool = True) -> None:
@@ -133,12 +147,19 @@ class Agent:
         last_expire = 0.0
         while True:
             if time.monotonic() - last_expire > EXPIRE_INTERVAL_S:
-                removed = await asyncio.to_thread(self.log.expire)
-                if removed:
-                    log.info("event=retention_expired removed=%s", removed)
+                await asyncio.to_thread(self.expire)
                 last_expire = time.monotonic()
             await asyncio.to_thread(self.update_gauges)
             await asyncio.sleep(GAUGE_INTERVAL_S)
+
+    def expire(self) -> dict[str, int]:
+        """One age-retention sweep, on the clock with its forward jumps taken out: a
+        clock set days ahead must not expire every undelivered record at once."""
+        removed = self.log.expire(int(self.clock.retention_now() * 1000))
+        if removed:
+            log.info("event=retention_expired removed=%s", removed)
+        self.metrics.clock_skew.set(self.clock.skew)
+        return removed
 
     def update_gauges(self) -> None:
         m = self.metrics

@@ -1,6 +1,11 @@
 """Per link class: the daily byte budget (UTC day, persisted in the log) and the rate
 limit. Every request body sent is charged before it goes out, including batches whose
-reply never came: on a metered link the bytes left the ship either way."""
+reply never came: on a metered link the bytes left the ship either way.
+
+The day is read from the agent's :class:`~edge_agent.clock.SteadyClock` (the wall clock
+with its jumps taken out): a clock set days ahead does not open a fresh day, and one
+set back does not reopen a day already spent; a new day needs the time to pass. And
+the budget's day never goes backwards."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+from edge_agent.clock import SHIP_CLOCK
 from edge_agent.config import LinkConfig
 from edge_agent.log import EdgeLog
 
@@ -23,7 +29,7 @@ class LinkBudget:
     """One per link class, shared by every gateway reached over that class."""
 
     def __init__(
-        self, link: LinkConfig, edge_log: EdgeLog, *, clock: Callable[[], float] = time.time
+        self, link: LinkConfig, edge_log: EdgeLog, *, clock: Callable[[], float] = SHIP_CLOCK.now
     ) -> None:
         self.link = link
         self._log = edge_log
@@ -40,7 +46,7 @@ class LinkBudget:
 
     def _roll(self) -> None:
         day = utc_day(self._clock())
-        if day != self._day:
+        if day > self._day:  # YYYY-MM-DD: never back to a day already counted
             self._day = day
             self._spent = self._log.link_spend(self.link.name, day)
 

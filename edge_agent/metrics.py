@@ -61,6 +61,12 @@ class EdgeMetrics:
             " a message that keeps failing is quarantined as commit_error)",
             registry=r,
         )
+        self.clock_skew = Gauge(
+            p + "clock_skew_seconds",
+            "How far the wall clock jumped while the agent ran (forward positive); budget"
+            " days and record ages follow monotonic time across jumps",
+            registry=r,
+        )
         self.log_errors = Counter(
             p + "log_errors", "Failed log commits (retried; nothing acknowledged)", registry=r
         )
