@@ -64,3 +64,17 @@ def test_contiguous_end_and_remove_below() -> None:
 def test_parse_rejects_bad_text_naming_it(bad: str) -> None:
     with pytest.raises(ValueError, match="seq range"):
         RangeSet.parse(bad)
+
+
+@given(ranges, ranges)
+def test_update_is_the_union_whichever_way_it_merges(
+    a: list[tuple[int, int]], b: list[tuple[int, int]]
+) -> None:
+    """``update`` merges small sets range by range and large ones in one linear pass
+    (holdings with many holes); both must give the canonical union."""
+    got = RangeSet(a)
+    got.update(RangeSet(b))
+    assert got == RangeSet([*a, *b])
+    pairs = list(got)
+    assert all(x[1] + 1 < y[0] for x, y in itertools.pairwise(pairs))
+    assert {s for lo, hi in got for s in range(lo, hi + 1)} == _model(a) | _model(b)
