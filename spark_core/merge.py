@@ -105,7 +105,11 @@ class Merger:
 
     # -- set-up -------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Create topics, fence any older merge of this site, load the state."""
+        """Create topics, fence any older merge of this site, load the state. A merge
+        that was fenced never does this again (it would fence the newer merge back: two
+        merges of one site would take turns for ever)."""
+        if self.fenced is not None:
+            raise MergeError(self.fenced, fatal=True)
         m = self.site.merge
         specs = [
             TopicSpec(LEDGER_TOPIC, partitions=1, compacted=True),

@@ -44,6 +44,9 @@ def test_a_fenced_merge_fails_its_batches_and_never_fences_back(
         with pytest.raises(MergeError) as again:
             old.write_rows(0, rows)
         assert "fenced" in str(again.value)
+        # nor when the supervisor restarts its query (start_merge -> prepare)
+        with pytest.raises(MergeError, match="fenced"):
+            old.prepare()
         # ... so the merge that took over still writes
         plan = new.write_rows(0, rows)
         assert len(plan.canonical) == 10
