@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from edge_agent.rules import Rule
 from shorelink.config import Secret, Section, load_toml
+from shorelink.contract import MAX_RECORD_BYTES
 from shorelink.errors import ConfigError
 from shorelink.identity import check_name
 from shorelink.wire import DEFAULT_LIMITS
@@ -214,6 +215,16 @@ class EdgeConfig:
         return sorted(self.streams.values(), key=lambda s: (s.priority, s.name))
 
 
+def _max_payload(s: Section, default: int) -> int:
+    n = s.size("max_payload_bytes", default)
+    if n > MAX_RECORD_BYTES:
+        raise ConfigError(
+            s.field("max_payload_bytes"),
+            f"{n} > {MAX_RECORD_BYTES}, the record size limit of every hop (MAX_RECORD_BYTES)",
+        )
+    return n
+
+
 def _mqtt(s: Section, ship: str) -> MqttConfig:
     d = MqttConfig()
     out = MqttConfig(
@@ -227,7 +238,7 @@ def _mqtt(s: Section, ship: str) -> MqttConfig:
         keepalive_s=s.integer("keepalive_s", d.keepalive_s, min=5, max=3600),
         session_expiry_s=s.integer("session_expiry_s", d.session_expiry_s, min=60),
         subscriptions=tuple(s.strings("subscriptions", list(d.subscriptions))),
-        max_payload_bytes=s.size("max_payload_bytes", d.max_payload_bytes),
+        max_payload_bytes=_max_payload(s, d.max_payload_bytes),
         receive_maximum=s.integer("receive_maximum", d.receive_maximum, min=1, max=65535),
         reconnect_min_s=s.duration("reconnect_min", d.reconnect_min_s),
         reconnect_max_s=s.duration("reconnect_max", d.reconnect_max_s),

@@ -44,6 +44,7 @@ from edge_agent.errors import LogError, LogFullError, UnusableMessage
 from edge_agent.log import CommitResult, EdgeLog, Incoming, Quarantined, message_digest
 from edge_agent.metrics import EdgeMetrics
 from edge_agent.rules import map_message
+from shorelink.contract import MAX_RECORD_BYTES, record_bytes
 from shorelink.logs import RateLimitedLog
 
 __all__ = ["Ingest"]
@@ -419,6 +420,13 @@ class Ingest:
                 except Exception as exc:  # no payload may stop ingest
                     log.error("event=mapping_error topic=%r", topic[:200], exc_info=True)
                     raise UnusableMessage("mapping_error", repr(exc)[:300]) from exc
+                size = record_bytes(mapped.key, payload, topic)
+                if size > MAX_RECORD_BYTES:  # the one record limit of every hop
+                    raise UnusableMessage(
+                        "oversized",
+                        f"record of {size} bytes (payload, key and topic) > MAX_RECORD_BYTES"
+                        f" {MAX_RECORD_BYTES}",
+                    )
             except UnusableMessage as exc:
                 quarantined.append(Quarantined(r.recv_ms, raw_topic, exc.reason, str(exc), payload))
                 self.metrics.quarantined.labels(exc.reason).inc()

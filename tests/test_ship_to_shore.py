@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -25,14 +26,16 @@ from local_stack.kafka import KafkaBroker
 from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import free_port
 from local_stack.toxiproxy import Toxiproxy
-from shorelink.contract import LEDGER_TOPIC
+from shorelink.contract import LEDGER_TOPIC, MAX_RECORD_BYTES, record_bytes
 from shorelink.ledger import encode_entry
 from shorelink.ranges import RangeSet
 from shorelink.topics import TopicSpec, ensure_topics
+from spark_core.merge import Merger, start_merge
 from tests.conftest import unique
 from tests.core_gateway.conftest import gateway_config, ingress_seqs, start_gateway
 from tests.edge_agent.conftest import Publisher, write_config
 from tests.edge_agent.conftest import publisher as publisher
+from tests.spark_core.conftest import canonical, make_site
 
 
 @dataclass
@@ -354,3 +357,49 @@ batch_max_records = 20
     assert sorted(ingress_seqs(kafka, ship, "alerts")) == [1], "the alert did not cross"
     nav = ingress_seqs(kafka, ship, "nav")
     assert 0 < len(nav) < 400
+
+
+@pytest.mark.spark
+async def test_a_record_at_the_size_limit_crosses_every_hop_and_one_more_byte_stays_on_the_ship(
+    shore: Shore,
+    kafka_sites: Callable[..., dict[str, KafkaBroker]],
+    mosquitto: MosquittoBroker,
+    publisher: Publisher,
+    run_agent: Callable[[Path], Agent],
+    spark: Any,
+) -> None:
+    """MAX_RECORD_BYTES is one limit for every hop: a record at it goes from the sensor
+    to the canonical topic (MQTT, the log, the wire, the gateway, ingress, the merge's
+    Spark source and producer, canonical); one byte more is quarantined on the ship,
+    where it is counted, and never reaches a link."""
+    kafka = kafka_sites("size-limit")["size-limit"]
+    site = await shore.site("tokyo", kafka)
+    cfg = _agent_config(shore.tmp_path, mosquitto, shore.ship, shore.token, [(site, "port_wifi")])
+    cfg.write_text(
+        cfg.read_text().replace('max_payload_bytes = "256KiB"', 'max_payload_bytes = "1MiB"')
+    )
+    agent = run_agent(cfg)
+    await asyncio.wait_for(agent.ingest.connected.wait(), 10)
+    key = "MSCU0000001"
+    topic = f"bigblue/deck1/containers/{key}/env"
+    room = MAX_RECORD_BYTES - len(key) - len(topic)
+    at_limit = b'{"fill": "' + b"a" * (room - 12) + b'"}'
+    assert record_bytes(key, at_limit, topic) == MAX_RECORD_BYTES
+    publisher.publish(topic, at_limit)
+    publisher.publish(topic, at_limit[:-2] + b'b"}')  # one more byte
+    publisher.publish(topic, b'{"t": 4.5}')
+    publisher.wait_all_acked()
+    await _until(lambda: agent.log.stream_state("containers").count == 2, 30, "ingest")
+    await _until(lambda: agent.log.backlog("containers")[0] == 0, 30, "upload")
+    (q,) = agent.log.quarantined()
+    assert q.reason == "oversized" and "MAX_RECORD_BYTES" in q.detail
+    assert sorted(ingress_seqs(kafka, shore.ship)) == [1, 2]
+
+    site_cfg, _ = make_site(kafka.bootstrap, shore.tmp_path / "spark", ["containers"])
+    merger = Merger(site_cfg)
+    query = start_merge(spark, merger, available_now=True)
+    await asyncio.to_thread(query.awaitTermination, 120)
+    merger.close()
+    assert query.exception() is None
+    got = [r for r in canonical(kafka.bootstrap, "containers") if r.identity.origin == shore.ship]
+    assert [(r.identity.seq, len(r.value)) for r in got] == [(1, len(at_limit)), (2, 10)]

@@ -70,6 +70,8 @@ def _with(change: dict[str, object]) -> dict[str, object]:
         ({"log.alerts_reserve_bytes": "3GB"}, "log.alerts_reserve_bytes"),
         ({"mqtt.password": "${SHORELINK_TEST_UNSET_VAR}"}, "mqtt.password"),
         ({"ship": None}, "ship"),
+        # over the record limit of every hop (MAX_RECORD_BYTES): the shore could not take it
+        ({"mqtt.max_payload_bytes": "2MiB"}, "mqtt.max_payload_bytes"),
     ],
 )
 def test_invalid_config_names_the_field(change: dict[str, object], field: str) -> None:
