@@ -6,6 +6,12 @@ consumers at HQ depend on.
 - headers: ``sl.origin``, ``sl.stream``, ``sl.seq`` (decimal ASCII), ``sl.ts`` (event
   time, epoch ms), ``sl.site`` (site whose gateway took it in), ``sl.mqtt_topic``.
 
+Readers of a canonical topic ``sl.<stream>`` must read with
+``isolation.level=read_committed``: the merge writes in Kafka transactions, and a
+``read_uncommitted`` reader also sees the records of aborted transactions, which the
+replay writes again, as duplicates (docs/exactly-once.md, "Reading the canonical
+topics").
+
 Topic names per site live here too, so nobody spells them twice, and so does the one
 size limit every hop checks (:data:`MAX_RECORD_BYTES`).
 """
