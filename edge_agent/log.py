@@ -22,6 +22,7 @@ from pathlib import Path
 
 import sqlite_utils
 
+from edge_agent import numbering
 from edge_agent.config import LogConfig, StreamConfig
 from edge_agent.errors import LogError, LogFullError
 from edge_agent.linkstate import (
@@ -149,7 +150,14 @@ class EdgeLog:
         except sqlite3.Error as exc:
             raise LogError(f"cannot open log {self.path}: {exc}") from exc
         self._retention = Retention(self._conn, streams, cfg)
+        #: bumped whenever seqs are moved (:meth:`reconcile`): work built before is stale
+        self.numbering_epoch = 0
         self._load_state()
+        if not readonly:
+            with self._txn() as conn:
+                numbering.mark_open(
+                    conn, [(n, st.next_seq) for n, st in self._retention.state.items()]
+                )
 
     # -- state ---------------------------------------------------------------------------
     def _check_origin(self) -> None:
@@ -175,6 +183,12 @@ class EdgeLog:
         for _site, stream, text in self._conn.execute("SELECT site, stream, ranges FROM holdings"):
             held.setdefault(stream, RangeSet()).update(RangeSet.parse(text))
         self._retention.delivered = held
+        self._sent = {
+            key.removeprefix("sent_upto:"): int(value)
+            for key, value in self._conn.execute(
+                "SELECT key, value FROM meta WHERE key LIKE 'sent_upto:%'"
+            )
+        }
 
     @contextmanager
     def _txn(self) -> Iterator[sqlite3.Connection]:
@@ -288,6 +302,55 @@ class EdgeLog:
         with self._lock:
             self._load_state()
 
+    # -- a log that starts again (edge_agent/numbering.py) --------------------------------
+    def note_sent(self, stream: str, last: int) -> None:
+        """Seqs up to ``last`` of ``stream`` are about to go out on a link."""
+        with self._lock:
+            if last <= self._sent.get(stream, 0):
+                return
+        with self._txn() as conn:
+            numbering.note_sent(conn, stream, last)
+            self._sent[stream] = max(last, self._sent.get(stream, 0))
+
+    def reconcile(self, site: str, stream: str, held: RangeSet) -> int:
+        """Check this log's numbering of ``stream`` against what ``site`` holds; if the
+        site holds seqs this log never sent (the log started again), move the records
+        that may collide past the site's last seq. Returns the records moved."""
+        site_last = held.last or 0
+        with self._lock:
+            if site_last <= self._sent.get(stream, 0):
+                return 0
+        with self._txn() as conn:
+            sent = numbering.sent_upto(conn, stream)
+            st = self.stream_state(stream)
+            plan = numbering.plan_renumber(
+                site_last, sent, numbering.renumber_from(conn, stream), st.next_seq
+            )
+            if plan is None:
+                return 0
+            moved = numbering.renumber(conn, stream, plan, site_last)
+            ret = self._retention
+            ret.begin()
+            ret.assign_from(stream, st.next_seq + plan.delta)
+            ret.save()
+            self._sent[stream] = site_last
+        with self._lock:
+            self.numbering_epoch += 1
+            self._load_state()
+        log.error(
+            "event=log_numbering_diverged site=%s stream=%s site_last=%d log_sent_upto=%d "
+            "moved=%d from_seq=%d to_seq=%d: the log started again (re-flashed, restored "
+            "or lost its tail); its records since keep their order under new seqs",
+            site,
+            stream,
+            site_last,
+            sent,
+            moved,
+            plan.first,
+            plan.first + plan.delta,
+        )
+        return moved
+
     # -- the uplink's bookkeeping (edge_agent/linkstate.py) -------------------------------
     def link_spend(self, link: str, day: str) -> int:
         """Request body bytes sent over link class ``link`` on UTC ``day`` (YYYY-MM-DD)."""
@@ -308,12 +371,14 @@ class EdgeLog:
             return read_link_states(self._conn)
 
     # -- sealed segments (edge_agent/sealing.py) -----------------------------------------
-    def add_segment(self, stream: str, body: Body) -> bool:
+    def add_segment(self, stream: str, body: Body, epoch: int | None = None) -> bool:
         """Keep ``body`` (records ``body.first_seq`` on, already encoded) as a sealed
         segment of ``stream``; False (nothing stored) if one starts there already or if
         retention removed any of its records meanwhile."""
         last = body.first_seq + body.count - 1
         with self._txn() as conn:
+            if epoch is not None and epoch != self.numbering_epoch:
+                return False  # built before seqs moved: its records are others now
             present = conn.execute(
                 "SELECT count(*) FROM records WHERE stream = ? AND seq BETWEEN ? AND ?",
                 [stream, body.first_seq, last],

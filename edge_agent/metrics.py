@@ -36,6 +36,13 @@ class EdgeMetrics:
             ["stream"],
             registry=r,
         )
+        self.renumbered = Counter(
+            p + "renumbered_records",
+            "Records moved to new seqs because a site held their seqs from a log that "
+            "started again (re-flashed, restored, lost its tail)",
+            ["stream"],
+            registry=r,
+        )
         self.dropped = Counter(
             p + "dropped_records",
             "Undelivered records dropped by a drop_oldest policy",

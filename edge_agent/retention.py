@@ -83,6 +83,10 @@ class Retention:
         self._touched.add(stream)
         return self.state.setdefault(stream, StreamState())
 
+    def assign_from(self, stream: str, next_seq: int) -> None:
+        """New records of ``stream`` get seqs from ``next_seq`` on (a renumbering)."""
+        self._st(stream).next_seq = next_seq
+
     def assign(self, stream: str, size: int) -> int:
         st = self._st(stream)
         seq = st.next_seq

@@ -97,6 +97,7 @@ class Sealer:
         if last - start + 1 < self.records:
             return None
         t0 = time.monotonic()
+        epoch = self.log.numbering_epoch
         try:
             body = await self.builder.seal(
                 SealSpec(stream, start, last, self.records, SEAL_MAX_BYTES)
@@ -119,7 +120,7 @@ class Sealer:
                 body.decoded_len,
             )
             return 0
-        if not await asyncio.to_thread(self.log.add_segment, stream, body):
+        if not await asyncio.to_thread(self.log.add_segment, stream, body, epoch):
             return None  # retention took some of its records meanwhile: next pass
         self.metrics.seal_seconds.observe(time.monotonic() - t0)
         self.metrics.sealed_records.labels(stream).inc(body.count)

@@ -122,17 +122,11 @@ class Session:
     async def adopt(self) -> None:
         """Store what the site said it holds (makes those records retention-eligible)."""
         for c in self.cursors:
-            last = self.log.stream_state(c.stream).next_seq - 1
-            if c.held and (c.held.last or 0) > last:
-                # the site has seqs this log never assigned: the log was replaced (a
-                # new disk?) and its seqs restart; new records would be taken for old
-                log.error(
-                    "event=site_ahead_of_log site=%s stream=%s site_last=%s log_last=%d",
-                    self.site,
-                    c.stream,
-                    c.held.last,
-                    last,
-                )
+            # a site holding seqs this log never sent: the log started again (re-flashed,
+            # restored, lost its tail); its new records move past them (numbering.py)
+            moved = await asyncio.to_thread(self.log.reconcile, self.site, c.stream, c.held)
+            if moved:
+                self.metrics.renumbered.labels(c.stream).inc(moved)
             await asyncio.to_thread(self.log.set_holdings, self.site, c.stream, c.held)
 
     # -- the send loop -------------------------------------------------------------------
@@ -185,6 +179,8 @@ class Session:
         bytes) and start sending ``out``."""
         await self.budget.pace(len(out.body))
         await self.budget.charge(len(out.body))
+        # before the bytes go out: a site must never hold a seq this log thinks unsent
+        await asyncio.to_thread(self.log.note_sent, out.cursor.stream, out.last)
         self.metrics.uplink_bytes.labels(self.link.name).inc(len(out.body))
         self.metrics.budget_used.labels(self.link.name).set(self.budget.spent)
         out.cursor.in_flight += 1
