@@ -337,6 +337,16 @@ class EdgeLog:
         with self._lock:
             self.numbering_epoch += 1
             self._load_state()
+        if not plan.delta:
+            # nothing collides (a log from before sent_upto was kept, or a backup that
+            # had more than the site ever got): the site's seqs are simply known now
+            log.info(
+                "event=log_sent_upto_learned site=%s stream=%s sent_upto=%d",
+                site,
+                stream,
+                site_last,
+            )
+            return 0
         log.error(
             "event=log_numbering_diverged site=%s stream=%s site_last=%d log_sent_upto=%d "
             "moved=%d from_seq=%d to_seq=%d: the log started again (re-flashed, restored "

@@ -182,3 +182,22 @@ async def test_a_log_that_did_not_restart_moves_nothing(tmp_path: Path) -> None:
     assert max(gw.arrivals.values()) <= 2  # (the batch whose reply was lost, once more)
     assert edge_log.stream_state("containers").next_seq == 511
     edge_log.close()
+
+
+async def test_a_log_from_before_the_rule_moves_nothing_on_upgrade(tmp_path: Path) -> None:
+    """A log an older agent wrote has no ``sent_upto``: the sites hold what it sent. Its
+    first session after the upgrade must learn that, not move anything."""
+    cfg = uplink_config(tmp_path, gateways=[("tokyo", "port_wifi")])
+    edge_log = open_log(cfg)
+    gw = MemoryGateway("tokyo", "port_wifi")
+    _fill_tagged(edge_log, "a", 100)
+    await _uplink(cfg, edge_log, gw).sync_once()
+    edge_log.close()
+    with sqlite3.connect(tmp_path / "edge.db") as conn:  # as the older agent left it
+        conn.execute("DELETE FROM meta WHERE key LIKE 'sent_upto:%' OR key LIKE 'renumber_from:%'")
+    edge_log = open_log(cfg)
+    _fill_tagged(edge_log, "b", 10)
+    await _uplink(cfg, edge_log, gw).sync_once()
+    _assert_site_holds_everything_once(gw, _payloads_of("a", 100) + _payloads_of("b", 10))
+    assert edge_log.stream_state("containers").next_seq == 111
+    edge_log.close()

@@ -210,6 +210,7 @@ async def test_409_adopts_the_sites_holdings_and_resends_from_there(tmp_path: Pa
     )
     log = open_log(cfg)
     fill(log, "containers", 300)
+    log.note_sent("containers", 100)  # the history: 1-100 went out before
     gw = MemoryGateway("tokyo", "port_wifi")
     gw.written["containers"] = _all(50)
     gw.stale_holdings = {"containers": _all(100)}
