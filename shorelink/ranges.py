@@ -106,7 +106,9 @@ class RangeSet:
             return
         los: list[int] = []
         his: list[int] = []
-        for lo, hi in heapq.merge(zip(self._los, self._his), zip(other._los, other._his)):
+        for lo, hi in heapq.merge(
+            zip(self._los, self._his, strict=True), zip(other._los, other._his, strict=True)
+        ):
             if los and lo <= his[-1] + 1:
                 if hi > his[-1]:
                     his[-1] = hi
