@@ -35,7 +35,7 @@ from tests.conftest import unique
 from tests.core_gateway.conftest import gateway_config, ingress_seqs, start_gateway
 from tests.edge_agent.conftest import Publisher, write_config
 from tests.edge_agent.conftest import publisher as publisher
-from tests.spark_core.conftest import canonical, make_site
+from tests.spark_core.helpers import canonical, make_site
 
 
 @dataclass

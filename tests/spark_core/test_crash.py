@@ -25,7 +25,7 @@ from shorelink.contract import Record
 from spark_core.config import SiteConfig
 from spark_core.tables import table_path
 from tests.conftest import unique
-from tests.spark_core.conftest import (
+from tests.spark_core.helpers import (
     assert_exactly_once,
     canonical,
     create_ingress,

@@ -28,7 +28,7 @@ from spark_core.merge import DEAD_UNKNOWN_TOPIC, Merger, SourceRow, plan_batch, 
 from spark_core.merge_batch import ArrowBatch, batch_frame
 from spark_core.merge_state import DEAD_VALUE_MAX, Headers, MergeState
 from tests.conftest import unique
-from tests.spark_core.conftest import (
+from tests.spark_core.helpers import (
     assert_exactly_once,
     canonical,
     create_ingress,

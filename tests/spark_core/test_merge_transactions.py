@@ -15,7 +15,7 @@ from shorelink.contract import ingress_topic
 from spark_core.merge import Merger, SourceRow
 from spark_core.merge_state import MergeError
 from tests.conftest import unique
-from tests.spark_core.conftest import assert_exactly_once, canonical, make_site, record
+from tests.spark_core.helpers import assert_exactly_once, canonical, make_site, record
 
 
 def _row(topic: str, offset: int, origin: str, stream: str, seq: int) -> SourceRow:

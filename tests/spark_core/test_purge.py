@@ -18,7 +18,7 @@ from local_stack.kafka import KafkaBroker, start_kafka
 from shorelink.contract import ingress_topic
 from spark_core.merge import Merger, start_merge
 from tests.conftest import unique
-from tests.spark_core.conftest import assert_exactly_once, canonical, make_site, produce, record
+from tests.spark_core.helpers import assert_exactly_once, canonical, make_site, produce, record
 
 #: the broker expires anything without a retention of its own after one second
 SHORT_RETENTION = {
