@@ -33,8 +33,8 @@ from shorelink.topics import TopicSpec, ensure_topics
 from spark_core.merge import Merger, start_merge
 from tests.conftest import unique
 from tests.core_gateway.conftest import gateway_config, ingress_seqs, start_gateway
-from tests.edge_agent.conftest import Publisher, write_config
 from tests.edge_agent.conftest import publisher as publisher
+from tests.edge_agent.helpers import Publisher, write_config
 from tests.spark_core.helpers import canonical, make_site
 
 

@@ -1,121 +1,15 @@
-"""Helpers for edge agent tests: configs pointing at a real Mosquitto, the agent run
-in-process or as a real subprocess, and a QoS 1 publisher with a persistent session."""
+"""Fixtures for edge agent tests: the agent as a real process, a QoS 1 publisher on
+the test's Mosquitto (helpers in tests/edge_agent/helpers.py)."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 
 from local_stack.mosquitto import MosquittoBroker
-
-BASE_CONFIG = """\
-ship = "bigblue"
-log_level = "info"
-
-[mqtt]
-host = "127.0.0.1"
-port = {port}
-client_id = "{client_id}"
-max_payload_bytes = "{max_payload}"
-
-[log]
-path = "{log_path}"
-group_commit = "2ms"
-max_bytes = {max_bytes}
-alerts_reserve_bytes = {reserve}
-quarantine_max = 50
-synchronous = "{synchronous}"
-
-[metrics]
-port = 0
-
-[streams.alerts]
-priority = 0
-
-[streams.nav]
-priority = 10
-max_age = "30d"
-
-[streams.containers]
-priority = 50
-on_full = "{containers_policy}"
-
-[[rules]]
-filter = "bigblue/+/containers/+/alert"
-stream = "alerts"
-key = "{{4}}"
-
-[[rules]]
-filter = "bigblue/+/containers/+/env"
-stream = "containers"
-key = "{{4}}"
-ts_field = "ts"
-
-[[rules]]
-filter = "bigblue/nav/ais"
-stream = "nav"
-key = "position"
-"""
-
-
-def write_config(tmp_path: Path, broker: MosquittoBroker, **overrides: Any) -> Path:
-    values: dict[str, Any] = {
-        "port": broker.port,
-        "client_id": f"edge-{tmp_path.name}"[:60],
-        "log_path": tmp_path / "edge.db",
-        "max_bytes": 2_000_000_000,
-        "reserve": 10_000_000,
-        "max_payload": "256KiB",
-        "containers_policy": "drop_oldest",
-        "synchronous": "full",
-    }
-    values.update(overrides)
-    path = tmp_path / "edge.toml"
-    path.write_text(BASE_CONFIG.format(**values))
-    return path
-
-
-class AgentProcess:
-    """The agent as a real process (``shorelink-edge run``), for crash tests."""
-
-    def __init__(self, config: Path, log_file: Path) -> None:
-        self.config = config
-        self.log_file = log_file
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        out = open(self.log_file, "ab")  # noqa: SIM115  (kept open for the child)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "edge_agent.cli", "run", "--config", str(self.config)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        out.close()
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def terminate(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+from tests.edge_agent.helpers import AgentProcess, Publisher
 
 
 @pytest.fixture
@@ -132,53 +26,8 @@ def agent_process(tmp_path: Path) -> Iterator[type[AgentProcess]]:
         a.terminate()
 
 
-class Publisher:
-    """A QoS 1 publisher with a persistent session, like a sensor gateway on the ship.
-    :attr:`acked` is the payloads the broker acknowledged (PUBACK received)."""
-
-    def __init__(self, broker: MosquittoBroker, client_id: str) -> None:
-        self.client = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5
-        )
-        self.client.max_inflight_messages_set(100)
-        self.client.max_queued_messages_set(0)
-        self._sent: list[tuple[bytes, mqtt.MQTTMessageInfo]] = []
-        props = Properties(PacketTypes.CONNECT)
-        props.SessionExpiryInterval = 3600
-        self.client.connect(broker.host, broker.port, clean_start=False, properties=props)
-        self.client.loop_start()
-
-    def publish(self, topic: str, payload: bytes, qos: int = 1) -> None:
-        self._sent.append((payload, self.client.publish(topic, payload, qos=qos)))
-
-    @property
-    def acked(self) -> list[bytes]:
-        return [p for p, info in self._sent if info.is_published()]
-
-    def wait_all_acked(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            missing = sum(1 for _, info in self._sent if not info.is_published())
-            if not missing:
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"{missing} messages never acknowledged by the broker")
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-
-
 @pytest.fixture
 def publisher(mosquitto: MosquittoBroker, tmp_path: Path) -> Iterator[Publisher]:
     p = Publisher(mosquitto, f"pub-{tmp_path.name}"[:60])
     yield p
     p.close()
-
-
-def wait_for(check: Any, timeout: float = 20, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import free_port
-from tests.edge_agent.conftest import Publisher, wait_for, write_config
+from tests.edge_agent.helpers import Publisher, wait_for, write_config
 
 EDGE = [sys.executable, "-m", "edge_agent.cli"]
 

@@ -17,7 +17,7 @@ from edge_agent.agent import Agent
 from edge_agent.config import load_config
 from local_stack.mosquitto import MosquittoBroker
 from tests.conftest import AIS_SAMPLE
-from tests.edge_agent.conftest import AgentProcess, Publisher, wait_for, write_config
+from tests.edge_agent.helpers import AgentProcess, Publisher, wait_for, write_config
 
 
 def _rows(db: Path, stream: str) -> list[tuple[int, str, bytes]]:

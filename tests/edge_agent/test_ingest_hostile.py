@@ -23,7 +23,7 @@ from edge_agent.log import CommitResult, EdgeLog, Incoming, Quarantined
 from edge_agent.metrics import EdgeMetrics
 from edge_agent.rules import MAX_EVENT_MS, MIN_EVENT_MS
 from local_stack.mosquitto import MosquittoBroker
-from tests.edge_agent.conftest import Publisher, write_config
+from tests.edge_agent.helpers import Publisher, write_config
 from tests.edge_agent.test_rules import _payloads, _topic_for
 
 SAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "edge" / "edge.toml"

@@ -26,7 +26,7 @@ from paho.mqtt.properties import Properties
 
 from local_stack.process import Proc, free_port, port_open
 from local_stack.tools import mosquitto_bin
-from tests.edge_agent.conftest import AgentProcess, write_config
+from tests.edge_agent.helpers import AgentProcess, write_config
 
 SHIP_CONF = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto" / "ship.conf"
 #: the lines of ship.conf that only say where things are on a real ship

@@ -33,7 +33,7 @@ from shorelink.ranges import RangeSet
 from shorelink.wire import FLAG_TEMPLATED, Batch, WireRecord, decode_batch, encode_batch
 from tests.conftest import unique
 from tests.core_gateway.conftest import assert_exactly_once, gateway_config, start_gateway
-from tests.edge_agent.conftest import Publisher, write_config
+from tests.edge_agent.helpers import Publisher, write_config
 from tests.edge_agent.memory_gateway import MemoryGateway
 from tests.edge_agent.uplink_helpers import eventually, fill, uplink_config
 

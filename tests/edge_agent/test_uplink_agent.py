@@ -20,7 +20,7 @@ from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import free_port
 from shorelink.ranges import RangeSet
 from tests.edge_agent.api_server import TOKEN, api_app
-from tests.edge_agent.conftest import Publisher, write_config
+from tests.edge_agent.helpers import Publisher, write_config
 from tests.edge_agent.memory_gateway import MemoryGateway
 from tests.edge_agent.uplink_helpers import eventually
 
