@@ -26,10 +26,10 @@ from core_gateway.config import GatewayConfig
 from core_gateway.decoding import BatchDecoder
 from core_gateway.errors import ApiError, KafkaWriteError
 from core_gateway.holdings import Holdings, SourceHoldings
+from core_gateway.ingress import IngressWriter, Write
 from core_gateway.ledger import LedgerFollower
 from core_gateway.metrics import GatewayMetrics
 from core_gateway.upload import close_uploads, serve_upload
-from core_gateway.writer import KafkaWriter, Write
 from shorelink.ledger import MAX_HOLDINGS_RANGES
 from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, WireError, peek_header
@@ -55,7 +55,7 @@ class GatewayService:
         self.credentials = Credentials(cfg.credentials_file)
         self.holdings = Holdings()
         self.metrics = GatewayMetrics()
-        self.writer = KafkaWriter(cfg, on_commit=self.metrics.committed)
+        self.writer = IngressWriter(cfg, on_commit=self.metrics.committed)
         self.metrics.commit_retries.set_function(lambda: self.writer.retries)
         self.decoder = BatchDecoder(cfg.limits, workers=cfg.decode_workers)
         self.ledger = LedgerFollower(cfg.kafka_bootstrap, self.holdings)

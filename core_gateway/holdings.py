@@ -3,7 +3,7 @@
 Two sources, kept apart because they mean different things:
 - ``written``: what this site's gateway itself wrote to ``sl.ingress.*`` (restored at
   start-up from the cursor topic, which is committed in the same Kafka transaction as
-  the records; see writer.py), plus ``abandoned`` seqs the ship declared it no longer
+  the records; see ingress.py), plus ``abandoned`` seqs the ship declared it no longer
   has (dropped on board by policy; they can never arrive);
 - ``replicated``: what the site's canonical topics hold per ``sl.ledger`` (replication
   from other sites; written by the site's Spark merge).

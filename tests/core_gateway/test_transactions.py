@@ -23,7 +23,7 @@ from confluent_kafka import KafkaException, Producer
 from core_gateway.app import GatewayService
 from core_gateway.auth import Credentials
 from core_gateway.config import GatewayConfig
-from core_gateway.writer import KafkaWriter
+from core_gateway.ingress import IngressWriter
 from local_stack.kafka import KafkaBroker
 from local_stack.process import free_port
 from shorelink.contract import GATEWAY_CURSOR_TOPIC, contract_headers, ingress_topic
@@ -116,7 +116,7 @@ async def test_a_fenced_gateway_stops_accepting_and_never_fences_back(
     over; the older one's commit fails, none of its records become visible, it answers
     503 not_ready saying it was fenced and keeps running without re-initialising (an
     exit would have its supervisor restart it, fencing the new one: a loop)."""
-    caplog.set_level(logging.ERROR, logger="core_gateway.writer")
+    caplog.set_level(logging.ERROR, logger="core_gateway.ingress")
     cfg_a = replace(gateway_config(tmp_path, kafka), decode_workers=0)
     cfg_b = replace(cfg_a, port=free_port())
     ship = unique("ship")
@@ -200,7 +200,7 @@ async def test_the_cursor_is_read_only_after_an_older_gateway_is_fenced(
     Kafka). Read after it, it holds everything the older one ever committed."""
     for _ in range(3):
         cfg = replace(gateway_config(tmp_path, kafka), decode_workers=0)
-        KafkaWriter(cfg).ensure_topics()
+        IngressWriter(cfg).ensure_topics()
         ship = unique("ship")
         committed: list[int] = []
         stop = threading.Event()

@@ -14,7 +14,7 @@ import pytest
 
 from core_gateway.auth import Credentials
 from core_gateway.errors import KafkaWriteError
-from core_gateway.writer import KafkaWriter, Write
+from core_gateway.ingress import IngressWriter, Write
 from local_stack.kafka import KafkaBroker
 from shorelink.ranges import RangeSet
 from tests.conftest import unique
@@ -138,7 +138,7 @@ async def test_writer_refuses_a_write_built_on_one_that_was_not_written(
     """The rule that keeps a cursor honest under pipelining: a write admitted on top of
     seqs still being written is itself written only if those were."""
     cfg = gateway_config(tmp_path, kafka)
-    writer = KafkaWriter(cfg)
+    writer = IngressWriter(cfg)
     await asyncio.to_thread(writer.ensure_topics)
     await asyncio.to_thread(writer.start)
     ship = unique("ship")

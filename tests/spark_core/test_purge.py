@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from core_gateway.config import parse_config as gateway_config
-from core_gateway.writer import KafkaWriter
+from core_gateway.ingress import IngressWriter
 from local_stack.kafka import KafkaBroker, start_kafka
 from shorelink.contract import ingress_topic
 from spark_core.merge import Merger, start_merge
@@ -65,7 +65,7 @@ def test_ingress_outlives_a_stopped_merge_and_is_purged_once_merged(
             "kafka": {"bootstrap": b, "ingress_partitions": 2},
         }
     )
-    KafkaWriter(gw).ensure_topics()
+    IngressWriter(gw).ensure_topics()
     produce(b, [record("ship1", s, q, key=f"c{q % 7}") for q in range(1, 51)])
     time.sleep(1.5)
     produce(b, [record("ship1", s, q, key=f"c{q % 7}") for q in range(51, 101)])

@@ -21,9 +21,9 @@ Kafka's transaction errors are handled the way librdkafka defines them:
   (503; the ship resends from the holdings);
 - *fatal* (``fatal()``): the producer is unusable. Fenced (``_FENCED``,
   ``PRODUCER_FENCED``): another gateway of this site took over; this one stops writing
-  for good (:attr:`KafkaWriter.fatal`) and never re-initialises by itself, so two
+  for good (:attr:`IngressWriter.fatal`) and never re-initialises by itself, so two
   gateways never fence each other in a loop. Any other fatal error, or a commit whose
-  outcome stays unknown: :attr:`KafkaWriter.broken`; the service re-creates the
+  outcome stays unknown: :attr:`IngressWriter.broken`; the service re-creates the
   producer (``init_transactions`` settles the open transaction) and re-reads the
   cursor before it accepts batches again (``GatewayService`` in app.py).
 
@@ -63,7 +63,7 @@ from shorelink.ranges import RangeSet
 from shorelink.topics import TopicSpec, ensure_topics, producer_config
 from shorelink.wire import WireRecord
 
-__all__ = ["MAX_GROUP_RECORDS", "KafkaWriter", "Write"]
+__all__ = ["MAX_GROUP_RECORDS", "IngressWriter", "Write"]
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class Write:
 _STOP = object()
 
 
-class KafkaWriter:
+class IngressWriter:
     def __init__(
         self,
         cfg: GatewayConfig,
