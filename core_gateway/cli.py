@@ -68,7 +68,8 @@ async def serve(
 ) -> None:
     from aiohttp import web
 
-    from core_gateway.app import GatewayService, create_app
+    from core_gateway.app import create_app
+    from core_gateway.service import GatewayService
 
     service = GatewayService(cfg)
     runner = web.AppRunner(create_app(service), access_log=None)

@@ -25,7 +25,7 @@ Kafka's transaction errors are handled the way librdkafka defines them:
   gateways never fence each other in a loop. Any other fatal error, or a commit whose
   outcome stays unknown: :attr:`IngressWriter.broken`; the service re-creates the
   producer (``init_transactions`` settles the open transaction) and re-reads the
-  cursor before it accepts batches again (``GatewayService`` in app.py).
+  cursor before it accepts batches again (``GatewayService`` in service.py).
 
 An idempotent producer alone would not do: it removes duplicates from producer retries
 within one session, not from a gateway restart or a ship's resend.

@@ -28,33 +28,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from core_gateway.errors import ApiError
+from core_gateway.service import GatewayService
 
-if TYPE_CHECKING:
-    from core_gateway.app import GatewayService
-
-__all__ = ["ROUTE", "UPLOAD_WINDOW", "close_uploads", "serve_upload"]
+__all__ = ["ROUTE", "UPLOADS", "UPLOAD_WINDOW", "close_uploads", "serve_upload"]
 
 log = logging.getLogger(__name__)
 
 ROUTE = "/v1/ships/{ship}/upload"
 #: batches in progress (received, not answered yet) per connection
 UPLOAD_WINDOW = 16
+#: an app's open upload connections (closed on shutdown)
+UPLOADS: web.AppKey[set[web.WebSocketResponse]] = web.AppKey("uploads")
 
 
 async def serve_upload(
     service: GatewayService,
     request: web.Request,
     ship: str,
-    authorized: Callable[[], None],
+    token: str,
 ) -> web.WebSocketResponse:
-    """Serve one upload connection of ``ship`` (already authenticated). ``authorized``
-    raises ApiError once the ship's token was revoked (checked for every batch)."""
+    """Serve one upload connection of ``ship`` (already authenticated with ``token``,
+    which is checked again for every batch: a revoked token is refused from then on)."""
     cfg = service.cfg
     ws = web.WebSocketResponse(
         max_msg_size=cfg.limits.max_compressed_bytes,
@@ -62,7 +61,8 @@ async def serve_upload(
         compress=False,
     )
     await ws.prepare(request)
-    service.uploads.add(ws)
+    open_uploads = request.app[UPLOADS]
+    open_uploads.add(ws)
     await ws.send_json(
         {
             "type": "holdings",
@@ -80,7 +80,7 @@ async def serve_upload(
         async for msg in ws:
             if msg.type is WSMsgType.BINARY:
                 batches += 1
-                await replies.put(await _receive(service, ship, authorized, msg.data))
+                await replies.put(await _receive(service, ship, token, msg.data))
             elif msg.type is WSMsgType.TEXT:
                 await ws.close(
                     code=WSCloseCode.UNSUPPORTED_DATA,
@@ -90,7 +90,7 @@ async def serve_upload(
     finally:
         await replies.put(None)
         await answering
-        service.uploads.discard(ws)
+        open_uploads.discard(ws)
         service.metrics.uploads.dec()
         log.info(
             "event=upload_closed ship=%s batches=%d close_code=%s",
@@ -102,11 +102,11 @@ async def serve_upload(
 
 
 async def _receive(
-    service: GatewayService, ship: str, authorized: Callable[[], None], body: bytes
+    service: GatewayService, ship: str, token: str, body: bytes
 ) -> asyncio.Future[dict[str, Any]]:
     """Admit one batch (in arrival order); a refusal becomes an answered future."""
     try:
-        authorized()
+        service.authorize(ship, token)
         return await service.receive(ship, None, body)
     except ApiError as exc:
         refused: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -133,10 +133,11 @@ async def _answer(
                 await ws.send_json(reply)
 
 
-async def close_uploads(service: GatewayService) -> None:
+async def close_uploads(app: web.Application) -> None:
     """On shutdown: close every upload connection (1001, going away) so that a stopping
     gateway does not wait for ships to hang up; batches already received are still
     written and answered before the Kafka writer stops."""
-    for ws in list(service.uploads):
+    open_uploads = app[UPLOADS]
+    for ws in list(open_uploads):
         with contextlib.suppress(Exception):
             await ws.close(code=WSCloseCode.GOING_AWAY, message=b"gateway stopping")

@@ -20,10 +20,10 @@ import aiohttp
 import pytest
 from confluent_kafka import KafkaException, Producer
 
-from core_gateway.app import GatewayService
 from core_gateway.auth import Credentials
 from core_gateway.config import GatewayConfig
 from core_gateway.ingress import IngressWriter
+from core_gateway.service import GatewayService
 from local_stack.kafka import KafkaBroker
 from local_stack.process import free_port
 from shorelink.contract import GATEWAY_CURSOR_TOPIC, contract_headers, ingress_topic

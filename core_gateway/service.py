@@ -1,0 +1,374 @@
+"""The gateway's service behind its two transports (the HTTP routes of app.py and the
+WebSocket upload of upload.py): credentials, holdings, admission of batches and their
+writes to ``sl.ingress.*`` (ingress.py).
+
+Every batch is checked whole before anything is written: credential, origin, stream,
+size, checksum, version, decompressed size, seq range. A refused batch raises
+:class:`ApiError` (a 4xx with a JSON body ``{"error": code, "message": ...}`` and a
+counter); nothing is written. A batch is answered only after Kafka committed it.
+
+Memory is bounded globally: a batch holds ``len(body) + declared decoded size`` of
+``limits.max_inflight_bytes`` from the moment its body is in hand until its write is
+done; one that does not fit is answered ``503 busy`` with ``Retry-After`` (the ship
+retries later), and at most ``limits.max_uploads`` upload connections are open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from core_gateway.auth import Credentials
+from core_gateway.config import GatewayConfig
+from core_gateway.decoding import BatchDecoder
+from core_gateway.errors import ApiError, KafkaWriteError
+from core_gateway.holdings import Holdings, SourceHoldings
+from core_gateway.ingress import IngressWriter, Write
+from core_gateway.ledger import LedgerFollower
+from core_gateway.metrics import GatewayMetrics
+from shorelink.ledger import MAX_HOLDINGS_RANGES
+from shorelink.ranges import RangeSet
+from shorelink.wire import Batch, WireError, peek_header
+
+__all__ = ["RETRY_AFTER_S", "GatewayService", "busy"]
+
+log = logging.getLogger(__name__)
+
+_WIRE_STATUS = {
+    "too_large": 413,
+    "decompressed_too_large": 413,
+    "too_many_records": 413,
+    "record_too_large": 413,
+    "bad_seq_range": 422,
+}
+
+
+class GatewayService:
+    """Everything behind the HTTP API and the upload: credentials, holdings, admission,
+    the ingress writer."""
+
+    def __init__(self, cfg: GatewayConfig) -> None:
+        self.cfg = cfg
+        self.credentials = Credentials(cfg.credentials_file)
+        self.holdings = Holdings()
+        self.metrics = GatewayMetrics()
+        self.writer = IngressWriter(cfg, on_commit=self.metrics.committed)
+        self.metrics.commit_retries.set_function(lambda: self.writer.retries)
+        self.decoder = BatchDecoder(cfg.limits, workers=cfg.decode_workers)
+        self.ledger = LedgerFollower(cfg.kafka_bootstrap, self.holdings)
+        self.ready = asyncio.Event()
+        #: seqs of each (ship, stream) admitted but not committed yet, one set per write
+        self._inflight: dict[tuple[str, str], list[RangeSet]] = {}
+        #: why the gateway is not ready (starting, recovering its producer, fenced)
+        self.startup_error: str | None = None
+        #: bytes of batches taken in and not written yet (limits.max_inflight_bytes)
+        self.inflight_bytes = 0
+        #: upload connections open or being opened (limits.max_uploads)
+        self.upload_slots = 0
+        self._recovering: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Create topics, start the transactional producer (its ``init_transactions``
+        fences an older gateway of this site), then restore holdings from the cursor,
+        and start the ledger follower; then the gateway is ready. The cursor is read
+        only after the fence: before it, an older gateway could still commit behind
+        the read, and its batches would be taken again."""
+        started = False
+
+        def blocking() -> int:
+            nonlocal started
+            self.writer.ensure_topics()
+            if not started:
+                self.writer.start()
+                started = True
+            return self.writer.restore(self.holdings)
+
+        delay = 1.0
+        while True:
+            try:
+                n = await asyncio.to_thread(blocking)
+                break
+            except Exception as exc:  # Kafka not up yet: keep trying, stay unready
+                self.startup_error = str(exc)
+                log.warning("event=gateway_start_retry error=%r retry_in=%.0fs", str(exc), delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30)
+        self.startup_error = None
+        self.ledger.start()
+        self.ready.set()
+        self.metrics.ready.set(1)
+        log.info(
+            "event=gateway_ready site=%s cursors=%d kafka=%s",
+            self.cfg.site,
+            n,
+            self.cfg.kafka_bootstrap,
+        )
+
+    async def stop(self) -> None:
+        if self._recovering is not None:
+            self._recovering.cancel()
+        self.ledger.stop()
+        await asyncio.to_thread(self.writer.close)
+        await asyncio.to_thread(self.decoder.close)
+
+    # -- the two operations ----------------------------------------------------------------
+    def holdings_for(self, ship: str) -> dict[str, str]:
+        return {s: str(r) for s, r in self.holdings.for_ship(ship, self.cfg.streams).items()}
+
+    def admit(self, ship: str, batch: Batch) -> asyncio.Future[dict[str, Any]]:
+        """Check ``batch`` against what the site holds plus what is being written, and
+        reserve its seqs; return what completes its write (await it for the reply).
+
+        Synchronous up to the returned awaitable, so batches admitted one after another
+        build on each other (pipelining: batch N+1 of a stream is admitted while batch
+        N is still being written, and both may share a transaction). Raises ApiError
+        409 when the batch does not start where the site's holdings (and the batches
+        in flight) end."""
+        stream = batch.stream
+        h = self.holdings.get(ship, stream)
+        inflight = self._inflight.setdefault((ship, stream), [])
+        pending = RangeSet()
+        for seqs in inflight:
+            pending.update(seqs)
+        settled = h.settled()
+        settled.update(pending)
+        end = settled.contiguous_end()
+        floor = max(end, batch.first_available - 1)
+        if batch.first_seq > floor + 1:
+            self.metrics.rejected.labels("gap").inc()
+            raise ApiError(
+                409,
+                "gap",
+                f"batch starts at seq {batch.first_seq} but this site holds "
+                f"{ship}/{stream} only up to {end}: resend from {end + 1}",
+                held=str(h.held()),
+            )
+        if settled.overlaps(batch.first_seq, batch.last_seq):
+            new = [r for r in batch.records if r.seq not in settled]
+            written = RangeSet.from_seqs(r.seq for r in new)
+        else:  # the usual case: nothing of it held yet (a batch's seqs are contiguous)
+            new = list(batch.records)
+            written = RangeSet([(batch.first_seq, batch.last_seq)])
+        abandoned = RangeSet()
+        if batch.first_available - 1 > end:
+            # the ship no longer has these (dropped on board by policy): they can never
+            # arrive, so the site stops waiting for them
+            if len(h.abandoned) >= MAX_HOLDINGS_RANGES:
+                # each abandonment is a hole in what the site writes, and every hole is
+                # rewritten with every batch (cursor, ledger): a ship that keeps
+                # abandoning (hostile, or broken) must not grow them without bound
+                raise ApiError(
+                    422,
+                    "too_many_holes",
+                    f"{ship}/{stream} already has {len(h.abandoned)} abandoned ranges (the"
+                    f" most is {MAX_HOLDINGS_RANGES}); send seqs from {end + 1}",
+                    held=str(h.held()),
+                )
+            abandoned.add_range(end + 1, batch.first_available - 1)
+        self.metrics.skipped.labels(stream).inc(batch.count - len(new))
+        if not new and not abandoned:
+            self.metrics.batches.labels(stream).inc()
+            answered: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            answered.set_result(self._reply(ship, batch, h, written))
+            return answered
+        write = Write(ship, stream, new, written, abandoned, depends=pending)
+        seqs = write.seqs
+        inflight.append(seqs)
+        done = asyncio.wrap_future(self.writer.submit(write))
+
+        def settle(f: asyncio.Future[None]) -> None:
+            # runs even if the request that waits for it went away: what Kafka
+            # committed is always added to the holdings (or a resend would double it)
+            inflight.remove(seqs)
+            if f.cancelled() or f.exception() is not None:
+                return
+            h.written.update(written)
+            self.metrics.batches.labels(stream).inc()
+            self.metrics.records.labels(stream).inc(len(new))
+            if abandoned:
+                h.abandoned.update(abandoned)
+                self.metrics.abandoned.labels(stream).inc(abandoned.count())
+                log.warning(
+                    "event=seqs_abandoned ship=%s stream=%s seqs=%s", ship, stream, abandoned
+                )
+
+        done.add_done_callback(settle)
+        return asyncio.ensure_future(self._finish(ship, batch, h, written, done))
+
+    async def _finish(
+        self,
+        ship: str,
+        batch: Batch,
+        h: SourceHoldings,
+        written: RangeSet,
+        done: asyncio.Future[None],
+    ) -> dict[str, Any]:
+        try:
+            await asyncio.shield(done)
+        except KafkaWriteError as exc:
+            self.metrics.kafka_errors.inc()
+            if exc.fenced:
+                self._unready(str(exc))
+            elif exc.fatal:
+                self._recover()
+            raise ApiError(503, "kafka_unavailable", str(exc)) from exc
+        return self._reply(ship, batch, h, written)
+
+    def _unready(self, why: str) -> None:
+        self.startup_error = why
+        self.ready.clear()
+        self.metrics.ready.set(0)
+
+    def _recover(self) -> None:
+        """The producer is unusable (not fenced): stop accepting, re-create it
+        (``init_transactions`` settles the transaction it left) and re-read the cursor
+        (a commit whose outcome was unknown may have happened), then accept again."""
+        if self._recovering is not None and not self._recovering.done():
+            return
+        self._unready(f"recovering the Kafka producer: {self.writer.broken}")
+        self._recovering = asyncio.create_task(self._recovery(), name="kafka-recovery")
+
+    async def _recovery(self) -> None:
+        def blocking() -> None:
+            self.writer.reinit()
+            self.writer.restore(self.holdings)
+            self.writer.resume()
+
+        delay = 1.0
+        while not self.writer.fatal:
+            try:
+                await asyncio.to_thread(blocking)
+            except Exception as exc:
+                log.warning("event=kafka_recovery_retry error=%r retry_in=%.0fs", str(exc), delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30)
+                continue
+            self.startup_error = None
+            self.ready.set()
+            self.metrics.ready.set(1)
+            log.info("event=kafka_recovered site=%s", self.cfg.site)
+            return
+        self._unready(self.writer.fatal)
+
+    def _reply(
+        self, ship: str, batch: Batch, h: SourceHoldings, written: RangeSet
+    ) -> dict[str, Any]:
+        return {
+            "ship": ship,
+            "site": self.cfg.site,
+            "stream": batch.stream,
+            "first_seq": batch.first_seq,
+            "last_seq": batch.last_seq,
+            "held": str(h.held()),
+            "written": str(written),
+        }
+
+    async def receive(
+        self, ship: str, stream: str | None, body: bytes
+    ) -> asyncio.Future[dict[str, Any]]:
+        """One encoded batch from ``ship``: checked, decoded and admitted (see
+        :meth:`admit`); returns the future of its reply. ``stream`` is the one the URL
+        names (None: the batch's own). Raises ApiError when the batch is refused."""
+        cfg = self.cfg
+        self.metrics.bytes_in.inc(len(body))
+        self.check_ready()
+        try:
+            header = peek_header(body, cfg.limits)
+            if header.origin != ship:
+                raise ApiError(
+                    403,
+                    "wrong_origin",
+                    f"ship {ship!r} may write only its own origin, not {header.origin!r}",
+                )
+            if stream is not None and header.stream != stream:
+                raise ApiError(
+                    400,
+                    "stream_mismatch",
+                    f"batch is for stream {header.stream!r}, URL says {stream!r}",
+                )
+            self.check_stream(header.stream)
+        except WireError as exc:
+            raise ApiError(_WIRE_STATUS.get(exc.reason, 400), exc.reason, str(exc)) from None
+        cost = len(body) + header.raw_len
+        self.reserve(cost)
+        try:
+            try:
+                batch = await self.decoder.decode(body)
+            except WireError as exc:
+                raise ApiError(_WIRE_STATUS.get(exc.reason, 400), exc.reason, str(exc)) from None
+            answer = self.admit(ship, batch)
+        except BaseException:
+            self.release(cost)
+            raise
+        answer.add_done_callback(lambda _f: self.release(cost))
+        return answer
+
+    def authorize(self, ship: str, token: str) -> None:
+        """401 unless ``token`` is a current credential, 403 unless it is ``ship``'s."""
+        self.credentials.maybe_reload()
+        owner = self.credentials.ship_for_token(token)
+        if owner is None:
+            raise ApiError(401, "unauthorized", "unknown or revoked token")
+        if owner != ship:
+            raise ApiError(403, "forbidden", f"this token belongs to ship {owner!r}, not {ship!r}")
+
+    def check_ready(self) -> None:
+        """503 not_ready while starting, recovering the producer or fenced."""
+        if not self.ready.is_set():
+            raise ApiError(
+                503, "not_ready", f"gateway not ready: {self.startup_error or 'starting'}"
+            )
+
+    def has_room(self, nbytes: int) -> bool:
+        """Would ``nbytes`` more fit in ``limits.max_inflight_bytes``? (Always when
+        nothing is in progress, so a batch larger than the budget still goes.)"""
+        return self.inflight_bytes == 0 or (
+            self.inflight_bytes + nbytes <= self.cfg.max_inflight_bytes
+        )
+
+    def reserve(self, nbytes: int) -> None:
+        """Take ``nbytes`` of the memory budget, or raise 503 busy (retry later)."""
+        if not self.has_room(nbytes):
+            raise busy(
+                f"gateway busy: {self.inflight_bytes} bytes of batches in progress "
+                f"(limits.max_inflight_bytes {self.cfg.max_inflight_bytes}); retry later"
+            )
+        self.inflight_bytes += nbytes
+        self.metrics.inflight_bytes.set(self.inflight_bytes)
+
+    def release(self, nbytes: int) -> None:
+        self.inflight_bytes -= nbytes
+        self.metrics.inflight_bytes.set(self.inflight_bytes)
+
+    def refused(self, exc: ApiError, route: str) -> None:
+        """Count and log a refused request or batch (409s are routine: not logged;
+        busy ones are counted, not logged)."""
+        if exc.status == 409:
+            return
+        self.metrics.rejected.labels(exc.code).inc()
+        if exc.code == "busy":
+            return
+        log.info(
+            "event=request_refused route=%s status=%d error=%s message=%r",
+            route,
+            exc.status,
+            exc.code,
+            str(exc),
+        )
+
+    def check_stream(self, stream: str) -> None:
+        if stream not in self.cfg.streams:
+            raise ApiError(
+                404,
+                "unknown_stream",
+                f"this site takes no stream {stream!r} (it takes {', '.join(self.cfg.streams)})",
+            )
+
+
+#: seconds a busy gateway asks a client to wait (``Retry-After``)
+RETRY_AFTER_S = 1
+
+
+def busy(message: str) -> ApiError:
+    return ApiError(503, "busy", message, retry_after=RETRY_AFTER_S)
