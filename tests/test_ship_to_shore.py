@@ -32,9 +32,10 @@ from shorelink.ranges import RangeSet
 from shorelink.topics import TopicSpec, ensure_topics
 from spark_core.merge import Merger, start_merge
 from tests.conftest import unique
-from tests.core_gateway.conftest import gateway_config, ingress_seqs, start_gateway
+from tests.core_gateway.helpers import gateway_config, ingress_seqs, start_gateway
 from tests.edge_agent.conftest import publisher as publisher
 from tests.edge_agent.helpers import Publisher, write_config
+from tests.helpers import eventually_async
 from tests.spark_core.helpers import canonical, make_site
 
 
@@ -160,15 +161,6 @@ async def run_agent() -> AsyncIterator[Callable[[Path], Agent]]:
         await asyncio.wait_for(task, 30)
 
 
-async def _until(check: Callable[[], bool], seconds: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
 def _publish_fleet(publisher: Publisher, n: int, offset: int = 0) -> None:
     for i in range(offset, offset + n):
         publisher.publish(
@@ -184,8 +176,10 @@ def _publish_fleet(publisher: Publisher, n: int, offset: int = 0) -> None:
 
 
 async def _ingested_and_uploaded(agent: Agent, containers: int, seconds: float = 60) -> None:
-    await _until(lambda: agent.log.stream_state("containers").count == containers, 30, "ingest")
-    await _until(
+    await eventually_async(
+        lambda: agent.log.stream_state("containers").count == containers, 30, "ingest"
+    )
+    await eventually_async(
         lambda: all(agent.log.backlog(s)[0] == 0 for s in ("containers", "nav", "alerts")),
         seconds,
         "upload",
@@ -281,7 +275,7 @@ async def test_second_site_is_sent_only_what_it_lacks(
     agent = await _sail(shore, mosquitto, run_agent, [(a, "port_wifi"), (b, "port_wifi")])
     _publish_fleet(publisher, 1000)
     publisher.wait_all_acked()
-    await _until(
+    await eventually_async(
         lambda: (
             agent.log.backlog("containers")[0] == 0
             and agent.log.stream_state("containers").count == 1000
@@ -311,8 +305,8 @@ async def test_second_site_is_sent_only_what_it_lacks(
     toxiproxy.set_enabled(b.proxy, True)
     _publish_fleet(publisher, 500, offset=1000)
     publisher.wait_all_acked()
-    await _until(lambda: agent.log.stream_state("containers").count == 1500, 30, "ingest")
-    await _until(
+    await eventually_async(lambda: agent.log.stream_state("containers").count == 1500, 30, "ingest")
+    await eventually_async(
         lambda: str(agent.log.holdings().get("singapore", {}).get("containers", "")) == "1-1500",
         60,
         "upload to singapore",
@@ -349,7 +343,7 @@ batch_max_records = 20
         publisher.publish(f"bigblue/d/containers/C{i}/env", f'{{"i": {i}}}'.encode())
     publisher.publish("bigblue/d/containers/C1/alert", b'{"fire": true}')
     publisher.wait_all_acked()
-    await _until(lambda: agent.log.stream_state("nav").count == 400, 30, "ingest")
+    await eventually_async(lambda: agent.log.stream_state("nav").count == 400, 30, "ingest")
     await asyncio.sleep(4)  # let the uplink spend what it may
     spent = agent.log.link_spend("satellite", utc_day(time.time()))  # persisted for today
     assert 0 < spent <= budget * 1.02, f"spent {spent} of a {budget} budget"
@@ -389,8 +383,8 @@ async def test_a_record_at_the_size_limit_crosses_every_hop_and_one_more_byte_st
     publisher.publish(topic, at_limit[:-2] + b'b"}')  # one more byte
     publisher.publish(topic, b'{"t": 4.5}')
     publisher.wait_all_acked()
-    await _until(lambda: agent.log.stream_state("containers").count == 2, 30, "ingest")
-    await _until(lambda: agent.log.backlog("containers")[0] == 0, 30, "upload")
+    await eventually_async(lambda: agent.log.stream_state("containers").count == 2, 30, "ingest")
+    await eventually_async(lambda: agent.log.backlog("containers")[0] == 0, 30, "upload")
     (q,) = agent.log.quarantined()
     assert q.reason == "oversized" and "MAX_RECORD_BYTES" in q.detail
     assert sorted(ingress_seqs(kafka, shore.ship)) == [1, 2]

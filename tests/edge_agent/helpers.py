@@ -16,6 +16,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from local_stack.mosquitto import MosquittoBroker
+from local_stack.process import Proc
+from tests.helpers import kill9, run_process
 
 BASE_CONFIG = """\
 ship = "bigblue"
@@ -90,30 +92,25 @@ class AgentProcess:
     def __init__(self, config: Path, log_file: Path) -> None:
         self.config = config
         self.log_file = log_file
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Proc | None = None
 
     def start(self) -> None:
-        out = open(self.log_file, "ab")  # noqa: SIM115  (kept open for the child)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "edge_agent.cli", "run", "--config", str(self.config)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        out.close()
+        argv = [sys.executable, "-m", "edge_agent.cli", "run", "--config", str(self.config)]
+        self.proc = run_process("edge-agent", argv, self.log_file)
 
     def kill9(self) -> None:
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
+        kill9(self.proc)
 
     def terminate(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        """SIGTERM to the agent (it stops its own workers), SIGKILL after 15 s."""
+        if self.proc is None or self.proc.popen is None or not self.proc.alive():
+            return
+        self.proc.popen.send_signal(signal.SIGTERM)
+        try:
+            self.proc.popen.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.stop(grace=0)
 
 
 class Publisher:
@@ -151,11 +148,3 @@ class Publisher:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
-
-
-def wait_for(check: Any, timeout: float = 20, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import free_port
-from tests.edge_agent.helpers import Publisher, wait_for, write_config
+from tests.edge_agent.helpers import Publisher, write_config
+from tests.helpers import eventually, run_process
 
 EDGE = [sys.executable, "-m", "edge_agent.cli"]
 
@@ -30,24 +31,21 @@ def test_systemd_notify_ready_watchdog_and_stopping(
     sock.bind(sock_path)
     sock.settimeout(15)
     env = dict(os.environ, NOTIFY_SOCKET=sock_path, WATCHDOG_USEC="400000")
-    proc = subprocess.Popen(
-        [*EDGE, "run", "--config", str(cfg)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    proc = run_process(
+        "edge-agent", [*EDGE, "run", "--config", str(cfg)], tmp_path / "agent.log", env=env
     )
+    assert proc.popen is not None
     try:
         got: list[str] = []
         while "WATCHDOG=1" not in got:
             got.append(sock.recv(256).decode())
         assert got[0] == "READY=1"
-        proc.send_signal(signal.SIGTERM)
+        proc.popen.send_signal(signal.SIGTERM)
         while got[-1] != "STOPPING=1":
             got.append(sock.recv(256).decode())
-        assert proc.wait(15) == 0
+        assert proc.popen.wait(15) == 0
     finally:
-        proc.kill()
-        proc.wait()
+        proc.stop(grace=0)
         sock.close()
 
 
@@ -57,9 +55,8 @@ def test_metrics_status_and_tail(
     port = free_port()
     cfg = write_config(tmp_path, mosquitto)
     cfg.write_text(cfg.read_text().replace("[metrics]\nport = 0", f"[metrics]\nport = {port}"))
-    proc = subprocess.Popen(
-        [*EDGE, "run", "--config", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    proc = run_process("edge-agent", [*EDGE, "run", "--config", str(cfg)], tmp_path / "agent.log")
+    assert proc.popen is not None
     try:
 
         def scrape() -> str:
@@ -72,14 +69,14 @@ def test_metrics_status_and_tail(
             except OSError:
                 return False
 
-        wait_for(connected, what="agent connected")
+        eventually(connected, what="agent connected", proc=proc)
         for i in range(30):
             publisher.publish(
                 f"bigblue/d1/containers/C{i % 3}/env", f'{{"ts": 1700000000, "i": {i}}}'.encode()
             )
         publisher.publish("unmapped/x", b"?")
         publisher.wait_all_acked()
-        wait_for(
+        eventually(
             lambda: 'shorelink_edge_ingested_records_total{stream="containers"} 30.0' in scrape(),
             what="ingest metric",
         )
@@ -120,8 +117,8 @@ def test_metrics_status_and_tail(
         assert [ln.split("\t")[0] for ln in lines] == ["29", "30"]
         assert lines[-1].split("\t")[1:3] == ["C2", "1700000000000"]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(15)
+        proc.popen.send_signal(signal.SIGTERM)
+        proc.popen.wait(15)
 
 
 def test_every_command_has_help() -> None:

@@ -17,7 +17,8 @@ from edge_agent.agent import Agent
 from edge_agent.config import load_config
 from local_stack.mosquitto import MosquittoBroker
 from tests.conftest import AIS_SAMPLE
-from tests.edge_agent.helpers import AgentProcess, Publisher, wait_for, write_config
+from tests.edge_agent.helpers import AgentProcess, Publisher, write_config
+from tests.helpers import eventually
 
 
 def _rows(db: Path, stream: str) -> list[tuple[int, str, bytes]]:
@@ -84,7 +85,9 @@ def test_every_acked_message_is_stored_exactly_once_across_20_kill9(
     agent.start()  # final run drains what the broker kept for us
     acked = {p for p in publisher.acked if p.startswith(b'{"id"')}
     assert len(acked) == sent > 1000
-    wait_for(lambda: len(_rows(db, "containers")) >= len(acked), timeout=60, what="backlog drained")
+    eventually(
+        lambda: len(_rows(db, "containers")) >= len(acked), within=60, what="backlog drained"
+    )
     rows = _rows(db, "containers")
     counts = Counter(p for _, _, p in rows)
     assert [p for p, n in counts.items() if n > 1] == [], "a message was stored twice"
@@ -104,13 +107,13 @@ def test_messages_published_while_agent_is_stopped_arrive_after_restart(
     db = tmp_path / "edge.db"
     wait_for_subscription(publisher, db)
     publisher.publish("bigblue/d1/containers/c1/env", b'{"n": 0}')
-    wait_for(lambda: len(_rows(db, "containers")) == 1, what="first record")
+    eventually(lambda: len(_rows(db, "containers")) == 1, what="first record")
     agent.terminate()
     for i in range(1, 201):
         publisher.publish("bigblue/d1/containers/c1/env", f'{{"n": {i}}}'.encode())
     publisher.wait_all_acked()
     agent.start()
-    wait_for(lambda: len(_rows(db, "containers")) == 201, what="messages from while we were away")
+    eventually(lambda: len(_rows(db, "containers")) == 201, what="messages from while we were away")
     assert [p for _, _, p in _rows(db, "containers")] == [
         f'{{"n": {i}}}'.encode() for i in range(201)
     ]
@@ -119,7 +122,7 @@ def test_messages_published_while_agent_is_stopped_arrive_after_restart(
 async def _run_agent(cfg_path: Path) -> tuple[Agent, asyncio.Task[None]]:
     agent = Agent(load_config(cfg_path))
     task = asyncio.create_task(agent.run(install_signals=False))
-    await asyncio.wait_for(agent.ingest.connected.wait(), 10)
+    await asyncio.eventually(agent.ingest.connected.wait(), 10)
     return agent, task
 
 

@@ -27,6 +27,7 @@ from paho.mqtt.properties import Properties
 from local_stack.process import Proc, free_port, port_open
 from local_stack.tools import mosquitto_bin
 from tests.edge_agent.helpers import AgentProcess, write_config
+from tests.helpers import eventually, kill9, run_process
 
 SHIP_CONF = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto" / "ship.conf"
 #: the lines of ship.conf that only say where things are on a real ship
@@ -67,7 +68,7 @@ class ShipBroker:
         self.proc: Proc | None = None
 
     def start(self) -> None:
-        self.proc = Proc.start("mosquitto:ship", [mosquitto_bin(), "-c", str(self.conf)], self.log)
+        self.proc = run_process("mosquitto:ship", [mosquitto_bin(), "-c", str(self.conf)], self.log)
         self.proc.wait_ready(lambda: port_open(self.host, self.port), timeout=20)
 
     @property
@@ -79,16 +80,16 @@ class ShipBroker:
         assert self.proc is not None
         before = self.db_file.stat().st_mtime_ns if self.db_file.exists() else 0
         os.kill(self.proc.pid, signal.SIGUSR1)
-        deadline = time.monotonic() + 10
-        while not self.db_file.exists() or self.db_file.stat().st_mtime_ns == before:
-            assert time.monotonic() < deadline, "mosquitto did not save"
-            time.sleep(0.02)
+        eventually(
+            lambda: self.db_file.exists() and self.db_file.stat().st_mtime_ns != before,
+            within=10,
+            what="mosquitto to save",
+            interval=0.02,
+        )
 
     def kill9(self) -> None:
         assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        assert self.proc.popen is not None
-        self.proc.popen.wait(10)
+        kill9(self.proc)
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -294,10 +295,11 @@ def test_broker_restored_from_an_older_file_redelivers_nothing_the_agent_stores_
         assert sensor.settle() == sensor.sent
         broker.save()  # the 50 are queued for the agent in this file
         agent.start()
-        deadline = time.monotonic() + 20
-        while not set(range(first, sensor.sent)) <= set(_stored_seqs(db)):
-            assert time.monotonic() < deadline, "the agent did not take the 50"
-            time.sleep(0.05)
+        eventually(
+            lambda: set(range(first, sensor.sent)) <= set(_stored_seqs(db)),
+            within=20,
+            what="the agent to take the 50",
+        )
         time.sleep(0.5)  # its PUBACKs reach the broker, which does not save again
         broker.kill9()
         agent.kill9()
@@ -306,10 +308,11 @@ def test_broker_restored_from_an_older_file_redelivers_nothing_the_agent_stores_
         for _ in range(10):
             sensor.publish()
         assert sensor.settle() == sensor.sent
-        deadline = time.monotonic() + 20
-        while not set(range(first, sensor.sent)) <= set(_stored_seqs(db)):
-            assert time.monotonic() < deadline, "the messages after the cut never came"
-            time.sleep(0.05)
+        eventually(
+            lambda: set(range(first, sensor.sent)) <= set(_stored_seqs(db)),
+            within=20,
+            what="the messages after the cut",
+        )
         time.sleep(1.0)  # the redeliveries came first; give any stray one time to land
         stored = _stored_seqs(db)
     finally:

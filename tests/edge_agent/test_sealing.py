@@ -32,10 +32,11 @@ from local_stack.toxiproxy import Toxiproxy
 from shorelink.ranges import RangeSet
 from shorelink.wire import FLAG_TEMPLATED, Batch, WireRecord, decode_batch, encode_batch
 from tests.conftest import unique
-from tests.core_gateway.conftest import assert_exactly_once, gateway_config, start_gateway
+from tests.core_gateway.helpers import assert_exactly_once, gateway_config, start_gateway
 from tests.edge_agent.helpers import Publisher, write_config
 from tests.edge_agent.memory_gateway import MemoryGateway
-from tests.edge_agent.uplink_helpers import eventually, fill, uplink_config
+from tests.edge_agent.uplink_helpers import fill, uplink_config
+from tests.helpers import eventually_async
 
 #: receive time of the i-th record (0-based) of one ``fill`` call: BASE_MS + i
 BASE_MS = 1_700_000_000_000
@@ -540,13 +541,13 @@ async def test_sealer_runs_on_its_interval_until_stopped(tmp_path: Path) -> None
     task = asyncio.create_task(sealer.run(stop))
     try:
         fill(edge_log, "containers", 450)
-        await eventually(lambda: edge_log.sealed_upto("containers") == 400, within=5)
-        await eventually(
+        await eventually_async(lambda: edge_log.sealed_upto("containers") == 400, within=5)
+        await eventually_async(
             lambda: _sample(metrics, "shorelink_edge_segment_records", stream="containers") == 400,
             within=5,
         )
         fill(edge_log, "containers", 150)
-        await eventually(lambda: edge_log.sealed_upto("containers") == 600, within=5)
+        await eventually_async(lambda: edge_log.sealed_upto("containers") == 600, within=5)
     finally:
         stop.set()
         await asyncio.wait_for(task, 5)
@@ -657,8 +658,10 @@ async def test_backlog_sealed_at_sea_arrives_in_kafka_exactly_once_in_port(
     try:
         await asyncio.wait_for(agent.ingest.connected.wait(), 10)
         await asyncio.to_thread(_publish, publisher, 1800)
-        await eventually(lambda: agent.log.stream_state("containers").count == 1800, 20, "ingest")
-        await eventually(
+        await eventually_async(
+            lambda: agent.log.stream_state("containers").count == 1800, 20, "ingest"
+        )
+        await eventually_async(
             lambda: agent.log.sealed_upto("containers") == 1500, 20, "three segments sealed"
         )
         assert agent.log.segment_totals()["containers"][:2] == (3, 1500)
@@ -667,7 +670,7 @@ async def test_backlog_sealed_at_sea_arrives_in_kafka_exactly_once_in_port(
         assert _sample(agent.metrics, sealed_records, stream="containers") == 1500
 
         toxiproxy.set_enabled(proxy, True)  # in port
-        await eventually(lambda: agent.log.backlog("containers")[0] == 0, 30, "upload")
+        await eventually_async(lambda: agent.log.backlog("containers")[0] == 0, 30, "upload")
         assert_exactly_once(kafka, ship, 1800, "containers")
         sealed = _sample(
             agent.metrics,

@@ -21,7 +21,8 @@ from edge_agent.status import open_log
 from edge_agent.uplink import Uplink
 from shorelink.ranges import RangeSet
 from tests.edge_agent.memory_gateway import MemoryGateway
-from tests.edge_agent.uplink_helpers import eventually, fill, uplink_config
+from tests.edge_agent.uplink_helpers import fill, uplink_config
+from tests.helpers import eventually_async
 
 PRIORITY = {"alerts": 0, "nav": 10, "containers": 50}
 
@@ -227,7 +228,7 @@ async def _run_until_delivered(up: Uplink, gw: MemoryGateway, n: int) -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(up.run(stop))
     try:
-        await eventually(lambda: gw.held("containers") == _all(n), what="all delivered")
+        await eventually_async(lambda: gw.held("containers") == _all(n), what="all delivered")
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)

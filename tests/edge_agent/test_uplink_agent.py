@@ -22,7 +22,7 @@ from shorelink.ranges import RangeSet
 from tests.edge_agent.api_server import TOKEN, api_app
 from tests.edge_agent.helpers import Publisher, write_config
 from tests.edge_agent.memory_gateway import MemoryGateway
-from tests.edge_agent.uplink_helpers import eventually
+from tests.helpers import eventually_async
 
 EDGE = [sys.executable, "-m", "edge_agent.cli"]
 
@@ -66,9 +66,9 @@ async def test_agent_with_gateways_sends_on_new_data_and_stops_cleanly(
     task = asyncio.create_task(agent.run(install_signals=False))
     await asyncio.wait_for(agent.ingest.connected.wait(), 20)
     await asyncio.to_thread(_publish, publisher, 1, 40)
-    await eventually(lambda: gw.held("containers") == RangeSet([(1, 40)]), within=10)
+    await eventually_async(lambda: gw.held("containers") == RangeSet([(1, 40)]), within=10)
     await asyncio.to_thread(_publish, publisher, 41, 50)
-    await eventually(lambda: gw.held("containers") == RangeSet([(1, 50)]), within=10)
+    await eventually_async(lambda: gw.held("containers") == RangeSet([(1, 50)]), within=10)
     metrics = generate_latest(agent.metrics.registry).decode()
     assert (
         'shorelink_edge_uplink_records_sent_total{site="tokyo",stream="containers"} 50.0' in metrics
@@ -140,7 +140,7 @@ async def test_agent_process_uploads_over_http_once_the_gateway_comes_up(
 
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
-        await eventually(lambda: site.held("containers") == RangeSet([(1, 30)]), within=20)
+        await eventually_async(lambda: site.held("containers") == RangeSet([(1, 30)]), within=20)
         await asyncio.sleep(0.3)
         report = await _status(cfg)
         link = report["links"][0]  # type: ignore[index]

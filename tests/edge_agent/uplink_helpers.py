@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,14 +80,3 @@ def fill(
 
 def open_edge_log(cfg: EdgeConfig) -> EdgeLog:
     return open_log(cfg)
-
-
-async def eventually(
-    check: Callable[[], bool], within: float = 20, what: str = "condition"
-) -> None:
-    """Poll ``check`` on the event loop (servers in the test keep serving meanwhile)."""
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)

@@ -10,7 +10,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -21,10 +20,12 @@ from typing import Any
 import pytest
 
 from local_stack.kafka import KafkaBroker
+from local_stack.process import Proc
 from shorelink.contract import Record
 from spark_core.config import SiteConfig
 from spark_core.tables import table_path
 from tests.conftest import unique
+from tests.helpers import eventually, kill9, run_process
 from tests.spark_core.helpers import (
     assert_exactly_once,
     canonical,
@@ -48,14 +49,9 @@ def reading(origin: str, seq: int, key: str = "c1") -> Record:
     return record(origin, STREAM, seq, key=key, value=json.dumps(body).encode())
 
 
-def _start(site: SiteConfig, config: Path, log: Path, *extra: str) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [*SPARK, "--site", site.name, "--config", str(config), *extra],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: spark-submit JVM + python driver
-        )
+def _start(site: SiteConfig, config: Path, log: Path) -> Proc:
+    """The site job in its own process group: spark-submit JVM + python driver."""
+    return run_process("spark-site", [*SPARK, "--site", site.name, "--config", str(config)], log)
 
 
 def _status(site: SiteConfig) -> dict[str, object]:
@@ -63,21 +59,6 @@ def _status(site: SiteConfig) -> dict[str, object]:
         return dict(json.loads((site.checkpoint_dir / "merge.status.json").read_text()))
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
-
-
-def _wait(
-    what: str, cond: object, proc: subprocess.Popen[bytes], log: Path, timeout: float = 120
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():  # type: ignore[operator]
-            return
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"site job exited ({proc.returncode}) before {what}:\n" + log.read_text()[-3000:]
-            )
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}:\n" + log.read_text()[-3000:])
 
 
 def _batch_done_since(site: SiteConfig, old_pid: object) -> bool:
@@ -156,23 +137,22 @@ def test_driver_killed_five_times_canonical_and_table_exactly_once(
             # running, with at least one merge batch and one table batch of this run
             # behind it, so the kill can land in either query's batch
             tables_before = _table_batches(site)
-            _wait(
-                f"a batch in run {run}",
+            eventually(
                 lambda old=pid: _batch_done_since(site, old),
-                proc,
-                log,
+                within=120,
+                what=f"a batch in run {run}",
+                proc=proc,
             )
             pid = _status(site)["pid"]
-            _wait(
-                f"a table batch in run {run}",
+            eventually(
                 lambda n=tables_before: _table_batches(site) > n,
-                proc,
-                log,
+                within=120,
+                what=f"a table batch in run {run}",
+                proc=proc,
             )
             time.sleep(rng.uniform(0.0, 2.0))
         finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+            kill9(proc, group=True)
     feeder.stop.set()
     feeder.join(30)
     expected = {(ship1, s): 400, (ship2, s): 200, (ship3, s): feeder.last}
@@ -181,12 +161,11 @@ def test_driver_killed_five_times_canonical_and_table_exactly_once(
 
     proc = _start(site, config, log)
     try:
-        _wait(
-            "the merge to catch up",
+        eventually(
             lambda: _holds(b, expected),
-            proc,
-            log,
-            timeout=180,
+            within=180,
+            what="the merge to catch up",
+            proc=proc,
         )
         seen = [-1]  # read the table (a Spark job) only after a new table batch
 
@@ -197,15 +176,15 @@ def test_driver_killed_five_times_canonical_and_table_exactly_once(
             seen[0] = n
             return len(set(_table_rows(spark, site, origins))) >= total
 
-        _wait(f"{TABLE} to catch up", table_caught_up, proc, log, timeout=180)
+        eventually(table_caught_up, within=180, what=f"{TABLE} to catch up", proc=proc)
         # a clean stop: SIGTERM to the driver, which stops its queries between batches
         driver = int(_status(site)["pid"])  # type: ignore[call-overload]
         os.kill(driver, signal.SIGTERM)
-        proc.wait(60)
+        assert proc.popen is not None
+        proc.popen.wait(60)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+        if proc.alive():
+            kill9(proc, group=True)
     assert _status(site)["state"] == "stopped"
     records = [r for r in canonical(b, s) if r.identity.origin in origins]
     assert_exactly_once(records, expected)

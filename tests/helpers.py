@@ -1,0 +1,82 @@
+"""The tests' one harness for time and child processes, on ``local_stack.process`` (the
+code `shorelink stack` starts its components with): wait until something holds, polled
+in a thread or on the event loop, and start a process in its own group with its own log,
+so a test that fails says what it waited for and shows the process's last lines."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from local_stack.process import Proc
+
+__all__ = ["eventually", "eventually_async", "kill9", "run_process"]
+
+
+def _failure(what: str, within: float, proc: Proc | None) -> AssertionError:
+    if proc is not None and not proc.alive():
+        return AssertionError(f"{proc.name} exited before {what}; see {proc.log}:\n{proc.tail()}")
+    tail = f"; see {proc.log}:\n{proc.tail()}" if proc is not None else ""
+    return AssertionError(f"timed out after {within:g}s waiting for {what}{tail}")
+
+
+def eventually(
+    check: Callable[[], object],
+    within: float = 20,
+    what: str = "condition",
+    *,
+    proc: Proc | None = None,
+    interval: float = 0.05,
+) -> None:
+    """Poll ``check`` until it is true; fail naming ``what`` after ``within`` s, or as
+    soon as ``proc`` (the process that should make it true) has exited."""
+    deadline = time.monotonic() + within
+    while not check():
+        if (proc is not None and not proc.alive()) or time.monotonic() > deadline:
+            raise _failure(what, within, proc)
+        time.sleep(interval)
+
+
+async def eventually_async(
+    check: Callable[[], object],
+    within: float = 20,
+    what: str = "condition",
+    *,
+    proc: Proc | None = None,
+    interval: float = 0.02,
+) -> None:
+    """:func:`eventually` on the event loop: servers and agents in the test keep running
+    while it waits."""
+    deadline = time.monotonic() + within
+    while not check():
+        if (proc is not None and not proc.alive()) or time.monotonic() > deadline:
+            raise _failure(what, within, proc)
+        await asyncio.sleep(interval)
+
+
+def run_process(
+    name: str,
+    argv: list[str],
+    log: Path,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Proc:
+    """Start ``argv`` in its own process group, output appended to ``log``; stop it with
+    ``Proc.stop`` (SIGTERM to the group, then SIGKILL) or :func:`kill9`."""
+    return Proc.start(name, argv, log, env=env, cwd=cwd)
+
+
+def kill9(proc: Proc, *, group: bool = False, timeout: float = 30) -> None:
+    """SIGKILL the process and reap it: the process alone (its children see their parent
+    vanish), or with ``group`` its whole process group (a JVM and its driver at once)."""
+    assert proc.popen is not None
+    if group:
+        os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        proc.popen.send_signal(signal.SIGKILL)
+    proc.popen.wait(timeout)
