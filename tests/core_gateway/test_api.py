@@ -20,7 +20,7 @@ from shorelink.ranges import RangeSet
 from shorelink.topics import TopicSpec, ensure_topics
 from shorelink.wire import WireRecord
 from tests.conftest import unique
-from tests.core_gateway.conftest import (
+from tests.core_gateway.helpers import (
     RunningGateway,
     assert_exactly_once,
     batch,

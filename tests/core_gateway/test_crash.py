@@ -24,7 +24,7 @@ from local_stack.kafka import KafkaBroker
 from local_stack.process import free_port
 from shorelink.config import Secret
 from tests.conftest import unique
-from tests.core_gateway.conftest import assert_exactly_once, batch
+from tests.core_gateway.helpers import assert_exactly_once, batch
 
 GW = [sys.executable, "-m", "core_gateway.cli"]
 

@@ -29,7 +29,7 @@ from shorelink.wire import (
 )
 from shorelink.workers import MAX_BROKEN
 from tests.conftest import unique
-from tests.core_gateway.conftest import assert_exactly_once, gateway_config, start_gateway
+from tests.core_gateway.helpers import assert_exactly_once, gateway_config, start_gateway
 
 
 def _large(ship: str, lo: int, hi: int) -> bytes:

@@ -19,7 +19,7 @@ from shorelink.kafka_io import read_to_end
 from shorelink.ledger import ledger_key
 from shorelink.wire import Batch, encode_batch
 from tests.conftest import unique
-from tests.core_gateway.conftest import gateway_config, records, start_gateway
+from tests.core_gateway.helpers import gateway_config, records, start_gateway
 
 BOUND = 12
 

@@ -36,7 +36,7 @@ from shorelink.kafka_io import read_to_end
 from shorelink.ranges import RangeSet
 from shorelink.wire import Body, WireRecord, encode_body, frame_batch
 from tests.conftest import unique
-from tests.core_gateway.conftest import STREAMS, gateway_config, start_gateway
+from tests.core_gateway.helpers import STREAMS, gateway_config, start_gateway
 
 SHIPS = 20
 RECORDS = 50_000  # limits.max_records

@@ -17,7 +17,7 @@ from shorelink.contract import H_ORIGIN, MAX_RECORD_BYTES, ingress_topic
 from shorelink.kafka_io import read_to_end
 from shorelink.wire import Batch, WireRecord, encode_batch
 from tests.conftest import unique
-from tests.core_gateway.conftest import (
+from tests.core_gateway.helpers import (
     assert_exactly_once,
     batch,
     gateway_config,

@@ -13,7 +13,7 @@ import pytest
 from core_gateway.cli import serve
 from core_gateway.config import GatewayConfig
 from local_stack.kafka import KafkaBroker
-from tests.core_gateway.conftest import gateway_config
+from tests.core_gateway.helpers import gateway_config
 
 
 async def _serve_briefly(cfg: GatewayConfig) -> None:

@@ -31,7 +31,7 @@ from shorelink.kafka_io import read_to_end
 from shorelink.ledger import ledger_key
 from shorelink.ranges import RangeSet
 from tests.conftest import unique
-from tests.core_gateway.conftest import (
+from tests.core_gateway.helpers import (
     assert_exactly_once,
     batch,
     gateway_config,

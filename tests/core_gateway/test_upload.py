@@ -18,7 +18,7 @@ from core_gateway.ingress import IngressWriter, Write
 from local_stack.kafka import KafkaBroker
 from shorelink.ranges import RangeSet
 from tests.conftest import unique
-from tests.core_gateway.conftest import (
+from tests.core_gateway.helpers import (
     RunningGateway,
     assert_exactly_once,
     batch,

@@ -1,0 +1,119 @@
+"""Helpers of the gateway tests (and of the end-to-end tests that run a gateway): a
+config on loopback, a real gateway served in the test's event loop, batches, and what
+``sl.ingress.*`` holds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from core_gateway.cli import serve
+from core_gateway.config import GatewayConfig, parse_config
+from local_stack.kafka import KafkaBroker
+from local_stack.process import free_port
+from shorelink.contract import H_ORIGIN, H_SEQ, ingress_topic
+from shorelink.kafka_io import read_to_end
+from shorelink.wire import Batch, WireRecord, encode_batch
+from tests.conftest import unique
+
+STREAMS = ("alerts", "nav", "containers")
+
+
+def gateway_config(
+    tmp_path: Path,
+    kafka: KafkaBroker,
+    *,
+    site: str = "tokyo",
+    port: int | None = None,
+    **limits: object,
+) -> GatewayConfig:
+    data: dict[str, object] = {
+        "site": site,
+        "credentials_file": str(tmp_path / "ships.json"),
+        "streams": list(STREAMS),
+        "listen": {"host": "127.0.0.1", "port": port or free_port(), "body_timeout": "2s"},
+        "kafka": {
+            "bootstrap": kafka.bootstrap,
+            "transactional_id": unique("gw"),
+            "ingress_partitions": 2,
+            "timeout": "20s",
+        },
+        "limits": dict(limits),
+    }
+    return parse_config(data)
+
+
+@dataclass
+class RunningGateway:
+    cfg: GatewayConfig
+    url: str
+    ship: str
+    token: str
+
+    def headers(self, token: str | None = None) -> dict[str, str]:
+        return {
+            "Authorization": f"Bearer {token or self.token}",
+            "Content-Type": "application/x-shorelink-batch",
+        }
+
+
+async def start_gateway(cfg: GatewayConfig, stop: asyncio.Event) -> asyncio.Task[None]:
+    """Serve ``cfg`` (a real aiohttp server) until ``stop`` is set; returns the serving
+    task once the gateway listens and answers /readyz with 200."""
+    started = asyncio.Event()
+    task = asyncio.create_task(serve(cfg, install_signals=False, started=started, stop=stop))
+    waiter = asyncio.create_task(started.wait())
+    await asyncio.wait([waiter, task], timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        task.result()  # raises what went wrong
+    assert started.is_set(), "gateway did not start listening"
+    async with aiohttp.ClientSession() as s:
+        for _ in range(300):
+            async with s.get(f"http://127.0.0.1:{cfg.port}/readyz") as r:
+                if r.status == 200:
+                    break
+            await asyncio.sleep(0.1)
+    return task
+
+
+def records(lo: int, hi: int, key_mod: int = 5) -> tuple[WireRecord, ...]:
+    return tuple(
+        WireRecord(
+            seq,
+            f"C{seq % key_mod}",
+            1_700_000_000_000 + seq * 1000,
+            f"bigblue/d1/containers/C{seq % key_mod}/env",
+            json.dumps({"seq": seq, "t": 4.5}).encode(),
+        )
+        for seq in range(lo, hi + 1)
+    )
+
+
+def batch(
+    ship: str, lo: int, hi: int, stream: str = "containers", first_available: int = 1
+) -> bytes:
+    return encode_batch(Batch(ship, stream, records(lo, hi), first_available=first_available))
+
+
+def ingress_seqs(kafka: KafkaBroker, ship: str, stream: str = "containers") -> Counter[int]:
+    """How often each seq of ``ship`` is in sl.ingress.<stream> (read_committed)."""
+    out: Counter[int] = Counter()
+    for m in read_to_end(kafka.bootstrap, [ingress_topic(stream)]):
+        h = dict(m.headers() or [])
+        if h.get(H_ORIGIN) == ship.encode():
+            out[int(h[H_SEQ])] += 1
+    return out
+
+
+def assert_exactly_once(
+    kafka: KafkaBroker, ship: str, last: int, stream: str = "containers"
+) -> None:
+    """sl.ingress.<stream> holds every seq 1..``last`` of ``ship`` exactly once."""
+    seqs = ingress_seqs(kafka, ship, stream)
+    assert sorted(seqs) == list(range(1, last + 1)), "gap (or extra seqs) in sl.ingress"
+    assert max(seqs.values(), default=1) == 1, "an identity was written twice"
