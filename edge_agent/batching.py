@@ -91,7 +91,7 @@ def build(edge_log: EdgeLog, spec: BuildSpec) -> Built:
         sealed = _sealed(edge_log, spec, lo, hi, floor)
         if sealed is not None:
             return sealed
-        nxt = edge_log.next_segment(spec.stream, lo)
+        nxt = edge_log.segments.next(spec.stream, lo)
         if nxt is not None and nxt <= hi:
             hi = nxt - 1  # line up with the segment: the batch after it can be sent as is
         recs = edge_log.read(
@@ -114,7 +114,7 @@ def build(edge_log: EdgeLog, spec: BuildSpec) -> Built:
 
 def _sealed(edge_log: EdgeLog, spec: BuildSpec, lo: int, hi: int, floor: int) -> Built | None:
     """The sealed segment starting at ``lo``, framed, if the link can take it whole."""
-    seg = edge_log.segment(spec.stream, lo)
+    seg = edge_log.segments.get(spec.stream, lo)
     if seg is None or seg.count > spec.max_records or lo + seg.count - 1 > hi:
         return None
     body = frame_batch(edge_log.origin, spec.stream, seg, first_available=floor)

@@ -35,8 +35,8 @@ from edge_agent.linkstate import (
 from edge_agent.migrations import migrate
 from edge_agent.redelivery import Redelivery
 from edge_agent.retention import Retention, StreamState
+from edge_agent.segments import Segments
 from shorelink.ranges import RangeSet
-from shorelink.wire import Body
 
 __all__ = ["CommitResult", "EdgeLog", "Incoming", "LogRecord", "message_digest"]
 
@@ -152,6 +152,8 @@ class EdgeLog:
         self._retention = Retention(self._conn, streams, cfg)
         #: bumped whenever seqs are moved (:meth:`reconcile`): work built before is stale
         self.numbering_epoch = 0
+        #: sealed segments (edge_agent/segments.py), on this connection and lock
+        self.segments = Segments(self._conn, self._lock, self._txn, lambda: self.numbering_epoch)
         self._load_state()
         if not readonly:
             with self._txn() as conn:
@@ -379,75 +381,6 @@ class EdgeLog:
     def link_states(self) -> list[LinkState]:
         with self._lock:
             return read_link_states(self._conn)
-
-    # -- sealed segments (edge_agent/sealing.py) -----------------------------------------
-    def add_segment(self, stream: str, body: Body, epoch: int | None = None) -> bool:
-        """Keep ``body`` (records ``body.first_seq`` on, already encoded) as a sealed
-        segment of ``stream``; False (nothing stored) if one starts there already or if
-        retention removed any of its records meanwhile."""
-        last = body.first_seq + body.count - 1
-        with self._txn() as conn:
-            if epoch is not None and epoch != self.numbering_epoch:
-                return False  # built before seqs moved: its records are others now
-            present = conn.execute(
-                "SELECT count(*) FROM records WHERE stream = ? AND seq BETWEEN ? AND ?",
-                [stream, body.first_seq, last],
-            ).fetchone()[0]
-            if present != body.count:
-                return False
-            cur = conn.execute(
-                "INSERT OR IGNORE INTO segments (stream, first_seq, last_seq, flags, raw_len,"
-                " decoded_len, body, sealed_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    stream, body.first_seq, last, body.flags, body.raw_len, body.decoded_len,
-                    body.data, int(time.time() * 1000),
-                ],
-            )  # fmt: skip
-            return cur.rowcount == 1
-
-    def segment(self, stream: str, first_seq: int) -> Body | None:
-        """The sealed segment of ``stream`` that starts at ``first_seq``, if any."""
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT last_seq, flags, raw_len, decoded_len, body FROM segments"
-                " WHERE stream = ? AND first_seq = ?",
-                [stream, first_seq],
-            ).fetchone()
-        if row is None:
-            return None
-        last, flags, raw_len, decoded_len, data = row
-        return Body(flags, first_seq, last - first_seq + 1, raw_len, data, decoded_len)
-
-    def next_segment(self, stream: str, after: int) -> int | None:
-        """The first seq of the first sealed segment of ``stream`` starting after ``after``."""
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT min(first_seq) FROM segments WHERE stream = ? AND first_seq > ?",
-                [stream, after],
-            ).fetchone()
-        return row[0]
-
-    def sealed_upto(self, stream: str) -> int:
-        """The last seq of ``stream``'s last sealed segment (0: none)."""
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT max(last_seq) FROM segments WHERE stream = ?", [stream]
-            ).fetchone()
-        return row[0] or 0
-
-    def segment_totals(self) -> dict[str, tuple[int, int, int]]:
-        """stream -> (segments, records, bytes) sealed and still on board (nothing for a
-        log an older agent wrote and the new one has not opened yet: ``status``)."""
-        with self._lock:
-            if not self._conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'segments'"
-            ).fetchone():
-                return {}
-            rows = self._conn.execute(
-                "SELECT stream, count(*), sum(last_seq - first_seq + 1), sum(length(body))"
-                " FROM segments GROUP BY stream"
-            ).fetchall()
-        return {stream: (n, recs, nbytes) for stream, n, recs, nbytes in rows}
 
     # -- reading -------------------------------------------------------------------------
     def read(

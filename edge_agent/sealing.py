@@ -120,7 +120,7 @@ class Sealer:
                 body.decoded_len,
             )
             return 0
-        if not await asyncio.to_thread(self.log.add_segment, stream, body, epoch):
+        if not await asyncio.to_thread(self.log.segments.add, stream, body, epoch):
             return None  # retention took some of its records meanwhile: next pass
         self.metrics.seal_seconds.observe(time.monotonic() - t0)
         self.metrics.sealed_records.labels(stream).inc(body.count)
@@ -135,9 +135,9 @@ class Sealer:
 
     def _unsealed(self, stream: str) -> int:
         """The first seq after the last segment that is still on board."""
-        return max(self.log.sealed_upto(stream) + 1, self.log.first_seq(stream))
+        return max(self.log.segments.sealed_upto(stream) + 1, self.log.first_seq(stream))
 
     def update_gauges(self) -> None:
-        totals = self.log.segment_totals()
+        totals = self.log.segments.totals()
         for stream in self.streams:
             self.metrics.segment_records.labels(stream).set(totals.get(stream, (0, 0, 0))[1])

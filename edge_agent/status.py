@@ -24,7 +24,7 @@ def collect_status(cfg: EdgeConfig, edge_log: EdgeLog) -> dict[str, Any]:
     streams: dict[str, Any] = {}
     names = [s.name for s in cfg.by_priority()]
     names += [n for n in edge_log.stream_names() if n not in cfg.streams]
-    sealed = edge_log.segment_totals()
+    sealed = edge_log.segments.totals()
     for name in names:
         st = edge_log.stream_state(name)
         n, nbytes, oldest = edge_log.backlog(name)

@@ -94,7 +94,7 @@ def _seal_ranges(edge_log: EdgeLog, stream: str, *ranges: tuple[int, int]) -> No
     for lo, hi in ranges:
         body = seal(edge_log, SealSpec(stream, lo, hi, hi - lo + 1, SEAL_MAX_BYTES))
         assert body is not None and (body.first_seq, body.count) == (lo, hi - lo + 1)
-        assert edge_log.add_segment(stream, body)
+        assert edge_log.segments.add(stream, body)
 
 
 def _session(edge_log: EdgeLog, held: RangeSet, **spec: int) -> list[tuple[int, int, bool]]:
@@ -199,12 +199,12 @@ def test_one_record_larger_than_half_the_byte_limit_does_not_stop_sealing(
     limit = 100_000
     first = seal(edge_log, SealSpec("containers", 1, 1301, 500, limit))
     assert first is not None and (first.first_seq, first.count) == (1, 300)
-    assert edge_log.add_segment("containers", first)
+    assert edge_log.segments.add("containers", first)
     second = seal(edge_log, SealSpec("containers", 301, 1301, 500, limit))
     assert second is not None and second.first_seq == 301
     # the big record and as many after it as fit the byte limit
     assert second.count == 1 + (limit - 75_000) // 100
-    assert edge_log.add_segment("containers", second)
+    assert edge_log.segments.add("containers", second)
     third = seal(edge_log, SealSpec("containers", 301 + second.count, 1301, 500, limit))
     assert third is not None and third.count == 500
     edge_log.close()
@@ -223,10 +223,10 @@ async def test_runs_that_do_not_compress_are_skipped_not_stored(tmp_path: Path) 
     sealer = Sealer(cfg, edge_log, builder, metrics)
     try:
         assert await sealer.seal_due() == 1
-        assert edge_log.segment("containers", 1) is None
-        seg = edge_log.segment("containers", 501)
+        assert edge_log.segments.get("containers", 1) is None
+        seg = edge_log.segments.get("containers", 501)
         assert seg is not None and seg.count == 500
-        assert {s: t[:2] for s, t in edge_log.segment_totals().items()} == {"containers": (1, 500)}
+        assert {s: t[:2] for s, t in edge_log.segments.totals().items()} == {"containers": (1, 500)}
         assert _sample(metrics, "shorelink_edge_sealed_records_total", stream="containers") == 500
         assert await sealer.seal_due() == 0
         first = build(edge_log, _spec(edge_log, max_records=600))
@@ -252,7 +252,7 @@ def test_batch_framed_from_a_segment_is_byte_identical_to_encoding_its_records(
     else:
         fill(edge_log, "containers", 1500, random=kind == "incompressible")
     _seal_ranges(edge_log, "containers", (1, 500), (501, 1000))
-    seg = edge_log.segment("containers", 501)
+    seg = edge_log.segments.get("containers", 501)
     assert seg is not None and bool(seg.flags & FLAG_TEMPLATED) is (kind == "templated")
 
     built = build(edge_log, _spec(edge_log))
@@ -360,7 +360,7 @@ def test_small_batches_stop_before_a_segment_they_cannot_take(tmp_path: Path) ->
 
 
 # -- the segments table: a cache that follows the records -----------------------------------
-def test_add_segment_refuses_records_gone_and_is_idempotent(tmp_path: Path) -> None:
+def test_adding_a_segment_refuses_records_gone_and_is_idempotent(tmp_path: Path) -> None:
     """Sealing runs beside retention: a segment encoded from records retention removed
     meanwhile must not be stored, and sealing the same run twice stores it once."""
     edge_log = open_log(_config(tmp_path))
@@ -368,18 +368,18 @@ def test_add_segment_refuses_records_gone_and_is_idempotent(tmp_path: Path) -> N
     first = seal(edge_log, SealSpec("containers", 1, 1100, 500, SEAL_MAX_BYTES))
     second = seal(edge_log, SealSpec("containers", 501, 1100, 500, SEAL_MAX_BYTES))
     assert first is not None and second is not None
-    assert edge_log.add_segment("containers", first)
-    assert not edge_log.add_segment("containers", first)
-    assert edge_log.segment_totals() == {"containers": (1, 500, len(first.data))}
-    assert edge_log.sealed_upto("containers") == 500
-    assert edge_log.next_segment("containers", 0) == 1
-    assert edge_log.next_segment("containers", 1) is None
+    assert edge_log.segments.add("containers", first)
+    assert not edge_log.segments.add("containers", first)
+    assert edge_log.segments.totals() == {"containers": (1, 500, len(first.data))}
+    assert edge_log.segments.sealed_upto("containers") == 500
+    assert edge_log.segments.next("containers", 0) == 1
+    assert edge_log.segments.next("containers", 1) is None
 
     assert _age_out(edge_log, 600) == {"containers": 600}  # 1..600: part of `second`
-    assert not edge_log.add_segment("containers", second)
-    assert edge_log.segment("containers", 1) is None  # went with its records
-    assert edge_log.segment("containers", 501) is None
-    assert edge_log.segment_totals() == {} and edge_log.sealed_upto("containers") == 0
+    assert not edge_log.segments.add("containers", second)
+    assert edge_log.segments.get("containers", 1) is None  # went with its records
+    assert edge_log.segments.get("containers", 501) is None
+    assert edge_log.segments.totals() == {} and edge_log.segments.sealed_upto("containers") == 0
     edge_log.close()
 
 
@@ -392,8 +392,8 @@ def test_retention_removes_overlapping_segments_and_no_batch_is_framed_from_them
     fill(edge_log, "containers", 1500)
     _seal_ranges(edge_log, "containers", (1, 500), (501, 1000), (1001, 1500))
     assert _age_out(edge_log, 700) == {"containers": 700}
-    assert edge_log.segment_totals()["containers"][:2] == (1, 500)
-    assert edge_log.segment("containers", 501) is None
+    assert edge_log.segments.totals()["containers"][:2] == (1, 500)
+    assert edge_log.segments.get("containers", 501) is None
     sent = []
     pos = floor = None
     while (built := build(edge_log, _spec(edge_log, pos=pos, floor=floor))).body:
@@ -420,8 +420,8 @@ def test_drop_oldest_on_a_full_log_removes_the_segments_it_cuts_into(tmp_path: P
     fill(edge_log, "containers", 300)  # no room: the oldest undelivered go
     first = edge_log.first_seq("containers")
     assert 1 < first <= 500 and edge_log.stream_state("containers").dropped == first - 1
-    assert edge_log.segment("containers", 1) is None
-    assert edge_log.segment("containers", 501) is not None
+    assert edge_log.segments.get("containers", 1) is None
+    assert edge_log.segments.get("containers", 501) is not None
     built = build(edge_log, _spec(edge_log))
     assert not built.sealed and (built.first, built.last, built.floor) == (first, 500, first)
     built = build(edge_log, _spec(edge_log, pos=built.pos, floor=built.floor))
@@ -495,15 +495,15 @@ async def test_sealer_seals_exactly_the_whole_segments_once(tmp_path: Path, work
         assert await sealer.seal_due() == 5
         assert await sealer.seal_due() == 0
         assert builder.workers == workers and bool(builder.pids()) is (workers == 1)
-        totals = edge_log.segment_totals()
+        totals = edge_log.segments.totals()
         assert {s: t[:2] for s, t in totals.items()} == {
             "containers": (3, 1500),
             "alerts": (2, 1000),
         }
         for first in (1, 501, 1001):
-            seg = edge_log.segment("containers", first)
+            seg = edge_log.segments.get("containers", first)
             assert seg is not None and seg.count == 500
-        assert edge_log.next_segment("containers", 1001) is None
+        assert edge_log.segments.next("containers", 1001) is None
         assert _sample(metrics, "shorelink_edge_sealed_records_total", stream="containers") == 1500
         assert _sample(metrics, "shorelink_edge_sealed_records_total", stream="alerts") == 1000
         assert _sample(metrics, "shorelink_edge_sealed_records_total", stream="nav") == 0
@@ -522,8 +522,8 @@ async def test_sealer_seals_exactly_the_whole_segments_once(tmp_path: Path, work
         fill(edge_log, "containers", 300)  # 1501..2000: one more
         fill(edge_log, "nav", 1)  # nav 1..500
         assert await sealer.seal_due() == 2
-        assert edge_log.sealed_upto("containers") == 2000
-        assert edge_log.sealed_upto("nav") == 500
+        assert edge_log.segments.sealed_upto("containers") == 2000
+        assert edge_log.segments.sealed_upto("nav") == 500
         assert _sample(metrics, "shorelink_edge_sealed_records_total", stream="containers") == 2000
     finally:
         builder.close()
@@ -541,13 +541,13 @@ async def test_sealer_runs_on_its_interval_until_stopped(tmp_path: Path) -> None
     task = asyncio.create_task(sealer.run(stop))
     try:
         fill(edge_log, "containers", 450)
-        await eventually_async(lambda: edge_log.sealed_upto("containers") == 400, within=5)
+        await eventually_async(lambda: edge_log.segments.sealed_upto("containers") == 400, within=5)
         await eventually_async(
             lambda: _sample(metrics, "shorelink_edge_segment_records", stream="containers") == 400,
             within=5,
         )
         fill(edge_log, "containers", 150)
-        await eventually_async(lambda: edge_log.sealed_upto("containers") == 600, within=5)
+        await eventually_async(lambda: edge_log.segments.sealed_upto("containers") == 600, within=5)
     finally:
         stop.set()
         await asyncio.wait_for(task, 5)
@@ -566,7 +566,7 @@ async def test_seal_records_0_seals_nothing(tmp_path: Path) -> None:
     stop = asyncio.Event()
     await asyncio.wait_for(sealer.run(stop), 2)  # returns at once, stop never set
     assert await sealer.seal_due() == 0
-    assert edge_log.segment_totals() == {}
+    assert edge_log.segments.totals() == {}
     assert _sample(metrics, "shorelink_edge_sealed_records_total", stream="containers") == 0
     assert not build(edge_log, _spec(edge_log)).sealed
     builder.close()
@@ -662,9 +662,11 @@ async def test_backlog_sealed_at_sea_arrives_in_kafka_exactly_once_in_port(
             lambda: agent.log.stream_state("containers").count == 1800, 20, "ingest"
         )
         await eventually_async(
-            lambda: agent.log.sealed_upto("containers") == 1500, 20, "three segments sealed"
+            lambda: agent.log.segments.sealed_upto("containers") == 1500,
+            20,
+            "three segments sealed",
         )
-        assert agent.log.segment_totals()["containers"][:2] == (3, 1500)
+        assert agent.log.segments.totals()["containers"][:2] == (3, 1500)
         assert agent.log.holdings() == {}  # nothing crossed yet
         sealed_records = "shorelink_edge_sealed_records_total"
         assert _sample(agent.metrics, sealed_records, stream="containers") == 1500
