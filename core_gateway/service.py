@@ -19,6 +19,7 @@ import asyncio
 import logging
 from typing import Any
 
+from core_gateway.admission import plan_admission
 from core_gateway.auth import Credentials
 from core_gateway.config import GatewayConfig
 from core_gateway.decoding import BatchDecoder
@@ -27,7 +28,6 @@ from core_gateway.holdings import Holdings, SourceHoldings
 from core_gateway.ingress import IngressWriter, Write
 from core_gateway.ledger import LedgerFollower
 from core_gateway.metrics import GatewayMetrics
-from shorelink.ledger import MAX_HOLDINGS_RANGES
 from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, WireError, peek_header
 
@@ -119,55 +119,28 @@ class GatewayService:
     def admit(self, ship: str, batch: Batch) -> asyncio.Future[dict[str, Any]]:
         """Check ``batch`` against what the site holds plus what is being written, and
         reserve its seqs; return what completes its write (await it for the reply).
+        What the batch adds is decided by :func:`~core_gateway.admission.plan_admission`.
 
         Synchronous up to the returned awaitable, so batches admitted one after another
         build on each other (pipelining: batch N+1 of a stream is admitted while batch
         N is still being written, and both may share a transaction). Raises ApiError
         409 when the batch does not start where the site's holdings (and the batches
-        in flight) end."""
+        in flight) end, 422 when it would abandon seqs past the bound on holes."""
         stream = batch.stream
         h = self.holdings.get(ship, stream)
         inflight = self._inflight.setdefault((ship, stream), [])
         pending = RangeSet()
         for seqs in inflight:
             pending.update(seqs)
-        settled = h.settled()
-        settled.update(pending)
-        end = settled.contiguous_end()
-        floor = max(end, batch.first_available - 1)
-        if batch.first_seq > floor + 1:
-            self.metrics.rejected.labels("gap").inc()
-            raise ApiError(
-                409,
-                "gap",
-                f"batch starts at seq {batch.first_seq} but this site holds "
-                f"{ship}/{stream} only up to {end}: resend from {end + 1}",
-                held=str(h.held()),
-            )
-        if settled.overlaps(batch.first_seq, batch.last_seq):
-            new = [r for r in batch.records if r.seq not in settled]
-            written = RangeSet.from_seqs(r.seq for r in new)
-        else:  # the usual case: nothing of it held yet (a batch's seqs are contiguous)
-            new = list(batch.records)
-            written = RangeSet([(batch.first_seq, batch.last_seq)])
-        abandoned = RangeSet()
-        if batch.first_available - 1 > end:
-            # the ship no longer has these (dropped on board by policy): they can never
-            # arrive, so the site stops waiting for them
-            if len(h.abandoned) >= MAX_HOLDINGS_RANGES:
-                # each abandonment is a hole in what the site writes, and every hole is
-                # rewritten with every batch (cursor, ledger): a ship that keeps
-                # abandoning (hostile, or broken) must not grow them without bound
-                raise ApiError(
-                    422,
-                    "too_many_holes",
-                    f"{ship}/{stream} already has {len(h.abandoned)} abandoned ranges (the"
-                    f" most is {MAX_HOLDINGS_RANGES}); send seqs from {end + 1}",
-                    held=str(h.held()),
-                )
-            abandoned.add_range(end + 1, batch.first_available - 1)
+        try:
+            plan = plan_admission(ship, batch, h, pending)
+        except ApiError as exc:
+            if exc.code == "gap":  # counted here: refused() does not count routine 409s
+                self.metrics.rejected.labels("gap").inc()
+            raise
+        new, written, abandoned = plan.new, plan.written, plan.abandoned
         self.metrics.skipped.labels(stream).inc(batch.count - len(new))
-        if not new and not abandoned:
+        if plan.nothing:
             self.metrics.batches.labels(stream).inc()
             answered: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
             answered.set_result(self._reply(ship, batch, h, written))

@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-import core_gateway.app
+import core_gateway.admission
 from core_gateway.auth import Credentials
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import GATEWAY_CURSOR_TOPIC
@@ -27,7 +27,9 @@ BOUND = 12
 async def test_a_ship_that_keeps_abandoning_is_refused_past_the_bound(
     tmp_path: Path, kafka: KafkaBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(core_gateway.app, "MAX_HOLDINGS_RANGES", BOUND)  # 10,000 in production
+    monkeypatch.setattr(
+        core_gateway.admission, "MAX_HOLDINGS_RANGES", BOUND
+    )  # 10,000 in production
     cfg = gateway_config(tmp_path, kafka)
     ship = unique("holey")
     token = Credentials(cfg.credentials_file).add(ship)
