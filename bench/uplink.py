@@ -716,7 +716,7 @@ class Bench:
         edge_log = EdgeLog(cfg.log.path, cfg.ship, cfg.streams, cfg.log, readonly=True)
         try:
             days = {utc_day(t_start), utc_day(time.time())}
-            spend = sum(edge_log.link_spend(a.link, d) for d in days)
+            spend = sum(edge_log.links.spend(a.link, d) for d in days)
         finally:
             edge_log.close()
         report = self.link_report(

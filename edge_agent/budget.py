@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 from edge_agent.clock import SHIP_CLOCK
 from edge_agent.config import LinkConfig
-from edge_agent.log import EdgeLog
+from edge_agent.linkstate import Links
 
 __all__ = ["LinkBudget", "utc_day"]
 
@@ -29,13 +29,13 @@ class LinkBudget:
     """One per link class, shared by every gateway reached over that class."""
 
     def __init__(
-        self, link: LinkConfig, edge_log: EdgeLog, *, clock: Callable[[], float] = SHIP_CLOCK.now
+        self, link: LinkConfig, links: Links, *, clock: Callable[[], float] = SHIP_CLOCK.now
     ) -> None:
         self.link = link
-        self._log = edge_log
+        self._links = links
         self._clock = clock
         self._day = utc_day(clock())
-        self._spent = edge_log.link_spend(link.name, self._day)
+        self._spent = links.spend(link.name, self._day)
         self._next_free = 0.0  # monotonic time the rate limit lets the next body go
         self._spent_out_day = ""
 
@@ -48,7 +48,7 @@ class LinkBudget:
         day = utc_day(self._clock())
         if day > self._day:  # YYYY-MM-DD: never back to a day already counted
             self._day = day
-            self._spent = self._log.link_spend(self.link.name, day)
+            self._spent = self._links.spend(self.link.name, day)
 
     @property
     def day(self) -> str:
@@ -88,7 +88,7 @@ class LinkBudget:
         """Count ``nbytes`` as sent today, durably (before they are sent: a crash after
         sending must not hand the satellite link its bytes back)."""
         day = self.day
-        self._spent = await asyncio.to_thread(self._log.add_link_spend, self.link.name, day, nbytes)
+        self._spent = await asyncio.to_thread(self._links.add_spend, self.link.name, day, nbytes)
 
     async def pace(self, nbytes: int) -> None:
         """Wait until the rate limit lets ``nbytes`` go, then book them."""

@@ -25,13 +25,7 @@ import sqlite_utils
 from edge_agent import numbering
 from edge_agent.config import LogConfig, StreamConfig
 from edge_agent.errors import LogError, LogFullError
-from edge_agent.linkstate import (
-    LinkState,
-    add_spend,
-    read_link_states,
-    read_spend,
-    write_link_state,
-)
+from edge_agent.linkstate import Links
 from edge_agent.migrations import migrate
 from edge_agent.redelivery import Redelivery
 from edge_agent.retention import Retention, StreamState
@@ -154,6 +148,8 @@ class EdgeLog:
         self.numbering_epoch = 0
         #: sealed segments (edge_agent/segments.py), on this connection and lock
         self.segments = Segments(self._conn, self._lock, self._txn, lambda: self.numbering_epoch)
+        #: link spend and gateway states (edge_agent/linkstate.py), on this connection and lock
+        self.links = Links(self._conn, self._lock, self._txn)
         self._load_state()
         if not readonly:
             with self._txn() as conn:
@@ -362,25 +358,6 @@ class EdgeLog:
             plan.first + plan.delta,
         )
         return moved
-
-    # -- the uplink's bookkeeping (edge_agent/linkstate.py) -------------------------------
-    def link_spend(self, link: str, day: str) -> int:
-        """Request body bytes sent over link class ``link`` on UTC ``day`` (YYYY-MM-DD)."""
-        with self._lock:
-            return read_spend(self._conn, link, day)
-
-    def add_link_spend(self, link: str, day: str, nbytes: int) -> int:
-        """Persist ``nbytes`` more spent on ``day``; return the day's total."""
-        with self._txn() as conn:
-            return add_spend(conn, link, day, nbytes)
-
-    def set_link_state(self, state: LinkState) -> None:
-        with self._txn() as conn:
-            write_link_state(conn, state)
-
-    def link_states(self) -> list[LinkState]:
-        with self._lock:
-            return read_link_states(self._conn)
 
     # -- reading -------------------------------------------------------------------------
     def read(

@@ -62,7 +62,7 @@ def collect_status(cfg: EdgeConfig, edge_log: EdgeLog) -> dict[str, Any]:
 def _links(cfg: EdgeConfig, edge_log: EdgeLog, now_ms: int) -> list[dict[str, Any]]:
     """One entry per configured gateway: link state as the agent last recorded it."""
     day = utc_day(now_ms / 1000)
-    states = {(s.site, s.link): s for s in edge_log.link_states()}
+    states = {(s.site, s.link): s for s in edge_log.links.states()}
     out = []
     for g in cfg.gateways:
         link = cfg.links[g.link]
@@ -78,7 +78,7 @@ def _links(cfg: EdgeConfig, edge_log: EdgeLog, now_ms: int) -> list[dict[str, An
                 "last_success_age_s": _age(now_ms, st.last_success_ms if st else None),
                 "last_error": st.last_error if st else "",
                 "last_error_age_s": _age(now_ms, st.last_error_ms if st else None),
-                "today_bytes": edge_log.link_spend(g.link, day),
+                "today_bytes": edge_log.links.spend(g.link, day),
                 "daily_budget_bytes": link.daily_budget_bytes,
             }
         )

@@ -78,7 +78,7 @@ class Uplink:
         # cheapest link first; config order breaks ties
         self.gateways = sorted(gateways, key=lambda g: cfg.links[g.link].cost)
         self.budgets = {
-            name: LinkBudget(cfg.links[name], edge_log, clock=clock)
+            name: LinkBudget(cfg.links[name], edge_log.links, clock=clock)
             for name in sorted({g.link for g in self.gateways})
         }
         for name, b in self.budgets.items():
@@ -373,7 +373,7 @@ class Uplink:
             at, written = self._flushed.get(key, (0.0, None))
             if st == written or not (force or now - at >= STATE_FLUSH_S):
                 continue
-            await asyncio.to_thread(self.log.set_link_state, replace(st, updated_ms=_now_ms()))
+            await asyncio.to_thread(self.log.links.write_state, replace(st, updated_ms=_now_ms()))
             self._flushed[key] = (now, st)
 
 

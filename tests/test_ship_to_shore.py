@@ -345,7 +345,7 @@ batch_max_records = 20
     publisher.wait_all_acked()
     await eventually_async(lambda: agent.log.stream_state("nav").count == 400, 30, "ingest")
     await asyncio.sleep(4)  # let the uplink spend what it may
-    spent = agent.log.link_spend("satellite", utc_day(time.time()))  # persisted for today
+    spent = agent.log.links.spend("satellite", utc_day(time.time()))  # persisted for today
     assert 0 < spent <= budget * 1.02, f"spent {spent} of a {budget} budget"
     assert ingress_seqs(kafka, ship, "containers") == {}, "containers crossed the satellite"
     assert sorted(ingress_seqs(kafka, ship, "alerts")) == [1], "the alert did not cross"

@@ -23,26 +23,26 @@ async def test_spend_is_persisted_per_day_and_a_new_day_starts_afresh(tmp_path: 
     now = [1_714_564_800.0]  # 2024-05-01T12:00Z
     log = open_log(cfg)
     link = LinkConfig("satellite", daily_budget_bytes=10_000)
-    b = LinkBudget(link, log, clock=lambda: now[0])
+    b = LinkBudget(link, log.links, clock=lambda: now[0])
     await b.charge(4000)
     await b.charge(3000)
     assert (b.spent, b.remaining(), b.fits(3000), b.fits(3001)) == (7000, 3000, True, False)
     assert b.seconds_to_next_day() == 12 * 3600
     log.close()
     log = open_log(cfg)
-    b = LinkBudget(link, log, clock=lambda: now[0])
+    b = LinkBudget(link, log.links, clock=lambda: now[0])
     assert b.spent == 7000
     b.mark_spent_out()
     assert b.spent_out
     now[0] += 12 * 3600
     assert (b.day, b.spent, b.remaining(), b.spent_out) == ("2024-05-02", 0, 10_000, False)
-    assert log.link_spend("satellite", "2024-05-01") == 7000
+    assert log.links.spend("satellite", "2024-05-01") == 7000
     log.close()
 
 
 async def test_unlimited_link_always_fits(tmp_path: Path) -> None:
     log = open_log(uplink_config(tmp_path))
-    b = LinkBudget(LinkConfig("port_wifi"), log)
+    b = LinkBudget(LinkConfig("port_wifi"), log.links)
     await b.charge(10**9)
     assert b.remaining() is None and b.fits(10**12)
     log.close()
@@ -51,7 +51,7 @@ async def test_unlimited_link_always_fits(tmp_path: Path) -> None:
 async def test_rate_limit_spaces_bodies_to_max_rate(tmp_path: Path) -> None:
     """A ship's link is shared with the crew and the bridge: the uplink keeps to its rate."""
     log = open_log(uplink_config(tmp_path))
-    b = LinkBudget(LinkConfig("cellular", max_rate=20_000), log)
+    b = LinkBudget(LinkConfig("cellular", max_rate=20_000), log.links)
     t0 = time.monotonic()
     for _ in range(5):
         await b.pace(5000)  # 25 kB at 20 kB/s: the first goes at once, 4 x 0.25 s after

@@ -144,14 +144,16 @@ async def test_budget_day_follows_time_passing_not_the_clock_jumping(tmp_path: P
     t.elapse(12 * 3600)  # midnight passes for real
     assert (b.day, b.remaining(), b.spent_out) == ("2024-05-02", 10_000, False)
     await b.charge(4000)
-    assert log.link_spend("satellite", "2024-05-02") == 4000
+    assert log.links.spend("satellite", "2024-05-02") == 4000
     log.close()
 
 
 def test_budget_day_never_goes_back_even_on_a_clock_it_is_given(tmp_path: Path) -> None:
     now = [T0 + DAY]
     log = open_log(uplink_config(tmp_path))
-    b = LinkBudget(LinkConfig("satellite", daily_budget_bytes=10_000), log, clock=lambda: now[0])
+    b = LinkBudget(
+        LinkConfig("satellite", daily_budget_bytes=10_000), log.links, clock=lambda: now[0]
+    )
     assert b.day == "2024-05-02"
     now[0] -= DAY
     assert b.day == "2024-05-02"

@@ -182,7 +182,7 @@ async def test_daily_budget_holds_within_2_percent_and_survives_restart(tmp_path
     await _uplink(cfg, log, [gw], clock).sync_once()
     sent = gw.bytes_received()
     assert budget * 0.98 <= sent <= budget
-    assert log.link_spend("satellite", "2024-05-01") == sent
+    assert log.links.spend("satellite", "2024-05-01") == sent
     assert gw.held("alerts") == _all(300)  # alerts first
     log.close()
 
@@ -190,13 +190,13 @@ async def test_daily_budget_holds_within_2_percent_and_survives_restart(tmp_path
     up = _uplink(cfg, log, [gw], clock)
     await up.sync_once()
     assert gw.bytes_received() <= budget
-    assert log.link_spend("satellite", "2024-05-01") == gw.bytes_received()
+    assert log.links.spend("satellite", "2024-05-01") == gw.bytes_received()
 
     now[0] += 86_400  # the next UTC day: a fresh budget
     await up.sync_once()
-    today = log.link_spend("satellite", "2024-05-02")
+    today = log.links.spend("satellite", "2024-05-02")
     assert 0 < today <= budget
-    assert gw.bytes_received() == log.link_spend("satellite", "2024-05-01") + today
+    assert gw.bytes_received() == log.links.spend("satellite", "2024-05-01") + today
     assert max(gw.arrivals.values()) == 1
     log.close()
 
@@ -358,7 +358,7 @@ async def test_cheapest_reachable_link_wins_and_a_cheaper_one_is_picked_up(
     up = _uplink(cfg, log, [sat, wifi])
     await up.sync_once()
     assert sat.held("alerts") == _all(5) and not wifi.held("alerts")
-    states = {s.site: s for s in log.link_states()}
+    states = {s.site: s for s in log.links.states()}
     assert not states["tokyo"].up and "refused" in states["tokyo"].last_error
     assert states["hq"].up
     wifi.down = False
@@ -382,7 +382,7 @@ async def test_gateway_refusing_our_token_is_set_aside_for_the_next(tmp_path: Pa
     calls = wifi.calls
     await up.sync_once()
     assert wifi.calls == calls  # set aside, not asked again at once
-    assert "401" in {s.site: s for s in log.link_states()}["tokyo"].last_error
+    assert "401" in {s.site: s for s in log.links.states()}["tokyo"].last_error
     log.close()
 
 
