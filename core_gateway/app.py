@@ -56,7 +56,7 @@ def _error_middleware(service: GatewayService) -> Any:
             resp = await handler(request)
         except ApiError as exc:
             service.refused(exc, route)
-            resp = _json_error(exc.status, exc.code, str(exc), **exc.extra)
+            resp = web.json_response(exc.body(), status=exc.status)
             if "retry_after" in exc.extra:
                 resp.headers["Retry-After"] = str(exc.extra["retry_after"])
         except web.HTTPRequestEntityTooLarge as exc:
@@ -100,17 +100,20 @@ def bearer_token(request: web.Request) -> str:
     return token.strip()
 
 
-def _authenticate(request: web.Request) -> str:
+def _authenticate(request: web.Request) -> tuple[str, str]:
+    """The ship the URL names and its bearer token, once the token is its own and the
+    gateway ready (what every ``/v1/ships/{ship}/...`` route checks first)."""
     service: GatewayService = request.app[SERVICE]
     ship = request.match_info["ship"]
-    service.authorize(ship, bearer_token(request))
+    token = bearer_token(request)
+    service.authorize(ship, token)
     service.check_ready()
-    return ship
+    return ship, token
 
 
 async def _holdings(request: web.Request) -> web.Response:
     service: GatewayService = request.app[SERVICE]
-    ship = _authenticate(request)
+    ship, _token = _authenticate(request)
     return web.json_response(
         {"ship": ship, "site": service.cfg.site, "streams": service.holdings_for(ship)}
     )
@@ -119,7 +122,7 @@ async def _holdings(request: web.Request) -> web.Response:
 async def _batch(request: web.Request) -> web.Response:
     service: GatewayService = request.app[SERVICE]
     cfg = service.cfg
-    ship = _authenticate(request)
+    ship, _token = _authenticate(request)
     stream = request.match_info["stream"]
     service.check_stream(stream)
     if (
@@ -145,8 +148,7 @@ async def _batch(request: web.Request) -> web.Response:
 
 async def _upload(request: web.Request) -> web.StreamResponse:
     service: GatewayService = request.app[SERVICE]
-    ship = _authenticate(request)
-    token = bearer_token(request)
+    ship, token = _authenticate(request)
     if service.upload_slots >= service.cfg.max_uploads:
         raise busy(
             f"gateway busy: {service.upload_slots} upload connections open "

@@ -22,6 +22,11 @@ class ApiError(GatewayError):
         self.code = code
         self.extra = extra
 
+    def body(self) -> dict[str, object]:
+        """The JSON a client gets (the body of a refused request, or of a refused
+        batch's answer on an upload connection): ``{"error", "message", **extra}``."""
+        return {"error": self.code, "message": str(self), **self.extra}
+
 
 class KafkaWriteError(GatewayError):
     """Kafka did not take a batch (the transaction aborted, or its outcome is unknown:

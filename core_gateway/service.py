@@ -262,14 +262,14 @@ class GatewayService:
                 )
             self.check_stream(header.stream)
         except WireError as exc:
-            raise ApiError(_WIRE_STATUS.get(exc.reason, 400), exc.reason, str(exc)) from None
+            raise _refusal(exc) from None
         cost = len(body) + header.raw_len
         self.reserve(cost)
         try:
             try:
                 batch = await self.decoder.decode(body)
             except WireError as exc:
-                raise ApiError(_WIRE_STATUS.get(exc.reason, 400), exc.reason, str(exc)) from None
+                raise _refusal(exc) from None
             answer = self.admit(ship, batch)
         except BaseException:
             self.release(cost)
@@ -337,6 +337,11 @@ class GatewayService:
                 "unknown_stream",
                 f"this site takes no stream {stream!r} (it takes {', '.join(self.cfg.streams)})",
             )
+
+
+def _refusal(exc: WireError) -> ApiError:
+    """A batch the wire format refuses, as the client sees it (413, 422 or 400)."""
+    return ApiError(_WIRE_STATUS.get(exc.reason, 400), exc.reason, str(exc))
 
 
 #: seconds a busy gateway asks a client to wait (``Retry-After``)

@@ -126,7 +126,7 @@ async def _answer(
             reply = {"status": 200, **await pending}
         except ApiError as exc:
             service.refused(exc, ROUTE)
-            reply = {"status": exc.status, "error": exc.code, "message": str(exc), **exc.extra}
+            reply = {"status": exc.status, **exc.body()}
         service.metrics.requests.labels(ROUTE, str(reply["status"])).inc()
         if not ws.closed:
             with contextlib.suppress(ConnectionError, RuntimeError):
