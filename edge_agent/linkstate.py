@@ -1,6 +1,8 @@
 """The uplink's own bookkeeping in the log: today's spend per link class (so a restart
-does not reset the satellite budget) and the last known state of each gateway (for
-``shorelink-edge status``).
+does not reset the satellite budget) and the state of each gateway (up or down, last
+success, last error), kept as the uplink sees it and written for ``shorelink-edge
+status``, at most every :data:`STATE_FLUSH_S` while nothing changes but the time of the
+last success.
 
 :class:`Links` (``EdgeLog.links``) works on the log's connection, behind the log's lock
 and in its transactions; a read-only log (``status``) reads through it too."""
@@ -9,11 +11,16 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Protocol
 
-__all__ = ["LinkState", "Links"]
+__all__ = ["STATE_FLUSH_S", "Endpoint", "LinkState", "Links"]
+
+#: persist a link's last success at most this often while it stays up
+STATE_FLUSH_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +35,19 @@ class LinkState:
     updated_ms: int
 
 
+class Endpoint(Protocol):
+    """A gateway as its state knows it (:class:`~edge_agent.gateway.Gateway` is one)."""
+
+    @property
+    def site(self) -> str: ...
+
+    @property
+    def link(self) -> str: ...
+
+    @property
+    def url(self) -> str: ...
+
+
 class Links:
     def __init__(
         self,
@@ -38,6 +58,11 @@ class Links:
         self._conn = conn
         self._lock = lock
         self._txn = txn
+        #: per gateway (site, link, url): its state now, and when and as what it was
+        #: last written
+        self._now: dict[tuple[str, str, str], LinkState] = {}
+        self._written: dict[tuple[str, str, str], tuple[float, LinkState]] = {}
+        self._flushing = threading.Lock()  # flush runs in worker threads
 
     # -- per link class: the day's spend ---------------------------------------------------
     def spend(self, link: str, day: str) -> int:
@@ -60,7 +85,44 @@ class Links:
             return _read_spend(conn, link, day)
 
     # -- per gateway: up or down, last success, last error ----------------------------------
-    def write_state(self, s: LinkState) -> None:
+    def state(self, g: Endpoint) -> LinkState:
+        """``g``'s state as the uplink saw it last (never tried: down, no success)."""
+        st = self._now.get((g.site, g.link, g.url))
+        if st is None:
+            st = LinkState(g.site, g.link, g.url, False, None, "", None, 0)
+        return st
+
+    def succeeded(self, g: Endpoint) -> None:
+        """A batch got through ``g`` (written at the next :meth:`flush`)."""
+        st = self.state(g)
+        self._now[(g.site, g.link, g.url)] = replace(st, up=True, last_success_ms=_now_ms())
+
+    def mark(self, g: Endpoint, *, up: bool, error: str = "") -> bool:
+        """``g`` answered (``up``) or failed with ``error``; returns whether it was up
+        before (then :meth:`flush` it)."""
+        st = self.state(g)
+        was_up = st.up
+        now = _now_ms()
+        if up:
+            st = replace(st, up=True, last_success_ms=now)
+        else:
+            st = replace(st, up=False, last_error=error[:500], last_error_ms=now)
+        self._now[(g.site, g.link, g.url)] = st
+        return was_up
+
+    def flush(self, *, force: bool = False) -> None:
+        """Persist changed gateway states (for ``status``), at most every
+        :data:`STATE_FLUSH_S` unless ``force``."""
+        with self._flushing:
+            now = time.monotonic()
+            for key, st in list(self._now.items()):
+                at, written = self._written.get(key, (0.0, None))
+                if st == written or not (force or now - at >= STATE_FLUSH_S):
+                    continue
+                self._write_state(replace(st, updated_ms=_now_ms()))
+                self._written[key] = (now, st)
+
+    def _write_state(self, s: LinkState) -> None:
         with self._txn() as conn:
             conn.execute(
                 "INSERT OR REPLACE INTO link_state (site, link, url, up, last_success_ms,"
@@ -91,6 +153,10 @@ class Links:
             LinkState(site, link, url or "", bool(up), ok_ms, err or "", err_ms, upd or 0)
             for site, link, url, up, ok_ms, err, err_ms, upd in rows
         ]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _read_spend(conn: sqlite3.Connection, link: str, day: str) -> int:

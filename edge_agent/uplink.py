@@ -25,7 +25,6 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
@@ -34,7 +33,6 @@ from edge_agent.budget import LinkBudget
 from edge_agent.config import EdgeConfig
 from edge_agent.errors import GatewayRejected, LinkError, UplinkError
 from edge_agent.gateway import Gateway, HttpGateway
-from edge_agent.linkstate import LinkState
 from edge_agent.log import EdgeLog
 from edge_agent.metrics import EdgeMetrics
 from edge_agent.sealing import Sealer
@@ -46,8 +44,6 @@ __all__ = ["Uplink"]
 
 log = logging.getLogger(__name__)
 
-#: persist a link's last success at most this often while it stays up
-STATE_FLUSH_S = 5.0
 #: growth of the retry wait per failed attempt: much gentler than doubling, so the end
 #: of a short outage (a port's Wi-Fi dropping for seconds) is noticed within a couple of
 #: hundred ms (the wait t seconds into an outage is about 0.15 t), while a long one still
@@ -88,10 +84,8 @@ class Uplink:
         self._refresh_at = 0.0
         self._probe_cheaper_at = 0.0
         self._blocked: dict[int, float] = {}
-        self._states: dict[int, LinkState] = {}
         #: batches accepted so far (resets the retry backoff after progress)
         self._accepted = 0
-        self._flushed: dict[int, tuple[float, LinkState]] = {}
         self._stop = asyncio.Event()
         self._limited = RateLimitedLog(log)
         self._streams = [s.name for s in cfg.by_priority()]
@@ -133,7 +127,7 @@ class Uplink:
                 with contextlib.suppress(Exception):
                     await g.close()
             with contextlib.suppress(Exception):
-                await self._flush_states(force=True)
+                await asyncio.to_thread(self.log.links.flush, force=True)
             await asyncio.to_thread(self.close)
             log.info("event=uplink_stopped")
 
@@ -240,7 +234,7 @@ class Uplink:
             await self._mark(gw, up=False, error=str(exc))
             raise LinkError(f"gateway refused us: {exc}", site=gw.site) from exc
         finally:
-            await self._flush_states()
+            await asyncio.to_thread(self.log.links.flush)
         if session.budget.spent_out:
             self.session = None  # another link may still have budget today
 
@@ -332,26 +326,14 @@ class Uplink:
             self.cfg.uplink.retry_max_s,
         )
 
-    # -- link state (status, metrics) --------------------------------------------------------
-    def _state(self, g: Gateway) -> LinkState:
-        st = self._states.get(id(g))
-        if st is None:
-            st = LinkState(g.site, g.link, g.url, False, None, "", None, 0)
-        return st
-
+    # -- link state (kept in edge_agent/linkstate.py; here: logs and metrics) ---------------
     def _success(self, g: Gateway) -> None:
         self._accepted += 1
-        st = self._state(g)
-        self._states[id(g)] = replace(st, up=True, last_success_ms=_now_ms())
+        self.log.links.succeeded(g)
 
     async def _mark(self, g: Gateway, *, up: bool, error: str = "") -> None:
-        st = self._state(g)
-        was_up = st.up
-        now = _now_ms()
-        if up:
-            st = replace(st, up=True, last_success_ms=now)
-        else:
-            st = replace(st, up=False, last_error=error[:500], last_error_ms=now)
+        was_up = self.log.links.mark(g, up=up, error=error)
+        if not up:
             self._limited.warning(
                 f"link_down:{g.site}:{g.link}",
                 "event=link_down site=%s link=%s error=%r",
@@ -361,21 +343,5 @@ class Uplink:
             )
         if up and not was_up:
             log.info("event=link_up site=%s link=%s", g.site, g.link)
-        self._states[id(g)] = st
         self.metrics.link_up.labels(g.site, g.link).set(1 if up else 0)
-        await self._flush_states(force=up != was_up or not up)
-
-    async def _flush_states(self, *, force: bool = False) -> None:
-        """Persist changed link states (for ``status``), at most every few seconds
-        unless ``force``."""
-        now = time.monotonic()
-        for key, st in list(self._states.items()):
-            at, written = self._flushed.get(key, (0.0, None))
-            if st == written or not (force or now - at >= STATE_FLUSH_S):
-                continue
-            await asyncio.to_thread(self.log.links.write_state, replace(st, updated_ms=_now_ms()))
-            self._flushed[key] = (now, st)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
+        await asyncio.to_thread(self.log.links.flush, force=up != was_up or not up)
