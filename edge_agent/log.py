@@ -6,6 +6,11 @@ Seqs are assigned inside the commit transaction: gapless per ``(origin, stream)`
 
 Thread-safety: one connection behind a lock; the ingest thread writes, the uplink and
 status read. Other processes (``shorelink-edge status``) open their own read-only log.
+
+:class:`EdgeLog` keeps the records (commit, retention, reads, numbering) and what the
+sites hold. Two other concepts live in the same file and share its connection and lock:
+sealed segments (``EdgeLog.segments``, edge_agent/segments.py) and the uplink's link
+spend and gateway states (``EdgeLog.links``, edge_agent/linkstate.py).
 """
 
 from __future__ import annotations
