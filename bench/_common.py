@@ -1,20 +1,36 @@
 """What every benchmark script here shares: progress lines on stderr, a work directory
-that is removed afterwards (or kept with --keep), and signals that unwind through the
-scripts' finally blocks so every process they started stops."""
+that is removed afterwards (or kept with --keep), signals that unwind through the
+scripts' finally blocks so every process they started stops, the command line's common
+part (--quick, --keep, quick/full defaults) and the run itself (one JSON object on
+stdout, the logs' tails on a failure)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, Protocol, TextIO
 
-__all__ = ["exit_on_signals", "progress", "require_at_least_one", "work_dir"]
+from local_stack.process import Proc
+
+__all__ = [
+    "add_run_options",
+    "bench_parser",
+    "exit_on_signals",
+    "fill_defaults",
+    "progress",
+    "require_at_least_one",
+    "run_bench",
+    "work_dir",
+]
 
 
 def progress(name: str) -> Callable[[str], None]:
@@ -55,3 +71,67 @@ def require_at_least_one(p: argparse.ArgumentParser, args: argparse.Namespace, *
     for name in names:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
+
+
+def bench_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """A benchmark's argument parser: its docstring's first paragraph as description."""
+    return argparse.ArgumentParser(
+        prog=prog,
+        description=doc.split("\n\n")[0] if doc else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Progress goes to stderr; one JSON object goes to stdout.",
+    )
+
+
+def add_run_options(p: argparse.ArgumentParser, quick: str, kept: str) -> None:
+    """``--quick`` (``quick``: what it runs) and ``--keep DIR`` (``kept``: what stays)."""
+    p.add_argument("--quick", action="store_true", help=quick)
+    p.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=f"work in DIR and keep it ({kept}) instead of a temp dir",
+    )
+
+
+def fill_defaults(a: argparse.Namespace, defaults: dict[str, tuple[Any, Any]]) -> None:
+    """Options not given take their (quick, full) default."""
+    for name, (quick, full) in defaults.items():
+        if getattr(a, name) is None:
+            setattr(a, name, quick if a.quick else full)
+
+
+class Bench(Protocol):
+    procs: list[Proc]
+
+    def run(self) -> dict[str, Any]: ...
+
+    def cleanup(self) -> None: ...
+
+
+def run_bench(
+    say: Callable[[str], None],
+    keep: Path | None,
+    prefix: str,
+    make: Callable[[Path], Bench],
+    *,
+    errors: tuple[type[BaseException], ...] = (),
+    out: TextIO | None = None,
+) -> int:
+    """Run a benchmark in its work directory and print its one JSON object (to ``out``,
+    default stdout); on a failure, say what and the tail of every process's log."""
+    exit_on_signals(say)  # SIGTERM/SIGHUP unwind through the finally: every process stops
+    with work_dir(keep, prefix) as work:
+        bench = make(work)
+        try:
+            result = bench.run()
+        except (RuntimeError, subprocess.SubprocessError, OSError, *errors) as exc:
+            say(f"failed: {exc}; logs in {work / 'logs'}" + ("" if keep else " (removed)"))
+            for p in bench.procs:
+                say(f"--- {p.name} ({p.log}):\n{p.tail(10)}")
+            return 1
+        finally:
+            bench.cleanup()
+    print(json.dumps(result, indent=2), file=out or sys.stdout, flush=True)
+    return 0

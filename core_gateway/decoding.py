@@ -3,7 +3,7 @@
 Decoding is the gateway's largest cost per record (about 2 µs; rendering payloads from
 the columnar body), and it holds the GIL: in a thread it competes with the writer
 thread that produces the previous batch to Kafka, so the two together are bounded by
-one core (bench/uplink.py measured about 123,000 records/s on a loaded 2-core machine,
+one core (bench/gateway_ingest.py measured about 123,000 records/s on a loaded 2-core machine,
 below what one ship's 2 Mbit/s link delivers). With ``decode_workers >= 1`` (the
 default is 1) batches above :data:`PROCESS_DECODE_BYTES` are decoded in worker
 processes, which hand back plain columns (keys, times, topics, payloads: pickled in

@@ -12,7 +12,7 @@ away from the agent's event loop:
   read-only connection to the log (SQLite WAL: readers do not block the writer).
   Encoding a 50,000-record batch takes a few hundred milliseconds of CPU; in a thread it
   would hold the GIL the MQTT ingest needs, and on a port link it bounds the upload
-  (bench/uplink.py: ``agent_build_bound_bytes_s``). A child process uses the ship
+  (bench/link_drain.py: ``agent_build_bound_bytes_s``). A child process uses the ship
   computer's second core.
 - ``uplink.encode_workers = 0``: in a worker thread of the agent (no extra process; for
   small ships with satellite links only, where batches are small).

@@ -176,7 +176,7 @@ DEFAULT_LINKS: dict[str, LinkConfig] = {
     # writes another and the answer to a third comes back. With two, a 2 Mbit/s link
     # with 300 ms latency idles while the site writes (window-bound at ~80%). A batch
     # the site received whole is written even if the link breaks, so an outage costs
-    # about the one batch on the wire (bench/uplink.py).
+    # about the one batch on the wire (bench/link_drain.py).
     "cellular": _port_link("cellular", cost=20),
     "port_wifi": _port_link("port_wifi", cost=1),
 }

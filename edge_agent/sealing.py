@@ -2,7 +2,7 @@
 
 A ship spends most of its time at sea with a spare core, and arrives in port with a
 backlog to send over a link that may be up for minutes. Reading and encoding that
-backlog when the link comes up costs about 8 µs per record (bench/uplink.py:
+backlog when the link comes up costs about 8 µs per record (bench/link_drain.py:
 ``agent_build_ms_mean``), more than a 2 Mbit/s port link needs to stay busy at ~2 bytes
 per record. So the agent seals as it goes: once ``uplink.seal_records`` records of a
 stream (50,000 by default, the port links' batch size) are committed beyond the last

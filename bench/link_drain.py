@@ -1,22 +1,16 @@
-"""Benchmark: a ship's backlog drained over a slow, flaky link; the gateway's ingest rate.
+"""Benchmark: a ship's backlog drained over a slow, flaky link.
 
 All real, on loopback: a single-node Kafka (``local_stack.kafka``), the gateway
-(``core_gateway.cli.serve``) and the edge agent (``edge_agent.agent.Agent``) as processes
-of their own (ship and shore do not share a CPU or a GIL in production either: this
-script starts itself with ``--role gateway`` / ``--role agent``), toxiproxy for the link.
+(``core_gateway.cli.serve``, ``bench/_stack.py``) and the edge agent
+(``edge_agent.agent.Agent``) as processes of their own (ship and shore do not share a
+CPU or a GIL in production either: this script starts itself with ``--role agent``),
+toxiproxy for the link.
 
-1. ingest (first: it also warms the broker and the gateway up, as a port's Kafka that
-   has run for months is; a drain of a few seconds on a cold broker measures the JIT):
-   the gateway on loopback (no toxiproxy) takes ``--ingest-records`` records as
-   pre-encoded batches of ``--ingest-batch`` (``shorelink.wire.encode_batch``) sent
-   flat out with the edge agent's own client (``HttpGateway``: the WebSocket upload,
-   ``--ingest-window`` batches in flight per ship), ``--ingest-ships`` ships in
-   parallel: records/s committed. Beside it, a bare confluent-kafka producer
-   (idempotent, linger 5 ms, lz4, acks=all) produces the same records with the same
-   key, value and headers (``shorelink.contract.Record(...).headers()``) to another
-   topic: records/s to ``flush()``. An uncounted warm-up round of both, then rounds
-   alternate (``--ingest-rounds``, medians reported).
-2. link: ``--records`` container readings (1,000 containers reporting once a minute,
+0. warm-up (uncounted): ``--warmup-records`` records uploaded flat out to the gateway
+   on loopback, as a port's Kafka that has run for months is warm; a drain of a few
+   seconds on a cold broker measures the JIT (the gateway's ingest rate itself is
+   ``bench/gateway_ingest.py``).
+1. link: ``--records`` container readings (1,000 containers reporting once a minute,
    JSON with ts, temperature, humidity, door, shock, battery, on
    ``bigblue/deck{d}/containers/{id}/env``) are committed straight into the ship's
    SQLite log with ``EdgeLog.commit``. The agent starts with the link down (the ship
@@ -38,12 +32,12 @@ script starts itself with ``--role gateway`` / ``--role agent``), toxiproxy for 
    and its persisted link spend; which batches the gateway confirmed comes from a
    recording wrapper around the agent's ``HttpGateway`` (times, sizes, outcome of
    every batch).
-3. exactly once: ``sl.ingress.containers`` is read to its end (read_committed): every
+2. exactly once: ``sl.ingress.containers`` is read to its end (read_committed): every
    seq of every ship exactly once.
 
-    .venv/bin/python bench/uplink.py --quick     # ~35 seconds (300k records, cut 1 s into the drain)
-    .venv/bin/python bench/uplink.py             # full run, ~75 seconds
-    .venv/bin/python bench/uplink.py --in-flight 6 --bandwidth-mode shared
+    .venv/bin/python bench/link_drain.py --quick     # ~35 seconds (300k records, cut 1 s into the drain)
+    .venv/bin/python bench/link_drain.py             # full run, ~75 seconds
+    .venv/bin/python bench/link_drain.py --in-flight 6 --bandwidth-mode shared
 
 Progress goes to stderr; one JSON object goes to stdout.
 """
@@ -56,47 +50,58 @@ import contextlib
 import json
 import math
 import os
-import random
-import shutil
 import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from _common import exit_on_signals, progress, require_at_least_one, work_dir
-from prometheus_client.parser import text_string_to_metric_families
-from telemetry import Container, fleet
+from _common import (
+    add_run_options,
+    bench_parser,
+    fill_defaults,
+    progress,
+    require_at_least_one,
+    run_bench,
+)
+from _shaper import SharedShaper
+from _stack import (
+    CONTAINERS,
+    SITE,
+    STREAM,
+    Metrics,
+    Stack,
+    all_exactly_once,
+    delta,
+    get_json,
+    hist_mean_ms,
+    pct,
+    r3,
+    readings,
+    scrape,
+    start_role,
+    total,
+    wire_records,
+)
 
 from edge_agent.budget import utc_day
 from edge_agent.config import load_config
 from edge_agent.gateway import SendResult
 from edge_agent.log import EdgeLog, Incoming
-from local_stack.kafka import KafkaBroker, start_kafka
-from local_stack.process import Proc, free_port, stop_procs
-from local_stack.toxiproxy import Toxiproxy, start_toxiproxy
+from local_stack.process import Proc, free_port
 from shorelink.errors import ShorelinkError
 from shorelink.ranges import RangeSet
-from shorelink.wire import WireRecord, peek_header
+from shorelink.wire import peek_header
 
 SHIP = "bigblue"
 #: the second drain's ship (the same backlog, an outage in the middle of the drain)
 CUT_SHIP = "redstar"
-SITE = "tokyo"
-STREAM = "containers"
-CONTAINERS = 1000
-BARE_TOPIC = "bench.bare.containers"
-INGRESS_PARTITIONS = 6  # the gateway's default
-GOALS = {"link_utilisation": 0.85, "resent_batches_per_outage": 1.0, "ingest_ratio": 0.5}
-REPO = Path(__file__).resolve().parent.parent
+#: the warm-up's ship (uploads flat out on loopback, not over the link)
+WARMUP_SHIP = "warmup"
+GOALS = {"link_utilisation": 0.85, "resent_batches_per_outage": 1.0}
 
 AGENT_CONFIG = """\
 ship = "{ship}"
@@ -144,96 +149,10 @@ url = "http://127.0.0.1:{proxy_port}"
 link = "{link}"
 """
 
-GATEWAY_CONFIG = """\
-site = "{site}"
-credentials_file = "{credentials}"
-streams = ["alerts", "nav", "containers"]
-log_level = "info"
-
-[listen]
-host = "127.0.0.1"
-port = {port}
-
-[kafka]
-bootstrap = "{bootstrap}"
-transactional_id = "bench-gateway-{site}"
-ingress_partitions = {partitions}
-"""
-
-
-say = progress("uplink")
-
-
-# -- the workload: container telemetry -----------------------------------------------------
-def fleet_in_arrival_order(rng: random.Random, n: int = CONTAINERS) -> list[Container]:
-    return sorted(fleet(rng, n), key=lambda c: c.phase_ms)  # arrival order within a minute
-
-
-def readings(ship: str, n: int, seed: int, end_ms: int) -> Iterator[tuple[str, int, str, bytes]]:
-    """``n`` readings ``(key, ts_ms, topic, payload)`` in arrival order: every container
-    once a minute, the last minute ending at ``end_ms``."""
-    rng = random.Random(seed)
-    boxes = fleet_in_arrival_order(rng)
-    minutes = math.ceil(n / len(boxes))
-    start = end_ms - minutes * 60_000
-    done = 0
-    for minute in range(minutes):
-        for c in boxes:
-            if done == n:
-                return
-            ts = start + minute * 60_000 + c.phase_ms
-            yield c.id, ts, c.topic(ship), c.reading(rng, ts)
-            done += 1
+say = progress("link_drain")
 
 
 # -- small helpers -----------------------------------------------------------------------
-Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(url: str) -> Metrics:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        text = resp.read().decode()
-    out: Metrics = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
-    return out
-
-
-def total(m: Metrics, name: str, **labels: str) -> float:
-    """Sum of ``name`` over the series whose labels include ``labels``."""
-    want = set(labels.items())
-    return sum(v for (n, lab), v in m.items() if n == name and want <= set(lab))
-
-
-def delta(before: Metrics, after: Metrics, name: str, **labels: str) -> float:
-    return total(after, name, **labels) - total(before, name, **labels)
-
-
-def hist_mean_ms(before: Metrics, after: Metrics, name: str) -> float | None:
-    n = delta(before, after, name + "_count")
-    return round(delta(before, after, name + "_sum") / n * 1000, 1) if n else None
-
-
-def get_json(url: str, token: str | None = None, timeout: float = 3.0) -> Any:
-    req = urllib.request.Request(url)
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
-def r3(x: float | None) -> float | None:
-    return None if x is None else round(x, 3)
-
-
 def union_length(intervals: list[tuple[float, float]]) -> float:
     out = 0.0
     end = -math.inf
@@ -325,123 +244,28 @@ async def agent_role(config: Path, record: Path) -> None:
         )
 
 
-async def gateway_role(config: Path) -> None:
-    from core_gateway.cli import serve
-    from core_gateway.config import load_config as load_gateway_config
-    from shorelink.logs import configure_logging
-
-    cfg = load_gateway_config(config)
-    configure_logging(cfg.log_level)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await serve(cfg, install_signals=False, started=asyncio.Event(), stop=stop)
-
-
-class SharedShaper:
-    """A TCP relay whose bandwidth is shared by all its connections (one virtual clock
-    per direction), for ``--bandwidth-mode shared``: toxiproxy's bandwidth toxic limits
-    each connection on its own, so ``in_flight`` batches on as many connections get
-    ``in_flight`` times the bandwidth. Runs its own event loop in a thread; when the far
-    side closes (toxiproxy disabled: an outage) the near side is closed too."""
-
-    CHUNK = 8192
-
-    def __init__(self, listen_port: int, target_port: int, rate: int) -> None:
-        self.listen_port = listen_port
-        self.target_port = target_port
-        self.rate = rate
-        self._next = {"up": 0.0, "down": 0.0}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="shaper", daemon=True)
-        self.error: BaseException | None = None
-
-    def start(self) -> None:
-        self._thread.start()
-        if not self._started.wait(10) or self.error is not None:
-            raise RuntimeError(f"shaper did not start: {self.error}")
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._serve())
-        except BaseException as exc:  # reported by start() or ignored at stop
-            self.error = exc
-            self._started.set()
-
-    async def _serve(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        server = await asyncio.start_server(self._relay, "127.0.0.1", self.listen_port)
-        self._started.set()
-        async with server:
-            await self._stop.wait()
-
-    async def _relay(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        try:
-            ur, uw = await asyncio.open_connection("127.0.0.1", self.target_port)
-        except OSError:
-            cw.close()
-            return
-        pumps = [
-            asyncio.create_task(self._pump(cr, uw, "up")),
-            asyncio.create_task(self._pump(ur, cw, "down")),
-        ]
-        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
-        for t in pumps:
-            t.cancel()
-        for w in (cw, uw):
-            w.close()
-
-    async def _pump(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, way: str) -> None:
-        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-            while data := await r.read(self.CHUNK):
-                now = time.monotonic()
-                start = max(now, self._next[way])
-                self._next[way] = start + len(data) / self.rate
-                await asyncio.sleep(self._next[way] - now)
-                w.write(data)
-                await w.drain()
-
-
-def start_role(role: str, name: str, config: Path, logs: Path, *extra: str) -> Proc:
-    argv = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--config", str(config)]
-    return Proc.start(name, [*argv, *extra], logs / f"{name}.log", cwd=REPO)
-
-
 # -- the benchmark -----------------------------------------------------------------------
 class Bench:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args = args
         self.work = work
-        self.logs = work / "logs"
-        self.procs: list[Proc] = []
-        self.kafka: KafkaBroker | None = None
-        self.toxiproxy: Toxiproxy | None = None
-        self.gateway: Proc | None = None
-        self.gw_port = free_port()
-        self.tokens: dict[str, str] = {}
-        self.ingest_ships = [f"loop{i}" for i in range(1, args.ingest_ships + 1)]
-        self.ingest_next_seq = dict.fromkeys(self.ingest_ships, 1)
-        self.result: dict[str, Any] = {"benchmark": "uplink"}
+        self.stack = Stack(work, [SHIP, CUT_SHIP, WARMUP_SHIP], say, link=True)
+        self.result: dict[str, Any] = {"benchmark": "link_drain"}
+
+    @property
+    def procs(self) -> list[Proc]:
+        return self.stack.procs
 
     def cleanup(self) -> None:
-        if self.toxiproxy is not None:
+        if self.stack.toxiproxy is not None:
             for ship in (SHIP, CUT_SHIP):
                 with contextlib.suppress(Exception):
-                    self.toxiproxy.set_enabled(f"{ship}-to-{SITE}", True)
-        stop_procs([p for p in self.procs if p.alive()], grace=20)
+                    self.stack.toxiproxy.set_enabled(f"{ship}-to-{SITE}", True)
+        self.stack.cleanup()
 
     @property
     def gw_url(self) -> str:
-        return f"http://127.0.0.1:{self.gw_port}"
+        return self.stack.gw_url
 
     def run(self) -> dict[str, Any]:
         t0 = time.monotonic()
@@ -462,19 +286,12 @@ class Bench:
             "outage_every_s": a.outage_every_s,
             "outage_first_s": a.outage_first_s,
             "cut_at_s": a.cut_at_s,
-            "ingest_records_per_round": a.ingest_records,
-            "ingest_batch": a.ingest_batch,
-            "ingest_ships": a.ingest_ships,
-            "ingest_window": a.ingest_window,
-            "ingest_rounds": a.ingest_rounds,
+            "warmup_records": a.warmup_records,
         }
         # this machine's other load skews every number here: keep it beside them
         self.result["loadavg_1m_at_start"] = round(os.getloadavg()[0], 2)
-        self.start_stack()
-        # first, because it also warms the broker and the gateway up (JIT, connections,
-        # partition leaders): a port's Kafka has been running for months, and a drain of
-        # a few seconds measured on a cold broker measures its warm-up
-        self.ingest_phase()
+        self.stack.start()
+        self.warm_up()
         # as the issue has it (an outage every --outage-every-s, the first at
         # --outage-first-s), then the same backlog of another ship with one outage in
         # the middle of its drain (what an outage costs)
@@ -486,50 +303,22 @@ class Bench:
         self.result["seconds_total"] = round(time.monotonic() - t0, 1)
         return self.result
 
-    # -- processes ---------------------------------------------------------------------------
-    def start_stack(self) -> None:
-        from core_gateway.auth import Credentials
+    def warm_up(self) -> None:
+        """Uncounted: the broker and the gateway warmed up (JIT, connections, partition
+        leaders): a port's Kafka has been running for months, and a drain of a few
+        seconds measured on a cold broker measures its warm-up."""
+        from shorelink.wire import Batch, encode_batch
 
-        say("starting kafka")
-        try:
-            self.kafka = start_kafka(SITE, self.work / "kafka", self.logs)
-        except ShorelinkError as exc:
-            if "storage format failed" not in str(exc):
-                raise
-            # a random cluster id that starts with "-" reads as an option to
-            # kafka-storage (local_stack/kafka.py): a new id is one retry away
-            say("kafka: storage format failed (cluster id?); once more")
-            shutil.rmtree(self.work / "kafka", ignore_errors=True)
-            self.kafka = start_kafka(SITE, self.work / "kafka", self.logs)
-        self.procs.append(self.kafka.proc)
-        say(f"kafka at {self.kafka.bootstrap}; starting toxiproxy")
-        server = start_toxiproxy(self.logs)
-        self.procs.append(server.proc)
-        self.toxiproxy = server.client()
-        creds = Credentials(self.work / "gateway" / "ships.json")
-        for ship in [SHIP, CUT_SHIP, *self.ingest_ships]:
-            self.tokens[ship] = creds.add(ship)
-        config = self.work / "gateway" / "gateway.toml"
-        config.write_text(
-            GATEWAY_CONFIG.format(
-                site=SITE,
-                credentials=creds.path,
-                port=self.gw_port,
-                bootstrap=self.kafka.bootstrap,
-                partitions=INGRESS_PARTITIONS,
-            )
-        )
-        self.gateway = start_role("gateway", "gateway", config, self.logs)
-        self.procs.append(self.gateway)
-
-        def ready() -> bool:
-            try:
-                return bool(get_json(self.gw_url + "/readyz").get("ready"))
-            except (OSError, ValueError):
-                return False
-
-        self.gateway.wait_ready(ready, timeout=90)
-        say(f"gateway ready at {self.gw_url}")
+        n = self.args.warmup_records
+        if not n:
+            return
+        say(f"warm-up: {n} records to the gateway on loopback (not counted)")
+        recs = wire_records(WARMUP_SHIP, 1, n, 7)
+        bodies = [
+            encode_batch(Batch(WARMUP_SHIP, STREAM, tuple(recs[i : i + 5000])))
+            for i in range(0, n, 5000)
+        ]
+        asyncio.run(self.stack.upload({WARMUP_SHIP: bodies}, {WARMUP_SHIP: n}, 4))
 
     def _given(self, keys: dict[str, str]) -> dict[str, Any]:
         """Config key -> value of the options (``keys``: option -> key) that were given."""
@@ -580,7 +369,7 @@ class Bench:
                 mqtt_port=free_port(),
                 log_path=self.work / ship / "edge.db",
                 metrics_port=metrics_port,
-                token=self.tokens[ship],
+                token=self.stack.tokens[ship],
                 uplink=toml(self.uplink_overrides()),
                 link=self.args.link,
                 link_overrides=toml(self.link_overrides()),
@@ -616,8 +405,8 @@ class Bench:
     def link_phase(self, ship: str, outage_first_s: float) -> dict[str, Any]:
         """``ship``'s backlog drained over the link, outages from ``outage_first_s``."""
         a = self.args
-        assert self.toxiproxy is not None
-        tp = self.toxiproxy
+        assert self.stack.toxiproxy is not None
+        tp = self.stack.toxiproxy
         proxy = f"{ship}-to-{SITE}"
         metrics_port, proxy_port = free_port(), free_port()
         config = self.write_agent_config(ship, metrics_port, proxy_port)
@@ -626,11 +415,11 @@ class Bench:
         if a.bandwidth_mode == "shared":
             # agent -> shaper (shared bandwidth) -> toxiproxy (latency, outages) -> gateway
             toxi_port = free_port()
-            tp.create_proxy(proxy, f"127.0.0.1:{toxi_port}", f"127.0.0.1:{self.gw_port}")
+            tp.create_proxy(proxy, f"127.0.0.1:{toxi_port}", f"127.0.0.1:{self.stack.gw_port}")
             shaper = SharedShaper(proxy_port, toxi_port, a.bandwidth)
             shaper.start()
         else:
-            tp.create_proxy(proxy, f"127.0.0.1:{proxy_port}", f"127.0.0.1:{self.gw_port}")
+            tp.create_proxy(proxy, f"127.0.0.1:{proxy_port}", f"127.0.0.1:{self.stack.gw_port}")
             rate_kb = max(1, round(a.bandwidth / 1000))  # toxiproxy: KB/s of 1000 bytes
             tp.add_toxic(proxy, "bandwidth", name="bw_up", stream="upstream", rate=rate_kb)
             tp.add_toxic(proxy, "bandwidth", name="bw_down", stream="downstream", rate=rate_kb)
@@ -649,8 +438,10 @@ class Bench:
         # (edge_agent/sealing.py); then it reaches port and the link comes up
         tp.set_enabled(proxy, False)
         t_agent = time.time()
-        agent = start_role("agent", "agent", config, self.logs, "--record", str(record))
-        self.procs.append(agent)
+        agent = start_role(
+            __file__, "agent", "agent", config, self.stack.logs, "--record", str(record)
+        )
+        self.stack.procs.append(agent)
         sealing = self.wait_sealed(agent, agent_metrics, t_agent, config)
         tp.set_enabled(proxy, True)
         t_start = time.time()
@@ -690,7 +481,7 @@ class Bench:
                     next_poll = now_m + 0.2
                     with contextlib.suppress(OSError, ValueError):
                         body = get_json(
-                            f"{self.gw_url}/v1/ships/{ship}/holdings", self.tokens[ship]
+                            f"{self.gw_url}/v1/ships/{ship}/holdings", self.stack.tokens[ship]
                         )
                         held = RangeSet.parse(body["streams"][STREAM])
                         if str(held) == want:
@@ -902,223 +693,24 @@ class Bench:
             "toxics_after_outages": toxics_after,
         }
 
-    # -- 3. the gateway's ingest rate on loopback ---------------------------------------------
-    def ingest_records(self, ship: str, n: int, seed: int) -> list[WireRecord]:
-        first = self.ingest_next_seq[ship]
-        self.ingest_next_seq[ship] = first + n
-        return [
-            WireRecord(first + i, key, ts, topic, payload)
-            for i, (key, ts, topic, payload) in enumerate(
-                readings(ship, n, seed, int(time.time() * 1000))
-            )
-        ]
-
-    def ingest_phase(self) -> None:
-        from shorelink.wire import Batch, encode_batch
-
-        a = self.args
-        assert self.kafka is not None
-        from shorelink.topics import TopicSpec, ensure_topics
-
-        ensure_topics(self.kafka.bootstrap, [TopicSpec(BARE_TOPIC, partitions=INGRESS_PARTITIONS)])
-        per_ship = a.ingest_records // len(self.ingest_ships)
-        gw_rates: list[float] = []
-        bare_rates: list[float] = []
-        writes: list[float | None] = []
-        req_ms: list[float] = []
-        # round 0 is not counted: it warms the broker, the gateway and the producer up
-        # alike (JIT, connections, partition leaders), so neither side's first round
-        # pays for starting the stack
-        for r in range(0, a.ingest_rounds + 1):
-            recs = {
-                s: self.ingest_records(s, per_ship, 100 * r + i)
-                for i, s in enumerate(self.ingest_ships)
-            }
-            bodies = {
-                s: [
-                    encode_batch(Batch(s, STREAM, tuple(rs[i : i + a.ingest_batch])))
-                    for i in range(0, len(rs), a.ingest_batch)
-                ]
-                for s, rs in recs.items()
-            }
-            n = sum(len(rs) for rs in recs.values())
-            g0 = scrape(self.gw_url + "/metrics")
-            say(f"ingest round {r}/{a.ingest_rounds}: gateway, {n} records")  # 0: warm-up
-            elapsed, lat = asyncio.run(self.post_all(bodies, recs))
-            g1 = scrape(self.gw_url + "/metrics")
-            if not r:
-                self.bare_produce(recs)
-                say("ingest: warm-up round done (not counted)")
-                continue
-            gw_rates.append(n / elapsed)
-            writes.append(hist_mean_ms(g0, g1, "shorelink_gateway_kafka_write_seconds"))
-            req_ms += lat
-            say(f"ingest round {r}: gateway {n / elapsed:.0f} records/s")
-            say(f"ingest round {r}/{a.ingest_rounds}: bare producer, {n} records")
-            bare_s = self.bare_produce(recs)
-            bare_rates.append(n / bare_s)
-            say(f"ingest round {r}: bare producer {n / bare_s:.0f} records/s")
-        gw = statistics.median(gw_rates)
-        bare = statistics.median(bare_rates)
-        self.result["ingest"] = {
-            "records_per_round": per_ship * len(self.ingest_ships),
-            "gateway_records_s": round(gw),
-            "bare_producer_records_s": round(bare),
-            "ratio": round(gw / bare, 3),
-            "goal_ratio": GOALS["ingest_ratio"],
-            "rounds": {
-                "gateway_records_s": [round(x) for x in gw_rates],
-                "bare_producer_records_s": [round(x) for x in bare_rates],
-                "gateway_kafka_write_ms_mean": writes,
-            },
-            "request_ms": {"p50": r3(pct(req_ms, 0.5)), "p90": r3(pct(req_ms, 0.9))},
-            "wire_bytes_per_record": round(
-                sum(len(b) for bs in bodies.values() for b in bs) / n, 2
-            ),
-        }
-
-    async def post_all(
-        self, bodies: dict[str, list[bytes]], recs: dict[str, list[WireRecord]]
-    ) -> tuple[float, list[float]]:
-        """Every ship's batches through the edge agent's own client (``HttpGateway``:
-        the WebSocket upload), ``--ingest-window`` batches in flight per ship."""
-        from edge_agent.config import DEFAULT_LINKS
-        from edge_agent.config import GatewayConfig as EdgeGatewayConfig
-        from edge_agent.gateway import HttpGateway
-        from shorelink.config import Secret
-
-        lat: list[float] = []
-        link = replace(DEFAULT_LINKS["port_wifi"], timeout_s=120.0)
-
-        async def one_ship(ship: str) -> None:
-            gw = HttpGateway(
-                EdgeGatewayConfig(SITE, self.gw_url, "port_wifi"),
-                link,
-                ship,
-                Secret(self.tokens[ship]),
-            )
-            window = asyncio.Semaphore(self.args.ingest_window)
-
-            async def send(body: bytes) -> SendResult:
-                async with window:
-                    t = time.perf_counter()
-                    res = await gw.send(STREAM, body)
-                    lat.append((time.perf_counter() - t) * 1000)
-                    return res
-
-            try:
-                results = await asyncio.gather(*(send(b) for b in bodies[ship]))
-            finally:
-                await gw.close()
-            want = recs[ship][-1].seq
-            if results[-1].held.contiguous_end() != want:
-                raise RuntimeError(f"ingest: {ship}: the gateway holds {results[-1].held}")
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one_ship(s) for s in bodies))
-        return time.perf_counter() - t0, lat
-
-    def bare_produce(self, recs: dict[str, list[WireRecord]]) -> float:
-        from confluent_kafka import Producer
-
-        from shorelink.contract import Record
-        from shorelink.identity import Identity
-
-        assert self.kafka is not None
-        p = Producer(
-            {
-                "bootstrap.servers": self.kafka.bootstrap,
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 5,
-                "compression.type": "lz4",
-                "queue.buffering.max.messages": 500_000,
-            }
-        )
-        p.list_topics(timeout=10)  # connected before the clock starts
-        failed = 0
-
-        def on_delivery(err: Any, _msg: Any) -> None:
-            nonlocal failed
-            if err is not None:
-                failed += 1
-
-        t0 = time.perf_counter()
-        for ship, rs in recs.items():
-            for r in rs:
-                rec = Record(
-                    Identity(ship, STREAM, r.seq), r.key.encode(), r.payload, r.ts_ms, SITE, r.topic
-                )
-                while True:
-                    try:
-                        p.produce(
-                            BARE_TOPIC,
-                            value=rec.value,
-                            key=rec.key,
-                            headers=rec.headers(),
-                            on_delivery=on_delivery,
-                        )
-                        break
-                    except BufferError:
-                        p.poll(0.05)
-                p.poll(0)
-        left = p.flush(60)
-        elapsed = time.perf_counter() - t0
-        if left or failed:
-            raise RuntimeError(f"bare producer: {left} not flushed, {failed} failed")
-        return elapsed
-
     # -- 2. exactly once ---------------------------------------------------------------------
     def verify(self) -> None:
-        from shorelink.contract import H_ORIGIN, H_SEQ, ingress_topic
-        from shorelink.kafka_io import read_to_end
-
-        assert self.kafka is not None
-        say(f"verify: reading {ingress_topic(STREAM)} to its end")
         t0 = time.monotonic()
-        counts: dict[str, Counter[int]] = {}
-        for msg in read_to_end(self.kafka.bootstrap, [ingress_topic(STREAM)], timeout=300):
-            h = dict(msg.headers() or [])
-            origin = h[H_ORIGIN].decode()
-            counts.setdefault(origin, Counter())[int(h[H_SEQ])] += 1
-
-        def check(origin: str, last: int) -> dict[str, Any]:
-            c = counts.get(origin, Counter())
-            return {
-                "expected": last,
-                "distinct": len(c),
-                "missing": sum(1 for s in range(1, last + 1) if s not in c),
-                "doubled": sum(1 for v in c.values() if v > 1),
-                "unexpected": sum(1 for s in c if not 1 <= s <= last),
-            }
-
         drained = [SHIP, CUT_SHIP] if "link_cut" in self.result else [SHIP]
-        link = {ship: check(ship, self.args.records) for ship in drained}
-        self.result["exactly_once"] = all(
-            d["distinct"] == d["expected"] and not d["doubled"] and not d["unexpected"]
-            for d in link.values()
-        )
-        self.result["exactly_once_detail"] = link
-        ingest = {s: check(s, self.ingest_next_seq[s] - 1) for s in self.ingest_ships}
-        self.result["ingest"]["exactly_once"] = all(
-            d["distinct"] == d["expected"] and not d["doubled"] and not d["unexpected"]
-            for d in ingest.values()
-        )
+        detail = self.stack.exactly_once({ship: self.args.records for ship in drained})
+        self.result["exactly_once"] = all_exactly_once(detail)
+        self.result["exactly_once_detail"] = detail
         self.result["verify_s"] = round(time.monotonic() - t0, 1)
-        say(f"verify: exactly once = {self.result['exactly_once']} ({link})")
+        say(f"verify: exactly once = {self.result['exactly_once']} ({detail})")
 
 
 # -- command line --------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Progress goes to stderr; one JSON object goes to stdout.",
-    )
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="small sizes, the cut 1 s into the drain: a run of about 35 seconds",
+    p = bench_parser("bench/link_drain.py", __doc__)
+    add_run_options(
+        p,
+        "small sizes, the cut 1 s into the drain: a run of about 35 seconds",
+        "logs, configs, the ship's log",
     )
     p.add_argument(
         "--records", type=int, default=None, help="backlog to drain (default 500000; quick 300000)"
@@ -1192,67 +784,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="give up draining after this many seconds (default 420; quick 90)",
     )
     p.add_argument(
-        "--ingest-records",
+        "--warmup-records",
         type=int,
         default=None,
-        help="records per gateway ingest round (default 200000; quick 50000)",
+        help="records uploaded to the gateway on loopback before the drains, not counted "
+        "(default 200000; quick 50000; 0: none)",
     )
-    p.add_argument("--ingest-batch", type=int, default=5000, help="records a batch (default 5000)")
-    p.add_argument(
-        "--ingest-ships", type=int, default=2, help="ships uploading in parallel (default 2)"
-    )
-    p.add_argument(
-        "--ingest-window",
-        type=int,
-        default=4,
-        help="batches in flight per ship on its upload connection (default 4)",
-    )
-    p.add_argument(
-        "--ingest-rounds",
-        type=int,
-        default=None,
-        help="alternating gateway/bare rounds, medians reported (default 3; quick 1)",
-    )
-    p.add_argument(
-        "--keep",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="work in DIR and keep it (logs, configs, the ship's log) instead of a temp dir",
-    )
-    p.add_argument("--role", choices=("agent", "gateway"), help=argparse.SUPPRESS)
+    p.add_argument("--role", choices=("agent",), help=argparse.SUPPRESS)
     p.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--record", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    q = a.quick
-    defaults = {
-        "records": (300_000, 500_000),
-        "outage_every_s": (5.0, 60.0),
-        "outage_first_s": (5.0, 60.0),
-        "cut_at_s": (1.0, 1.5),
-        "drain_timeout": (90.0, 420.0),
-        "ingest_records": (50_000, 200_000),
-        "ingest_rounds": (1, 3),
-    }
-    for name, (quick, full) in defaults.items():
-        if getattr(a, name) is None:
-            setattr(a, name, quick if q else full)
-    require_at_least_one(
-        p,
+    fill_defaults(
         a,
-        "records",
-        "ingest_records",
-        "ingest_batch",
-        "ingest_ships",
-        "ingest_window",
-        "ingest_rounds",
+        {
+            "records": (300_000, 500_000),
+            "outage_every_s": (5.0, 60.0),
+            "outage_first_s": (5.0, 60.0),
+            "cut_at_s": (1.0, 1.5),
+            "drain_timeout": (90.0, 420.0),
+            "warmup_records": (50_000, 200_000),
+        },
     )
+    require_at_least_one(p, a, "records")
+    if a.warmup_records < 0:
+        p.error("--warmup-records must not be negative")
     if a.bandwidth < 1000 or a.latency_ms < 0 or a.outage_s < 0 or a.outage_every_s <= a.outage_s:
         p.error("need --bandwidth >= 1000, --latency-ms >= 0, 0 <= --outage-s < --outage-every-s")
     if a.cut_at_s is not None and a.cut_at_s < 0:
         a.cut_at_s = None
-    if a.ingest_records < a.ingest_ships:
-        p.error("--ingest-records must be at least --ingest-ships")
     return a
 
 
@@ -1261,29 +820,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "agent":
         asyncio.run(agent_role(args.config, args.record))
         return 0
-    if args.role == "gateway":
-        asyncio.run(gateway_role(args.config))
-        return 0
-    # SIGTERM/SIGHUP unwind through the finally blocks: every process we started stops
-    exit_on_signals(say)
-    with work_dir(args.keep, "uplink-") as work:
-        bench = Bench(args, work)
-        try:
-            result = bench.run()
-        except (
-            RuntimeError,
-            ShorelinkError,
-            subprocess.SubprocessError,
-            OSError,
-        ) as exc:
-            say(f"failed: {exc}; logs in {work / 'logs'}" + ("" if args.keep else " (removed)"))
-            for p in bench.procs:
-                say(f"--- {p.name} ({p.log}):\n{p.tail(10)}")
-            return 1
-        finally:
-            bench.cleanup()
-    print(json.dumps(result, indent=2))
-    return 0
+    return run_bench(
+        say, args.keep, "link-drain-", lambda work: Bench(args, work), errors=(ShorelinkError,)
+    )
 
 
 if __name__ == "__main__":

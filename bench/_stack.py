@@ -1,0 +1,320 @@
+"""What the uplink benchmarks (``gateway_ingest.py``, ``link_drain.py``) share: the
+stack on loopback (a single-node Kafka from ``local_stack.kafka``, the gateway as a
+process of its own, toxiproxy when a link is wanted), the container telemetry they
+send, the HttpGateway uploads that push records flat out, reading Prometheus metrics,
+and the exactly-once check of ``sl.ingress.<stream>``.
+
+Run as a script, it is the gateway process (``--role gateway --config FILE``): ship and
+shore do not share a CPU or a GIL in production either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import shutil
+import signal
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+from telemetry import Container, fleet
+
+from edge_agent.gateway import SendResult
+from local_stack.kafka import KafkaBroker, start_kafka
+from local_stack.process import Proc, free_port, stop_procs
+from local_stack.toxiproxy import Toxiproxy, start_toxiproxy
+from shorelink.errors import ShorelinkError
+from shorelink.wire import WireRecord
+
+SITE = "tokyo"
+STREAM = "containers"
+CONTAINERS = 1000
+INGRESS_PARTITIONS = 6  # the gateway's default
+REPO = Path(__file__).resolve().parent.parent
+
+GATEWAY_CONFIG = """\
+site = "{site}"
+credentials_file = "{credentials}"
+streams = ["alerts", "nav", "containers"]
+log_level = "info"
+
+[listen]
+host = "127.0.0.1"
+port = {port}
+
+[kafka]
+bootstrap = "{bootstrap}"
+transactional_id = "bench-gateway-{site}"
+ingress_partitions = {partitions}
+"""
+
+
+# -- the workload: container telemetry -----------------------------------------------------
+def fleet_in_arrival_order(rng: random.Random, n: int = CONTAINERS) -> list[Container]:
+    return sorted(fleet(rng, n), key=lambda c: c.phase_ms)  # arrival order within a minute
+
+
+def readings(ship: str, n: int, seed: int, end_ms: int) -> Iterator[tuple[str, int, str, bytes]]:
+    """``n`` readings ``(key, ts_ms, topic, payload)`` in arrival order: every container
+    once a minute, the last minute ending at ``end_ms``."""
+    rng = random.Random(seed)
+    boxes = fleet_in_arrival_order(rng)
+    minutes = math.ceil(n / len(boxes))
+    start = end_ms - minutes * 60_000
+    done = 0
+    for minute in range(minutes):
+        for c in boxes:
+            if done == n:
+                return
+            ts = start + minute * 60_000 + c.phase_ms
+            yield c.id, ts, c.topic(ship), c.reading(rng, ts)
+            done += 1
+
+
+# -- small helpers -----------------------------------------------------------------------
+Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(url: str) -> Metrics:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    out: Metrics = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+    return out
+
+
+def total(m: Metrics, name: str, **labels: str) -> float:
+    """Sum of ``name`` over the series whose labels include ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, lab), v in m.items() if n == name and want <= set(lab))
+
+
+def delta(before: Metrics, after: Metrics, name: str, **labels: str) -> float:
+    return total(after, name, **labels) - total(before, name, **labels)
+
+
+def hist_mean_ms(before: Metrics, after: Metrics, name: str) -> float | None:
+    n = delta(before, after, name + "_count")
+    return round(delta(before, after, name + "_sum") / n * 1000, 1) if n else None
+
+
+def get_json(url: str, token: str | None = None, timeout: float = 3.0) -> Any:
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def r3(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def wire_records(ship: str, first: int, n: int, seed: int) -> list[WireRecord]:
+    """``n`` readings of ``ship`` as wire records, seqs from ``first``."""
+    return [
+        WireRecord(first + i, key, ts, topic, payload)
+        for i, (key, ts, topic, payload) in enumerate(
+            readings(ship, n, seed, int(time.time() * 1000))
+        )
+    ]
+
+
+# -- processes ---------------------------------------------------------------------------
+def start_role(script: str, role: str, name: str, config: Path, logs: Path, *extra: str) -> Proc:
+    """``script`` (a benchmark here) run again as one of its roles, in a process of its own."""
+    argv = [sys.executable, script, "--role", role, "--config", str(config), *extra]
+    return Proc.start(name, argv, logs / f"{name}.log", cwd=REPO)
+
+
+async def gateway_role(config: Path) -> None:
+    from core_gateway.cli import serve
+    from core_gateway.config import load_config as load_gateway_config
+    from shorelink.logs import configure_logging
+
+    cfg = load_gateway_config(config)
+    configure_logging(cfg.log_level)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await serve(cfg, install_signals=False, started=asyncio.Event(), stop=stop)
+
+
+class Stack:
+    """Kafka, toxiproxy (``link=True``) and the gateway, with a token for each of
+    ``ships``; :meth:`cleanup` stops every process started here or added to ``procs``."""
+
+    def __init__(
+        self, work: Path, ships: list[str], say: Callable[[str], None], *, link: bool = False
+    ) -> None:
+        self.work = work
+        self.logs = work / "logs"
+        self.ships = ships
+        self.say = say
+        self.link = link
+        self.procs: list[Proc] = []
+        self.kafka: KafkaBroker | None = None
+        self.toxiproxy: Toxiproxy | None = None
+        self.gateway: Proc | None = None
+        self.gw_port = free_port()
+        self.tokens: dict[str, str] = {}
+
+    @property
+    def gw_url(self) -> str:
+        return f"http://127.0.0.1:{self.gw_port}"
+
+    @property
+    def bootstrap(self) -> str:
+        assert self.kafka is not None
+        return self.kafka.bootstrap
+
+    def cleanup(self) -> None:
+        stop_procs([p for p in self.procs if p.alive()], grace=20)
+
+    def start(self) -> None:
+        from core_gateway.auth import Credentials
+
+        say = self.say
+        say("starting kafka")
+        try:
+            self.kafka = start_kafka(SITE, self.work / "kafka", self.logs)
+        except ShorelinkError as exc:
+            if "storage format failed" not in str(exc):
+                raise
+            # a random cluster id that starts with "-" reads as an option to
+            # kafka-storage (local_stack/kafka.py): a new id is one retry away
+            say("kafka: storage format failed (cluster id?); once more")
+            shutil.rmtree(self.work / "kafka", ignore_errors=True)
+            self.kafka = start_kafka(SITE, self.work / "kafka", self.logs)
+        self.procs.append(self.kafka.proc)
+        say(f"kafka at {self.kafka.bootstrap}")
+        if self.link:
+            say("starting toxiproxy")
+            server = start_toxiproxy(self.logs)
+            self.procs.append(server.proc)
+            self.toxiproxy = server.client()
+        creds = Credentials(self.work / "gateway" / "ships.json")
+        for ship in self.ships:
+            self.tokens[ship] = creds.add(ship)
+        config = self.work / "gateway" / "gateway.toml"
+        config.write_text(
+            GATEWAY_CONFIG.format(
+                site=SITE,
+                credentials=creds.path,
+                port=self.gw_port,
+                bootstrap=self.kafka.bootstrap,
+                partitions=INGRESS_PARTITIONS,
+            )
+        )
+        self.gateway = start_role(__file__, "gateway", "gateway", config, self.logs)
+        self.procs.append(self.gateway)
+
+        def ready() -> bool:
+            try:
+                return bool(get_json(self.gw_url + "/readyz").get("ready"))
+            except (OSError, ValueError):
+                return False
+
+        self.gateway.wait_ready(ready, timeout=90)
+        say(f"gateway ready at {self.gw_url}")
+
+    async def upload(
+        self, bodies: dict[str, list[bytes]], last: dict[str, int], window: int
+    ) -> tuple[float, list[float]]:
+        """Every ship's batches through the edge agent's own client (``HttpGateway``:
+        the WebSocket upload), ``window`` batches in flight per ship; each ship's
+        holdings must end at ``last[ship]``. Returns seconds taken and each send's ms."""
+        from edge_agent.config import DEFAULT_LINKS
+        from edge_agent.config import GatewayConfig as EdgeGatewayConfig
+        from edge_agent.gateway import HttpGateway
+        from shorelink.config import Secret
+
+        lat: list[float] = []
+        link = replace(DEFAULT_LINKS["port_wifi"], timeout_s=120.0)
+
+        async def one_ship(ship: str) -> None:
+            gw = HttpGateway(
+                EdgeGatewayConfig(SITE, self.gw_url, "port_wifi"),
+                link,
+                ship,
+                Secret(self.tokens[ship]),
+            )
+            slots = asyncio.Semaphore(window)
+
+            async def send(body: bytes) -> SendResult:
+                async with slots:
+                    t = time.perf_counter()
+                    res = await gw.send(STREAM, body)
+                    lat.append((time.perf_counter() - t) * 1000)
+                    return res
+
+            try:
+                results = await asyncio.gather(*(send(b) for b in bodies[ship]))
+            finally:
+                await gw.close()
+            if results[-1].held.contiguous_end() != last[ship]:
+                raise RuntimeError(f"upload: {ship}: the gateway holds {results[-1].held}")
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one_ship(s) for s in bodies))
+        return time.perf_counter() - t0, lat
+
+    def exactly_once(self, expected: dict[str, int]) -> dict[str, dict[str, int]]:
+        """Read ``sl.ingress.<STREAM>`` to its end (read_committed): per origin of
+        ``expected`` (origin -> last seq), seqs distinct, missing, doubled, unexpected."""
+        from shorelink.contract import H_ORIGIN, H_SEQ, ingress_topic
+        from shorelink.kafka_io import read_to_end
+
+        self.say(f"verify: reading {ingress_topic(STREAM)} to its end")
+        counts: dict[str, Counter[int]] = {}
+        for msg in read_to_end(self.bootstrap, [ingress_topic(STREAM)], timeout=300):
+            h = dict(msg.headers() or [])
+            origin = h[H_ORIGIN].decode()
+            counts.setdefault(origin, Counter())[int(h[H_SEQ])] += 1
+
+        def check(origin: str, last: int) -> dict[str, int]:
+            c = counts.get(origin, Counter())
+            return {
+                "expected": last,
+                "distinct": len(c),
+                "missing": sum(1 for s in range(1, last + 1) if s not in c),
+                "doubled": sum(1 for v in c.values() if v > 1),
+                "unexpected": sum(1 for s in c if not 1 <= s <= last),
+            }
+
+        return {origin: check(origin, last) for origin, last in expected.items()}
+
+
+def all_exactly_once(detail: dict[str, dict[str, int]]) -> bool:
+    return all(
+        d["distinct"] == d["expected"] and not d["doubled"] and not d["unexpected"]
+        for d in detail.values()
+    )
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description="the benchmarks' gateway process")
+    p.add_argument("--role", choices=("gateway",), required=True)
+    p.add_argument("--config", type=Path, required=True)
+    args = p.parse_args()
+    asyncio.run(gateway_role(args.config))
