@@ -25,6 +25,7 @@ from shorelink.errors import ContractError
 from shorelink.identity import Identity, check_name
 
 __all__ = [
+    "DEAD_UNKNOWN_TOPIC",
     "GATEWAY_CURSOR_TOPIC",
     "HEADER_LAYOUT",
     "H_MQTT_TOPIC",
@@ -35,6 +36,7 @@ __all__ = [
     "H_TS",
     "KAFKA_MAX_MESSAGE_BYTES",
     "LEDGER_TOPIC",
+    "MARKER_TOPIC",
     "MAX_RECORD_BYTES",
     "Record",
     "canonical_topic",
@@ -42,6 +44,7 @@ __all__ = [
     "dead_topic",
     "inbox_topic",
     "ingress_topic",
+    "marker_key",
     "oversized_record",
     "record_bytes",
 ]
@@ -73,6 +76,16 @@ LEDGER_TOPIC = "sl.ledger"
 #: what this site's gateway wrote to ``sl.ingress.*``, committed in the same Kafka
 #: transaction as the records (core_gateway/writer.py)
 GATEWAY_CURSOR_TOPIC = "sl.gateway.cursor"
+#: compacted; key :func:`marker_key`, value JSON of the merge's last committed batch
+#: (spark_core/merge_state.py)
+MARKER_TOPIC = "sl.merge.marker"
+#: malformed records whose source topic names no valid stream (the merge's dead letters)
+DEAD_UNKNOWN_TOPIC = "sl.dead.unknown"
+
+
+def marker_key(site: str, query: str = "merge") -> bytes:
+    """The key of a site query's entry in :data:`MARKER_TOPIC`: ``<site>/<query>``."""
+    return f"{site}/{query}".encode()
 
 
 def ingress_topic(stream: str) -> str:

@@ -27,9 +27,12 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from shorelink.contract import (
+    DEAD_UNKNOWN_TOPIC,
     LEDGER_TOPIC,
+    MARKER_TOPIC,
     canonical_topic,
     dead_topic,
+    marker_key,
 )
 from shorelink.kafka_io import produce
 from shorelink.ledger import encode_entry
@@ -37,22 +40,18 @@ from shorelink.topics import TopicSpec, ensure_topics, producer_config
 from spark_core.config import SiteConfig
 from spark_core.merge_batch import ArrowBatch, batch_frame, cyclic_gc_paused
 from spark_core.merge_state import (
-    DEAD_UNKNOWN_TOPIC,
-    MARKER_TOPIC,
     Batch,
     BatchPlan,
     MergeError,
     MergeState,
     RowBatch,
     SourceRow,
-    marker_key,
     plan_batch,
     topic_stream,
 )
 from spark_core.purge import SourcePurger
 
 __all__ = [
-    "DEAD_UNKNOWN_TOPIC",
     "BatchPlan",
     "Merger",
     "SourceRow",

@@ -20,12 +20,15 @@ from typing import Any, Protocol, runtime_checkable
 from confluent_kafka import KafkaException
 
 from shorelink.contract import (
+    DEAD_UNKNOWN_TOPIC,
     H_MQTT_TOPIC,
     LEDGER_TOPIC,
+    MARKER_TOPIC,
     MAX_RECORD_BYTES,
     Record,
     canonical_topic,
     dead_topic,
+    marker_key,
     record_bytes,
 )
 from shorelink.errors import ContractError, ShorelinkError
@@ -35,21 +38,15 @@ from shorelink.ledger import MAX_HOLDINGS_RANGES, decode_entry
 from shorelink.ranges import RangeSet
 
 __all__ = [
-    "DEAD_UNKNOWN_TOPIC",
-    "MARKER_TOPIC",
     "Batch",
     "BatchPlan",
     "MergeError",
     "MergeState",
     "RowBatch",
     "SourceRow",
-    "marker_key",
     "plan_batch",
     "topic_stream",
 ]
-
-#: compacted; key ``<site>/<query>``, value JSON of the last committed batch
-MARKER_TOPIC = "sl.merge.marker"
 
 Source = tuple[str, str]  # (origin, stream)
 TopicPart = tuple[str, int]  # (topic, partition)
@@ -63,10 +60,6 @@ class MergeError(ShorelinkError):
     def __init__(self, message: str, *, fatal: bool = False) -> None:
         super().__init__(message, retryable=not fatal)
         self.fatal = fatal
-
-
-def marker_key(site: str, query: str = "merge") -> bytes:
-    return f"{site}/{query}".encode()
 
 
 @dataclass
@@ -132,8 +125,6 @@ class MergeState:
         return state
 
 
-#: malformed records whose source topic names no valid stream
-DEAD_UNKNOWN_TOPIC = "sl.dead.unknown"
 #: headers added to a dead-lettered record (the original ones are kept as they were)
 H_DEAD_REASON = "sl.dead.reason"
 H_DEAD_SOURCE = "sl.dead.source"

@@ -13,6 +13,7 @@ from confluent_kafka import Producer
 
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import (
+    DEAD_UNKNOWN_TOPIC,
     H_SEQ,
     H_SITE,
     MAX_RECORD_BYTES,
@@ -24,7 +25,7 @@ from shorelink.kafka_io import read_to_end
 from shorelink.ledger import MAX_HOLDINGS_RANGES
 from shorelink.ranges import RangeSet
 from shorelink.topics import TopicSpec, ensure_topics, producer_config
-from spark_core.merge import DEAD_UNKNOWN_TOPIC, Merger, SourceRow, plan_batch, start_merge
+from spark_core.merge import Merger, SourceRow, plan_batch, start_merge
 from spark_core.merge_batch import ArrowBatch, batch_frame
 from spark_core.merge_state import DEAD_VALUE_MAX, Headers, MergeState
 from tests.conftest import unique
