@@ -1,35 +1,50 @@
-"""The Gateway seam. One contract suite runs over both implementations (the in-memory
-one the uplink tests use, and HttpGateway against a real aiohttp server on loopback
-that speaks the gateway API), so the in-memory one cannot drift from what the HTTP
-client really does; then HttpGateway's mapping of statuses to exceptions."""
+"""The Gateway seam. One contract suite runs over every implementation: the in-memory
+one the uplink tests use, HttpGateway against the API server in front of it
+(tests/edge_agent/api_server.py), and HttpGateway against the real gateway (core_gateway
+on loopback, real Kafka), so neither the in-memory one nor the client can drift from
+what the gateway really does; then HttpGateway's mapping of statuses to exceptions,
+against the API server, whose answers a test can set."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
 
+from core_gateway.auth import Credentials
 from edge_agent.config import DEFAULT_LINKS, GatewayConfig, LinkConfig
 from edge_agent.errors import GatewayGap, GatewayRejected, LinkError
 from edge_agent.gateway import Gateway, HttpGateway
+from local_stack.kafka import KafkaBroker
 from local_stack.process import free_port
 from shorelink.config import Secret
 from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, WireRecord, encode_batch
+from tests.conftest import unique
+from tests.core_gateway.helpers import gateway_config, start_gateway
 from tests.edge_agent.api_server import TOKEN, api_app
 from tests.edge_agent.memory_gateway import MemoryGateway
 
 
-def body(lo: int, hi: int, *, stream: str = "containers", first_available: int = 1) -> bytes:
+def body(
+    lo: int,
+    hi: int,
+    *,
+    stream: str = "containers",
+    first_available: int = 1,
+    ship: str = "bigblue",
+) -> bytes:
     recs = tuple(
         WireRecord(s, f"C{s % 3}", 1_700_000_000_000 + s, f"bigblue/d1/c/C{s % 3}/env", b"{}")
         for s in range(lo, hi + 1)
     )
-    return encode_batch(Batch("bigblue", stream, recs, first_available=first_available))
+    return encode_batch(Batch(ship, stream, recs, first_available=first_available))
 
 
 class Server:
@@ -61,13 +76,53 @@ async def server() -> AsyncIterator[Server]:
     await runner.cleanup()
 
 
-@pytest.fixture(params=["memory", "http"])
-async def gateway(request: pytest.FixtureRequest, server: Server) -> AsyncIterator[Gateway]:
-    gw: Gateway = (
-        MemoryGateway("tokyo", "port_wifi") if request.param == "memory" else server.client()
-    )
-    yield gw
-    await gw.close()
+@pytest.fixture(params=["memory", "http", "gateway"])
+def kind(request: pytest.FixtureRequest) -> str:
+    """Which implementation: in-memory, HttpGateway + API server, HttpGateway + the real
+    gateway."""
+    return str(request.param)
+
+
+@pytest.fixture
+def ship(kind: str) -> str:
+    """The real gateway's holdings outlive a test (cursors in the session's Kafka): a
+    ship of its own there."""
+    return unique("bigblue") if kind == "gateway" else "bigblue"
+
+
+@asynccontextmanager
+async def real_gateway(tmp_path: Path, kafka: KafkaBroker, ship: str) -> AsyncIterator[HttpGateway]:
+    """core_gateway served on loopback against ``kafka``, HttpGateway as its client."""
+    cfg = gateway_config(tmp_path, kafka, site="tokyo")
+    token = Credentials(cfg.credentials_file).add(ship)
+    stop = asyncio.Event()
+    task = await start_gateway(cfg, stop)
+    edge = GatewayConfig("tokyo", f"http://127.0.0.1:{cfg.port}", "port_wifi")
+    try:
+        yield HttpGateway(edge, DEFAULT_LINKS["port_wifi"], ship, Secret(token))
+    finally:
+        stop.set()
+        await task
+
+
+@pytest.fixture
+async def gateway(
+    kind: str,
+    ship: str,
+    server: Server,
+    tmp_path: Path,
+    kafka_sites: Callable[..., dict[str, KafkaBroker]],
+) -> AsyncIterator[Gateway]:
+    if kind == "gateway":
+        # the gateway tests' broker (tests/core_gateway/conftest.py), started on first use
+        kafka = kafka_sites("gateway-tests")["gateway-tests"]
+        async with real_gateway(tmp_path, kafka, ship) as gw:
+            yield gw
+            await gw.close()
+        return
+    seam: Gateway = MemoryGateway("tokyo", "port_wifi") if kind == "memory" else server.client()
+    yield seam
+    await seam.close()
 
 
 # -- the contract: every Gateway behaves like this ----------------------------------------
@@ -78,36 +133,44 @@ async def test_contract_holdings_start_empty_for_every_stream_the_site_takes(
     assert (gateway.site, gateway.link) == ("tokyo", "port_wifi")
 
 
-async def test_contract_accepted_batch_answers_what_the_site_holds(gateway: Gateway) -> None:
-    b = body(1, 10)
+async def test_contract_accepted_batch_answers_what_the_site_holds(
+    gateway: Gateway, ship: str
+) -> None:
+    b = body(1, 10, ship=ship)
     res = await gateway.send("containers", b)
     assert (res.held, res.written, res.sent_bytes) == (
         RangeSet([(1, 10)]),
         RangeSet([(1, 10)]),
         len(b),
     )
-    again = await gateway.send("containers", body(5, 12))  # held seqs are skipped
+    again = await gateway.send("containers", body(5, 12, ship=ship))  # held seqs are skipped
     assert (again.held, again.written) == (RangeSet([(1, 12)]), RangeSet([(11, 12)]))
     assert (await gateway.holdings())["containers"] == RangeSet([(1, 12)])
 
 
-async def test_contract_batch_beyond_held_plus_one_is_a_gap_with_held(gateway: Gateway) -> None:
-    await gateway.send("containers", body(1, 10))
+async def test_contract_batch_beyond_held_plus_one_is_a_gap_with_held(
+    gateway: Gateway, ship: str
+) -> None:
+    await gateway.send("containers", body(1, 10, ship=ship))
     with pytest.raises(GatewayGap) as exc:
-        await gateway.send("containers", body(20, 30))
+        await gateway.send("containers", body(20, 30, ship=ship))
     assert exc.value.held == RangeSet([(1, 10)]) and exc.value.retryable
 
 
-async def test_contract_first_available_lets_the_site_skip_dropped_seqs(gateway: Gateway) -> None:
-    res = await gateway.send("containers", body(15, 20, first_available=15))
+async def test_contract_first_available_lets_the_site_skip_dropped_seqs(
+    gateway: Gateway, ship: str
+) -> None:
+    res = await gateway.send("containers", body(15, 20, first_available=15, ship=ship))
     assert res.held == RangeSet([(15, 20)])
-    res = await gateway.send("containers", body(21, 22, first_available=15))
+    res = await gateway.send("containers", body(21, 22, first_available=15, ship=ship))
     assert res.held == RangeSet([(15, 22)])
 
 
-async def test_contract_unknown_stream_is_rejected_not_retryable(gateway: Gateway) -> None:
+async def test_contract_unknown_stream_is_rejected_not_retryable(
+    gateway: Gateway, ship: str
+) -> None:
     with pytest.raises(GatewayRejected) as exc:
-        await gateway.send("weather", body(1, 1, stream="weather"))
+        await gateway.send("weather", body(1, 1, stream="weather", ship=ship))
     assert (exc.value.status, exc.value.error_code, exc.value.retryable) == (
         404,
         "unknown_stream",
