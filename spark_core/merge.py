@@ -40,11 +40,11 @@ from shorelink.topics import TopicSpec, ensure_topics, producer_config
 from spark_core.config import SiteConfig
 from spark_core.merge_batch import ArrowBatch, batch_frame, cyclic_gc_paused
 from spark_core.merge_state import (
-    Batch,
     BatchPlan,
     MergeError,
     MergeState,
     RowBatch,
+    SourceBatch,
     SourceRow,
     plan_batch,
     topic_stream,
@@ -194,7 +194,9 @@ class Merger:
         """``write_batch`` for rows already in Python (tests, tools)."""
         return self.write_batch(batch_id, RowBatch(rows))
 
-    def write_batch(self, batch_id: int, batch: Batch, *, t0: float | None = None) -> BatchPlan:
+    def write_batch(
+        self, batch_id: int, batch: SourceBatch, *, t0: float | None = None
+    ) -> BatchPlan:
         t1 = time.monotonic()
         t0 = t1 if t0 is None else t0
         if self._producer is None:

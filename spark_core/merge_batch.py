@@ -107,7 +107,7 @@ def batch_frame(df: Any) -> Any:
 
 
 class ArrowBatch:
-    """A batch as ``batch_frame(df).toArrow()`` gives it (the :class:`Batch` the
+    """A batch as ``batch_frame(df).toArrow()`` gives it (the :class:`SourceBatch` the
     planner reads). Columns become Python lists straight from the Arrow buffers; keys,
     values and headers only for the rows written. A vouched row's headers come as the
     flat ``h_ts``, ``h_site``, ``h_mqtt_topic`` columns (plus ``origin``, ``seq`` and the

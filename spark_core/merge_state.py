@@ -38,11 +38,11 @@ from shorelink.ledger import MAX_HOLDINGS_RANGES, decode_entry
 from shorelink.ranges import RangeSet
 
 __all__ = [
-    "Batch",
     "BatchPlan",
     "MergeError",
     "MergeState",
     "RowBatch",
+    "SourceBatch",
     "SourceRow",
     "plan_batch",
     "topic_stream",
@@ -161,7 +161,7 @@ class SourceRow:
 
 
 @runtime_checkable
-class Batch(Protocol):
+class SourceBatch(Protocol):
     """One micro-batch as the planner reads it: per row where it came from and, when
     Spark already checked its headers against the contract, its identity (``origin``
     is ``""`` where it did not: :meth:`row` gives the whole record for the full check).
@@ -234,14 +234,14 @@ def topic_stream(topic: str) -> str | None:
         return None
 
 
-def plan_batch(batch: Batch | Iterable[SourceRow], state: MergeState) -> BatchPlan:
+def plan_batch(batch: SourceBatch | Iterable[SourceRow], state: MergeState) -> BatchPlan:
     """Pure: dedup ``batch`` against ``state`` and within itself (the first copy of an
     identity wins), order the new identities by seq per ``(origin, stream)``.
 
     The loop runs once per record on the driver, so it keeps per-partition and
     per-source lookups out of the common path: rows come grouped by source partition,
     and a seq above everything the ledger holds needs no range search."""
-    b = batch if isinstance(batch, Batch) else RowBatch(batch)
+    b = batch if isinstance(batch, SourceBatch) else RowBatch(batch)
     plan = BatchPlan(input=len(b.offsets))
     new: dict[Source, tuple[dict[int, int], RangeSet, int]] = {}  # seen seq -> row, held
     streams: dict[str, str | None] = {}
@@ -306,7 +306,7 @@ def _checked_identity(row: SourceRow, stream: str | None) -> tuple[str, str, int
 
 
 def _order_new(
-    b: Batch, new: dict[Source, dict[int, int]], state: MergeState, plan: BatchPlan
+    b: SourceBatch, new: dict[Source, dict[int, int]], state: MergeState, plan: BatchPlan
 ) -> None:
     """Seq order per source; the new ledger entries; fetch the written rows at once.
 
