@@ -15,22 +15,52 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from local_stack.process import Proc
 
 __all__ = [
+    "AGENT_METRICS_AND_STREAMS",
+    "Metrics",
     "add_run_options",
     "bench_parser",
+    "delta",
     "exit_on_signals",
     "fill_defaults",
+    "get_json",
+    "hist_mean_ms",
+    "pct",
     "progress",
+    "r3",
     "require_at_least_one",
     "run_bench",
+    "scrape",
+    "total",
     "work_dir",
 ]
+
+
+#: the edge agent's metrics and streams, as every benchmark's agent config has them
+AGENT_METRICS_AND_STREAMS = """\
+[metrics]
+host = "127.0.0.1"
+port = {metrics_port}
+
+[streams.alerts]
+priority = 0
+on_full = "reject"
+
+[streams.nav]
+priority = 10
+
+[streams.containers]
+priority = 50
+"""
 
 
 def progress(name: str) -> Callable[[str], None]:
@@ -135,3 +165,51 @@ def run_bench(
             bench.cleanup()
     print(json.dumps(result, indent=2), file=out or sys.stdout, flush=True)
     return 0
+
+
+# -- reading a process's Prometheus metrics ---------------------------------------------
+Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(url: str) -> Metrics:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    out: Metrics = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+    return out
+
+
+def total(m: Metrics, name: str, **labels: str) -> float:
+    """Sum of ``name`` over the series whose labels include ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, lab), v in m.items() if n == name and want <= set(lab))
+
+
+def delta(before: Metrics, after: Metrics, name: str, **labels: str) -> float:
+    return total(after, name, **labels) - total(before, name, **labels)
+
+
+def hist_mean_ms(before: Metrics, after: Metrics, name: str) -> float | None:
+    n = delta(before, after, name + "_count")
+    return round(delta(before, after, name + "_sum") / n * 1000, 1) if n else None
+
+
+def get_json(url: str, token: str | None = None, timeout: float = 3.0) -> Any:
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def r3(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)

@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import random
 import shutil
 import signal
 import sys
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
+from _common import get_json
 from telemetry import Container, fleet
 
 from edge_agent.gateway import SendResult
@@ -79,54 +76,6 @@ def readings(ship: str, n: int, seed: int, end_ms: int) -> Iterator[tuple[str, i
             ts = start + minute * 60_000 + c.phase_ms
             yield c.id, ts, c.topic(ship), c.reading(rng, ts)
             done += 1
-
-
-# -- small helpers -----------------------------------------------------------------------
-Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(url: str) -> Metrics:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        text = resp.read().decode()
-    out: Metrics = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
-    return out
-
-
-def total(m: Metrics, name: str, **labels: str) -> float:
-    """Sum of ``name`` over the series whose labels include ``labels``."""
-    want = set(labels.items())
-    return sum(v for (n, lab), v in m.items() if n == name and want <= set(lab))
-
-
-def delta(before: Metrics, after: Metrics, name: str, **labels: str) -> float:
-    return total(after, name, **labels) - total(before, name, **labels)
-
-
-def hist_mean_ms(before: Metrics, after: Metrics, name: str) -> float | None:
-    n = delta(before, after, name + "_count")
-    return round(delta(before, after, name + "_sum") / n * 1000, 1) if n else None
-
-
-def get_json(url: str, token: str | None = None, timeout: float = 3.0) -> Any:
-    req = urllib.request.Request(url)
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
-def r3(x: float | None) -> float | None:
-    return None if x is None else round(x, 3)
 
 
 def wire_records(ship: str, first: int, n: int, seed: int) -> list[WireRecord]:
@@ -279,9 +228,11 @@ class Stack:
         await asyncio.gather(*(one_ship(s) for s in bodies))
         return time.perf_counter() - t0, lat
 
-    def exactly_once(self, expected: dict[str, int]) -> dict[str, dict[str, int]]:
-        """Read ``sl.ingress.<STREAM>`` to its end (read_committed): per origin of
-        ``expected`` (origin -> last seq), seqs distinct, missing, doubled, unexpected."""
+    def verify(self, expected: dict[str, int]) -> tuple[bool, dict[str, dict[str, int]], float]:
+        """Read ``sl.ingress.<STREAM>`` to its end (read_committed): whether every origin
+        of ``expected`` (origin -> last seq) has each seq 1..last exactly once, per origin
+        seqs distinct, missing, doubled, unexpected, and the seconds the read took."""
+        t0 = time.monotonic()
         from shorelink.contract import H_ORIGIN, H_SEQ, ingress_topic
         from shorelink.kafka_io import read_to_end
 
@@ -302,14 +253,13 @@ class Stack:
                 "unexpected": sum(1 for s in c if not 1 <= s <= last),
             }
 
-        return {origin: check(origin, last) for origin, last in expected.items()}
-
-
-def all_exactly_once(detail: dict[str, dict[str, int]]) -> bool:
-    return all(
-        d["distinct"] == d["expected"] and not d["doubled"] and not d["unexpected"]
-        for d in detail.values()
-    )
+        detail = {origin: check(origin, last) for origin, last in expected.items()}
+        ok = all(
+            d["distinct"] == d["expected"] and not d["doubled"] and not d["unexpected"]
+            for d in detail.values()
+        )
+        self.say(f"verify: exactly once = {ok} ({detail})")
+        return ok, detail, round(time.monotonic() - t0, 1)
 
 
 if __name__ == "__main__":

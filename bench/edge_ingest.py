@@ -32,22 +32,29 @@ import json
 import os
 import sqlite3
 import statistics
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from _common import exit_on_signals, progress, require_at_least_one, work_dir
+from _common import (
+    AGENT_METRICS_AND_STREAMS,
+    Metrics,
+    add_run_options,
+    bench_parser,
+    fill_defaults,
+    progress,
+    require_at_least_one,
+    run_bench,
+    scrape,
+)
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from prometheus_client.parser import text_string_to_metric_families
 
 from edge_agent.config import load_config
 from edge_agent.log import EdgeLog, Incoming
@@ -70,7 +77,8 @@ MAX_UNACKED = 20_000
 GOALS = {"ratio": 0.8, "p99_ms": 25.0, "rss_mb": 80.0, "ready_s": 3.0}
 REPO = Path(__file__).resolve().parent.parent
 
-CONFIG = """\
+CONFIG = (
+    """\
 ship = "{ship}"
 log_level = "info"
 
@@ -89,19 +97,9 @@ max_bytes = "2GB"
 alerts_reserve_bytes = "50MB"
 synchronous = "{synchronous}"
 
-[metrics]
-host = "127.0.0.1"
-port = {metrics_port}
-
-[streams.alerts]
-priority = 0
-on_full = "reject"
-
-[streams.nav]
-priority = 10
-
-[streams.containers]
-priority = 50
+"""
+    + AGENT_METRICS_AND_STREAMS
+    + """\
 
 [[rules]]
 filter = "bigblue/+/containers/+/alert"
@@ -119,6 +117,7 @@ filter = "bigblue/nav/ais"
 stream = "nav"
 key = "position"
 """
+)
 
 
 say = progress("edge_ingest")
@@ -338,19 +337,6 @@ def wait_until(
         time.sleep(poll)
 
 
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
-    return out
-
-
-Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
 def histogram_delta(before: Metrics, after: Metrics, name: str) -> list[tuple[float, float]]:
     """Cumulative (upper bound, count) of ``name`` observed between two scrapes."""
     buckets = []
@@ -553,7 +539,7 @@ class Bench:
 
     def flat_out(self, n: int, rounds: int) -> None:
         """Alternate bare and agent rounds of ``n`` messages; report the medians."""
-        m0 = scrape(self.metrics_port)
+        m0 = scrape(f"http://127.0.0.1:{self.metrics_port}/metrics")
         bare: list[dict[str, float]] = []
         agent: list[dict[str, float]] = []
         for r in range(1, rounds + 1):
@@ -563,7 +549,7 @@ class Bench:
             say(f"round {r}/{rounds}: agent, {n} messages (synchronous={self.args.synchronous})")
             agent.append(self.agent_round(n, r))
             say(f"round {r}/{rounds}: agent {agent[-1]['rate']:.0f} msg/s")
-        m1 = scrape(self.metrics_port)
+        m1 = scrape(f"http://127.0.0.1:{self.metrics_port}/metrics")
         agent_rate = statistics.median(x["rate"] for x in agent)
         bare_rate = statistics.median(x["rate"] for x in bare)
         commit = histogram_delta(m0, m1, "shorelink_edge_commit_seconds")
@@ -596,7 +582,7 @@ class Bench:
         n = int(rate * seconds)
         say(f"steady: {n} messages at {rate:.0f} msg/s")
         assert self.agent is not None
-        m0 = scrape(self.metrics_port)
+        m0 = scrape(f"http://127.0.0.1:{self.metrics_port}/metrics")
         lo = self.watch.stored() + 1
         target = lo - 1 + n
         pub = self.publish("pub-steady", n, rate)
@@ -608,7 +594,7 @@ class Bench:
         )
         p = pub.wait(self.phase_timeout(n))
         time.sleep(0.2)  # the last group's PUBACKs go out just after its commit
-        m1 = scrape(self.metrics_port)
+        m1 = scrape(f"http://127.0.0.1:{self.metrics_port}/metrics")
         ack = histogram_delta(m0, m1, "shorelink_edge_receive_to_ack_seconds")
         commit = histogram_delta(m0, m1, "shorelink_edge_commit_seconds")
         delays = self.watch.delays_ms(lo, target)
@@ -754,11 +740,8 @@ def _log_open_seconds(log: Path) -> float | None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="bench/edge_ingest.py",
-        description="Edge agent ingest benchmark against a bare MQTT subscriber (real "
-        "Mosquitto on loopback). Prints one JSON object on stdout, progress on stderr.",
-    )
+    p = bench_parser("bench/edge_ingest.py", __doc__)
+    add_run_options(p, "small sizes: a run of about 20 seconds", "logs, log file, configs")
     p.add_argument(
         "--messages",
         type=int,
@@ -801,26 +784,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="full",
         help="the agent's log.synchronous (default full)",
     )
-    p.add_argument("--quick", action="store_true", help="small sizes: a run of about 20 seconds")
-    p.add_argument(
-        "--keep",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="work in DIR and keep it (logs, log file, configs) instead of a temp dir",
-    )
     p.add_argument("--role", choices=("publisher", "bare"), help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    quick = a.quick
-    if a.messages is None:
-        a.messages = 5000 if quick else 50_000
-    if a.backlog is None:
-        a.backlog = 100_000 if quick else 2_000_000
-    if a.rounds is None:
-        a.rounds = 1 if quick else 3
-    if a.steady_seconds is None:
-        a.steady_seconds = 3.0 if quick else 10.0
+    fill_defaults(
+        a,
+        {
+            "messages": (5000, 50_000),
+            "backlog": (100_000, 2_000_000),
+            "rounds": (1, 3),
+            "steady_seconds": (3.0, 10.0),
+        },
+    )
     require_at_least_one(p, a, "messages", "backlog", "after_messages", "rounds")
     if a.steady_rate <= 0 or a.steady_seconds <= 0:
         p.error("--steady-rate and --steady-seconds must be positive")
@@ -834,20 +809,7 @@ def main(argv: list[str] | None = None) -> int:
         run_publisher(spec) if args.role == "publisher" else run_bare(spec)
         return 0
 
-    exit_on_signals(say)
-    with work_dir(args.keep, "edge-ingest-") as work:
-        bench = Bench(args, work)
-        try:
-            result = bench.run()
-        except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
-            say(f"failed: {exc}; logs in {work / 'logs'}" + ("" if args.keep else " (removed)"))
-            for p in bench.procs:
-                say(f"--- {p.name} ({p.log}):\n{p.tail(10)}")
-            return 1
-        finally:
-            bench.cleanup()
-    print(json.dumps(result, indent=2))
-    return 0
+    return run_bench(say, args.keep, "edge-ingest-", lambda work: Bench(args, work))
 
 
 if __name__ == "__main__":
