@@ -325,27 +325,21 @@ class Bench:
         say(f"kafka on {self.bootstrap}")
 
     def start_spark(self) -> None:
-        from pyspark.sql import SparkSession
-
-        from local_stack.tools import ivy_dir
-        from spark_core.packages import spark_package_conf
+        from spark_core.session import local_session
 
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-        builder = (
-            SparkSession.builder.master("local[2]")
-            .appName("shorelink-bench-merge")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.sql.warehouse.dir", str(self.work / "warehouse"))
-            .config("spark.driver.memory", "2g")
+        self.spark = local_session(
+            "shorelink-bench-merge",
+            conf={
+                "spark.ui.enabled": "false",
+                "spark.ui.showConsoleProgress": "false",
+                "spark.sql.shuffle.partitions": "2",
+                "spark.sql.warehouse.dir": str(self.work / "warehouse"),
+                "spark.driver.memory": "2g",
+            },
         )
-        for k, v in spark_package_conf(str(ivy_dir())).items():
-            builder = builder.config(k, v)
-        self.spark = builder.getOrCreate()
-        self.spark.sparkContext.setLogLevel("WARN")
 
     def site_config(self) -> Any:
         from spark_core.config import load_config

@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 
 from local_stack.errors import StackError
+from spark_core.session import ivy_dir
 
 __all__ = [
     "KAFKA_VERSION",
     "TOXIPROXY_VERSION",
     "install_all",
-    "ivy_dir",
     "kafka_classpath",
     "kafka_log4j_config",
     "mosquitto_bin",
@@ -47,10 +47,6 @@ def _kafka_dir() -> Path:
 
 def _toxiproxy_dir() -> Path:
     return tools_dir() / f"toxiproxy-{TOXIPROXY_VERSION}"
-
-
-def ivy_dir() -> Path:
-    return tools_dir() / "ivy"
 
 
 def _missing(what: str) -> StackError:
@@ -152,11 +148,8 @@ def install_spark_packages() -> None:
     _say("spark packages: resolving " + ", ".join(SPARK_PACKAGES))
     ivy_dir().mkdir(parents=True, exist_ok=True)
     code = (
-        "from pyspark.sql import SparkSession\n"
-        "from spark_core.packages import spark_package_conf\n"
-        f"b = SparkSession.builder.master('local[1]').appName('shorelink-resolve')\n"
-        f"for k, v in spark_package_conf({str(ivy_dir())!r}).items(): b = b.config(k, v)\n"
-        "s = b.getOrCreate(); s.range(1).count(); s.stop()\n"
+        "from spark_core.session import local_session\n"
+        "s = local_session('shorelink-resolve', 'local[1]'); s.range(1).count(); s.stop()\n"
     )
     _run([sys.executable, "-c", code])
     marker.write_text(",".join(SPARK_PACKAGES) + "\n")

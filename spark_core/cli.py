@@ -11,18 +11,13 @@ from typing import Any
 import click
 
 from shorelink.cli_support import load_or_exit
+from spark_core import session
 from spark_core.config import SitesConfig, load_config
 from spark_core.packages import SPARK_PACKAGES, spark_package_conf
 
 __all__ = ["main", "spark_submit_argv"]
 
 SITE_JOB = Path(__file__).resolve().parent / "jobs" / "site.py"
-
-
-def default_ivy_dir() -> Path:
-    """The Ivy cache ``scripts/setup`` fills (``$SHORELINK_TOOLS/ivy``)."""
-    tools = os.environ.get("SHORELINK_TOOLS", str(Path.home() / ".cache" / "shorelink"))
-    return Path(tools) / "ivy"
 
 
 def spark_submit_bin() -> Path:
@@ -86,7 +81,7 @@ def site_cmd(
     cfg = load_or_exit(load_config, config_path)
     load_or_exit(lambda _: cfg.site(site_name), config_path)
     extra = ["--available-now"] if available_now else []
-    argv = spark_submit_argv(cfg, site_name, config_path, ivy_dir or default_ivy_dir(), extra)
+    argv = spark_submit_argv(cfg, site_name, config_path, ivy_dir or session.ivy_dir(), extra)
     # the driver and executors run this interpreter (where shorelink is installed)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     if dry_run:
@@ -97,17 +92,12 @@ def site_cmd(
 
 def _query_session(cfg: SitesConfig, ivy_dir: Path | None) -> Any:
     """An in-process local Spark session with Delta (the same pinned packages)."""
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.master("local[2]").appName("shorelink-query")
-    conf = spark_package_conf(str(ivy_dir or default_ivy_dir()))
-    conf.update(dict(cfg.spark.conf))
-    conf["spark.ui.enabled"] = "false"
-    for k, v in conf.items():
-        builder = builder.config(k, v)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return session.local_session(
+        "shorelink-query",
+        conf={**dict(cfg.spark.conf), "spark.ui.enabled": "false"},
+        ivy=ivy_dir,
+        log_level="ERROR",
+    )
 
 
 _site_opt = click.option("--site", "site_name", required=True, help="Site whose tables to read.")

@@ -85,23 +85,17 @@ def toxiproxy(toxiproxy_server: ToxiproxyServer) -> Iterator[Toxiproxy]:
 def spark(stack_root: Path) -> Iterator[object]:
     """A local-mode SparkSession with the Kafka connector and Delta on its classpath
     (resolved from the Ivy cache that scripts/setup filled)."""
-    from pyspark.sql import SparkSession
-
-    from local_stack.tools import ivy_dir
-    from spark_core.packages import spark_package_conf
+    from spark_core.session import local_session
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("shorelink-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.warehouse.dir", str(stack_root / "warehouse"))
-        .config("spark.driver.memory", "1g")
+    session = local_session(
+        "shorelink-tests",
+        conf={
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "2",
+            "spark.sql.warehouse.dir": str(stack_root / "warehouse"),
+            "spark.driver.memory": "1g",
+        },
     )
-    for k, v in spark_package_conf(str(ivy_dir())).items():
-        builder = builder.config(k, v)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("WARN")
     yield session
     session.stop()

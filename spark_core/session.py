@@ -1,0 +1,52 @@
+"""A local Spark session and the Ivy cache its JVM packages come from, built in one place.
+
+``shorelink-spark query``, the tests and the merge benchmark all run Spark in their own
+process; each needs the same pinned packages (``spark_core/packages.py``) resolved from
+the Ivy cache ``scripts/setup`` fills, so none of them spells the cache's place or the
+session's make-up again. The site application itself goes through ``spark-submit``
+(``spark_core/cli.py``), which takes :func:`ivy_dir` too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from spark_core.packages import spark_package_conf
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["ivy_dir", "local_session"]
+
+
+def ivy_dir() -> Path:
+    """The Ivy cache ``scripts/setup`` fills (``$SHORELINK_TOOLS/ivy``, by default
+    ``~/.cache/shorelink/ivy``)."""
+    tools = os.environ.get("SHORELINK_TOOLS", str(Path.home() / ".cache" / "shorelink"))
+    return Path(tools) / "ivy"
+
+
+def local_session(
+    app: str,
+    master: str = "local[2]",
+    *,
+    conf: Mapping[str, str] | None = None,
+    ivy: Path | None = None,
+    log_level: str = "WARN",
+) -> SparkSession:
+    """A Spark session in this process with the Kafka connector and Delta on its
+    classpath, resolved through ``ivy`` (default :func:`ivy_dir`). ``conf`` is applied
+    after the package settings, so it may override them."""
+    from pyspark.sql import SparkSession
+
+    settings = spark_package_conf(str(ivy or ivy_dir()))
+    settings.update(conf or {})
+    builder = SparkSession.builder.master(master).appName(app)
+    for k, v in settings.items():
+        builder = builder.config(k, v)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(log_level)
+    return session
