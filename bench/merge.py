@@ -48,14 +48,20 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import exit_on_signals, progress, require_at_least_one, work_dir
+from _common import (
+    add_run_options,
+    bench_parser,
+    fill_defaults,
+    progress,
+    require_at_least_one,
+    run_bench,
+)
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from local_stack.kafka import KafkaBroker, start_kafka
@@ -696,11 +702,8 @@ class Helper:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="bench/merge.py",
-        description="The site's exactly-once merge against a plain Spark Kafka->Kafka copy "
-        "(private Kafka, local Spark). Prints one JSON object on stdout, progress on stderr.",
-    )
+    p = bench_parser("bench/merge.py", __doc__)
+    add_run_options(p, "small sizes: 100k records, 10 s steady", "Kafka data, logs, checkpoints")
     p.add_argument(
         "--records",
         type=int,
@@ -730,21 +733,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="length of the latency phase (0 skips it); default 30, quick 10",
     )
     p.add_argument("--seed", type=int, default=5, help="seed of the duplicate choice")
-    p.add_argument("--quick", action="store_true", help="small sizes: 100k records, 10 s steady")
-    p.add_argument(
-        "--keep",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="work in DIR and keep it (Kafka data, logs, checkpoints) instead of a temp dir",
-    )
     p.add_argument("--role", choices=("producer", "consumer"), help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    if a.records is None:
-        a.records = 100_000 if a.quick else 1_000_000
-    if a.steady_seconds is None:
-        a.steady_seconds = 10.0 if a.quick else 30.0
+    fill_defaults(a, {"records": (100_000, 1_000_000), "steady_seconds": (10.0, 30.0)})
     require_at_least_one(p, a, "records", "origins", "chunk", "max_offsets")
     if a.steady_rate <= 0 or a.steady_seconds < 0:
         p.error("--steady-rate must be positive and --steady-seconds not negative")
@@ -758,25 +750,12 @@ def main(argv: list[str] | None = None) -> int:
         run_steady_producer(spec) if args.role == "producer" else run_consumer(spec)
         return 0
 
-    exit_on_signals(say)
     # the JVM (Ivy's ":: loading settings ::") writes to the stdout it inherits: point
     # fd 1 at stderr for the run and keep the real stdout for the one JSON object
     out = os.fdopen(os.dup(1), "w")
     sys.stdout.flush()
     os.dup2(2, 1)
-    with work_dir(args.keep, "bench-merge-") as work:
-        bench = Bench(args, work)
-        try:
-            result = bench.run()
-        except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
-            say(f"failed: {exc}; logs in {work / 'logs'}" + ("" if args.keep else " (removed)"))
-            for p in bench.procs:
-                say(f"--- {p.name} ({p.log}):\n{p.tail(10)}")
-            return 1
-        finally:
-            bench.cleanup()
-    print(json.dumps(result, indent=2), file=out, flush=True)
-    return 0
+    return run_bench(say, args.keep, "bench-merge-", lambda work: Bench(args, work), out=out)
 
 
 if __name__ == "__main__":
