@@ -4,28 +4,55 @@ Configs are TOML files validated at load into frozen dataclasses; defaults live 
 String values may use ``${ENV}`` (or ``${ENV:-default}``); secrets are :class:`Secret`
 and never print. Every error is a :class:`~shorelink.errors.ConfigError` naming the bad
 field with its full dotted path (``streams.alerts.on_full``).
+
+Each key is declared once, on its dataclass field: the field's type says how the value
+is read, and :func:`key` in the field's metadata says what the file calls it when the
+name differs (``interval_s`` is ``interval``), its bounds and its choices. :func:`read`
+reads a table into its dataclass from those declarations alone, so a deployable's
+config module writes by hand only what depends on other keys (cross-field checks,
+defaults made of other values); ``tests/test_config_samples.py`` walks the same
+declarations to check that the commented sample under ``deploy/`` names every key.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from shorelink.errors import ConfigError
+from shorelink.identity import check_name
 
 __all__ = [
+    "LOG_LEVELS",
+    "Key",
     "Secret",
     "Section",
+    "check_name_field",
     "expand_env",
+    "key",
+    "key_of",
+    "keys_of",
+    "load_config",
     "load_toml",
     "parse_duration",
     "parse_size",
+    "read",
+    "relative",
+    "walk",
 ]
+
+T = TypeVar("T")
+
+#: the ``log_level`` key of every deployable
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -127,6 +154,17 @@ class Section:
     def has(self, key: str) -> bool:
         return key in self._data
 
+    def keys(self) -> list[str]:
+        return list(self._data)
+
+    def peek(self, key: str) -> Any:
+        """The raw value of ``key`` (``None`` if absent), without reading it."""
+        return self._data.get(key)
+
+    def mark(self, key: str) -> None:
+        """Count ``key`` as read."""
+        self._used.add(key)
+
     def _get(self, key: str, default: Any, types: type | tuple[type, ...], what: str) -> Any:
         self._used.add(key)
         if key not in self._data:
@@ -207,3 +245,297 @@ class Section:
 
 
 _REQUIRED: Any = object()
+
+
+def check_name_field(field: str, kind: str, value: str) -> str:
+    """``value`` if it is a valid ``kind`` name (``shorelink.identity``), else an error
+    naming ``field``."""
+    try:
+        return check_name(kind, value)
+    except Exception as exc:
+        raise ConfigError(field, str(exc)) from None
+
+
+def relative(path: Path, base: Path | None) -> Path:
+    """A path as the file wrote it: relative paths are relative to the file's directory."""
+    return base / path if base is not None and not path.is_absolute() else path
+
+
+def load_config(path: str | Path, parse: Callable[[dict[str, Any], Path], T]) -> T:
+    """Load a TOML file and validate it with ``parse(data, base)``, ``base`` being the
+    file's directory (relative paths in the file are relative to the file)."""
+    p = Path(path)
+    return parse(load_toml(p), p.resolve().parent)
+
+
+# ---------------------------------------------------------------------------------------
+# Keys declared on dataclass fields
+
+_META = "shorelink.config.key"
+
+
+@dataclass(frozen=True)
+class Key:
+    """How one dataclass field is read from its TOML table (see :func:`key`)."""
+
+    #: the key in the file; dotted for a key of a sub-table (``listen.port``); "" until
+    #: resolved by :func:`keys_of`: the field's name
+    name: str = ""
+    #: str, int, bool, size, duration (seconds, a float), duration_ms (an int), secret,
+    #: path (relative to the file), strings, section, sections (a table of tables),
+    #: array (of tables), pairs (a free table of strings), name (the entry's name in its
+    #: table: not a key); "": from the field's type
+    kind: str = ""
+    #: bounds of an int, size or duration (inclusive); ``gt``: exclusive lower bound
+    min: float | None = None
+    max: float | None = None
+    gt: float | None = None
+    #: the error when out of bounds (``{v}``: the value); default: "v is out of range"
+    why: str | None = None
+    choices: tuple[str, ...] = ()
+    #: every value must be a valid name of this kind (``site``, ``stream``: identity rules)
+    names: str | None = None
+    #: a word in the file that stands for ``None`` (``"forever"``)
+    none: str | None = None
+    #: read a section by hand from its table (the table's :class:`Section`)
+    parse: Callable[[Section], Any] | None = None
+    #: keys of a nested dataclass declared elsewhere (its field name -> :func:`key`)
+    keys: Mapping[str, Mapping[str, Key]] = dataclasses.field(default_factory=dict)
+    doc: str = ""
+    # resolved by keys_of:
+    field: str = ""
+    of: Any = None
+    optional: bool = False
+
+
+def key(
+    name: str = "",
+    *,
+    kind: str = "",
+    min: float | None = None,
+    max: float | None = None,
+    gt: float | None = None,
+    why: str | None = None,
+    choices: tuple[str, ...] = (),
+    names: str | None = None,
+    none: str | None = None,
+    parse: Callable[[Section], Any] | None = None,
+    keys: Mapping[str, Mapping[str, Key]] | None = None,
+    doc: str = "",
+) -> dict[str, Key]:
+    """Field metadata declaring a config key: ``field(default=10.0,
+    metadata=key("interval", min=0.05))``. A field without it is the key of its name."""
+    return {_META: Key(name, kind, min, max, gt, why, choices, names, none, parse, keys or {}, doc)}
+
+
+def _shape(tp: Any) -> tuple[str, Any, bool]:
+    """(kind, element dataclass, optional) of a field's type."""
+    optional = False
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        members = [a for a in typing.get_args(tp) if a is not type(None)]
+        optional = len(members) < len(typing.get_args(tp))
+        tp = members[0]
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    simple = {bool: "bool", int: "int", float: "duration", str: "str", Path: "path"}
+    if tp in simple:
+        return simple[tp], None, optional
+    if tp is Secret:
+        return "secret", None, optional
+    if dataclasses.is_dataclass(tp):
+        return "section", tp, optional
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        if args[0] is str:
+            return "strings", None, optional
+        if typing.get_origin(args[0]) is tuple:
+            return "pairs", None, optional
+        if dataclasses.is_dataclass(args[0]):
+            return "array", args[0], optional
+    if origin is dict and dataclasses.is_dataclass(args[1]):
+        return "sections", args[1], optional
+    raise TypeError(f"no config kind for {tp!r}")
+
+
+def keys_of(cls: type, keys: Mapping[str, Mapping[str, Key]] | None = None) -> list[Key]:
+    """The keys a config dataclass declares, resolved (name, kind, element type); fields
+    whose name starts with ``_`` are not keys. ``keys`` overrides fields' metadata."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.name.startswith("_"):
+            continue
+        meta = (keys or {}).get(f.name) or f.metadata
+        k = meta.get(_META, Key())
+        kind, of, optional = _shape(hints[f.name])
+        if k.choices and not k.kind:
+            kind = "choice"
+        out.append(
+            dataclasses.replace(
+                k,
+                name=k.name or f.name,
+                kind=k.kind or kind,
+                field=f.name,
+                of=of,
+                optional=optional,
+            )
+        )
+    return out
+
+
+def key_of(cls: type, field: str) -> str:
+    """The key in the file of a config dataclass's field (for hand-written checks)."""
+    return next(k.name for k in keys_of(cls) if k.field == field)
+
+
+def _defaults(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return _REQUIRED
+
+
+def read(
+    cls: type[T],
+    sec: Section,
+    *,
+    base: Path | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    keys: Mapping[str, Mapping[str, Key]] | None = None,
+    done: bool = True,
+    **given: Any,
+) -> T:
+    """Read ``cls`` from the table ``sec`` by the keys its fields declare.
+
+    ``given`` fields are the caller's (read by hand from ``sec`` before); ``defaults``
+    replace the fields' defaults (values made of other keys); ``base`` is the directory
+    relative paths start from. With ``done``, keys nothing read are an error."""
+    tables: dict[str, Section] = {}
+
+    def table(path: str) -> Section:
+        if not path:
+            return sec
+        if path not in tables:
+            head, _, name = path.rpartition(".")
+            tables[path] = table(head).section(name)
+        return tables[path]
+
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    values = dict(given)
+    for k in keys_of(cls, keys):
+        if k.field in given:
+            continue
+        default = (defaults or {}).get(k.field, _REQUIRED)
+        if default is _REQUIRED:
+            default = _default(fields[k.field])
+        head, _, name = k.name.rpartition(".")
+        if k.kind == "section":
+            sub = table(k.name)
+            if k.parse is not None:
+                values[k.field] = k.parse(sub)
+            else:
+                nested = _defaults(default) if dataclasses.is_dataclass(default) else None
+                values[k.field] = read(
+                    k.of, sub, base=base, defaults=nested, keys=k.keys, done=False
+                )
+        elif k.kind == "pairs":
+            sub = table(k.name)
+            values[k.field] = tuple((p, sub.text(p)) for p in sorted(sub.keys()))
+        else:
+            values[k.field] = _value(k, table(head), name, default, base)
+    for t in reversed(tables.values()):
+        t.done()
+    if done:
+        sec.done()
+    return cls(**values)
+
+
+def _value(k: Key, sec: Section, name: str, default: Any, base: Path | None) -> Any:
+    """One key's value (of any kind but a section) from its table."""
+    kind, field = k.kind, sec.field(name)
+    if k.optional and (not sec.has(name) or (k.none is not None and sec.peek(name) == k.none)):
+        sec.mark(name)
+        return None
+    d = None if default is _REQUIRED else default
+    if kind in ("str", "choice"):
+        v: Any = sec.text(name, d)
+        if k.choices and v not in k.choices:
+            raise ConfigError(field, f"{v!r} is not one of {', '.join(k.choices)}")
+    elif kind == "int":
+        v = sec.integer(name, d)
+    elif kind == "bool":
+        v = sec.flag(name, _REQUIRED if d is None else d)
+    elif kind == "size":
+        v = sec.size(name, d)
+    elif kind == "duration":
+        v = sec.duration(name, d)
+    elif kind == "duration_ms":
+        v = int(sec.duration(name, None if d is None else d / 1000) * 1000)
+    elif kind == "secret":
+        v = sec.secret(name)
+    elif kind == "path":
+        text = sec.text(name, None if d is None else str(d))
+        if not text and k.optional:
+            return None
+        return relative(Path(text), base)
+    elif kind == "strings":
+        v = tuple(sec.strings(name, None if d is None else list(d)))
+    elif kind == "sections":
+        entries = dict(d or {})
+        for entry, sub in sec.sections(name).items():
+            if k.names:
+                check_name_field(sub.path, k.names, entry)
+            named: dict[str, Any] = {}
+            if any(e.kind == "name" for e in keys_of(k.of)):
+                named["name"] = entry
+            d_entry = entries.get(entry)
+            entries[entry] = read(
+                k.of,
+                sub,
+                base=base,
+                keys=k.keys,
+                defaults=_defaults(d_entry) if d_entry is not None else None,
+                **named,
+            )
+        return entries
+    elif kind == "array":
+        return tuple(read(k.of, sub, base=base, keys=k.keys) for sub in sec.array(name))
+    else:
+        raise TypeError(f"{field}: no config kind {kind!r}")
+    if k.names:
+        for one in v if isinstance(v, tuple) else (v,):
+            check_name_field(field, k.names, one)
+    if kind in ("int", "size", "duration", "duration_ms"):
+        _check_bounds(k, field, v)
+    return v
+
+
+def _check_bounds(k: Key, field: str, v: float) -> None:
+    low = (k.min is not None and v < k.min) or (k.gt is not None and v <= k.gt)
+    if low or (k.max is not None and v > k.max):
+        why = k.why.format(v=v) if k.why else f"{v} is out of range [{k.min}, {k.max}]"
+        raise ConfigError(field, why)
+
+
+def walk(
+    cls: type, table: str = "", keys: Mapping[str, Mapping[str, Key]] | None = None
+) -> Iterator[tuple[str, Key]]:
+    """Every key ``cls`` declares, with the dotted path of its table (``*``: each entry
+    of a table of tables, ``[]``: each table of an array): what the sample must name."""
+    for k in keys_of(cls, keys):
+        head, _, name = k.name.rpartition(".")
+        where = ".".join(p for p in (table, head) if p)
+        inner = ".".join(p for p in (where, name) if p)
+        if k.kind == "name":
+            continue
+        if k.kind == "section":
+            yield from walk(k.of, inner, k.keys)
+        elif k.kind == "sections":
+            yield from walk(k.of, f"{inner}.*", k.keys)
+        elif k.kind == "array":
+            yield from walk(k.of, f"{inner}[]", k.keys)
+        else:
+            yield where, dataclasses.replace(k, name=name)

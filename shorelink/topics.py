@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from shorelink.config import Section
+from shorelink.config import Section, key, read
 from shorelink.contract import KAFKA_MAX_MESSAGE_BYTES
 from shorelink.errors import ConfigError, ShorelinkError
 
@@ -53,18 +53,15 @@ class Durability:
     ``None`` is "as production wants, as far as the cluster allows": a replication
     factor of ``min(3, brokers)`` and ``min.insync.replicas`` of ``min(2, factor)``."""
 
-    replication_factor: int | None = None
-    min_insync_replicas: int | None = None
+    replication_factor: int | None = field(default=None, metadata=key(min=1, max=16))
+    min_insync_replicas: int | None = field(default=None, metadata=key(min=1, max=16))
 
     @classmethod
     def from_section(cls, kafka: Section) -> Durability:
         """``replication_factor`` and ``min_insync_replicas`` of a ``[kafka]`` table
-        (each left out: as production wants, as far as the cluster allows)."""
-
-        def opt(key: str) -> int | None:
-            return kafka.integer(key, min=1, max=16) if kafka.has(key) else None
-
-        d = cls(opt("replication_factor"), opt("min_insync_replicas"))
+        (each left out: as production wants, as far as the cluster allows); the table's
+        other keys are its owner's."""
+        d = read(cls, kafka, done=False)
         rf, isr = d.replication_factor, d.min_insync_replicas
         if rf and isr and isr > rf:
             raise ConfigError(
