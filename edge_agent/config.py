@@ -1,6 +1,9 @@
 """The edge agent's configuration: a TOML file validated into frozen dataclasses.
 
-The fully commented sample is ``deploy/edge/edge.toml``; every key there is read here.
+Each key is declared once, on its field (``shorelink.config.key``: the name in the file
+where it differs from the field's, bounds, choices); ``shorelink.config.read`` reads
+every table from those declarations. The fully commented sample is
+``deploy/edge/edge.toml``; ``tests/test_config_samples.py`` checks it names every key.
 """
 
 from __future__ import annotations
@@ -13,10 +16,10 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from edge_agent.rules import Rule
-from shorelink.config import Secret, Section, load_toml
+from shorelink.config import LOG_LEVELS, Secret, Section, check_name_field, key, read
+from shorelink.config import load_config as load_file
 from shorelink.contract import MAX_RECORD_BYTES
 from shorelink.errors import ConfigError
-from shorelink.identity import check_name
 from shorelink.wire import DEFAULT_LIMITS
 
 log = logging.getLogger(__name__)
@@ -41,55 +44,71 @@ NEVER_DROPPED = "alerts"
 @dataclass(frozen=True)
 class MqttConfig:
     host: str = "127.0.0.1"
-    port: int = 1883
+    port: int = field(default=1883, metadata=key(min=1, max=65535))
+    #: default: ``shorelink-edge-<ship>``
     client_id: str = ""
     username: str = ""
     password: Secret = field(default_factory=lambda: Secret(""))
     tls: bool = False
     ca_file: str | None = None
-    keepalive_s: int = 30
-    session_expiry_s: int = 7 * 86400
+    keepalive_s: int = field(default=30, metadata=key(min=5, max=3600))
+    session_expiry_s: int = field(default=7 * 86400, metadata=key(min=60))
     #: MQTT topic filters to subscribe; default "#" so that nothing published on the
     #: ship's broker goes unnoticed (what no rule maps is quarantined and counted).
     subscriptions: tuple[str, ...] = ("#",)
-    max_payload_bytes: int = 256 * 1024
+    max_payload_bytes: int = field(
+        default=256 * 1024,
+        metadata=key(
+            kind="size",
+            max=MAX_RECORD_BYTES,
+            why=f"{{v}} > {MAX_RECORD_BYTES}, the record size limit of every hop "
+            "(MAX_RECORD_BYTES)",
+        ),
+    )
     #: how many un-acknowledged messages the broker may send us at once (MQTT 5
     #: Receive Maximum); bounds the memory between receive and commit.
-    receive_maximum: int = 1000
-    reconnect_min_s: float = 0.2
-    reconnect_max_s: float = 30.0
+    receive_maximum: int = field(default=1000, metadata=key(min=1, max=65535))
+    reconnect_min_s: float = field(default=0.2, metadata=key("reconnect_min"))
+    reconnect_max_s: float = field(default=30.0, metadata=key("reconnect_max"))
 
 
 @dataclass(frozen=True)
 class StreamConfig:
-    name: str
+    name: str = field(metadata=key(kind="name"))
     #: lower sends first (alerts 0, nav 10, bulk telemetry 50, ...)
-    priority: int = 50
-    max_age_s: float = 30 * 86400
-    max_bytes: int = 0  # 0: bounded only by the log's total budget
-    on_full: str = "drop_oldest"
+    priority: int = field(default=50, metadata=key(min=0, max=1000))
+    max_age_s: float = field(default=30 * 86400, metadata=key("max_age"))
+    #: 0: bounded only by the log's total budget
+    max_bytes: int = field(default=0, metadata=key(kind="size"))
+    #: default for alerts: "reject" (alerts are never dropped)
+    on_full: str = field(default="drop_oldest", metadata=key(choices=ON_FULL))
 
 
 @dataclass(frozen=True)
 class LogConfig:
+    #: relative to the config file
     path: Path = Path("/var/lib/shorelink/edge.db")
     #: group commit: collect messages for up to this long (or max) per transaction
-    group_commit_s: float = 0.005
-    group_commit_max: int = 500
+    group_commit_s: float = field(
+        default=0.005,
+        metadata=key("group_commit", max=1, why="at most 1s: the broker waits for our PUBACK"),
+    )
+    group_commit_max: int = field(default=500, metadata=key(min=1, max=100_000))
     #: total bytes of records the log may hold
-    max_bytes: int = 2 * 1000**3
+    max_bytes: int = field(default=2 * 1000**3, metadata=key(kind="size"))
     #: part of max_bytes that only alerts may use
-    alerts_reserve_bytes: int = 50 * 1000**2
-    quarantine_max: int = 1000
+    alerts_reserve_bytes: int = field(default=50 * 1000**2, metadata=key(kind="size"))
+    quarantine_max: int = field(default=1000, metadata=key(min=1))
     #: "full" (fsync every commit; survives power cuts) or "normal" (WAL-safe against
     #: process crashes only; measured faster, see docs)
-    synchronous: str = "full"
+    synchronous: str = field(default="full", metadata=key(choices=("full", "normal")))
 
 
 @dataclass(frozen=True)
 class MetricsConfig:
     host: str = "127.0.0.1"
-    port: int = 9464  # 0 disables the endpoint
+    #: 0 disables the endpoint
+    port: int = field(default=9464, metadata=key(min=0, max=65535))
 
 
 @dataclass(frozen=True)
@@ -98,50 +117,56 @@ class UplinkConfig:
     token_file: Path | None = None
     token: Secret = field(default_factory=lambda: Secret(""))
     #: timer wake: look for a cheaper link that came up (and send what the wake missed)
-    interval_s: float = 10.0
+    interval_s: float = field(default=10.0, metadata=key("interval", min=0.05, why="at least 50ms"))
     #: ask the current site again what it holds (replication may have brought it our
     #: records) at least this often; also after every link error
-    refresh_s: float = 300.0
+    refresh_s: float = field(default=300.0, metadata=key("refresh"))
     #: after new data is committed, wait this long for more before sending
-    linger_s: float = 0.1
+    linger_s: float = field(default=0.1, metadata=key("linger"))
     #: ``holdings()`` probe timeout: a link that cannot answer this fast is "down"
-    probe_timeout_s: float = 5.0
+    probe_timeout_s: float = field(
+        default=5.0, metadata=key("probe_timeout", gt=0, why="must be > 0")
+    )
     #: backoff between attempts while no link works (exponential with jitter, capped)
-    retry_min_s: float = 0.1
-    retry_max_s: float = 60.0
+    retry_min_s: float = field(default=0.1, metadata=key("retry_min"))
+    retry_max_s: float = field(default=60.0, metadata=key("retry_max"))
     #: build batches (read + encode) in a child process (1) or an agent thread (0)
-    encode_workers: int = 1
+    encode_workers: int = field(default=1, metadata=key(min=0, max=1))
     #: seal every this many records of a stream into an encoded segment, ahead of any
     #: link (edge_agent/sealing.py); 0: encode only when sending
-    seal_records: int = 50_000
+    seal_records: int = field(default=50_000, metadata=key(min=0, max=DEFAULT_LIMITS.max_records))
     #: look for records to seal at least this often
-    seal_interval_s: float = 10.0
+    seal_interval_s: float = field(
+        default=10.0, metadata=key("seal_interval", gt=0, why="must be > 0")
+    )
 
 
 @dataclass(frozen=True)
 class LinkConfig:
     """Policy of one link class (``satellite``, ``cellular``, ``port_wifi``, ...)."""
 
-    name: str
+    name: str = field(metadata=key(kind="name"))
     #: streams this link may carry; ``("*",)``: all
     streams: tuple[str, ...] = ("*",)
     #: request body bytes per UTC day; 0: unlimited
-    daily_budget_bytes: int = 0
+    daily_budget_bytes: int = field(default=0, metadata=key(kind="size"))
     #: bytes per second; 0: unlimited
-    max_rate: int = 0
-    batch_max_records: int = 5000
+    max_rate: int = field(default=0, metadata=key(kind="size"))
+    batch_max_records: int = field(default=5000, metadata=key(min=1, max=1_000_000))
     #: payload bytes read into a batch, and the most its encoded form may take (keep it
     #: at most the gateways' limits.max_batch_bytes, 8 MiB by default)
-    batch_max_bytes: int = 1024 * 1024
+    batch_max_bytes: int = field(
+        default=1024 * 1024, metadata=key(kind="size", min=1024, why="at least 1KiB")
+    )
     #: lower is preferred when several gateways are reachable
-    cost: int = 10
+    cost: int = field(default=10, metadata=key(min=0))
     #: per request (connect + send + Kafka commit + reply)
-    timeout_s: float = 30.0
+    timeout_s: float = field(default=30.0, metadata=key("timeout", gt=0, why="must be > 0"))
     #: batches in flight at once on the upload connection (pipelining: the next batch
     #: crosses the link while the site writes the previous one); a broken connection
     #: costs at most this many batches resent, and a batch the site received whole is
     #: not resent (it was written)
-    in_flight: int = 1
+    in_flight: int = field(default=1, metadata=key(min=1, max=64))
 
     def carries(self, stream: str) -> bool:
         return "*" in self.streams or stream in self.streams
@@ -186,8 +211,9 @@ DEFAULT_LINKS: dict[str, LinkConfig] = {
 class GatewayConfig:
     """One shore gateway the ship may reach, and the link class it is reached over."""
 
-    site: str
+    site: str = field(metadata=key(names="site"))
     url: str
+    #: a link class of ``[links]``
     link: str
     #: accept a plain http:// URL to a host other than this machine (tokens and data
     #: then cross the link in clear text; warned about at every start)
@@ -196,13 +222,13 @@ class GatewayConfig:
 
 @dataclass(frozen=True)
 class EdgeConfig:
-    ship: str
+    ship: str = field(metadata=key(names="ship"))
     mqtt: MqttConfig
     log: LogConfig
     metrics: MetricsConfig
     streams: dict[str, StreamConfig]
     rules: tuple[Rule, ...]
-    log_level: str = "info"
+    log_level: str = field(default="info", metadata=key(choices=LOG_LEVELS))
     uplink: UplinkConfig = field(default_factory=UplinkConfig)
     links: dict[str, LinkConfig] = field(default_factory=lambda: dict(DEFAULT_LINKS))
     #: no gateways: the agent only ingests
@@ -215,35 +241,12 @@ class EdgeConfig:
         return sorted(self.streams.values(), key=lambda s: (s.priority, s.name))
 
 
-def _max_payload(s: Section, default: int) -> int:
-    n = s.size("max_payload_bytes", default)
-    if n > MAX_RECORD_BYTES:
-        raise ConfigError(
-            s.field("max_payload_bytes"),
-            f"{n} > {MAX_RECORD_BYTES}, the record size limit of every hop (MAX_RECORD_BYTES)",
-        )
-    return n
+# What follows is what the keys' declarations cannot say: defaults made of other keys
+# and checks across keys.
 
 
 def _mqtt(s: Section, ship: str) -> MqttConfig:
-    d = MqttConfig()
-    out = MqttConfig(
-        host=s.text("host", d.host),
-        port=s.integer("port", d.port, min=1, max=65535),
-        client_id=s.text("client_id", f"shorelink-edge-{ship}"),
-        username=s.text("username", ""),
-        password=s.secret("password"),
-        tls=s.flag("tls", d.tls),
-        ca_file=s.opt_str("ca_file"),
-        keepalive_s=s.integer("keepalive_s", d.keepalive_s, min=5, max=3600),
-        session_expiry_s=s.integer("session_expiry_s", d.session_expiry_s, min=60),
-        subscriptions=tuple(s.strings("subscriptions", list(d.subscriptions))),
-        max_payload_bytes=_max_payload(s, d.max_payload_bytes),
-        receive_maximum=s.integer("receive_maximum", d.receive_maximum, min=1, max=65535),
-        reconnect_min_s=s.duration("reconnect_min", d.reconnect_min_s),
-        reconnect_max_s=s.duration("reconnect_max", d.reconnect_max_s),
-    )
-    s.done()
+    out = read(MqttConfig, s, defaults={"client_id": f"shorelink-edge-{ship}"})
     if not out.subscriptions:
         raise ConfigError(s.field("subscriptions"), "needs at least one topic filter")
     return out
@@ -251,77 +254,26 @@ def _mqtt(s: Section, ship: str) -> MqttConfig:
 
 def _stream(name: str, s: Section) -> StreamConfig:
     check_name_field(s.path, "stream", name)
-    d = StreamConfig(name)
-    default_policy = "reject" if name == NEVER_DROPPED else d.on_full
-    out = StreamConfig(
-        name=name,
-        priority=s.integer("priority", d.priority, min=0, max=1000),
-        max_age_s=s.duration("max_age", d.max_age_s),
-        max_bytes=s.size("max_bytes", d.max_bytes),
-        on_full=s.choice("on_full", ON_FULL, default_policy),
-    )
-    s.done()
+    policy = "reject" if name == NEVER_DROPPED else StreamConfig(name).on_full
+    out = read(StreamConfig, s, defaults={"on_full": policy}, name=name)
     if name == NEVER_DROPPED and out.on_full != "reject":
         raise ConfigError(s.field("on_full"), "alerts are never dropped: use 'reject'")
     return out
 
 
-def check_name_field(field_name: str, kind: str, value: str) -> None:
-    try:
-        check_name(kind, value)
-    except Exception as exc:
-        raise ConfigError(field_name, str(exc)) from None
-
-
-def _log(s: Section) -> LogConfig:
-    d = LogConfig()
-    out = LogConfig(
-        path=Path(s.text("path", str(d.path))),
-        group_commit_s=s.duration("group_commit", d.group_commit_s),
-        group_commit_max=s.integer("group_commit_max", d.group_commit_max, min=1, max=100_000),
-        max_bytes=s.size("max_bytes", d.max_bytes),
-        alerts_reserve_bytes=s.size("alerts_reserve_bytes", d.alerts_reserve_bytes),
-        quarantine_max=s.integer("quarantine_max", d.quarantine_max, min=1),
-        synchronous=s.choice("synchronous", ("full", "normal"), d.synchronous),
-    )
-    s.done()
+def _log(s: Section, base: Path | None) -> LogConfig:
+    out = read(LogConfig, s, base=base)
     if out.alerts_reserve_bytes >= out.max_bytes:
         raise ConfigError(s.field("alerts_reserve_bytes"), "must be smaller than log.max_bytes")
-    if out.group_commit_s > 1:
-        raise ConfigError(s.field("group_commit"), "at most 1s: the broker waits for our PUBACK")
     return out
 
 
 def _uplink(s: Section, base: Path | None) -> UplinkConfig:
-    d = UplinkConfig()
-    token_file = s.opt_str("token_file")
-    token = s.secret("token")
-    out = UplinkConfig(
-        token_file=None if token_file is None else _relative(Path(token_file), base),
-        token=token,
-        interval_s=s.duration("interval", d.interval_s),
-        refresh_s=s.duration("refresh", d.refresh_s),
-        linger_s=s.duration("linger", d.linger_s),
-        probe_timeout_s=s.duration("probe_timeout", d.probe_timeout_s),
-        retry_min_s=s.duration("retry_min", d.retry_min_s),
-        retry_max_s=s.duration("retry_max", d.retry_max_s),
-        encode_workers=s.integer("encode_workers", d.encode_workers, min=0, max=1),
-        seal_records=s.integer(
-            "seal_records", d.seal_records, min=0, max=DEFAULT_LIMITS.max_records
-        ),
-        seal_interval_s=s.duration("seal_interval", d.seal_interval_s),
-    )
-    s.done()
+    out = read(UplinkConfig, s, base=base)
     if out.token_file is not None:
         if out.token:
             raise ConfigError(s.field("token"), "set token or token_file, not both")
         out = replace(out, token=_read_token(out.token_file, s.field("token_file")))
-    if out.interval_s < 0.05:
-        raise ConfigError(s.field("interval"), "at least 50ms")
-    if out.seal_interval_s <= 0:
-        raise ConfigError(s.field("seal_interval"), "must be > 0")
-    if out.probe_timeout_s <= 0:
-        raise ConfigError(s.field("probe_timeout"), "must be > 0")
     if not 0 < out.retry_min_s <= out.retry_max_s:
         raise ConfigError(s.field("retry_min"), "need 0 < retry_min <= retry_max")
     return out
@@ -344,39 +296,21 @@ def _read_token(path: Path, field_name: str) -> Secret:
 
 
 def _link(name: str, s: Section, streams: dict[str, StreamConfig]) -> LinkConfig:
+    """``[links.<name>]`` overrides the defaults of the class of that name field by field."""
     check_name_field(s.path, "link", name)
     d = DEFAULT_LINKS.get(name, LinkConfig(name))
-    out = LinkConfig(
-        name=name,
-        streams=tuple(s.strings("streams", list(d.streams))),
-        daily_budget_bytes=s.size("daily_budget_bytes", d.daily_budget_bytes),
-        max_rate=s.size("max_rate", d.max_rate),
-        batch_max_records=s.integer("batch_max_records", d.batch_max_records, min=1, max=1_000_000),
-        batch_max_bytes=s.size("batch_max_bytes", d.batch_max_bytes),
-        cost=s.integer("cost", d.cost, min=0),
-        timeout_s=s.duration("timeout", d.timeout_s),
-        in_flight=s.integer("in_flight", d.in_flight, min=1, max=64),
-    )
-    s.done()
+    out = read(LinkConfig, s, defaults=vars(d), name=name)
     if not out.streams:
         raise ConfigError(s.field("streams"), 'list the streams this link carries ("*": all)')
     for st in out.streams:
         if st != "*" and st not in streams:
             raise ConfigError(s.field("streams"), f"unknown stream {st!r}")
-    if out.batch_max_bytes < 1024:
-        raise ConfigError(s.field("batch_max_bytes"), "at least 1KiB")
-    if out.timeout_s <= 0:
-        raise ConfigError(s.field("timeout"), "must be > 0")
     return out
 
 
 def _gateway(s: Section, links: dict[str, LinkConfig]) -> GatewayConfig:
-    site = s.text("site")
-    check_name_field(s.field("site"), "site", site)
-    url = s.text("url").rstrip("/")
-    link = s.text("link")
-    allow_plaintext = s.flag("allow_plaintext", False)
-    s.done()
+    out = read(GatewayConfig, s)
+    url = out.url.rstrip("/")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018  (raises on a bad port)
@@ -387,7 +321,7 @@ def _gateway(s: Section, links: dict[str, LinkConfig]) -> GatewayConfig:
     if parts.query or parts.fragment:
         raise ConfigError(s.field("url"), "no query or fragment")
     if parts.scheme == "http" and not _loopback(parts.hostname):
-        if not allow_plaintext:
+        if not out.allow_plaintext:
             raise ConfigError(
                 s.field("url"),
                 f"{url} is plain http: the ship's token and data would cross the link in "
@@ -396,16 +330,17 @@ def _gateway(s: Section, links: dict[str, LinkConfig]) -> GatewayConfig:
             )
         log.warning(
             "event=gateway_plaintext site=%s url=%s message=%r",
-            site,
+            out.site,
             url,
             "PLAIN HTTP to a remote gateway (allow_plaintext = true): the ship's token and "
             "data cross the link in clear text",
         )
-    if link not in links:
+    if out.link not in links:
         raise ConfigError(
-            s.field("link"), f"unknown link class {link!r} (known: {', '.join(sorted(links))})"
+            s.field("link"),
+            f"unknown link class {out.link!r} (known: {', '.join(sorted(links))})",
         )
-    return GatewayConfig(site=site, url=url, link=link, allow_plaintext=allow_plaintext)
+    return replace(out, url=url)
 
 
 def _loopback(host: str) -> bool:
@@ -418,22 +353,15 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def _relative(p: Path, base: Path | None) -> Path:
-    return base / p if base is not None and not p.is_absolute() else p
-
-
 def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfig:
     top = Section(data)
-    ship = top.text("ship")
-    check_name_field("ship", "ship", ship)
+    ship = check_name_field("ship", "ship", top.text("ship"))
     streams = {name: _stream(name, sec) for name, sec in top.sections("streams").items()}
     if not streams:
         raise ConfigError("streams", "configure at least one stream")
     rules = tuple(Rule.from_section(r, streams) for r in top.array("rules"))
     if not rules:
         raise ConfigError("rules", "configure at least one rule mapping MQTT topics to a stream")
-    log = _log(top.section("log"))
-    log = replace(log, path=_relative(log.path, base))
     links = dict(DEFAULT_LINKS)
     for name, sec in top.sections("links").items():
         links[name] = _link(name, sec, streams)
@@ -443,29 +371,21 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
         if (g.site, g.url) in seen:
             raise ConfigError(f"gateways[{i}].url", f"gateway {g.url} of {g.site} listed twice")
         seen.add((g.site, g.url))
-    metrics_s = top.section("metrics")
-    metrics = MetricsConfig(
-        metrics_s.text("host", MetricsConfig.host),
-        metrics_s.integer("port", MetricsConfig.port, min=0, max=65535),
-    )
-    metrics_s.done()
-    cfg = EdgeConfig(
+    return read(
+        EdgeConfig,
+        top,
+        base=base,
         ship=ship,
-        mqtt=_mqtt(top.section("mqtt"), ship),
-        log=log,
-        metrics=metrics,
         streams=streams,
         rules=rules,
-        log_level=top.choice("log_level", ("debug", "info", "warning", "error"), "info"),
-        uplink=_uplink(top.section("uplink"), base),
         links=links,
         gateways=gateways,
+        log=_log(top.section("log"), base),
+        mqtt=_mqtt(top.section("mqtt"), ship),
+        uplink=_uplink(top.section("uplink"), base),
     )
-    top.done()
-    return cfg
 
 
 def load_config(path: str | Path) -> EdgeConfig:
     """Load and validate; relative paths in the file are relative to the file."""
-    p = Path(path)
-    return parse_config(load_toml(p), base=p.resolve().parent)
+    return load_file(path, parse_config)
