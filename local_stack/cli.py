@@ -11,8 +11,9 @@ import click
 from local_stack import stack as stack_mod
 from local_stack import tools
 from local_stack.errors import StackError
+from shorelink.cli_support import BOOTSTRAP_LOCATOR
 
-__all__ = ["stack"]
+__all__ = ["audit_stack_option", "stack", "stack_bootstrap"]
 
 DEFAULT_DIR = Path("stack")
 
@@ -114,3 +115,29 @@ def down(dir_: Path) -> None:
     except StackError as exc:
         _fail(exc)
     click.echo(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+
+
+def stack_bootstrap(stack_dir: Path, site: str) -> str:
+    """The Kafka bootstrap of ``site`` in the stack at ``stack_dir`` (its stack.json)."""
+    try:
+        bootstrap: str = stack_mod.load(stack_dir).sites[site]["kafka"]
+    except (StackError, KeyError) as exc:
+        raise StackError(f"no site {site!r} in the stack at {stack_dir}: {exc}") from exc
+    return bootstrap
+
+
+def _locate_in_stack(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    if value is not None:
+        ctx.meta[BOOTSTRAP_LOCATOR] = lambda site: stack_bootstrap(value, site)
+
+
+#: ``shorelink audit --stack DIR`` (entry point ``shorelink.options``, ``audit``)
+audit_stack_option = click.option(
+    "--stack",
+    "stack_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    expose_value=False,
+    callback=_locate_in_stack,
+    help="A local stack directory (shorelink stack up --dir): take the site's Kafka from it.",
+)

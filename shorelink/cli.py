@@ -1,14 +1,32 @@
-"""``shorelink``: the project-level command (local stack; audit and demo as they land)."""
+"""``shorelink``: the project-level command (audit; the commands other installed
+packages add, such as the local stack's ``shorelink stack ...``).
+
+The kernel imports nothing of the project above it. Another package extends this command
+through two entry point groups (its pyproject's ``[project.entry-points."..."]``):
+
+- ``shorelink.commands``: name -> a click command added to ``shorelink``;
+- ``shorelink.options``: a command's name -> a click decorator that adds options to it.
+  An option of ``audit`` that names a site's Kafka another way than ``--bootstrap`` (the
+  local stack's ``--stack DIR``) leaves a ``site -> host:port`` function in
+  ``ctx.meta[BOOTSTRAP_LOCATOR]``.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
+from collections.abc import Callable
+from importlib.metadata import entry_points
 
 import click
 
-__all__ = ["main"]
+from shorelink.cli_support import BOOTSTRAP_LOCATOR, fail
+from shorelink.errors import ShorelinkError
+
+__all__ = ["COMMANDS", "OPTIONS", "main"]
+
+COMMANDS = "shorelink.commands"
+OPTIONS = "shorelink.options"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -19,40 +37,33 @@ def main() -> None:
 
 @main.command()
 @click.option(
-    "--site", required=True, help="Site name (for the report; with --stack, which site's Kafka)."
+    "--site",
+    required=True,
+    help="Site name (for the report; with an option such as --stack, which site's Kafka).",
 )
 @click.option("--bootstrap", default=None, help="The site's Kafka bootstrap (host:port).")
-@click.option(
-    "--stack",
-    "stack_dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="A local stack directory (shorelink stack up --dir): take the site's Kafka from it.",
-)
 @click.option("--stream", "streams", multiple=True, help="Only these streams (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
 def audit(
+    ctx: click.Context,
     site: str,
     bootstrap: str | None,
-    stack_dir: Path | None,
     streams: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Count identities in a site's canonical topics: per (origin, stream) the
     identities, duplicates and gaps. Exits 1 if any duplicate or gap is found."""
     from shorelink.audit import audit_site
-    from shorelink.cli_support import fail
 
-    if bootstrap is None and stack_dir is not None:
-        from local_stack.errors import StackError
-        from local_stack.stack import load
-
+    locate: Callable[[str], str] | None = ctx.meta.get(BOOTSTRAP_LOCATOR)
+    if bootstrap is None and locate is not None:
         try:
-            bootstrap = load(stack_dir).sites[site]["kafka"]
-        except (StackError, KeyError) as exc:
-            fail(StackError(f"no site {site!r} in the stack at {stack_dir}: {exc}"))
+            bootstrap = locate(site)
+        except ShorelinkError as exc:
+            fail(exc)
     if bootstrap is None:
-        fail(click.UsageError("give --bootstrap or --stack"))
+        fail(click.UsageError(" or ".join(["give --bootstrap", *_added_options(audit)])))
     results, malformed = audit_site(bootstrap, streams or None)
     bad = any(r.duplicates or r.gaps for r in results) or malformed > 0
     if as_json:
@@ -84,10 +95,23 @@ def audit(
         sys.exit(1)
 
 
-def _register() -> None:
-    from local_stack.cli import stack
+_ADDED: dict[str, list[str]] = {}
 
-    main.add_command(stack)
+
+def _added_options(cmd: click.Command) -> list[str]:
+    """The options other packages added to ``cmd`` (their first spelling each)."""
+    return _ADDED.get(cmd.name or "", [])
+
+
+def _register() -> None:
+    """Add the commands and options that installed packages declare."""
+    for ep in entry_points(group=COMMANDS):
+        main.add_command(ep.load(), ep.name)
+    for ep in entry_points(group=OPTIONS):
+        cmd = main.commands[ep.name]
+        before = len(cmd.params)
+        ep.load()(cmd)
+        _ADDED.setdefault(ep.name, []).extend(p.opts[0] for p in cmd.params[before:])
 
 
 _register()

@@ -1,5 +1,6 @@
 """What every shorelink command line shares: the ``--config`` option, exiting with a
-clear one-line error, loading a config or exiting."""
+clear one-line error, loading a config or exiting; the hand-over between ``shorelink``
+and the options other packages add to it."""
 
 from __future__ import annotations
 
@@ -12,9 +13,14 @@ import click
 
 from shorelink.errors import ShorelinkError
 
-__all__ = ["config_option", "fail", "load_or_exit"]
+__all__ = ["BOOTSTRAP_LOCATOR", "config_option", "fail", "load_or_exit"]
 
 T = TypeVar("T")
+
+#: ``ctx.meta`` key where an option that names a site's Kafka another way than
+#: ``--bootstrap`` (the local stack's ``shorelink audit --stack DIR``) leaves a
+#: ``site -> host:port`` function
+BOOTSTRAP_LOCATOR = "shorelink.bootstrap_locator"
 
 
 def config_option(what: str, envvar: str) -> Callable[[Any], Any]:
