@@ -1,0 +1,115 @@
+"""The import graph has the shape docs/ARCHITECTURE.md draws: the kernel at the bottom,
+the deployables beside each other, no cycle. A kernel that imports a package above it
+ships development tooling to every ship, and a cycle makes "what does this module need"
+unanswerable; both creep in one convenient import at a time.
+
+Imports are read from the source (ast), function-local ones included, so a lazy import
+does not hide an edge.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNEL = "shorelink"
+DEPLOYABLES = ("edge_agent", "core_gateway", "spark_core")
+PACKAGES = (KERNEL, *DEPLOYABLES, "local_stack")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES: dict[str, Path] = {
+    _module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))
+}
+
+
+def _resolve(name: str) -> str | None:
+    """The project module ``name`` refers to (a module, or the package holding a name
+    imported from it), or None outside the project."""
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _imports(module: str) -> set[str]:
+    """The project modules ``module`` imports."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            # ``from pkg import mod`` imports the module pkg.mod when there is one
+            names = [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            target = _resolve(name)
+            if target is not None and target != module:
+                found.add(target)
+    return found
+
+
+GRAPH = {m: _imports(m) for m in MODULES}
+
+
+def _top(module: str) -> str:
+    return module.partition(".")[0]
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _top(m) == KERNEL))
+def test_the_kernel_imports_nothing_above_it(module: str) -> None:
+    above = sorted(m for m in GRAPH[module] if _top(m) != KERNEL)
+    assert not above, f"{module} imports {above}: the kernel must not depend on them"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _top(m) in DEPLOYABLES))
+def test_the_deployables_never_import_each_other(module: str) -> None:
+    others = sorted(m for m in GRAPH[module] if _top(m) in DEPLOYABLES and _top(m) != _top(module))
+    assert not others, f"{module} imports {others}: each deployable imports only shorelink"
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    done: set[str] = set()
+    path: list[str] = []
+    on_path: set[str] = set()
+
+    def visit(module: str) -> None:
+        path.append(module)
+        on_path.add(module)
+        for target in sorted(GRAPH[module]):
+            if target in on_path:
+                cycle = [*path[path.index(target) :], target]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if target not in done:
+                visit(target)
+        path.pop()
+        on_path.discard(module)
+        done.add(module)
+
+    for module in sorted(GRAPH):
+        if module not in done:
+            visit(module)
+
+
+def test_the_layout_check_sees_the_project() -> None:
+    """A check that reads no module proves nothing."""
+    assert "shorelink.contract" in MODULES and "spark_core.jobs.site" in MODULES
+    assert "shorelink.contract" in GRAPH["spark_core.merge"]
