@@ -295,7 +295,8 @@ class Key:
     choices: tuple[str, ...] = ()
     #: every value must be a valid name of this kind (``site``, ``stream``: identity rules)
     names: str | None = None
-    #: a word in the file that stands for ``None`` (``"forever"``)
+    #: a word in the file that stands for ``None`` (``"forever"``); a duration beside
+    #: it is then written as a string too
     none: str | None = None
     #: read a section by hand from its table (the table's :class:`Section`)
     parse: Callable[[Section], Any] | None = None
@@ -456,12 +457,22 @@ def read(
 def _value(k: Key, sec: Section, name: str, default: Any, base: Path | None) -> Any:
     """One key's value (of any kind but a section) from its table."""
     kind, field = k.kind, sec.field(name)
-    if k.optional and (not sec.has(name) or (k.none is not None and sec.peek(name) == k.none)):
+    if k.optional and not sec.has(name):
         sec.mark(name)
         return None
+    if k.none is not None and kind in ("duration", "duration_ms") and sec.has(name):
+        # a word or a duration: a string either way ("forever", "365d")
+        text = sec.text(name)
+        if text == k.none:
+            return None
+        seconds = parse_duration(text, field)
+        given = int(seconds * 1000) if kind == "duration_ms" else seconds
+        _check_bounds(k, field, given)
+        return given
     d = None if default is _REQUIRED else default
+    v: Any
     if kind in ("str", "choice"):
-        v: Any = sec.text(name, d)
+        v = sec.text(name, d)
         if k.choices and v not in k.choices:
             raise ConfigError(field, f"{v!r} is not one of {', '.join(k.choices)}")
     elif kind == "int":

@@ -1,7 +1,9 @@
 """The sites file (TOML; commented sample: ``deploy/spark/sites.toml``).
 
 One file describes every site of the deployment, so a site's neighbours are named, not
-repeated; ``--site NAME`` picks the one this Spark application runs for.
+repeated; ``--site NAME`` picks the one this Spark application runs for. Each key is
+declared once, on its field (``shorelink.config.key``), and read from there by
+``shorelink.config.read``; only the checks across keys are written here.
 """
 
 from __future__ import annotations
@@ -9,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shorelink.config import Section, load_toml
+from shorelink.config import LOG_LEVELS, Section, check_name_field, key, read
+from shorelink.config import load_config as load_file
 from shorelink.errors import ConfigError
-from shorelink.identity import check_name
 from shorelink.topics import Durability
 
 __all__ = ["MergeConfig", "SiteConfig", "SitesConfig", "SparkConfig", "load_config", "parse_config"]
@@ -28,12 +30,16 @@ class MergeConfig:
     #: Java regex of the topics the merge reads (Spark ``subscribePattern``)
     source_pattern: str = DEFAULT_SOURCE_PATTERN
     #: partitions of each canonical topic ``sl.<stream>`` when the merge creates it
-    canonical_partitions: int = 6
-    #: retention of canonical topics (``None``: keep forever)
-    canonical_retention_ms: int | None = None
-    dead_retention_ms: int = 30 * 86400 * 1000
+    canonical_partitions: int = field(default=6, metadata=key(min=1, max=1000))
+    #: retention of canonical topics (``None``, "forever" in the file: keep forever)
+    canonical_retention_ms: int | None = field(
+        default=None, metadata=key("canonical_retention", kind="duration_ms", none="forever")
+    )
+    dead_retention_ms: int = field(
+        default=30 * 86400 * 1000, metadata=key("dead_retention", kind="duration_ms")
+    )
     #: upper bound of one micro-batch (the batch is collected on the driver)
-    max_offsets_per_trigger: int = 100_000
+    max_offsets_per_trigger: int = field(default=100_000, metadata=key(min=1))
     #: fail the query when ingress records vanished before the merge read them
     fail_on_data_loss: bool = True
     #: delete from ``sl.ingress.*``/``sl.inbox.*`` what the merge committed past
@@ -45,22 +51,26 @@ class MergeConfig:
 class SparkConfig:
     master: str = "local[*]"
     driver_memory: str = "2g"
-    #: extra ``--conf key=value`` pairs for spark-submit
+    #: extra ``--conf key=value`` pairs for spark-submit (``[spark.conf]``)
     conf: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
 class SiteConfig:
-    name: str
-    kafka_bootstrap: str
-    streams: tuple[str, ...]
+    name: str = field(metadata=key(kind="name"))
+    kafka_bootstrap: str = field(metadata=key("kafka.bootstrap"))
+    streams: tuple[str, ...] = field(metadata=key(names="stream"))
+    #: relative to the sites file, as table_dir
     checkpoint_dir: Path
     table_dir: Path
-    neighbours: tuple[str, ...] = ()
-    trigger_interval_s: float = 2.0
-    kafka_timeout_s: float = 30.0
+    #: sites of this file this one replicates from
+    neighbours: tuple[str, ...] = field(default=(), metadata=key(names="site"))
+    trigger_interval_s: float = field(default=2.0, metadata=key("trigger_interval"))
+    kafka_timeout_s: float = field(default=30.0, metadata=key("kafka.timeout"))
     #: replication of the topics the site's application creates
-    durability: Durability = field(default_factory=Durability)
+    durability: Durability = field(
+        default_factory=Durability, metadata=key("kafka", parse=Durability.from_section)
+    )
     tables: bool = False
     merge: MergeConfig = field(default_factory=MergeConfig)
 
@@ -72,7 +82,7 @@ class SiteConfig:
 class SitesConfig:
     sites: dict[str, SiteConfig]
     spark: SparkConfig = field(default_factory=SparkConfig)
-    log_level: str = "info"
+    log_level: str = field(default="info", metadata=key(choices=LOG_LEVELS))
 
     def site(self, name: str) -> SiteConfig:
         try:
@@ -83,87 +93,20 @@ class SitesConfig:
             ) from None
 
 
-def _name(field: str, kind: str, value: str) -> str:
-    try:
-        return check_name(kind, value)
-    except Exception as exc:
-        raise ConfigError(field, str(exc)) from None
-
-
-def _rel(p: str, base: Path | None) -> Path:
-    path = Path(p)
-    return path if path.is_absolute() or base is None else base / path
-
-
-def _merge(sec: Section, site: str) -> MergeConfig:
-    d = MergeConfig()
-    retention = sec.opt_str("canonical_retention")
-    cfg = MergeConfig(
-        transactional_id=sec.text("transactional_id", f"shorelink-merge-{site}"),
-        source_pattern=sec.text("source_pattern", d.source_pattern),
-        canonical_partitions=sec.integer(
-            "canonical_partitions", d.canonical_partitions, min=1, max=1000
-        ),
-        canonical_retention_ms=(
-            None
-            if retention in (None, "forever")
-            else int(sec.duration("canonical_retention") * 1000)
-        ),
-        dead_retention_ms=int(sec.duration("dead_retention", d.dead_retention_ms / 1000) * 1000),
-        max_offsets_per_trigger=sec.integer(
-            "max_offsets_per_trigger", d.max_offsets_per_trigger, min=1
-        ),
-        fail_on_data_loss=sec.flag("fail_on_data_loss", d.fail_on_data_loss),
-        purge_sources=sec.flag("purge_sources", d.purge_sources),
-    )
-    sec.done()
-    return cfg
+# What follows is what the keys' declarations cannot say: defaults made of other keys
+# and checks across keys.
 
 
 def _site(name: str, sec: Section, base: Path | None) -> SiteConfig:
-    _name(sec.path, "site", name)
-    kafka = sec.section("kafka")
-    bootstrap = kafka.text("bootstrap")
-    ktimeout = kafka.duration("timeout", 30)
-    durability = Durability.from_section(kafka)
-    kafka.done()
-    streams = tuple(_name(sec.field("streams"), "stream", s) for s in sec.strings("streams"))
-    if not streams:
+    check_name_field(sec.path, "site", name)
+    merge = read(
+        MergeConfig, sec.section("merge"), defaults={"transactional_id": f"shorelink-merge-{name}"}
+    )
+    cfg = read(SiteConfig, sec, base=base, name=name, merge=merge)
+    if not cfg.streams:
         raise ConfigError(sec.field("streams"), "list at least one stream")
-    neighbours = tuple(
-        _name(sec.field("neighbours"), "site", s) for s in sec.strings("neighbours", [])
-    )
-    if name in neighbours:
+    if name in cfg.neighbours:
         raise ConfigError(sec.field("neighbours"), f"a site is not its own neighbour ({name})")
-    cfg = SiteConfig(
-        name=name,
-        kafka_bootstrap=bootstrap,
-        streams=streams,
-        checkpoint_dir=_rel(sec.text("checkpoint_dir"), base),
-        table_dir=_rel(sec.text("table_dir"), base),
-        neighbours=neighbours,
-        trigger_interval_s=sec.duration("trigger_interval", 2.0),
-        kafka_timeout_s=ktimeout,
-        durability=durability,
-        tables=sec.flag("tables", False),
-        merge=_merge(sec.section("merge"), name),
-    )
-    sec.done()
-    return cfg
-
-
-def _spark(sec: Section, raw: object) -> SparkConfig:
-    d = SparkConfig()
-    conf_sec = sec.section("conf")
-    keys = sorted(raw.get("conf", {})) if isinstance(raw, dict) else []
-    conf = tuple((k, conf_sec.text(k)) for k in keys)
-    cfg = SparkConfig(
-        master=sec.text("master", d.master),
-        driver_memory=sec.text("driver_memory", d.driver_memory),
-        conf=conf,
-    )
-    conf_sec.done()
-    sec.done()
     return cfg
 
 
@@ -176,15 +119,8 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> SitesConf
         for n in s.neighbours:
             if n not in sites:
                 raise ConfigError(f"sites.{s.name}.neighbours", f"{n!r} is not a site of this file")
-    cfg = SitesConfig(
-        sites=sites,
-        spark=_spark(top.section("spark"), data.get("spark")),
-        log_level=top.choice("log_level", ("debug", "info", "warning", "error"), "info"),
-    )
-    top.done()
-    return cfg
+    return read(SitesConfig, top, sites=sites)
 
 
 def load_config(path: str | Path) -> SitesConfig:
-    p = Path(path)
-    return parse_config(load_toml(p), base=p.resolve().parent)
+    return load_file(path, parse_config)
