@@ -1,1 +1,31 @@
-"""edge_agent"""
+"""The ship's agent (``shorelink-edge``): MQTT in, a durable log, uploads to gateways.
+
+Its modules, one concept each, are listed in docs/ARCHITECTURE.md; it imports only
+``shorelink`` of the project.
+"""
+
+__all__ = [
+    "agent",
+    "batching",
+    "budget",
+    "cli",
+    "clock",
+    "config",
+    "errors",
+    "gateway",
+    "ingest",
+    "linkstate",
+    "log",
+    "metrics",
+    "migrations",
+    "numbering",
+    "redelivery",
+    "retention",
+    "rules",
+    "sealing",
+    "segments",
+    "session",
+    "status",
+    "systemd",
+    "uplink",
+]

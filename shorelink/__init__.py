@@ -1,6 +1,7 @@
 """The shared kernel: record identity, seq ranges, the Kafka record contract, topic
-creation and (from the ship-to-shore work) the batch wire format. edge_agent,
-core_gateway and spark_core import this package; they never import each other."""
+creation and the batch wire format. edge_agent, core_gateway and spark_core import this
+package; they never import each other, and it imports nothing of the project above it
+(tests/test_layout.py)."""
 
 from shorelink.contract import Record, canonical_topic, dead_topic, inbox_topic, ingress_topic
 from shorelink.errors import ConfigError, ContractError, ShorelinkError

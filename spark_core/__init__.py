@@ -1,1 +1,22 @@
-"""spark_core"""
+"""A site's Spark application (``shorelink-spark``): the merge into canonical topics and
+the Delta tables.
+
+Its modules, one concept each, are listed in docs/ARCHITECTURE.md; it imports only
+``shorelink`` of the project.
+"""
+
+__all__ = [
+    "ais",
+    "cli",
+    "config",
+    "jobs",
+    "merge",
+    "merge_batch",
+    "merge_state",
+    "packages",
+    "progress",
+    "purge",
+    "query",
+    "session",
+    "tables",
+]

@@ -10,6 +10,7 @@ does not hide an edge.
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,20 @@ def test_the_layout_check_sees_the_project() -> None:
     """A check that reads no module proves nothing."""
     assert "shorelink.contract" in MODULES and "spark_core.jobs.site" in MODULES
     assert "shorelink.contract" in GRAPH["spark_core.merge"]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_package_says_its_public_names(package: str) -> None:
+    """``__all__`` is the package's surface: every name in it exists."""
+    mod = importlib.import_module(package)
+    public = getattr(mod, "__all__", None)
+    assert public, f"{package}/__init__.py has no __all__"
+    for name in public:
+        assert hasattr(mod, name) or f"{package}.{name}" in MODULES, f"{package}.{name}"
+
+
+@pytest.mark.parametrize("package", DEPLOYABLES)
+def test_a_deployable_lists_every_module(package: str) -> None:
+    """A deployable's ``__all__`` names its modules: a new one is added there too."""
+    modules = {m.split(".")[1] for m in MODULES if m.count(".") >= 1 and _top(m) == package}
+    assert sorted(importlib.import_module(package).__all__) == sorted(modules)
