@@ -18,29 +18,12 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "deploy" / "edge" / "edge.toml"
 
 
-def test_sample_config_is_valid_and_documents_every_key() -> None:
+def test_sample_config_is_valid() -> None:
+    """(That the sample names every key: tests/test_config_samples.py.)"""
     cfg = load_config(SAMPLE)
     assert cfg.ship == "bigblue"
     assert [s.name for s in cfg.by_priority()] == ["alerts", "nav", "containers"]
     assert cfg.log.group_commit_s == pytest.approx(0.005)
-    # every dataclass field is a key in the sample, so the sample documents them all
-    text = SAMPLE.read_text()
-    from dataclasses import fields
-
-    from edge_agent.config import LogConfig, MetricsConfig, MqttConfig, StreamConfig
-
-    renamed = {
-        "group_commit_s": "group_commit",
-        "max_age_s": "max_age",
-        "reconnect_min_s": "reconnect_min",
-        "reconnect_max_s": "reconnect_max",
-    }
-    for cls in (MqttConfig, LogConfig, MetricsConfig, StreamConfig):
-        for f in fields(cls):
-            if f.name == "name":
-                continue
-            key = renamed.get(f.name, f.name)
-            assert f"{key} =" in text, f"{cls.__name__}.{f.name} is not in {SAMPLE.name}"
 
 
 def _with(change: dict[str, object]) -> dict[str, object]:
