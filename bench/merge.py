@@ -1,4 +1,4 @@
-"""Benchmark: the site's exactly-once merge (issue 5), side by side with a plain Spark
+"""Benchmark: the site's exactly-once merge, side by side with a plain Spark
 Kafka->Kafka copy.
 
 Everything runs on loopback against a private single-node Kafka (``local_stack.kafka``)

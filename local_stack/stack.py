@@ -138,7 +138,7 @@ def up(dir: Path, sites: list[str], ships: list[str], *, kafka_heap: str = "512m
                 "kafka": b.bootstrap,
                 "pid": b.proc.pid,
                 "log": str(logs / f"kafka-{b.site}" / "kafka.log"),
-                # where this site's gateway listens (reserved now; started by its issue)
+                # where this site's gateway listens (reserved here; the stack does not start one)
                 "gateway": f"{HOST}:{free_port(HOST)}",
             }
         client = tp.client()

@@ -74,7 +74,7 @@ KAFKA_MAX_MESSAGE_BYTES = MAX_RECORD_BYTES + 64 * 1024
 LEDGER_TOPIC = "sl.ledger"
 #: compacted; key ``origin/stream``, value JSON ``{"written": ranges, "abandoned": ranges}``:
 #: what this site's gateway wrote to ``sl.ingress.*``, committed in the same Kafka
-#: transaction as the records (core_gateway/writer.py)
+#: transaction as the records (core_gateway/ingress.py)
 GATEWAY_CURSOR_TOPIC = "sl.gateway.cursor"
 #: compacted; key :func:`marker_key`, value JSON of the merge's last committed batch
 #: (spark_core/merge_state.py)

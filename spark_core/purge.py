@@ -1,6 +1,6 @@
 """Deleting from the merge's source topics what the merge has committed past.
 
-``sl.ingress.<stream>`` has no time retention (core_gateway/writer.py): what a gateway
+``sl.ingress.<stream>`` has no time retention (core_gateway/ingress.py): what a gateway
 told a ship it holds must stay in Kafka until it is in the canonical topic, however long
 the merge is stopped. The merge frees it instead: after each batch it deletes
 (``DeleteRecords``, the admin API) every record of ``sl.ingress.*`` and ``sl.inbox.*``
