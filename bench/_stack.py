@@ -193,8 +193,7 @@ class Stack:
         """Every ship's batches through the edge agent's own client (``HttpGateway``:
         the WebSocket upload), ``window`` batches in flight per ship; each ship's
         holdings must end at ``last[ship]``. Returns seconds taken and each send's ms."""
-        from edge_agent.config import DEFAULT_LINKS
-        from edge_agent.config import GatewayConfig as EdgeGatewayConfig
+        from edge_agent.config import DEFAULT_LINKS, GatewayEndpoint
         from edge_agent.gateway import HttpGateway
         from shorelink.config import Secret
 
@@ -203,7 +202,7 @@ class Stack:
 
         async def one_ship(ship: str) -> None:
             gw = HttpGateway(
-                EdgeGatewayConfig(SITE, self.gw_url, "port_wifi"),
+                GatewayEndpoint(SITE, self.gw_url, "port_wifi"),
                 link,
                 ship,
                 Secret(self.tokens[ship]),

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_LINKS",
     "EdgeConfig",
-    "GatewayConfig",
+    "GatewayEndpoint",
     "LinkConfig",
     "LogConfig",
     "MetricsConfig",
@@ -208,8 +208,10 @@ DEFAULT_LINKS: dict[str, LinkConfig] = {
 
 
 @dataclass(frozen=True)
-class GatewayConfig:
-    """One shore gateway the ship may reach, and the link class it is reached over."""
+class GatewayEndpoint:
+    """One shore gateway the ship may reach (``[[gateways]]``), and the link class it is
+    reached over. (The gateway service's own settings are ``core_gateway.config``'s
+    ``GatewayConfig``.)"""
 
     site: str = field(metadata=key(names="site"))
     url: str
@@ -232,7 +234,7 @@ class EdgeConfig:
     uplink: UplinkConfig = field(default_factory=UplinkConfig)
     links: dict[str, LinkConfig] = field(default_factory=lambda: dict(DEFAULT_LINKS))
     #: no gateways: the agent only ingests
-    gateways: tuple[GatewayConfig, ...] = ()
+    gateways: tuple[GatewayEndpoint, ...] = ()
 
     def stream(self, name: str) -> StreamConfig:
         return self.streams[name]
@@ -308,8 +310,8 @@ def _link(name: str, s: Section, streams: dict[str, StreamConfig]) -> LinkConfig
     return out
 
 
-def _gateway(s: Section, links: dict[str, LinkConfig]) -> GatewayConfig:
-    out = read(GatewayConfig, s)
+def _gateway(s: Section, links: dict[str, LinkConfig]) -> GatewayEndpoint:
+    out = read(GatewayEndpoint, s)
     url = out.url.rstrip("/")
     try:
         parts = urlsplit(url)

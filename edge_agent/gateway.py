@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from edge_agent.config import GatewayConfig, LinkConfig
+from edge_agent.config import GatewayEndpoint, LinkConfig
 from edge_agent.errors import GatewayGap, GatewayRejected, LinkError
 from shorelink.config import Secret
 from shorelink.ranges import RangeSet
@@ -83,7 +83,7 @@ class Gateway(Protocol):
 class HttpGateway:
     """A gateway over HTTP(S): ``GET .../holdings``; batches on a WebSocket upload."""
 
-    def __init__(self, cfg: GatewayConfig, link: LinkConfig, ship: str, token: Secret) -> None:
+    def __init__(self, cfg: GatewayEndpoint, link: LinkConfig, ship: str, token: Secret) -> None:
         self._cfg = cfg
         self._link = link
         self._ship = ship

@@ -16,8 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from core_gateway.auth import Credentials
-from edge_agent.config import GatewayConfig as EdgeGatewayConfig
-from edge_agent.config import LinkConfig
+from edge_agent.config import GatewayEndpoint, LinkConfig
 from edge_agent.errors import LinkError
 from edge_agent.gateway import HttpGateway
 from local_stack.kafka import KafkaBroker
@@ -149,7 +148,7 @@ async def test_gateway_kill9_during_pipelined_uploads_leaves_every_identity_once
     token = Credentials(tmp_path / "ships.json").add(ship)
     link = LinkConfig("port_wifi", timeout_s=10.0, in_flight=4)
     gw = HttpGateway(
-        EdgeGatewayConfig("tokyo", f"http://127.0.0.1:{port}", "port_wifi"),
+        GatewayEndpoint("tokyo", f"http://127.0.0.1:{port}", "port_wifi"),
         link,
         ship,
         Secret(token),

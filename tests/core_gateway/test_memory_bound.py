@@ -23,8 +23,7 @@ import pytest
 
 from core_gateway.auth import Credentials
 from core_gateway.config import parse_config
-from edge_agent.config import GatewayConfig as EdgeGatewayConfig
-from edge_agent.config import LinkConfig
+from edge_agent.config import GatewayEndpoint, LinkConfig
 from edge_agent.errors import LinkError
 from edge_agent.gateway import HttpGateway
 from local_stack.kafka import KafkaBroker
@@ -85,7 +84,7 @@ async def _ship(url: str, ship: str, token: str, body: bytes) -> tuple[int, int]
     retryable error (503 busy is one) back off and start again from the holdings.
     Returns (attempts, busy answers)."""
     gw = HttpGateway(
-        EdgeGatewayConfig("tokyo", url, "port_wifi"),
+        GatewayEndpoint("tokyo", url, "port_wifi"),
         LinkConfig("port_wifi", timeout_s=120.0, in_flight=1),
         ship,
         Secret(token),

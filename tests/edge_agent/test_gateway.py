@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from core_gateway.auth import Credentials
-from edge_agent.config import DEFAULT_LINKS, GatewayConfig, LinkConfig
+from edge_agent.config import DEFAULT_LINKS, GatewayEndpoint, LinkConfig
 from edge_agent.errors import GatewayGap, GatewayRejected, LinkError
 from edge_agent.gateway import Gateway, HttpGateway
 from local_stack.kafka import KafkaBroker
@@ -62,7 +62,7 @@ class Server:
         url: str = "",
         link: LinkConfig = DEFAULT_LINKS["port_wifi"],
     ) -> HttpGateway:
-        cfg = GatewayConfig("tokyo", url or self.url, "port_wifi")
+        cfg = GatewayEndpoint("tokyo", url or self.url, "port_wifi")
         return HttpGateway(cfg, link, ship, Secret(token))
 
 
@@ -97,7 +97,7 @@ async def real_gateway(tmp_path: Path, kafka: KafkaBroker, ship: str) -> AsyncIt
     token = Credentials(cfg.credentials_file).add(ship)
     stop = asyncio.Event()
     task = await start_gateway(cfg, stop)
-    edge = GatewayConfig("tokyo", f"http://127.0.0.1:{cfg.port}", "port_wifi")
+    edge = GatewayEndpoint("tokyo", f"http://127.0.0.1:{cfg.port}", "port_wifi")
     try:
         yield HttpGateway(edge, DEFAULT_LINKS["port_wifi"], ship, Secret(token))
     finally:
