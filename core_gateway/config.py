@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shorelink.config import LOG_LEVELS, Section, check_name_field, key, read
+from shorelink.config import LOG_LEVELS, Section, key, read, read_key
 from shorelink.config import load_config as load_file
 from shorelink.errors import ConfigError
 from shorelink.topics import Durability
@@ -71,7 +71,7 @@ class GatewayConfig:
 
 def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayConfig:
     top = Section(data)
-    site = check_name_field("site", "site", top.text("site"))
+    site = read_key(GatewayConfig, "site", top)
     kafka = data.get("kafka")
     if isinstance(kafka, dict) and "ingress_retention" in kafka:
         raise ConfigError(

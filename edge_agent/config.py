@@ -16,7 +16,15 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from edge_agent.rules import Rule
-from shorelink.config import LOG_LEVELS, Secret, Section, check_name_field, key, read
+from shorelink.config import (
+    LOG_LEVELS,
+    Secret,
+    Section,
+    check_name_field,
+    key,
+    read,
+    read_key,
+)
 from shorelink.config import load_config as load_file
 from shorelink.contract import MAX_RECORD_BYTES
 from shorelink.errors import ConfigError
@@ -357,7 +365,7 @@ def _loopback(host: str) -> bool:
 
 def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfig:
     top = Section(data)
-    ship = check_name_field("ship", "ship", top.text("ship"))
+    ship = read_key(EdgeConfig, "ship", top)
     streams = {name: _stream(name, sec) for name, sec in top.sections("streams").items()}
     if not streams:
         raise ConfigError("streams", "configure at least one stream")

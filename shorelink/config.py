@@ -38,13 +38,13 @@ __all__ = [
     "check_name_field",
     "expand_env",
     "key",
-    "key_of",
     "keys_of",
     "load_config",
     "load_toml",
     "parse_duration",
     "parse_size",
     "read",
+    "read_key",
     "relative",
     "walk",
 ]
@@ -382,9 +382,13 @@ def keys_of(cls: type, keys: Mapping[str, Mapping[str, Key]] | None = None) -> l
     return out
 
 
-def key_of(cls: type, field: str) -> str:
-    """The key in the file of a config dataclass's field (for hand-written checks)."""
-    return next(k.name for k in keys_of(cls) if k.field == field)
+def read_key(cls: type, field: str, sec: Section) -> Any:
+    """The one key ``field`` of ``cls`` from ``sec``, read as :func:`read` reads it: for
+    a key that other keys' defaults are made of (``ship``, ``site``)."""
+    k = next(k for k in keys_of(cls) if k.field == field)
+    f = next(f for f in dataclasses.fields(cls) if f.name == field)
+    head, _, name = k.name.rpartition(".")
+    return _value(k, sec.section(head) if head else sec, name, _default(f), None)
 
 
 def _defaults(obj: Any) -> dict[str, Any]:
