@@ -157,10 +157,6 @@ class Section:
     def keys(self) -> list[str]:
         return list(self._data)
 
-    def peek(self, key: str) -> Any:
-        """The raw value of ``key`` (``None`` if absent), without reading it."""
-        return self._data.get(key)
-
     def mark(self, key: str) -> None:
         """Count ``key`` as read."""
         self._used.add(key)
@@ -281,7 +277,7 @@ class Key:
     #: the key in the file; dotted for a key of a sub-table (``listen.port``); "" until
     #: resolved by :func:`keys_of`: the field's name
     name: str = ""
-    #: str, int, bool, size, duration (seconds, a float), duration_ms (an int), secret,
+    #: str, choice, int, bool, size, duration (seconds, a float), duration_ms (an int), secret,
     #: path (relative to the file), strings, section, sections (a table of tables),
     #: array (of tables), pairs (a free table of strings), name (the entry's name in its
     #: table: not a key); "": from the field's type
@@ -302,7 +298,6 @@ class Key:
     parse: Callable[[Section], Any] | None = None
     #: keys of a nested dataclass declared elsewhere (its field name -> :func:`key`)
     keys: Mapping[str, Mapping[str, Key]] = dataclasses.field(default_factory=dict)
-    doc: str = ""
     # resolved by keys_of:
     field: str = ""
     of: Any = None
@@ -322,11 +317,10 @@ def key(
     none: str | None = None,
     parse: Callable[[Section], Any] | None = None,
     keys: Mapping[str, Mapping[str, Key]] | None = None,
-    doc: str = "",
 ) -> dict[str, Key]:
     """Field metadata declaring a config key: ``field(default=10.0,
     metadata=key("interval", min=0.05))``. A field without it is the key of its name."""
-    return {_META: Key(name, kind, min, max, gt, why, choices, names, none, parse, keys or {}, doc)}
+    return {_META: Key(name, kind, min, max, gt, why, choices, names, none, parse, keys or {})}
 
 
 def _shape(tp: Any) -> tuple[str, Any, bool]:
