@@ -336,7 +336,8 @@ def test_a_zstd_bomb_behind_a_lying_header_never_gets_unpacked(content_size: boo
 
 def test_a_real_bomb_from_the_encoder_is_refused_by_declared_size() -> None:
     """An honest encoder of a huge payload says so in the header: refused at peek."""
-    data = encode_batch(batch_of([WireRecord(1, "k", 1, "t", b"\0" * 2_000_000)]))
+    # two records, each within MAX_RECORD_BYTES, 2 MB together
+    data = encode_batch(batch_of([WireRecord(i, "k", 1, "t", b"\0" * 1_000_000) for i in (1, 2)]))
     limits = Limits(max_decompressed_bytes=1_000_000)
     assert len(data) < 1_000
     with pytest.raises(WireError, match="decompressed_too_large"):
