@@ -122,7 +122,7 @@ def test_messages_published_while_agent_is_stopped_arrive_after_restart(
 async def _run_agent(cfg_path: Path) -> tuple[Agent, asyncio.Task[None]]:
     agent = Agent(load_config(cfg_path))
     task = asyncio.create_task(agent.run(install_signals=False))
-    await asyncio.eventually(agent.ingest.connected.wait(), 10)
+    await asyncio.wait_for(agent.ingest.connected.wait(), 10)
     return agent, task
 
 
