@@ -9,7 +9,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from local_stack.process import Proc
@@ -17,11 +17,21 @@ from local_stack.process import Proc
 __all__ = ["eventually", "eventually_async", "kill9", "run_process"]
 
 
-def _failure(what: str, within: float, proc: Proc | None) -> AssertionError:
-    if proc is not None and not proc.alive():
-        return AssertionError(f"{proc.name} exited before {what}; see {proc.log}:\n{proc.tail()}")
-    tail = f"; see {proc.log}:\n{proc.tail()}" if proc is not None else ""
-    return AssertionError(f"timed out after {within:g}s waiting for {what}{tail}")
+def _polls(
+    check: Callable[[], object], within: float, what: str, proc: Proc | None
+) -> Iterator[None]:
+    """Yield (the caller sleeps) until ``check()`` holds; fail naming ``what`` after
+    ``within`` s, or as soon as ``proc`` has exited, with the tail of its log."""
+    deadline = time.monotonic() + within
+    while not check():
+        if proc is not None and not proc.alive():
+            raise AssertionError(
+                f"{proc.name} exited before {what}; see {proc.log}:\n{proc.tail()}"
+            )
+        if time.monotonic() > deadline:
+            tail = f"; see {proc.log}:\n{proc.tail()}" if proc is not None else ""
+            raise AssertionError(f"timed out after {within:g}s waiting for {what}{tail}")
+        yield
 
 
 def eventually(
@@ -34,10 +44,7 @@ def eventually(
 ) -> None:
     """Poll ``check`` until it is true; fail naming ``what`` after ``within`` s, or as
     soon as ``proc`` (the process that should make it true) has exited."""
-    deadline = time.monotonic() + within
-    while not check():
-        if (proc is not None and not proc.alive()) or time.monotonic() > deadline:
-            raise _failure(what, within, proc)
+    for _ in _polls(check, within, what, proc):
         time.sleep(interval)
 
 
@@ -51,10 +58,7 @@ async def eventually_async(
 ) -> None:
     """:func:`eventually` on the event loop: servers and agents in the test keep running
     while it waits."""
-    deadline = time.monotonic() + within
-    while not check():
-        if (proc is not None and not proc.alive()) or time.monotonic() > deadline:
-            raise _failure(what, within, proc)
+    for _ in _polls(check, within, what, proc):
         await asyncio.sleep(interval)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from paho.mqtt.properties import Properties
 
 from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import Proc
-from tests.helpers import kill9, run_process
+from tests.helpers import eventually, kill9, run_process
 
 BASE_CONFIG = """\
 ship = "bigblue"
@@ -137,13 +136,11 @@ class Publisher:
         return [p for p, info in self._sent if info.is_published()]
 
     def wait_all_acked(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            missing = sum(1 for _, info in self._sent if not info.is_published())
-            if not missing:
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"{missing} messages never acknowledged by the broker")
+        eventually(
+            lambda: all(info.is_published() for _, info in self._sent),
+            within=timeout,
+            what="the broker to acknowledge every message",
+        )
 
     def close(self) -> None:
         self.client.disconnect()
