@@ -35,7 +35,7 @@ toxiproxy for the link.
 2. exactly once: ``sl.ingress.containers`` is read to its end (read_committed): every
    seq of every ship exactly once.
 
-    .venv/bin/python bench/link_drain.py --quick     # ~35 seconds (300k records, cut 1 s into the drain)
+    .venv/bin/python bench/link_drain.py --quick     # ~50 seconds (300k records, cut 1 s into the drain)
     .venv/bin/python bench/link_drain.py             # full run, ~75 seconds
     .venv/bin/python bench/link_drain.py --in-flight 6 --bandwidth-mode shared
 
@@ -699,7 +699,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = bench_parser("bench/link_drain.py", __doc__)
     add_run_options(
         p,
-        "small sizes, the cut 1 s into the drain: a run of about 35 seconds",
+        "small sizes, the cut 1 s into the drain: a run of about 50 seconds",
         "logs, configs, the ship's log",
     )
     p.add_argument(
