@@ -177,12 +177,13 @@ def _publish_fleet(publisher: Publisher, n: int, offset: int = 0) -> None:
 
 async def _ingested_and_uploaded(agent: Agent, containers: int, seconds: float = 60) -> None:
     await eventually_async(
-        lambda: agent.log.stream_state("containers").count == containers, 30, "ingest"
+        lambda: agent.log.stream_state("containers").count == containers, 30, "ingest", interval=0.1
     )
     await eventually_async(
         lambda: all(agent.log.backlog(s)[0] == 0 for s in ("containers", "nav", "alerts")),
         seconds,
         "upload",
+        interval=0.1,
     )
 
 
@@ -282,6 +283,7 @@ async def test_second_site_is_sent_only_what_it_lacks(
         ),
         60,
         "upload to tokyo",
+        interval=0.1,
     )
     held_a = RangeSet.from_seqs(ingress_seqs(brokers["tokyo"], ship))
     assert str(held_a) == "1-1000"
@@ -305,11 +307,14 @@ async def test_second_site_is_sent_only_what_it_lacks(
     toxiproxy.set_enabled(b.proxy, True)
     _publish_fleet(publisher, 500, offset=1000)
     publisher.wait_all_acked()
-    await eventually_async(lambda: agent.log.stream_state("containers").count == 1500, 30, "ingest")
+    await eventually_async(
+        lambda: agent.log.stream_state("containers").count == 1500, 30, "ingest", interval=0.1
+    )
     await eventually_async(
         lambda: str(agent.log.holdings().get("singapore", {}).get("containers", "")) == "1-1500",
         60,
         "upload to singapore",
+        interval=0.1,
     )
     seqs_b = ingress_seqs(brokers["singapore"], ship)
     assert sorted(seqs_b) == list(range(1001, 1501)), "singapore was sent what it already held"
@@ -343,7 +348,9 @@ batch_max_records = 20
         publisher.publish(f"bigblue/d/containers/C{i}/env", f'{{"i": {i}}}'.encode())
     publisher.publish("bigblue/d/containers/C1/alert", b'{"fire": true}')
     publisher.wait_all_acked()
-    await eventually_async(lambda: agent.log.stream_state("nav").count == 400, 30, "ingest")
+    await eventually_async(
+        lambda: agent.log.stream_state("nav").count == 400, 30, "ingest", interval=0.1
+    )
     await asyncio.sleep(4)  # let the uplink spend what it may
     spent = agent.log.links.spend("satellite", utc_day(time.time()))  # persisted for today
     assert 0 < spent <= budget * 1.02, f"spent {spent} of a {budget} budget"
@@ -383,8 +390,12 @@ async def test_a_record_at_the_size_limit_crosses_every_hop_and_one_more_byte_st
     publisher.publish(topic, at_limit[:-2] + b'b"}')  # one more byte
     publisher.publish(topic, b'{"t": 4.5}')
     publisher.wait_all_acked()
-    await eventually_async(lambda: agent.log.stream_state("containers").count == 2, 30, "ingest")
-    await eventually_async(lambda: agent.log.backlog("containers")[0] == 0, 30, "upload")
+    await eventually_async(
+        lambda: agent.log.stream_state("containers").count == 2, 30, "ingest", interval=0.1
+    )
+    await eventually_async(
+        lambda: agent.log.backlog("containers")[0] == 0, 30, "upload", interval=0.1
+    )
     (q,) = agent.log.quarantined()
     assert q.reason == "oversized" and "MAX_RECORD_BYTES" in q.detail
     assert sorted(ingress_seqs(kafka, shore.ship)) == [1, 2]

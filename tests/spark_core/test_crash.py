@@ -142,6 +142,7 @@ def test_driver_killed_five_times_canonical_and_table_exactly_once(
                 within=120,
                 what=f"a batch in run {run}",
                 proc=proc,
+                interval=0.1,
             )
             pid = _status(site)["pid"]
             eventually(
@@ -149,6 +150,7 @@ def test_driver_killed_five_times_canonical_and_table_exactly_once(
                 within=120,
                 what=f"a table batch in run {run}",
                 proc=proc,
+                interval=0.1,
             )
             time.sleep(rng.uniform(0.0, 2.0))
         finally:
@@ -166,6 +168,7 @@ def test_driver_killed_five_times_canonical_and_table_exactly_once(
             within=180,
             what="the merge to catch up",
             proc=proc,
+            interval=0.1,
         )
         seen = [-1]  # read the table (a Spark job) only after a new table batch
 
@@ -176,7 +179,9 @@ def test_driver_killed_five_times_canonical_and_table_exactly_once(
             seen[0] = n
             return len(set(_table_rows(spark, site, origins))) >= total
 
-        eventually(table_caught_up, within=180, what=f"{TABLE} to catch up", proc=proc)
+        eventually(
+            table_caught_up, within=180, what=f"{TABLE} to catch up", proc=proc, interval=0.1
+        )
         # a clean stop: SIGTERM to the driver, which stops its queries between batches
         driver = int(_status(site)["pid"])  # type: ignore[call-overload]
         os.kill(driver, signal.SIGTERM)
