@@ -36,6 +36,7 @@ __all__ = [
     "H_TS",
     "KAFKA_MAX_MESSAGE_BYTES",
     "LEDGER_TOPIC",
+    "LINKS_TOPIC",
     "MARKER_TOPIC",
     "MAX_RECORD_BYTES",
     "Record",
@@ -47,6 +48,7 @@ __all__ = [
     "marker_key",
     "oversized_record",
     "record_bytes",
+    "relay_topic",
 ]
 
 H_ORIGIN = "sl.origin"
@@ -81,6 +83,10 @@ GATEWAY_CURSOR_TOPIC = "sl.gateway.cursor"
 MARKER_TOPIC = "sl.merge.marker"
 #: malformed records whose source topic names no valid stream (the merge's dead letters)
 DEAD_UNKNOWN_TOPIC = "sl.dead.unknown"
+#: compacted; key: a site's name, value JSON: which of its neighbours that site could
+#: read last, and when (spark_core/routing.py). Each site keeps the latest report of
+#: every site it heard of, so the link state spreads along the replication links.
+LINKS_TOPIC = "sl.links"
 
 
 def marker_key(site: str, query: str = "merge") -> bytes:
@@ -96,6 +102,13 @@ def ingress_topic(stream: str) -> str:
 def inbox_topic(site: str, stream: str) -> str:
     """Raw copies pulled from neighbour ``site``'s canonical topic."""
     return f"sl.inbox.{check_name('site', site)}.{check_name('stream', stream)}"
+
+
+def relay_topic(entry: str, stream: str) -> str:
+    """The records of ``stream`` that entered the system at site ``entry`` (their
+    ``sl.site`` header), as this site holds them: what neighbours pull, one topic per
+    entry site so that each pulls each record from one place (docs/replication.md)."""
+    return f"sl.relay.{check_name('site', entry)}.{check_name('stream', stream)}"
 
 
 def canonical_topic(stream: str) -> str:

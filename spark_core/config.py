@@ -16,10 +16,15 @@ from shorelink.config import load_config as load_file
 from shorelink.errors import ConfigError
 from shorelink.topics import Durability
 
-__all__ = ["MergeConfig", "SiteConfig", "SitesConfig", "SparkConfig", "load_config", "parse_config"]
-
-#: every ingress topic now, every inbox topic once replication lands
-DEFAULT_SOURCE_PATTERN = r"sl\.ingress\..*|sl\.inbox\..*"
+__all__ = [
+    "MergeConfig",
+    "ReplicationConfig",
+    "SiteConfig",
+    "SitesConfig",
+    "SparkConfig",
+    "load_config",
+    "parse_config",
+]
 
 
 @dataclass(frozen=True)
@@ -27,8 +32,10 @@ class MergeConfig:
     #: Kafka transactional.id of the merge; one merge per site holds it (default
     #: ``shorelink-merge-<site>``); a second merge with the same id fences the first
     transactional_id: str = ""
-    #: Java regex of the topics the merge reads (Spark ``subscribePattern``)
-    source_pattern: str = DEFAULT_SOURCE_PATTERN
+    #: Java regex of the topics the merge reads (Spark ``subscribePattern``); empty (the
+    #: default): the ingress and inbox topics of the site's streams, read by two merges
+    #: when some streams are urgent (``replication.urgent``), one for those, one for the rest
+    source_pattern: str = ""
     #: partitions of each canonical topic ``sl.<stream>`` when the merge creates it
     canonical_partitions: int = field(default=6, metadata=key(min=1, max=1000))
     #: retention of canonical topics (``None``, "forever" in the file: keep forever)
@@ -45,6 +52,33 @@ class MergeConfig:
     #: delete from ``sl.ingress.*``/``sl.inbox.*`` what the merge committed past
     #: (spark_core/purge.py); off only if something else must read those topics later
     purge_sources: bool = True
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    """How the site pulls from its neighbours (spark_core/replication.py, routing.py)."""
+
+    #: streams replicated and merged ahead of the rest: their own inbox queries, their
+    #: own merge, Spark's FAIR scheduler's ``urgent`` pool
+    urgent: tuple[str, ...] = field(default=("alerts",), metadata=key(names="stream"))
+    #: upper bound of one inbox micro-batch, in records
+    max_offsets_per_trigger: int = field(default=50_000, metadata=key(min=1))
+    #: how often the site checks each neighbour and trades link state with it
+    probe_interval_s: float = field(default=2.0, metadata=key("probe_interval", gt=0))
+    #: a neighbour whose Kafka does not answer within this is down
+    probe_timeout_s: float = field(default=5.0, metadata=key("probe_timeout", gt=0))
+    #: a site's link report older than this no longer counts (its application is down)
+    report_ttl_s: float = field(default=30.0, metadata=key("report_ttl", gt=0))
+    #: retention of ``sl.relay.<entry>.<stream>``: the longest outage a neighbour can
+    #: catch up from through this site
+    relay_retention_ms: int = field(
+        default=7 * 86400 * 1000, metadata=key("relay_retention", kind="duration_ms", min=60_000)
+    )
+    #: fail an inbox query when relay records vanished before it read them
+    fail_on_data_loss: bool = True
+    #: how this site reaches a neighbour's Kafka when not at that site's
+    #: ``kafka.bootstrap`` (``[sites.S.replication.via]``: neighbour = "host:port")
+    via: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,9 +107,22 @@ class SiteConfig:
     )
     tables: bool = False
     merge: MergeConfig = field(default_factory=MergeConfig)
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
 
     def query_checkpoint(self, query: str) -> Path:
         return self.checkpoint_dir / query
+
+    def reach(self, neighbour: SiteConfig) -> str:
+        """The bootstrap this site reads ``neighbour``'s Kafka at."""
+        return dict(self.replication.via).get(neighbour.name, neighbour.kafka_bootstrap)
+
+    @property
+    def urgent_streams(self) -> tuple[str, ...]:
+        return tuple(s for s in self.streams if s in self.replication.urgent)
+
+    @property
+    def bulk_streams(self) -> tuple[str, ...]:
+        return tuple(s for s in self.streams if s not in self.replication.urgent)
 
 
 @dataclass(frozen=True)
@@ -83,6 +130,10 @@ class SitesConfig:
     sites: dict[str, SiteConfig]
     spark: SparkConfig = field(default_factory=SparkConfig)
     log_level: str = field(default="info", metadata=key(choices=LOG_LEVELS))
+
+    def neighbours_of(self) -> dict[str, tuple[str, ...]]:
+        """The replication graph: each site -> the sites it pulls from."""
+        return {name: s.neighbours for name, s in self.sites.items()}
 
     def site(self, name: str) -> SiteConfig:
         try:
@@ -107,6 +158,11 @@ def _site(name: str, sec: Section, base: Path | None) -> SiteConfig:
         raise ConfigError(sec.field("streams"), "list at least one stream")
     if name in cfg.neighbours:
         raise ConfigError(sec.field("neighbours"), f"a site is not its own neighbour ({name})")
+    for n, bootstrap in cfg.replication.via:
+        if n not in cfg.neighbours:
+            raise ConfigError(f"{sec.path}.replication.via.{n}", f"{n!r} is not a neighbour")
+        if not bootstrap:
+            raise ConfigError(f"{sec.path}.replication.via.{n}", "empty bootstrap")
     return cfg
 
 

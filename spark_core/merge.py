@@ -84,9 +84,13 @@ class Merger:
     """The driver-side half of the merge query: state, topics, the transactional
     producer, per-batch logic (``process_batch`` is the ``foreachBatch`` function)."""
 
-    def __init__(self, site: SiteConfig, *, query: str = "merge") -> None:
+    def __init__(
+        self, site: SiteConfig, *, query: str = "merge", streams: Sequence[str] = ()
+    ) -> None:
         self.site = site
         self.query = query
+        #: the streams this merge writes (all the site's by default)
+        self.streams = tuple(streams) or site.streams
         self.state = MergeState()
         self.totals = Totals()
         self.last: dict[str, object] = {}
@@ -97,6 +101,12 @@ class Merger:
         self._purger = SourcePurger(site.kafka_bootstrap, timeout=site.kafka_timeout_s)
         #: set once another merge of this site fenced this one (it never writes again)
         self.fenced: str | None = None
+
+    @property
+    def source_pattern(self) -> str:
+        """The topics this merge reads: ``merge.source_pattern``, or the ingress and
+        inbox topics of its streams."""
+        return self.site.merge.source_pattern or source_pattern(self.streams)
 
     @property
     def status_path(self) -> Path:
@@ -401,6 +411,12 @@ class Merger:
         self._close_producer()
 
 
+def source_pattern(streams: Iterable[str]) -> str:
+    """Java regex of the ingress and inbox topics of ``streams``."""
+    alt = "|".join(sorted(streams))
+    return rf"sl\.ingress\.({alt})|sl\.inbox\.[^.]+\.({alt})"
+
+
 def start_merge(spark: Any, merger: Merger, *, available_now: bool = False) -> Any:
     """Start the merge query; returns the StreamingQuery."""
     site = merger.site
@@ -409,7 +425,7 @@ def start_merge(spark: Any, merger: Merger, *, available_now: bool = False) -> A
     df = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", site.kafka_bootstrap)
-        .option("subscribePattern", m.source_pattern)
+        .option("subscribePattern", merger.source_pattern)
         .option("includeHeaders", "true")
         .option("startingOffsets", "earliest")
         .option("kafka.isolation.level", "read_committed")
