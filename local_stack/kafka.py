@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka import KafkaException
@@ -14,7 +14,7 @@ from local_stack.errors import StackError
 from local_stack.process import Proc, free_port, port_open
 from local_stack.tools import kafka_classpath, kafka_log4j_config
 
-__all__ = ["KafkaBroker", "start_kafka"]
+__all__ = ["KafkaBroker", "LinkListener", "link_listener_properties", "start_kafka"]
 
 HOST = "127.0.0.1"
 
@@ -24,10 +24,10 @@ SERVER_PROPERTIES = """\
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@{host}:{cport}
-listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}
-advertised.listeners=PLAINTEXT://{host}:{port}
+listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}{links}
+advertised.listeners=PLAINTEXT://{host}:{port}{advertised}
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT{protocols}
 inter.broker.listener.name=PLAINTEXT
 log.dirs={data}
 num.partitions=1
@@ -45,16 +45,33 @@ log.retention.hours=168
 """
 
 
+@dataclass(frozen=True)
+class LinkListener:
+    """A second way into a broker, for one link between sites: the broker listens on
+    ``port`` and tells clients that came in this way to use ``advertised`` (a proxy in
+    front of ``port``: toxiproxy to cut the link, a byte counter to measure it). Kafka
+    answers each client with the addresses of the listener it connected to, so every
+    byte of a client that bootstraps at ``advertised`` goes through the proxy."""
+
+    port: int
+    advertised: int
+
+
 @dataclass
 class KafkaBroker:
     site: str
     port: int
     controller_port: int
     proc: Proc
+    links: dict[str, LinkListener] = field(default_factory=dict)
 
     @property
     def bootstrap(self) -> str:
         return f"{HOST}:{self.port}"
+
+    def link_bootstrap(self, name: str) -> str:
+        """Where a client of link ``name`` bootstraps (the proxy's address)."""
+        return f"{HOST}:{self.links[name].advertised}"
 
     def ready(self) -> bool:
         if not port_open(HOST, self.port):
@@ -64,6 +81,19 @@ class KafkaBroker:
         except KafkaException:
             return False
         return True
+
+
+def link_listener_properties(links: dict[str, LinkListener]) -> dict[str, str]:
+    """The ``listeners``, ``advertised.listeners`` and protocol map additions for
+    ``links`` (names become listener names: upper case, letters and digits)."""
+    names = {n: "LINK" + "".join(c for c in n.upper() if c.isalnum()) for n in links}
+    if len(set(names.values())) != len(names):
+        raise StackError(f"link names collide as listener names: {sorted(links)}")
+    return {
+        "links": "".join(f",{names[n]}://{HOST}:{ln.port}" for n, ln in links.items()),
+        "advertised": "".join(f",{names[n]}://{HOST}:{ln.advertised}" for n, ln in links.items()),
+        "protocols": "".join(f",{names[n]}:PLAINTEXT" for n in links),
+    }
 
 
 def _java_argv(main: str, *args: str, logs: Path, heap: str) -> list[str]:
@@ -91,16 +121,21 @@ def start_kafka(
     heap: str = "512m",
     wait: bool = True,
     properties: dict[str, str] | None = None,
+    links: dict[str, LinkListener] | None = None,
 ) -> KafkaBroker:
     """Format (first time only) and start a broker for ``site`` under ``root``;
-    ``properties`` add to (or override) the broker's server.properties."""
+    ``properties`` add to (or override) the broker's server.properties; ``links``:
+    one more listener per name (:class:`LinkListener`)."""
     port = port or free_port(HOST)
     cport = free_port(HOST)
     data = root / "data"
     root.mkdir(parents=True, exist_ok=True)
     props = root / "server.properties"
     extra = "".join(f"{k}={v}\n" for k, v in (properties or {}).items())
-    props.write_text(SERVER_PROPERTIES.format(host=HOST, port=port, cport=cport, data=data) + extra)
+    listeners = link_listener_properties(links or {})
+    props.write_text(
+        SERVER_PROPERTIES.format(host=HOST, port=port, cport=cport, data=data, **listeners) + extra
+    )
     site_logs = logs / f"kafka-{site}"
     site_logs.mkdir(parents=True, exist_ok=True)
     if not (data / "meta.properties").exists():
@@ -128,7 +163,7 @@ def start_kafka(
         _java_argv("kafka.Kafka", str(props), logs=site_logs, heap=heap),
         site_logs / "stdout.log",
     )
-    broker = KafkaBroker(site, port, cport, proc)
+    broker = KafkaBroker(site, port, cport, proc, dict(links or {}))
     if wait:
         proc.wait_ready(broker.ready, timeout=90)
     return broker
