@@ -8,10 +8,10 @@ declared once, on its field (``shorelink.config.key``), and read from there by
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from shorelink.config import LOG_LEVELS, Section, check_name_field, key, read
+from shorelink.config import LOG_LEVELS, Section, check_name_field, key, read, read_key
 from shorelink.config import load_config as load_file
 from shorelink.errors import ConfigError
 from shorelink.topics import Durability
@@ -22,6 +22,7 @@ __all__ = [
     "SiteConfig",
     "SitesConfig",
     "SparkConfig",
+    "StreamPolicy",
     "load_config",
     "parse_config",
 ]
@@ -82,6 +83,28 @@ class ReplicationConfig:
 
 
 @dataclass(frozen=True)
+class StreamPolicy:
+    """How one stream's topics are kept at one site (``[sites.S.topics.<stream>]``):
+    short at a port, long at headquarters. A key left out (or the whole table) takes
+    the site's ``merge.canonical_partitions``, ``merge.canonical_retention`` and
+    ``replication.relay_retention``. ``shorelink-spark topics apply`` brings the
+    site's Kafka to it (spark_core/topics.py)."""
+
+    #: partitions of ``sl.<stream>`` and of the stream's ingress, inbox and relay
+    #: topics; they only grow (fewer would move keys between partitions)
+    partitions: int = field(default=6, metadata=key(min=1, max=1000))
+    #: retention of ``sl.<stream>`` (``None``, "forever" in the file: keep forever)
+    retention_ms: int | None = field(
+        default=None, metadata=key("retention", kind="duration_ms", none="forever", min=60_000)
+    )
+    #: retention of ``sl.relay.<entry>.<stream>``: the longest outage a neighbour can
+    #: catch up from through this site
+    relay_retention_ms: int = field(
+        default=7 * 86400 * 1000, metadata=key("relay_retention", kind="duration_ms", min=60_000)
+    )
+
+
+@dataclass(frozen=True)
 class SparkConfig:
     master: str = "local[*]"
     driver_memory: str = "2g"
@@ -108,6 +131,20 @@ class SiteConfig:
     tables: bool = False
     merge: MergeConfig = field(default_factory=MergeConfig)
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+    #: per stream: partitions and retention at this site (``[sites.S.topics.<stream>]``)
+    topics: dict[str, StreamPolicy] = field(default_factory=dict, metadata=key(names="stream"))
+
+    def policy(self, stream: str) -> StreamPolicy:
+        """``stream``'s policy at this site: its ``[topics.<stream>]`` table, or what
+        the merge and replication keys say."""
+        return self.topics.get(stream) or self.default_policy()
+
+    def default_policy(self) -> StreamPolicy:
+        return StreamPolicy(
+            partitions=self.merge.canonical_partitions,
+            retention_ms=self.merge.canonical_retention_ms,
+            relay_retention_ms=self.replication.relay_retention_ms,
+        )
 
     def query_checkpoint(self, query: str) -> Path:
         return self.checkpoint_dir / query
@@ -153,9 +190,23 @@ def _site(name: str, sec: Section, base: Path | None) -> SiteConfig:
     merge = read(
         MergeConfig, sec.section("merge"), defaults={"transactional_id": f"shorelink-merge-{name}"}
     )
-    cfg = read(SiteConfig, sec, base=base, name=name, merge=merge)
+    replication = read(ReplicationConfig, sec.section("replication"))
+    inherited = StreamPolicy(
+        merge.canonical_partitions, merge.canonical_retention_ms, replication.relay_retention_ms
+    )
+    streams = read_key(SiteConfig, "streams", sec)
+    cfg = read(
+        SiteConfig,
+        sec,
+        base=base,
+        name=name,
+        merge=merge,
+        replication=replication,
+        defaults={"topics": dict.fromkeys(streams, inherited)},
+    )
     if not cfg.streams:
         raise ConfigError(sec.field("streams"), "list at least one stream")
+    cfg = _inherit_retention(cfg, sec)
     if name in cfg.neighbours:
         raise ConfigError(sec.field("neighbours"), f"a site is not its own neighbour ({name})")
     for n, bootstrap in cfg.replication.via:
@@ -164,6 +215,19 @@ def _site(name: str, sec: Section, base: Path | None) -> SiteConfig:
         if not bootstrap:
             raise ConfigError(f"{sec.path}.replication.via.{n}", "empty bootstrap")
     return cfg
+
+
+def _inherit_retention(cfg: SiteConfig, sec: Section) -> SiteConfig:
+    """A ``[topics.<stream>]`` table without ``retention`` keeps the canonical
+    retention ("forever" and "left out" both read as None); a table of a stream the
+    site does not carry is an error."""
+    topics = dict(cfg.topics)
+    for stream, table in sec.sections("topics").items():
+        if stream not in cfg.streams:
+            raise ConfigError(table.path, f"{stream!r} is not one of this site's streams")
+        if not table.has("retention"):
+            topics[stream] = replace(topics[stream], retention_ms=cfg.merge.canonical_retention_ms)
+    return replace(cfg, topics=topics)
 
 
 def parse_config(data: dict[str, object], base: Path | None = None) -> SitesConfig:

@@ -28,16 +28,18 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from shorelink.contract import (
     DEAD_UNKNOWN_TOPIC,
+    H_SITE,
     LEDGER_TOPIC,
     MARKER_TOPIC,
     canonical_topic,
     dead_topic,
     marker_key,
+    relay_topic,
 )
 from shorelink.kafka_io import produce
 from shorelink.ledger import encode_entry
 from shorelink.topics import TopicSpec, ensure_topics, producer_config
-from spark_core.config import SiteConfig
+from spark_core.config import SiteConfig, SitesConfig
 from spark_core.merge_batch import ArrowBatch, batch_frame, cyclic_gc_paused
 from spark_core.merge_state import (
     BatchPlan,
@@ -85,12 +87,29 @@ class Merger:
     producer, per-batch logic (``process_batch`` is the ``foreachBatch`` function)."""
 
     def __init__(
-        self, site: SiteConfig, *, query: str = "merge", streams: Sequence[str] = ()
+        self,
+        site: SiteConfig,
+        *,
+        query: str = "merge",
+        streams: Sequence[str] = (),
+        sites: SitesConfig | None = None,
     ) -> None:
         self.site = site
         self.query = query
         #: the streams this merge writes (all the site's by default)
         self.streams = tuple(streams) or site.streams
+        #: the sites of the file (entry sites of the relay topics), when some site
+        #: pulls from this one: then every new record also goes to
+        #: ``sl.relay.<entry>.<stream>`` in the same transaction
+        self.entries: frozenset[str] = frozenset()
+        if sites is not None and any(site.name in s.neighbours for s in sites.sites.values()):
+            self.entries = frozenset(sites.sites)
+        self._relays: dict[tuple[str, bytes | str | None], str] = {}
+        self.transactional_id = (
+            site.merge.transactional_id
+            if query == "merge"
+            else f"{site.merge.transactional_id}-{query.removeprefix('merge-')}"
+        )
         self.state = MergeState()
         self.totals = Totals()
         self.last: dict[str, object] = {}
@@ -131,7 +150,7 @@ class Merger:
             producer_config(
                 self.site.kafka_bootstrap,
                 {
-                    "transactional.id": m.transactional_id,
+                    "transactional.id": self.transactional_id,
                     "transaction.timeout.ms": int(self.site.kafka_timeout_s * 2000),
                     "linger.ms": 5,
                     "compression.type": "lz4",
@@ -148,7 +167,10 @@ class Merger:
             raise MergeError(f"cannot init transactions: {exc}") from exc
         self._producer = p
         self.state = MergeState.load(
-            self.site.kafka_bootstrap, self.site.name, timeout=self.site.kafka_timeout_s * 2
+            self.site.kafka_bootstrap,
+            self.site.name,
+            timeout=self.site.kafka_timeout_s * 2,
+            query=self.query,
         )
         log.info(
             "event=merge_ready site=%s sources=%d ranges=%d last_batch=%s",
@@ -187,7 +209,31 @@ class Merger:
                 )
             )
             specs.append(TopicSpec(dead_topic(s), retention_ms=m.dead_retention_ms))
+            specs += [
+                TopicSpec(
+                    relay_topic(e, s),
+                    partitions=m.canonical_partitions,
+                    retention_ms=self.site.replication.relay_retention_ms,
+                )
+                for e in sorted(self.entries)
+            ]
         return specs
+
+    def _relay(self, stream_topic: str, headers: Sequence[tuple[str, Any]]) -> str:
+        """The relay topic of a canonical record: its entry site (``sl.site``) and
+        stream; a record whose entry is not a site of the file counts as entered here
+        (so it still reaches every site)."""
+        site = headers[4][1] if len(headers) > 4 and headers[4][0] == H_SITE else None
+        if site is None:
+            site = next((v for k, v in headers if k == H_SITE), None)
+        key = (stream_topic, site)
+        topic = self._relays.get(key)
+        if topic is None:
+            entry = site.decode(errors="replace") if isinstance(site, bytes) else (site or "")
+            if entry not in self.entries:
+                entry = self.site.name
+            topic = self._relays[key] = relay_topic(entry, stream_topic[len("sl.") :])
+        return topic
 
     # -- per batch ----------------------------------------------------------------------
     def process_batch(self, df: Any, batch_id: int) -> None:
@@ -245,8 +291,11 @@ class Merger:
         )
         try:
             p.begin_transaction()
+            relay = self._relay if self.entries else None
             for topic, key, value, headers in plan.canonical:
                 produce(p, topic, key, value, headers)
+                if relay is not None:
+                    produce(p, relay(topic, headers), key, value, headers)
             for topic, key, value, headers in plan.dead:
                 produce(p, topic, key, value, headers)
             for (origin, stream), held in plan.ledger.items():
@@ -312,7 +361,7 @@ class Merger:
         ):
             message = (
                 f"fenced: another merge of site {self.site.name} took over "
-                f"(transactional.id {self.site.merge.transactional_id}); this one no longer "
+                f"(transactional.id {self.transactional_id}); this one no longer "
                 f"writes: stop it ({err})"
             )
             if self.fenced is None:

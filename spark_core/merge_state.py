@@ -98,10 +98,12 @@ class MergeState:
         }
 
     @classmethod
-    def load(cls, bootstrap: str, site: str, timeout: float = 60.0) -> MergeState:
-        """Read ``sl.ledger`` and this site's marker to their committed end."""
+    def load(
+        cls, bootstrap: str, site: str, timeout: float = 60.0, *, query: str = "merge"
+    ) -> MergeState:
+        """Read ``sl.ledger`` and this site query's marker to their committed end."""
         state = cls()
-        key = marker_key(site)
+        key = marker_key(site, query)
         try:
             # one consumer for both, and no fetch parked at the end of a small topic
             # waiting for data (fetch.wait.max.ms, 500 ms by default): start-up is quick

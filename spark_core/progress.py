@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ProgressReporter", "as_dict", "kafka_lag", "summarize"]
+__all__ = ["ProgressReporter", "as_dict", "kafka_lag", "summarize", "topic_lags"]
 
 log = logging.getLogger("spark_core.progress")
 
@@ -38,16 +38,21 @@ def as_dict(progress: Any) -> dict[str, Any] | None:
 def kafka_lag(progress: dict[str, Any]) -> int | None:
     """Records behind the latest offsets over every Kafka source of the batch (None when
     no source reports offsets: not a Kafka query, or no batch yet)."""
-    total, seen = 0, False
+    lags = topic_lags(progress)
+    return sum(lags.values()) if lags else None
+
+
+def topic_lags(progress: dict[str, Any]) -> dict[str, int]:
+    """Records behind the latest offsets per source topic."""
+    out: dict[str, int] = {}
     for source in progress.get("sources") or ():
         latest = _offsets(source.get("latestOffset"))
         end = _offsets(source.get("endOffset"))
         if latest is None or end is None:
             continue
-        seen = True
-        for key, last in latest.items():
-            total += max(0, last - end.get(key, 0))
-    return total if seen else None
+        for (topic, part), last in latest.items():
+            out[topic] = out.get(topic, 0) + max(0, last - end.get((topic, part), 0))
+    return out
 
 
 def _offsets(value: Any) -> dict[tuple[str, str], int] | None:

@@ -1,12 +1,15 @@
 """The site's Spark application: ``spark-submit ... spark_core/jobs/site.py --site NAME
 --config sites.toml`` (``shorelink-spark site`` builds that line).
 
-A small supervisor runs the site's streaming queries (the merge and, with ``tables =
-true``, one query per Delta table; replication plugs in as more runners): a query that
-fails is restarted with exponential backoff without touching the others; SIGTERM/SIGINT
-stop every query between batches, then Spark. Every query's progress (rows, rate, batch
-duration, Kafka lag) is logged per batch and kept in
-``<checkpoint_dir>/queries.status.json`` (spark_core/progress.py).
+A small supervisor runs the site's streaming queries: the merge (two when some streams
+are urgent: one for those, one for the rest), the inbox queries that pull from the
+neighbours (spark_core/replication.py; each runs only while the route of its entry site
+points at its neighbour: spark_core/routing.py) and, with ``tables = true``, one query
+per Delta table. A query that fails is restarted with exponential backoff without
+touching the others; SIGTERM/SIGINT stop every query between batches, then Spark. Every
+query's progress (rows, rate, batch duration, Kafka lag) is logged per batch and kept in
+``<checkpoint_dir>/queries.status.json`` (spark_core/progress.py); the links, routes and
+per neighbour and stream replication lag in ``<checkpoint_dir>/replication.status.json``.
 """
 
 from __future__ import annotations
@@ -28,24 +31,32 @@ if __package__ in (None, ""):  # run as a file by spark-submit: make the repo im
 
 from shorelink.errors import ShorelinkError
 from shorelink.logs import configure_logging
-from spark_core.config import SiteConfig, load_config
+from spark_core.config import SiteConfig, SitesConfig, load_config
 from spark_core.merge import Merger, start_merge
 from spark_core.progress import ProgressReporter, as_dict
+from spark_core.replication import BULK_POOL, URGENT_POOL, InboxQuery, Replicator
 from spark_core.tables import TABLES, start_table
 
-__all__ = ["QueryRunner", "Supervisor", "main"]
+__all__ = ["QueryRunner", "Supervisor", "build_supervisor", "main"]
 
 log = logging.getLogger("spark_core.site")
 
 
+def _always() -> bool:
+    return True
+
+
 @dataclass
 class QueryRunner:
-    """One supervised query: how to start it, how to stop it gracefully."""
+    """One supervised query: how to start it, how to stop it gracefully, and whether it
+    should run now (an inbox query runs only while its route points at it)."""
 
     name: str
     start: Callable[[], Any]
     stop_gracefully: Callable[[Any], None]
     on_failure: Callable[[str], None]
+    wanted: Callable[[], bool] = _always
+    on_progress: Callable[[dict[str, Any] | None, str], None] | None = None
     query: Any = None
     failures: int = 0
     next_start: float = 0.0
@@ -60,8 +71,11 @@ class Supervisor:
         backoff_s: float = 1.0,
         backoff_cap_s: float = 60.0,
         progress: ProgressReporter | None = None,
+        on_exit: list[Callable[[], None]] | None = None,
     ) -> None:
         self.runners = runners
+        self.on_exit = list(on_exit or [])
+        self.replicator: Replicator | None = None
         self.progress = progress
         self.backoff_s = backoff_s
         self.backoff_cap_s = backoff_cap_s
@@ -91,6 +105,15 @@ class Supervisor:
             for r in self.runners:
                 if r.done:
                     continue
+                wanted = r.wanted()
+                if r.query is not None and not wanted:
+                    r.stop_gracefully(r.query)
+                    r.query, r.failures, r.next_start = None, 0, 0.0
+                    log.info("event=query_parked query=%s", r.name)
+                elif r.query is None and not wanted:
+                    if until_done:
+                        r.done = True  # not routed: nothing to catch up from there
+                    continue
                 if r.query is None:
                     if time.monotonic() >= r.next_start:
                         try:
@@ -115,6 +138,8 @@ class Supervisor:
             if r.query is not None:
                 r.stop_gracefully(r.query)
                 self._report(r, "stopped")
+        for close in self.on_exit:
+            close()
         return 0
 
     def _report(self, only: QueryRunner | None = None, state: str = "") -> None:
@@ -127,6 +152,11 @@ class Supervisor:
             except Exception:  # the query is going away under us: report next time
                 continue
             self.progress.update(r.name, progress, state or _state(r))
+            if r.on_progress is not None:
+                r.on_progress(progress, state or _state(r))
+
+    def wait_idle(self, timeout: float) -> None:
+        self._stop.wait(timeout)
 
 
 def _state(r: QueryRunner) -> str:
@@ -134,11 +164,47 @@ def _state(r: QueryRunner) -> str:
         return "finished"
     if r.query is not None:
         return "running"
-    return "failed" if r.failures else "starting"
+    if r.failures:
+        return "failed"
+    return "starting" if r.wanted() else "idle"
 
 
-def merge_runner(spark: Any, site: SiteConfig, *, available_now: bool) -> QueryRunner:
-    merger = Merger(site)
+def merge_runners(
+    spark: Any, site: SiteConfig, *, available_now: bool, sites: SitesConfig | None = None
+) -> list[QueryRunner]:
+    """The site's merge; two when some of its streams are urgent and others are not
+    (``merge-urgent`` for those, in the FAIR scheduler's urgent pool) and the sources
+    are the default ones."""
+    if site.merge.source_pattern or not site.urgent_streams or not site.bulk_streams:
+        return [merge_runner(spark, Merger(site, sites=sites), available_now=available_now)]
+    return [
+        merge_runner(
+            spark,
+            Merger(site, query="merge-urgent", streams=site.urgent_streams, sites=sites),
+            available_now=available_now,
+            pool=URGENT_POOL,
+        ),
+        merge_runner(
+            spark,
+            Merger(site, streams=site.bulk_streams, sites=sites),
+            available_now=available_now,
+            pool=BULK_POOL,
+        ),
+    ]
+
+
+def merge_runner(
+    spark: Any, merger: Merger, *, available_now: bool, pool: str | None = None
+) -> QueryRunner:
+    site = merger.site
+
+    def start() -> Any:
+        sc = spark.sparkContext
+        sc.setLocalProperty("spark.scheduler.pool", pool)
+        try:
+            return start_merge(spark, merger, available_now=available_now)
+        finally:
+            sc.setLocalProperty("spark.scheduler.pool", None)
 
     def stop(query: Any) -> None:
         merger.stopping.set()
@@ -148,11 +214,11 @@ def merge_runner(spark: Any, site: SiteConfig, *, available_now: bool) -> QueryR
         query.stop()
         merger.write_status("stopped")
         merger.close()
-        log.info("event=query_stopped query=merge")
+        log.info("event=query_stopped query=%s", merger.query)
 
     return QueryRunner(
-        name="merge",
-        start=lambda: start_merge(spark, merger, available_now=available_now),
+        name=merger.query,
+        start=start,
         stop_gracefully=stop,
         on_failure=lambda error: merger.write_status("failed", error[:2000]),
     )
@@ -179,6 +245,50 @@ def table_runners(spark: Any, site: SiteConfig, *, available_now: bool) -> list[
     return [runner(t) for t, stream in TABLES.items() if stream in site.streams]
 
 
+def inbox_runners(spark: Any, replicator: Replicator, *, available_now: bool) -> list[QueryRunner]:
+    """One supervised query per (neighbour, entry site, class of streams), each running
+    only while its entry's route points at its neighbour."""
+
+    def runner(q: InboxQuery) -> QueryRunner:
+        def stop(query: Any) -> None:
+            query.stop()  # between batches; the inbox is at-least-once anyway
+            log.info("event=query_stopped query=%s", q.name)
+
+        return QueryRunner(
+            name=q.name,
+            start=lambda: replicator.start_query(spark, q, available_now=available_now),
+            stop_gracefully=stop,
+            on_failure=lambda error: None,  # logged by the supervisor
+            wanted=lambda: replicator.wanted(q),
+            on_progress=lambda progress, state: replicator.progress(q, progress, state),
+        )
+
+    return [runner(q) for q in replicator.queries]
+
+
+def build_supervisor(
+    spark: Any, cfg: SitesConfig, site_name: str, *, available_now: bool = False
+) -> Supervisor:
+    """Everything a site runs (merges, inbox queries, tables), supervised: call
+    ``run()`` (blocks until ``request_stop()`` from another thread or a signal). The
+    link state is probed once here, so the first routes are known before any query
+    starts. Several sites may share one Spark session (tests, benchmarks)."""
+    site = cfg.site(site_name)
+    replicator = Replicator(cfg, site)
+    replicator.start()
+    sup = Supervisor(
+        [
+            *merge_runners(spark, site, available_now=available_now, sites=cfg),
+            *inbox_runners(spark, replicator, available_now=available_now),
+            *table_runners(spark, site, available_now=available_now),
+        ],
+        progress=ProgressReporter(site.checkpoint_dir / "queries.status.json"),
+        on_exit=[replicator.stop],
+    )
+    sup.replicator = replicator
+    return sup
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="site.py", description=__doc__)
     p.add_argument("--site", required=True, help="this site's name in the sites file")
@@ -203,15 +313,13 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(cfg.log_level, as_json=args.log_json)
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.builder.appName(f"shorelink-{site.name}").getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
-    sup = Supervisor(
-        [
-            merge_runner(spark, site, available_now=args.available_now),
-            *table_runners(spark, site, available_now=args.available_now),
-        ],
-        progress=ProgressReporter(site.checkpoint_dir / "queries.status.json"),
+    spark = (
+        SparkSession.builder.appName(f"shorelink-{site.name}")
+        .config("spark.scheduler.mode", "FAIR")
+        .getOrCreate()
     )
+    spark.sparkContext.setLogLevel("WARN")
+    sup = build_supervisor(spark, cfg, site.name, available_now=args.available_now)
     signal.signal(signal.SIGTERM, sup.request_stop)
     signal.signal(signal.SIGINT, sup.request_stop)
     log.info("event=site_started site=%s pid=%s", site.name, os.getpid())

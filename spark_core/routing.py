@@ -1,0 +1,294 @@
+"""Which neighbour a site pulls each entry site's records from, and how it knows which
+links are up.
+
+Every record entered the system at one site (its ``sl.site`` header, the *entry*). Each
+site keeps, beside its canonical topics, ``sl.relay.<entry>.<stream>``: the records of
+that entry it holds (spark_core/merge.py writes both in one transaction). A site pulls
+entry E's relay from exactly one neighbour at a time: the first hop of a shortest path
+to E over the links that are up (:func:`plan_routes`). In a full mesh with every link
+up that is E itself, so each record crosses into each site once; when the direct link
+is down, the next hop is a neighbour that has E's records (transit), in any connected
+topology. docs/replication.md says why a route change can neither lose nor double a
+record.
+
+Link state (:class:`LinkState`): each site checks each neighbour's Kafka every
+``probe_interval`` and writes its report (which neighbours it could read, a counter
+that grows) to its own compacted ``sl.links``, together with the newest report it has
+seen of every other site, read from its neighbours' ``sl.links``. So reports spread
+along the replication links, and every site sees the same graph within a few probe
+intervals. A report that has not changed for ``report_ttl`` (measured on this site's
+own clock: no clock is compared across sites) counts as gone: no route goes through
+that site until it reports again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from shorelink.contract import LINKS_TOPIC
+from shorelink.logs import RateLimitedLog
+from shorelink.topics import TopicSpec, ensure_topics, producer_config
+from spark_core.config import SiteConfig, SitesConfig
+
+__all__ = ["Edge", "LinkState", "Report", "plan_routes"]
+
+log = logging.getLogger(__name__)
+
+Edge = tuple[str, str]  # (site, neighbour it pulls from)
+
+
+def plan_routes(
+    site: str, graph: Mapping[str, Sequence[str]], up: Iterable[Edge]
+) -> dict[str, str | None]:
+    """For every other site E of ``graph`` (site -> the sites it pulls from): the
+    neighbour ``site`` pulls E's relay from, the first hop of a shortest path over the
+    ``up`` edges (ties: the first hop whose name sorts first), or None if E cannot be
+    reached now. Pure: the same inputs give the same routes at every site."""
+    live = set(up)
+    first: dict[str, str] = {}
+    seen = {site}
+    queue: deque[str] = deque()
+    for n in sorted(graph.get(site, ())):
+        if (site, n) in live and n not in seen:
+            seen.add(n)
+            first[n] = n
+            queue.append(n)
+    while queue:
+        x = queue.popleft()
+        for y in sorted(graph.get(x, ())):
+            if (x, y) in live and y not in seen:
+                seen.add(y)
+                first[y] = first[x]
+                queue.append(y)
+    return {e: first.get(e) for e in sorted(graph) if e != site}
+
+
+@dataclass
+class Report:
+    """One site's report: the neighbours it could read at its last probe."""
+
+    site: str
+    up: tuple[str, ...]
+    #: grows with every report of that site (its own counter, not a clock)
+    version: int
+    #: when this site last saw ``version`` change (its monotonic clock)
+    seen_at: float = field(default=0.0, compare=False)
+
+    def encode(self) -> bytes:
+        return json.dumps({"up": list(self.up), "version": self.version}).encode()
+
+    @classmethod
+    def decode(cls, site: str, value: bytes) -> Report:
+        data = json.loads(value)
+        up = data["up"]
+        if not isinstance(up, list) or not all(isinstance(u, str) for u in up):
+            raise ValueError("up is not a list of names")
+        return cls(site, tuple(up), int(data["version"]))
+
+
+@dataclass
+class NeighbourLink:
+    """What this site knows of its link to one neighbour."""
+
+    name: str
+    bootstrap: str
+    up: bool = False
+    since: float = field(default_factory=time.time)
+    last_ok: float | None = None
+    error: str | None = None
+    admin: AdminClient | None = None
+    consumer: Consumer | None = None
+
+    def status(self) -> dict[str, object]:
+        return {
+            "state": "up" if self.up else "down",
+            "since": self.since,
+            "last_ok": self.last_ok,
+            "error": self.error,
+            "bootstrap": self.bootstrap,
+        }
+
+
+class LinkState:
+    """This site's view of the replication graph, refreshed by :meth:`probe` (the site
+    application calls it every ``probe_interval`` from one thread; readers call
+    :meth:`routes` from any thread)."""
+
+    def __init__(self, cfg: SitesConfig, site: SiteConfig) -> None:
+        self.cfg = cfg
+        self.site = site
+        self.graph = cfg.neighbours_of()
+        r = site.replication
+        self.links = {n: NeighbourLink(n, site.reach(cfg.site(n))) for n in site.neighbours}
+        self.reports: dict[str, Report] = {}
+        self._version = int(time.time() * 1000)  # grows across restarts too
+        self._published: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._producer: Producer | None = None
+        self._limited = RateLimitedLog(log)
+        self._ttl = r.report_ttl_s
+        self._timeout = r.probe_timeout_s
+        self.probes = 0
+
+    # -- the graph ----------------------------------------------------------------------
+    def up_edges(self, now: float | None = None) -> set[Edge]:
+        """This site's own links from its probes; every other site's from its report,
+        while that report is fresh."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            edges = {(self.site.name, n) for n, link in self.links.items() if link.up}
+            for name, rep in self.reports.items():
+                if name == self.site.name or now - rep.seen_at > self._ttl:
+                    continue
+                edges.update((name, n) for n in rep.up if n in self.graph.get(name, ()))
+        return edges
+
+    def routes(self) -> dict[str, str | None]:
+        return plan_routes(self.site.name, self.graph, self.up_edges())
+
+    # -- probing -----------------------------------------------------------------------
+    def probe(self) -> None:
+        """Check every neighbour, read its link reports, publish ours."""
+        self.probes += 1
+        for link in self.links.values():
+            self._probe(link)
+        self._publish()
+
+    def _probe(self, link: NeighbourLink) -> None:
+        now = time.time()
+        try:
+            if link.admin is None:
+                link.admin = AdminClient(
+                    {
+                        "bootstrap.servers": link.bootstrap,
+                        "socket.timeout.ms": int(self._timeout * 1000),
+                    }
+                )
+            md = link.admin.list_topics(LINKS_TOPIC, timeout=self._timeout)
+            if not md.brokers:
+                raise KafkaException("no broker answered")
+            reports = self._read_reports(link)
+        except (KafkaException, ValueError, RuntimeError) as exc:
+            if link.up:
+                log.warning(
+                    "event=link_down site=%s neighbour=%s error=%r",
+                    self.site.name,
+                    link.name,
+                    str(exc),
+                )
+                link.since = now
+            link.up = False
+            link.error = str(exc)[:500]
+            return
+        if not link.up:
+            log.info("event=link_up site=%s neighbour=%s", self.site.name, link.name)
+            link.since = now
+        link.up, link.last_ok, link.error = True, now, None
+        self._learn(reports)
+
+    def _read_reports(self, link: NeighbourLink) -> list[Report]:
+        """The reports in the neighbour's ``sl.links`` that arrived since the last probe
+        (the topic may not exist yet: the neighbour's application has not started)."""
+        if link.consumer is None:
+            link.consumer = Consumer(
+                {
+                    "bootstrap.servers": link.bootstrap,
+                    "group.id": f"shorelink-links-{self.site.name}",
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "earliest",
+                    "isolation.level": "read_committed",
+                    "fetch.wait.max.ms": 10,
+                    "enable.partition.eof": True,
+                    "socket.timeout.ms": int(self._timeout * 1000),
+                }
+            )
+            link.consumer.assign([TopicPartition(LINKS_TOPIC, 0, -2)])  # earliest
+        out = []
+        deadline = time.monotonic() + self._timeout
+        while time.monotonic() < deadline:
+            msg = link.consumer.poll(0.05)
+            if msg is None:
+                break
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    break
+                continue  # unknown topic (not created yet) and the like: next probe
+            key, value = msg.key(), msg.value()
+            if key is None or value is None:
+                continue
+            try:
+                out.append(Report.decode(key.decode(), value))
+            except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+                self._limited.warning(
+                    "links_bad", "event=links_bad_report neighbour=%s error=%r", link.name, str(exc)
+                )
+        return out
+
+    def _learn(self, reports: Iterable[Report]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for rep in reports:
+                if rep.site == self.site.name or rep.site not in self.graph:
+                    continue
+                old = self.reports.get(rep.site)
+                if old is None or rep.version > old.version:
+                    rep.seen_at = now
+                    self.reports[rep.site] = rep
+
+    def _publish(self) -> None:
+        """Our own report (always: its version is what keeps it fresh elsewhere) and
+        every newer report of another site we learned."""
+        self._version = max(self._version + 1, int(time.time() * 1000))
+        own = Report(
+            self.site.name, tuple(sorted(n for n, ln in self.links.items() if ln.up)), self._version
+        )
+        with self._lock:
+            todo = [own] + [
+                r for r in self.reports.values() if self._published.get(r.site, -1) < r.version
+            ]
+        try:
+            if self._producer is None:
+                ensure_topics(
+                    self.site.kafka_bootstrap,
+                    [TopicSpec(LINKS_TOPIC, partitions=1, compacted=True)],
+                    timeout=self.site.kafka_timeout_s,
+                    durability=self.site.durability,
+                )
+                self._producer = Producer(
+                    producer_config(self.site.kafka_bootstrap, {"linger.ms": 5})
+                )
+            for r in todo:
+                self._producer.produce(LINKS_TOPIC, key=r.site.encode(), value=r.encode())
+            self._producer.flush(self._timeout)
+        except KafkaException as exc:
+            self._limited.warning(
+                "links_publish",
+                "event=links_publish_failed site=%s error=%r",
+                self.site.name,
+                str(exc),
+            )
+            return
+        for r in todo:
+            self._published[r.site] = r.version
+
+    def status(self) -> dict[str, dict[str, object]]:
+        return {n: link.status() for n, link in self.links.items()}
+
+    def close(self) -> None:
+        for link in self.links.values():
+            if link.consumer is not None:
+                link.consumer.close()
+                link.consumer = None
+        if self._producer is not None:
+            self._producer.flush(1)
+            self._producer = None

@@ -1,0 +1,221 @@
+"""Several sites on loopback for the replication tests: one Kafka broker per site slot,
+each reachable from every other slot through its own toxiproxy proxy (so one link can
+be cut), a sites file for any topology over those slots, and the sites' applications
+run in one Spark session, each in a thread."""
+
+from __future__ import annotations
+
+import threading
+import tomllib
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from local_stack.kafka import KafkaBroker, LinkListener, start_kafka
+from local_stack.process import free_port
+from local_stack.toxiproxy import Toxiproxy
+from shorelink.contract import Record, ingress_topic
+from shorelink.identity import Identity
+from shorelink.topics import TopicSpec, ensure_topics
+from spark_core.config import SitesConfig, parse_config
+from spark_core.jobs.site import Supervisor, build_supervisor
+from tests.conftest import unique
+from tests.spark_core.helpers import canonical
+
+SLOTS = ("ra", "rb", "rc", "rd")
+
+
+def proxy_name(slot: str, reader: str) -> str:
+    """The proxy ``reader`` goes through to reach ``slot``'s broker."""
+    return f"repl-{slot}-for-{reader}"
+
+
+@dataclass
+class Mesh:
+    brokers: dict[str, KafkaBroker]
+    toxiproxy: Toxiproxy
+
+    def via(self, slot: str, reader: str) -> str:
+        return self.brokers[slot].link_bootstrap(reader)
+
+    def cut(self, slot: str, reader: str, cut: bool = True) -> None:
+        """Cut (or heal) the link over which ``reader`` pulls from ``slot``."""
+        self.toxiproxy.set_enabled(proxy_name(slot, reader), not cut)
+
+    def heal_all(self) -> None:
+        for slot in self.brokers:
+            for reader in self.brokers:
+                if reader != slot:
+                    self.cut(slot, reader, False)
+
+
+def start_mesh(root: Path, logs: Path, toxiproxy: Toxiproxy) -> Mesh:
+    """One broker per slot; for each other slot a listener behind a toxiproxy proxy."""
+    brokers = {}
+    ports: dict[str, dict[str, LinkListener]] = {
+        s: {r: LinkListener(free_port(), free_port()) for r in SLOTS if r != s} for s in SLOTS
+    }
+    for s in SLOTS:
+        for r, ln in ports[s].items():
+            toxiproxy.create_proxy(proxy_name(s, r), f"127.0.0.1:{ln.advertised}", f"127.0.0.1:{ln.port}")
+        brokers[s] = start_kafka(s, root / s, logs, heap="384m", wait=False, links=ports[s])
+    for b in brokers.values():
+        b.proc.wait_ready(b.ready, timeout=90)
+    return Mesh(brokers, toxiproxy)
+
+
+@dataclass
+class Topology:
+    """Sites (unique names, one per slot) with their neighbours and streams."""
+
+    mesh: Mesh
+    root: Path
+    slots: dict[str, str]  # site name -> slot
+    neighbours: dict[str, list[str]]
+    streams: list[str]
+    urgent: list[str]
+    max_offsets: int = 50_000
+    cfg: SitesConfig = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.cfg = parse_config(tomllib.loads(self.toml()), base=self.root)
+
+    def toml(self) -> str:
+        parts = [
+            '[spark]\nmaster = "local[2]"\n',
+        ]
+        for name, slot in self.slots.items():
+            parts.append(
+                f"""
+[sites.{name}]
+streams = {self.streams!r}
+neighbours = {self.neighbours[name]!r}
+checkpoint_dir = "{self.root}/{name}/checkpoints"
+table_dir = "{self.root}/{name}/tables"
+trigger_interval = "300ms"
+[sites.{name}.kafka]
+bootstrap = "{self.mesh.brokers[slot].bootstrap}"
+timeout = "20s"
+[sites.{name}.merge]
+canonical_partitions = 3
+[sites.{name}.replication]
+urgent = {self.urgent!r}
+max_offsets_per_trigger = {self.max_offsets}
+probe_interval = "500ms"
+probe_timeout = "2s"
+report_ttl = "10s"
+[sites.{name}.replication.via]
+"""
+            )
+            for n in self.neighbours[name]:
+                parts.append(f'{n} = "{self.mesh.via(self.slots[n], slot)}"\n')
+        return "".join(parts)
+
+    def bootstrap(self, site: str) -> str:
+        return self.mesh.brokers[self.slots[site]].bootstrap
+
+    def cut(self, reader: str, source: str, cut: bool = True) -> None:
+        """Cut (or heal) the link over which site ``reader`` pulls from ``source``."""
+        self.mesh.cut(self.slots[source], self.slots[reader], cut)
+
+    def create_ingress(self) -> None:
+        for name in self.slots:
+            ensure_topics(
+                self.bootstrap(name), [TopicSpec(ingress_topic(s), partitions=2) for s in self.streams]
+            )
+
+
+def topology(
+    mesh: Mesh,
+    root: Path,
+    edges: Mapping[str, Sequence[str]],
+    streams: Sequence[str],
+    urgent: Sequence[str] = (),
+    **kw: int,
+) -> Topology:
+    """``edges``: slot -> the slots it pulls from. Site names are new for each call
+    (``<slot>-<hex>``), so tests on the same brokers never see each other's data."""
+    names = {slot: unique(slot) for slot in edges}
+    topo = Topology(
+        mesh,
+        root,
+        {names[s]: s for s in edges},
+        {names[s]: [names[n] for n in ns] for s, ns in edges.items()},
+        list(streams),
+        list(urgent),
+        **kw,
+    )
+    topo.create_ingress()
+    return topo
+
+
+def full_mesh(slots: Sequence[str]) -> dict[str, list[str]]:
+    return {s: [n for n in slots if n != s] for s in slots}
+
+
+def enter(topo: Topology, site: str, records: Iterable[Record]) -> None:
+    """Records entering at ``site``: written to its ingress as its gateway does."""
+    p = Producer({"bootstrap.servers": topo.bootstrap(site), "transactional.id": unique("gw"), "linger.ms": 5})
+    p.init_transactions(20)
+    p.begin_transaction()
+    for r in records:
+        p.produce(ingress_topic(r.identity.stream), key=r.key, value=r.value, headers=r.headers())
+    p.commit_transaction(30)
+
+
+def records(site: str, origin: str, stream: str, seqs: Iterable[int], size: int = 60) -> list[Record]:
+    return [
+        Record(Identity(origin, stream, q), f"c{q % 17}".encode(), (b"%08d" % q) * (size // 8), 1_700_000_000_000 + q, site, f"ship/{origin}/c")
+        for q in seqs
+    ]
+
+
+class Running:
+    """Sites' applications in one Spark session, each supervisor in a thread."""
+
+    def __init__(self, spark: object, topo: Topology) -> None:
+        self.spark = spark
+        self.topo = topo
+        self.sups: dict[str, Supervisor] = {}
+        self.threads: dict[str, threading.Thread] = {}
+
+    def start(self, *sites: str) -> None:
+        for name in sites or tuple(self.topo.slots):
+            sup = build_supervisor(self.spark, self.topo.cfg, name)
+            t = threading.Thread(target=sup.run, name=f"site-{name}", daemon=True)
+            self.sups[name], self.threads[name] = sup, t
+            t.start()
+
+    def stop(self, *sites: str) -> None:
+        for name in sites or tuple(self.sups):
+            sup = self.sups.pop(name)
+            sup.request_stop()
+            self.threads.pop(name).join(timeout=120)
+
+    def __enter__(self) -> Running:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def identities(topo: Topology, site: str, stream: str) -> Counter[Identity]:
+    return Counter(r.identity for r in canonical(topo.bootstrap(site), stream))
+
+
+def converged(topo: Topology, expected: Mapping[str, set[Identity]]) -> Iterator[tuple[str, str, str]]:
+    """What is still wrong: (site, stream, why) for every site whose canonical topic
+    does not hold exactly ``expected[stream]``, each once."""
+    for site in topo.slots:
+        for stream, want in expected.items():
+            got = identities(topo, site, stream)
+            dups = [i for i, n in got.items() if n > 1]
+            if dups:
+                yield site, stream, f"duplicates {sorted(dups)[:5]}"
+            missing = want - set(got)
+            extra = set(got) - want
+            if missing or extra:
+                yield site, stream, f"missing {len(missing)} extra {len(extra)}"
