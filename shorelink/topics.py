@@ -27,10 +27,18 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from shorelink.config import Section, key, read
-from shorelink.contract import KAFKA_MAX_MESSAGE_BYTES
+from shorelink.contract import GATEWAY_CURSOR_TOPIC, KAFKA_MAX_MESSAGE_BYTES, ingress_topic
 from shorelink.errors import ConfigError, ShorelinkError
 
-__all__ = ["Durability", "TopicError", "TopicSpec", "ensure_topics", "producer_config"]
+__all__ = [
+    "Durability",
+    "TopicError",
+    "TopicSpec",
+    "ensure_topics",
+    "gateway_cursor_spec",
+    "ingress_spec",
+    "producer_config",
+]
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +102,10 @@ class TopicSpec:
     compacted: bool = False
     config: dict[str, str] = field(default_factory=dict)
 
-    def new_topic(self, replication_factor: int = 1, min_insync: int = 1) -> NewTopic:
+    def topic_config(self, min_insync: int = 1) -> dict[str, str]:
+        """The topic-level configs this spec sets (``retention.ms`` only when it has a
+        retention; ``cleanup.policy`` only when compacted): what a new topic gets, and
+        what ``shorelink-spark topics apply`` compares an existing one against."""
         cfg = {
             "max.message.bytes": str(KAFKA_MAX_MESSAGE_BYTES),
             "min.insync.replicas": str(min_insync),
@@ -104,12 +115,27 @@ class TopicSpec:
             cfg["retention.ms"] = str(self.retention_ms)
         if self.compacted:
             cfg["cleanup.policy"] = "compact"
+        return cfg
+
+    def new_topic(self, replication_factor: int = 1, min_insync: int = 1) -> NewTopic:
         return NewTopic(
             self.name,
             num_partitions=self.partitions,
             replication_factor=replication_factor,
-            config=cfg,
+            config=self.topic_config(min_insync),
         )
+
+
+def ingress_spec(stream: str, partitions: int) -> TopicSpec:
+    """``sl.ingress.<stream>``, written by a site's gateway(s): no time retention, only
+    the merge deletes from it, below what it committed (what a ship was told is held
+    stays held until it is in the canonical topic)."""
+    return TopicSpec(ingress_topic(stream), partitions=partitions, retention_ms=-1)
+
+
+def gateway_cursor_spec() -> TopicSpec:
+    """:data:`~shorelink.contract.GATEWAY_CURSOR_TOPIC`: compacted, one partition."""
+    return TopicSpec(GATEWAY_CURSOR_TOPIC, partitions=1, compacted=True)
 
 
 def producer_config(bootstrap: str, extra: dict[str, object] | None = None) -> dict[str, object]:
