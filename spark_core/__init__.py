@@ -18,5 +18,7 @@ __all__ = [
     "purge",
     "query",
     "session",
+    "status",
     "tables",
+    "topics",
 ]

@@ -160,5 +160,113 @@ def latest_positions_cmd(site_name: str, config_path: Path, ivy_dir: Path | None
         click.echo(line)
 
 
+@main.group("topics")
+def topics_group() -> None:
+    """The site's Kafka topics and their per-stream policy (spark_core/topics.py)."""
+
+
+@topics_group.command("apply")
+@click.option("--site", "site_name", required=True, help="Site whose topics to apply.")
+@_config_opt
+@click.option("--dry-run", is_flag=True, help="Show what would change, change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of a table.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="Give up on Kafka after this many seconds (default: the site's kafka.timeout).",
+)
+def topics_apply_cmd(
+    site_name: str, config_path: Path, dry_run: bool, as_json: bool, timeout: float | None
+) -> None:
+    """Create and configure every topic the site needs, from its stream policy.
+
+    Idempotent: creates missing topics, alters retention.ms, cleanup.policy,
+    max.message.bytes and min.insync.replicas where they differ, adds partitions where
+    the policy asks for more. Never removes partitions: a canonical or relay topic with
+    more than the policy asks is an error. Exit 1 if anything failed or was refused,
+    2 if Kafka cannot be reached."""
+    import json
+
+    from shorelink.cli_support import fail
+    from shorelink.errors import ShorelinkError
+    from spark_core.topics import apply_topics, keyed_topics, site_specs
+
+    cfg = load_or_exit(load_config, config_path)
+    site = load_or_exit(lambda _: cfg.site(site_name), config_path)
+    try:
+        changes = apply_topics(
+            site.kafka_bootstrap,
+            site_specs(cfg, site),
+            durability=site.durability,
+            timeout=timeout or site.kafka_timeout_s,
+            dry_run=dry_run,
+            strict=keyed_topics(site, cfg),
+        )
+    except ShorelinkError as exc:
+        fail(exc)
+    errors = [c for c in changes if c.error]
+    if as_json:
+        doc = {
+            "site": site.name,
+            "bootstrap": site.kafka_bootstrap,
+            "dry_run": dry_run,
+            "changes": [c.as_json() for c in changes],
+            "errors": len(errors),
+        }
+        click.echo(json.dumps(doc, indent=1))
+    else:
+        done = [c for c in changes if c.action not in ("refused", "warning")]
+        if not done:
+            click.echo(f"site {site.name}: every topic is as its policy says; nothing to change")
+        else:
+            verb = "would change" if dry_run else "changed"
+            click.echo(f"site {site.name} ({site.kafka_bootstrap}): {verb} {len(done)}")
+        rows = [
+            [c.topic, c.action if c.error is None else f"{c.action} (error)", c.detail]
+            for c in changes
+        ]
+        if rows:
+            widths = [max(len(r[i]) for r in [["TOPIC", "CHANGE", ""], *rows]) for i in (0, 1)]
+            click.echo(f"{'TOPIC'.ljust(widths[0])}  {'CHANGE'.ljust(widths[1])}  DETAIL")
+            for t, a, d in rows:
+                click.echo(f"{t.ljust(widths[0])}  {a.ljust(widths[1])}  {d}")
+        for c in errors:
+            click.echo(f"error: {c.topic}: {c.error}", err=True)
+    if errors:
+        sys.exit(1)
+
+
+@main.command("status")
+@click.option("--site", "site_name", required=True, help="Site whose application to show.")
+@_config_opt
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of tables.")
+@click.option(
+    "--max-age",
+    type=float,
+    default=None,
+    help="Seconds after which a status file counts as stale (default 120).",
+)
+def status_cmd(site_name: str, config_path: Path, as_json: bool, max_age: float | None) -> None:
+    """The site application's queries and replication: per query and per neighbour and
+    stream, state, lag (records, seconds), last success; the routes. Reads the status
+    files in the site's checkpoint_dir. Exit 1 when they are missing or stale, or a
+    query failed."""
+    import json
+
+    from spark_core.status import DEFAULT_MAX_AGE_S, read_status, render
+
+    cfg = load_or_exit(load_config, config_path)
+    site = load_or_exit(lambda _: cfg.site(site_name), config_path)
+    status = read_status(site, max_age_s=DEFAULT_MAX_AGE_S if max_age is None else max_age)
+    if as_json:
+        click.echo(json.dumps(status.as_json(), indent=1))
+    else:
+        for line in render(status):
+            click.echo(line)
+    if not status.ok:
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     main()

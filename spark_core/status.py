@@ -1,0 +1,241 @@
+"""A site application's state for an operator: ``shorelink-spark status --site S``.
+
+The application writes two files in the site's ``checkpoint_dir``, each to a temporary
+name then renamed (so a reader never sees half of one):
+
+- ``queries.status.json`` (spark_core/progress.py): every supervised query's state and
+  last progress: batch, input rows, Kafka records not processed yet;
+- ``replication.status.json`` (spark_core/replication.py): per neighbour the link's
+  state, and per stream the inbox state (``up``, ``catching_up``, ``down``, ``idle``:
+  the records come by another route), lag in records and seconds, last success; the
+  routes (entry site -> the neighbour its records come through).
+
+This module reads them, judges them (:func:`read_status`: a missing file means the
+application has not run at this site, an old one that it is not running now) and lays
+them out (:func:`render`). It reads files only: it works while Kafka or Spark is down,
+which is when it is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from spark_core.config import SiteConfig
+
+__all__ = [
+    "DEFAULT_MAX_AGE_S",
+    "QUERIES_FILE",
+    "REPLICATION_FILE",
+    "SiteStatus",
+    "read_status",
+    "render",
+]
+
+QUERIES_FILE = "queries.status.json"
+REPLICATION_FILE = "replication.status.json"
+#: a status file older than this: the application is not running (it rewrites the
+#: queries file on every batch and at least every idle progress event, ~10 s, and the
+#: replication file every ``probe_interval``)
+DEFAULT_MAX_AGE_S = 120.0
+
+
+@dataclass
+class SiteStatus:
+    site: str
+    checkpoint_dir: Path
+    #: ``queries.status.json`` as written, or None when missing
+    queries: dict[str, Any] | None
+    #: ``replication.status.json`` as written, or None when missing
+    replication: dict[str, Any] | None
+    #: age in seconds of each file read (by its own ``updated_*`` stamp)
+    ages: dict[str, float] = field(default_factory=dict)
+    #: what makes the status not OK (the command exits 1 when any)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "site": self.site,
+            "ok": self.ok,
+            "problems": self.problems,
+            "ages_s": {k: round(v, 1) for k, v in self.ages.items()},
+            "queries": (self.queries or {}).get("queries", []),
+            "replication": self.replication,
+        }
+
+
+def _load(path: Path, problems: list[str]) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        problems.append(f"cannot read {path}: {exc}")
+        return None
+    if not isinstance(data, dict):
+        problems.append(f"{path} is not a JSON object")
+        return None
+    return data
+
+
+def read_status(
+    site: SiteConfig, *, max_age_s: float = DEFAULT_MAX_AGE_S, now: float | None = None
+) -> SiteStatus:
+    """Read and judge the site's status files."""
+    now = time.time() if now is None else now
+    d = site.checkpoint_dir
+    problems: list[str] = []
+    queries = _load(d / QUERIES_FILE, problems)
+    replication = _load(d / REPLICATION_FILE, problems)
+    status = SiteStatus(site.name, d, queries, replication, problems=problems)
+    if queries is None and replication is None and not problems:
+        problems.append(
+            f"no status in {d}: the site application has not run here "
+            f"(start it: shorelink-spark site --site {site.name} --config ...)"
+        )
+        return status
+    if queries is None:
+        problems.append(f"no {QUERIES_FILE} in {d}: no query of the application has started")
+    else:
+        updated = queries.get("updated_ms")
+        if isinstance(updated, int | float):
+            status.ages["queries"] = now - updated / 1000
+        for q in queries.get("queries") or ():
+            if q.get("state") == "failed":
+                problems.append(f"query {q.get('query')} failed")
+    if replication is None:
+        if site.neighbours:
+            problems.append(
+                f"no {REPLICATION_FILE} in {d}: replication from "
+                f"{', '.join(site.neighbours)} has not started"
+            )
+    else:
+        updated = replication.get("updated_at")
+        if isinstance(updated, int | float):
+            status.ages["replication"] = now - updated
+    for what, age in status.ages.items():
+        if age > max_age_s:
+            problems.append(
+                f"{what} status is {_age(age)} old (bound {_age(max_age_s)}): the site "
+                "application is not running, or is stuck"
+            )
+    return status
+
+
+# -- layout ----------------------------------------------------------------------------
+
+
+def _age(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172800:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
+
+
+def _ago(epoch_s: Any, now: float) -> str:
+    if not isinstance(epoch_s, int | float):
+        return "-"
+    return f"{_age(now - epoch_s)} ago"
+
+
+def _iso_ago(text: Any, now: float) -> str:
+    """Spark's progress ``timestamp`` (ISO 8601, UTC) as an age."""
+    if not isinstance(text, str):
+        return "-"
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return text
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return _ago(t.timestamp(), now)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.1f}"
+    return str(v)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in [header, *rows]
+    ]
+
+
+def render(status: SiteStatus, now: float | None = None) -> list[str]:
+    """The status as lines of text: the queries, then each neighbour and its streams,
+    then the routes and the problems."""
+    now = time.time() if now is None else now
+    ages = ", ".join(f"{k} updated {_age(v)} ago" for k, v in status.ages.items())
+    out = [f"site {status.site}" + (f" ({ages})" if ages else "")]
+    queries = (status.queries or {}).get("queries") or []
+    if queries:
+        rows = [
+            [
+                str(q.get("query", "?")),
+                str(q.get("state", "?")),
+                _cell(q.get("batch_id")),
+                _cell(q.get("lag_records")),
+                "-",
+                _iso_ago(q.get("timestamp"), now),
+            ]
+            for q in sorted(queries, key=lambda q: str(q.get("query")))
+        ]
+        out += [
+            "",
+            *_table(["QUERY", "STATE", "BATCH", "LAG_RECORDS", "LAG_S", "LAST_BATCH"], rows),
+        ]
+    rep = status.replication or {}
+    neighbours = rep.get("neighbours") or {}
+    errors: list[str] = []
+    if neighbours:
+        rows = []
+        for name in sorted(neighbours):
+            n = neighbours[name] or {}
+            link = str(n.get("state", "?"))
+            if n.get("since") is not None:
+                link += f" since {_ago(n.get('since'), now)}"
+            rows.append([name, "(link)", link, "-", "-", _ago(n.get("last_ok"), now)])
+            if n.get("error"):
+                errors.append(f"{name}: link error: {n['error']}")
+            for stream in sorted(n.get("streams") or {}):
+                st = n["streams"][stream] or {}
+                rows.append(
+                    [
+                        "",
+                        stream,
+                        str(st.get("state", "?")),
+                        _cell(st.get("lag_records")),
+                        _cell(st.get("lag_s")),
+                        _ago(st.get("last_success"), now),
+                    ]
+                )
+        header = ["NEIGHBOUR", "STREAM", "STATE", "LAG_RECORDS", "LAG_S", "LAST_SUCCESS"]
+        out += ["", *_table(header, rows), *errors]
+    routes = rep.get("routes") or {}
+    if routes:
+        shown = ", ".join(
+            f"{entry} via {via}" if via else f"{entry}: no route"
+            for entry, via in sorted(routes.items())
+        )
+        out += ["", f"routes (entry site -> neighbour): {shown}"]
+    if status.problems:
+        out += ["", *(f"problem: {p}" for p in status.problems)]
+    return out
