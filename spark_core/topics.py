@@ -20,6 +20,7 @@ reported as an error, and left as it is. :func:`plan_changes` decides, without I
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -205,7 +206,10 @@ def plan_changes(
     for spec in specs:
         have = existing.get(spec.name)
         if have is None:
-            what = [f"{spec.partitions} partitions", f"retention {_retention(spec.retention_ms)}"]
+            what = [
+                f"{spec.partitions} partition{'s' if spec.partitions > 1 else ''}",
+                f"retention {_retention(spec.retention_ms)}",
+            ]
             if spec.compacted:
                 what.append("compacted")
             out.append(Change(spec.name, "create", ", ".join(what), partitions=spec.partitions))
@@ -379,8 +383,38 @@ def apply_topics(
             c.detail,
             c.error,
         )
+    applied = {c.topic for c in done if c.error is None and c.action in _CHANGES}
+    failed = {c.topic for c in done if c.error is not None}
+    if applied:
+        _settle(bootstrap, [by_name[t] for t in applied - failed], isr, timeout, strict)
     order = {c.topic: i for i, c in enumerate(changes)}
     return sorted(done, key=lambda c: order[c.topic])
+
+
+_CHANGES = ("create", "partitions", "config")
+
+
+def _settle(
+    bootstrap: str,
+    specs: Sequence[TopicSpec],
+    min_insync: int,
+    timeout: float,
+    strict: Collection[str] | None,
+) -> None:
+    """Wait until the cluster shows what was applied: a broker serves metadata and
+    configs a moment after the controller accepted a change, and a run that read the
+    old state right after would do (or refuse) the same change again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        _, existing = read_topics(bootstrap, [s.name for s in specs], timeout)
+        pending = [
+            c for c in plan_changes(specs, existing, 1, min_insync, strict) if c.action in _CHANGES
+        ]
+        if not pending or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for c in pending:
+        log.warning("event=topic_change_not_visible topic=%s change=%r", c.topic, c.detail)
 
 
 def _outcome(change: Change, fut: object, timeout: float) -> Change:
