@@ -17,6 +17,8 @@ __all__ = [
     "progress",
     "purge",
     "query",
+    "replication",
+    "routing",
     "session",
     "status",
     "tables",

@@ -31,8 +31,6 @@ from shorelink.contract import (
     H_SITE,
     LEDGER_TOPIC,
     MARKER_TOPIC,
-    canonical_topic,
-    dead_topic,
     marker_key,
     relay_topic,
 )
@@ -52,6 +50,7 @@ from spark_core.merge_state import (
     topic_stream,
 )
 from spark_core.purge import SourcePurger
+from spark_core.topics import relay_entries, stream_specs
 
 __all__ = [
     "BatchPlan",
@@ -101,9 +100,8 @@ class Merger:
         #: the sites of the file (entry sites of the relay topics), when some site
         #: pulls from this one: then every new record also goes to
         #: ``sl.relay.<entry>.<stream>`` in the same transaction
-        self.entries: frozenset[str] = frozenset()
-        if sites is not None and any(site.name in s.neighbours for s in sites.sites.values()):
-            self.entries = frozenset(sites.sites)
+        self._sites = sites
+        self.entries = frozenset(relay_entries(site, sites))
         self._relays: dict[tuple[str, bytes | str | None], str] = {}
         self.transactional_id = (
             site.merge.transactional_id
@@ -196,28 +194,7 @@ class Merger:
         self._ensure(self._stream_specs(streams))
 
     def _stream_specs(self, streams: Iterable[str]) -> list[TopicSpec]:
-        m = self.site.merge
-        specs: list[TopicSpec] = []
-        for s in streams:
-            specs.append(
-                TopicSpec(
-                    canonical_topic(s),
-                    partitions=m.canonical_partitions,
-                    retention_ms=-1
-                    if m.canonical_retention_ms is None
-                    else m.canonical_retention_ms,
-                )
-            )
-            specs.append(TopicSpec(dead_topic(s), retention_ms=m.dead_retention_ms))
-            specs += [
-                TopicSpec(
-                    relay_topic(e, s),
-                    partitions=m.canonical_partitions,
-                    retention_ms=self.site.replication.relay_retention_ms,
-                )
-                for e in sorted(self.entries)
-            ]
-        return specs
+        return stream_specs(self.site, self._sites, streams)
 
     def _relay(self, stream_topic: str, headers: Sequence[tuple[str, Any]]) -> str:
         """The relay topic of a canonical record: its entry site (``sl.site``) and

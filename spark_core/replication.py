@@ -27,12 +27,13 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from shorelink.contract import H_ORIGIN, H_SEQ, H_STREAM, LEDGER_TOPIC, inbox_topic, relay_topic
+from shorelink.contract import H_ORIGIN, H_SEQ, H_STREAM, LEDGER_TOPIC, relay_topic
 from shorelink.errors import ContractError
 from shorelink.ledger import decode_entry
 from shorelink.ranges import RangeSet
-from shorelink.topics import TopicSpec, ensure_topics
+from shorelink.topics import ensure_topics
 from spark_core.config import SiteConfig
+from spark_core.topics import inbox_specs
 
 __all__ = ["InboxQuery", "LedgerView", "inbox_queries", "start_inbox"]
 
@@ -235,17 +236,10 @@ def inbox_queries(
 
 
 def ensure_inboxes(site: SiteConfig) -> None:
-    """The site's ``sl.inbox.<neighbour>.<stream>`` topics (no time retention: only the
-    merge deletes from them, below what it committed; spark_core/purge.py)."""
+    """The site's ``sl.inbox.<neighbour>.<stream>`` topics (spark_core/topics.py)."""
     ensure_topics(
         site.kafka_bootstrap,
-        [
-            TopicSpec(
-                inbox_topic(n, s), partitions=site.merge.canonical_partitions, retention_ms=-1
-            )
-            for n in site.neighbours
-            for s in site.streams
-        ],
+        inbox_specs(site),
         timeout=site.kafka_timeout_s,
         durability=site.durability,
     )

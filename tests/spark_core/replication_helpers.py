@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from local_stack.kafka import KafkaBroker, LinkListener, start_kafka
 from local_stack.process import free_port
@@ -60,7 +60,9 @@ def start_mesh(root: Path, logs: Path, toxiproxy: Toxiproxy) -> Mesh:
     }
     for s in SLOTS:
         for r, ln in ports[s].items():
-            toxiproxy.create_proxy(proxy_name(s, r), f"127.0.0.1:{ln.advertised}", f"127.0.0.1:{ln.port}")
+            toxiproxy.create_proxy(
+                proxy_name(s, r), f"127.0.0.1:{ln.advertised}", f"127.0.0.1:{ln.port}"
+            )
         brokers[s] = start_kafka(s, root / s, logs, heap="384m", wait=False, links=ports[s])
     for b in brokers.values():
         b.proc.wait_ready(b.ready, timeout=90)
@@ -124,7 +126,8 @@ report_ttl = "10s"
     def create_ingress(self) -> None:
         for name in self.slots:
             ensure_topics(
-                self.bootstrap(name), [TopicSpec(ingress_topic(s), partitions=2) for s in self.streams]
+                self.bootstrap(name),
+                [TopicSpec(ingress_topic(s), partitions=2) for s in self.streams],
             )
 
 
@@ -158,7 +161,13 @@ def full_mesh(slots: Sequence[str]) -> dict[str, list[str]]:
 
 def enter(topo: Topology, site: str, records: Iterable[Record]) -> None:
     """Records entering at ``site``: written to its ingress as its gateway does."""
-    p = Producer({"bootstrap.servers": topo.bootstrap(site), "transactional.id": unique("gw"), "linger.ms": 5})
+    p = Producer(
+        {
+            "bootstrap.servers": topo.bootstrap(site),
+            "transactional.id": unique("gw"),
+            "linger.ms": 5,
+        }
+    )
     p.init_transactions(20)
     p.begin_transaction()
     for r in records:
@@ -166,9 +175,18 @@ def enter(topo: Topology, site: str, records: Iterable[Record]) -> None:
     p.commit_transaction(30)
 
 
-def records(site: str, origin: str, stream: str, seqs: Iterable[int], size: int = 60) -> list[Record]:
+def records(
+    site: str, origin: str, stream: str, seqs: Iterable[int], size: int = 60
+) -> list[Record]:
     return [
-        Record(Identity(origin, stream, q), f"c{q % 17}".encode(), (b"%08d" % q) * (size // 8), 1_700_000_000_000 + q, site, f"ship/{origin}/c")
+        Record(
+            Identity(origin, stream, q),
+            f"c{q % 17}".encode(),
+            (b"%08d" % q) * (size // 8),
+            1_700_000_000_000 + q,
+            site,
+            f"ship/{origin}/c",
+        )
         for q in seqs
     ]
 
@@ -203,10 +221,18 @@ class Running:
 
 
 def identities(topo: Topology, site: str, stream: str) -> Counter[Identity]:
-    return Counter(r.identity for r in canonical(topo.bootstrap(site), stream))
+    """The identities in the site's canonical topic (none while it does not exist yet)."""
+    try:
+        return Counter(r.identity for r in canonical(topo.bootstrap(site), stream))
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return Counter()
+        raise
 
 
-def converged(topo: Topology, expected: Mapping[str, set[Identity]]) -> Iterator[tuple[str, str, str]]:
+def converged(
+    topo: Topology, expected: Mapping[str, set[Identity]]
+) -> Iterator[tuple[str, str, str]]:
     """What is still wrong: (site, stream, why) for every site whose canonical topic
     does not hold exactly ``expected[stream]``, each once."""
     for site in topo.slots:

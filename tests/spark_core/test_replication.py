@@ -13,6 +13,7 @@ from local_stack.toxiproxy import ToxiproxyServer
 from shorelink.identity import Identity
 from tests.conftest import unique
 from tests.helpers import eventually
+from tests.spark_core.helpers import canonical
 from tests.spark_core.replication_helpers import (
     SLOTS,
     Mesh,
@@ -20,6 +21,7 @@ from tests.spark_core.replication_helpers import (
     converged,
     enter,
     full_mesh,
+    identities,
     records,
     start_mesh,
     topology,
@@ -47,7 +49,9 @@ def ids(recs: list) -> set[Identity]:
     return {r.identity for r in recs}
 
 
-def test_ring_of_three_converges_each_identity_once(spark: object, healed: Mesh, tmp_path: Path) -> None:
+def test_ring_of_three_converges_each_identity_once(
+    spark: object, healed: Mesh, tmp_path: Path
+) -> None:
     stream = unique("cont")
     topo = topology(healed, tmp_path, full_mesh(SLOTS[:3]), [stream])
     a, b, c = topo.slots
@@ -64,3 +68,129 @@ def test_ring_of_three_converges_each_identity_once(spark: object, healed: Mesh,
         run.start()
         eventually(lambda: not list(converged(topo, want)), 180, "the ring converged")
     assert not list(converged(topo, want))
+
+
+def _crossed(run: Running, site: str) -> int:
+    """Records the site's inbox queries read from its neighbours."""
+    rep = run.sups[site].replicator
+    assert rep is not None
+    return sum(q.read for q in rep.queries)
+
+
+def _routes(run: Running, site: str) -> dict[str, str | None]:
+    rep = run.sups[site].replicator
+    assert rep is not None
+    return dict(rep.routes)
+
+
+def test_full_mesh_of_four_each_record_crosses_into_each_site_about_once_and_transit_covers_a_cut(
+    spark: object, healed: Mesh, tmp_path: Path
+) -> None:
+    stream = unique("cont")
+    topo = topology(healed, tmp_path, full_mesh(SLOTS), [stream])
+    a, b, c, _d = topo.slots
+    entered = {
+        a: records(a, "s1", stream, range(1, 401)),
+        b: records(b, "s2", stream, range(1, 401)),
+        c: records(c, "s3", stream, range(1, 401)),
+    }
+    for site, recs in entered.items():
+        enter(topo, site, recs)
+    want = {stream: set().union(*(ids(r) for r in entered.values()))}
+    with Running(spark, topo) as run:
+        run.start()
+        eventually(lambda: not list(converged(topo, want)), 240, "the mesh converged")
+        # steady state, every link up: each record crossed into each site about once
+        for site in topo.slots:
+            lacked = len(want[stream]) - len(entered.get(site, []))
+            crossed = _crossed(run, site)
+            assert lacked <= crossed <= 1.2 * lacked, (site, crossed, lacked)
+        assert _routes(run, b)[a] == a
+        # cut b <- a: b takes a's records from another site (transit)
+        topo.cut(b, a)
+        eventually(
+            lambda: _routes(run, b)[a] not in (a, None), 30, "b routes a's records around the cut"
+        )
+        more = records(a, "s1", stream, range(401, 601))
+        enter(topo, a, more)
+        want[stream] |= ids(more)
+        eventually(
+            lambda: not list(converged(topo, want)), 180, "a's new records reached b by transit"
+        )
+        # heal: the direct route comes back, and nothing doubles
+        topo.cut(b, a, False)
+        eventually(lambda: _routes(run, b)[a] == a, 30, "b pulls from a again")
+        last = records(a, "s1", stream, range(601, 701))
+        enter(topo, a, last)
+        want[stream] |= ids(last)
+        eventually(lambda: not list(converged(topo, want)), 180, "converged after the heal")
+    assert not list(converged(topo, want))
+
+
+def test_a_ship_half_at_tokyo_half_at_sydney_hq_holds_the_stream_once_in_seq_order(
+    spark: object, healed: Mesh, tmp_path: Path
+) -> None:
+    """A line tokyo - hq - sydney: tokyo gets sydney's records only through hq."""
+    stream = unique("nav")
+    topo = topology(healed, tmp_path, {"ra": ["rb"], "rb": ["ra", "rc"], "rc": ["rb"]}, [stream])
+    tokyo, hq, sydney = topo.slots
+    first = records(tokyo, "ship9", stream, range(1, 501))
+    rest = records(sydney, "ship9", stream, range(501, 1001))
+    with Running(spark, topo) as run:
+        run.start()
+        enter(topo, tokyo, first)
+        eventually(
+            lambda: not list(converged(topo, {stream: ids(first)})), 180, "tokyo's half everywhere"
+        )
+        enter(topo, sydney, rest)  # the ship sailed on
+        want = {stream: ids(first) | ids(rest)}
+        eventually(lambda: not list(converged(topo, want)), 180, "the whole stream everywhere")
+        assert _routes(run, tokyo)[sydney] == hq
+    got = canonical(topo.bootstrap(hq), stream)
+    by_partition: dict[int, list[int]] = {}
+    for r, part in zip(got, _partitions(topo.bootstrap(hq), stream), strict=True):
+        by_partition.setdefault(part, []).append(r.identity.seq)
+    for part, seqs in by_partition.items():
+        assert seqs == sorted(seqs), f"partition {part} out of seq order"
+    assert sorted(r.identity.seq for r in got) == list(range(1, 1001))
+
+
+def _partitions(bootstrap: str, stream: str) -> list[int]:
+    from shorelink.contract import canonical_topic
+    from shorelink.kafka_io import read_to_end
+
+    return [m.partition() for m in read_to_end(bootstrap, [canonical_topic(stream)])]
+
+
+def test_an_alert_overtakes_a_containers_catch_up(
+    spark: object, healed: Mesh, tmp_path: Path
+) -> None:
+    """b was away while a took in a containers backlog; when b comes back, an alert that
+    enters at a during b's catch-up reaches b before the backlog does."""
+    containers, alerts = unique("cont"), unique("alert")
+    topo = topology(
+        healed,
+        tmp_path,
+        full_mesh(SLOTS[:2]),
+        [containers, alerts],
+        urgent=[alerts],
+        max_offsets=5_000,
+    )
+    a, b = topo.slots
+    backlog = records(a, "s1", containers, range(1, 60_001), size=200)
+    for i in range(0, len(backlog), 20_000):
+        enter(topo, a, backlog[i : i + 20_000])
+    with Running(spark, topo) as run:
+        run.start(a)
+        eventually(
+            lambda: len(identities(topo, a, containers)) == len(backlog),
+            180,
+            "a merged its backlog",
+        )
+        run.start(b)
+        eventually(lambda: len(identities(topo, b, containers)) > 0, 120, "b's catch-up under way")
+        enter(topo, a, records(a, "s1", alerts, [1]))
+        eventually(lambda: len(identities(topo, b, alerts)) == 1, 60, "the alert reached b")
+        at_alert = len(identities(topo, b, containers))
+        assert at_alert < len(backlog), "the alert waited for the whole backlog"
+        eventually(lambda: len(identities(topo, b, containers)) == len(backlog), 240, "b caught up")
