@@ -1,4 +1,4 @@
-"""``shorelink``: the project-level command (audit; the commands other installed
+"""``shorelink``: the project-level command (audit, consume; the commands other installed
 packages add, such as the local stack's ``shorelink stack ...``).
 
 The kernel imports nothing of the project above it. Another package extends this command
@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import click
 
@@ -38,32 +39,68 @@ def main() -> None:
 @main.command()
 @click.option(
     "--site",
-    required=True,
-    help="Site name (for the report; with an option such as --stack, which site's Kafka).",
+    default=None,
+    help="Site name (for the report; with --config or an option such as --stack, which "
+    "site's Kafka). Not with --all-sites.",
 )
 @click.option("--bootstrap", default=None, help="The site's Kafka bootstrap (host:port).")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="The sites file (sites.toml): the site's [sites.S.kafka] bootstrap; with "
+    "--all-sites, every [sites.S] with its bootstrap and streams.",
+)
+@click.option(
+    "--all-sites",
+    is_flag=True,
+    help="Compare every site of --config: per stream, identities one site holds and "
+    "another lacks, and duplicates at any site. Exits 1 if any.",
+)
 @click.option("--stream", "streams", multiple=True, help="Only these streams (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def audit(
     ctx: click.Context,
-    site: str,
+    site: str | None,
     bootstrap: str | None,
+    config_path: Path | None,
+    all_sites: bool,
     streams: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Count identities in a site's canonical topics: per (origin, stream) the
-    identities, duplicates and gaps. Exits 1 if any duplicate or gap is found."""
+    identities, duplicates and gaps. Exits 1 if any duplicate or gap is found.
+
+    With --all-sites --config sites.toml: compare the canonical topics of every site."""
     from shorelink.audit import audit_site
 
+    if all_sites:
+        if config_path is None:
+            fail(click.UsageError("--all-sites takes the sites from --config sites.toml"))
+        if site is not None or bootstrap is not None:
+            fail(
+                click.UsageError(
+                    "--all-sites compares every site: leave out --site and --bootstrap"
+                )
+            )
+        _audit_all_sites(config_path, streams, as_json)
+        return
+    if site is None:
+        fail(click.UsageError("give --site S (or --all-sites)"))
     locate: Callable[[str], str] | None = ctx.meta.get(BOOTSTRAP_LOCATOR)
+    if bootstrap is None and config_path is not None:
+        bootstrap = _site_bootstrap(config_path, site)
     if bootstrap is None and locate is not None:
         try:
             bootstrap = locate(site)
         except ShorelinkError as exc:
             fail(exc)
     if bootstrap is None:
-        fail(click.UsageError(" or ".join(["give --bootstrap", *_added_options(audit)])))
+        fail(
+            click.UsageError(" or ".join(["give --bootstrap", *_added_options(audit), "--config"]))
+        )
     results, malformed = audit_site(bootstrap, streams or None)
     bad = any(r.duplicates or r.gaps for r in results) or malformed > 0
     if as_json:
@@ -93,6 +130,156 @@ def audit(
         )
     if bad:
         sys.exit(1)
+
+
+def _audit_all_sites(config_path: Path, streams: tuple[str, ...], as_json: bool) -> None:
+    from shorelink.audit import audit_sites
+    from shorelink.sites import load_sites
+
+    try:
+        sites = load_sites(config_path)
+        report = audit_sites(
+            {s.name: (s.bootstrap, s.streams) for s in sites.values()}, streams or None
+        )
+    except ShorelinkError as exc:
+        fail(exc)
+    if as_json:
+        click.echo(json.dumps({"sites": list(sites), **report.to_json()}, indent=2))
+    else:
+        click.echo(
+            f"{'stream':14} {'site':16} {'records':>10} {'identities':>10} "
+            f"{'duplicates':>10} {'missing':>8}"
+        )
+        for r in report.results:
+            click.echo(
+                f"{r.stream:14} {r.site:16} {r.records:>10} {r.identities:>10} "
+                f"{r.duplicates:>10} {r.missing_count:>8}"
+                + ("" if r.present else "  (no canonical topic)")
+            )
+        for line in report.problems():
+            click.echo(line)
+        click.echo(
+            "OK: every site holds the same identities, each once"
+            if report.ok
+            else "NOT OK: identities missing at a site or duplicated"
+        )
+    if not report.ok:
+        sys.exit(1)
+
+
+def _site_bootstrap(config_path: Path, site: str, stream: Iterable[str] = ()) -> str:
+    """``sites.<site>.kafka.bootstrap`` of the sites file, or exit 2 saying why."""
+    from shorelink.sites import load_sites
+
+    try:
+        sites = load_sites(config_path)
+    except ShorelinkError as exc:
+        fail(exc)
+    found = sites.get(site)
+    if found is None:
+        fail(ShorelinkError(f"no site {site!r} in {config_path} (sites: {', '.join(sites)})"))
+    for s in stream:
+        if s not in found.streams:
+            fail(
+                ShorelinkError(
+                    f"{s!r} is not a stream of site {site} in {config_path} "
+                    f"(streams: {', '.join(found.streams)})"
+                )
+            )
+    return found.bootstrap
+
+
+@main.command()
+@click.option("--site", required=True, help="The site to read (its name in --config).")
+@click.option(
+    "--stream",
+    "streams",
+    multiple=True,
+    required=True,
+    help="Stream to read, sl.<stream> (repeatable).",
+)
+@click.option(
+    "--position",
+    "position_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Position file (JSON): read at start if it exists, saved after each printed "
+    "batch. The same file resumes at any other site. Without it: from the beginning.",
+)
+@click.option("--follow", "-f", is_flag=True, help="Keep waiting for new records.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="The sites file (sites.toml): the site's Kafka is its [sites.S.kafka] bootstrap.",
+)
+@click.option(
+    "--bootstrap", default=None, help="The site's Kafka (host:port), instead of --config."
+)
+@click.option(
+    "--max",
+    "max_records",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Stop after printing this many records.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds the site's Kafka may take to answer at start.",
+)
+def consume(
+    site: str,
+    streams: tuple[str, ...],
+    position_path: Path | None,
+    follow: bool,
+    config_path: Path | None,
+    bootstrap: str | None,
+    max_records: int | None,
+    timeout: float,
+) -> None:
+    """Print a site's canonical records as JSON lines (identity, key, value, ts, site,
+    topic/partition/offset), skipping what the position has seen (docs/consumers.md).
+    Without --follow, stops at the end of the topics. Exits 2 on a bad position file,
+    an unknown site or a Kafka that does not answer."""
+    from shorelink.consumer import PortableConsumer
+    from shorelink.position import FileStore
+
+    if (bootstrap is None) == (config_path is None):
+        fail(click.UsageError("give one of --bootstrap HOST:PORT or --config sites.toml"))
+    if bootstrap is None:
+        assert config_path is not None
+        bootstrap = _site_bootstrap(config_path, site, streams)
+    store = FileStore(position_path) if position_path is not None else None
+    printed = skipped = 0
+    try:
+        consumer = PortableConsumer(bootstrap, list(streams), store=store, timeout=timeout)
+        with consumer:
+            while max_records is None or printed < max_records:
+                want = consumer.batch_size
+                if max_records is not None:
+                    want = min(want, max_records - printed)
+                batch = consumer.poll(want)
+                if batch:
+                    for c in batch:
+                        click.echo(json.dumps(c.to_json(), separators=(",", ":")))
+                    sys.stdout.flush()
+                    consumer.commit()
+                    printed += len(batch)
+                elif consumer.caught_up and not follow:
+                    break
+                skipped = consumer.skipped
+    except ShorelinkError as exc:
+        fail(exc)
+    except KeyboardInterrupt:
+        pass
+    click.echo(
+        f"site {site}: printed {printed} records, skipped {skipped} already seen",
+        err=True,
+    )
 
 
 _ADDED: dict[str, list[str]] = {}

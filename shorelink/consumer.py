@@ -1,0 +1,335 @@
+"""A consumer of a site's canonical topics whose position moves between sites.
+
+:class:`PortableConsumer` reads ``sl.<stream>`` (``read_committed``, as the record
+contract asks) at one site and keeps its position as identities, ``(origin, stream) ->
+seqs seen`` (:class:`~shorelink.position.Position`), not as Kafka offsets. Identities
+are the same at every site while offsets are not, so the same position resumes at any
+other site: what it holds is skipped, everything else is delivered (docs/consumers.md).
+
+Why it reads a topic it has never read from the beginning: at another site there is no
+cheap way to know from which offset on a partition holds only unseen identities. Record
+timestamps are the merge's write time *at that site* (and ``sl.ts`` is event time, in
+no order a site keeps), and a record that reached the new site late (a link was down)
+sits after records the consumer has not seen. So a failover reads the new site's
+retained topic once and skips by identity (a header parse and a range lookup per
+record: about 230,000 a second on one core, before fetching the bytes); from then on the position's *offset hints*
+(per Kafka topic id and partition: everything below was handled) let a restart at the
+same site start where it stopped. A hint is used only at the topic it was made at, and
+only while it lies within the partition's retained offsets.
+
+Delivery: :meth:`PortableConsumer.poll` hands over records; :meth:`~PortableConsumer.
+commit` records everything handed over so far as processed and saves the position.
+A crash between the two hands the uncommitted records over again (at least once to the
+caller); a committed identity is never handed over again, at this site or any other
+(exactly once per position). Within a run an identity is handed over once even if a
+site held it twice.
+
+Order: each partition in offset order, partitions interleaved. The merge keys a record
+by its logical key (``murmur2_random``), so one ``(origin, stream)`` spans partitions,
+while one key's records share a partition: per ``(origin, stream, key)`` a consumer gets
+the site's merge order, which is seq order except where a source's seqs reached the
+site out of order (part of a stream through another site, later).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicCollection,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
+
+from shorelink.contract import Record, canonical_topic
+from shorelink.errors import ContractError, ShorelinkError
+from shorelink.identity import Identity
+from shorelink.position import Position, PositionStore
+
+__all__ = ["Consumed", "ConsumerError", "PortableConsumer"]
+
+log = logging.getLogger(__name__)
+
+#: consumer errors that librdkafka recovers from by itself (a broker restarting, a link
+#: down for a while): logged, and the consumer keeps going
+_TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT}
+
+
+class ConsumerError(ShorelinkError):
+    """The site's Kafka cannot be reached or does not have the topic asked for."""
+
+
+@dataclass(frozen=True, slots=True)
+class Consumed:
+    """A record as the consumer hands it over, with where it was read at this site."""
+
+    record: Record
+    topic: str
+    partition: int
+    offset: int
+
+    @property
+    def identity(self) -> Identity:
+        return self.record.identity
+
+    def to_json(self) -> dict[str, Any]:
+        """One JSON object (``shorelink consume``'s line): key and value as text when
+        they are UTF-8, else base64 under ``key_b64``/``value_b64``."""
+        r = self.record
+        out: dict[str, Any] = {
+            "origin": r.identity.origin,
+            "stream": r.identity.stream,
+            "seq": r.identity.seq,
+        }
+        out.update(_text("key", r.key))
+        out.update(_text("value", r.value))
+        out.update(
+            ts=r.ts_ms,
+            site=r.site,
+            mqtt_topic=r.mqtt_topic,
+            topic=self.topic,
+            partition=self.partition,
+            offset=self.offset,
+        )
+        return out
+
+
+def _text(name: str, raw: bytes) -> dict[str, str]:
+    try:
+        return {name: raw.decode()}
+    except UnicodeDecodeError:
+        return {f"{name}_b64": base64.b64encode(raw).decode()}
+
+
+class PortableConsumer:
+    """Reads the canonical topics of ``streams`` at the site whose Kafka is
+    ``bootstrap``, skipping every identity in its position.
+
+    ``store`` loads the position at start and saves it on :meth:`commit`; ``position``
+    starts from a given one instead (and is then not loaded). ``timeout``: how long the
+    site's Kafka may take to answer at start (:class:`ConsumerError` after it).
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        streams: Sequence[str],
+        *,
+        store: PositionStore | None = None,
+        position: Position | None = None,
+        timeout: float = 10.0,
+        batch_size: int = 500,
+        extra: dict[str, object] | None = None,
+    ) -> None:
+        if not streams:
+            raise ValueError("name at least one stream")
+        self.bootstrap = bootstrap
+        self.topics = [canonical_topic(s) for s in streams]
+        self.store = store
+        self.position = (
+            position if position is not None else (store.load() if store else Position())
+        )
+        self.timeout = timeout
+        self.batch_size = batch_size
+        self._extra = extra or {}
+        self._consumer: Consumer | None = None
+        self._topic_ids: dict[str, str] = {}
+        self._pending = Position()  # handed over, not committed
+        self._next: dict[tuple[str, int], int] = {}  # next offset to take, per partition
+        self._eof: dict[tuple[str, int], bool] = {}
+        self._buffer: deque[Message] = deque()
+        #: records skipped because the position (or this run) had their identity
+        self.skipped = 0
+        #: records that break the record contract (never handed over)
+        self.malformed = 0
+
+    # -- life cycle ----------------------------------------------------------------------
+    def open(self) -> None:
+        """Connect and assign every partition (at its offset hint, or the beginning)."""
+        if self._consumer is not None:
+            return
+        conf: dict[str, object] = {
+            "bootstrap.servers": self.bootstrap,
+            "group.id": "shorelink-portable-consumer",  # partitions are assigned, not joined
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "logger": log,
+            **self._extra,
+        }
+        consumer = Consumer(conf)
+        try:
+            self._assign(consumer)
+        except BaseException:
+            consumer.close()
+            raise
+        self._consumer = consumer
+
+    def _assign(self, consumer: Consumer) -> None:
+        try:
+            md = consumer.list_topics(timeout=self.timeout)
+        except KafkaException as exc:
+            raise ConsumerError(
+                f"Kafka at {self.bootstrap} did not answer within {self.timeout:g}s: {exc}",
+                retryable=True,
+            ) from exc
+        missing = [t for t in self.topics if t not in md.topics or md.topics[t].error]
+        if missing:
+            raise ConsumerError(
+                f"no topic {', '.join(missing)} at {self.bootstrap}: not a stream of this site?"
+            )
+        self._topic_ids = self._describe()
+        parts: list[TopicPartition] = []
+        for t in self.topics:
+            hints = self.position.hints(self._topic_ids.get(t, ""))
+            for p in sorted(md.topics[t].partitions):
+                parts.append(TopicPartition(t, p, self._start(consumer, t, p, hints.get(p))))
+                self._eof[(t, p)] = False
+        consumer.assign(parts)
+        log.info(
+            "event=consumer_assigned bootstrap=%s partitions=%d from_hint=%d",
+            self.bootstrap,
+            len(parts),
+            sum(1 for p in parts if p.offset != OFFSET_BEGINNING),
+        )
+
+    def _describe(self) -> dict[str, str]:
+        """topic -> its Kafka topic id (a UUID: one topic at one cluster, never reused)."""
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        out: dict[str, str] = {}
+        futures = admin.describe_topics(TopicCollection(self.topics), request_timeout=self.timeout)
+        for name, fut in futures.items():
+            try:
+                out[name] = str(fut.result(timeout=self.timeout).topic_id)
+            except KafkaException as exc:
+                raise ConsumerError(f"cannot describe {name} at {self.bootstrap}: {exc}") from exc
+        return out
+
+    def _start(self, consumer: Consumer, topic: str, part: int, hint: int | None) -> int:
+        if hint is None:
+            return OFFSET_BEGINNING
+        try:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, part), timeout=self.timeout, cached=False
+            )
+        except KafkaException as exc:
+            raise ConsumerError(f"cannot read offsets of {topic}[{part}]: {exc}") from exc
+        # below ``low`` retention deleted records this consumer never had
+        return hint if low <= hint <= high else OFFSET_BEGINNING
+
+    def close(self) -> None:
+        """Close the Kafka consumer; uncommitted records are not recorded."""
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def __enter__(self) -> PortableConsumer:
+        self.open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- reading -------------------------------------------------------------------------
+    @property
+    def caught_up(self) -> bool:
+        """Every partition has been read to its end (the last stable offset)."""
+        return not self._buffer and all(self._eof.values())
+
+    def poll(self, max_records: int | None = None, timeout: float = 1.0) -> list[Consumed]:
+        """Up to ``max_records`` records not seen before, in partition order; returns
+        early (maybe with none) when caught up or after ``timeout`` seconds."""
+        self.open()
+        limit = max_records or self.batch_size
+        deadline = time.monotonic() + timeout
+        out: list[Consumed] = []
+        while len(out) < limit:
+            if not self._buffer:
+                if out:
+                    break
+                self._fill(max(0.0, min(deadline - time.monotonic(), 0.1)), limit)
+                if not self._buffer and (self.caught_up or time.monotonic() >= deadline):
+                    break
+                continue
+            self._take(self._buffer.popleft(), out)
+        return out
+
+    def batches(self, *, follow: bool = False, timeout: float = 1.0) -> Iterator[list[Consumed]]:
+        """Batches of new records; without ``follow``, stop at the end of the topics.
+        Call :meth:`commit` after processing each one."""
+        while True:
+            batch = self.poll(timeout=timeout)
+            if batch:
+                yield batch
+            elif self.caught_up and not follow:
+                return
+
+    def _fill(self, timeout: float, n: int) -> None:
+        assert self._consumer is not None
+        self._buffer.extend(self._consumer.consume(max(n, 100), timeout=timeout))
+
+    def _take(self, msg: Message, out: list[Consumed]) -> None:
+        err = msg.error()
+        topic, part = msg.topic() or "", msg.partition() or 0
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                self._eof[(topic, part)] = True
+            elif err.code() in _TRANSIENT and not err.fatal():
+                log.warning("event=consumer_kafka_error bootstrap=%s error=%s", self.bootstrap, err)
+            else:
+                raise ConsumerError(f"reading {topic} at {self.bootstrap}: {err}") from (
+                    KafkaException(err)
+                )
+            return
+        offset = msg.offset() or 0
+        self._eof[(topic, part)] = False
+        self._next[(topic, part)] = offset + 1
+        try:
+            rec = Record.from_kafka(msg.key(), msg.value(), msg.headers())
+        except ContractError as exc:
+            self.malformed += 1
+            log.warning(
+                "event=consumer_malformed topic=%s partition=%d offset=%d error=%s",
+                topic,
+                part,
+                offset,
+                str(exc).replace(" ", "_"),
+            )
+            return
+        i = rec.identity
+        if self.position.seen(i) or self._pending.seen(i):
+            self.skipped += 1
+            return
+        self._pending.add(i)
+        out.append(Consumed(rec, topic, part, offset))
+
+    # -- position ------------------------------------------------------------------------
+    def commit(self) -> None:
+        """Record every record handed over so far as processed, and save the position
+        (through the store, durably, before returning)."""
+        self.position.update(self._pending)
+        for (topic, part), nxt in self._next.items():
+            tid = self._topic_ids.get(topic)
+            if tid:
+                self.position.hint((tid, topic, part), nxt)
+        self._pending = Position()
+        if self.store is not None:
+            self.store.save(self.position)
