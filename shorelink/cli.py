@@ -14,6 +14,7 @@ through two entry point groups (its pyproject's ``[project.entry-points."..."]``
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
@@ -275,7 +276,11 @@ def consume(
     except ShorelinkError as exc:
         fail(exc)
     except KeyboardInterrupt:
-        pass
+        pass  # what was printed is committed; the batch being printed comes again
+    except BrokenPipeError:
+        # the reader went away (``| head``): the unfinished batch is not committed
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
     click.echo(
         f"site {site}: printed {printed} records, skipped {skipped} already seen",
         err=True,

@@ -56,6 +56,7 @@ from confluent_kafka.admin import AdminClient
 from shorelink.contract import Record, canonical_topic
 from shorelink.errors import ContractError, ShorelinkError
 from shorelink.identity import Identity
+from shorelink.logs import RateLimitedLog
 from shorelink.position import Position, PositionStore
 
 __all__ = ["Consumed", "ConsumerError", "PortableConsumer"]
@@ -65,6 +66,9 @@ log = logging.getLogger(__name__)
 #: consumer errors that librdkafka recovers from by itself (a broker restarting, a link
 #: down for a while): logged, and the consumer keeps going
 _TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT}
+#: how often a consumer looks for partitions added to its topics (``shorelink-spark
+#: topics apply`` grows a canonical topic); a new partition is read from its beginning
+PARTITION_REFRESH_S = 10.0
 
 
 class ConsumerError(ShorelinkError):
@@ -150,6 +154,8 @@ class PortableConsumer:
         self._next: dict[tuple[str, int], int] = {}  # next offset to take, per partition
         self._eof: dict[tuple[str, int], bool] = {}
         self._buffer: deque[Message] = deque()
+        self._refresh_at = 0.0
+        self._errors = RateLimitedLog(log)
         #: records skipped because the position (or this run) had their identity
         self.skipped = 0
         #: records that break the record contract (never handed over)
@@ -199,6 +205,7 @@ class PortableConsumer:
                 parts.append(TopicPartition(t, p, self._start(consumer, t, p, hints.get(p))))
                 self._eof[(t, p)] = False
         consumer.assign(parts)
+        self._refresh_at = time.monotonic() + PARTITION_REFRESH_S
         log.info(
             "event=consumer_assigned bootstrap=%s partitions=%d from_hint=%d",
             self.bootstrap,
@@ -284,7 +291,32 @@ class PortableConsumer:
 
     def _fill(self, timeout: float, n: int) -> None:
         assert self._consumer is not None
+        if time.monotonic() >= self._refresh_at:
+            self._refresh()
         self._buffer.extend(self._consumer.consume(max(n, 100), timeout=timeout))
+
+    def _refresh(self) -> None:
+        """Assign partitions added since the start, from their beginning."""
+        assert self._consumer is not None
+        self._refresh_at = time.monotonic() + PARTITION_REFRESH_S
+        try:
+            md = self._consumer.list_topics(timeout=1.0)
+        except KafkaException:
+            return  # the site is unreachable for now: the next refresh tries again
+        new = [
+            TopicPartition(t, p, OFFSET_BEGINNING)
+            for t in self.topics
+            if t in md.topics
+            for p in sorted(md.topics[t].partitions)
+            if (t, p) not in self._eof
+        ]
+        if new:
+            for tp in new:
+                self._eof[(tp.topic, tp.partition)] = False
+            self._consumer.incremental_assign(new)
+            log.info(
+                "event=consumer_partitions_added bootstrap=%s added=%d", self.bootstrap, len(new)
+            )
 
     def _take(self, msg: Message, out: list[Consumed]) -> None:
         err = msg.error()
@@ -293,7 +325,12 @@ class PortableConsumer:
             if err.code() == KafkaError._PARTITION_EOF:
                 self._eof[(topic, part)] = True
             elif err.code() in _TRANSIENT and not err.fatal():
-                log.warning("event=consumer_kafka_error bootstrap=%s error=%s", self.bootstrap, err)
+                self._errors.warning(
+                    f"kafka:{err.code()}",
+                    "event=consumer_kafka_error bootstrap=%s error=%s",
+                    self.bootstrap,
+                    str(err).replace(" ", "_"),
+                )
             else:
                 raise ConsumerError(f"reading {topic} at {self.bootstrap}: {err}") from (
                     KafkaException(err)

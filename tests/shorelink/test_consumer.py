@@ -9,12 +9,15 @@ import json
 import random
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewPartitions
 
+import shorelink.consumer as consumer_mod
 from local_stack.kafka import KafkaBroker
 from shorelink.consumer import Consumed, ConsumerError, PortableConsumer
 from shorelink.contract import Record, canonical_topic
@@ -177,6 +180,54 @@ def test_a_restart_at_the_same_site_starts_at_its_offset_hints(
     with PortableConsumer(sites["csy"].bootstrap, [stream], store=store) as c:
         assert _drain(c) == []
         assert c.skipped == 230
+
+
+def test_records_that_reach_the_new_site_late_are_not_repeated(
+    sites: dict[str, KafkaBroker], tmp_path: Path
+) -> None:
+    """The consumer moves to a site that lags (replication has not brought everything
+    yet): when the rest arrives there, what the consumer had at the old site is skipped
+    and only what it never had is handed over."""
+    stream = unique("cons")
+    ids = [Identity("bigblue", stream, s) for s in range(1, 61)]
+    write_canonical(sites["csg"].bootstrap, stream, ids[:50], partitions=2, site="csg")
+    write_canonical(sites["csy"].bootstrap, stream, ids[:30], partitions=3, site="csy")
+    store = FileStore(tmp_path / "pos.json")
+    with PortableConsumer(sites["csg"].bootstrap, [stream], store=store) as a:
+        assert len(_drain(a)) == 50
+    with PortableConsumer(sites["csy"].bootstrap, [stream], store=store) as b:
+        assert _drain(b) == []
+        write_canonical(sites["csy"].bootstrap, stream, ids[30:], partitions=3, site="csy")
+        late: list[Identity] = []
+        deadline = time.monotonic() + 30
+        while len(late) < 10 and time.monotonic() < deadline:
+            late += _ids(b.poll(timeout=1))
+            b.commit()
+        assert sorted(late) == ids[50:]
+        assert b.skipped == 50
+
+
+def test_a_following_consumer_reads_partitions_added_to_its_topic(
+    sites: dict[str, KafkaBroker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``shorelink-spark topics apply`` may grow a canonical topic under a consumer that
+    follows it: the new partition's records must not be missed until a restart."""
+    monkeypatch.setattr(consumer_mod, "PARTITION_REFRESH_S", 0.3)
+    stream = unique("cons")
+    ids = [Identity("bigblue", stream, s) for s in range(1, 21)]
+    write_canonical(sites["csg"].bootstrap, stream, ids[:10], partitions=1, site="csg")
+    with PortableConsumer(sites["csg"].bootstrap, [stream], position=Position()) as c:
+        assert sorted(_drain(c)) == ids[:10]
+        admin = AdminClient({"bootstrap.servers": sites["csg"].bootstrap})
+        fut = admin.create_partitions([NewPartitions(canonical_topic(stream), 2)])
+        for f in fut.values():
+            f.result(20)
+        write_canonical(sites["csg"].bootstrap, stream, ids[10:], partitions=2, site="csg")
+        got: list[Identity] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 10 and time.monotonic() < deadline:
+            got += _ids(c.poll(timeout=0.5))
+        assert sorted(got) == ids[10:]
 
 
 def test_per_key_a_consumer_gets_the_order_the_site_wrote(
