@@ -4,6 +4,10 @@ session's Spark. Each test names its own sites and streams, so tests share broke
 
 from __future__ import annotations
 
+import shutil
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,12 +16,13 @@ import pytest
 from local_stack.toxiproxy import ToxiproxyServer
 from shorelink.identity import Identity
 from tests.conftest import unique
-from tests.helpers import eventually
+from tests.helpers import eventually, kill9, run_process
 from tests.spark_core.helpers import canonical
 from tests.spark_core.replication_helpers import (
     SLOTS,
     Mesh,
     Running,
+    Topology,
     converged,
     enter,
     full_mesh,
@@ -149,7 +154,7 @@ def test_a_ship_half_at_tokyo_half_at_sydney_hq_holds_the_stream_once_in_seq_ord
     got = canonical(topo.bootstrap(hq), stream)
     by_partition: dict[int, list[int]] = {}
     for r, part in zip(got, _partitions(topo.bootstrap(hq), stream), strict=True):
-        by_partition.setdefault(part, []).append(r.identity.seq)
+        by_partition.setdefault(part or 0, []).append(r.identity.seq)
     for part, seqs in by_partition.items():
         assert seqs == sorted(seqs), f"partition {part} out of seq order"
     assert sorted(r.identity.seq for r in got) == list(range(1, 1001))
@@ -159,7 +164,7 @@ def _partitions(bootstrap: str, stream: str) -> list[int]:
     from shorelink.contract import canonical_topic
     from shorelink.kafka_io import read_to_end
 
-    return [m.partition() for m in read_to_end(bootstrap, [canonical_topic(stream)])]
+    return [m.partition() or 0 for m in read_to_end(bootstrap, [canonical_topic(stream)])]
 
 
 def test_an_alert_overtakes_a_containers_catch_up(
@@ -194,3 +199,75 @@ def test_an_alert_overtakes_a_containers_catch_up(
         at_alert = len(identities(topo, b, containers))
         assert at_alert < len(backlog), "the alert waited for the whole backlog"
         eventually(lambda: len(identities(topo, b, containers)) == len(backlog), 240, "b caught up")
+
+
+class _Feeder(threading.Thread):
+    """Records entering at several sites in small transactions until stopped."""
+
+    def __init__(self, topo: Topology, stream: str, sites: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.topo, self.stream, self.sites = topo, stream, sites
+        self.entered: set[Identity] = set()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        n = 0
+        while not self.stop.is_set() and n < 200:  # bounded: at most 200 rounds
+            n += 1
+            for i, site in enumerate(self.sites):
+                recs = records(site, f"f{i}", self.stream, range(n * 50 - 49, n * 50 + 1))
+                enter(self.topo, site, recs)
+                self.entered |= ids(recs)
+            self.stop.wait(0.3)
+
+
+def test_a_site_killed_with_sigkill_and_restarted_without_checkpoints_nothing_lost_or_doubled(
+    spark: object, healed: Mesh, tmp_path: Path
+) -> None:
+    stream = unique("cont")
+    topo = topology(healed, tmp_path, full_mesh(SLOTS[:3]), [stream])
+    a, b, c = topo.slots
+    config = tmp_path / "sites.toml"
+    config.write_text(topo.toml())
+    site_b = topo.cfg.site(b)
+    argv = [sys.executable, "-m", "spark_core.cli", "site", "--site", b, "--config", str(config)]
+    feeder = _Feeder(topo, stream, [a, b, c])
+    with Running(spark, topo) as run:
+        run.start(a, c)
+        feeder.start()
+        proc = run_process("spark-site-b", argv, tmp_path / "b.log")
+        try:
+            eventually(
+                lambda: len(identities(topo, b, stream)) > 500,
+                180,
+                "b replicating",
+                proc=proc,
+                interval=0.5,
+            )
+        finally:
+            kill9(proc, group=True)
+        shutil.rmtree(site_b.checkpoint_dir)  # and its checkpoints are gone too
+        time.sleep(2)
+        proc = run_process("spark-site-b", argv, tmp_path / "b.log")
+        try:
+            eventually(
+                lambda: len(identities(topo, b, stream)) > len(feeder.entered) // 2,
+                180,
+                "b back",
+                proc=proc,
+                interval=0.5,
+            )
+            feeder.stop.set()
+            feeder.join(60)
+            want = {stream: set(feeder.entered)}
+            eventually(
+                lambda: not list(converged(topo, want)),
+                240,
+                "converged after the kill",
+                proc=proc,
+                interval=0.5,
+            )
+        finally:
+            feeder.stop.set()
+            proc.stop(grace=30)
+    assert not list(converged(topo, want))
