@@ -124,10 +124,10 @@ class InboxQuery:
     streams: tuple[str, ...]
     urgent: bool
     ledger: LedgerView
-    #: batches appended, records read, records dropped by the anti-join
+    #: batches appended, records read from the neighbour
     batches: int = 0
     read: int = 0
-    dropped: int = 0
+    _counted: int = field(default=-1, repr=False)
     last_success: float | None = None
     _broadcast: tuple[int, Any] = field(default=(-1, None), repr=False)
 
@@ -142,8 +142,7 @@ class InboxQuery:
     def process_batch(self, df: Any, batch_id: int) -> None:
         """``foreachBatch``: anti-join against the ledger, append to the inboxes."""
         spark = df.sparkSession
-        src = df.persist()  # read from the neighbour once, counted, then filtered
-        rows = src.selectExpr(
+        rows = df.selectExpr(
             "key",
             "value",
             "headers",
@@ -170,35 +169,32 @@ class InboxQuery:
                 ),
                 how="left_anti",
             )
-        out = rows.select("key", "value", "headers", "topic").persist()
-        try:
-            read = src.count()
-            kept = out.count() if read else 0
-            if kept:
-                (
-                    out.write.format("kafka")
-                    .option("kafka.bootstrap.servers", self.site.kafka_bootstrap)
-                    .option("kafka.acks", "all")
-                    .option("kafka.enable.idempotence", "true")
-                    .option("kafka.compression.type", "lz4")
-                    .option("kafka.linger.ms", "5")
-                    .save()
-                )
-        finally:
-            out.unpersist()
-            src.unpersist()
+        # one Spark job per batch: read, filter and append in one pass (no counts;
+        # the records read come from the query's progress: :meth:`count_read`)
+        (
+            rows.select("key", "value", "headers", "topic")
+            .write.format("kafka")
+            .option("kafka.bootstrap.servers", self.site.kafka_bootstrap)
+            .option("kafka.acks", "all")
+            .option("kafka.enable.idempotence", "true")
+            .option("kafka.compression.type", "lz4")
+            .option("kafka.linger.ms", "5")
+            .save()
+        )
         self.batches += 1
-        self.read += read
-        self.dropped += read - kept
         self.last_success = time.time()
         log.debug(
-            "event=inbox_batch site=%s query=%s batch=%d read=%d appended=%d",
-            self.site.name,
-            self.name,
-            batch_id,
-            read,
-            kept,
+            "event=inbox_batch site=%s query=%s batch=%d", self.site.name, self.name, batch_id
         )
+
+    def count_read(self, recent: Sequence[dict[str, Any]]) -> None:
+        """Add the input rows of the batches in ``recent`` (the query's recent
+        progress reports) not counted yet: records read across the link."""
+        for p in recent:
+            batch = p.get("batchId")
+            if isinstance(batch, int) and batch > self._counted:
+                self._counted = batch
+                self.read += int(p.get("numInputRows") or 0)
 
     def _held_frame(self, spark: Any) -> Any:
         """The ledger's ranges of this query's streams as a small DataFrame, rebuilt

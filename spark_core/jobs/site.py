@@ -57,6 +57,8 @@ class QueryRunner:
     on_failure: Callable[[str], None]
     wanted: Callable[[], bool] = _always
     on_progress: Callable[[dict[str, Any] | None, str], None] | None = None
+    #: called with the running query at every report (counters from its progress)
+    on_query: Callable[[Any], None] | None = None
     query: Any = None
     failures: int = 0
     next_start: float = 0.0
@@ -154,6 +156,11 @@ class Supervisor:
             self.progress.update(r.name, progress, state or _state(r))
             if r.on_progress is not None:
                 r.on_progress(progress, state or _state(r))
+            if r.on_query is not None and r.query is not None:
+                try:
+                    r.on_query(r.query)
+                except Exception:  # the query is going away under us: next time
+                    log.debug("event=query_report_skipped query=%s", r.name)
 
     def wait_idle(self, timeout: float) -> None:
         self._stop.wait(timeout)
@@ -251,6 +258,7 @@ def inbox_runners(spark: Any, replicator: Replicator, *, available_now: bool) ->
 
     def runner(q: InboxQuery) -> QueryRunner:
         def stop(query: Any) -> None:
+            q.count_read([as_dict(p) or {} for p in query.recentProgress])
             query.stop()  # between batches; the inbox is at-least-once anyway
             log.info("event=query_stopped query=%s", q.name)
 
@@ -261,6 +269,7 @@ def inbox_runners(spark: Any, replicator: Replicator, *, available_now: bool) ->
             on_failure=lambda error: None,  # logged by the supervisor
             wanted=lambda: replicator.wanted(q),
             on_progress=lambda progress, state: replicator.progress(q, progress, state),
+            on_query=lambda query: q.count_read([as_dict(p) or {} for p in query.recentProgress]),
         )
 
     return [runner(q) for q in replicator.queries]

@@ -108,8 +108,11 @@ def test_full_mesh_of_four_each_record_crosses_into_each_site_about_once_and_tra
         # steady state, every link up: each record crossed into each site about once
         for site in topo.slots:
             lacked = len(want[stream]) - len(entered.get(site, []))
+            eventually(
+                lambda s=site, n=lacked: _crossed(run, s) >= n, 10, f"{site}'s reads counted"
+            )
             crossed = _crossed(run, site)
-            assert lacked <= crossed <= 1.2 * lacked, (site, crossed, lacked)
+            assert crossed <= 1.2 * lacked, (site, crossed, lacked)
         assert _routes(run, b)[a] == a
         # cut b <- a: b takes a's records from another site (transit)
         topo.cut(b, a)
