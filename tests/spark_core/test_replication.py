@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from local_stack.toxiproxy import ToxiproxyServer
+from shorelink.consumer import PortableConsumer
 from shorelink.identity import Identity
+from shorelink.position import FileStore
 from tests.conftest import unique
 from tests.helpers import eventually, kill9, run_process
 from tests.spark_core.helpers import canonical
@@ -73,6 +75,21 @@ def test_ring_of_three_converges_each_identity_once(
         run.start()
         eventually(lambda: not list(converged(topo, want)), 180, "the ring converged")
     assert not list(converged(topo, want))
+    # a consumer reads part of the stream at a, then fails over to b with its position
+    store = FileStore(tmp_path / "pos.json")
+    seen: list[Identity] = []
+    with PortableConsumer(topo.bootstrap(a), [stream], store=store) as first:
+        while len(seen) < 400:
+            batch = first.poll(max_records=100, timeout=5)
+            assert batch, "the consumer at a stalled"
+            seen += [r.identity for r in batch]
+            first.commit()
+    with PortableConsumer(topo.bootstrap(b), [stream], store=store) as second:
+        for batch in second.batches():
+            seen += [r.identity for r in batch]
+            second.commit()
+    assert len(seen) == len(set(seen)), "the failover repeated records"
+    assert set(seen) == want[stream], "the failover missed records"
 
 
 def _crossed(run: Running, site: str) -> int:
