@@ -93,6 +93,7 @@ def spark(stack_root: Path) -> Iterator[object]:
         conf={
             "spark.ui.enabled": "false",
             "spark.sql.shuffle.partitions": "2",
+            "spark.scheduler.mode": "FAIR",
             "spark.sql.warehouse.dir": str(stack_root / "warehouse"),
             "spark.driver.memory": "1g",
         },
