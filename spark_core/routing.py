@@ -88,11 +88,17 @@ class Report:
 
     @classmethod
     def decode(cls, site: str, value: bytes) -> Report:
-        data = json.loads(value)
-        up = data["up"]
+        """Raises ValueError for anything but ``{"up": [names], "version": int}``."""
+        try:
+            data = json.loads(value)
+            up, version = data["up"], data["version"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"not a link report: {exc}") from None
         if not isinstance(up, list) or not all(isinstance(u, str) for u in up):
             raise ValueError("up is not a list of names")
-        return cls(site, tuple(up), int(data["version"]))
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise ValueError("version is not an integer")
+        return cls(site, tuple(up), version)
 
 
 @dataclass
@@ -228,7 +234,7 @@ class LinkState:
                 continue
             try:
                 out.append(Report.decode(key.decode(), value))
-            except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            except (ValueError, UnicodeDecodeError) as exc:
                 self._limited.warning(
                     "links_bad", "event=links_bad_report neighbour=%s error=%r", link.name, str(exc)
                 )
