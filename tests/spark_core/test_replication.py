@@ -17,6 +17,7 @@ from local_stack.toxiproxy import ToxiproxyServer
 from shorelink.consumer import PortableConsumer
 from shorelink.identity import Identity
 from shorelink.position import FileStore
+from spark_core.status import read_status
 from tests.conftest import unique
 from tests.helpers import eventually, kill9, run_process
 from tests.spark_core.helpers import canonical
@@ -149,6 +150,11 @@ def test_full_mesh_of_four_each_record_crosses_into_each_site_about_once_and_tra
         enter(topo, a, last)
         want[stream] |= ids(last)
         eventually(lambda: not list(converged(topo, want)), 180, "converged after the heal")
+        eventually(
+            lambda: read_status(topo.cfg.site(b)).replication["neighbours"][a]["state"] == "up",  # type: ignore[index]
+            10,
+            "b's status shows the link to a up",
+        )
     assert not list(converged(topo, want))
 
 
