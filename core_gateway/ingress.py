@@ -60,7 +60,7 @@ from shorelink.contract import GATEWAY_CURSOR_TOPIC, contract_headers, ingress_t
 from shorelink.kafka_io import Headers, read_to_end
 from shorelink.ledger import ledger_key
 from shorelink.ranges import RangeSet
-from shorelink.topics import TopicSpec, ensure_topics, producer_config
+from shorelink.topics import ensure_topics, gateway_cursor_spec, ingress_spec, producer_config
 from shorelink.wire import WireRecord
 
 __all__ = ["MAX_GROUP_RECORDS", "IngressWriter", "Write"]
@@ -125,11 +125,8 @@ class IngressWriter:
         # ingress is kept until the merge has committed past it: the merge deletes
         # what it merged (spark_core/merge.py), nothing expires it by time (what a ship
         # was told is held must stay held until it is in the canonical topic)
-        specs = [
-            TopicSpec(ingress_topic(s), partitions=self.cfg.ingress_partitions, retention_ms=-1)
-            for s in self.cfg.streams
-        ]
-        specs.append(TopicSpec(GATEWAY_CURSOR_TOPIC, partitions=1, compacted=True))
+        specs = [ingress_spec(s, self.cfg.ingress_partitions) for s in self.cfg.streams]
+        specs.append(gateway_cursor_spec())
         ensure_topics(
             self.cfg.kafka_bootstrap,
             specs,
