@@ -50,6 +50,7 @@ from spark_core.merge_state import (
     topic_stream,
 )
 from spark_core.purge import SourcePurger
+from spark_core.session import trigger
 from spark_core.topics import relay_entries, stream_specs
 
 __all__ = [
@@ -464,10 +465,4 @@ def start_merge(spark: Any, merger: Merger, *, available_now: bool = False) -> A
         .foreachBatch(merger.process_batch)
         .option("checkpointLocation", str(site.query_checkpoint(merger.query)))
     )
-    if available_now:
-        writer = writer.trigger(availableNow=True)
-    else:
-        writer = writer.trigger(
-            processingTime=f"{int(site.trigger_interval_s * 1000)} milliseconds"
-        )
-    return writer.start()
+    return trigger(writer, site.trigger_interval_s, available_now).start()

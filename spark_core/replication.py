@@ -33,9 +33,19 @@ from shorelink.ledger import decode_entry
 from shorelink.ranges import RangeSet
 from shorelink.topics import ensure_topics
 from spark_core.config import SiteConfig
+from spark_core.session import scheduler_pool, trigger
 from spark_core.topics import inbox_specs
 
-__all__ = ["InboxQuery", "LedgerView", "inbox_queries", "start_inbox"]
+__all__ = [
+    "BULK_POOL",
+    "URGENT_POOL",
+    "InboxQuery",
+    "LedgerView",
+    "Replicator",
+    "ensure_inboxes",
+    "inbox_queries",
+    "start_inbox",
+]
 
 log = logging.getLogger(__name__)
 
@@ -245,9 +255,7 @@ def start_inbox(spark: Any, q: InboxQuery, *, available_now: bool = False) -> An
     """Start one inbox query in its scheduler pool; returns the StreamingQuery. Fails
     (the supervisor retries with backoff) when the neighbour's Kafka does not answer."""
     r = q.site.replication
-    sc = spark.sparkContext
-    sc.setLocalProperty("spark.scheduler.pool", URGENT_POOL if q.urgent else BULK_POOL)
-    try:
+    with scheduler_pool(spark, URGENT_POOL if q.urgent else BULK_POOL):
         df = (
             spark.readStream.format("kafka")
             .option("kafka.bootstrap.servers", q.bootstrap)
@@ -266,15 +274,7 @@ def start_inbox(spark: Any, q: InboxQuery, *, available_now: bool = False) -> An
             .foreachBatch(q.process_batch)
             .option("checkpointLocation", str(q.site.query_checkpoint(q.name)))
         )
-        if available_now:
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(
-                processingTime=f"{int(q.site.trigger_interval_s * 1000)} milliseconds"
-            )
-        return writer.start()
-    finally:
-        sc.setLocalProperty("spark.scheduler.pool", None)
+        return trigger(writer, q.site.trigger_interval_s, available_now).start()
 
 
 def relay_missing(bootstrap: str, topics: Sequence[str], timeout: float) -> list[str]:

@@ -5,21 +5,46 @@ process; each needs the same pinned packages (``spark_core/packages.py``) resolv
 the Ivy cache ``scripts/setup`` fills, so none of them spells the cache's place or the
 session's make-up again. The site application itself goes through ``spark-submit``
 (``spark_core/cli.py``), which takes :func:`ivy_dir` too.
+
+Every streaming query of a site starts the same way too: :func:`trigger` (the site's
+trigger interval, or AvailableNow for catch-up runs) and :func:`scheduler_pool` (the
+FAIR scheduler's pool its jobs run in: urgent streams apart from the rest).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from spark_core.packages import spark_package_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["ivy_dir", "local_session"]
+__all__ = ["ivy_dir", "local_session", "scheduler_pool", "trigger"]
+
+
+def trigger(writer: Any, interval_s: float, available_now: bool) -> Any:
+    """A streaming writer's trigger: every ``interval_s``, or AvailableNow (process
+    what is there, then finish)."""
+    if available_now:
+        return writer.trigger(availableNow=True)
+    return writer.trigger(processingTime=f"{int(interval_s * 1000)} milliseconds")
+
+
+@contextlib.contextmanager
+def scheduler_pool(spark: Any, pool: str | None) -> Iterator[None]:
+    """Queries started inside run their jobs in ``pool`` (``spark.scheduler.mode=FAIR``;
+    a streaming query takes the local properties of the thread that starts it)."""
+    sc = spark.sparkContext
+    sc.setLocalProperty("spark.scheduler.pool", pool)
+    try:
+        yield
+    finally:
+        sc.setLocalProperty("spark.scheduler.pool", None)
 
 
 def ivy_dir() -> Path:

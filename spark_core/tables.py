@@ -32,6 +32,7 @@ from shorelink.contract import (
 )
 from spark_core.ais import WINDOW, NavRecord, decode_nav, fragment_info
 from spark_core.config import SiteConfig
+from spark_core.session import trigger
 
 __all__ = [
     "FRAGMENTS",
@@ -90,12 +91,6 @@ def _source(spark: Any, site: SiteConfig, topic: str) -> Any:
         .load()
         .selectExpr(*BASE_COLUMNS)
     )
-
-
-def _trigger(writer: Any, site: SiteConfig, available_now: bool) -> Any:
-    if available_now:
-        return writer.trigger(availableNow=True)
-    return writer.trigger(processingTime=f"{int(site.trigger_interval_s * 1000)} milliseconds")
 
 
 def _query_id(checkpoint: Path) -> str:
@@ -222,7 +217,7 @@ def start_table(
             .foreachBatch(writer.process_batch)
             .option("checkpointLocation", str(checkpoint))
         )
-        return _trigger(w, site, available_now).start()
+        return trigger(w, site.trigger_interval_s, available_now).start()
     cols = ["origin", "stream", "seq", "key", "ts", "site", "mqtt_topic", "payload"]
     if table == "container_readings":
         df = (
@@ -245,7 +240,7 @@ def start_table(
         .partitionBy("day")
         .option("checkpointLocation", str(checkpoint))
     )
-    return _trigger(w, site, available_now).start(str(table_path(site, table)))
+    return trigger(w, site.trigger_interval_s, available_now).start(str(table_path(site, table)))
 
 
 def start_tables(

@@ -35,6 +35,7 @@ from spark_core.config import SiteConfig, SitesConfig, load_config
 from spark_core.merge import Merger, start_merge
 from spark_core.progress import ProgressReporter, as_dict
 from spark_core.replication import BULK_POOL, URGENT_POOL, InboxQuery, Replicator
+from spark_core.session import scheduler_pool
 from spark_core.tables import TABLES, start_table
 
 __all__ = ["QueryRunner", "Supervisor", "build_supervisor", "main"]
@@ -206,12 +207,8 @@ def merge_runner(
     site = merger.site
 
     def start() -> Any:
-        sc = spark.sparkContext
-        sc.setLocalProperty("spark.scheduler.pool", pool)
-        try:
+        with scheduler_pool(spark, pool):
             return start_merge(spark, merger, available_now=available_now)
-        finally:
-            sc.setLocalProperty("spark.scheduler.pool", None)
 
     def stop(query: Any) -> None:
         merger.stopping.set()
