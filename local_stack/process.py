@@ -65,6 +65,21 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
+def group_alive(pgid: int) -> bool:
+    """Is any process of the group led by ``pgid`` left (the leader, or a child it
+    left behind: a Python driver whose JVM exited)?"""
+    if pid_alive(pgid):
+        return True
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
+
+
 def _signal_group(pid: int, sig: signal.Signals) -> None:
     try:
         os.killpg(pid, sig)
@@ -77,15 +92,16 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 
 def stop_pids(pids: list[int], grace: float = 10.0) -> None:
     """Stop the process groups led by ``pids`` together: SIGTERM to all, wait up to
-    ``grace`` s, then SIGKILL whatever is left (and wait for it to go)."""
+    ``grace`` s, then SIGKILL whatever is left of each group, leader or not (and wait
+    for it to go)."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        live = [p for p in pids if pid_alive(p)]
+        live = [p for p in pids if group_alive(p)]
         for p in live:
             _signal_group(p, sig)
         deadline = time.monotonic() + wait
         while live and time.monotonic() < deadline:
             time.sleep(0.05)
-            live = [p for p in live if pid_alive(p)]
+            live = [p for p in live if group_alive(p)]
         if not live:
             return
 
