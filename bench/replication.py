@@ -1,0 +1,648 @@
+"""Benchmark: replication among four sites in a full mesh, shorelink side by side with
+Kafka MirrorMaker 2 on the same brokers, data and links, in one run.
+
+Four single-node Kafka brokers on loopback (``local_stack.kafka``); every broker has
+one more listener per other site, and a byte-counting TCP relay in front of each (this
+script's own, ``Relay``): whatever crosses a site link is counted in the direction
+broker -> reader (fetched records; the requests the other way are small).
+
+Systems:
+- ``shorelink``: each site's application (merge, relay topics, inbox queries, link
+  probes) as ``shorelink-spark site`` runs it in production: a spark-submit of its own
+  per site (local mode); records enter at a site as its gateway writes them (``sl.ingress.<stream>``,
+  Kafka transactions); a site reads ``sl.<stream>``.
+- ``mm2-default``: MirrorMaker 2 (``connect-mirror`` 4.1.1, dedicated mode, every flow
+  x->y of the mesh, ``topics = .*sl\\.(containers|alerts)``, DefaultReplicationPolicy:
+  remote topics renamed ``x.sl.containers``, multi-hop copies included, the only way it
+  reaches a site whose direct link is down); records enter at a site's
+  ``sl.<stream>``; a site reads every topic matching ``.*sl\\.<stream>``.
+- ``mm2-identity``: the same with ``IdentityReplicationPolicy`` and ``topics =
+  sl\\.(containers|alerts)`` (the topic names stay; in a loop nothing stops a record
+  from going round: the run is bounded by ``--phase-timeout``).
+
+Phases per system (every loop bounded):
+1. bulk: ``--records`` records entering at each of 3 sites at once; convergence time
+   (every site holds every identity), duplicates at each site, bytes fetched across
+   site links per record per receiving site, against the records' own size (key + value
+   + headers, the record's size in Kafka's record format without batch framing);
+2. steady: ``--rate`` records/s entering at each of 3 sites for ``--steady-seconds``;
+   end-to-end lag (creation at the entry site, ``sl.ts`` = produce time, to a read at
+   each other site) p50/p99;
+3. alert during a catch-up: a ``--backlog`` containers backlog enters at one site, then
+   an alert every 0.5 s for 10 s; alert lag p99 at the other sites.
+
+    .venv/bin/python bench/replication.py --quick   # 20k records a site, ~10 minutes
+    .venv/bin/python bench/replication.py           # 200k records a site
+
+Progress goes to stderr; one JSON object goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from confluent_kafka import Consumer, Producer
+
+from bench._common import (
+    add_run_options,
+    bench_parser,
+    fill_defaults,
+    pct,
+    progress,
+    r3,
+    run_bench,
+)
+from local_stack.kafka import KafkaBroker, LinkListener, _java_argv, start_kafka
+from local_stack.process import Proc, free_port
+from shorelink.contract import Record, ingress_topic
+from shorelink.identity import Identity
+from shorelink.topics import TopicSpec, ensure_topics
+
+say = progress("replication")
+
+SITES = ("tokyo", "singapore", "sydney", "hq")
+ENTRY = SITES[:3]
+MM2 = "mm2"  # the reader name of MirrorMaker's links (it runs in one process)
+GOALS = {
+    "duplicates": 0,
+    "lag_p99_s": 10.0,
+    "alert_lag_p99_s": 5.0,
+    "bytes_per_record_ratio": 1.2,
+}
+
+
+# -- links ------------------------------------------------------------------------------
+class Relay:
+    """TCP relays in one event loop thread, counting bytes broker -> client per link."""
+
+    def __init__(self) -> None:
+        self.down: Counter[str] = Counter()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._servers: list[asyncio.AbstractServer] = []
+
+    def add(self, name: str, listen: int, target: int) -> None:
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, count: bool) -> None:
+            try:
+                while data := await r.read(65536):
+                    if count:
+                        self.down[name] += len(data)
+                    w.write(data)
+                    await w.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                w.close()
+
+        async def handle(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+            try:
+                ur, uw = await asyncio.open_connection("127.0.0.1", target)
+            except OSError:
+                cw.close()
+                return
+            await asyncio.gather(pipe(cr, uw, False), pipe(ur, cw, True))
+
+        async def start() -> None:
+            self._servers.append(await asyncio.start_server(handle, "127.0.0.1", listen))
+
+        asyncio.run_coroutine_threadsafe(start(), self._loop).result(10)
+
+    def close(self) -> None:
+        async def stop() -> None:
+            for s in self._servers:
+                s.close()
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def link_name(source: str, reader: str) -> str:
+    return f"{source}>{reader}"
+
+
+# -- records ----------------------------------------------------------------------------
+def make_records(entry: str, stream: str, origin: str, seqs: range, size: int) -> list[Record]:
+    now = int(time.time() * 1000)
+    body = b'{"t":4.5,"h":61.2,"door":"closed","battery":88,"pad":"' + b"x" * size + b'"}'
+    return [
+        Record(
+            Identity(origin, stream, q),
+            f"MSCU{q % 5000:07d}".encode(),
+            body,
+            now,
+            entry,
+            f"ship/{origin}/c",
+        )
+        for q in seqs
+    ]
+
+
+def wire_size(r: Record) -> int:
+    return len(r.key) + len(r.value) + sum(len(k) + len(v) for k, v in r.headers())
+
+
+class Entry:
+    """Writes records at a site: as its gateway does (shorelink: transactions into
+    ingress) or straight into ``sl.<stream>`` (MirrorMaker's source topics)."""
+
+    def __init__(self, bootstrap: str, shorelink: bool) -> None:
+        self.shorelink = shorelink
+        conf: dict[str, Any] = {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 5,
+            "compression.type": "lz4",
+        }
+        if shorelink:
+            conf["transactional.id"] = f"bench-gw-{os.getpid()}-{bootstrap}-{time.monotonic_ns()}"
+        else:
+            conf["enable.idempotence"] = True
+        self.p = Producer(conf)
+        if shorelink:
+            self.p.init_transactions(30)
+
+    def write(self, recs: list[Record], *, stamp: bool = False) -> None:
+        if self.shorelink:
+            self.p.begin_transaction()
+        for r in recs:
+            if stamp:
+                r = Record(
+                    r.identity, r.key, r.value, int(time.time() * 1000), r.site, r.mqtt_topic
+                )
+            topic = (
+                ingress_topic(r.identity.stream) if self.shorelink else f"sl.{r.identity.stream}"
+            )
+            while True:
+                try:
+                    self.p.produce(topic, key=r.key, value=r.value, headers=r.headers())  # type: ignore[arg-type]
+                    break
+                except BufferError:
+                    self.p.poll(0.05)
+        if self.shorelink:
+            self.p.commit_transaction(60)
+        else:
+            self.p.flush(60)
+
+
+# -- reading at each site ---------------------------------------------------------------
+class Watch(threading.Thread):
+    """A site's reader: every topic matching ``pattern`` (read_committed); per identity,
+    how often it was read and when first; lag = first read - sl.ts."""
+
+    def __init__(self, site: str, bootstrap: str, pattern: str) -> None:
+        super().__init__(daemon=True, name=f"watch-{site}")
+        self.site = site
+        self.counts: Counter[tuple[str, str, int]] = Counter()
+        self.lag: dict[tuple[str, str, int], float] = {}
+        self.stop = threading.Event()
+        self.c = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"bench-watch-{site}-{time.monotonic_ns()}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "topic.metadata.refresh.interval.ms": 2000,
+            }
+        )
+        self.c.subscribe([f"^{pattern}$"])
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            msgs = self.c.consume(5000, 0.2)
+            now = time.time()
+            with self.lock:
+                for m in msgs:
+                    if m.error():
+                        continue
+                    h = dict(m.headers() or [])
+                    try:
+                        ident = (h["sl.origin"].decode(), h["sl.stream"].decode(), int(h["sl.seq"]))
+                        ts = int(h["sl.ts"]) / 1000
+                    except (KeyError, ValueError):
+                        continue
+                    self.counts[ident] += 1
+                    if ident not in self.lag:
+                        self.lag[ident] = now - ts
+        self.c.close()
+
+    def holds(self, idents: set[tuple[str, str, int]]) -> bool:
+        with self.lock:
+            return all(i in self.counts for i in idents)
+
+    def duplicates(self) -> int:
+        with self.lock:
+            return sum(n - 1 for n in self.counts.values() if n > 1)
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while not check():
+        if time.monotonic() - t0 > timeout:
+            raise RuntimeError(f"timed out after {timeout:.0f}s: {what}")
+        time.sleep(0.5)
+    return time.monotonic() - t0
+
+
+# -- the two systems --------------------------------------------------------------------
+class ShorelinkSystem:
+    name = "shorelink"
+    shorelink = True
+
+    def __init__(self, bench: ReplicationBench) -> None:
+        self.b = bench
+        self.procs: list[Proc] = []
+
+    def pattern(self, stream: str) -> str:
+        return rf"sl\.{stream}"
+
+    def start(self) -> None:
+        """Each site's application as in production: ``shorelink-spark site`` (its own
+        spark-submit JVM and Python driver), one sites file for the four."""
+        root = self.b.work / "shorelink"
+        parts = [
+            '[spark]\nmaster = "local[2]"\ndriver_memory = "1g"\n[spark.conf]\n"spark.ui.enabled" = "false"\n"spark.sql.shuffle.partitions" = "2"\n'
+        ]
+        for s in SITES:
+            parts.append(
+                f"""
+[sites.{s}]
+streams = ["containers", "alerts"]
+neighbours = {[n for n in SITES if n != s]!r}
+checkpoint_dir = "{root}/{s}/checkpoints"
+table_dir = "{root}/{s}/tables"
+trigger_interval = "500ms"
+[sites.{s}.kafka]
+bootstrap = "{self.b.brokers[s].bootstrap}"
+[sites.{s}.replication]
+max_offsets_per_trigger = {self.b.args.max_offsets}
+probe_interval = "1s"
+[sites.{s}.replication.via]
+"""
+                + "".join(
+                    f'{n} = "{self.b.brokers[n].link_bootstrap(s)}"\n' for n in SITES if n != s
+                )
+            )
+        root.mkdir(parents=True, exist_ok=True)
+        config = root / "sites.toml"
+        config.write_text("".join(parts))
+        for s in SITES:
+            ensure_topics(
+                self.b.brokers[s].bootstrap,
+                [
+                    TopicSpec(ingress_topic(x), partitions=3, retention_ms=-1)
+                    for x in ("containers", "alerts")
+                ],
+            )
+        logs = self.b.work / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for s in SITES:
+            proc = Proc.start(
+                f"site:{s}",
+                [
+                    sys.executable,
+                    "-m",
+                    "spark_core.cli",
+                    "site",
+                    "--site",
+                    s,
+                    "--config",
+                    str(config),
+                ],
+                logs / f"site-{s}.log",
+            )
+            self.procs.append(proc)
+            self.b.procs.append(proc)
+        # every site's merges and relay topics are up before data enters
+        for s in SITES:
+            status = root / s / "checkpoints" / "merge.status.json"
+            wait_for(lambda st=status: st.exists(), 300, f"site {s} started")
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.stop(grace=30)
+
+
+class MM2System:
+    shorelink = False
+
+    def __init__(self, bench: ReplicationBench, identity: bool) -> None:
+        self.b = bench
+        self.identity = identity
+        self.name = "mm2-identity" if identity else "mm2-default"
+        self.proc: Proc | None = None
+
+    def pattern(self, stream: str) -> str:
+        return rf"sl\.{stream}" if self.identity else rf"(.*\.)?sl\.{stream}"
+
+    def start(self) -> None:
+        for s in SITES:
+            ensure_topics(
+                self.b.brokers[s].bootstrap,
+                [TopicSpec(f"sl.{x}", partitions=3) for x in ("containers", "alerts")],
+            )
+        lines = [f"clusters = {', '.join(SITES)}"]
+        for s in SITES:
+            lines.append(f"{s}.bootstrap.servers = {self.b.brokers[s].link_bootstrap(MM2)}")
+        for a in SITES:
+            for b in SITES:
+                if a != b:
+                    lines.append(f"{a}->{b}.enabled = true")
+        lines += [
+            "topics = "
+            + (r"sl\.(containers|alerts)" if self.identity else r".*sl\.(containers|alerts)"),
+            "replication.factor = 1",
+            "checkpoints.topic.replication.factor = 1",
+            "heartbeats.topic.replication.factor = 1",
+            "offset-syncs.topic.replication.factor = 1",
+            "offset.storage.replication.factor = 1",
+            "status.storage.replication.factor = 1",
+            "config.storage.replication.factor = 1",
+            "sync.topic.acls.enabled = false",
+            "sync.topic.configs.enabled = false",
+            "emit.checkpoints.enabled = false",
+            "refresh.topics.interval.seconds = 5",
+            "tasks.max = 2",
+            "consumer.isolation.level = read_committed",
+        ]
+        if self.identity:
+            lines.append(
+                "replication.policy.class = org.apache.kafka.connect.mirror.IdentityReplicationPolicy"
+            )
+        props = self.b.work / f"{self.name}.properties"
+        props.write_text("\n".join(lines) + "\n")
+        logs = self.b.work / "logs" / self.name
+        logs.mkdir(parents=True, exist_ok=True)
+        self.proc = Proc.start(
+            self.name,
+            _java_argv(
+                "org.apache.kafka.connect.mirror.MirrorMaker", str(props), logs=logs, heap="768m"
+            ),
+            logs / "stdout.log",
+        )
+        self.b.procs.append(self.proc)
+        time.sleep(20)  # the workers join their groups and start their connectors
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop(grace=15)
+
+
+# -- the benchmark -----------------------------------------------------------------------
+class ReplicationBench:
+    def __init__(self, work: Path, args: argparse.Namespace) -> None:
+        self.work = work
+        self.args = args
+        self.procs: list[Proc] = []
+        self.brokers: dict[str, KafkaBroker] = {}
+        self.relay = Relay()
+
+    def _brokers(self, tag: str) -> None:
+        """Fresh brokers for one system (no data of another system's run)."""
+        self.relay.down.clear()
+        links: dict[str, dict[str, LinkListener]] = {}
+        for s in SITES:
+            links[s] = {}
+            for r in [*[x for x in SITES if x != s], MM2]:
+                ln = LinkListener(free_port(), free_port())
+                links[s][r] = ln
+                self.relay.add(link_name(s, r), ln.advertised, ln.port)
+        self.brokers = {
+            s: start_kafka(
+                f"{tag}-{s}",
+                self.work / tag / s,
+                self.work / "logs",
+                heap="384m",
+                wait=False,
+                links=links[s],
+            )
+            for s in SITES
+        }
+        for b in self.brokers.values():
+            self.procs.append(b.proc)
+            b.proc.wait_ready(b.ready, timeout=120)
+
+    def _stop_brokers(self) -> None:
+        for b in self.brokers.values():
+            b.proc.stop(grace=10)
+
+    def run_system(self, system: Any) -> dict[str, Any]:
+        a = self.args
+        say(f"{system.name}: starting four brokers")
+        self._brokers(system.name)
+        out: dict[str, Any] = {}
+        watches: dict[str, Watch] = {}
+        try:
+            system.start()
+            watches = {
+                s: Watch(s, self.brokers[s].bootstrap, system.pattern("(containers|alerts)"))
+                for s in SITES
+            }
+            for w in watches.values():
+                w.start()
+            entries = {s: Entry(self.brokers[s].bootstrap, system.shorelink) for s in ENTRY}
+            # 1. bulk
+            bulk = {
+                s: make_records(s, "containers", f"ship-{s}", range(1, a.records + 1), a.size)
+                for s in ENTRY
+            }
+            want = {(*r.identity.source, r.identity.seq) for recs in bulk.values() for r in recs}
+            record_bytes = sum(wire_size(r) for recs in bulk.values() for r in recs) / len(want)
+            say(f"{system.name}: bulk: {a.records} records entering at each of {', '.join(ENTRY)}")
+            t0 = time.monotonic()
+            threads = [
+                threading.Thread(
+                    target=lambda s=s: [
+                        entries[s].write(bulk[s][i : i + 20_000])
+                        for i in range(0, len(bulk[s]), 20_000)
+                    ]
+                )
+                for s in ENTRY
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            converged = None
+            with contextlib.suppress(RuntimeError):
+                wait_for(
+                    lambda: all(w.holds(want) for w in watches.values()),
+                    a.phase_timeout,
+                    "bulk convergence",
+                )
+                converged = time.monotonic() - t0
+            time.sleep(3)
+            received = sum(len(want) - (a.records if s in ENTRY else 0) for s in SITES)
+            crossed = sum(self.relay.down.values())
+            out["bulk"] = {
+                "records_entered": len(want),
+                "convergence_s": r3(converged),
+                "converged": converged is not None,
+                "record_bytes": round(record_bytes, 1),
+                "bytes_across_links": crossed,
+                "bytes_per_record_per_receiving_site": round(crossed / received, 1),
+                "bytes_per_record_ratio": r3(crossed / received / record_bytes),
+                "duplicates": {s: w.duplicates() for s, w in watches.items()},
+                "missing": {
+                    s: sum(1 for i in want if i not in w.counts) for s, w in watches.items()
+                },
+            }
+            say(f"{system.name}: bulk: {json.dumps(out['bulk'])}")
+            # 2. steady rate
+            say(f"{system.name}: steady: {a.rate}/s at each entry site for {a.steady_seconds}s")
+            steady: set[tuple[str, str, int]] = set()
+            base = a.records + 1
+            end = time.monotonic() + a.steady_seconds
+            tick = 0
+            while time.monotonic() < end:
+                t_tick = time.monotonic()
+                for s in ENTRY:
+                    recs = make_records(
+                        s,
+                        "containers",
+                        f"ship-{s}",
+                        range(base + tick * a.rate // 2, base + (tick + 1) * a.rate // 2),
+                        a.size,
+                    )
+                    entries[s].write(recs, stamp=True)
+                    steady |= {(*r.identity.source, r.identity.seq) for r in recs}
+                tick += 1
+                time.sleep(max(0.0, 0.5 - (time.monotonic() - t_tick)))
+            with contextlib.suppress(RuntimeError):
+                wait_for(
+                    lambda: all(w.holds(steady) for w in watches.values()),
+                    a.phase_timeout,
+                    "steady convergence",
+                )
+            lags = [
+                w.lag[i]
+                for s, w in watches.items()
+                for i in steady
+                if i in w.lag and not i[0].endswith(s)
+            ]
+            out["steady"] = {
+                "records": len(steady),
+                "lag_p50_s": r3(pct(lags, 50)),
+                "lag_p99_s": r3(pct(lags, 99)),
+                "samples": len(lags),
+            }
+            say(f"{system.name}: steady: {json.dumps(out['steady'])}")
+            # 3. alert during a containers catch-up
+            say(f"{system.name}: alerts during a {a.backlog}-record containers catch-up")
+            backlog = make_records(
+                ENTRY[0], "containers", "ship-backlog", range(1, a.backlog + 1), a.size
+            )
+            for i in range(0, len(backlog), 20_000):
+                entries[ENTRY[0]].write(backlog[i : i + 20_000])
+            alerts = set()
+            for k in range(1, 21):
+                rec = make_records(ENTRY[0], "alerts", "ship-alert", range(k, k + 1), 20)
+                entries[ENTRY[0]].write(rec, stamp=True)
+                alerts.add((*rec[0].identity.source, k))
+                time.sleep(0.5)
+            with contextlib.suppress(RuntimeError):
+                wait_for(
+                    lambda: all(w.holds(alerts) for s, w in watches.items() if s != ENTRY[0]),
+                    a.phase_timeout,
+                    "alerts",
+                )
+            alags = [
+                w.lag[i] for s, w in watches.items() if s != ENTRY[0] for i in alerts if i in w.lag
+            ]
+            out["alert_during_catch_up"] = {
+                "alerts": len(alerts),
+                "lag_p50_s": r3(pct(alags, 50)),
+                "lag_p99_s": r3(pct(alags, 99)),
+                "samples": len(alags),
+            }
+            say(f"{system.name}: alerts: {json.dumps(out['alert_during_catch_up'])}")
+            time.sleep(5)
+            out["duplicates_at_end"] = {s: w.duplicates() for s, w in watches.items()}
+        finally:
+            for w in watches.values():
+                w.stop.set()
+            for w in watches.values():
+                w.join(10)
+            system.stop()
+            self._stop_brokers()
+        return out
+
+    def run(self) -> dict[str, Any]:
+        a = self.args
+        results: dict[str, Any] = {}
+        for name in a.systems:
+            system: Any = (
+                ShorelinkSystem(self)
+                if name == "shorelink"
+                else MM2System(self, identity=name == "mm2-identity")
+            )
+            results[name] = self.run_system(system)
+        return {
+            "benchmark": "replication",
+            "topology": "full mesh of 4 sites, records entering at 3",
+            "records_per_entry_site": a.records,
+            "goals": GOALS,
+            "systems": results,
+        }
+
+    def cleanup(self) -> None:
+        for p in self.procs:
+            with contextlib.suppress(Exception):
+                p.stop(grace=5)
+        self.relay.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = bench_parser("bench/replication.py", __doc__)
+    add_run_options(p, "20k records a site, short phases", "brokers' data and logs")
+    p.add_argument("--records", type=int, default=None, help="records entering at each of 3 sites")
+    p.add_argument("--size", type=int, default=60, help="payload padding, bytes")
+    p.add_argument(
+        "--rate", type=int, default=None, help="records/s per entry site in the steady phase"
+    )
+    p.add_argument("--steady-seconds", type=int, default=None)
+    p.add_argument(
+        "--backlog", type=int, default=None, help="containers backlog of the alert phase"
+    )
+    p.add_argument("--max-offsets", type=int, default=20_000, help="shorelink inbox batch bound")
+    p.add_argument(
+        "--phase-timeout", type=float, default=None, help="bound of each phase's wait, s"
+    )
+    p.add_argument(
+        "--systems",
+        nargs="+",
+        default=["shorelink", "mm2-default", "mm2-identity"],
+        choices=["shorelink", "mm2-default", "mm2-identity"],
+    )
+    a = p.parse_args(argv)
+    fill_defaults(
+        a,
+        {
+            "records": (20_000, 200_000),
+            "rate": (100, 500),
+            "steady_seconds": (20, 60),
+            "backlog": (50_000, 500_000),
+            "phase_timeout": (240.0, 900.0),
+        },
+    )
+    return run_bench(say, a.keep, "sl-bench-repl-", lambda work: ReplicationBench(work, a))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
