@@ -22,7 +22,7 @@ toxiproxy for the link.
    toxic), ``--latency-ms`` on the ship->shore direction (so every request/reply round
    trip takes at least that), and the proxy disabled for ``--outage-s`` every
    ``--outage-every-s``, the first ``--outage-first-s`` after the first batch went out
-   (60 s, as the issue has it: a drain of a few seconds sees none). Then the same for a
+   (60 s by default: a drain of a few seconds then sees none). Then the same for a
    second ship ("link_cut") whose first outage comes ``--cut-at-s`` into its drain:
    what an outage costs. Reported: wire bytes per record (bytes sent / records), drain
    time (first batch sent -> last batch confirmed), link utilisation (bytes sent /
@@ -284,9 +284,9 @@ class Bench:
         self.result["loadavg_1m_at_start"] = round(os.getloadavg()[0], 2)
         self.stack.start()
         self.warm_up()
-        # as the issue has it (an outage every --outage-every-s, the first at
-        # --outage-first-s), then the same backlog of another ship with one outage in
-        # the middle of its drain (what an outage costs)
+        # an outage every --outage-every-s, the first at --outage-first-s; then the
+        # same backlog of another ship with one outage in the middle of its drain
+        # (what an outage costs)
         self.result["link"] = self.link_phase(SHIP, a.outage_first_s)
         if a.cut_at_s is not None:
             self.result["link_cut"] = self.link_phase(CUT_SHIP, a.cut_at_s)

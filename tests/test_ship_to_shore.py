@@ -287,7 +287,8 @@ async def test_second_site_is_sent_only_what_it_lacks(
     )
     held_a = RangeSet.from_seqs(ingress_seqs(brokers["tokyo"], ship))
     assert str(held_a) == "1-1000"
-    # replication (the next issue) brings Tokyo's records to Singapore; here its ledger says so
+    # replication (spark_core/replication.py) would bring Tokyo's records to
+    # Singapore; here its ledger says so
     ensure_topics(brokers["singapore"].bootstrap, [TopicSpec(LEDGER_TOPIC, compacted=True)])
     p = Producer({"bootstrap.servers": brokers["singapore"].bootstrap})
     for stream in ("containers", "nav", "alerts"):
