@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,11 +17,12 @@ import aiohttp
 from core_gateway.cli import serve
 from core_gateway.config import GatewayConfig, parse_config
 from local_stack.kafka import KafkaBroker
-from local_stack.process import free_port
+from local_stack.process import Proc, free_port
 from shorelink.contract import H_ORIGIN, H_SEQ, ingress_topic
 from shorelink.kafka_io import read_to_end
 from shorelink.wire import Batch, WireRecord, encode_batch
 from tests.conftest import unique
+from tests.helpers import eventually, run_process
 
 STREAMS = ("alerts", "nav", "containers")
 
@@ -117,3 +120,22 @@ def assert_exactly_once(
     seqs = ingress_seqs(kafka, ship, stream)
     assert sorted(seqs) == list(range(1, last + 1)), "gap (or extra seqs) in sl.ingress"
     assert max(seqs.values(), default=1) == 1, "an identity was written twice"
+
+
+def run_gateway(config: Path, log: Path) -> Proc:
+    """``shorelink-gateway run`` in its own process group (tests.helpers harness)."""
+    gw = str(Path(sys.executable).parent / "shorelink-gateway")
+    return run_process("gateway", [gw, "run", "--config", str(config)], log)
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def wait_ready(proc: Proc, port: int, within: float = 60) -> None:
+    """Until ``/readyz`` answers 200; fails at once with the log's tail if it exits."""
+    eventually(lambda: _ready(port), within, "the gateway ready", proc=proc, interval=0.1)

@@ -10,7 +10,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,10 +19,11 @@ from edge_agent.config import GatewayEndpoint, LinkConfig
 from edge_agent.errors import LinkError
 from edge_agent.gateway import HttpGateway
 from local_stack.kafka import KafkaBroker
-from local_stack.process import free_port
+from local_stack.process import Proc, free_port
 from shorelink.config import Secret
 from tests.conftest import unique
-from tests.core_gateway.helpers import assert_exactly_once, batch
+from tests.core_gateway.helpers import assert_exactly_once, batch, run_gateway, wait_ready
+from tests.helpers import kill9
 
 GW = [sys.executable, "-m", "core_gateway.cli"]
 
@@ -64,24 +64,9 @@ def _request(
         return exc.code, json.loads(exc.read() or b"{}")
 
 
-def _start(cfg: Path, log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [*GW, "run", "--config", str(cfg)], stdout=out, stderr=subprocess.STDOUT
-        )
-
-
-def _wait_ready(port: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("gateway never ready")
+def _popen(proc: Proc) -> subprocess.Popen[bytes]:
+    assert proc.popen is not None
+    return proc.popen
 
 
 def test_gateway_kill9_during_uploads_leaves_every_identity_once(
@@ -94,10 +79,10 @@ def test_gateway_kill9_during_uploads_leaves_every_identity_once(
     url = f"http://127.0.0.1:{port}/v1/ships/{ship}"
     rng = random.Random(3)
     total = 6000
-    proc = _start(cfg, tmp_path / "gw.log")
+    proc = run_gateway(cfg, tmp_path / "gw.log")
     kills = 0
     try:
-        _wait_ready(port)
+        wait_ready(proc, port)
         next_seq = 1
         while next_seq <= total:
             size = rng.randint(50, 400)
@@ -111,10 +96,10 @@ def test_gateway_kill9_during_uploads_leaves_every_identity_once(
                 with contextlib.suppress(OSError):
                     _request("POST", f"{url}/streams/containers/batches", token, body)
                 killer.wait()
-                proc.wait(10)
+                _popen(proc).wait(10)
                 kills += 1
-                proc = _start(cfg, tmp_path / "gw.log")
-                _wait_ready(port)
+                proc = run_gateway(cfg, tmp_path / "gw.log")
+                wait_ready(proc, port)
             else:
                 with contextlib.suppress(OSError):
                     _request(
@@ -130,8 +115,8 @@ def test_gateway_kill9_during_uploads_leaves_every_identity_once(
             next_seq = int(held.split("-")[-1]) + 1 if held else 1
             assert "," not in held, f"holdings have a gap: {held}"
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        if proc.alive():
+            kill9(proc)
     assert kills >= 3
     assert_exactly_once(kafka, ship, total)
 
@@ -155,10 +140,10 @@ async def test_gateway_kill9_during_pipelined_uploads_leaves_every_identity_once
     )
     rng = random.Random(5)
     total, kills = 20_000, 0
-    proc = _start(cfg, tmp_path / "gw.log")
+    proc = run_gateway(cfg, tmp_path / "gw.log")
     loop = asyncio.get_running_loop()
     try:
-        await asyncio.to_thread(_wait_ready, port)
+        await asyncio.to_thread(wait_ready, proc, port)
         while True:
             held = (await gw.holdings())["containers"]
             assert len(held) <= 1, f"holdings have a gap: {held}"
@@ -174,7 +159,7 @@ async def test_gateway_kill9_during_pipelined_uploads_leaves_every_identity_once
                     break
             killed = kills < 6 and rng.random() < 0.7
             if killed:
-                loop.call_later(rng.uniform(0, 0.15), proc.send_signal, signal.SIGKILL)
+                loop.call_later(rng.uniform(0, 0.15), _popen(proc).send_signal, signal.SIGKILL)
             window = asyncio.Semaphore(link.in_flight)
 
             async def send(body: bytes, window: asyncio.Semaphore = window) -> None:
@@ -184,15 +169,15 @@ async def test_gateway_kill9_during_pipelined_uploads_leaves_every_identity_once
 
             await asyncio.gather(*(send(b) for b in bodies))
             if killed:
-                await asyncio.to_thread(proc.wait, 10)
+                await asyncio.to_thread(_popen(proc).wait, 10)
                 kills += 1
                 await gw.reset()
-                proc = _start(cfg, tmp_path / "gw.log")
-                await asyncio.to_thread(_wait_ready, port)
+                proc = run_gateway(cfg, tmp_path / "gw.log")
+                await asyncio.to_thread(wait_ready, proc, port)
     finally:
         await gw.close()
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        if proc.alive():
+            kill9(proc)
     assert kills >= 3
     assert_exactly_once(kafka, ship, total)
 

@@ -8,8 +8,6 @@ import asyncio
 import contextlib
 import json
 import random
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -35,7 +33,13 @@ from shorelink.kafka_io import read_to_end
 from shorelink.ranges import RangeSet
 from shorelink.wire import Body, WireRecord, encode_body, frame_batch
 from tests.conftest import unique
-from tests.core_gateway.helpers import STREAMS, gateway_config, start_gateway
+from tests.core_gateway.helpers import (
+    STREAMS,
+    gateway_config,
+    run_gateway,
+    start_gateway,
+    wait_ready,
+)
 
 SHIPS = 20
 RECORDS = 50_000  # limits.max_records
@@ -146,18 +150,7 @@ def test_twenty_ships_sending_max_size_batches_keep_the_gateway_under_its_bound(
     body = _max_size_body()
     bodies = [frame_batch(s, "containers", body, 1) for s in ships]
     gateway_log = tmp_path / "gateway.log"
-    with open(gateway_log, "wb") as out:
-        gateway = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "shorelink-gateway"),
-                "run",
-                "--config",
-                str(config),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    gateway = run_gateway(config, gateway_log)
     url = f"http://127.0.0.1:{port}"
     peak = [0]
     done = threading.Event()
@@ -169,12 +162,7 @@ def test_twenty_ships_sending_max_size_batches_keep_the_gateway_under_its_bound(
 
     sampler = threading.Thread(target=sample)
     try:
-        for _ in range(600):
-            with contextlib.suppress(OSError), urllib.request.urlopen(url + "/readyz") as r:
-                if r.status == 200:
-                    break
-            assert gateway.poll() is None, gateway_log.read_text()[-3000:]
-            time.sleep(0.1)
+        wait_ready(gateway, port)
         sampler.start()
         t0 = time.monotonic()
         results = asyncio.run(_all_ships(url, ships, tokens, bodies))
@@ -183,13 +171,12 @@ def test_twenty_ships_sending_max_size_batches_keep_the_gateway_under_its_bound(
         workers = [_vm_hwm(pid) for pid in _children(gateway.pid)]
         with urllib.request.urlopen(url + "/metrics") as r:
             metrics = r.read().decode()
-        assert gateway.poll() is None, "the gateway died"
+        assert gateway.alive(), "the gateway died"
     finally:
         done.set()
         if sampler.is_alive():
             sampler.join()
-        gateway.send_signal(signal.SIGTERM)
-        gateway.wait(60)
+        gateway.stop(grace=60)
     busy = sum(b for _, b in results)
     refused_busy = sum(
         float(ln.split()[-1])
