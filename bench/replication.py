@@ -434,8 +434,8 @@ class ReplicationBench:
             )
             for s in SITES
         }
+        self.procs += [b.proc for b in self.brokers.values()]
         for b in self.brokers.values():
-            self.procs.append(b.proc)
             b.proc.wait_ready(b.ready, timeout=120)
 
     def _stop_brokers(self) -> None:
@@ -538,8 +538,8 @@ class ReplicationBench:
             ]
             out["steady"] = {
                 "records": len(steady),
-                "lag_p50_s": r3(pct(lags, 50)),
-                "lag_p99_s": r3(pct(lags, 99)),
+                "lag_p50_s": r3(pct(lags, 0.5)),
+                "lag_p99_s": r3(pct(lags, 0.99)),
                 "samples": len(lags),
             }
             say(f"{system.name}: steady: {json.dumps(out['steady'])}")
@@ -567,8 +567,8 @@ class ReplicationBench:
             ]
             out["alert_during_catch_up"] = {
                 "alerts": len(alerts),
-                "lag_p50_s": r3(pct(alags, 50)),
-                "lag_p99_s": r3(pct(alags, 99)),
+                "lag_p50_s": r3(pct(alags, 0.5)),
+                "lag_p99_s": r3(pct(alags, 0.99)),
                 "samples": len(alags),
             }
             say(f"{system.name}: alerts: {json.dumps(out['alert_during_catch_up'])}")
