@@ -67,7 +67,7 @@ from bench._common import (
     run_bench,
 )
 from local_stack.kafka import KafkaBroker, LinkListener, _java_argv, start_kafka
-from local_stack.process import Proc, free_port
+from local_stack.process import Proc, free_ports
 from shorelink.contract import Record, ingress_topic
 from shorelink.identity import Identity
 from shorelink.topics import TopicSpec, ensure_topics
@@ -417,10 +417,11 @@ class ReplicationBench:
         """Fresh brokers for one system (no data of another system's run)."""
         self.relay.down.clear()
         links: dict[str, dict[str, LinkListener]] = {}
+        ports = iter(free_ports(2 * len(SITES) * len(SITES)))
         for s in SITES:
             links[s] = {}
             for r in [*[x for x in SITES if x != s], MM2]:
-                ln = LinkListener(free_port(), free_port())
+                ln = LinkListener(next(ports), next(ports))
                 links[s][r] = ln
                 self.relay.add(link_name(s, r), ln.advertised, ln.port)
         self.brokers = {

@@ -11,7 +11,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from local_stack.errors import StackError
-from local_stack.process import Proc, free_port, port_open
+from local_stack.process import Proc, free_ports, port_open
 from local_stack.tools import kafka_classpath, kafka_log4j_config
 
 __all__ = ["KafkaBroker", "LinkListener", "link_listener_properties", "start_kafka"]
@@ -126,8 +126,12 @@ def start_kafka(
     """Format (first time only) and start a broker for ``site`` under ``root``;
     ``properties`` add to (or override) the broker's server.properties; ``links``:
     one more listener per name (:class:`LinkListener`)."""
-    port = port or free_port(HOST)
-    cport = free_port(HOST)
+    taken = ({port} - {None}) | {
+        p for ln in (links or {}).values() for p in (ln.port, ln.advertised)
+    }
+    fresh = [p for p in free_ports(len(taken) + 2, HOST) if p not in taken]
+    port = port or fresh[0]
+    cport = fresh[1]
     data = root / "data"
     root.mkdir(parents=True, exist_ok=True)
     props = root / "server.properties"

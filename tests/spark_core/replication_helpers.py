@@ -15,7 +15,7 @@ from pathlib import Path
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from local_stack.kafka import KafkaBroker, LinkListener, start_kafka
-from local_stack.process import free_port
+from local_stack.process import free_ports
 from local_stack.toxiproxy import Toxiproxy
 from shorelink.contract import Record, ingress_topic
 from shorelink.identity import Identity
@@ -55,8 +55,9 @@ class Mesh:
 def start_mesh(root: Path, logs: Path, toxiproxy: Toxiproxy) -> Mesh:
     """One broker per slot; for each other slot a listener behind a toxiproxy proxy."""
     brokers = {}
+    free = iter(free_ports(2 * len(SLOTS) * len(SLOTS)))
     ports: dict[str, dict[str, LinkListener]] = {
-        s: {r: LinkListener(free_port(), free_port()) for r in SLOTS if r != s} for s in SLOTS
+        s: {r: LinkListener(next(free), next(free)) for r in SLOTS if r != s} for s in SLOTS
     }
     for s in SLOTS:
         for r, ln in ports[s].items():
