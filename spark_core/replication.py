@@ -18,7 +18,9 @@ alert never waits behind a containers batch.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -33,6 +35,8 @@ from shorelink.ledger import decode_entry
 from shorelink.ranges import RangeSet
 from shorelink.topics import ensure_topics
 from spark_core.config import SiteConfig
+from spark_core.progress import topic_lags
+from spark_core.routing import LinkState
 from spark_core.session import scheduler_pool, trigger
 from spark_core.topics import inbox_specs
 
@@ -304,8 +308,6 @@ class Replicator:
     ``<checkpoint_dir>/replication.status.json``."""
 
     def __init__(self, cfg: Any, site: SiteConfig) -> None:
-        from spark_core.routing import LinkState
-
         self.cfg = cfg
         self.site = site
         self.links = LinkState(cfg, site)
@@ -372,8 +374,6 @@ class Replicator:
 
     def progress(self, q: InboxQuery, progress: dict[str, Any] | None, state: str) -> None:
         """The supervisor's report of one inbox query: per stream lag and state."""
-        from spark_core.progress import topic_lags
-
         now = time.time()
         lags = topic_lags(progress) if progress is not None else {}
         for stream in q.streams:
@@ -423,9 +423,6 @@ class Replicator:
         }
 
     def write_status(self) -> None:
-        import json
-        import os
-
         path = self.status_path
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
