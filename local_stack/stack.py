@@ -35,11 +35,13 @@ class Component:
     name: str
     pid: int
     log: str
-    address: str  # host:port it listens on
+    address: str  # host:port it listens on; "" for a process that serves no port
 
     def state(self) -> str:
         if not pid_alive(self.pid):
             return "dead"
+        if not self.address:
+            return "up"
         host, port = self.address.rsplit(":", 1)
         return "up" if port_open(host, int(port)) else "not-listening"
 
@@ -52,6 +54,9 @@ class StackInfo:
     links: dict[str, dict[str, Any]] = field(default_factory=dict)
     toxiproxy: dict[str, Any] = field(default_factory=dict)
     started_s: float = 0.0
+    #: further processes started on top of the stack (the demo's gateways, Spark
+    #: applications, edge agents): name -> {"pid", "log", "address"}; stopped by `down`
+    processes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +66,7 @@ class StackInfo:
             "ships": self.ships,
             "links": self.links,
             "toxiproxy": self.toxiproxy,
+            "processes": self.processes,
         }
 
     def components(self) -> list[Component]:
@@ -74,6 +80,10 @@ class StackInfo:
         if self.toxiproxy:
             t = self.toxiproxy
             out.append(Component("toxiproxy", t["pid"], t["log"], t["api"].removeprefix("http://")))
+        out += [
+            Component(n, p["pid"], p["log"], p.get("address", ""))
+            for n, p in self.processes.items()
+        ]
         return out
 
     def toxiproxy_client(self) -> Toxiproxy:
@@ -177,6 +187,7 @@ def load(dir: Path) -> StackInfo:
         data["links"],
         data["toxiproxy"],
         data.get("started_s", 0.0),
+        data.get("processes", {}),
     )
 
 

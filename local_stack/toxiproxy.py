@@ -99,9 +99,38 @@ class Toxiproxy:
     def remove_toxic(self, proxy: str, name: str) -> None:
         self._call("DELETE", f"/proxies/{proxy}/toxics/{name}")
 
+    def link_bytes(self) -> dict[str, int]:
+        """Bytes each proxy has carried so far, both directions together (toxiproxy's
+        ``toxiproxy_proxy_sent_bytes_total``; the server must run with metrics, see
+        :func:`start_toxiproxy`). A proxy that carried nothing yet is absent."""
+        req = urllib.request.Request(self.api + "/metrics")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError as exc:
+            raise StackError(f"toxiproxy metrics at {self.api} unreadable: {exc}") from exc
+        out: dict[str, int] = {}
+        for line in text.splitlines():
+            if not line.startswith("toxiproxy_proxy_sent_bytes_total{"):
+                continue
+            labels, _, value = line.rpartition(" ")
+            name = _label(labels, "proxy")
+            if name is not None:
+                out[name] = out.get(name, 0) + int(float(value))
+        return out
+
     def reset(self) -> None:
         """Enable every proxy and remove every toxic."""
         self._call("POST", "/reset")
+
+
+def _label(series: str, name: str) -> str | None:
+    marker = f'{name}="'
+    start = series.find(marker)
+    if start < 0:
+        return None
+    start += len(marker)
+    return series[start : series.find('"', start)]
 
 
 @dataclass
@@ -117,11 +146,16 @@ class ToxiproxyServer:
         return Toxiproxy(self.api)
 
 
-def start_toxiproxy(logs: Path, *, port: int | None = None, wait: bool = True) -> ToxiproxyServer:
+def start_toxiproxy(
+    logs: Path, *, port: int | None = None, wait: bool = True, metrics: bool = False
+) -> ToxiproxyServer:
+    """Start a toxiproxy server; ``metrics``: count each proxy's bytes
+    (:meth:`Toxiproxy.link_bytes`)."""
     port = port or free_port(HOST)
-    proc = Proc.start(
-        "toxiproxy", [toxiproxy_bin(), "-host", HOST, "-port", str(port)], logs / "toxiproxy.log"
-    )
+    argv = [toxiproxy_bin(), "-host", HOST, "-port", str(port)]
+    if metrics:
+        argv.append("-proxy-metrics")
+    proc = Proc.start("toxiproxy", argv, logs / "toxiproxy.log")
     server = ToxiproxyServer(port, proc)
     if wait:
         proc.wait_ready(server.client().ready, timeout=20)

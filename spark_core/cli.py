@@ -114,6 +114,9 @@ _config_opt = click.option(
 _ivy_opt = click.option(
     "--ivy-dir", type=click.Path(path_type=Path), default=None, help="Ivy cache (see `site`)."
 )
+_rows_json_opt = click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object per row instead of a table."
+)
 
 
 @main.group("query")
@@ -125,12 +128,13 @@ def query_group() -> None:
 @_site_opt
 @_config_opt
 @_ivy_opt
+@_rows_json_opt
 @click.option("--container", required=True, help="Container id (the records' key).")
 def container_history_cmd(
-    site_name: str, config_path: Path, ivy_dir: Path | None, container: str
+    site_name: str, config_path: Path, ivy_dir: Path | None, as_json: bool, container: str
 ) -> None:
     """One container's whole history, across ships and ports, in event-time order."""
-    from spark_core.query import HISTORY_COLUMNS, container_history, format_rows
+    from spark_core.query import HISTORY_COLUMNS, container_history, format_rows, json_rows
 
     cfg = load_or_exit(load_config, config_path)
     site = load_or_exit(lambda _: cfg.site(site_name), config_path)
@@ -139,7 +143,7 @@ def container_history_cmd(
         rows = container_history(spark, site, container)
     finally:
         spark.stop()
-    for line in format_rows(rows, HISTORY_COLUMNS):
+    for line in (json_rows if as_json else format_rows)(rows, HISTORY_COLUMNS):
         click.echo(line)
 
 
@@ -147,9 +151,12 @@ def container_history_cmd(
 @_site_opt
 @_config_opt
 @_ivy_opt
-def latest_positions_cmd(site_name: str, config_path: Path, ivy_dir: Path | None) -> None:
+@_rows_json_opt
+def latest_positions_cmd(
+    site_name: str, config_path: Path, ivy_dir: Path | None, as_json: bool
+) -> None:
     """The newest position of every ship (MMSI) in ship_positions."""
-    from spark_core.query import POSITION_COLUMNS, format_rows, latest_positions
+    from spark_core.query import POSITION_COLUMNS, format_rows, json_rows, latest_positions
 
     cfg = load_or_exit(load_config, config_path)
     site = load_or_exit(lambda _: cfg.site(site_name), config_path)
@@ -158,7 +165,7 @@ def latest_positions_cmd(site_name: str, config_path: Path, ivy_dir: Path | None
         rows = latest_positions(spark, site)
     finally:
         spark.stop()
-    for line in format_rows(rows, POSITION_COLUMNS):
+    for line in (json_rows if as_json else format_rows)(rows, POSITION_COLUMNS):
         click.echo(line)
 
 

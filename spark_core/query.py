@@ -3,12 +3,20 @@ every ship (``shorelink-spark query ...``; docs/tables.md has the same as SQL)."
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from spark_core.config import SiteConfig
 from spark_core.tables import table_path
 
-__all__ = ["HISTORY_COLUMNS", "POSITION_COLUMNS", "container_history", "latest_positions"]
+__all__ = [
+    "HISTORY_COLUMNS",
+    "POSITION_COLUMNS",
+    "container_history",
+    "format_rows",
+    "json_rows",
+    "latest_positions",
+]
 
 HISTORY_COLUMNS = (
     "ts",
@@ -53,6 +61,15 @@ def latest_positions(spark: Any, site: SiteConfig) -> list[Any]:
         ) WHERE rn = 1 ORDER BY mmsi
         """
     ).collect()
+
+
+def json_rows(rows: list[Any], columns: tuple[str, ...]) -> list[str]:
+    """One JSON object per row (times as ISO 8601 strings), for ``--json``."""
+    out = []
+    for r in rows:
+        obj = {c: (r[c].isoformat() if hasattr(r[c], "isoformat") else r[c]) for c in columns}
+        out.append(json.dumps(obj, separators=(",", ":")))
+    return out
 
 
 def format_rows(rows: list[Any], columns: tuple[str, ...]) -> list[str]:
