@@ -118,6 +118,7 @@ def start_kafka(
     logs: Path,
     *,
     port: int | None = None,
+    controller_port: int | None = None,
     heap: str = "512m",
     wait: bool = True,
     properties: dict[str, str] | None = None,
@@ -125,13 +126,15 @@ def start_kafka(
 ) -> KafkaBroker:
     """Format (first time only) and start a broker for ``site`` under ``root``;
     ``properties`` add to (or override) the broker's server.properties; ``links``:
-    one more listener per name (:class:`LinkListener`)."""
-    taken = ({port} - {None}) | {
+    one more listener per name (:class:`LinkListener`). A caller that reserves other
+    ports at once (:func:`free_ports`) passes ``port`` and ``controller_port`` too, so
+    that none of them is handed out twice."""
+    taken = ({port, controller_port} - {None}) | {
         p for ln in (links or {}).values() for p in (ln.port, ln.advertised)
     }
     fresh = [p for p in free_ports(len(taken) + 2, HOST) if p not in taken]
     port = port or fresh[0]
-    cport = fresh[1]
+    cport = controller_port or fresh[1]
     data = root / "data"
     root.mkdir(parents=True, exist_ok=True)
     props = root / "server.properties"

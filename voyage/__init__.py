@@ -1,2 +1,3 @@
 """placeholder"""
+
 __all__: list[str] = []

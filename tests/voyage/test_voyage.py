@@ -1,0 +1,122 @@
+"""The main job end to end: a short voyage of the whole system (2 ships, 4 sites, real
+Mosquitto, edge agents, gateways, Kafka, Spark applications and toxiproxy links), judged
+by its own report. This is the promise of the product in one run: every site holds every
+record exactly once, the overboard alert reaches every office, and a port holds a ship's
+earlier data before the ship docks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from local_stack.process import pid_alive
+from voyage.run import Options, prepare_dir, run_voyage
+from voyage.topology import SITES
+
+
+@pytest.fixture(scope="module")
+def voyage(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, str]:
+    root = tmp_path_factory.mktemp("voyage")
+    out = root / "console.txt"
+    with open(out, "w") as f:
+        console = Console(file=f, width=100, force_terminal=False)
+        code = run_voyage(
+            Options(
+                dir=root / "run",
+                ships=2,
+                minutes=2.5,
+                containers=12,
+                drain_timeout=240,
+                live=False,
+                command="pytest short voyage",
+            ),
+            console,
+        )
+    return code, root / "run", out.read_text()
+
+
+@pytest.mark.timeout(1200)
+def test_a_short_voyage_delivers_every_record_once_to_every_site(
+    voyage: tuple[int, Path, str],
+) -> None:
+    """Exit 0 only when the report's verdict is a pass; the figures back it."""
+    code, run, console = voyage
+    report = json.loads((run / "report.json").read_text())
+    assert report["problems"] == [], console[-3000:]
+    assert code == 0 and report["ok"] is True
+    produced = report["sites"]["hq"]["produced"]
+    assert produced > 1000
+    for site in SITES:
+        figures = report["sites"][site]
+        assert figures["held"] == produced == figures["produced"]
+        assert figures["duplicates"] == figures["gaps"] == figures["missing"] == 0
+        assert figures["latency_s"]["p50"] is not None
+        assert figures["per_stream"]["containers"]["held"] > 0
+        assert figures["per_stream"]["nav"]["held"] > 0
+    # the audit of every site's canonical topics agrees
+    assert report["audit"]["ok"] is True
+
+
+@pytest.mark.timeout(1200)
+def test_the_overboard_alert_reaches_every_site_and_ports_know_the_cargo_first(
+    voyage: tuple[int, Path, str],
+) -> None:
+    _code, run, _console = voyage
+    report = json.loads((run / "report.json").read_text())
+    alert = report["alert"]
+    assert len(alert["containers"]) == 3
+    for site in SITES:
+        assert alert["sites"][site]["latency_s"] is not None
+        assert alert["sites"][site]["latency_s"] > 0
+        assert alert["sites"][site]["alerts"] == 3
+    singapore = [c for c in report["port_calls"] if c["port"] == "singapore"]
+    assert len(singapore) == 2
+    assert all(c["lead_s"] > 0 and c["earlier_records"] > 0 for c in singapore)
+    # the overboard container's history comes from HQ's Delta table, across two ships
+    history = report["container_history"]
+    assert history["container"] in alert["containers"]
+    assert len({r["origin"] for r in history["rows"]}) == 2
+
+
+@pytest.mark.timeout(1200)
+def test_the_voyage_reports_link_bytes_and_draws_a_self_contained_page(
+    voyage: tuple[int, Path, str],
+) -> None:
+    _code, run, console = voyage
+    report = json.loads((run / "report.json").read_text())
+    for ship, links in report["links"].items():
+        assert links["raw_payload_bytes"] > 0 and links["mqtt_bridge_bytes"] > 0, ship
+        assert links["sent_bytes"]["satellite"] > 0 and links["sent_bytes"]["port_wifi"] > 0
+        # batches are columnar and compressed: far fewer bytes than MQTT bridging
+        assert links["total_sent_bytes"] < links["mqtt_bridge_bytes"]
+        assert 0 < links["satellite"]["spent_bytes"] <= links["satellite"]["budget_bytes"]
+    html = (run / "report.html").read_text()
+    assert "data:image/png;base64," in html and 'src="http' not in html
+    assert "PASS" in console
+
+
+@pytest.mark.timeout(1200)
+def test_the_voyage_stops_every_process_it_started(voyage: tuple[int, Path, str]) -> None:
+    _code, run, _console = voyage
+    stopped = json.loads((run / "stack.stopped.json").read_text())
+    pids = [c["pid"] for c in stopped["sites"].values()]
+    pids += [c["pid"] for c in stopped["ships"].values()]
+    pids += [p["pid"] for p in stopped["processes"].values()]
+    pids.append(stopped["toxiproxy"]["pid"])
+    assert len(stopped["processes"]) == 4 + 4 + 2 + 1  # gateways, Spark apps, agents, fleet
+    assert not [p for p in pids if pid_alive(p)]
+
+
+def test_a_voyage_never_clears_a_directory_it_did_not_make(tmp_path: Path) -> None:
+    """`--dir` pointing at someone's files must not delete them."""
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(Exception, match="holds no earlier voyage"):
+        prepare_dir(tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    fresh = prepare_dir(tmp_path / "v")
+    (fresh / "report.json").write_text("{}")
+    again = prepare_dir(tmp_path / "v")
+    assert not (again / "report.json").exists()

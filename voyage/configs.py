@@ -1,0 +1,217 @@
+"""The configuration files of a voyage, written the way an operator would write them:
+one gateway config per site, one ``sites.toml`` for the four Spark applications, one
+edge config per ship. Every address is a loopback port the stack chose; every ship link
+and every link between sites goes through a toxiproxy proxy.
+
+The files are kept in the voyage directory, so ``--keep`` leaves a stack that the usual
+commands (``shorelink-edge status --config``, ``shorelink-spark status --config``,
+``shorelink audit --all-sites --config``) explore as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from voyage.topology import HQ, PORTS, SATELLITE, SITES, STREAMS, WIFI, neighbours
+
+__all__ = ["ShipEndpoints", "SiteEndpoints", "edge_config", "gateway_config", "sites_config"]
+
+
+@dataclass(frozen=True)
+class SiteEndpoints:
+    name: str
+    kafka: str  # host:port, the site's own clients
+    gateway_port: int
+    via: Mapping[str, str]  # neighbour -> the neighbour's Kafka as this site reaches it
+
+
+@dataclass(frozen=True)
+class ShipEndpoints:
+    name: str
+    mqtt_port: int
+    metrics_port: int
+    links: Mapping[str, str]  # site -> host:port of the proxy to that site's gateway
+
+
+def _toml_list(items: list[str] | tuple[str, ...]) -> str:
+    return "[" + ", ".join(f'"{x}"' for x in items) + "]"
+
+
+def gateway_config(site: SiteEndpoints, credentials: Path) -> str:
+    return f"""\
+# gateway of site {site.name} (written by `shorelink demo`; see deploy/gateway/gateway.toml)
+site = "{site.name}"
+log_level = "info"
+# one decoding process fewer: the voyage's batches are small
+decode_workers = 0
+credentials_file = "{credentials}"
+streams = {_toml_list(STREAMS)}
+
+[listen]
+host = "127.0.0.1"
+port = {site.gateway_port}
+
+[kafka]
+bootstrap = "{site.kafka}"
+ingress_partitions = 2
+transactional_id = "shorelink-gateway-{site.name}"
+"""
+
+
+def sites_config(root: Path, sites: Mapping[str, SiteEndpoints]) -> str:
+    """All four sites in one file. Small partitions counts and one table site (HQ): four
+    Spark applications share this machine's two cores."""
+    parts = [
+        """\
+# the voyage's four sites (written by `shorelink demo`; see deploy/spark/sites.toml)
+log_level = "info"
+
+[spark]
+master = "local[2]"
+driver_memory = "1g"
+
+[spark.conf]
+"spark.ui.enabled" = "false"
+"spark.sql.shuffle.partitions" = "1"
+"""
+    ]
+    for name in SITES:
+        s = sites[name]
+        topics = "".join(
+            f"\n[sites.{name}.topics.{stream}]\npartitions = 1\n" for stream in STREAMS
+        )
+        via = "".join(f'{n} = "{s.via[n]}"\n' for n in neighbours(name))
+        parts.append(
+            f"""
+[sites.{name}]
+streams = {_toml_list(STREAMS)}
+neighbours = {_toml_list(neighbours(name))}
+checkpoint_dir = "{root / name / "spark" / "checkpoints"}"
+table_dir = "{root / name / "spark" / "tables"}"
+trigger_interval = "2s"
+tables = {"true" if name == HQ else "false"}
+
+[sites.{name}.kafka]
+bootstrap = "{s.kafka}"
+
+[sites.{name}.merge]
+canonical_partitions = 1
+max_offsets_per_trigger = 20000
+
+[sites.{name}.replication]
+max_offsets_per_trigger = 20000
+probe_interval = "1s"
+probe_timeout = "2s"
+report_ttl = "6s"
+{topics}
+[sites.{name}.replication.via]
+{via}"""
+        )
+    return "".join(parts)
+
+
+def edge_config(ship: ShipEndpoints, root: Path, token: str, *, satellite_budget: int) -> str:
+    """The ship's agent: its Mosquitto, its log, port Wi-Fi to each port's gateway and
+    the satellite to HQ, the streams, the mapping rules and the overboard alarm."""
+    gateways = [
+        f'[[gateways]]\nsite = "{port}"\nurl = "http://{ship.links[port]}"\nlink = "{WIFI}"\n'
+        for port in PORTS
+    ]
+    gateways.append(
+        f'[[gateways]]\nsite = "{HQ}"\nurl = "http://{ship.links[HQ]}"\nlink = "{SATELLITE}"\n'
+    )
+    return f"""\
+# edge agent of {ship.name} (written by `shorelink demo`; see deploy/edge/edge.toml)
+ship = "{ship.name}"
+log_level = "info"
+
+[mqtt]
+host = "127.0.0.1"
+port = {ship.mqtt_port}
+client_id = "shorelink-edge-{ship.name}"
+
+[log]
+path = "{root / "edge.db"}"
+group_commit = "5ms"
+max_bytes = "1GB"
+alerts_reserve_bytes = "50MB"
+
+[metrics]
+host = "127.0.0.1"
+port = {ship.metrics_port}
+
+[uplink]
+token = "{token}"
+interval = "2s"
+refresh = "20s"
+probe_timeout = "3s"
+retry_min = "100ms"
+retry_max = "3s"
+# one process per ship: the voyage's ships share two cores with four data centres
+encode_workers = 0
+seal_records = 0
+
+[links.{SATELLITE}]
+streams = ["alerts", "nav"]
+daily_budget_bytes = {satellite_budget}
+batch_max_records = 200
+batch_max_bytes = "32KiB"
+cost = 100
+timeout = "30s"
+in_flight = 1
+
+[links.{WIFI}]
+streams = ["*"]
+cost = 1
+timeout = "30s"
+in_flight = 3
+
+{chr(10).join(gateways)}
+[streams.alerts]
+priority = 0
+on_full = "reject"
+
+[streams.nav]
+priority = 10
+
+[streams.cargo]
+priority = 20
+
+[streams.containers]
+priority = 50
+
+[[rules]]
+filter = "bigblue/+/containers/+/env"
+stream = "containers"
+key = "{{4}}"
+ts_field = "ts"
+
+[[rules]]
+filter = "bigblue/+/nav/position"
+stream = "nav"
+key = "position"
+ts_field = "ts"
+
+[[rules]]
+filter = "bigblue/+/nav/ais"
+stream = "nav"
+key = "ais"
+
+[[rules]]
+filter = "bigblue/+/cargo/manifest"
+stream = "cargo"
+key = "manifest"
+ts_field = "ts"
+
+# a container lost overboard: a shock over 10 g, then no reading of that container for
+# three hours of the readings' own time (other containers' readings go on)
+[[alarms]]
+name = "overboard"
+filter = "bigblue/+/containers/+/env"
+key = "{{4}}"
+field = "shock"
+above = 10.0
+silence = "3h"
+"""

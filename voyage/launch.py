@@ -1,0 +1,283 @@
+"""Starting a voyage's components: per site a Kafka broker, a gateway and a Spark
+application; per ship a Mosquitto and an edge agent; one toxiproxy that carries every
+ship link and every link between sites. All real, all on loopback, each started the way
+an operator starts it (the deployables' own command lines, with the config files of
+:mod:`voyage.configs`).
+
+Everything started is recorded in ``DIR/stack.json`` as it starts, so ``shorelink stack
+down --dir DIR`` stops it (``--keep``), and a start that fails half-way stops what it
+started.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from local_stack.errors import StackError
+from local_stack.kafka import KafkaBroker, LinkListener, start_kafka
+from local_stack.mosquitto import start_mosquitto
+from local_stack.process import Proc, free_ports, port_open, stop_procs
+from local_stack.stack import HOST, StackInfo
+from local_stack.toxiproxy import Toxiproxy, start_toxiproxy
+from voyage.configs import (
+    ShipEndpoints,
+    SiteEndpoints,
+    edge_config,
+    gateway_config,
+    sites_config,
+)
+from voyage.topology import HQ, PORTS, SITES, neighbours, ship_link, site_link
+
+__all__ = ["Launched", "launch"]
+
+#: a geostationary hop each way, and a satellite terminal's modest rate (KB/s)
+SATELLITE_LATENCY_MS = 300
+SATELLITE_RATE_KBPS = 64
+WIFI_LATENCY_MS = 5
+SATELLITE_BUDGET = 2_000_000  # bytes per (UTC) day
+
+
+@dataclass
+class Launched:
+    """What a voyage runs on: addresses, config files, processes."""
+
+    dir: Path
+    info: StackInfo
+    toxiproxy: Toxiproxy
+    sites: dict[str, SiteEndpoints] = field(default_factory=dict)
+    ships: dict[str, ShipEndpoints] = field(default_factory=dict)
+    procs: list[Proc] = field(default_factory=list)
+    sites_toml: Path = Path()
+    gateway_toml: dict[str, Path] = field(default_factory=dict)
+    edge_toml: dict[str, Path] = field(default_factory=dict)
+
+    def record(self, proc: Proc, address: str = "") -> None:
+        self.procs.append(proc)
+        self.info.processes[proc.name] = {"pid": proc.pid, "log": str(proc.log), "address": address}
+        self.info.save()
+
+    def checkpoint_dir(self, site: str) -> Path:
+        return self.dir / "sites" / site / "spark" / "checkpoints"
+
+    def stop(self, grace: float = 20.0) -> None:
+        stop_procs(self.procs, grace)
+
+
+def _python(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _run(argv: list[str], what: str, timeout: float = 120) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise StackError(f"{what}: no answer after {timeout:.0f}s") from exc
+    if done.returncode != 0:
+        raise StackError(f"{what} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    return done.stdout
+
+
+def launch(dir: Path, ships: list[str], say: Callable[[str], None]) -> Launched:
+    """Start every component of the voyage and wait until each is ready. On failure,
+    whatever was started is stopped and the error names the component and its log."""
+    logs = dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    info = StackInfo(dir)
+    brokers: dict[str, KafkaBroker] = {}
+    started: list[Proc] = []
+    try:
+        say("starting a Kafka broker per site, a Mosquitto per ship, toxiproxy")
+        # per site, one listener per neighbour, reached through that link's proxy
+        n_links = sum(len(neighbours(s)) for s in SITES)
+        # every port at once: a port reserved but not yet bound must not be handed out again
+        free = iter(free_ports(2 * n_links + 4 * len(SITES) + 3 + (len(SITES) + 2) * len(ships)))
+        listeners = {
+            s: {r: LinkListener(next(free), next(free)) for r in neighbours(s)} for s in SITES
+        }
+        for s in SITES:
+            brokers[s] = start_kafka(
+                s,
+                dir / "sites" / s / "kafka",
+                logs,
+                port=next(free),
+                controller_port=next(free),
+                heap="384m",
+                wait=False,
+                links=listeners[s],
+            )
+            started.append(brokers[s].proc)
+        mosquittos = {}
+        for ship in ships:
+            mosquittos[ship] = start_mosquitto(
+                ship, dir / "ships" / ship / "mosquitto", logs, port=next(free)
+            )
+            started.append(mosquittos[ship].proc)
+            info.ships[ship] = {
+                "mqtt": f"{HOST}:{mosquittos[ship].port}",
+                "pid": mosquittos[ship].proc.pid,
+                "log": str(mosquittos[ship].proc.log),
+            }
+        tp = start_toxiproxy(logs, port=next(free), metrics=True)
+        started.append(tp.proc)
+        info.toxiproxy = {"api": tp.api, "pid": tp.proc.pid, "log": str(tp.proc.log)}
+        launched = Launched(dir, info, tp.client())
+        gateway_ports = {s: next(free) for s in SITES}
+        for s in SITES:
+            b = brokers[s]
+            b.proc.wait_ready(b.ready, timeout=180)
+            info.sites[s] = {
+                "kafka": b.bootstrap,
+                "pid": b.proc.pid,
+                "log": str(logs / f"kafka-{s}" / "kafka.log"),
+                "gateway": f"{HOST}:{gateway_ports[s]}",
+            }
+        info.save()
+        client = launched.toxiproxy
+        for s in SITES:
+            for r, ln in listeners[s].items():
+                client.create_proxy(site_link(s, r), f"{HOST}:{ln.advertised}", f"{HOST}:{ln.port}")
+        for s in SITES:
+            launched.sites[s] = SiteEndpoints(
+                s,
+                brokers[s].bootstrap,
+                gateway_ports[s],
+                {n: brokers[n].link_bootstrap(s) for n in neighbours(s)},
+            )
+        for ship in ships:
+            links = {}
+            for s in SITES:
+                listen = f"{HOST}:{next(free)}"
+                name = ship_link(ship, s)
+                client.create_proxy(name, listen, info.sites[s]["gateway"])
+                latency = SATELLITE_LATENCY_MS if s == HQ else WIFI_LATENCY_MS
+                for stream in ("upstream", "downstream"):
+                    client.add_toxic(name, "latency", stream=stream, latency=latency)
+                    if s == HQ:
+                        client.add_toxic(name, "bandwidth", stream=stream, rate=SATELLITE_RATE_KBPS)
+                # port Wi-Fi is down until the ship docks there; the satellite is always up
+                client.set_enabled(name, s == HQ)
+                links[s] = listen
+                info.links[name] = {"ship": ship, "site": s, "listen": listen}
+            launched.ships[ship] = ShipEndpoints(ship, mosquittos[ship].port, next(free), links)
+        info.save()
+        for p in started:
+            launched.procs.append(p)
+        started = []
+
+        say("starting a gateway per site")
+        credentials = dir / "sites" / "ships.json"
+        for s in SITES:
+            path = dir / "sites" / s / "gateway.toml"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(gateway_config(launched.sites[s], credentials))
+            launched.gateway_toml[s] = path
+        tokens = {
+            ship: _run(
+                _python(
+                    "core_gateway.cli",
+                    "ships",
+                    "add",
+                    ship,
+                    "--config",
+                    str(launched.gateway_toml[HQ]),
+                ),
+                f"shorelink-gateway ships add {ship}",
+            ).strip()
+            for ship in ships
+        }
+        for s in SITES:
+            launched.record(
+                Proc.start(
+                    f"gateway:{s}",
+                    _python("core_gateway.cli", "run", "--config", str(launched.gateway_toml[s])),
+                    logs / f"gateway-{s}.log",
+                ),
+                info.sites[s]["gateway"],
+            )
+
+        say("creating every site's topics; starting a Spark application per site")
+        launched.sites_toml = dir / "sites" / "sites.toml"
+        launched.sites_toml.write_text(sites_config(dir / "sites", launched.sites))
+        for s in SITES:
+            _run(
+                _python(
+                    "spark_core.cli",
+                    "topics",
+                    "apply",
+                    "--site",
+                    s,
+                    "--config",
+                    str(launched.sites_toml),
+                ),
+                f"shorelink-spark topics apply --site {s}",
+            )
+        for s in (HQ, *PORTS):
+            launched.record(
+                Proc.start(
+                    f"spark:{s}",
+                    _python(
+                        "spark_core.cli", "site", "--site", s, "--config", str(launched.sites_toml)
+                    ),
+                    logs / f"spark-{s}.log",
+                )
+            )
+
+        say("starting an edge agent per ship")
+        for ship in ships:
+            root = dir / "ships" / ship
+            path = root / "edge.toml"
+            path.write_text(
+                edge_config(
+                    launched.ships[ship], root, tokens[ship], satellite_budget=SATELLITE_BUDGET
+                )
+            )
+            path.chmod(0o600)  # it holds the ship's token
+            launched.edge_toml[ship] = path
+            launched.record(
+                Proc.start(
+                    f"edge:{ship}",
+                    _python("edge_agent.cli", "run", "--config", str(path)),
+                    logs / f"edge-{ship}.log",
+                ),
+                f"{HOST}:{launched.ships[ship].metrics_port}",
+            )
+
+        for p in launched.procs:
+            if p.name.startswith("gateway:"):
+                site = p.name.split(":", 1)[1]
+                p.wait_ready(
+                    lambda s=site: _http_ok(f"http://{info.sites[s]['gateway']}/readyz"), 60
+                )
+            elif p.name.startswith("edge:"):
+                ship = p.name.split(":", 1)[1]
+                port = launched.ships[ship].metrics_port
+                p.wait_ready(lambda port=port: port_open(HOST, port), 60)
+        say("waiting for the Spark applications (the first start of a JVM takes a while)")
+        for p in launched.procs:
+            if p.name.startswith("spark:"):
+                site = p.name.split(":", 1)[1]
+                status = launched.checkpoint_dir(site) / "merge.status.json"
+                p.wait_ready(status.exists, 400)
+        info.started_s = time.monotonic() - t0
+        info.save()
+        return launched
+    except BaseException:
+        stop_procs(started, grace=5)
+        if "launched" in locals():
+            launched.stop(grace=5)
+        raise

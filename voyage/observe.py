@@ -1,0 +1,192 @@
+"""What the voyage watches while it runs, from the outside, as any client could:
+
+- :class:`SiteWatch`: per site, a read_committed consumer of the canonical topics that
+  notes when each identity arrived (wall clock), where it entered (``sl.site``), its
+  event time, and every identity seen twice;
+- :func:`edge_metrics`: a ship's agent's Prometheus endpoint (last seq per stream,
+  backlog, satellite spend and budget, which gateway answers over which link);
+- the toxiproxy byte counters of each link (:meth:`Toxiproxy.link_bytes`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, KafkaException
+
+from shorelink.contract import (
+    H_MQTT_TOPIC,
+    H_ORIGIN,
+    H_SEQ,
+    H_SITE,
+    H_STREAM,
+    H_TS,
+    canonical_topic,
+)
+from voyage.topology import STREAMS
+
+__all__ = ["Arrival", "EdgeSample", "SiteWatch", "edge_metrics"]
+
+Ident = tuple[str, str, int]
+
+
+@dataclass(frozen=True)
+class Arrival:
+    at_s: float  # wall seconds since the run started
+    entry: str  # the site the record entered at
+    ts_ms: int  # event time
+    key: str
+    mqtt_topic: str
+    payload: bytes
+
+
+class SiteWatch(threading.Thread):
+    """Follows one site's canonical topics until :meth:`close`. ``payloads_of`` names
+    the streams whose payloads are kept (the others only their identity and times)."""
+
+    def __init__(
+        self,
+        site: str,
+        bootstrap: str,
+        t0: float,
+        payloads_of: tuple[str, ...] = ("alerts", "cargo"),
+    ) -> None:
+        super().__init__(name=f"watch-{site}", daemon=True)
+        self.site = site
+        self.t0 = t0
+        self.payloads_of = payloads_of
+        self.arrivals: dict[Ident, Arrival] = {}
+        self.duplicates: Counter[tuple[str, str]] = Counter()
+        self.unreadable = 0
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"voyage-watch-{site}-{time.time_ns()}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+                "topic.metadata.refresh.interval.ms": 2000,
+            }
+        )
+
+    def run(self) -> None:
+        try:
+            self.consumer.subscribe([canonical_topic(s) for s in STREAMS])
+            while not self._stop.is_set():
+                msgs = self.consumer.consume(num_messages=2000, timeout=0.5)
+                now = time.time() - self.t0
+                with self._lock:
+                    for m in msgs:
+                        err = m.error()
+                        if err is not None:
+                            if err.code() not in (
+                                KafkaError._PARTITION_EOF,
+                                KafkaError.UNKNOWN_TOPIC_OR_PART,
+                            ):
+                                self.error = str(err)
+                            continue
+                        self._note(m, now)
+        except KafkaException as exc:
+            self.error = str(exc)
+        finally:
+            self.consumer.close()
+
+    def _note(self, m: object, now: float) -> None:
+        headers = {k: (v or b"").decode(errors="replace") for k, v in (m.headers() or [])}  # type: ignore[attr-defined]
+        try:
+            ident = (headers[H_ORIGIN], headers[H_STREAM], int(headers[H_SEQ]))
+            ts = int(headers.get(H_TS, "0"))
+        except (KeyError, ValueError):
+            self.unreadable += 1
+            return
+        if ident in self.arrivals:
+            self.duplicates[(ident[0], ident[1])] += 1
+            return
+        key = m.key()  # type: ignore[attr-defined]
+        self.arrivals[ident] = Arrival(
+            now,
+            headers.get(H_SITE, ""),
+            ts,
+            key.decode(errors="replace") if key else "",
+            headers.get(H_MQTT_TOPIC, ""),
+            (m.value() or b"") if ident[1] in self.payloads_of else b"",  # type: ignore[attr-defined]
+        )
+
+    def count(self) -> int:
+        return len(self.arrivals)
+
+    def snapshot(self) -> dict[Ident, Arrival]:
+        with self._lock:
+            return dict(self.arrivals)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.join(timeout=10)
+
+
+@dataclass
+class EdgeSample:
+    """One read of a ship agent's metrics."""
+
+    ok: bool = False
+    last_seq: dict[str, int] = field(default_factory=dict)
+    backlog: dict[str, int] = field(default_factory=dict)
+    budget_used: dict[str, int] = field(default_factory=dict)
+    budget_limit: dict[str, int] = field(default_factory=dict)
+    uplink_bytes: dict[str, int] = field(default_factory=dict)
+    links_up: list[tuple[str, str]] = field(default_factory=list)  # (site, link) answering
+
+    @property
+    def backlog_total(self) -> int:
+        return sum(self.backlog.values())
+
+
+def _labels(text: str) -> dict[str, str]:
+    out = {}
+    for part in text.split(","):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            out[k.strip()] = v.strip().strip('"')
+    return out
+
+
+def edge_metrics(address: str) -> EdgeSample:
+    """Read ``http://address/metrics`` of a ship's agent; ``ok`` False if it did not
+    answer."""
+    try:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=2) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return EdgeSample()
+    s = EdgeSample(ok=True)
+    for line in text.splitlines():
+        if not line.startswith("shorelink_edge_") or "{" not in line:
+            continue
+        name, _, rest = line.partition("{")
+        labels_text, _, value_text = rest.rpartition("} ")
+        try:
+            value = float(value_text)
+        except ValueError:
+            continue
+        labels = _labels(labels_text)
+        metric = name.removeprefix("shorelink_edge_")
+        if metric == "last_seq":
+            s.last_seq[labels.get("stream", "")] = int(value)
+        elif metric == "backlog_records":
+            s.backlog[labels.get("stream", "")] = int(value)
+        elif metric == "link_budget_used_bytes":
+            s.budget_used[labels.get("link", "")] = int(value)
+        elif metric == "link_budget_bytes":
+            s.budget_limit[labels.get("link", "")] = int(value)
+        elif metric == "uplink_bytes_sent_total":
+            s.uplink_bytes[labels.get("link", "")] = int(value)
+        elif metric == "link_up" and value >= 1:
+            s.links_up.append((labels.get("site", ""), labels.get("link", "")))
+    return s

@@ -1,0 +1,468 @@
+"""The voyage: start the whole system, sail the fleet, play the links, watch every site,
+wait until everything is ashore everywhere, then judge and report.
+
+Phases: start-up (:func:`voyage.launch.launch`), the voyage itself (the fleet simulator
+publishes; the links follow the plan), the drain (ships docked at their last port until
+every site holds every record, bounded by ``drain_timeout``), the report. Every process
+is stopped at the end, also on Ctrl-C or a failure, unless ``keep`` (then ``shorelink
+stack down --dir DIR`` stops them).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from fleet_sim.plan import VoyagePlan, plan_voyage
+from rich.console import Console
+from rich.live import Live
+
+from local_stack.errors import StackError
+from local_stack.process import Proc
+from local_stack.stack import down
+from voyage.html import write_report
+from voyage.launch import Launched, launch
+from voyage.links import LinkPlayer
+from voyage.live import LiveState, ShipRow, progress_line, render
+from voyage.observe import EdgeSample, SiteWatch, edge_metrics
+from voyage.report import Observed, build_report
+from voyage.summary import summary_text
+from voyage.topology import HQ, SITES
+
+__all__ = ["Options", "run_voyage"]
+
+MARKER = ".shorelink-voyage"
+SAMPLE_EVERY_S = 2.0
+
+
+@dataclass(frozen=True)
+class Options:
+    dir: Path
+    ships: int = 3
+    minutes: float | None = None
+    speed: float | None = None
+    containers: int = 40
+    seed: int = 1
+    keep: bool = False
+    drain_timeout: float = 300.0
+    live: bool | None = None  # None: a live view when the output is a terminal
+    command: str = "shorelink demo"
+
+
+def prepare_dir(dir: Path) -> Path:
+    """A fresh voyage directory: created, or emptied if an earlier voyage (and only a
+    voyage: its marker file) left it; a running stack there is an error."""
+    dir = dir.resolve()
+    if dir.exists() and any(dir.iterdir()):
+        if not (dir / MARKER).exists():
+            raise StackError(
+                f"{dir} is not empty and holds no earlier voyage: choose another --dir"
+            )
+        if (dir / "stack.json").exists():
+            raise StackError(
+                f"a voyage is still running in {dir} (--keep): `shorelink stack down --dir {dir}` first"
+            )
+        shutil.rmtree(dir)
+    dir.mkdir(parents=True, exist_ok=True)
+    (dir / MARKER).write_text(
+        "made by shorelink demo; the next demo in this directory replaces it\n"
+    )
+    return dir
+
+
+@dataclass
+class _Events:
+    """The fleet simulator's events file, read as it grows."""
+
+    path: Path
+    offset: int = 0
+    positions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tracks: dict[str, list[list[float]]] = field(default_factory=dict)
+    overboard: dict[str, Any] | None = None
+    log: list[str] = field(default_factory=list)
+
+    def read(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        end = data.rfind(b"\n")
+        if end < 0:
+            return
+        self.offset += end + 1
+        for line in data[: end + 1].splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(ev, dict):
+                continue
+            ship, kind = ev.get("ship", ""), ev.get("kind")
+            if kind == "position":
+                self.positions[ship] = ev
+                self.tracks.setdefault(ship, []).append(
+                    [round(float(ev["t"]), 1), float(ev["lat"]), float(ev["lon"])]
+                )
+            elif kind == "stats":
+                self.stats[ship] = ev
+            elif kind == "overboard":
+                self.overboard = ev
+                self.log.append(
+                    f"t={ev['t']:.0f}s {ship}: {len(ev.get('containers', []))} containers overboard"
+                )
+            elif kind in ("arrive", "depart"):
+                self.log.append(f"t={ev['t']:.0f}s {ship} {kind}s {ev.get('port', '')}")
+
+
+class Voyage:
+    def __init__(self, opts: Options, console: Console) -> None:
+        self.opts = opts
+        self.console = console
+        self.t_start = time.time()
+        self.ships = [f"ship{i}" for i in range(1, opts.ships + 1)]
+        self.dir = opts.dir
+        self.launched: Launched | None = None
+        self.fleet: Proc | None = None
+        self.watches: dict[str, SiteWatch] = {}
+        self.edge: dict[str, EdgeSample] = {}
+        self.series_records: dict[str, list[list[float]]] = {s: [] for s in SITES}
+        self.series_backlog: dict[str, list[list[float]]] = {s: [] for s in self.ships}
+        self.problems: list[str] = []
+
+    def say(self, text: str) -> None:
+        self.console.print(f"[dim]{time.time() - self.t_start:6.1f}s[/dim] {text}")
+
+    # -- phases ---------------------------------------------------------------------------
+    def start(self) -> VoyagePlan:
+        self.launched = launch(self.dir, self.ships, self.say)
+        self.say(f"stack up in {self.launched.info.started_s:.0f}s: {self.dir / 'stack.json'}")
+        plan = plan_voyage(
+            self.ships,
+            minutes=self.opts.minutes if self.opts.speed is None else None,
+            speed=self.opts.speed,
+            containers=self.opts.containers,
+            seed=self.opts.seed,
+            start_wall=time.time() + 3.0,
+        )
+        (self.dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
+        for site in SITES:
+            w = SiteWatch(site, self.launched.info.sites[site]["kafka"], plan.start_wall)
+            w.start()
+            self.watches[site] = w
+        brokers = [f"--broker={s}=127.0.0.1:{self.launched.ships[s].mqtt_port}" for s in self.ships]
+        self.fleet = Proc.start(
+            "fleet-sim",
+            [
+                sys.executable,
+                "-m",
+                "fleet_sim",
+                "run",
+                "--plan",
+                str(self.dir / "plan.json"),
+                "--events",
+                str(self.dir / "events.jsonl"),
+                *brokers,
+            ],
+            self.dir / "logs" / "fleet-sim.log",
+        )
+        self.launched.record(self.fleet)
+        self.say(
+            f"voyage: {len(self.ships)} ships, {plan.end_s():.0f}s of wall time at "
+            f"{plan.speed:.0f}x (one wall second = {plan.speed / 3600:.1f} hours at sea)"
+        )
+        return plan
+
+    def sample(self, t: float) -> None:
+        assert self.launched is not None
+        for ship in self.ships:
+            sample = edge_metrics(f"127.0.0.1:{self.launched.ships[ship].metrics_port}")
+            if sample.ok:
+                self.edge[ship] = sample
+            self.series_backlog[ship].append(
+                [round(t, 1), self.edge.get(ship, EdgeSample()).backlog_total]
+            )
+        for site, w in self.watches.items():
+            self.series_records[site].append([round(t, 1), w.count()])
+
+    def produced(self) -> int:
+        return sum(sum(s.last_seq.values()) for s in self.edge.values())
+
+    def state(
+        self, plan: VoyagePlan, links: LinkPlayer, events: _Events, t: float, phase: str
+    ) -> LiveState:
+        rows = []
+        for ship in self.ships:
+            ph = plan.phase_at(ship, t)
+            where = f"docked {ph.port}" if ph.kind == "port" else f"at sea {ph.leg[0]}->{ph.leg[1]}"
+            pos = events.positions.get(ship)
+            e = self.edge.get(ship, EdgeSample())
+            rows.append(
+                ShipRow(
+                    ship,
+                    where,
+                    f"{pos['lat']:.1f},{pos['lon']:.1f}" if pos else "",
+                    links.link_of(ship),
+                    e.backlog_total,
+                    sum(e.last_seq.values()),
+                )
+            )
+        return LiveState(
+            t=t,
+            voyage_s=plan.end_s(),
+            phase=phase,
+            ships=rows,
+            sites={s: w.count() for s, w in self.watches.items()},
+            duplicates={s: sum(w.duplicates.values()) for s, w in self.watches.items()},
+            produced=self.produced(),
+            site_links="tokyo-singapore CUT" if links.outage_on else "all up",
+            alerts=events.log,
+        )
+
+    def converged(self) -> bool:
+        produced = self.produced()
+        if produced == 0 or any(e.backlog_total for e in self.edge.values()):
+            return False
+        return all(w.count() >= produced for w in self.watches.values())
+
+    def sail(self, plan: VoyagePlan) -> tuple[LinkPlayer, _Events]:
+        assert self.launched is not None and self.fleet is not None
+        links = LinkPlayer(self.launched.toxiproxy, plan, self.ships)
+        events = _Events(self.dir / "events.jsonl")
+        live_on = self.console.is_terminal if self.opts.live is None else self.opts.live
+        last_sample = last_line = 0.0
+        drain_started: float | None = None
+        with (
+            Live(console=self.console, refresh_per_second=2, transient=False)
+            if live_on
+            else _Null() as live
+        ):
+            while True:
+                t = time.time() - plan.start_wall
+                links.apply(max(t, 0.0))
+                events.read()
+                if time.monotonic() - last_sample >= SAMPLE_EVERY_S:
+                    last_sample = time.monotonic()
+                    self.sample(t)
+                voyage_over = t >= plan.end_s() and not self.fleet.alive()
+                if voyage_over and drain_started is None:
+                    drain_started = time.monotonic()
+                    links.heal(t)
+                    self.say(
+                        "voyage over: ships docked at Sydney; waiting until every site holds everything"
+                    )
+                    if self.fleet.popen is not None and self.fleet.popen.returncode:
+                        self.problems.append(
+                            f"the fleet simulator failed (exit {self.fleet.popen.returncode}); see {self.fleet.log}"
+                        )
+                phase = "draining" if drain_started is not None else "sailing"
+                st = self.state(plan, links, events, t, phase)
+                if live_on:
+                    live.update(render(st))
+                elif time.monotonic() - last_line >= 10:
+                    last_line = time.monotonic()
+                    self.console.print(progress_line(st), highlight=False, soft_wrap=True)
+                if drain_started is not None:
+                    if self.converged():
+                        self.sample(t)
+                        self.say(f"every site holds every record ({self.produced():,})")
+                        break
+                    if time.monotonic() - drain_started > self.opts.drain_timeout:
+                        self.problems.append(
+                            f"not every site held every record {self.opts.drain_timeout:.0f}s after the voyage"
+                        )
+                        break
+                for p in self.launched.procs:
+                    if p is not self.fleet and not p.alive():
+                        raise StackError(
+                            f"{p.name} exited during the voyage; see {p.log}:\n{p.tail()}"
+                        )
+                time.sleep(0.5)
+        links.close(time.time() - plan.start_wall)
+        return links, events
+
+    def history(self, container: str) -> dict[str, Any] | None:
+        """The container's rows in HQ's ``container_readings`` Delta table (the table
+        query trails the merge; asked until it has every reading HQ holds)."""
+        assert self.launched is not None
+        hq = self.watches[HQ].snapshot()
+        want = sum(1 for (_o, s, _q), a in hq.items() if s == "containers" and a.key == container)
+        rows: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "spark_core.cli",
+                    "query",
+                    "container-history",
+                    "--site",
+                    HQ,
+                    "--config",
+                    str(self.launched.sites_toml),
+                    "--container",
+                    container,
+                    "--json",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            if done.returncode == 0:
+                rows = [json.loads(x) for x in done.stdout.splitlines() if x.strip()]
+                if len(rows) >= want:
+                    break
+            time.sleep(5)
+        if not rows:
+            self.problems.append(f"HQ's container_readings table has no rows of {container}")
+            return None
+        return {"container": container, "site": HQ, "rows": rows}
+
+    def audit(self) -> dict[str, Any] | None:
+        assert self.launched is not None
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "shorelink.cli",
+                "audit",
+                "--all-sites",
+                "--config",
+                str(self.launched.sites_toml),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        try:
+            result = json.loads(done.stdout)
+        except ValueError:
+            return {"ok": False, "summary": done.stderr.strip()[-500:] or "no output"}
+        return {
+            "ok": done.returncode == 0,
+            "exit": done.returncode,
+            "result": result,
+            "summary": "ok" if done.returncode == 0 else "differences, see result",
+        }
+
+    def finish(self, plan: VoyagePlan, links: LinkPlayer, events: _Events) -> dict[str, Any]:
+        assert self.launched is not None
+        self.say("auditing every site's canonical topics (shorelink audit --all-sites)")
+        audit = self.audit()
+        history = None
+        if events.overboard and events.overboard.get("containers"):
+            boxes = events.overboard["containers"]
+            pick = next((c for c in boxes if c in getattr(plan, "transshipped", ())), boxes[0])
+            self.say(f"reading {pick}'s history from HQ's Delta table")
+            history = self.history(pick)
+        for w in self.watches.values():
+            w.close()
+        observed = Observed(
+            plan=plan,
+            ships=self.ships,
+            started=datetime.fromtimestamp(self.t_start, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            wall_s=time.time() - self.t_start,
+            command=self.opts.command,
+            dir=str(self.dir),
+            arrivals={s: w.snapshot() for s, w in self.watches.items()},
+            duplicates={s: sum(w.duplicates.values()) for s, w in self.watches.items()},
+            edge=self.edge,
+            fleet=events.stats,
+            link_bytes=self.launched.toxiproxy.link_bytes(),
+            overboard=events.overboard,
+            timeline=links.timeline,
+            site_outages=links.site_outages,
+            series_records=self.series_records,
+            series_backlog=self.series_backlog,
+            tracks=events.tracks,
+            history=history,
+            audit=audit,
+            problems=self.problems
+            + [f"{s}: {w.error}" for s, w in self.watches.items() if w.error],
+        )
+        return build_report(observed)
+
+    def stop(self) -> None:
+        for w in self.watches.values():
+            w.close()
+        if self.launched is None:
+            return
+        if self.opts.keep:
+            return
+        self.say("stopping every process")
+        try:
+            down(self.dir)
+        except StackError as exc:
+            self.console.print(f"[red]{exc}[/red]")
+            self.launched.stop(grace=5)
+
+
+class _Null:
+    def __enter__(self) -> _Null:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, _renderable: Any) -> None:
+        return None
+
+
+def run_voyage(opts: Options, console: Console | None = None) -> int:
+    """Run the whole voyage; 0 when the report's verdict is a pass, 1 when it fails,
+    2 when the system could not be started, 130 on Ctrl-C."""
+    console = console or Console()
+    dir = prepare_dir(opts.dir)
+    opts = Options(**{**opts.__dict__, "dir": dir})
+    v = Voyage(opts, console)
+    code = 2
+    try:
+        plan = v.start()
+        links, events = v.sail(plan)
+        report = v.finish(plan, links, events)
+        (dir / "report.json").write_text(json.dumps(report, indent=1))
+        html = write_report(report, dir)
+        console.print(summary_text(report), highlight=False, soft_wrap=True)
+        console.print(f"report: {html}")
+        code = 0 if report["ok"] else 1
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/yellow]")
+        code = 130
+    except StackError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        code = 2
+    finally:
+        v.stop()
+    if opts.keep and v.launched is not None:
+        console.print(keep_help(v.launched, v.ships))
+    return code
+
+
+def keep_help(launched: Launched, ships: list[str]) -> str:
+    d = launched.dir
+    cfg = launched.sites_toml
+    return "\n".join(
+        [
+            f"the stack is still running (--keep); stop it with: shorelink stack down --dir {d}",
+            "explore it with:",
+            f"  shorelink stack status --dir {d}",
+            f"  shorelink consume --site singapore --stream alerts --config {cfg}",
+            f"  shorelink audit --all-sites --config {cfg}",
+            f"  shorelink-edge status --config {launched.edge_toml[ships[0]]}",
+            f"  shorelink-spark status --site hq --config {cfg}",
+            f"  shorelink-spark query container-history --site hq --config {cfg} --container ID",
+        ]
+    )

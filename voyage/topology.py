@@ -1,0 +1,77 @@
+"""The voyage's world: four sites (three ports and headquarters), the links between
+sites, and the links each ship has.
+
+Ports are where ships dock (Tokyo, Singapore, Sydney): each runs a gateway that ships
+reach over port Wi-Fi while docked, and a Kafka + Spark data centre. Headquarters in Los
+Angeles is reached by every ship over the satellite at sea (alerts and positions only,
+on a daily budget). Sites are linked in a ring through HQ, so that when the Tokyo -
+Singapore link is cut in the middle of the voyage, Singapore still gets Tokyo's records
+(through HQ).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "HQ",
+    "PORTS",
+    "SATELLITE",
+    "SITES",
+    "SITE_LINKS",
+    "STREAMS",
+    "WIFI",
+    "Outage",
+    "neighbours",
+    "ship_link",
+    "site_link",
+]
+
+PORTS = ("tokyo", "singapore", "sydney")
+HQ = "hq"
+SITES = (*PORTS, HQ)
+#: the streams every site carries; ``alerts`` is replicated ahead of the others
+STREAMS = ("alerts", "nav", "cargo", "containers")
+
+#: undirected links between sites (each direction is its own proxy, cut together)
+SITE_LINKS: tuple[tuple[str, str], ...] = (
+    ("tokyo", "singapore"),
+    ("singapore", "sydney"),
+    ("tokyo", HQ),
+    ("singapore", HQ),
+    ("sydney", HQ),
+)
+
+#: link classes of the ship's edge agent (deploy/edge/edge.toml)
+SATELLITE = "satellite"
+WIFI = "port_wifi"
+
+
+@dataclass(frozen=True)
+class Outage:
+    """A site link cut from ``start`` to ``end`` (fractions of the voyage)."""
+
+    a: str
+    b: str
+    start: float
+    end: float
+
+
+#: the outage in the middle of the voyage: ships are at sea between Tokyo and Singapore,
+#: and what entered at Tokyo must reach Singapore another way
+OUTAGE = Outage("tokyo", "singapore", 0.25, 0.5)
+
+
+def neighbours(site: str) -> list[str]:
+    return sorted({b for a, b in SITE_LINKS if a == site} | {a for a, b in SITE_LINKS if b == site})
+
+
+def site_link(source: str, reader: str) -> str:
+    """The proxy ``reader`` reaches ``source``'s Kafka through."""
+    return f"site-{source}-for-{reader}"
+
+
+def ship_link(ship: str, site: str) -> str:
+    """The proxy ``ship`` reaches ``site``'s gateway through (satellite for HQ, port Wi-Fi
+    for a port)."""
+    return f"{ship}-to-{site}"
