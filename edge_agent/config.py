@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from edge_agent.alarms import Alarm
 from edge_agent.rules import Rule
 from shorelink.config import (
     LOG_LEVELS,
@@ -243,6 +244,8 @@ class EdgeConfig:
     links: dict[str, LinkConfig] = field(default_factory=lambda: dict(DEFAULT_LINKS))
     #: no gateways: the agent only ingests
     gateways: tuple[GatewayEndpoint, ...] = ()
+    #: alarm rules raising ``alerts`` records (edge_agent/alarms.py)
+    alarms: tuple[Alarm, ...] = ()
 
     def stream(self, name: str) -> StreamConfig:
         return self.streams[name]
@@ -372,6 +375,12 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
     rules = tuple(Rule.from_section(r, streams) for r in top.array("rules"))
     if not rules:
         raise ConfigError("rules", "configure at least one rule mapping MQTT topics to a stream")
+    alarms = tuple(Alarm.from_section(a, streams) for a in top.array("alarms"))
+    names: set[str] = set()
+    for i, a in enumerate(alarms):
+        if a.name in names:
+            raise ConfigError(f"alarms[{i}].name", f"alarm {a.name!r} is defined twice")
+        names.add(a.name)
     links = dict(DEFAULT_LINKS)
     for name, sec in top.sections("links").items():
         links[name] = _link(name, sec, streams)
@@ -388,6 +397,7 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
         ship=ship,
         streams=streams,
         rules=rules,
+        alarms=alarms,
         links=links,
         gateways=gateways,
         log=_log(top.section("log"), base),

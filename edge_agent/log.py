@@ -20,9 +20,9 @@ import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import sqlite_utils
@@ -105,6 +105,8 @@ class CommitResult:
     retired: dict[str, int]
     #: alerts accepted beyond the budget (never dropped, never rejected)
     over_budget: int = 0
+    #: records ``derive`` added to the transaction (alerts raised by alarms), stored
+    derived: list[LogRecord] = field(default_factory=list)
 
 
 class EdgeLog:
@@ -215,13 +217,22 @@ class EdgeLog:
 
     # -- writing -------------------------------------------------------------------------
     def commit(
-        self, batch: Sequence[Incoming], quarantine: Sequence[Quarantined] = ()
+        self,
+        batch: Sequence[Incoming],
+        quarantine: Sequence[Quarantined] = (),
+        *,
+        derive: Callable[[sqlite3.Connection, list[Incoming]], Sequence[Incoming]] | None = None,
     ) -> CommitResult:
         """Store ``batch`` in one transaction: assign seqs, skip redelivered duplicates,
         apply the disk budget per stream policy, quarantine the unusable. Returns what
-        happened to each message; raises :class:`LogError` (nothing stored) on failure."""
+        happened to each message; raises :class:`LogError` (nothing stored) on failure.
+
+        ``derive`` (alarms, edge_agent/alarms.py) is called inside the transaction with
+        the messages stored (not the redeliveries); the records it returns are stored in
+        the same transaction, and it may write its own state on the connection."""
         outcomes: list[str] = []
         seqs: list[int] = []
+        derived: list[LogRecord] = []
         now_ms = int(time.time() * 1000)
         with self._txn() as conn:
             rows: list[tuple[object, ...]] = []
@@ -253,13 +264,24 @@ class EdgeLog:
                 rows.append((m.stream, seq, m.key, m.ts_ms, m.recv_ms, m.topic, m.payload, m.size))
                 outcomes.append("stored")
                 seqs.append(seq)
+            if derive is not None:
+                stored = [m for m, o in zip(batch, outcomes, strict=True) if o == "stored"]
+                for m in derive(conn, stored) if stored else ():
+                    if ret.make_room(m.stream, m.size, now_ms):
+                        seq = ret.assign(m.stream, m.size)
+                        rows.append(
+                            (m.stream, seq, m.key, m.ts_ms, m.recv_ms, m.topic, m.payload, m.size)
+                        )
+                        derived.append(
+                            LogRecord(m.stream, seq, m.key, m.ts_ms, m.recv_ms, m.topic, m.payload)
+                        )
             flush()
             redelivery.write(conn)
             if quarantine:
                 self._quarantine(conn, quarantine)
             ret.save()
             result = CommitResult(
-                outcomes, seqs, ret.dropped_now, ret.retired_now, ret.over_budget_now
+                outcomes, seqs, ret.dropped_now, ret.retired_now, ret.over_budget_now, derived
             )
         redelivery.apply()
         return result

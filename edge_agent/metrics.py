@@ -62,6 +62,12 @@ class EdgeMetrics:
             ["reason"],
             registry=r,
         )
+        self.alarms = Counter(
+            p + "alarms",
+            "Alerts raised by the agent's alarm rules ([[alarms]]), committed to the alerts stream",
+            ["alarm"],
+            registry=r,
+        )
         self.ingest_errors = Counter(
             p + "ingest_errors",
             "Unexpected errors committing a group (the group is retried message by message;"

@@ -122,11 +122,28 @@ def _m004_redelivery(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE inflight ADD COLUMN n INTEGER NOT NULL DEFAULT 0")
 
 
+def _m005_alarm_state(db: sqlite_utils.Database) -> None:
+    # Per alarm and key the reading that disarmed a threshold alarm or the shock a
+    # silence alarm waits on (edge_agent/alarms.py); written in the transaction that
+    # commits the readings and the alerts they raise.
+    db.execute(
+        """CREATE TABLE alarm_state (
+            alarm TEXT NOT NULL,
+            key TEXT NOT NULL,
+            ts_ms INTEGER NOT NULL,
+            value REAL NOT NULL,
+            topic TEXT NOT NULL,
+            PRIMARY KEY (alarm, key)
+        ) WITHOUT ROWID"""
+    )
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_uplink,
     _m003_segments,
     _m004_redelivery,
+    _m005_alarm_state,
 ]
 
 
