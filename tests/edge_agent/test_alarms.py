@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import random
 import sqlite3
+import threading
 import time
 import tomllib
 from collections import Counter
@@ -592,16 +594,27 @@ def test_alerts_are_neither_lost_nor_doubled_across_kill9_of_the_agent(
         assert time.monotonic() < deadline, "agent never subscribed"
         publisher.publish(ENV.format(0, "probe"), json.dumps({"ts": T0, "temp": 50}).encode())
         time.sleep(0.2)
-    n = 300
-    for round_ in range(6):
-        for i in range(round_ * n // 6, (round_ + 1) * n // 6):
+    n = 1000
+    stop = False
+
+    def publish_steadily() -> None:
+        for i in range(n):
             for temp in (5, 20, 25):  # crosses once, stays warm
-                publisher.publish(
-                    ENV.format(1, f"K{i}"), json.dumps({"ts": T0 + i, "temp": temp}).encode()
-                )
-        time.sleep(0.05 + 0.05 * round_)
+                if stop:
+                    return
+                topic = ENV.format(1, f"K{i}")
+                publisher.publish(topic, json.dumps({"ts": T0 + i, "temp": temp}).encode())
+                time.sleep(0.001)
+
+    t = threading.Thread(target=publish_steadily, daemon=True)
+    t.start()
+    rng = random.Random(3)
+    for _ in range(8):
+        time.sleep(rng.uniform(0.3, 0.8))
         agent.kill9()
         agent.start()
+    t.join(60)
+    stop = True
     publisher.wait_all_acked()
     eventually(lambda: len(_alert_rows(db)) >= n + 1, within=60, what="every alert")
     time.sleep(1)
