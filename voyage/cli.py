@@ -42,7 +42,7 @@ DEFAULT_MINUTES = 4.0
     "--dir",
     "dir_",
     type=click.Path(path_type=Path, file_okay=False),
-    default=Path("voyage"),
+    default=Path("voyage-run"),
     show_default=True,
     help="Where the stack, logs, report.json and report.html go (an earlier voyage there is replaced).",
 )
