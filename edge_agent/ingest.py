@@ -491,7 +491,10 @@ class Ingest:
         while True:
             try:
                 self._evaluation = None
-                result = self.log.commit(incoming, quarantined, derive=derive)
+                if derive is None:
+                    result = self.log.commit(incoming, quarantined)
+                else:
+                    result = self.log.commit(incoming, quarantined, derive=derive)
                 self._alerts_committed(result)
                 self.metrics.log_full.set(0)
                 return result

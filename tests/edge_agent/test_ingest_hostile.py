@@ -11,6 +11,7 @@ import sqlite3
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import paho.mqtt.client as mqtt
 from hypothesis import HealthCheck, given, settings
@@ -117,13 +118,13 @@ class _PoisonedLog(EdgeLog):
     poison_quarantine = False
 
     def commit(
-        self, batch: Sequence[Incoming], quarantine: Sequence[Quarantined] = ()
+        self, batch: Sequence[Incoming], quarantine: Sequence[Quarantined] = (), **kw: Any
     ) -> CommitResult:
         if any(b"poison" in m.payload for m in batch):
             raise OverflowError("Python int too large to convert to SQLite INTEGER")
         if self.poison_quarantine and any(b"poison" in q.payload for q in quarantine):
             raise OverflowError("cannot even quarantine")
-        return super().commit(batch, quarantine)
+        return super().commit(batch, quarantine, **kw)  # derive: the sample's alarms
 
 
 async def test_a_message_the_log_keeps_refusing_is_quarantined_and_the_rest_of_its_group_stored(
