@@ -11,6 +11,7 @@ started.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import time
@@ -259,14 +260,12 @@ def launch(dir: Path, ships: list[str], say: Callable[[str], None]) -> Launched:
 
         for p in launched.procs:
             if p.name.startswith("gateway:"):
-                site = p.name.split(":", 1)[1]
-                p.wait_ready(
-                    lambda s=site: _http_ok(f"http://{info.sites[s]['gateway']}/readyz"), 60
-                )
+                url = f"http://{info.sites[p.name.split(':', 1)[1]]['gateway']}/readyz"
+                p.wait_ready(functools.partial(_http_ok, url), 60)
             elif p.name.startswith("edge:"):
                 ship = p.name.split(":", 1)[1]
                 port = launched.ships[ship].metrics_port
-                p.wait_ready(lambda port=port: port_open(HOST, port), 60)
+                p.wait_ready(functools.partial(port_open, HOST, port), 60)
         say("waiting for the Spark applications (the first start of a JVM takes a while)")
         for p in launched.procs:
             if p.name.startswith("spark:"):

@@ -20,10 +20,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from fleet_sim.plan import VoyagePlan, plan_voyage
 from rich.console import Console
 from rich.live import Live
 
+from fleet_sim.plan import VoyagePlan, plan_voyage
 from local_stack.errors import StackError
 from local_stack.process import Proc
 from local_stack.stack import down
@@ -203,7 +203,8 @@ class Voyage:
         rows = []
         for ship in self.ships:
             ph = plan.phase_at(ship, t)
-            where = f"docked {ph.port}" if ph.kind == "port" else f"at sea {ph.leg[0]}->{ph.leg[1]}"
+            leg = ph.leg or ("", "")
+            where = f"docked {ph.port}" if ph.kind == "port" else f"at sea {leg[0]}->{leg[1]}"
             pos = events.positions.get(ship)
             e = self.edge.get(ship, EdgeSample())
             rows.append(

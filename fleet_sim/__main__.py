@@ -1,0 +1,3 @@
+from fleet_sim.cli import main
+
+main()

@@ -1,0 +1,375 @@
+"""``report.html``: the voyage's report as one self-contained page (no external CSS,
+script, font or image; the charts are PNGs drawn with matplotlib's Agg backend and
+embedded as data URIs), made from ``report.json`` only. Every string from the report
+is escaped."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+__all__ = ["render_html", "write_report"]
+
+LINK_COLOURS = {"satellite": "#d62728", "none": "#bbbbbb"}
+WIFI_COLOUR = "#2ca02c"
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1100px;color:#222}
+h1{margin-bottom:4px} h2{margin-top:32px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.verdict{padding:12px 16px;border-radius:6px;font-size:1.2em;font-weight:600}
+.pass{background:#e6f4ea;color:#1e6b30} .fail{background:#fde8e8;color:#9b1c1c}
+table{border-collapse:collapse;margin:8px 0} td,th{padding:4px 10px;border-bottom:1px solid #eee;text-align:right}
+th{background:#f6f6f6} td:first-child,th:first-child{text-align:left}
+.bad{color:#9b1c1c;font-weight:600} .muted{color:#777} img{max-width:100%}
+"""
+
+
+def _e(v: Any) -> str:
+    return html.escape("" if v is None else str(v))
+
+
+def _num(v: Any, digits: int = 1, unit: str = "") -> str:
+    if v is None:
+        return "&ndash;"
+    if isinstance(v, float):
+        return _e(f"{v:,.{digits}f}{unit}")
+    if isinstance(v, int):
+        return _e(f"{v:,}{unit}")
+    return _e(v)
+
+
+def _png(fig: Figure) -> str:
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    data = base64.b64encode(buf.getvalue()).decode()
+    return f'<img alt="chart" src="data:image/png;base64,{data}">'
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    th = "".join(f"<th>{_e(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{th}</tr>{body}</table>"
+
+
+def _series_chart(series: dict[str, list[list[float]]], title: str, ylabel: str) -> str:
+    if not series or not any(series.values()):
+        return ""
+    fig = Figure(figsize=(10, 3.2))
+    ax = fig.add_subplot()
+    for name, points in series.items():
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=str(name))
+    ax.set_title(title)
+    ax.set_xlabel("seconds since start")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize="small")
+    return _png(fig)
+
+
+def _links_chart(series: dict[str, Any]) -> str:
+    spans = series.get("links") or {}
+    if not spans:
+        return ""
+    ships = list(spans)
+    fig = Figure(figsize=(10, 0.6 * len(ships) + 1.6))
+    ax = fig.add_subplot()
+    for row, ship in enumerate(ships):
+        for d in series.get("docked", {}).get(ship, []):
+            ax.axvspan(d["from_s"], d["to_s"], ymin=0, ymax=1, color="#f0f0f0", zorder=0)
+        for s in spans[ship]:
+            if s.get("to_s") is None:
+                continue
+            link = s.get("link") or "none"
+            colour = (
+                WIFI_COLOUR
+                if str(link).startswith("port_wifi")
+                else LINK_COLOURS.get(link, "#1f77b4")
+            )
+            ax.broken_barh(
+                [(s["from_s"], s["to_s"] - s["from_s"])], (row - 0.35, 0.7), color=colour
+            )
+            if str(link).startswith("port_wifi"):
+                ax.text(s["from_s"], row + 0.4, str(link).split(":")[-1], fontsize=7)
+    for o in series.get("site_links") or []:
+        if o.get("to_s") is not None:
+            ax.axvspan(o["from_s"], o["to_s"], color="#ff7f0e", alpha=0.15)
+            ax.text(
+                o["from_s"], len(ships) - 0.4, f"{o['a']}-{o['b']} cut", fontsize=8, color="#ff7f0e"
+            )
+    ax.set_yticks(range(len(ships)), [str(s) for s in ships])
+    ax.set_ylim(-0.6, len(ships) + 0.2)
+    ax.set_xlabel("seconds since start")
+    ax.set_title("link in use per ship (green: port Wi-Fi, red: satellite; orange: site link cut)")
+    return _png(fig)
+
+
+def _map(series: dict[str, Any], alert: dict[str, Any] | None) -> str:
+    tracks = series.get("tracks") or {}
+    ports = series.get("ports") or {}
+    if not tracks and not ports:
+        return ""
+    fig = Figure(figsize=(8, 6.5))
+    ax = fig.add_subplot()
+    for ship, pts in tracks.items():
+        if pts:
+            ax.plot([p[2] for p in pts], [p[1] for p in pts], label=str(ship), linewidth=1.5)
+    for name, pos in ports.items():
+        if len(pos) == 2:
+            ax.plot(pos[1], pos[0], "ks", markersize=6)
+            ax.annotate(str(name), (pos[1], pos[0]), textcoords="offset points", xytext=(5, 5))
+    if alert and alert.get("position"):
+        lat, lon = alert["position"]
+        ax.plot(lon, lat, "rX", markersize=12, label="overboard")
+    ax.set_xlim(95, 160)
+    ax.set_ylim(-45, 42)
+    ax.set_aspect("equal")
+    ax.grid(alpha=0.3)
+    ax.set_xlabel("longitude")
+    ax.set_ylabel("latitude")
+    hq = series.get("hq_position") or []
+    title = "ship tracks" + (
+        f" (HQ: Los Angeles, {hq[0]:.1f}, {hq[1]:.1f}, off the map)" if len(hq) == 2 else ""
+    )
+    ax.set_title(title)
+    ax.legend(loc="lower left", fontsize="small")
+    return _png(fig)
+
+
+def _alert_chart(alert: dict[str, Any]) -> str:
+    sites = {k: v.get("latency_s") for k, v in (alert.get("sites") or {}).items()}
+    if not any(v is not None for v in sites.values()):
+        return ""
+    fig = Figure(figsize=(6, 2.4))
+    ax = fig.add_subplot()
+    names = list(sites)
+    ax.barh(names, [v or 0 for v in sites.values()], color="#d62728")
+    ax.set_xlabel("seconds from the overboard event")
+    ax.set_title("overboard alert at each site")
+    return _png(fig)
+
+
+def render_html(report: dict[str, Any]) -> str:
+    ok = bool(report.get("ok"))
+    problems = report.get("problems") or []
+    run = report.get("run") or {}
+    series = report.get("series") or {}
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>shorelink voyage report</title>",
+        f"<style>{CSS}</style></head><body>",
+        "<h1>shorelink voyage</h1>",
+        f"<p class='muted'>{_e(run.get('started'))} &middot; {_e(run.get('command'))} &middot; "
+        f"{len(run.get('ships') or [])} ships &middot; {_num(run.get('wall_s'))} s wall &middot; "
+        f"voyage {_num(run.get('voyage_s'))} s at {_num(run.get('speed'), 0)}x</p>",
+    ]
+    if ok:
+        parts.append(
+            "<div class='verdict pass'>PASS: every site holds every record exactly once</div>"
+        )
+    else:
+        items = "".join(f"<li>{_e(p)}</li>" for p in problems)
+        parts.append(f"<div class='verdict fail'>FAIL<ul>{items}</ul></div>")
+
+    parts.append("<h2>Every record, exactly once, at every site</h2>")
+    rows = []
+    for name, s in (report.get("sites") or {}).items():
+        lat = s.get("latency_s") or {}
+        bad = any(s.get(k) for k in ("duplicates", "gaps", "missing"))
+        rows.append(
+            [
+                f"<span class='{'bad' if bad else ''}'>{_e(name)}</span>",
+                _num(s.get("produced")),
+                _num(s.get("held")),
+                _num(s.get("duplicates")),
+                _num(s.get("gaps")),
+                _num(s.get("missing")),
+                _num(lat.get("p50"), 1, " s"),
+                _num(lat.get("p99"), 1, " s"),
+            ]
+        )
+    parts.append(
+        _table(
+            [
+                "site",
+                "produced",
+                "held",
+                "duplicates",
+                "gaps",
+                "missing",
+                "creation→arrival p50",
+                "p99",
+            ],
+            rows,
+        )
+    )
+    per = []
+    for name, s in (report.get("sites") or {}).items():
+        for stream, x in (s.get("per_stream") or {}).items():
+            lat = x.get("latency_s") or {}
+            per.append(
+                [
+                    _e(name),
+                    _e(stream),
+                    _num(x.get("held")),
+                    _num(lat.get("p50"), 1, " s"),
+                    _num(lat.get("p99"), 1, " s"),
+                ]
+            )
+    if per:
+        parts.append("<details><summary>per stream</summary>")
+        parts.append(_table(["site", "stream", "held", "p50", "p99"], per))
+        parts.append("</details>")
+
+    alert = report.get("alert")
+    parts.append("<h2>Containers overboard</h2>")
+    if alert:
+        parts.append(
+            f"<p>{_e(alert.get('ship'))} lost {_e(', '.join(alert.get('containers') or []))} at "
+            f"t={_num(alert.get('event_s'))} s. The ship's agent raised an <code>overboard</code> alert "
+            "(a shock, then silence) and sent it over the satellite.</p>"
+        )
+        rows = [
+            [
+                _e(k),
+                _num(v.get("latency_s"), 1, " s"),
+                _num(v.get("all_s"), 1, " s"),
+                _num(v.get("alerts")),
+            ]
+            for k, v in (alert.get("sites") or {}).items()
+        ]
+        parts.append(_table(["site", "first alert after", "all alerts after", "alerts"], rows))
+        parts.append(_alert_chart(alert))
+    else:
+        parts.append("<p class='muted'>no overboard event in this run</p>")
+
+    calls = report.get("port_calls") or []
+    parts.append("<h2>Each port knew the cargo before the ship docked</h2>")
+    if calls:
+        rows = [
+            [
+                _e(c.get("ship")),
+                _e(c.get("port")),
+                _num(c.get("docked_s"), 1, " s"),
+                _num(c.get("manifest_s"), 1, " s"),
+                _num(c.get("earlier_data_s"), 1, " s"),
+                f"<span class='{'' if c.get('ok') else 'bad'}'>{_num(c.get('lead_s'), 1, ' s')}</span>",
+                _num(c.get("earlier_records")),
+            ]
+            for c in calls
+        ]
+        parts.append(
+            _table(
+                [
+                    "ship",
+                    "port",
+                    "docked at",
+                    "manifest held at",
+                    "earlier data held at",
+                    "lead",
+                    "records from earlier ports",
+                ],
+                rows,
+            )
+        )
+
+    links = report.get("links") or {}
+    parts.append("<h2>Bytes on the ship links</h2>")
+    if links:
+        rows = []
+        for ship, x in links.items():
+            sat = x.get("satellite") or {}
+            sent = x.get("sent_bytes") or {}
+            rows.append(
+                [
+                    _e(ship),
+                    _num(x.get("messages")),
+                    _num(x.get("raw_payload_bytes")),
+                    _num(x.get("mqtt_bridge_bytes")),
+                    _num(sent.get("port_wifi")),
+                    _num(sent.get("satellite")),
+                    _num(x.get("total_sent_bytes")),
+                    _num(x.get("vs_raw"), 3),
+                    _num(x.get("vs_mqtt"), 3),
+                    f"{_num(sat.get('spent_bytes'))} / {_num(sat.get('budget_bytes'))}",
+                ]
+            )
+        parts.append(
+            _table(
+                [
+                    "ship",
+                    "messages",
+                    "payload bytes",
+                    "as MQTT bridging",
+                    "port Wi-Fi",
+                    "satellite",
+                    "on links",
+                    "÷ payloads",
+                    "÷ MQTT",
+                    "satellite spend / day budget",
+                ],
+                rows,
+            )
+        )
+
+    hist = report.get("container_history")
+    parts.append("<h2>One overboard container's history</h2>")
+    if hist and hist.get("rows"):
+        cols = [
+            c
+            for c in (
+                "ts",
+                "origin",
+                "seq",
+                "site",
+                "temperature",
+                "humidity",
+                "door",
+                "shock",
+                "battery",
+            )
+            if c in hist["rows"][0]
+        ]
+        rows = [[_e(r.get(c)) for c in cols] for r in hist["rows"]]
+        parts.append(
+            f"<p>{_e(hist.get('container'))}, from {_e(hist.get('site'))}'s <code>container_readings</code> "
+            f"Delta table: {len(rows)} readings (origin = the ship that carried it, site = where it entered).</p>"
+        )
+        shown = rows if len(rows) <= 60 else [*rows[:30], ["&hellip;"] * len(cols), *rows[-30:]]
+        parts.append(_table(cols, shown))
+    else:
+        parts.append("<p class='muted'>not available</p>")
+
+    parts.append("<h2>Over time</h2>")
+    parts.append(_series_chart(series.get("records") or {}, "records held at each site", "records"))
+    parts.append(
+        _series_chart(
+            series.get("backlog") or {},
+            "backlog on each ship (records no site holds yet)",
+            "records",
+        )
+    )
+    parts.append(_links_chart(series))
+    parts.append("<h2>Route map</h2>")
+    parts.append(_map(series, alert))
+    parts.append("</body></html>")
+    return "\n".join(p for p in parts if p)
+
+
+def write_report(report: dict[str, Any], dir: Path) -> Path:
+    """Write ``dir/report.html`` atomically; return its path."""
+    path = dir / "report.html"
+    tmp = path.with_suffix(".html.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(render_html(report))
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    return path
