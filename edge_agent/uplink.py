@@ -238,6 +238,14 @@ class Uplink:
         if session.budget.spent_out:
             self.session = None  # another link may still have budget today
 
+    def _break_off(self) -> bool:
+        """The session stops launching batches when the agent stops, or when a cheaper
+        link is due a probe: a session kept busy by new records (positions at sea come
+        all the time) would otherwise never let the ship see port Wi-Fi come up."""
+        if self._stop.is_set():
+            return True
+        return time.monotonic() >= self._probe_cheaper_at and bool(self._cheaper())
+
     def _cheaper(self) -> list[Gateway]:
         if self.session is None:
             return []
@@ -299,7 +307,7 @@ class Uplink:
             self.metrics,
             self.builder,
             on_success=lambda: self._success(g),
-            stopping=self._stop.is_set,
+            stopping=self._break_off,
         )
         await session.adopt()
         await self._mark(g, up=True)

@@ -369,6 +369,45 @@ async def test_cheapest_reachable_link_wins_and_a_cheaper_one_is_picked_up(
     log.close()
 
 
+async def test_a_session_kept_busy_at_sea_still_notices_port_wifi(tmp_path: Path) -> None:
+    """Positions keep arriving at sea, so the satellite session always has something to
+    send; it must still break off to probe port Wi-Fi when the probe is due, or a ship
+    in port would carry its whole backlog home over the satellite's budget."""
+    cfg = uplink_config(
+        tmp_path,
+        gateways=[("hq", "satellite"), ("tokyo", "port_wifi")],
+        links={"satellite": {"batch_max_records": 5, "in_flight": 1}},
+        uplink={"interval": "200ms"},
+    )
+    log = open_log(cfg)
+    fill(log, "containers", 50)
+    sat = MemoryGateway("hq", "satellite", latency=0.1)
+    wifi = MemoryGateway("tokyo", "port_wifi", down=True)
+    up = _uplink(cfg, log, [sat, wifi])
+    stop = asyncio.Event()
+
+    async def positions() -> None:
+        while not stop.is_set():
+            fill(log, "nav", 10)  # faster than the satellite's 5 records a round trip
+            await asyncio.sleep(0.01)
+
+    feeder = asyncio.create_task(positions())
+    try:
+        # without breaking off, this pass would send positions for as long as they come
+        await asyncio.wait_for(up.sync_once(), timeout=5)
+        assert up.session is not None and up.session.gateway is sat
+        assert sat.held("nav").count() > 0
+    finally:
+        stop.set()
+        await feeder
+    wifi.down = False
+    await asyncio.sleep(0.2)
+    await asyncio.wait_for(up.sync_once(), timeout=5)
+    assert up.session is not None and up.session.gateway is wifi
+    assert wifi.held("containers") == _all(50)
+    log.close()
+
+
 async def test_gateway_refusing_our_token_is_set_aside_for_the_next(tmp_path: Path) -> None:
     """401 means no request to that gateway can succeed: use another link meanwhile."""
     cfg = uplink_config(tmp_path, gateways=[("tokyo", "port_wifi"), ("hq", "satellite")])
