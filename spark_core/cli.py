@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import sys
@@ -43,7 +44,7 @@ def spark_submit_argv(
         "--driver-memory",
         cfg.spark.driver_memory,
         "--name",
-        f"shorelink-{site}",
+        "shorelink-" + site.replace(",", "-"),
         "--packages",
         ",".join(SPARK_PACKAGES),
     ]
@@ -59,7 +60,12 @@ def main() -> None:
 
 
 @main.command("site")
-@click.option("--site", "site_name", required=True, help="This site's name in the sites file.")
+@click.option(
+    "--site",
+    "site_name",
+    required=True,
+    help="This site's name in the sites file; several, comma-separated, share one application.",
+)
 @click.option(
     "--config",
     "config_path",
@@ -81,7 +87,8 @@ def site_cmd(
 ) -> None:
     """Run the site's Spark application (merge) with spark-submit."""
     cfg = load_or_exit(load_config, config_path)
-    load_or_exit(lambda _: cfg.site(site_name), config_path)
+    for name in [n.strip() for n in site_name.split(",")]:
+        load_or_exit(functools.partial(lambda n, _: cfg.site(n), name), config_path)
     extra = ["--available-now"] if available_now else []
     argv = spark_submit_argv(cfg, site_name, config_path, ivy_dir or session.ivy_dir(), extra)
     # the driver and executors run this interpreter (where shorelink is installed)

@@ -10,6 +10,11 @@ touching the others; SIGTERM/SIGINT stop every query between batches, then Spark
 query's progress (rows, rate, batch duration, Kafka lag) is logged per batch and kept in
 ``<checkpoint_dir>/queries.status.json`` (spark_core/progress.py); the links, routes and
 per neighbour and stream replication lag in ``<checkpoint_dir>/replication.status.json``.
+
+``--site a,b,c`` runs several sites' supervisors in one application (one JVM), each in a
+thread, as the tests do: for several sites that share one small machine (the voyage on
+two cores), where one JVM per site would spend the cores on JIT compiling the same Spark
+code four times. Each site keeps its own queries, checkpoints and status files.
 """
 
 from __future__ import annotations
@@ -297,7 +302,11 @@ def build_supervisor(
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="site.py", description=__doc__)
-    p.add_argument("--site", required=True, help="this site's name in the sites file")
+    p.add_argument(
+        "--site",
+        required=True,
+        help="this site's name in the sites file (several, comma-separated: one application)",
+    )
     p.add_argument("--config", required=True, help="sites.toml")
     p.add_argument(
         "--available-now",
@@ -310,30 +319,60 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    names = [n.strip() for n in args.site.split(",") if n.strip()]
     try:
         cfg = load_config(args.config)
-        site = cfg.site(args.site)
+        sites = [cfg.site(n) for n in names]
     except ShorelinkError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not sites or len(set(names)) != len(names):
+        print(f"error: --site: distinct site names wanted, got {args.site!r}", file=sys.stderr)
         return 2
     configure_logging(cfg.log_level, as_json=args.log_json)
     from pyspark.sql import SparkSession
 
     spark = (
-        SparkSession.builder.appName(f"shorelink-{site.name}")
+        SparkSession.builder.appName("shorelink-" + "-".join(names))
         .config("spark.scheduler.mode", "FAIR")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
-    sup = build_supervisor(spark, cfg, site.name, available_now=args.available_now)
-    signal.signal(signal.SIGTERM, sup.request_stop)
-    signal.signal(signal.SIGINT, sup.request_stop)
-    log.info("event=site_started site=%s pid=%s", site.name, os.getpid())
+    sups = [build_supervisor(spark, cfg, s.name, available_now=args.available_now) for s in sites]
+
+    def stop_all(*_: object) -> None:
+        for sup in sups:
+            sup.request_stop()
+
+    signal.signal(signal.SIGTERM, stop_all)
+    signal.signal(signal.SIGINT, stop_all)
+    for s in sites:
+        log.info("event=site_started site=%s pid=%s", s.name, os.getpid())
+    codes = [0] * len(sups)
+
+    def run(i: int) -> None:
+        try:
+            codes[i] = sups[i].run(until_done=args.available_now)
+        except Exception:
+            log.exception("event=site_failed site=%s", sites[i].name)
+            codes[i] = 1
+            stop_all()
+
+    threads = [
+        threading.Thread(target=run, args=(i,), name=f"site-{s.name}", daemon=True)
+        for i, s in enumerate(sites)
+    ]
     try:
-        return sup.run(until_done=args.available_now)
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(timeout=0.5)
+        return max(codes)
     finally:
         spark.stop()
-        log.info("event=site_stopped site=%s", site.name)
+        for s in sites:
+            log.info("event=site_stopped site=%s", s.name)
 
 
 if __name__ == "__main__":
