@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import string
 
-__all__ = ["check_digit", "container_number", "is_valid"]
+__all__ = ["check_digit", "checksum", "container_number", "is_valid"]
 
 CATEGORIES = "UJZ"
 
@@ -42,11 +42,15 @@ def _check_prefix(prefix: str) -> None:
         raise ValueError(f"serial must be 6 digits: {serial!r}")
 
 
+def checksum(prefix10: str) -> int:
+    """The weighted sum of owner code + category + serial (10 characters), modulo 11."""
+    _check_prefix(prefix10)
+    return sum(_VALUES[c] * (1 << i) for i, c in enumerate(prefix10)) % 11
+
+
 def check_digit(prefix10: str) -> int:
     """The check digit of owner code + category + serial (10 characters)."""
-    _check_prefix(prefix10)
-    total = sum(_VALUES[c] * (1 << i) for i, c in enumerate(prefix10))
-    return total % 11 % 10
+    return checksum(prefix10) % 10
 
 
 def container_number(owner: str, serial: int, category: str = "U") -> str:
@@ -54,6 +58,8 @@ def container_number(owner: str, serial: int, category: str = "U") -> str:
     if not 0 <= serial <= 999_999:
         raise ValueError(f"serial must be 0..999999: {serial}")
     prefix = f"{owner}{category}{serial:06d}"
+    if checksum(prefix) == 10:
+        raise ValueError(f"{prefix}: remainder 10 (check digit 0 twice over); take another serial")
     return prefix + str(check_digit(prefix))
 
 

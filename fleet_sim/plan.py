@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet_sim.geo import HQ_POSITION, PORTS, Route
-from fleet_sim.iso6346 import container_number
+from fleet_sim.iso6346 import checksum, container_number
 
 __all__ = [
     "Box",
@@ -286,8 +286,11 @@ def plan_voyage(
     boxes: dict[str, Box] = {}
 
     def new_box() -> str:
-        owner = rng.choice(OWNERS) + "U"
-        number = container_number(owner[:3], next(serials))
+        owner = rng.choice(OWNERS)
+        serial = next(serials)
+        while checksum(f"{owner}U{serial:06d}") == 10:  # the serials the standard avoids
+            serial = next(serials)
+        number = container_number(owner, serial)
         reefer = rng.random() < 0.3
         boxes[number] = Box(number, reefer, rng.choice((-18.0, 4.0)) if reefer else None)
         return number

@@ -63,7 +63,7 @@ class SiteWatch(threading.Thread):
         self.duplicates: Counter[tuple[str, str]] = Counter()
         self.unreadable = 0
         self.error: str | None = None
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._lock = threading.Lock()
         self.consumer = Consumer(
             {
@@ -79,7 +79,7 @@ class SiteWatch(threading.Thread):
     def run(self) -> None:
         try:
             self.consumer.subscribe([canonical_topic(s) for s in STREAMS])
-            while not self._stop.is_set():
+            while not self._halt.is_set():
                 msgs = self.consumer.consume(num_messages=2000, timeout=0.5)
                 now = time.time() - self.t0
                 with self._lock:
@@ -127,7 +127,7 @@ class SiteWatch(threading.Thread):
             return dict(self.arrivals)
 
     def close(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=10)
 
 

@@ -54,6 +54,7 @@ class Observed:
     history: dict[str, Any] | None = None
     audit: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 def _produced(edge: Mapping[str, EdgeSample]) -> set[Ident]:
@@ -287,6 +288,7 @@ def build_report(o: Observed) -> dict[str, Any]:
             "hq": HQ,
             "command": o.command,
             "dir": o.dir,
+            **{k: v for k, v in o.timings.items()},
         },
         "sites": sites,
         "port_calls": calls,

@@ -138,6 +138,10 @@ class Voyage:
         self.series_records: dict[str, list[list[float]]] = {s: [] for s in SITES}
         self.series_backlog: dict[str, list[list[float]]] = {s: [] for s in self.ships}
         self.problems: list[str] = []
+        self.stopped = False
+        self.converged_at = 0.0
+        #: wall seconds of each phase: start-up, voyage, drain
+        self.timings: dict[str, float] = {}
 
     def say(self, text: str) -> None:
         self.console.print(f"[dim]{time.time() - self.t_start:6.1f}s[/dim] {text}")
@@ -146,6 +150,7 @@ class Voyage:
     def start(self) -> VoyagePlan:
         self.launched = launch(self.dir, self.ships, self.say)
         self.say(f"stack up in {self.launched.info.started_s:.0f}s: {self.dir / 'stack.json'}")
+        self.timings["startup_s"] = round(time.time() - self.t_start, 1)
         plan = plan_voyage(
             self.ships,
             minutes=self.opts.minutes if self.opts.speed is None else None,
@@ -257,6 +262,7 @@ class Voyage:
                 voyage_over = t >= plan.end_s() and not self.fleet.alive()
                 if voyage_over and drain_started is None:
                     drain_started = time.monotonic()
+                    self.timings["voyage_s"] = round(t, 1)
                     links.heal(t)
                     self.say(
                         "voyage over: ships docked at Sydney; waiting until every site holds everything"
@@ -275,6 +281,8 @@ class Voyage:
                 if drain_started is not None:
                     if self.converged():
                         self.sample(t)
+                        self.converged_at = time.time()
+                        self.timings["drain_s"] = round(time.monotonic() - drain_started, 1)
                         self.say(f"every site holds every record ({self.produced():,})")
                         break
                     if time.monotonic() - drain_started > self.opts.drain_timeout:
@@ -291,42 +299,53 @@ class Voyage:
         links.close(time.time() - plan.start_wall)
         return links, events
 
-    def history(self, container: str) -> dict[str, Any] | None:
-        """The container's rows in HQ's ``container_readings`` Delta table (the table
-        query trails the merge; asked until it has every reading HQ holds)."""
+    def tables_caught_up(self, since: float, timeout: float = 180.0) -> bool:
+        """HQ's Delta table queries have run a batch after ``since`` (epoch s) and
+        were then level with the canonical topics (``queries.status.json``)."""
         assert self.launched is not None
-        hq = self.watches[HQ].snapshot()
-        want = sum(1 for (_o, s, _q), a in hq.items() if s == "containers" and a.key == container)
-        rows: list[dict[str, Any]] = []
-        deadline = time.monotonic() + 120
+        path = self.launched.checkpoint_dir(HQ) / "queries.status.json"
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            try:
+                queries = json.loads(path.read_text())["queries"]
+                tables = [q for q in queries if q["query"].startswith("table-")]
+                if tables and all(
+                    q.get("lag_records") == 0
+                    and datetime.fromisoformat(q["timestamp"].replace("Z", "+00:00")).timestamp()
+                    > since
+                    for q in tables
+                ):
+                    return True
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+            time.sleep(1)
+        return False
+
+    def history(self, container: str) -> dict[str, Any] | None:
+        """The container's rows in HQ's ``container_readings`` Delta table, read with
+        ``shorelink-spark query container-history`` (its own local Spark session)."""
+        assert self.launched is not None
+        try:
             done = subprocess.run(
                 [
-                    sys.executable,
-                    "-m",
-                    "spark_core.cli",
-                    "query",
-                    "container-history",
-                    "--site",
-                    HQ,
-                    "--config",
-                    str(self.launched.sites_toml),
-                    "--container",
-                    container,
-                    "--json",
+                    *[sys.executable, "-m", "spark_core.cli", "query", "container-history"],
+                    *["--site", HQ, "--config", str(self.launched.sites_toml)],
+                    *["--container", container, "--json"],
                 ],
                 capture_output=True,
                 text=True,
-                timeout=300,
+                timeout=600,
                 check=False,
             )
-            if done.returncode == 0:
-                rows = [json.loads(x) for x in done.stdout.splitlines() if x.strip()]
-                if len(rows) >= want:
-                    break
-            time.sleep(5)
-        if not rows:
-            self.problems.append(f"HQ's container_readings table has no rows of {container}")
+        except subprocess.TimeoutExpired:
+            self.problems.append(f"the container-history query of {container} took over 600s")
+            return None
+        rows = [json.loads(x) for x in done.stdout.splitlines() if x.strip().startswith("{")]
+        if done.returncode != 0 or not rows:
+            self.problems.append(
+                f"HQ's container_readings table gave no rows of {container}: "
+                f"{done.stderr.strip()[-300:]}"
+            )
             return None
         return {"container": container, "site": HQ, "rows": rows}
 
@@ -363,14 +382,22 @@ class Voyage:
         assert self.launched is not None
         self.say("auditing every site's canonical topics (shorelink audit --all-sites)")
         audit = self.audit()
-        history = None
-        if events.overboard and events.overboard.get("containers"):
-            boxes = events.overboard["containers"]
-            pick = next((c for c in boxes if c in getattr(plan, "transshipped", ())), boxes[0])
-            self.say(f"reading {pick}'s history from HQ's Delta table")
-            history = self.history(pick)
+        link_bytes = self.launched.toxiproxy.link_bytes()
         for w in self.watches.values():
             w.close()
+        pick = None
+        if events.overboard and events.overboard.get("containers"):
+            boxes = events.overboard["containers"]
+            pick = next((c for c in boxes if c in plan.transshipped), boxes[0])
+            if not self.tables_caught_up(self.converged_at):
+                self.problems.append("HQ's Delta tables did not catch up within 180s")
+        if not self.opts.keep:
+            # the table is files: read it with the machine to itself
+            self.stop()
+        history = None
+        if pick is not None:
+            self.say(f"reading {pick}'s history from HQ's Delta table")
+            history = self.history(pick)
         observed = Observed(
             plan=plan,
             ships=self.ships,
@@ -382,7 +409,7 @@ class Voyage:
             duplicates={s: sum(w.duplicates.values()) for s, w in self.watches.items()},
             edge=self.edge,
             fleet=events.stats,
-            link_bytes=self.launched.toxiproxy.link_bytes(),
+            link_bytes=link_bytes,
             overboard=events.overboard,
             timeline=links.timeline,
             site_outages=links.site_outages,
@@ -393,16 +420,17 @@ class Voyage:
             audit=audit,
             problems=self.problems
             + [f"{s}: {w.error}" for s, w in self.watches.items() if w.error],
+            timings=self.timings,
         )
         return build_report(observed)
 
     def stop(self) -> None:
+        """Stop every process (once), unless ``keep``."""
         for w in self.watches.values():
             w.close()
-        if self.launched is None:
+        if self.launched is None or self.opts.keep or self.stopped:
             return
-        if self.opts.keep:
-            return
+        self.stopped = True
         self.say("stopping every process")
         try:
             down(self.dir)
