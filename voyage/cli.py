@@ -58,6 +58,11 @@ DEFAULT_MINUTES = 4.0
 )
 @click.option("--seed", default=1, show_default=True, type=int, help="Seed of the simulation.")
 @click.option(
+    "--spark-per-site",
+    is_flag=True,
+    help="One Spark application (JVM) per site as in production, instead of the four sites in one (needs more than 2 cores).",
+)
+@click.option(
     "--live/--no-live",
     default=None,
     help="The live view (default: when the output is a terminal; else a line every 10 s).",
@@ -72,6 +77,7 @@ def demo(
     drain_timeout: float,
     seed: int,
     live: bool | None,
+    spark_per_site: bool,
 ) -> None:
     """Run a voyage of the whole system on this machine: ships sail Tokyo -> Singapore ->
     Sydney (headquarters in Los Angeles) with container sensors, Mosquitto and an edge
@@ -94,6 +100,7 @@ def demo(
         keep=keep,
         drain_timeout=drain_timeout,
         live=live,
+        spark_per_site=spark_per_site,
         command="shorelink demo " + " ".join(sys.argv[2:]),
     )
     try:

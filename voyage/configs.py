@@ -60,17 +60,19 @@ transactional_id = "shorelink-gateway-{site.name}"
 """
 
 
-def sites_config(root: Path, sites: Mapping[str, SiteEndpoints]) -> str:
+def sites_config(
+    root: Path, sites: Mapping[str, SiteEndpoints], *, driver_memory: str = "2g"
+) -> str:
     """All four sites in one file. Small partitions counts and one table site (HQ): four
     Spark applications share this machine's two cores."""
     parts = [
-        """\
+        f"""\
 # the voyage's four sites (written by `shorelink demo`; see deploy/spark/sites.toml)
 log_level = "info"
 
 [spark]
 master = "local[2]"
-driver_memory = "1g"
+driver_memory = "{driver_memory}"
 
 [spark.conf]
 "spark.ui.enabled" = "false"

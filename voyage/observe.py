@@ -10,13 +10,15 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from shorelink.contract import (
     H_MQTT_TOPIC,
@@ -29,7 +31,7 @@ from shorelink.contract import (
 )
 from voyage.topology import STREAMS
 
-__all__ = ["Arrival", "EdgeSample", "SiteWatch", "edge_metrics"]
+__all__ = ["Arrival", "EdgeSample", "SiteWatch", "edge_metrics", "query_level_with"]
 
 Ident = tuple[str, str, int]
 
@@ -190,3 +192,42 @@ def edge_metrics(address: str) -> EdgeSample:
         elif metric == "link_up" and value >= 1:
             s.links_up.append((labels.get("site", ""), labels.get("link", "")))
     return s
+
+
+def _committed_offsets(checkpoint: Path) -> dict[str, dict[str, int]] | None:
+    """The Kafka offsets up to which a streaming query has committed its last batch
+    (the third line of ``offsets/<last committed batch>`` in its checkpoint)."""
+    try:
+        done = max(int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit())
+        lines = (checkpoint / "offsets" / str(done)).read_text().splitlines()
+        offsets: dict[str, dict[str, int]] = json.loads(lines[2])
+    except (OSError, ValueError, IndexError):
+        return None
+    return offsets
+
+
+def query_level_with(checkpoint: Path, bootstrap: str, topic: str) -> bool:
+    """True when the streaming query at ``checkpoint`` has committed a batch that ends
+    at the end of every partition of ``topic`` (so a Delta table it writes holds every
+    record the topic holds)."""
+    done = _committed_offsets(checkpoint)
+    if done is None:
+        return False
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "voyage-level",
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        for p in parts:
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if done.get(topic, {}).get(str(p), 0) < high:
+                return False
+    except KafkaException:
+        return False
+    finally:
+        consumer.close()
+    return True

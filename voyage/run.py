@@ -27,11 +27,12 @@ from fleet_sim.plan import VoyagePlan, plan_voyage
 from local_stack.errors import StackError
 from local_stack.process import Proc
 from local_stack.stack import down
+from shorelink.contract import canonical_topic
 from voyage.html import write_report
 from voyage.launch import Launched, launch
 from voyage.links import LinkPlayer
 from voyage.live import LiveState, ShipRow, progress_line, render
-from voyage.observe import EdgeSample, SiteWatch, edge_metrics
+from voyage.observe import EdgeSample, SiteWatch, edge_metrics, query_level_with
 from voyage.report import Observed, build_report
 from voyage.summary import summary_text
 from voyage.topology import HQ, SITES
@@ -54,6 +55,7 @@ class Options:
     drain_timeout: float = 300.0
     live: bool | None = None  # None: a live view when the output is a terminal
     command: str = "shorelink demo"
+    spark_per_site: bool = False
 
 
 def prepare_dir(dir: Path) -> Path:
@@ -148,7 +150,9 @@ class Voyage:
 
     # -- phases ---------------------------------------------------------------------------
     def start(self) -> VoyagePlan:
-        self.launched = launch(self.dir, self.ships, self.say)
+        self.launched = launch(
+            self.dir, self.ships, self.say, spark_per_site=self.opts.spark_per_site
+        )
         self.say(f"stack up in {self.launched.info.started_s:.0f}s: {self.dir / 'stack.json'}")
         self.timings["startup_s"] = round(time.time() - self.t_start, 1)
         plan = plan_voyage(
@@ -299,26 +303,21 @@ class Voyage:
         links.close(time.time() - plan.start_wall)
         return links, events
 
-    def tables_caught_up(self, since: float, timeout: float = 180.0) -> bool:
-        """HQ's Delta table queries have run a batch after ``since`` (epoch s) and
-        were then level with the canonical topics (``queries.status.json``)."""
+    def tables_caught_up(self, timeout: float = 180.0) -> bool:
+        """HQ's Delta table queries have committed batches up to the end of their
+        canonical topics (their checkpoints against Kafka's end offsets)."""
         assert self.launched is not None
-        path = self.launched.checkpoint_dir(HQ) / "queries.status.json"
+        root = self.launched.checkpoint_dir(HQ)
+        kafka = self.launched.info.sites[HQ]["kafka"]
+        tables = {"container_readings": "containers", "alerts": "alerts", "ship_positions": "nav"}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
-                queries = json.loads(path.read_text())["queries"]
-                tables = [q for q in queries if q["query"].startswith("table-")]
-                if tables and all(
-                    q.get("lag_records") == 0
-                    and datetime.fromisoformat(q["timestamp"].replace("Z", "+00:00")).timestamp()
-                    > since
-                    for q in tables
-                ):
-                    return True
-            except (OSError, ValueError, KeyError, TypeError):
-                pass
-            time.sleep(1)
+            if all(
+                query_level_with(root / f"table-{t}", kafka, canonical_topic(stream))
+                for t, stream in tables.items()
+            ):
+                return True
+            time.sleep(2)
         return False
 
     def history(self, container: str) -> dict[str, Any] | None:
@@ -389,7 +388,7 @@ class Voyage:
         if events.overboard and events.overboard.get("containers"):
             boxes = events.overboard["containers"]
             pick = next((c for c in boxes if c in plan.transshipped), boxes[0])
-            if not self.tables_caught_up(self.converged_at):
+            if not self.tables_caught_up():
                 self.problems.append("HQ's Delta tables did not catch up within 180s")
         if not self.opts.keep:
             # the table is files: read it with the machine to itself
