@@ -63,7 +63,15 @@ def test_architecture_names_only_files_that_exist() -> None:
         assert (ROOT / path).exists(), f"ARCHITECTURE.md names {path}, which does not exist"
 
 
-PACKAGES = ("shorelink", "edge_agent", "core_gateway", "spark_core", "local_stack")
+PACKAGES = (
+    "shorelink",
+    "edge_agent",
+    "core_gateway",
+    "spark_core",
+    "local_stack",
+    "fleet_sim",
+    "voyage",
+)
 MODULES = sorted(
     p.relative_to(ROOT).as_posix()
     for pkg in PACKAGES

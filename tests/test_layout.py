@@ -18,7 +18,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL = "shorelink"
 DEPLOYABLES = ("edge_agent", "core_gateway", "spark_core")
-PACKAGES = (KERNEL, *DEPLOYABLES, "local_stack")
+#: the demo of the whole system: it starts the deployables as processes, never imports them
+TOOLING = ("local_stack", "fleet_sim", "voyage")
+PACKAGES = (KERNEL, *DEPLOYABLES, *TOOLING)
 
 
 def _module_name(path: Path) -> str:
@@ -85,6 +87,19 @@ def test_the_kernel_imports_nothing_above_it(module: str) -> None:
 def test_the_deployables_never_import_each_other(module: str) -> None:
     others = sorted(m for m in GRAPH[module] if _top(m) in DEPLOYABLES and _top(m) != _top(module))
     assert not others, f"{module} imports {others}: each deployable imports only shorelink"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _top(m) in ("voyage", "fleet_sim")))
+def test_the_voyage_runs_the_deployables_without_importing_them(module: str) -> None:
+    """The voyage proves the product as an operator runs it: through the command lines.
+    The simulated sea (fleet_sim) stands apart from the whole project."""
+    allowed = (
+        {"fleet_sim"}
+        if _top(module) == "fleet_sim"
+        else {KERNEL, "local_stack", "fleet_sim", "voyage"}
+    )
+    wrong = sorted(m for m in GRAPH[module] if _top(m) not in allowed)
+    assert not wrong, f"{module} imports {wrong}"
 
 
 def test_the_import_graph_has_no_cycle() -> None:

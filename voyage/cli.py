@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from local_stack.errors import StackError
-from voyage.run import Options, run_voyage
 
 __all__ = ["demo"]
 
@@ -86,6 +85,9 @@ def demo(
     DIR/report.json and a summary; exits 0 only if every site holds every record exactly
     once, the overboard alert reached every site and each port held a ship's earlier data
     before the ship docked."""
+    # imported here: every `shorelink` command loads this module to register `demo`
+    from voyage.run import Options, run_voyage
+
     if minutes is not None and speed is not None:
         raise click.UsageError("give --minutes or --speed, not both")
     if minutes is None and speed is None:
