@@ -9,6 +9,7 @@ import base64
 import html
 import io
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +46,18 @@ def _num(v: Any, digits: int = 1, unit: str = "") -> str:
     return _e(v)
 
 
+def _label(v: Any) -> str:
+    """A report string as chart text: printable, and no ``$`` to start mathtext."""
+    return "".join(c for c in str(v) if c.isprintable()).replace("$", r"\$")[:40]
+
+
 def _png(fig: Figure) -> str:
     FigureCanvasAgg(fig)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    with warnings.catch_warnings():
+        # a name from the report in a script the bundled font lacks draws as boxes
+        warnings.filterwarnings("ignore", "Glyph .* missing from", UserWarning)
+        fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     data = base64.b64encode(buf.getvalue()).decode()
     return f'<img alt="chart" src="data:image/png;base64,{data}">'
 
@@ -66,7 +75,7 @@ def _series_chart(series: dict[str, list[list[float]]], title: str, ylabel: str)
     ax = fig.add_subplot()
     for name, points in series.items():
         if points:
-            ax.plot([p[0] for p in points], [p[1] for p in points], label=str(name))
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=_label(name))
     ax.set_title(title)
     ax.set_xlabel("seconds since start")
     ax.set_ylabel(ylabel)
@@ -98,14 +107,18 @@ def _links_chart(series: dict[str, Any]) -> str:
                 [(s["from_s"], s["to_s"] - s["from_s"])], (row - 0.35, 0.7), color=colour
             )
             if str(link).startswith("port_wifi"):
-                ax.text(s["from_s"], row + 0.4, str(link).split(":")[-1], fontsize=7)
+                ax.text(s["from_s"], row + 0.4, _label(str(link).split(":")[-1]), fontsize=7)
     for o in series.get("site_links") or []:
         if o.get("to_s") is not None:
             ax.axvspan(o["from_s"], o["to_s"], color="#ff7f0e", alpha=0.15)
             ax.text(
-                o["from_s"], len(ships) - 0.4, f"{o['a']}-{o['b']} cut", fontsize=8, color="#ff7f0e"
+                o["from_s"],
+                len(ships) - 0.4,
+                _label(f"{o.get('a')}-{o.get('b')} cut"),
+                fontsize=8,
+                color="#ff7f0e",
             )
-    ax.set_yticks(range(len(ships)), [str(s) for s in ships])
+    ax.set_yticks(range(len(ships)), [_label(s) for s in ships])
     ax.set_ylim(-0.6, len(ships) + 0.2)
     ax.set_xlabel("seconds since start")
     ax.set_title("link in use per ship (green: port Wi-Fi, red: satellite; orange: site link cut)")
@@ -121,11 +134,11 @@ def _map(series: dict[str, Any], alert: dict[str, Any] | None) -> str:
     ax = fig.add_subplot()
     for ship, pts in tracks.items():
         if pts:
-            ax.plot([p[2] for p in pts], [p[1] for p in pts], label=str(ship), linewidth=1.5)
+            ax.plot([p[2] for p in pts], [p[1] for p in pts], label=_label(ship), linewidth=1.5)
     for name, pos in ports.items():
         if len(pos) == 2:
             ax.plot(pos[1], pos[0], "ks", markersize=6)
-            ax.annotate(str(name), (pos[1], pos[0]), textcoords="offset points", xytext=(5, 5))
+            ax.annotate(_label(name), (pos[1], pos[0]), textcoords="offset points", xytext=(5, 5))
     if alert and alert.get("position"):
         lat, lon = alert["position"]
         ax.plot(lon, lat, "rX", markersize=12, label="overboard")
@@ -150,7 +163,7 @@ def _alert_chart(alert: dict[str, Any]) -> str:
         return ""
     fig = Figure(figsize=(6, 2.4))
     ax = fig.add_subplot()
-    names = list(sites)
+    names = [_label(k) for k in sites]
     ax.barh(names, [v or 0 for v in sites.values()], color="#d62728")
     ax.set_xlabel("seconds from the overboard event")
     ax.set_title("overboard alert at each site")

@@ -3,17 +3,22 @@ figures that back it; every line fits 80 columns."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 __all__ = ["summary_text"]
 
 
 def _s(v: Any, unit: str = "s") -> str:
-    return "-" if v is None else f"{v:.1f}{unit}"
+    return f"{v:.1f}{unit}" if isinstance(v, (int, float)) else "-"
 
 
-def _bytes(n: int | None) -> str:
-    if n is None:
+def _n(v: Any) -> str:
+    return str(v) if isinstance(v, (int, float)) else "-"
+
+
+def _bytes(n: Any) -> str:
+    if not isinstance(n, (int, float)):
         return "-"
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= size:
@@ -26,37 +31,47 @@ def summary_text(report: dict[str, Any]) -> str:
     if report.get("ok"):
         lines.append("PASS: every site holds every record exactly once")
     else:
-        lines.append("FAIL: " + (report.get("problems") or ["see report.json"])[0][:72])
-        lines += [f"  - {p[:74]}" for p in (report.get("problems") or [])[1:8]]
-    run = report.get("run", {})
+        problems = [str(p) for p in report.get("problems") or []] or ["see report.json"]
+        lines += textwrap.wrap(f"FAIL: {problems[0]}", 80, subsequent_indent="      ")
+        for p in problems[1:8]:
+            lines += textwrap.wrap(p, 80, initial_indent="  - ", subsequent_indent="    ")
+        if len(problems) > 8:
+            lines.append(f"  ... and {len(problems) - 8} more in report.json")
+    run = report.get("run") or {}
     lines.append(
-        f"{len(run.get('ships', []))} ships, {run.get('wall_s', 0):.0f}s wall "
-        f"({run.get('voyage_s', 0):.0f}s voyage at {run.get('speed', 0):.0f}x)"
+        f"{len(run.get('ships') or [])} ships, {_s(run.get('wall_s'))} wall "
+        f"({_s(run.get('voyage_s'))} voyage at {_s(run.get('speed'), 'x')})"
     )
     lines.append("")
     lines.append(
-        f"{'site':<10} {'held':>8} {'made':>8} {'dups':>5} {'gaps':>5} {'p50':>8} {'p99':>8}"
+        f"{'site':<10} {'held':>8} {'produced':>8} {'dups':>5} {'gaps':>5} {'p50':>8} {'p99':>8}"
     )
     for name, s in (report.get("sites") or {}).items():
         lat = s.get("latency_s") or {}
         lines.append(
-            f"{name[:10]:<10} {s.get('held', 0):>8} {s.get('produced', 0):>8} "
-            f"{s.get('duplicates', 0):>5} {s.get('gaps', 0):>5} {_s(lat.get('p50')):>8} {_s(lat.get('p99')):>8}"
+            f"{str(name)[:10]:<10} {_n(s.get('held')):>8} {_n(s.get('produced')):>8} "
+            f"{_n(s.get('duplicates')):>5} {_n(s.get('gaps')):>5} "
+            f"{_s(lat.get('p50')):>8} {_s(lat.get('p99')):>8}"
         )
     alert = report.get("alert")
     if alert:
         lines.append("")
         lines.append(
-            f"overboard: {alert.get('ship')} lost {', '.join(alert.get('containers', []))}"[:80]
+            f"overboard: {alert.get('ship')} lost "
+            + ", ".join(str(c) for c in alert.get("containers") or [])
         )
-        per = "  ".join(f"{k} {_s(v.get('latency_s'))}" for k, v in alert.get("sites", {}).items())
-        lines.append(f"alert after: {per}"[:80])
+        per = "  ".join(
+            f"{k} {_s((v or {}).get('latency_s'))}" for k, v in (alert.get("sites") or {}).items()
+        )
+        lines += textwrap.wrap(f"alert after: {per}", 80, subsequent_indent="  ")
     calls = report.get("port_calls") or []
     if calls:
         lines.append("")
         lines.append("ports knew the cargo before docking:")
         for c in calls:
-            lines.append(f"  {c.get('ship')} at {c.get('port')}: {_s(c.get('lead_s'))} early"[:80])
+            lead = c.get("lead_s")
+            when = "early" if not isinstance(lead, (int, float)) or lead >= 0 else "LATE"
+            lines.append(f"  {c.get('ship')} at {c.get('port')}: {_s(lead)} {when}")
     links = report.get("links") or {}
     if links:
         lines.append("")
@@ -67,8 +82,8 @@ def summary_text(report: dict[str, Any]) -> str:
             sat = x.get("satellite") or {}
             ratio = x.get("vs_mqtt")
             lines.append(
-                f"{ship[:8]:<8} {_bytes(x.get('total_sent_bytes')):>9} {_bytes(x.get('raw_payload_bytes')):>9} "
-                f"{_bytes(x.get('mqtt_bridge_bytes')):>9} {'-' if ratio is None else f'{ratio:.2f}':>6} "
+                f"{str(ship)[:8]:<8} {_bytes(x.get('total_sent_bytes')):>9} {_bytes(x.get('raw_payload_bytes')):>9} "
+                f"{_bytes(x.get('mqtt_bridge_bytes')):>9} {f'{ratio:.2f}' if isinstance(ratio, (int, float)) else '-':>6} "
                 f"{_bytes(sat.get('spent_bytes')) + '/' + _bytes(sat.get('budget_bytes')):>16}"
             )
     return "\n".join(line[:80] for line in lines)
