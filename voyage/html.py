@@ -80,7 +80,8 @@ def _series_chart(series: dict[str, list[list[float]]], title: str, ylabel: str)
     ax.set_xlabel("seconds since start")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize="small")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", fontsize="small")
     return _png(fig)
 
 
@@ -139,21 +140,35 @@ def _map(series: dict[str, Any], alert: dict[str, Any] | None) -> str:
         if len(pos) == 2:
             ax.plot(pos[1], pos[0], "ks", markersize=6)
             ax.annotate(_label(name), (pos[1], pos[0]), textcoords="offset points", xytext=(5, 5))
-    if alert and alert.get("position"):
-        lat, lon = alert["position"]
-        ax.plot(lon, lat, "rX", markersize=12, label="overboard")
-    ax.set_xlim(95, 160)
-    ax.set_ylim(-45, 42)
+    lats = [p[1] for pts in tracks.values() for p in pts if len(p) >= 3]
+    lons = [p[2] for pts in tracks.values() for p in pts if len(p) >= 3]
+    lats += [pos[0] for pos in ports.values() if len(pos) == 2]
+    lons += [pos[1] for pos in ports.values() if len(pos) == 2]
+    pos = (alert or {}).get("position")
+    if isinstance(pos, (list, tuple)) and len(pos) == 2 and None not in pos:
+        ax.plot(pos[1], pos[0], "rX", markersize=12, label="overboard")
+        lats.append(pos[0])
+        lons.append(pos[1])
+    if lats:
+        ax.set_xlim(min(lons) - 8, max(lons) + 8)
+        ax.set_ylim(max(-90, min(lats) - 6), min(90, max(lats) + 6))
     ax.set_aspect("equal")
     ax.grid(alpha=0.3)
     ax.set_xlabel("longitude")
     ax.set_ylabel("latitude")
     hq = series.get("hq_position") or []
-    title = "ship tracks" + (
-        f" (HQ: Los Angeles, {hq[0]:.1f}, {hq[1]:.1f}, off the map)" if len(hq) == 2 else ""
-    )
+    title = "ship tracks"
+    if len(hq) == 2 and lats:
+        lo, hi = ax.get_xlim()
+        if lo <= hq[1] <= hi:
+            ax.plot(hq[1], hq[0], "b*", markersize=12)
+            ax.annotate("HQ", (hq[1], hq[0]), textcoords="offset points", xytext=(5, 5))
+        else:
+            title += f" (HQ at {hq[0]:.1f}, {hq[1]:.1f}, off the map)"
+            ax.annotate("HQ →", (1.0, 0.5), xycoords="axes fraction", ha="right", color="b")
     ax.set_title(title)
-    ax.legend(loc="lower left", fontsize="small")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="lower left", fontsize="small")
     return _png(fig)
 
 
