@@ -96,9 +96,12 @@ def link_listener_properties(links: dict[str, LinkListener]) -> dict[str, str]:
     }
 
 
-def _java_argv(main: str, *args: str, logs: Path, heap: str) -> list[str]:
+def _java_argv(
+    main: str, *args: str, logs: Path, heap: str, jvm_opts: tuple[str, ...] = ()
+) -> list[str]:
     return [
         "java",
+        *jvm_opts,
         f"-Xmx{heap}",
         "-Xms64m",
         "-XX:+UseG1GC",
@@ -123,10 +126,12 @@ def start_kafka(
     wait: bool = True,
     properties: dict[str, str] | None = None,
     links: dict[str, LinkListener] | None = None,
+    jvm_opts: tuple[str, ...] = (),
 ) -> KafkaBroker:
     """Format (first time only) and start a broker for ``site`` under ``root``;
     ``properties`` add to (or override) the broker's server.properties; ``links``:
-    one more listener per name (:class:`LinkListener`). A caller that reserves other
+    one more listener per name (:class:`LinkListener`); ``jvm_opts``: more JVM flags
+    (e.g. the quick-start JIT of a short demo). A caller that reserves other
     ports at once (:func:`free_ports`) passes ``port`` and ``controller_port`` too, so
     that none of them is handed out twice."""
     taken = ({port, controller_port} - {None}) | {
@@ -167,7 +172,7 @@ def start_kafka(
             raise StackError(f"kafka:{site}: storage format failed; see {fmt.log}:\n{fmt.tail()}")
     proc = Proc.start(
         f"kafka:{site}",
-        _java_argv("kafka.Kafka", str(props), logs=site_logs, heap=heap),
+        _java_argv("kafka.Kafka", str(props), logs=site_logs, heap=heap, jvm_opts=jvm_opts),
         site_logs / "stdout.log",
     )
     broker = KafkaBroker(site, port, cport, proc, dict(links or {}))

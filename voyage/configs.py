@@ -55,7 +55,7 @@ port = {site.gateway_port}
 
 [kafka]
 bootstrap = "{site.kafka}"
-ingress_partitions = 2
+ingress_partitions = 1
 transactional_id = "shorelink-gateway-{site.name}"
 """
 

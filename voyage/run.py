@@ -35,7 +35,7 @@ from voyage.live import LiveState, ShipRow, progress_line, render
 from voyage.observe import EdgeSample, SiteWatch, edge_metrics, query_level_with
 from voyage.report import Observed, build_report
 from voyage.summary import summary_text
-from voyage.topology import HQ, SITES
+from voyage.topology import HQ, OUTAGE, SITES
 
 __all__ = ["Options", "run_voyage"]
 
@@ -234,7 +234,7 @@ class Voyage:
             sites={s: w.count() for s, w in self.watches.items()},
             duplicates={s: sum(w.duplicates.values()) for s, w in self.watches.items()},
             produced=self.produced(),
-            site_links="tokyo-singapore CUT" if links.outage_on else "all up",
+            site_links=f"{OUTAGE.a}-{OUTAGE.b} CUT" if links.outage_on else "all up",
             alerts=events.log,
         )
 

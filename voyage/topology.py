@@ -4,9 +4,9 @@ sites, and the links each ship has.
 Ports are where ships dock (Tokyo, Singapore, Sydney): each runs a gateway that ships
 reach over port Wi-Fi while docked, and a Kafka + Spark data centre. Headquarters in Los
 Angeles is reached by every ship over the satellite at sea (alerts and positions only,
-on a daily budget). Sites are linked in a ring through HQ, so that when the Tokyo -
-Singapore link is cut in the middle of the voyage, Singapore still gets Tokyo's records
-(through HQ).
+on a daily budget). Sites are linked in a line Tokyo - Singapore - Sydney with each also
+linked to HQ, so that when the Singapore - Sydney link is cut in the middle of the
+voyage, Sydney still gets Singapore's records (through HQ).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "HQ",
+    "OUTAGE",
     "PORTS",
     "SATELLITE",
     "SITES",
@@ -57,9 +58,9 @@ class Outage:
     end: float
 
 
-#: the outage in the middle of the voyage: ships are at sea between Tokyo and Singapore,
-#: and what entered at Tokyo must reach Singapore another way
-OUTAGE = Outage("tokyo", "singapore", 0.25, 0.5)
+#: the outage in the middle of the voyage: while it lasts, Sydney pulls what entered at
+#: Singapore (the ships' port call there) another way, through HQ
+OUTAGE = Outage("singapore", "sydney", 0.3, 0.55)
 
 
 def neighbours(site: str) -> list[str]:
