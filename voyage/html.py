@@ -10,6 +10,7 @@ import html
 import io
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,15 @@ def _png(fig: Figure) -> str:
         fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     data = base64.b64encode(buf.getvalue()).decode()
     return f'<img alt="chart" src="data:image/png;base64,{data}">'
+
+
+def _chart(draw: Callable[..., str], *args: Any) -> str:
+    """One chart, or a note saying why not: a malformed series in a failed run's report
+    must not cost the reader the rest of the page."""
+    try:
+        return draw(*args)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        return f"<p class='muted'>chart not drawn: {_e(type(exc).__name__)}: {_e(exc)}</p>"
 
 
 def _table(head: list[str], rows: list[list[str]]) -> str:
@@ -274,7 +284,7 @@ def render_html(report: dict[str, Any]) -> str:
             for k, v in (alert.get("sites") or {}).items()
         ]
         parts.append(_table(["site", "first alert after", "all alerts after", "alerts"], rows))
-        parts.append(_alert_chart(alert))
+        parts.append(_chart(_alert_chart, alert))
     else:
         parts.append("<p class='muted'>no overboard event in this run</p>")
 
@@ -376,17 +386,20 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append("<p class='muted'>not available</p>")
 
     parts.append("<h2>Over time</h2>")
-    parts.append(_series_chart(series.get("records") or {}, "records held at each site", "records"))
     parts.append(
-        _series_chart(
+        _chart(_series_chart, series.get("records") or {}, "records held at each site", "records")
+    )
+    parts.append(
+        _chart(
+            _series_chart,
             series.get("backlog") or {},
             "backlog on each ship (records no site holds yet)",
             "records",
         )
     )
-    parts.append(_links_chart(series))
+    parts.append(_chart(_links_chart, series))
     parts.append("<h2>Route map</h2>")
-    parts.append(_map(series, alert))
+    parts.append(_chart(_map, series, alert))
     parts.append("</body></html>")
     return "\n".join(p for p in parts if p)
 

@@ -161,3 +161,11 @@ def test_any_partial_report_renders_and_summarises(report: dict[str, Any]) -> No
     page = render_html(report)
     assert all(p.startswith(PNG) for p in _pngs(page))
     assert all(len(line) <= 80 for line in summary_text(report).splitlines())
+
+
+def test_a_malformed_series_costs_only_its_chart() -> None:
+    r = sample_report()
+    r["series"]["links"]["ship1"][0] = {"link": "satellite", "to_s": 3.0}
+    page = render_html(r)
+    assert "chart not drawn: KeyError" in page
+    assert len(_pngs(page)) == 4
