@@ -27,6 +27,7 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px 
 h1{margin-bottom:4px} h2{margin-top:32px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .verdict{padding:12px 16px;border-radius:6px;font-size:1.2em;font-weight:600}
 .pass{background:#e6f4ea;color:#1e6b30} .fail{background:#fde8e8;color:#9b1c1c}
+.goals{background:#fff6e0;color:#7a5200;padding:8px 16px;border-radius:6px;margin-top:8px}
 table{border-collapse:collapse;margin:8px 0} td,th{padding:4px 10px;border-bottom:1px solid #eee;text-align:right}
 th{background:#f6f6f6} td:first-child,th:first-child{text-align:left}
 .bad{color:#9b1c1c;font-weight:600} .muted{color:#777} img{max-width:100%}
@@ -215,6 +216,14 @@ def render_html(report: dict[str, Any]) -> str:
     else:
         items = "".join(f"<li>{_e(p)}</li>" for p in problems)
         parts.append(f"<div class='verdict fail'>FAIL<ul>{items}</ul></div>")
+
+    goals = report.get("goals_missed") or []
+    if goals:
+        items = "".join(f"<li>{_e(g)}</li>" for g in goals)
+        parts.append(
+            f"<div class='goals'>Goals of speed not met on this machine ({len(goals)}):"
+            f"<ul>{items}</ul></div>"
+        )
 
     parts.append("<h2>Every record, exactly once, at every site</h2>")
     rows = []

@@ -1,9 +1,12 @@
 """The voyage's figures, computed from what was observed (``report.json``; the HTML page
 and the text summary are drawn from it by :mod:`voyage.html` and :mod:`voyage.summary`).
 
-The verdict is strict: a site that lacks an identity a ship produced, holds one twice,
-or has a gap fails the run, and so do an overboard alert that did not reach every site
-and a port that did not hold a ship's earlier data before the ship docked.
+The verdict is strict about what the system promises: a site that lacks an identity a
+ship produced, holds one twice, or has a gap fails the run, and so does an overboard
+alert that did not reach every site. How fast is measured against goals, reported
+apart (``goals_missed``) and shown on the page, but does not fail the run: a port that
+held a ship's earlier data only after the ship docked, an alert slower than
+:data:`ALERT_GOAL_S`. Speed depends on the machine; correctness does not.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ from typing import Any
 from voyage.observe import Arrival, EdgeSample, Ident
 from voyage.topology import HQ, PORTS, SATELLITE, SITES, STREAMS, WIFI, ship_link
 
-__all__ = ["Observed", "build_report", "percentile"]
+__all__ = ["ALERT_GOAL_S", "Observed", "build_report", "percentile"]
+
+#: "the alert reaches every office in seconds"
+ALERT_GOAL_S = 10.0
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -180,22 +186,23 @@ def _port_calls(o: Observed) -> tuple[list[dict[str, Any]], list[str]]:
             )
             if not ok:
                 problems.append(
-                    f"{port} did not hold {ship}'s manifest and earlier data before it docked"
+                    f"{port} held {ship}'s manifest and earlier data only after it docked"
                     + (f" ({-lead:.1f}s late)" if lead is not None else " (never)")
                 )
             earlier.append(port)
     return calls, problems
 
 
-def _alert(o: Observed) -> tuple[dict[str, Any] | None, list[str]]:
+def _alert(o: Observed) -> tuple[dict[str, Any] | None, list[str], list[str]]:
     ev = o.overboard
     if not ev:
-        return None, ["the overboard event did not happen"]
+        return None, ["the overboard event did not happen"], []
     ship = ev["ship"]
     boxes = set(ev.get("containers", []))
     event_s = float(ev["t"])
     sites: dict[str, Any] = {}
     problems = []
+    slow = []
     raised = None
     for site in SITES:
         arrived = []
@@ -220,14 +227,24 @@ def _alert(o: Observed) -> tuple[dict[str, Any] | None, list[str]]:
             problems.append(f"{site} got {len(arrived)} of {len(boxes)} overboard alerts")
         if first is not None:
             raised = first if raised is None else min(raised, first)
-    return {
-        "ship": ship,
-        "containers": sorted(boxes),
-        "event_s": round(event_s, 2),
-        "first_site_s": raised and round(raised, 2),
-        "position": ev.get("position"),
-        "sites": sites,
-    }, problems
+            if first - event_s > ALERT_GOAL_S:
+                slow.append(
+                    f"the overboard alert reached {site} after {first - event_s:.1f}s "
+                    f"(goal: {ALERT_GOAL_S:.0f}s)"
+                )
+    return (
+        {
+            "ship": ship,
+            "containers": sorted(boxes),
+            "event_s": round(event_s, 2),
+            "first_site_s": raised and round(raised, 2),
+            "position": ev.get("position"),
+            "sites": sites,
+            "goal_s": ALERT_GOAL_S,
+        },
+        problems,
+        slow,
+    )
 
 
 def _links(o: Observed) -> dict[str, Any]:
@@ -266,9 +283,8 @@ def build_report(o: Observed) -> dict[str, Any]:
         problems.append("no ship reported producing any record")
     sites, p = _site_figures(o, produced)
     problems += p
-    calls, p = _port_calls(o)
-    problems += p
-    alert, p = _alert(o)
+    calls, late = _port_calls(o)
+    alert, p, slow = _alert(o)
     problems += p
     if o.audit is not None and not o.audit.get("ok", False):
         problems.append(f"shorelink audit --all-sites: {o.audit.get('summary', 'failed')}")
@@ -278,6 +294,7 @@ def build_report(o: Observed) -> dict[str, Any]:
     return {
         "ok": not problems,
         "problems": problems,
+        "goals_missed": late + slow,
         "run": {
             "started": o.started,
             "wall_s": round(o.wall_s, 1),

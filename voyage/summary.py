@@ -37,6 +37,13 @@ def summary_text(report: dict[str, Any]) -> str:
             lines += textwrap.wrap(p, 80, initial_indent="  - ", subsequent_indent="    ")
         if len(problems) > 8:
             lines.append(f"  ... and {len(problems) - 8} more in report.json")
+    goals = [str(g) for g in report.get("goals_missed") or []]
+    if goals:
+        lines.append(f"goals not met ({len(goals)}; the run still passes on correctness):")
+        for g in goals[:6]:
+            lines += textwrap.wrap(g, 80, initial_indent="  - ", subsequent_indent="    ")
+        if len(goals) > 6:
+            lines.append(f"  ... and {len(goals) - 6} more in report.json")
     run = report.get("run") or {}
     lines.append(
         f"{len(run.get('ships') or [])} ships, {_s(run.get('wall_s'))} wall "
