@@ -14,7 +14,6 @@ explains why that is exactly once.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
@@ -34,6 +33,7 @@ from shorelink.contract import (
     marker_key,
     relay_topic,
 )
+from shorelink.files import write_json_atomic
 from shorelink.kafka_io import produce
 from shorelink.ledger import encode_entry
 from shorelink.topics import TopicSpec, ensure_topics, producer_config
@@ -420,14 +420,7 @@ class Merger:
             "state_sources": len(self.state.held),
             "state_ranges": self.state.ranges(),
         }
-        path = self.status_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_json_atomic(self.status_path, data, indent=1)
 
     def _close_producer(self) -> None:
         p, self._producer = self._producer, None
