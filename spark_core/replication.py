@@ -18,9 +18,7 @@ alert never waits behind a containers batch.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -31,6 +29,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from shorelink.contract import H_ORIGIN, H_SEQ, H_STREAM, LEDGER_TOPIC, relay_topic
 from shorelink.errors import ContractError
+from shorelink.files import write_json_atomic
 from shorelink.ledger import decode_entry
 from shorelink.ranges import RangeSet
 from shorelink.topics import ensure_topics
@@ -423,8 +422,4 @@ class Replicator:
         }
 
     def write_status(self) -> None:
-        path = self.status_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.status(), indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        write_json_atomic(self.status_path, self.status(), indent=1, sort_keys=True)
