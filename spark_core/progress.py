@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
+
+from shorelink.files import write_json_atomic
 
 __all__ = ["ProgressReporter", "as_dict", "kafka_lag", "summarize", "topic_lags"]
 
@@ -125,12 +126,8 @@ class ProgressReporter:
             self._write()
 
     def _write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps(
-                {"updated_ms": int(time.time() * 1000), "queries": list(self._state.values())},
-                indent=1,
-            )
+        write_json_atomic(
+            self.path,
+            {"updated_ms": int(time.time() * 1000), "queries": list(self._state.values())},
+            indent=1,
         )
-        os.replace(tmp, self.path)
