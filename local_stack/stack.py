@@ -8,7 +8,6 @@ benchmarks, so all of them run the same real components the same way.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from local_stack.kafka import start_kafka
 from local_stack.mosquitto import start_mosquitto
 from local_stack.process import Proc, free_port, pid_alive, port_open, stop_pids, stop_procs
 from local_stack.toxiproxy import Toxiproxy, start_toxiproxy
+from shorelink.files import write_json_atomic
 
 __all__ = ["Component", "StackInfo", "down", "link_name", "load", "status", "up"]
 
@@ -90,12 +90,7 @@ class StackInfo:
         return Toxiproxy(self.toxiproxy["api"])
 
     def save(self) -> None:
-        path = self.dir / STACK_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=2) + "\n")
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        tmp.replace(path)
+        write_json_atomic(self.dir / STACK_FILE, self.to_json(), indent=2, newline=True)
 
 
 def parse_ships(spec: str | int) -> list[str]:
