@@ -135,6 +135,14 @@ def _site_figures(o: Observed, produced: set[Ident]) -> tuple[dict[str, Any], li
     return out, problems
 
 
+def _manifest_event(payload: bytes) -> str | None:
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return None
+    return body.get("event") if isinstance(body, dict) else None
+
+
 def _port_calls(o: Observed) -> tuple[list[dict[str, Any]], list[str]]:
     """Per call at a port after the first: how long before docking the port held the
     ship's departure manifest and everything the ship uploaded at earlier ports."""
@@ -158,10 +166,15 @@ def _port_calls(o: Observed) -> tuple[list[dict[str, Any]], list[str]]:
             docked_sim_ms = o.plan.sim_time(docked) * 1000
             at_port = o.arrivals.get(port, {})
             uploaded = [i for i, a in union.items() if i[0] == ship and a.entry in earlier]
+            # the manifest the ship sent when it left its last port (not the one it
+            # publishes on arrival here)
             cargo = [
                 i
                 for i, a in union.items()
-                if i[0] == ship and i[1] == "cargo" and a.ts_ms < docked_sim_ms
+                if i[0] == ship
+                and i[1] == "cargo"
+                and a.ts_ms < docked_sim_ms
+                and _manifest_event(a.payload) == "departure"
             ]
             manifest = max(cargo, key=lambda i: union[i].ts_ms) if cargo else None
             manifest_s = at_port[manifest].at_s if manifest in at_port else None
