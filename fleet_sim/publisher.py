@@ -44,7 +44,8 @@ DEFAULT_AIS = (
     Path(__file__).resolve().parents[2] / "shared" / "data" / "ais" / "nmea_data_sample.txt"
 )
 EVENTS_EVERY_S = 2.0
-PUBLISH_AT_ONCE = 200
+#: publishes awaiting their PUBACK at once (aiomqtt warns above 10 pending calls)
+PUBLISH_AT_ONCE = 10
 
 
 def mqtt_publish_bytes(topic: str, payload_len: int) -> int:
