@@ -11,7 +11,7 @@ from local_stack.errors import StackError
 
 __all__ = ["demo"]
 
-DEFAULT_MINUTES = 4.0
+DEFAULT_MINUTES = 6.0
 
 
 @click.command()

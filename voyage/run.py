@@ -49,7 +49,7 @@ class Options:
     ships: int = 3
     minutes: float | None = None
     speed: float | None = None
-    containers: int = 40
+    containers: int = 24
     seed: int = 1
     keep: bool = False
     drain_timeout: float = 300.0
