@@ -32,7 +32,7 @@ DEFAULT_MINUTES = 6.0
 )
 @click.option(
     "--containers",
-    default=40,
+    default=24,
     show_default=True,
     type=click.IntRange(4, 2000),
     help="Containers per ship.",
