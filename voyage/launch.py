@@ -124,6 +124,7 @@ def launch(
         listeners = {
             s: {r: LinkListener(next(free), next(free)) for r in neighbours(s)} for s in SITES
         }
+        info.save()  # stack.json from the first process on: `stack down` can stop a half start
         for s in SITES:
             brokers[s] = start_kafka(
                 s,
@@ -139,6 +140,12 @@ def launch(
                 jvm_opts=("-XX:TieredStopAtLevel=1",),
             )
             started.append(brokers[s].proc)
+            info.sites[s] = {
+                "kafka": brokers[s].bootstrap,
+                "pid": brokers[s].proc.pid,
+                "log": str(logs / f"kafka-{s}" / "kafka.log"),
+            }
+            info.save()
         mosquittos = {}
         for ship in ships:
             mosquittos[ship] = start_mosquitto(
@@ -153,6 +160,7 @@ def launch(
         tp = start_toxiproxy(logs, port=next(free), metrics=True)
         started.append(tp.proc)
         info.toxiproxy = {"api": tp.api, "pid": tp.proc.pid, "log": str(tp.proc.log)}
+        info.save()
         launched = Launched(dir, info, tp.client())
         gateway_ports = {s: next(free) for s in SITES}
         for s in SITES:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -457,6 +458,11 @@ def run_voyage(opts: Options, console: Console | None = None) -> int:
     opts = Options(**{**opts.__dict__, "dir": dir})
     v = Voyage(opts, console)
     code = 2
+
+    def terminated(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt  # SIGTERM (a service manager, `timeout`) stops it as Ctrl-C does
+
+    previous = signal.signal(signal.SIGTERM, terminated)
     try:
         plan = v.start()
         links, events = v.sail(plan)
@@ -474,6 +480,7 @@ def run_voyage(opts: Options, console: Console | None = None) -> int:
         code = 2
     finally:
         v.stop()
+        signal.signal(signal.SIGTERM, previous)
     if opts.keep and v.launched is not None:
         console.print(keep_help(v.launched, v.ships))
     return code
