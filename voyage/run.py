@@ -28,6 +28,7 @@ from fleet_sim.plan import VoyagePlan, plan_voyage
 from local_stack.errors import StackError
 from local_stack.process import Proc
 from local_stack.stack import down
+from local_stack.stack import load as load_stack
 from shorelink.contract import canonical_topic
 from voyage.html import write_report
 from voyage.launch import Launched, launch
@@ -68,7 +69,9 @@ def prepare_dir(dir: Path) -> Path:
             raise StackError(
                 f"{dir} is not empty and holds no earlier voyage: choose another --dir"
             )
-        if (dir / "stack.json").exists():
+        if (dir / "stack.json").exists() and any(
+            c.state() != "dead" for c in load_stack(dir).components()
+        ):
             raise StackError(
                 f"a voyage is still running in {dir} (--keep): `shorelink stack down --dir {dir}` first"
             )

@@ -8,6 +8,10 @@ latency, how early a port holds a ship's data) is measured and reported; on a lo
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -117,7 +121,7 @@ def test_the_voyage_stops_every_process_it_started(voyage: tuple[int, Path, str]
     pids += [c["pid"] for c in stopped["ships"].values()]
     pids += [p["pid"] for p in stopped["processes"].values()]
     pids.append(stopped["toxiproxy"]["pid"])
-    assert len(stopped["processes"]) == 4 + 4 + 2 + 1  # gateways, Spark apps, agents, fleet
+    assert len(stopped["processes"]) == 4 + 1 + 2 + 1  # gateways, Spark, agents, fleet
     assert not [p for p in pids if pid_alive(p)]
 
 
@@ -131,3 +135,47 @@ def test_a_voyage_never_clears_a_directory_it_did_not_make(tmp_path: Path) -> No
     (fresh / "report.json").write_text("{}")
     again = prepare_dir(tmp_path / "v")
     assert not (again / "report.json").exists()
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_stops_every_process_the_voyage_started(tmp_path: Path) -> None:
+    """A demo interrupted half-way must not leave brokers, JVMs or agents behind."""
+    run = tmp_path / "run"
+    out = tmp_path / "out.txt"
+    with open(out, "wb") as f:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "shorelink.cli",
+                "demo",
+                "--ships",
+                "1",
+                "--minutes",
+                "2",
+                "--dir",
+                str(run),
+                "--no-live",
+            ],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 400
+        while b"voyage: 1 ships" not in out.read_bytes():
+            assert proc.poll() is None, out.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the voyage did not start"
+            time.sleep(1)
+        started = json.loads((run / "stack.json").read_text())
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    pids = [c["pid"] for c in started["sites"].values()]
+    pids += [c["pid"] for c in started["ships"].values()]
+    pids += [p["pid"] for p in started["processes"].values()]
+    pids.append(started["toxiproxy"]["pid"])
+    assert len(started["processes"]) >= 4 + 1 + 1  # gateways, Spark, the agent
+    assert not [p for p in pids if pid_alive(p)]
+    assert not (run / "stack.json").exists() and (run / "stack.stopped.json").exists()
