@@ -109,9 +109,27 @@ def ship_messages(
             if p is not sp.phases[-1]:
                 out.append(manifest(p.end_s, p.port, "departure"))
 
+    def env(
+        box: str, t: float, lat: float, lon: float, at_sea: bool, *, overboard: bool = False
+    ) -> Message:
+        """The next reading of ``box`` (its overboard spike with ``overboard``)."""
+        n = counters[box] = counters.get(box, 0) + 1
+        payload = reading(
+            plan.boxes[box],
+            n,
+            ts_ms=ts_ms(t),
+            lat=lat,
+            lon=lon,
+            at_sea=at_sea or overboard,
+            seed=plan.seed,
+            overboard=overboard,
+        )
+        spike = (box,) if overboard else ()
+        return Message(t, f"{prefix}/containers/{box}/env", payload, "containers", spike)
+
+    counters: dict[str, int] = {}
     step = position_interval_sim_s / plan.speed
     every = max(1, round(reading_interval_sim_s / position_interval_sim_s))
-    counters: dict[str, int] = {}
     spiked = False
     k = 0
     while k * step <= end:
@@ -131,34 +149,13 @@ def ship_messages(
             )
         )
         at_sea = plan.phase_at(ship, t).kind == "sea"
+
+        where = (t, lat, lon, at_sea)
         if sp.lost and sp.lost_at_s is not None and not spiked and t >= sp.lost_at_s:
             spiked = True
-            for c in sp.lost:
-                n = counters[c] = counters.get(c, 0) + 1
-                payload = reading(
-                    plan.boxes[c],
-                    n,
-                    ts_ms=ts_ms(t),
-                    lat=lat,
-                    lon=lon,
-                    at_sea=True,
-                    seed=plan.seed,
-                    overboard=True,
-                )
-                out.append(Message(t, f"{prefix}/containers/{c}/env", payload, "containers", (c,)))
+            out += [env(c, *where, overboard=True) for c in sp.lost]
         if k % every == 0:
-            for c in sorted(sp.on_board(t)):
-                n = counters[c] = counters.get(c, 0) + 1
-                payload = reading(
-                    plan.boxes[c],
-                    n,
-                    ts_ms=ts_ms(t),
-                    lat=lat,
-                    lon=lon,
-                    at_sea=at_sea,
-                    seed=plan.seed,
-                )
-                out.append(Message(t, f"{prefix}/containers/{c}/env", payload, "containers"))
+            out += [env(c, *where) for c in sorted(sp.on_board(t))]
         k += 1
 
     if ais_lines and ship == plan.ais_ship:
