@@ -439,7 +439,8 @@ class Voyage:
             down(self.dir)
         except StackError as exc:
             self.console.print(f"[red]{exc}[/red]")
-            self.launched.stop(grace=5)
+        # stopped by pid above; reap them here (or stop what is left)
+        self.launched.stop(grace=5)
 
 
 class _Null:
