@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from local_stack.errors import StackError
 from local_stack.process import Proc, free_port
 from local_stack.tools import toxiproxy_bin
@@ -110,27 +112,16 @@ class Toxiproxy:
         except OSError as exc:
             raise StackError(f"toxiproxy metrics at {self.api} unreadable: {exc}") from exc
         out: dict[str, int] = {}
-        for line in text.splitlines():
-            if not line.startswith("toxiproxy_proxy_sent_bytes_total{"):
-                continue
-            labels, _, value = line.rpartition(" ")
-            name = _label(labels, "proxy")
-            if name is not None:
-                out[name] = out.get(name, 0) + int(float(value))
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "toxiproxy_proxy_sent_bytes_total" and "proxy" in sample.labels:
+                    name = sample.labels["proxy"]
+                    out[name] = out.get(name, 0) + int(sample.value)
         return out
 
     def reset(self) -> None:
         """Enable every proxy and remove every toxic."""
         self._call("POST", "/reset")
-
-
-def _label(series: str, name: str) -> str | None:
-    marker = f'{name}="'
-    start = series.find(marker)
-    if start < 0:
-        return None
-    start += len(marker)
-    return series[start : series.find('"', start)]
 
 
 @dataclass

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from shorelink.contract import (
     H_MQTT_TOPIC,
@@ -150,15 +151,6 @@ class EdgeSample:
         return sum(self.backlog.values())
 
 
-def _labels(text: str) -> dict[str, str]:
-    out = {}
-    for part in text.split(","):
-        if "=" in part:
-            k, v = part.split("=", 1)
-            out[k.strip()] = v.strip().strip('"')
-    return out
-
-
 def edge_metrics(address: str) -> EdgeSample:
     """Read ``http://address/metrics`` of a ship's agent; ``ok`` False if it did not
     answer."""
@@ -168,29 +160,21 @@ def edge_metrics(address: str) -> EdgeSample:
     except OSError:
         return EdgeSample()
     s = EdgeSample(ok=True)
-    for line in text.splitlines():
-        if not line.startswith("shorelink_edge_") or "{" not in line:
-            continue
-        name, _, rest = line.partition("{")
-        labels_text, _, value_text = rest.rpartition("} ")
-        try:
-            value = float(value_text)
-        except ValueError:
-            continue
-        labels = _labels(labels_text)
-        metric = name.removeprefix("shorelink_edge_")
-        if metric == "last_seq":
-            s.last_seq[labels.get("stream", "")] = int(value)
-        elif metric == "backlog_records":
-            s.backlog[labels.get("stream", "")] = int(value)
-        elif metric == "link_budget_used_bytes":
-            s.budget_used[labels.get("link", "")] = int(value)
-        elif metric == "link_budget_bytes":
-            s.budget_limit[labels.get("link", "")] = int(value)
-        elif metric == "uplink_bytes_sent_total":
-            s.uplink_bytes[labels.get("link", "")] = int(value)
-        elif metric == "link_up" and value >= 1:
-            s.links_up.append((labels.get("site", ""), labels.get("link", "")))
+    by_label = {
+        "last_seq": (s.last_seq, "stream"),
+        "backlog_records": (s.backlog, "stream"),
+        "link_budget_used_bytes": (s.budget_used, "link"),
+        "link_budget_bytes": (s.budget_limit, "link"),
+        "uplink_bytes_sent_total": (s.uplink_bytes, "link"),
+    }
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            metric = sample.name.removeprefix("shorelink_edge_")
+            if metric in by_label:
+                into, label = by_label[metric]
+                into[sample.labels.get(label, "")] = int(sample.value)
+            elif metric == "link_up" and sample.value >= 1:
+                s.links_up.append((sample.labels.get("site", ""), sample.labels.get("link", "")))
     return s
 
 
