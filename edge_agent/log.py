@@ -9,8 +9,9 @@ status read. Other processes (``shorelink-edge status``) open their own read-onl
 
 :class:`EdgeLog` keeps the records (commit, retention, reads, numbering) and what the
 sites hold. Two other concepts live in the same file and share its connection and lock:
-sealed segments (``EdgeLog.segments``, edge_agent/segments.py) and the uplink's link
-spend and gateway states (``EdgeLog.links``, edge_agent/linkstate.py).
+sealed segments (``EdgeLog.segments``, edge_agent/segments.py), the uplink's link
+spend and gateway states (``EdgeLog.links``, edge_agent/linkstate.py) and the
+quarantine (``EdgeLog.quarantine``, edge_agent/quarantine.py).
 """
 
 from __future__ import annotations
@@ -32,18 +33,18 @@ from edge_agent.config import LogConfig, StreamConfig
 from edge_agent.errors import LogError, LogFullError
 from edge_agent.linkstate import Links
 from edge_agent.migrations import migrate
+from edge_agent.quarantine import Quarantine, Quarantined
 from edge_agent.redelivery import Redelivery
 from edge_agent.retention import Retention, StreamState
 from edge_agent.segments import Segments
 from shorelink.ranges import RangeSet
 
-__all__ = ["CommitResult", "EdgeLog", "Incoming", "LogRecord", "message_digest"]
+__all__ = ["CommitResult", "EdgeLog", "Incoming", "LogRecord", "LogSizes", "message_digest"]
 
 log = logging.getLogger(__name__)
 
 #: bytes a record costs besides payload, key and topic (row header, seq, times)
 ROW_OVERHEAD = 32
-QUARANTINE_PAYLOAD_MAX = 1024
 
 
 def message_digest(topic: bytes, payload: bytes) -> bytes:
@@ -74,15 +75,6 @@ class Incoming:
 
 
 @dataclass(frozen=True, slots=True)
-class Quarantined:
-    recv_ms: int
-    topic: bytes
-    reason: str
-    detail: str
-    payload: bytes
-
-
-@dataclass(frozen=True, slots=True)
 class LogRecord:
     stream: str
     seq: int
@@ -91,6 +83,14 @@ class LogRecord:
     recv_ms: int
     topic: str
     payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LogSizes:
+    #: bytes of the records held (payload, key, topic and row overhead), what budgets count
+    records: int
+    #: bytes of the log's files on disk (database, WAL, shared memory)
+    files: int
 
 
 @dataclass
@@ -157,6 +157,8 @@ class EdgeLog:
         self.segments = Segments(self._conn, self._lock, self._txn, lambda: self.numbering_epoch)
         #: link spend and gateway states (edge_agent/linkstate.py), on this connection and lock
         self.links = Links(self._conn, self._lock, self._txn)
+        #: unusable messages kept for a person (edge_agent/quarantine.py)
+        self.quarantine = Quarantine(self._conn, self._lock, cfg.quarantine_max)
         self._load_state()
         if not readonly:
             with self._txn() as conn:
@@ -278,34 +280,13 @@ class EdgeLog:
             flush()
             redelivery.write(conn)
             if quarantine:
-                self._quarantine(conn, quarantine)
+                self.quarantine.add(conn, quarantine)
             ret.save()
             result = CommitResult(
                 outcomes, seqs, ret.dropped_now, ret.retired_now, ret.over_budget_now, derived
             )
         redelivery.apply()
         return result
-
-    def _quarantine(self, conn: sqlite3.Connection, items: Sequence[Quarantined]) -> None:
-        conn.executemany(
-            "INSERT INTO quarantine (recv_ms, topic, reason, detail, payload, payload_len)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            [
-                (
-                    q.recv_ms,
-                    q.topic,
-                    q.reason,
-                    q.detail[:500],
-                    q.payload[:QUARANTINE_PAYLOAD_MAX],
-                    len(q.payload),
-                )
-                for q in items
-            ],
-        )
-        conn.execute(
-            "DELETE FROM quarantine WHERE id <= (SELECT max(id) FROM quarantine) - ?",
-            [self.cfg.quarantine_max],
-        )
 
     def expire(self, now_ms: int | None = None) -> dict[str, int]:
         """Age-based retention sweep (run periodically): returns records removed per stream."""
@@ -463,24 +444,12 @@ class EdgeLog:
             ).fetchone()
         return n, int(n * mean), (row[0] if row else None)
 
-    def quarantine_count(self) -> int:
-        with self._lock:
-            return int(self._conn.execute("SELECT count(*) FROM quarantine").fetchone()[0])
-
-    def quarantined(self, limit: int = 20) -> list[Quarantined]:
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT recv_ms, topic, reason, detail, payload FROM quarantine ORDER BY id DESC LIMIT ?",
-                [limit],
-            ).fetchall()
-        return [Quarantined(*r) for r in rows]
-
-    def total_bytes(self) -> int:
-        return self._retention.total_bytes()
-
-    def file_bytes(self) -> int:
-        return sum(
-            p.stat().st_size for p in self.path.parent.glob(self.path.name + "*") if p.is_file()
+    def sizes(self) -> LogSizes:
+        return LogSizes(
+            self._retention.total_bytes(),
+            sum(
+                p.stat().st_size for p in self.path.parent.glob(self.path.name + "*") if p.is_file()
+            ),
         )
 
     def close(self) -> None:

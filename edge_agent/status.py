@@ -47,13 +47,14 @@ def collect_status(cfg: EdgeConfig, edge_log: EdgeLog) -> dict[str, Any]:
             "sealed_records": sealed.get(name, (0, 0, 0))[1],
             "sealed_bytes": sealed.get(name, (0, 0, 0))[2],
         }
+    sizes = edge_log.sizes()
     return {
         "ship": cfg.ship,
         "log": str(cfg.log.path),
-        "log_record_bytes": edge_log.total_bytes(),
+        "log_record_bytes": sizes.records,
         "log_budget_bytes": cfg.log.max_bytes,
-        "log_file_bytes": edge_log.file_bytes(),
-        "quarantined": edge_log.quarantine_count(),
+        "log_file_bytes": sizes.files,
+        "quarantined": edge_log.quarantine.count(),
         "streams": streams,
         "links": _links(cfg, edge_log, now_ms),
     }

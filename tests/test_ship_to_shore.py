@@ -397,7 +397,7 @@ async def test_a_record_at_the_size_limit_crosses_every_hop_and_one_more_byte_st
     await eventually_async(
         lambda: agent.log.backlog("containers")[0] == 0, 30, "upload", interval=0.1
     )
-    (q,) = agent.log.quarantined()
+    (q,) = agent.log.quarantine.newest()
     assert q.reason == "oversized" and "MAX_RECORD_BYTES" in q.detail
     assert sorted(ingress_seqs(kafka, shore.ship)) == [1, 2]
 

@@ -139,7 +139,7 @@ async def test_rules_map_topics_to_stream_and_key_and_bad_input_is_quarantined(
     publisher.wait_all_acked()
     await asyncio.sleep(0.01)
     for _ in range(200):
-        if agent.log.quarantine_count() == 2 and agent.log.stream_state("nav").count == 1:
+        if agent.log.quarantine.count() == 2 and agent.log.stream_state("nav").count == 1:
             break
         await asyncio.sleep(0.05)
     recs = agent.log.read("containers", 1, 10)
@@ -147,7 +147,7 @@ async def test_rules_map_topics_to_stream_and_key_and_bad_input_is_quarantined(
     alerts = agent.log.read("alerts", 1, 10)
     assert [(r.key, r.payload) for r in alerts] == [("MSCU7654321", b'{"door": "open"}')]
     assert [r.key for r in agent.log.read("nav", 1, 10)] == ["position"]
-    reasons = sorted(q.reason for q in agent.log.quarantined())
+    reasons = sorted(q.reason for q in agent.log.quarantine.newest())
     assert reasons == ["oversized", "unmapped_topic"]
     assert agent.metrics.quarantined.labels("oversized")._value.get() == 1
     agent.stop.set()

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from edge_agent.agent import Agent
 from edge_agent.config import EdgeConfig, load_config
 from edge_agent.ingest import Ingest, _Received
-from edge_agent.log import CommitResult, EdgeLog, Incoming, Quarantined
+from edge_agent.log import CommitResult, EdgeLog, Incoming
 from edge_agent.metrics import EdgeMetrics
+from edge_agent.quarantine import Quarantined
 from edge_agent.rules import MAX_EVENT_MS, MIN_EVENT_MS
 from local_stack.mosquitto import MosquittoBroker
 from tests.edge_agent.helpers import Publisher, write_config
@@ -139,7 +140,7 @@ async def test_a_message_the_log_keeps_refusing_is_quarantined_and_the_rest_of_i
     batch = [_received(topic, p) for p in (b'{"n": 1}', b'{"poison": 1}', b'{"n": 2}')]
     await ingest._process(batch)
     assert [r.payload for r in edge_log.read("containers", 1, 10)] == [b'{"n": 1}', b'{"n": 2}']
-    assert [(q.reason, q.payload) for q in edge_log.quarantined()] == [
+    assert [(q.reason, q.payload) for q in edge_log.quarantine.newest()] == [
         ("commit_error", b'{"poison": 1}')
     ]
     assert ingest.metrics.ingest_errors._value.get() >= 1
@@ -194,7 +195,7 @@ async def test_hostile_payloads_through_mosquitto_do_not_stop_ingest(
     await asyncio.to_thread(publisher.wait_all_acked)
     published = len(HOSTILE) + len(normal)
     for _ in range(200):
-        if agent.log.stream_state("containers").count + agent.log.quarantine_count() >= published:
+        if agent.log.stream_state("containers").count + agent.log.quarantine.count() >= published:
             break
         await asyncio.sleep(0.05)
     recs = agent.log.read("containers", 1, 100)

@@ -87,7 +87,7 @@ def test_full_budget_drops_oldest_bulk_but_alerts_still_get_in(tmp_path: Path) -
     log = _log(tmp_path, max_bytes=20_000, alerts_reserve_bytes=4_000)
     for i in range(0, 400, 20):
         log.commit([_msg("containers", n) for n in range(i, i + 20)])
-    assert log.total_bytes() <= 20_000 - 4_000
+    assert log.sizes().records <= 20_000 - 4_000
     kept = _seqs(log, "containers")
     assert kept == list(range(kept[0], 401)), "drop_oldest keeps a contiguous newest window"
     assert kept[0] > 1 and log.stream_state("containers").dropped == kept[0] - 1
@@ -155,13 +155,13 @@ def test_disk_full_stores_nothing_and_loses_no_seq(tmp_path: Path) -> None:
 
 
 def test_quarantine_is_bounded(tmp_path: Path) -> None:
-    from edge_agent.log import Quarantined
+    from edge_agent.quarantine import Quarantined
 
     log = _log(tmp_path, quarantine_max=5)
     for i in range(12):
         log.commit([], [Quarantined(i, b"t", "unmapped_topic", "d", b"x" * 5000)])
-    assert log.quarantine_count() == 5
-    assert all(len(q.payload) <= 1024 for q in log.quarantined())
+    assert log.quarantine.count() == 5
+    assert all(len(q.payload) <= 1024 for q in log.quarantine.newest())
 
 
 def test_log_of_another_ship_is_refused(tmp_path: Path) -> None:
