@@ -20,6 +20,7 @@ __all__ = [
     "metrics",
     "migrations",
     "numbering",
+    "quarantine",
     "redelivery",
     "retention",
     "rules",
