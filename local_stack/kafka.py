@@ -1,4 +1,13 @@
-"""A single-node KRaft Kafka broker (one per site), run from the Maven-assembled jars."""
+"""A single-node KRaft Kafka broker (one per site), run from the Maven-assembled jars.
+
+Plain by default (tests of everything but access control). With a
+:class:`BrokerSecurity`, the broker is what a site runs in production: clients (and the
+link listeners) speak SASL/SCRAM-SHA-512 over TLS, the controller listener takes only
+the broker's own certificate (mutual TLS), and the KRaft ``StandardAuthorizer`` allows
+nothing that no ACL grants; ``admin`` (SCRAM credentials written at format time) and
+the broker itself are the super users. ``shorelink-spark access apply`` creates the
+other principals and their ACLs (spark_core/access.py).
+"""
 
 from __future__ import annotations
 
@@ -12,9 +21,18 @@ from confluent_kafka.admin import AdminClient
 
 from local_stack.errors import StackError
 from local_stack.process import Proc, free_ports, port_open
+from local_stack.tls import Authority
 from local_stack.tools import kafka_classpath, kafka_log4j_config
+from shorelink.config import Secret
+from shorelink.kafka_auth import KafkaAuth, client_config
 
-__all__ = ["KafkaBroker", "LinkListener", "link_listener_properties", "start_kafka"]
+__all__ = [
+    "BrokerSecurity",
+    "KafkaBroker",
+    "LinkListener",
+    "link_listener_properties",
+    "start_kafka",
+]
 
 HOST = "127.0.0.1"
 
@@ -24,11 +42,11 @@ SERVER_PROPERTIES = """\
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@{host}:{cport}
-listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}{links}
-advertised.listeners=PLAINTEXT://{host}:{port}{advertised}
+listeners={client}://{host}:{port},CONTROLLER://{host}:{cport}{links}
+advertised.listeners={client}://{host}:{port}{advertised}
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT{protocols}
-inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map={client}:{client},CONTROLLER:{controller}{protocols}
+inter.broker.listener.name={client}
 log.dirs={data}
 num.partitions=1
 auto.create.topics.enable=false
@@ -43,6 +61,51 @@ group.initial.rebalance.delay.ms=0
 transaction.max.timeout.ms=900000
 log.retention.hours=168
 """
+
+
+@dataclass(frozen=True)
+class BrokerSecurity:
+    """SASL/SCRAM over TLS with ACLs: the CA that issues the broker's certificate and
+    the super user's credentials (written into the storage at format time)."""
+
+    authority: Authority
+    admin_password: str
+    admin_user: str = "admin"
+
+    def admin_auth(self) -> KafkaAuth:
+        return KafkaAuth(self.admin_user, Secret(self.admin_password), self.authority.ca_cert)
+
+
+SECURE_PROPERTIES = """\
+sasl.enabled.mechanisms=SCRAM-SHA-512
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
+ssl.keystore.type=PEM
+ssl.keystore.location={keystore}
+ssl.truststore.type=PEM
+ssl.truststore.location={ca}
+listener.name.controller.ssl.client.auth=required
+ssl.principal.mapping.rules=RULE:^CN=([^,]+)$/$1/,DEFAULT
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:{admin};User:{broker}
+"""
+
+
+def _secure_properties(sec: BrokerSecurity, site: str, listeners: list[str]) -> str:
+    """The security part of server.properties; ``listeners``: the SASL ones' names."""
+    broker = f"kafka-{site}"
+    issued = sec.authority.issue(broker)
+    jaas = (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        f'username="{sec.admin_user}" password="{sec.admin_password}";'
+    )
+    text = SECURE_PROPERTIES.format(
+        keystore=issued.bundle, ca=sec.authority.ca_cert, admin=sec.admin_user, broker=broker
+    ) + "".join(
+        f"listener.name.{name.lower()}.scram-sha-512.sasl.jaas.config={jaas}\n"
+        for name in listeners
+    )
+    return text
 
 
 @dataclass(frozen=True)
@@ -64,10 +127,16 @@ class KafkaBroker:
     controller_port: int
     proc: Proc
     links: dict[str, LinkListener] = field(default_factory=dict)
+    security: BrokerSecurity | None = None
 
     @property
     def bootstrap(self) -> str:
         return f"{HOST}:{self.port}"
+
+    @property
+    def admin(self) -> KafkaAuth:
+        """How a super user connects (nothing for a plain broker)."""
+        return self.security.admin_auth() if self.security else KafkaAuth()
 
     def link_bootstrap(self, name: str) -> str:
         """Where a client of link ``name`` bootstraps (the proxy's address)."""
@@ -77,13 +146,15 @@ class KafkaBroker:
         if not port_open(HOST, self.port):
             return False
         try:
-            AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=2)
+            AdminClient(client_config(self.bootstrap, self.admin)).list_topics(timeout=2)
         except KafkaException:
             return False
         return True
 
 
-def link_listener_properties(links: dict[str, LinkListener]) -> dict[str, str]:
+def link_listener_properties(
+    links: dict[str, LinkListener], protocol: str = "PLAINTEXT"
+) -> dict[str, str]:
     """The ``listeners``, ``advertised.listeners`` and protocol map additions for
     ``links`` (names become listener names: upper case, letters and digits)."""
     names = {n: "LINK" + "".join(c for c in n.upper() if c.isalnum()) for n in links}
@@ -92,7 +163,7 @@ def link_listener_properties(links: dict[str, LinkListener]) -> dict[str, str]:
     return {
         "links": "".join(f",{names[n]}://{HOST}:{ln.port}" for n, ln in links.items()),
         "advertised": "".join(f",{names[n]}://{HOST}:{ln.advertised}" for n, ln in links.items()),
-        "protocols": "".join(f",{names[n]}:PLAINTEXT" for n in links),
+        "protocols": "".join(f",{names[n]}:{protocol}" for n in links),
     }
 
 
@@ -127,8 +198,10 @@ def start_kafka(
     properties: dict[str, str] | None = None,
     links: dict[str, LinkListener] | None = None,
     jvm_opts: tuple[str, ...] = (),
+    security: BrokerSecurity | None = None,
 ) -> KafkaBroker:
     """Format (first time only) and start a broker for ``site`` under ``root``;
+    ``security``: SASL/SCRAM over TLS with ACLs (:class:`BrokerSecurity`);
     ``properties`` add to (or override) the broker's server.properties; ``links``:
     one more listener per name (:class:`LinkListener`); ``jvm_opts``: more JVM flags
     (e.g. the quick-start JIT of a short demo). A caller that reserves other
@@ -144,9 +217,24 @@ def start_kafka(
     root.mkdir(parents=True, exist_ok=True)
     props = root / "server.properties"
     extra = "".join(f"{k}={v}\n" for k, v in (properties or {}).items())
-    listeners = link_listener_properties(links or {})
+    client = "SASL_SSL" if security else "PLAINTEXT"
+    listeners = link_listener_properties(links or {}, client)
+    secure = ""
+    if security is not None:
+        names = [client] + [ln.split("://")[0] for ln in listeners["links"].split(",")[1:]]
+        secure = _secure_properties(security, site, names)
     props.write_text(
-        SERVER_PROPERTIES.format(host=HOST, port=port, cport=cport, data=data, **listeners) + extra
+        SERVER_PROPERTIES.format(
+            host=HOST,
+            port=port,
+            cport=cport,
+            data=data,
+            client=client,
+            controller="SSL" if security else "PLAINTEXT",
+            **listeners,
+        )
+        + secure
+        + extra
     )
     site_logs = logs / f"kafka-{site}"
     site_logs.mkdir(parents=True, exist_ok=True)
@@ -162,6 +250,15 @@ def start_kafka(
                 f"--cluster-id={cluster_id}",
                 "-c",
                 str(props),
+                *(
+                    (
+                        "--add-scram",
+                        f"SCRAM-SHA-512=[name={security.admin_user},"
+                        f"password={security.admin_password}]",
+                    )
+                    if security
+                    else ()
+                ),
                 logs=site_logs,
                 heap="256m",
             ),
@@ -175,7 +272,7 @@ def start_kafka(
         _java_argv("kafka.Kafka", str(props), logs=site_logs, heap=heap, jvm_opts=jvm_opts),
         site_logs / "stdout.log",
     )
-    broker = KafkaBroker(site, port, cport, proc, dict(links or {}))
+    broker = KafkaBroker(site, port, cport, proc, dict(links or {}), security)
     if wait:
         proc.wait_ready(broker.ready, timeout=90)
     return broker

@@ -58,7 +58,8 @@ class Authority:
 
     def issue(self, name: str, *, client: bool = False) -> Issued:
         """A certificate for ``name`` (its common name; also the file names), for a
-        server on the stack's addresses, or with ``client`` for a client (mutual TLS).
+        server on the stack's addresses (which may also present it as a client), or
+        with ``client`` for a client only (mutual TLS).
         Issued once: an existing one is returned."""
         if not name or not all(c.isalnum() or c in "-_." for c in name):
             raise StackError(f"certificate name {name!r}: letters, digits, - _ . only")
@@ -71,11 +72,14 @@ class Authority:
         ca_cert = x509.load_pem_x509_certificate(self.ca_cert.read_bytes())
         assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
         key = ec.generate_private_key(ec.SECP256R1())
-        usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+        # a server is a client too (a broker of its controller, over mutual TLS)
+        usage = [ExtendedKeyUsageOID.CLIENT_AUTH]
+        if not client:
+            usage.append(ExtendedKeyUsageOID.SERVER_AUTH)
         builder = (
             _builder(name, ca_cert.subject, key)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
             .add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
                 critical=False,

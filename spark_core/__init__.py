@@ -6,6 +6,7 @@ Its modules, one concept each, are listed in docs/ARCHITECTURE.md; it imports on
 """
 
 __all__ = [
+    "access",
     "ais",
     "cli",
     "config",

@@ -253,6 +253,66 @@ def topics_apply_cmd(
         sys.exit(1)
 
 
+@main.group("access")
+def access_group() -> None:
+    """The site's Kafka principals and ACLs (spark_core/access.py, docs/access-control.md)."""
+
+
+@access_group.command("apply")
+@click.option("--site", "site_name", required=True, help="Site whose principals and ACLs to apply.")
+@_config_opt
+@click.option("--dry-run", is_flag=True, help="Show what would change, change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of lines.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="Give up on Kafka after this many seconds (default: the site's kafka.timeout).",
+)
+def access_apply_cmd(
+    site_name: str, config_path: Path, dry_run: bool, as_json: bool, timeout: float | None
+) -> None:
+    """Create the site's principals (SCRAM users) and their ACLs, as the site's admin
+    ([sites.S.access] admin_username, admin_password).
+
+    Idempotent: a user whose password works is left alone, an existing ACL is kept, an
+    ACL the file no longer grants to a principal it manages is deleted. Prints one line
+    per change (+ added, - removed, ~ password set). Exit 2 if Kafka cannot be reached
+    or refuses the admin."""
+    import json
+
+    from shorelink.cli_support import fail
+    from shorelink.errors import ShorelinkError
+    from spark_core.access import apply_access, plan_access
+
+    cfg = load_or_exit(load_config, config_path)
+    site = load_or_exit(lambda _: cfg.site(site_name), config_path)
+    try:
+        plan = plan_access(cfg, site.name)
+        changes = apply_access(
+            plan,
+            site.kafka_bootstrap,
+            site.admin_auth(),
+            dry_run=dry_run,
+            timeout=timeout or site.kafka_timeout_s,
+        )
+    except ShorelinkError as exc:
+        fail(exc)
+    if as_json:
+        click.echo(json.dumps({**changes.to_json(), "dry_run": dry_run}, indent=1))
+        return
+    verb = "would change" if dry_run else "changed"
+    if not changes.changed:
+        click.echo(
+            f"site {site.name}: {len(plan.users)} principals and {changes.unchanged} ACLs "
+            "are as the file says; nothing to change"
+        )
+        return
+    click.echo(f"site {site.name} ({site.kafka_bootstrap}): {verb}")
+    for line in changes.lines():
+        click.echo(f"  {line}")
+
+
 @main.command("status")
 @click.option("--site", "site_name", required=True, help="Site whose application to show.")
 @_config_opt

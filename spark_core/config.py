@@ -11,13 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from shorelink.config import LOG_LEVELS, Section, check_name_field, key, read, read_key
+from shorelink.config import LOG_LEVELS, Secret, Section, check_name_field, key, read, read_key
 from shorelink.config import load_config as load_file
 from shorelink.errors import ConfigError
+from shorelink.kafka_auth import KafkaAuth
 from shorelink.topics import Durability
 
 __all__ = [
+    "AccessConfig",
     "MergeConfig",
+    "Principal",
     "ReplicationConfig",
     "SiteConfig",
     "SitesConfig",
@@ -80,6 +83,34 @@ class ReplicationConfig:
     #: how this site reaches a neighbour's Kafka when not at that site's
     #: ``kafka.bootstrap`` (``[sites.S.replication.via]``: neighbour = "host:port")
     via: tuple[tuple[str, str], ...] = ()
+    #: the principal this site's application is at its neighbours' Kafkas (SASL user
+    #: ``site-<name>`` by default when a password is set; "" with no password: none)
+    username: str = ""
+    #: its password (``${ENV}``); ``access apply`` at each neighbour sets it
+    password: Secret = field(default=Secret(""), metadata=key(kind="secret"))
+
+
+@dataclass(frozen=True)
+class Principal:
+    """A SASL user: its name and password (``${ENV}``)."""
+
+    username: str
+    password: Secret = field(default=Secret(""), metadata=key(kind="secret"))
+
+
+@dataclass(frozen=True)
+class AccessConfig:
+    """Who administers the site's Kafka, and the gateway's principal there
+    (``[sites.S.access]``; ``shorelink-spark access apply``, spark_core/access.py)."""
+
+    #: a super user of the site's Kafka: creates the other principals and the ACLs
+    admin_username: str = "admin"
+    admin_password: Secret = field(default=Secret(""), metadata=key(kind="secret"))
+    #: the site's gateway: writes the ingress topics and its cursor, nothing else
+    gateway_username: str = ""
+    gateway_password: Secret = field(default=Secret(""), metadata=key(kind="secret"))
+    #: the gateway's ``kafka.transactional_id`` (default ``shorelink-gateway-<site>``)
+    gateway_transactional_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -124,6 +155,10 @@ class SiteConfig:
     neighbours: tuple[str, ...] = field(default=(), metadata=key(names="site"))
     trigger_interval_s: float = field(default=2.0, metadata=key("trigger_interval"))
     kafka_timeout_s: float = field(default=30.0, metadata=key("kafka.timeout"))
+    #: how the site's application authenticates at its own Kafka (and which CA its
+    #: brokers' certificates are verified against, at neighbours too):
+    #: ``kafka.username``, ``kafka.password``, ``kafka.ca_file``, ``kafka.mechanism``
+    kafka_auth: KafkaAuth = field(default_factory=KafkaAuth, metadata=key("kafka"))
     #: replication of the topics the site's application creates
     durability: Durability = field(
         default_factory=Durability, metadata=key("kafka", parse=Durability.from_section)
@@ -131,6 +166,7 @@ class SiteConfig:
     tables: bool = False
     merge: MergeConfig = field(default_factory=MergeConfig)
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+    access: AccessConfig = field(default_factory=AccessConfig)
     #: per stream: partitions and retention at this site (``[sites.S.topics.<stream>]``)
     topics: dict[str, StreamPolicy] = field(default_factory=dict, metadata=key(names="stream"))
 
@@ -153,6 +189,21 @@ class SiteConfig:
         """The bootstrap this site reads ``neighbour``'s Kafka at."""
         return dict(self.replication.via).get(neighbour.name, neighbour.kafka_bootstrap)
 
+    def admin_auth(self) -> KafkaAuth:
+        """How ``access apply`` (and ``topics apply``) connects: the site's admin."""
+        a = self.access
+        if not a.admin_password:
+            return self.kafka_auth
+        return self.kafka_auth.as_user(a.admin_username, a.admin_password)
+
+    def auth_at(self, neighbour: SiteConfig) -> KafkaAuth:
+        """How this site's application authenticates at ``neighbour``'s Kafka: as its
+        neighbour principal, verifying the neighbour's CA."""
+        n = neighbour.kafka_auth
+        if not self.replication.username:
+            return KafkaAuth(ca_file=n.ca_file, mechanism=n.mechanism)
+        return n.as_user(self.replication.username, self.replication.password)
+
     @property
     def urgent_streams(self) -> tuple[str, ...]:
         return tuple(s for s in self.streams if s in self.replication.urgent)
@@ -167,6 +218,8 @@ class SitesConfig:
     sites: dict[str, SiteConfig]
     spark: SparkConfig = field(default_factory=SparkConfig)
     log_level: str = field(default="info", metadata=key(choices=LOG_LEVELS))
+    #: Big Blue's staff: read everything at every site (``[[staff]]``)
+    staff: tuple[Principal, ...] = ()
 
     def neighbours_of(self) -> dict[str, tuple[str, ...]]:
         """The replication graph: each site -> the sites it pulls from."""
@@ -190,7 +243,11 @@ def _site(name: str, sec: Section, base: Path | None) -> SiteConfig:
     merge = read(
         MergeConfig, sec.section("merge"), defaults={"transactional_id": f"shorelink-merge-{name}"}
     )
-    replication = read(ReplicationConfig, sec.section("replication"))
+    replication = read(
+        ReplicationConfig,
+        sec.section("replication"),
+        defaults={"username": f"site-{name}" if _has(sec, "replication", "password") else ""},
+    )
     inherited = StreamPolicy(
         merge.canonical_partitions, merge.canonical_retention_ms, replication.relay_retention_ms
     )
@@ -202,7 +259,15 @@ def _site(name: str, sec: Section, base: Path | None) -> SiteConfig:
         name=name,
         merge=merge,
         replication=replication,
-        defaults={"topics": dict.fromkeys(streams, inherited)},
+        defaults={
+            "topics": dict.fromkeys(streams, inherited),
+            "access": AccessConfig(
+                gateway_username=f"gateway-{name}"
+                if _has(sec, "access", "gateway_password")
+                else "",
+                gateway_transactional_id=f"shorelink-gateway-{name}",
+            ),
+        },
     )
     if not cfg.streams:
         raise ConfigError(sec.field("streams"), "list at least one stream")
@@ -215,6 +280,10 @@ def _site(name: str, sec: Section, base: Path | None) -> SiteConfig:
         if not bootstrap:
             raise ConfigError(f"{sec.path}.replication.via.{n}", "empty bootstrap")
     return cfg
+
+
+def _has(sec: Section, table: str, key: str) -> bool:
+    return sec.has(table) and sec.section(table).has(key)
 
 
 def _inherit_retention(cfg: SiteConfig, sec: Section) -> SiteConfig:

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from local_stack.kafka import KafkaBroker, start_kafka
+from local_stack.kafka import BrokerSecurity, KafkaBroker, start_kafka
 from local_stack.mosquitto import MosquittoBroker, start_mosquitto
 from local_stack.process import stop_procs
+from local_stack.tls import make_authority
 from local_stack.toxiproxy import Toxiproxy, ToxiproxyServer, start_toxiproxy
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -57,6 +58,20 @@ def kafka_sites(stack_root: Path) -> Iterator[Callable[..., dict[str, KafkaBroke
 def kafka(kafka_sites: Callable[..., dict[str, KafkaBroker]]) -> KafkaBroker:
     """The session's default site broker."""
     return kafka_sites("site")["site"]
+
+
+@pytest.fixture(scope="session")
+def secure_kafka(stack_root: Path) -> Iterator[KafkaBroker]:
+    """A broker as a site runs it in production: SASL/SCRAM over TLS, the KRaft
+    StandardAuthorizer, nothing allowed that no ACL grants (``broker.admin``: the super
+    user; ``broker.security.authority``: the CA)."""
+    root = stack_root / "secure"
+    security = BrokerSecurity(make_authority(root / "tls"), f"admin-{uuid.uuid4().hex}")
+    broker = start_kafka(
+        "secure", root / "kafka", stack_root / "logs", heap="384m", security=security
+    )
+    yield broker
+    stop_procs([broker.proc], grace=10)
 
 
 @pytest.fixture

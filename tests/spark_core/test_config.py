@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,16 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "deploy" / "spark" / "sites.toml"
 
 
+@pytest.fixture(autouse=True)
+def sample_secrets(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The secrets the sample names as ``${ENV}`` (it has no default for them)."""
+    names = re.findall(r"\$\{([A-Z0-9_]+)\}", SAMPLE.read_text())
+    env = {n: f"pw-{n.lower()}" for n in names}
+    for n, v in env.items():
+        monkeypatch.setenv(n, v)
+    return env
+
+
 def test_sample_sites_file_loads_with_its_defaults() -> None:
     cfg = load_config(SAMPLE)
     tokyo = cfg.site("tokyo")
@@ -24,6 +35,15 @@ def test_sample_sites_file_loads_with_its_defaults() -> None:
     assert tokyo.merge.canonical_partitions == 6 and tokyo.merge.canonical_retention_ms is None
     assert cfg.site("hq").merge.transactional_id == "shorelink-merge-hq"
     assert cfg.site("hq").tables and cfg.site("hq").trigger_interval_s == 2.0
+    # credentials: ${ENV} secrets, never printed
+    assert tokyo.kafka_auth.protocol == "SASL_SSL" and tokyo.kafka_auth.username == "spark-tokyo"
+    assert tokyo.kafka_auth.password.value == "pw-sl_spark_tokyo_password"
+    assert "pw-" not in repr(tokyo)
+    assert tokyo.replication.username == "site-tokyo"
+    assert tokyo.access.gateway_transactional_id == "shorelink-gateway-tokyo"
+    assert [p.username for p in cfg.staff] == ["ops"]
+    # a site whose Kafka is plain (no credentials in its table) is reached without SASL
+    assert cfg.site("singapore").kafka_auth.protocol == "PLAINTEXT"
 
 
 def _site(extra: str = "", merge: str = "", name: str = "tokyo") -> dict[str, object]:

@@ -1,0 +1,376 @@
+"""Who may do what at a site's Kafka: principals (SCRAM users) and their ACLs.
+
+The sites file names every principal of a site (docs/access-control.md has the table):
+
+- the site's application (``[sites.S.kafka] username``): reads ingress and inboxes,
+  writes canonical, ledger, markers, dead letters, relays and customer streams;
+- the site's gateway (``[sites.S.access] gateway_username``): writes its ingress topics
+  and cursor, reads the ledger;
+- each site that replicates from this one (its ``[sites.N.replication] username``):
+  reads ``sl.relay.*`` and ``sl.links``, nothing else;
+- each customer (``customer-<name>``): reads its own ``sl.customer.<name>.*`` and
+  commits offsets under its own group prefix ``<name>.``;
+- Big Blue's staff (``[[staff]]``): read everything.
+
+:func:`plan_access` turns the file into users and ACL bindings; :func:`apply_access`
+brings the site's Kafka to them as the site's admin, idempotently: a user whose
+password already works is left alone, an ACL that exists is not created again, and an
+ACL of a principal this file manages that the file no longer grants is deleted. It
+returns what it changed; ``shorelink-spark access apply`` prints it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialAlteration,
+    UserScramCredentialUpsertion,
+)
+
+from shorelink.config import Secret
+from shorelink.contract import (
+    GATEWAY_CURSOR_TOPIC,
+    LEDGER_TOPIC,
+    LINKS_TOPIC,
+    MARKER_TOPIC,
+    canonical_topic,
+)
+from shorelink.errors import ShorelinkError
+from shorelink.kafka_auth import KafkaAuth, client_config
+from spark_core.config import SiteConfig, SitesConfig
+
+__all__ = [
+    "CUSTOMER_PREFIX",
+    "AccessChanges",
+    "AccessError",
+    "AccessPlan",
+    "Grant",
+    "apply_access",
+    "customer_group_prefix",
+    "customer_principal",
+    "plan_access",
+]
+
+log = logging.getLogger(__name__)
+
+#: a customer's principal is ``customer-<name>``
+CUSTOMER_PREFIX = "customer-"
+#: SCRAM iterations of the users this module creates (Kafka's minimum is 4096)
+SCRAM_ITERATIONS = 8192
+
+LITERAL, PREFIXED = "literal", "prefixed"
+TOPIC, GROUP, TXN = "topic", "group", "transactional_id"
+
+_READ = ("READ", "DESCRIBE")
+_OWN = ("READ", "WRITE", "CREATE", "DESCRIBE", "ALTER", "ALTER_CONFIGS", "DESCRIBE_CONFIGS")
+
+
+class AccessError(ShorelinkError):
+    """The site's Kafka refused or failed an access change (or could not be reached)."""
+
+
+def customer_principal(customer: str) -> str:
+    return f"{CUSTOMER_PREFIX}{customer}"
+
+
+def customer_group_prefix(customer: str) -> str:
+    """The consumer groups a customer may use: ``<name>.`` and below."""
+    return f"{customer}."
+
+
+def customer_topic_prefix(customer: str) -> str:
+    return f"sl.customer.{customer}."
+
+
+@dataclass(frozen=True, order=True)
+class Grant:
+    """One ALLOW ACL: ``principal`` may ``operation`` on a resource."""
+
+    principal: str  # the SASL user (User:<principal>)
+    resource: str  # topic | group | transactional_id
+    name: str
+    pattern: str  # literal | prefixed
+    operation: str  # READ, WRITE, ...
+
+    def _args(self) -> tuple[Any, ...]:
+        return (
+            _RESOURCES[self.resource],
+            self.name,
+            _PATTERNS[self.pattern],
+            f"User:{self.principal}",
+            "*",
+            AclOperation[self.operation],
+            AclPermissionType.ALLOW,
+        )
+
+    def binding(self) -> AclBinding:
+        return AclBinding(*self._args())
+
+    def filter(self) -> AclBindingFilter:
+        """Matches exactly this ACL (for deleting it)."""
+        return AclBindingFilter(*self._args())
+
+    def __str__(self) -> str:
+        star = "*" if self.pattern == PREFIXED else ""
+        return f"User:{self.principal} {self.operation} {self.resource} {self.name}{star}"
+
+
+_RESOURCES = {
+    TOPIC: ResourceType.TOPIC,
+    GROUP: ResourceType.GROUP,
+    TXN: ResourceType.TRANSACTIONAL_ID,
+}
+_PATTERNS = {LITERAL: ResourcePatternType.LITERAL, PREFIXED: ResourcePatternType.PREFIXED}
+
+
+@dataclass
+class AccessPlan:
+    site: str
+    #: SASL user -> password
+    users: dict[str, Secret] = field(default_factory=dict)
+    grants: set[Grant] = field(default_factory=set)
+
+    def allow(
+        self, principal: str, resource: str, name: str, pattern: str, ops: Iterable[str]
+    ) -> None:
+        self.grants |= {Grant(principal, resource, name, pattern, op) for op in ops}
+
+    def user(self, name: str, password: Secret, what: str) -> None:
+        if not password:
+            raise AccessError(f"{what}: no password for {name} (write it as ${{ENV}})")
+        old = self.users.get(name)
+        if old is not None and old != password:
+            raise AccessError(f"{what}: user {name} is named twice with different passwords")
+        self.users[name] = password
+
+
+@dataclass
+class AccessChanges:
+    site: str
+    users_created: list[str] = field(default_factory=list)
+    passwords_set: list[str] = field(default_factory=list)
+    added: list[Grant] = field(default_factory=list)
+    removed: list[Grant] = field(default_factory=list)
+    unchanged: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.users_created or self.passwords_set or self.added or self.removed)
+
+    def lines(self) -> list[str]:
+        return (
+            [f"+ user {u}" for u in self.users_created]
+            + [f"~ password {u}" for u in self.passwords_set]
+            + [f"+ allow {g}" for g in self.added]
+            + [f"- allow {g}" for g in self.removed]
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "site": self.site,
+            "users_created": self.users_created,
+            "passwords_set": self.passwords_set,
+            "added": [str(g) for g in self.added],
+            "removed": [str(g) for g in self.removed],
+            "unchanged": self.unchanged,
+        }
+
+
+def plan_access(
+    sites: SitesConfig, site: str, customers: Mapping[str, Secret] | None = None
+) -> AccessPlan:
+    """The users and ACLs ``site``'s Kafka should have. ``customers``: customer name ->
+    password of its principal."""
+    s = sites.site(site)
+    plan = AccessPlan(site)
+    _application(plan, s)
+    _gateway(plan, s)
+    for other in sites.sites.values():
+        if site in other.neighbours and other.replication.username:
+            _neighbour(plan, other)
+    for name, password in sorted((customers or {}).items()):
+        who = customer_principal(name)
+        plan.user(who, password, f"customers.{name}")
+        plan.allow(who, TOPIC, customer_topic_prefix(name), PREFIXED, _READ)
+        plan.allow(who, GROUP, customer_group_prefix(name), PREFIXED, ("READ", "DESCRIBE"))
+    for i, p in enumerate(sites.staff):
+        plan.user(p.username, p.password, f"staff[{i}]")
+        plan.allow(p.username, TOPIC, "*", LITERAL, (*_READ, "DESCRIBE_CONFIGS"))
+        plan.allow(p.username, GROUP, "*", LITERAL, ("READ", "DESCRIBE"))
+    return plan
+
+
+def _application(plan: AccessPlan, s: SiteConfig) -> None:
+    who = s.kafka_auth.username
+    if not who:
+        return
+    plan.user(who, s.kafka_auth.password, f"sites.{s.name}.kafka")
+    # what it reads and purges: the gateway's ingress; what replication appends and the
+    # merge reads and purges: the inboxes
+    plan.allow(who, TOPIC, "sl.ingress.", PREFIXED, (*_READ, "DELETE", "DESCRIBE_CONFIGS"))
+    plan.allow(who, TOPIC, "sl.inbox.", PREFIXED, (*_OWN, "DELETE"))
+    # what it alone writes
+    for topic in [canonical_topic(st) for st in s.streams] + [LEDGER_TOPIC, MARKER_TOPIC]:
+        plan.allow(who, TOPIC, topic, LITERAL, _OWN)
+    plan.allow(who, TOPIC, LINKS_TOPIC, LITERAL, _OWN)
+    for prefix in ("sl.dead.", "sl.relay.", "sl.customer."):
+        plan.allow(who, TOPIC, prefix, PREFIXED, _OWN)
+    # the merges' transactions (the urgent merge's id is the site's plus a suffix)
+    plan.allow(who, TXN, s.merge.transactional_id, PREFIXED, ("WRITE", "DESCRIBE"))
+    # Spark's Kafka source and the application's own readers name their groups so
+    for prefix in ("spark-kafka-source-", "shorelink-"):
+        plan.allow(who, GROUP, prefix, PREFIXED, ("READ", "DESCRIBE"))
+
+
+def _gateway(plan: AccessPlan, s: SiteConfig) -> None:
+    who = s.access.gateway_username
+    if not who:
+        return
+    plan.user(who, s.access.gateway_password, f"sites.{s.name}.access")
+    plan.allow(who, TOPIC, "sl.ingress.", PREFIXED, ("WRITE", "CREATE", *_READ))
+    plan.allow(who, TOPIC, GATEWAY_CURSOR_TOPIC, LITERAL, ("WRITE", "CREATE", *_READ))
+    plan.allow(who, TOPIC, LEDGER_TOPIC, LITERAL, _READ)
+    plan.allow(who, TXN, s.access.gateway_transactional_id, LITERAL, ("WRITE", "DESCRIBE"))
+    plan.allow(who, GROUP, "shorelink-gateway-", PREFIXED, ("READ", "DESCRIBE"))
+
+
+def _neighbour(plan: AccessPlan, other: SiteConfig) -> None:
+    who = other.replication.username
+    plan.user(who, other.replication.password, f"sites.{other.name}.replication")
+    plan.allow(who, TOPIC, "sl.relay.", PREFIXED, _READ)
+    plan.allow(who, TOPIC, LINKS_TOPIC, LITERAL, _READ)
+    plan.allow(who, GROUP, f"shorelink-links-{other.name}", LITERAL, ("READ", "DESCRIBE"))
+    plan.allow(who, GROUP, "spark-kafka-source-", PREFIXED, ("READ", "DESCRIBE"))
+
+
+def apply_access(
+    plan: AccessPlan,
+    bootstrap: str,
+    admin: KafkaAuth,
+    *,
+    dry_run: bool = False,
+    timeout: float = 30.0,
+) -> AccessChanges:
+    """Bring the Kafka at ``bootstrap`` to ``plan`` as ``admin`` (a super user)."""
+    client = AdminClient(client_config(bootstrap, admin))
+    changes = AccessChanges(plan.site)
+    try:
+        _users(client, plan, bootstrap, admin, changes, dry_run, timeout)
+        _acls(client, plan, changes, dry_run, timeout)
+    except KafkaException as exc:
+        raise AccessError(f"access at {bootstrap} (as {admin.username}): {exc}") from exc
+    for line in changes.lines():
+        log.info("event=access_%s site=%s %s", "planned" if dry_run else "changed", plan.site, line)
+    return changes
+
+
+def _users(
+    client: AdminClient,
+    plan: AccessPlan,
+    bootstrap: str,
+    admin: KafkaAuth,
+    changes: AccessChanges,
+    dry_run: bool,
+    timeout: float,
+) -> None:
+    described = cast(Future, client.describe_user_scram_credentials(None))
+    existing = set(described.result(timeout))
+    upserts: list[UserScramCredentialAlteration] = []
+    for user, password in sorted(plan.users.items()):
+        if user in existing:
+            if _password_works(bootstrap, admin.as_user(user, password), timeout):
+                continue
+            changes.passwords_set.append(user)
+        else:
+            changes.users_created.append(user)
+        upserts.append(
+            UserScramCredentialUpsertion(
+                user,
+                ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS),
+                password.value.encode(),
+            )
+        )
+    if upserts and not dry_run:
+        for fut in client.alter_user_scram_credentials(upserts).values():
+            fut.result(timeout)
+
+
+def _password_works(bootstrap: str, auth: KafkaAuth, timeout: float) -> bool:
+    conf = client_config(bootstrap, auth)
+    conf["socket.timeout.ms"] = int(timeout * 1000)
+    try:
+        AdminClient(conf).list_topics(timeout=min(timeout, 5.0))
+    except KafkaException:
+        return False
+    return True
+
+
+def _acls(
+    client: AdminClient, plan: AccessPlan, changes: AccessChanges, dry_run: bool, timeout: float
+) -> None:
+    # None: any name, principal, host (the stubs say str; the client takes None)
+    anything = AclBindingFilter(
+        ResourceType.ANY,
+        cast(str, None),
+        ResourcePatternType.ANY,
+        cast(str, None),
+        cast(str, None),
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
+    existing: set[Grant] = set()
+    for b in client.describe_acls(anything).result(timeout):
+        grant = _grant_of(b)
+        if grant is not None:
+            existing.add(grant)
+    managed = set(plan.users) | {
+        g.principal for g in existing if g.principal.startswith(CUSTOMER_PREFIX)
+    }
+    changes.added = sorted(plan.grants - existing)
+    changes.removed = sorted(g for g in existing - plan.grants if g.principal in managed)
+    changes.unchanged = len(plan.grants & existing)
+    if dry_run:
+        return
+    if changes.added:
+        for fut in client.create_acls([g.binding() for g in changes.added]).values():
+            fut.result(timeout)
+    if changes.removed:
+        for fut in client.delete_acls([g.filter() for g in changes.removed]).values():
+            fut.result(timeout)
+
+
+def _grant_of(b: AclBinding) -> Grant | None:
+    """The :class:`Grant` an existing ALLOW binding of a user on a resource this module
+    manages stands for; None for anything else (left alone)."""
+    kinds = {v: k for k, v in _RESOURCES.items()}
+    patterns = {v: k for k, v in _PATTERNS.items()}
+    if (
+        b.permission_type != AclPermissionType.ALLOW
+        or b.restype not in kinds
+        or b.resource_pattern_type not in patterns
+        or not b.principal.startswith("User:")
+        or b.host != "*"
+    ):
+        return None
+    return Grant(
+        b.principal.removeprefix("User:"),
+        kinds[b.restype],
+        b.name,
+        patterns[b.resource_pattern_type],
+        AclOperation(b.operation).name,
+    )

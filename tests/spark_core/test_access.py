@@ -1,0 +1,339 @@
+"""Who may do what at a site's Kafka, on a real broker with SASL/SCRAM over TLS and the
+KRaft StandardAuthorizer: ``access apply`` creates principals and ACLs idempotently,
+and each principal can do what docs/access-control.md says and nothing else; every
+refused attempt writes nothing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from local_stack.kafka import KafkaBroker
+from shorelink.config import Secret
+from shorelink.kafka_auth import KafkaAuth, client_config
+from spark_core.access import AccessPlan, apply_access, plan_access
+from spark_core.config import SitesConfig, parse_config
+from tests.conftest import unique
+
+TOPICS = [
+    "sl.containers",
+    "sl.ledger",
+    "sl.ingress.containers",
+    "sl.relay.tokyo.containers",
+    "sl.inbox.hq.containers",
+    "sl.customer.acme.containers",
+    "sl.customer.globex.containers",
+]
+PASSWORDS = {
+    "spark-tokyo": "spark-pw",
+    "gateway-tokyo": "gateway-pw",
+    "site-hq": "hq-pw",
+    "ops": "ops-pw",
+    "customer-acme": "acme-pw",
+    "customer-globex": "globex-pw",
+}
+CUSTOMERS = {"acme": Secret("acme-pw"), "globex": Secret("globex-pw")}
+#: a consumer group each principal may use (a consumer names one even when it only
+#: assigns partitions, and the broker checks it)
+GROUPS = {
+    "spark-tokyo": "shorelink-test",
+    "gateway-tokyo": "shorelink-gateway-test",
+    "site-hq": "spark-kafka-source-test",
+    "ops": "ops-anything",
+    "customer-acme": "acme.reader",
+    "customer-globex": "globex.reader",
+}
+
+
+def _sites(broker: KafkaBroker) -> SitesConfig:
+    assert broker.security is not None
+    ca = str(broker.security.authority.ca_cert)
+    return parse_config(
+        {
+            "staff": [{"username": "ops", "password": "ops-pw"}],
+            "sites": {
+                "tokyo": {
+                    "streams": ["containers", "alerts"],
+                    "checkpoint_dir": "c",
+                    "table_dir": "t",
+                    "kafka": {
+                        "bootstrap": broker.bootstrap,
+                        "username": "spark-tokyo",
+                        "password": "spark-pw",
+                        "ca_file": ca,
+                    },
+                    "access": {
+                        "admin_username": broker.security.admin_user,
+                        "admin_password": broker.security.admin_password,
+                        "gateway_password": "gateway-pw",
+                    },
+                },
+                "hq": {
+                    "streams": ["containers", "alerts"],
+                    "neighbours": ["tokyo"],
+                    "checkpoint_dir": "c",
+                    "table_dir": "t",
+                    "kafka": {"bootstrap": "127.0.0.1:1", "ca_file": ca},
+                    "replication": {"password": "hq-pw"},
+                },
+            },
+        }
+    )
+
+
+@dataclass
+class Site:
+    broker: KafkaBroker
+    sites: SitesConfig
+    plan: AccessPlan
+    first: Any  # the first application's AccessChanges
+
+    def auth(self, user: str, password: str | None = None) -> KafkaAuth:
+        return self.broker.admin.as_user(user, password or PASSWORDS[user])
+
+    def conf(self, user: str, password: str | None = None, **extra: Any) -> dict[str, Any]:
+        c: dict[str, Any] = dict(client_config(self.broker.bootstrap, self.auth(user, password)))
+        c["group.id"] = GROUPS[user]
+        c.update(extra)
+        return c
+
+    def apply(self, plan: AccessPlan | None = None, **kw: Any) -> Any:
+        return apply_access(plan or self.plan, self.broker.bootstrap, self.broker.admin, **kw)
+
+    def count(self, topic: str) -> int:
+        """Records committed to ``topic`` (read as the admin)."""
+        return len(_read(self.conf_admin(), topic))
+
+    def conf_admin(self) -> dict[str, Any]:
+        return dict(client_config(self.broker.bootstrap, self.broker.admin))
+
+
+@pytest.fixture(scope="module")
+def site(secure_kafka: KafkaBroker) -> Iterator[Site]:
+    admin_conf = client_config(secure_kafka.bootstrap, secure_kafka.admin)
+    admin = AdminClient(admin_conf)
+    for fut in admin.create_topics([NewTopic(t, 1, 1) for t in TOPICS]).values():
+        try:
+            fut.result(30)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    p = Producer(admin_conf)
+    for t in TOPICS:
+        p.produce(t, key=b"k", value=f"first record of {t}".encode())
+    assert p.flush(30) == 0
+    sites = _sites(secure_kafka)
+    plan = plan_access(sites, "tokyo", CUSTOMERS)
+    first = apply_access(plan, secure_kafka.bootstrap, secure_kafka.admin)
+    yield Site(secure_kafka, sites, plan, first)
+
+
+def _read(conf: dict[str, Any], topic: str) -> list[bytes]:
+    """Every committed record of ``topic`` partition 0, as the client ``conf`` is; a
+    refusal raises the KafkaException the broker answered with."""
+    c = Consumer(
+        {
+            "group.id": unique("reader"),
+            **conf,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    out: list[bytes] = []
+    try:
+        # a topic the client may not describe comes back with the broker's error
+        err = c.list_topics(topic, timeout=30).topics[topic].error
+        if err is not None:
+            raise KafkaException(err)
+        c.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is None:
+                out.append(msg.value() or b"")
+            elif err.code() == KafkaError._PARTITION_EOF:
+                return out
+            else:
+                raise KafkaException(err)
+        raise AssertionError(f"{topic}: no end within 30 s")
+    finally:
+        c.close()
+
+
+def _refused(conf: dict[str, Any], topic: str) -> int:
+    with pytest.raises(KafkaException) as info:
+        _read(conf, topic)
+    return int(info.value.args[0].code())
+
+
+def _produce(conf: dict[str, Any], topic: str) -> KafkaError | None:
+    """One record; the delivery error (None: written)."""
+    errors: list[KafkaError | None] = []
+    conf = {k: v for k, v in conf.items() if k != "group.id"}
+    p = Producer({**conf, "message.timeout.ms": 10_000})
+    p.produce(topic, b"refused?", key=b"k", on_delivery=lambda e, _m: errors.append(e))
+    p.flush(20)
+    assert errors, f"no delivery report for {topic}"
+    return errors[0]
+
+
+def test_apply_creates_the_principals_then_changes_nothing(site: Site) -> None:
+    assert sorted(site.first.users_created) == sorted(PASSWORDS)
+    assert len(site.first.added) == len(site.plan.grants) and not site.first.removed
+    again = site.apply()
+    assert not again.changed and again.unchanged == len(site.plan.grants)
+    assert again.lines() == []
+
+
+def test_apply_takes_back_what_the_file_no_longer_grants_and_resets_a_password(
+    site: Site,
+) -> None:
+    without = plan_access(site.sites, "tokyo", {"acme": CUSTOMERS["acme"]})
+    dry = site.apply(without, dry_run=True)
+    assert dry.removed and {g.principal for g in dry.removed} == {"customer-globex"}
+    assert site.apply().unchanged == len(site.plan.grants), "a dry run changes nothing"
+    site.apply(without)
+    # its group and its topics are taken back: whichever the broker checks first refuses
+    assert _refused(site.conf("customer-globex"), "sl.customer.globex.containers") in (
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+    )
+    new_pw = plan_access(site.sites, "tokyo", {**CUSTOMERS, "acme": Secret("acme-new")})
+    changed = site.apply(new_pw)
+    assert changed.passwords_set == ["customer-acme"]
+    assert {g.principal for g in changed.added} == {"customer-globex"}
+    assert _read(site.conf("customer-acme", "acme-new"), "sl.customer.acme.containers")
+    restored = site.apply()
+    assert restored.passwords_set == ["customer-acme"] and not restored.added
+
+
+def test_a_customer_reads_its_own_stream_and_nothing_else(site: Site) -> None:
+    acme = site.conf("customer-acme")
+    assert _read(acme, "sl.customer.acme.containers") == [
+        b"first record of sl.customer.acme.containers"
+    ]
+    for topic in (
+        "sl.customer.globex.containers",
+        "sl.containers",
+        "sl.ledger",
+        "sl.relay.tokyo.containers",
+    ):
+        assert _refused(acme, topic) == KafkaError.TOPIC_AUTHORIZATION_FAILED, topic
+    # offsets under its own group prefix, and nowhere else
+    c = Consumer({**acme, "group.id": "acme.dashboard", "enable.auto.commit": False})
+    try:
+        c.commit(offsets=[TopicPartition("sl.customer.acme.containers", 0, 1)], asynchronous=False)
+    finally:
+        c.close()
+    c = Consumer({**acme, "group.id": "globex.dashboard", "enable.auto.commit": False})
+    try:
+        c.subscribe(["sl.customer.acme.containers"])
+        deadline, code = time.monotonic() + 30, None
+        while code is None and time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is not None:
+                err = msg.error()
+                assert err is not None, "a group outside its prefix delivered a record"
+                code = err.code()
+        assert code == KafkaError.GROUP_AUTHORIZATION_FAILED
+    finally:
+        c.close()
+    # and it cannot write its own stream
+    assert _produce(acme, "sl.customer.acme.containers") is not None
+    assert site.count("sl.customer.acme.containers") == 1
+
+
+def test_the_gateway_writes_its_ingress_and_not_the_canonical_topics(site: Site) -> None:
+    gw = site.conf("gateway-tokyo")
+    gw.pop("group.id")
+    before = {t: site.count(t) for t in ("sl.ingress.containers", "sl.containers")}
+    delivered: dict[str, KafkaError | None] = {}
+    p = Producer(
+        {
+            **gw,
+            "transactional.id": "shorelink-gateway-tokyo",
+            "on_delivery": lambda e, m: delivered.__setitem__(m.topic(), e),
+        }
+    )
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce("sl.ingress.containers", b"from the gateway", key=b"k")
+    p.commit_transaction(30)
+    # the canonical topic: refused, and the transaction that tried is aborted whole
+    p.begin_transaction()
+    p.produce("sl.ingress.containers", b"same transaction", key=b"k")
+    p.produce("sl.containers", b"forged canonical", key=b"k")
+    with pytest.raises(KafkaException) as info:
+        p.commit_transaction(30)
+    assert info.value.args[0].txn_requires_abort()
+    failed = delivered["sl.containers"]
+    assert failed is not None and failed.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    p.abort_transaction(30)
+    assert site.count("sl.ingress.containers") == before["sl.ingress.containers"] + 1
+    assert site.count("sl.containers") == before["sl.containers"]
+    # another transactional.id (the merge's) is not the gateway's to take
+    with pytest.raises(KafkaException) as info:
+        Producer({**gw, "transactional.id": "shorelink-merge-tokyo"}).init_transactions(30)
+    assert info.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+
+def test_a_neighbour_reads_the_relay_and_writes_nothing(site: Site) -> None:
+    hq = site.conf("site-hq")
+    assert _read(hq, "sl.relay.tokyo.containers") == [b"first record of sl.relay.tokyo.containers"]
+    assert _refused(hq, "sl.containers") == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    for topic in ("sl.relay.tokyo.containers", "sl.inbox.hq.containers", "sl.containers"):
+        before = site.count(topic)
+        err = _produce(hq, topic)
+        assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, topic
+        assert site.count(topic) == before
+
+
+def test_the_application_writes_canonical_and_staff_read_everything(site: Site) -> None:
+    spark = site.conf("spark-tokyo")
+    before = site.count("sl.containers")
+    assert _produce(spark, "sl.containers") is None
+    assert site.count("sl.containers") == before + 1
+    assert _read(spark, "sl.ingress.containers")
+    ops = site.conf("ops")
+    for topic in TOPICS:
+        assert _read(ops, topic), topic
+    assert _produce(ops, "sl.ledger") is not None, "staff read, never write"
+
+
+def test_a_wrong_password_and_a_client_without_tls_are_refused(site: Site) -> None:
+    before = site.count("sl.ingress.containers")
+    seen: list[KafkaError] = []
+    wrong = site.conf("gateway-tokyo", "not-the-password", error_cb=seen.append)
+    refused = AdminClient(wrong)
+    with pytest.raises(KafkaException):
+        refused.list_topics(timeout=5)
+    refused.poll(1)  # serves the error callback
+    assert any(e.code() == KafkaError._AUTHENTICATION for e in seen), seen
+    err = _produce(wrong, "sl.ingress.containers")
+    assert err is not None
+    # the right password without TLS: the TLS listener never completes a handshake
+    plain = {
+        "bootstrap.servers": site.broker.bootstrap,
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "gateway-tokyo",
+        "sasl.password": PASSWORDS["gateway-tokyo"],
+        "socket.timeout.ms": 5000,
+    }
+    with pytest.raises(KafkaException):
+        AdminClient(plain).list_topics(timeout=8)
+    no_sasl = {**client_config(site.broker.bootstrap, KafkaAuth(ca_file=site.auth("ops").ca_file))}
+    no_sasl["socket.timeout.ms"] = 5000
+    with pytest.raises(KafkaException):
+        AdminClient(no_sasl).list_topics(timeout=8)
+    assert site.count("sl.ingress.containers") == before
