@@ -19,10 +19,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError
 
 from shorelink.config import Secret, key
+from shorelink.errors import ShorelinkError
 
-__all__ = ["MECHANISMS", "ClientConfig", "KafkaAuth", "client_config"]
+__all__ = [
+    "MECHANISMS",
+    "AuthWatch",
+    "ClientConfig",
+    "KafkaAuth",
+    "KafkaAuthError",
+    "client_config",
+]
 
 #: a confluent-kafka client's settings
 ClientConfig = dict[str, str | int | float | bool]
@@ -103,6 +114,32 @@ def client_config(bootstrap: str, auth: KafkaAuth | None = None) -> ClientConfig
     conf: ClientConfig = {"bootstrap.servers": bootstrap}
     conf.update((auth or KafkaAuth()).client_config())
     return conf
+
+
+class KafkaAuthError(ShorelinkError):
+    """The broker refused who the client says it is (a wrong user or password, a
+    certificate that does not verify): trying again will not help."""
+
+    retryable = False
+
+
+class AuthWatch:
+    """A client's ``error_cb`` that keeps the authentication failures librdkafka
+    reports (a refused login surfaces elsewhere only as a transport failure)."""
+
+    def __init__(self) -> None:
+        self.errors: list[KafkaError] = []
+
+    def __call__(self, err: KafkaError) -> None:
+        if err.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL):
+            self.errors.append(err)
+
+    def check(self, client: Any, what: str) -> None:
+        """Raise :class:`KafkaAuthError` if ``client`` (served its callbacks here) was
+        refused."""
+        client.poll(0.5)
+        if self.errors:
+            raise KafkaAuthError(f"{what}: {self.errors[-1].str()}")
 
 
 def _jaas_quote(text: str) -> str:

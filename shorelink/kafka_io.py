@@ -7,6 +7,8 @@ from collections.abc import Iterable, Iterator
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from shorelink.kafka_auth import KafkaAuth, client_config
+
 __all__ = ["Headers", "produce", "read_to_end"]
 
 Headers = list[tuple[str, str | bytes | None]]
@@ -19,6 +21,7 @@ def read_to_end(
     isolation: str = "read_committed",
     timeout: float = 60.0,
     extra: dict[str, object] | None = None,
+    auth: KafkaAuth | None = None,
 ) -> Iterator[Message]:
     """Yield every message of ``topics`` from the beginning up to their current end
     (the last stable offset under read_committed), then stop.
@@ -28,7 +31,7 @@ def read_to_end(
     within ``timeout`` seconds.
     """
     conf: dict[str, object] = {
-        "bootstrap.servers": bootstrap,
+        **client_config(bootstrap, auth),
         "group.id": "shorelink-read-to-end",
         "enable.auto.commit": False,
         "enable.partition.eof": True,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -29,6 +30,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from shorelink.config import Section, key, read
 from shorelink.contract import GATEWAY_CURSOR_TOPIC, KAFKA_MAX_MESSAGE_BYTES, ingress_topic
 from shorelink.errors import ConfigError, ShorelinkError
+from shorelink.kafka_auth import AuthWatch, KafkaAuth, client_config
 
 __all__ = [
     "Durability",
@@ -138,12 +140,14 @@ def gateway_cursor_spec() -> TopicSpec:
     return TopicSpec(GATEWAY_CURSOR_TOPIC, partitions=1, compacted=True)
 
 
-def producer_config(bootstrap: str, extra: dict[str, object] | None = None) -> dict[str, object]:
-    """What every shorelink producer sets: the cluster, ``acks=all`` (a record is
-    acknowledged once ``min.insync.replicas`` brokers hold it) and the size limit of
-    every hop; ``extra`` adds the rest (``transactional.id``, ...)."""
+def producer_config(
+    bootstrap: str, extra: dict[str, object] | None = None, *, auth: KafkaAuth | None = None
+) -> dict[str, object]:
+    """What every shorelink producer sets: the cluster and how to authenticate there,
+    ``acks=all`` (a record is acknowledged once ``min.insync.replicas`` brokers hold
+    it) and the size limit of every hop; ``extra`` adds the rest (``transactional.id``)."""
     return {
-        "bootstrap.servers": bootstrap,
+        **client_config(bootstrap, auth),
         "acks": "all",
         "message.max.bytes": KAFKA_MAX_MESSAGE_BYTES,
         **(extra or {}),
@@ -155,15 +159,20 @@ def ensure_topics(
     specs: Iterable[TopicSpec],
     timeout: float = 30.0,
     durability: Durability | None = None,
+    *,
+    auth: KafkaAuth | None = None,
 ) -> list[str]:
     """Create the topics that do not exist yet; return the names that were created."""
     specs = list(specs)
     if not specs:
         return []
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    watch = AuthWatch()
+    conf: dict[str, Any] = {**client_config(bootstrap, auth), "error_cb": watch}
+    admin = AdminClient(conf)
     try:
         md = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
+        watch.check(admin, f"Kafka at {bootstrap} refused {auth or 'the client'}")
         raise TopicError(f"cannot list topics at {bootstrap}: {exc}") from exc
     existing = set(md.topics)
     todo = [s for s in specs if s.name not in existing]

@@ -218,6 +218,7 @@ def topics_apply_cmd(
             timeout=timeout or site.kafka_timeout_s,
             dry_run=dry_run,
             strict=keyed_topics(site, cfg),
+            auth=site.admin_auth(),
         )
     except ShorelinkError as exc:
         fail(exc)

@@ -116,7 +116,9 @@ class Merger:
         self.busy = threading.Lock()
         self._producer: Producer | None = None
         self._ensured: set[str] = set()
-        self._purger = SourcePurger(site.kafka_bootstrap, timeout=site.kafka_timeout_s)
+        self._purger = SourcePurger(
+            site.kafka_bootstrap, timeout=site.kafka_timeout_s, auth=site.kafka_auth
+        )
         #: set once another merge of this site fenced this one (it never writes again)
         self.fenced: str | None = None
 
@@ -157,6 +159,7 @@ class Merger:
                     "partitioner": "murmur2_random",
                     "queue.buffering.max.messages": 1_000_000,
                 },
+                auth=self.site.kafka_auth,
             )
         )
         try:
@@ -170,6 +173,7 @@ class Merger:
             self.site.name,
             timeout=self.site.kafka_timeout_s * 2,
             query=self.query,
+            auth=self.site.kafka_auth,
         )
         log.info(
             "event=merge_ready site=%s sources=%d ranges=%d last_batch=%s",
@@ -188,6 +192,7 @@ class Merger:
                 todo,
                 timeout=self.site.kafka_timeout_s,
                 durability=self.site.durability,
+                auth=self.site.kafka_auth,
             )
             self._ensured.update(s.name for s in todo)
 
@@ -445,6 +450,7 @@ def start_merge(spark: Any, merger: Merger, *, available_now: bool = False) -> A
     df = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", site.kafka_bootstrap)
+        .options(**site.kafka_auth.spark_options())
         .option("subscribePattern", merger.source_pattern)
         .option("includeHeaders", "true")
         .option("startingOffsets", "earliest")

@@ -33,6 +33,7 @@ from shorelink.contract import (
 )
 from shorelink.errors import ContractError, ShorelinkError
 from shorelink.identity import check_name
+from shorelink.kafka_auth import KafkaAuth
 from shorelink.kafka_io import read_to_end
 from shorelink.ledger import MAX_HOLDINGS_RANGES, decode_entry
 from shorelink.ranges import RangeSet
@@ -99,7 +100,13 @@ class MergeState:
 
     @classmethod
     def load(
-        cls, bootstrap: str, site: str, timeout: float = 60.0, *, query: str = "merge"
+        cls,
+        bootstrap: str,
+        site: str,
+        timeout: float = 60.0,
+        *,
+        query: str = "merge",
+        auth: KafkaAuth | None = None,
     ) -> MergeState:
         """Read ``sl.ledger`` and this site query's marker to their committed end."""
         state = cls()
@@ -109,7 +116,7 @@ class MergeState:
             # waiting for data (fetch.wait.max.ms, 500 ms by default): start-up is quick
             topics = [LEDGER_TOPIC, MARKER_TOPIC]
             quick: dict[str, object] = {"fetch.wait.max.ms": 10}
-            for msg in read_to_end(bootstrap, topics, timeout=timeout, extra=quick):
+            for msg in read_to_end(bootstrap, topics, timeout=timeout, extra=quick, auth=auth):
                 value = msg.value()
                 if msg.topic() == MARKER_TOPIC:
                     if msg.key() == key and value:

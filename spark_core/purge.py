@@ -24,6 +24,7 @@ from functools import partial
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from shorelink.kafka_auth import KafkaAuth, client_config
 from shorelink.logs import RateLimitedLog
 from spark_core.merge_state import topic_stream
 
@@ -33,8 +34,10 @@ log = logging.getLogger(__name__)
 
 
 class SourcePurger:
-    def __init__(self, bootstrap: str, *, timeout: float = 30.0) -> None:
-        self._admin = AdminClient({"bootstrap.servers": bootstrap})
+    def __init__(
+        self, bootstrap: str, *, timeout: float = 30.0, auth: KafkaAuth | None = None
+    ) -> None:
+        self._admin = AdminClient(client_config(bootstrap, auth))
         self._timeout = timeout
         #: per source partition, the offset below which deletion was last requested
         self._purged: dict[tuple[str, int], int] = {}

@@ -30,6 +30,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from shorelink.contract import H_ORIGIN, H_SEQ, H_STREAM, LEDGER_TOPIC, relay_topic
 from shorelink.errors import ContractError
 from shorelink.files import write_json_atomic
+from shorelink.kafka_auth import KafkaAuth, client_config
 from shorelink.ledger import decode_entry
 from shorelink.ranges import RangeSet
 from shorelink.topics import ensure_topics
@@ -63,8 +64,11 @@ class LedgerView:
     consumer; shared by the site's inbox queries. A view a little behind only lets a
     few more records into the inbox, which the merge drops."""
 
-    def __init__(self, bootstrap: str, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self, bootstrap: str, *, timeout: float = 30.0, auth: KafkaAuth | None = None
+    ) -> None:
         self.bootstrap = bootstrap
+        self.auth = auth
         self.timeout = timeout
         self.held: dict[tuple[str, str], RangeSet] = {}
         #: grows each time ``held`` changes (the inbox queries rebuild their broadcast)
@@ -78,7 +82,7 @@ class LedgerView:
             if self._consumer is None:
                 self._consumer = Consumer(
                     {
-                        "bootstrap.servers": self.bootstrap,
+                        **client_config(self.bootstrap, self.auth),
                         "group.id": "shorelink-ledger-view",
                         "enable.auto.commit": False,
                         "isolation.level": "read_committed",
@@ -137,6 +141,8 @@ class InboxQuery:
     streams: tuple[str, ...]
     urgent: bool
     ledger: LedgerView
+    #: how this site authenticates at the neighbour (its neighbour principal)
+    auth: KafkaAuth = field(default_factory=KafkaAuth)
     #: batches appended, records read from the neighbour
     batches: int = 0
     read: int = 0
@@ -188,6 +194,7 @@ class InboxQuery:
             rows.select("key", "value", "headers", "topic")
             .write.format("kafka")
             .option("kafka.bootstrap.servers", self.site.kafka_bootstrap)
+            .options(**self.site.kafka_auth.spark_options())
             .option("kafka.acks", "all")
             .option("kafka.enable.idempotence", "true")
             .option("kafka.compression.type", "lz4")
@@ -231,7 +238,7 @@ def inbox_queries(
 ) -> list[InboxQuery]:
     """Every inbox query this site may run against ``neighbour``: per entry site, one
     for the urgent streams and one for the rest (classes without streams left out)."""
-    bootstrap = site.reach(neighbour)
+    bootstrap, auth = site.reach(neighbour), site.auth_at(neighbour)
     out = []
     for entry in entries:
         if entry == site.name:
@@ -239,7 +246,9 @@ def inbox_queries(
         for urgent, streams in ((True, site.urgent_streams), (False, site.bulk_streams)):
             if streams:
                 out.append(
-                    InboxQuery(site, neighbour.name, bootstrap, entry, streams, urgent, ledger)
+                    InboxQuery(
+                        site, neighbour.name, bootstrap, entry, streams, urgent, ledger, auth
+                    )
                 )
     return out
 
@@ -251,6 +260,7 @@ def ensure_inboxes(site: SiteConfig) -> None:
         inbox_specs(site),
         timeout=site.kafka_timeout_s,
         durability=site.durability,
+        auth=site.kafka_auth,
     )
 
 
@@ -262,6 +272,7 @@ def start_inbox(spark: Any, q: InboxQuery, *, available_now: bool = False) -> An
         df = (
             spark.readStream.format("kafka")
             .option("kafka.bootstrap.servers", q.bootstrap)
+            .options(**q.auth.spark_options())
             .option("subscribe", ",".join(q.topics))
             .option("includeHeaders", "true")
             .option("startingOffsets", "earliest")
@@ -280,12 +291,14 @@ def start_inbox(spark: Any, q: InboxQuery, *, available_now: bool = False) -> An
         return trigger(writer, q.site.trigger_interval_s, available_now).start()
 
 
-def relay_missing(bootstrap: str, topics: Sequence[str], timeout: float) -> list[str]:
+def relay_missing(
+    bootstrap: str, topics: Sequence[str], timeout: float, auth: KafkaAuth | None = None
+) -> list[str]:
     """The ``topics`` the neighbour does not have yet (its merge creates them)."""
     from confluent_kafka.admin import AdminClient
 
     try:
-        md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=timeout)
+        md = AdminClient(client_config(bootstrap, auth)).list_topics(timeout=timeout)
     except KafkaException:
         return list(topics)
     return [t for t in topics if t not in md.topics]
@@ -310,7 +323,9 @@ class Replicator:
         self.cfg = cfg
         self.site = site
         self.links = LinkState(cfg, site)
-        self.ledger = LedgerView(site.kafka_bootstrap, timeout=min(5.0, site.kafka_timeout_s))
+        self.ledger = LedgerView(
+            site.kafka_bootstrap, timeout=min(5.0, site.kafka_timeout_s), auth=site.kafka_auth
+        )
         self.queries = [
             q
             for n in site.neighbours
@@ -364,7 +379,9 @@ class Replicator:
         return self.routes.get(q.entry) == q.neighbour
 
     def start_query(self, spark: Any, q: InboxQuery, *, available_now: bool = False) -> Any:
-        missing = relay_missing(q.bootstrap, q.topics, self.site.replication.probe_timeout_s)
+        missing = relay_missing(
+            q.bootstrap, q.topics, self.site.replication.probe_timeout_s, q.auth
+        )
         if missing:
             raise KafkaException(
                 f"{q.neighbour} has no {', '.join(missing)} yet (its merge creates them)"

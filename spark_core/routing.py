@@ -35,6 +35,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient
 
 from shorelink.contract import LINKS_TOPIC
+from shorelink.kafka_auth import KafkaAuth, client_config
 from shorelink.logs import RateLimitedLog
 from shorelink.topics import TopicSpec, ensure_topics, producer_config
 from spark_core.config import SiteConfig, SitesConfig
@@ -107,6 +108,8 @@ class NeighbourLink:
 
     name: str
     bootstrap: str
+    #: this site's neighbour principal there
+    auth: KafkaAuth = field(default_factory=KafkaAuth)
     up: bool = False
     since: float = field(default_factory=time.time)
     last_ok: float | None = None
@@ -134,7 +137,10 @@ class LinkState:
         self.site = site
         self.graph = cfg.neighbours_of()
         r = site.replication
-        self.links = {n: NeighbourLink(n, site.reach(cfg.site(n))) for n in site.neighbours}
+        self.links = {
+            n: NeighbourLink(n, site.reach(cfg.site(n)), site.auth_at(cfg.site(n)))
+            for n in site.neighbours
+        }
         self.reports: dict[str, Report] = {}
         self._version = int(time.time() * 1000)  # grows across restarts too
         self._published: dict[str, int] = {}
@@ -175,7 +181,7 @@ class LinkState:
             if link.admin is None:
                 link.admin = AdminClient(
                     {
-                        "bootstrap.servers": link.bootstrap,
+                        **client_config(link.bootstrap, link.auth),
                         "socket.timeout.ms": int(self._timeout * 1000),
                     }
                 )
@@ -207,7 +213,7 @@ class LinkState:
         if link.consumer is None:
             link.consumer = Consumer(
                 {
-                    "bootstrap.servers": link.bootstrap,
+                    **client_config(link.bootstrap, link.auth),
                     "group.id": f"shorelink-links-{self.site.name}",
                     "enable.auto.commit": False,
                     "auto.offset.reset": "earliest",
@@ -269,9 +275,12 @@ class LinkState:
                     [TopicSpec(LINKS_TOPIC, partitions=1, compacted=True)],
                     timeout=self.site.kafka_timeout_s,
                     durability=self.site.durability,
+                    auth=self.site.kafka_auth,
                 )
                 self._producer = Producer(
-                    producer_config(self.site.kafka_bootstrap, {"linger.ms": 5})
+                    producer_config(
+                        self.site.kafka_bootstrap, {"linger.ms": 5}, auth=self.site.kafka_auth
+                    )
                 )
             for r in todo:
                 self._producer.produce(LINKS_TOPIC, key=r.site.encode(), value=r.encode())

@@ -82,6 +82,7 @@ def _source(spark: Any, site: SiteConfig, topic: str) -> Any:
     return (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", site.kafka_bootstrap)
+        .options(**site.kafka_auth.spark_options())
         .option("subscribe", topic)
         .option("includeHeaders", "true")
         .option("startingOffsets", "earliest")

@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
@@ -44,6 +45,7 @@ from shorelink.contract import (
     inbox_topic,
     relay_topic,
 )
+from shorelink.kafka_auth import KafkaAuth, client_config
 from shorelink.topics import (
     Durability,
     TopicError,
@@ -282,16 +284,17 @@ def _show(name: str, value: str | None) -> str:
 # -- against a cluster -----------------------------------------------------------------
 
 
-def _admin(bootstrap: str) -> AdminClient:
+def _admin(bootstrap: str, auth: KafkaAuth | None) -> AdminClient:
     # librdkafka's own connection errors go to this module's log, not to stderr
-    return AdminClient({"bootstrap.servers": bootstrap, "logger": log})  # type: ignore[dict-item]
+    conf: dict[str, Any] = {**client_config(bootstrap, auth), "logger": log}
+    return AdminClient(conf)
 
 
 def read_topics(
-    bootstrap: str, names: Iterable[str], timeout: float
+    bootstrap: str, names: Iterable[str], timeout: float, auth: KafkaAuth | None = None
 ) -> tuple[int, dict[str, TopicState]]:
     """(brokers in the cluster, the state of those of ``names`` that exist)."""
-    admin = _admin(bootstrap)
+    admin = _admin(bootstrap, auth)
     try:
         md = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
@@ -324,12 +327,13 @@ def apply_topics(
     timeout: float = 30.0,
     dry_run: bool = False,
     strict: Collection[str] | None = None,
+    auth: KafkaAuth | None = None,
 ) -> list[Change]:
     """Bring the cluster at ``bootstrap`` to ``specs``; return what was (with
     ``dry_run``: would be) changed, refused or failed, each failure in its change's
     ``error`` (``strict``: see :func:`plan_changes`). Raises :class:`~shorelink.topics.TopicError` when the cluster cannot
     be read at all."""
-    brokers, existing = read_topics(bootstrap, [s.name for s in specs], timeout)
+    brokers, existing = read_topics(bootstrap, [s.name for s in specs], timeout, auth)
     rf, isr = (durability or Durability()).resolve(brokers)
     changes = plan_changes(specs, existing, rf, isr, strict)
     if dry_run or not changes:
@@ -340,12 +344,16 @@ def apply_topics(
     if creates:
         try:
             ensure_topics(
-                bootstrap, [by_name[c.topic] for c in creates], timeout, durability=durability
+                bootstrap,
+                [by_name[c.topic] for c in creates],
+                timeout,
+                durability=durability,
+                auth=auth,
             )
             done += creates
         except TopicError as exc:
             done += [_failed(c, exc) for c in creates]
-    admin = _admin(bootstrap)
+    admin = _admin(bootstrap, auth)
     grow = [c for c in changes if c.action == "partitions"]
     if grow:
         futures = admin.create_partitions(
@@ -386,7 +394,7 @@ def apply_topics(
     applied = {c.topic for c in done if c.error is None and c.action in _CHANGES}
     failed = {c.topic for c in done if c.error is not None}
     if applied:
-        _settle(bootstrap, [by_name[t] for t in applied - failed], isr, timeout, strict)
+        _settle(bootstrap, [by_name[t] for t in applied - failed], isr, timeout, strict, auth)
     order = {c.topic: i for i, c in enumerate(changes)}
     return sorted(done, key=lambda c: order[c.topic])
 
@@ -400,13 +408,14 @@ def _settle(
     min_insync: int,
     timeout: float,
     strict: Collection[str] | None,
+    auth: KafkaAuth | None,
 ) -> None:
     """Wait until the cluster shows what was applied: a broker serves metadata and
     configs a moment after the controller accepted a change, and a run that read the
     old state right after would do (or refuse) the same change again."""
     deadline = time.monotonic() + timeout
     while True:
-        _, existing = read_topics(bootstrap, [s.name for s in specs], timeout)
+        _, existing = read_topics(bootstrap, [s.name for s in specs], timeout, auth)
         pending = [
             c for c in plan_changes(specs, existing, 1, min_insync, strict) if c.action in _CHANGES
         ]

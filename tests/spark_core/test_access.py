@@ -18,7 +18,8 @@ from local_stack.kafka import KafkaBroker
 from shorelink.config import Secret
 from shorelink.kafka_auth import KafkaAuth, client_config
 from spark_core.access import AccessPlan, apply_access, plan_access
-from spark_core.config import SitesConfig, parse_config
+from spark_core.config import SitesConfig
+from tests.access_helpers import CUSTOMERS, GROUPS, PASSWORDS, secure_sites
 from tests.conftest import unique
 
 TOPICS = [
@@ -30,61 +31,6 @@ TOPICS = [
     "sl.customer.acme.containers",
     "sl.customer.globex.containers",
 ]
-PASSWORDS = {
-    "spark-tokyo": "spark-pw",
-    "gateway-tokyo": "gateway-pw",
-    "site-hq": "hq-pw",
-    "ops": "ops-pw",
-    "customer-acme": "acme-pw",
-    "customer-globex": "globex-pw",
-}
-CUSTOMERS = {"acme": Secret("acme-pw"), "globex": Secret("globex-pw")}
-#: a consumer group each principal may use (a consumer names one even when it only
-#: assigns partitions, and the broker checks it)
-GROUPS = {
-    "spark-tokyo": "shorelink-test",
-    "gateway-tokyo": "shorelink-gateway-test",
-    "site-hq": "spark-kafka-source-test",
-    "ops": "ops-anything",
-    "customer-acme": "acme.reader",
-    "customer-globex": "globex.reader",
-}
-
-
-def _sites(broker: KafkaBroker) -> SitesConfig:
-    assert broker.security is not None
-    ca = str(broker.security.authority.ca_cert)
-    return parse_config(
-        {
-            "staff": [{"username": "ops", "password": "ops-pw"}],
-            "sites": {
-                "tokyo": {
-                    "streams": ["containers", "alerts"],
-                    "checkpoint_dir": "c",
-                    "table_dir": "t",
-                    "kafka": {
-                        "bootstrap": broker.bootstrap,
-                        "username": "spark-tokyo",
-                        "password": "spark-pw",
-                        "ca_file": ca,
-                    },
-                    "access": {
-                        "admin_username": broker.security.admin_user,
-                        "admin_password": broker.security.admin_password,
-                        "gateway_password": "gateway-pw",
-                    },
-                },
-                "hq": {
-                    "streams": ["containers", "alerts"],
-                    "neighbours": ["tokyo"],
-                    "checkpoint_dir": "c",
-                    "table_dir": "t",
-                    "kafka": {"bootstrap": "127.0.0.1:1", "ca_file": ca},
-                    "replication": {"password": "hq-pw"},
-                },
-            },
-        }
-    )
 
 
 @dataclass
@@ -128,7 +74,7 @@ def site(secure_kafka: KafkaBroker) -> Iterator[Site]:
     for t in TOPICS:
         p.produce(t, key=b"k", value=f"first record of {t}".encode())
     assert p.flush(30) == 0
-    sites = _sites(secure_kafka)
+    sites = secure_sites(secure_kafka)
     plan = plan_access(sites, "tokyo", CUSTOMERS)
     first = apply_access(plan, secure_kafka.bootstrap, secure_kafka.admin)
     yield Site(secure_kafka, sites, plan, first)
