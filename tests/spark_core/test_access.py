@@ -5,6 +5,7 @@ refused attempt writes nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,11 +17,15 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from local_stack.kafka import KafkaBroker
 from shorelink.config import Secret
+from shorelink.contract import H_ORIGIN, H_SEQ, canonical_topic, ingress_topic
 from shorelink.kafka_auth import KafkaAuth, client_config
+from shorelink.kafka_io import read_to_end
 from spark_core.access import AccessPlan, apply_access, plan_access
 from spark_core.config import SitesConfig
+from spark_core.merge import Merger, start_merge
 from tests.access_helpers import CUSTOMERS, GROUPS, PASSWORDS, secure_sites
 from tests.conftest import unique
+from tests.spark_core.helpers import record
 
 TOPICS = [
     "sl.containers",
@@ -283,3 +288,39 @@ def test_a_wrong_password_and_a_client_without_tls_are_refused(site: Site) -> No
     with pytest.raises(KafkaException):
         AdminClient(no_sasl).list_topics(timeout=8)
     assert site.count("sl.ingress.containers") == before
+
+
+@pytest.mark.spark
+def test_the_merge_runs_as_the_site_application(
+    spark: Any, site: Site, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The site's application, as its own principal: reads ingress (the gateway's
+    writes), writes canonical and ledger in its transactions, exactly once."""
+    root = tmp_path_factory.mktemp("secure-merge")
+    tokyo = dataclasses.replace(
+        site.sites.site("tokyo"), checkpoint_dir=root / "checkpoints", table_dir=root / "tables"
+    )
+    ship = unique("ship")
+    gw = site.conf("gateway-tokyo")
+    gw.pop("group.id")
+    p = Producer({**gw, "transactional.id": "shorelink-gateway-tokyo"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for r in [record(ship, "containers", q) for q in (*range(1, 21), 5, 6)]:  # two resent
+        p.produce(ingress_topic("containers"), key=r.key, value=r.value, headers=r.headers())
+    p.commit_transaction(30)
+    merger = Merger(tokyo)
+    try:
+        q = start_merge(spark, merger, available_now=True)
+        q.awaitTermination(180)
+        assert q.exception() is None
+    finally:
+        merger.close()
+    mine = []
+    for m in read_to_end(
+        site.broker.bootstrap, [canonical_topic("containers")], auth=site.broker.admin
+    ):
+        h = dict(m.headers() or [])
+        if h.get(H_ORIGIN) == ship.encode():
+            mine.append(int(h[H_SEQ]))
+    assert sorted(mine) == list(range(1, 21))
