@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from core_gateway import upload
 from core_gateway.errors import ApiError
 from core_gateway.service import GatewayService, busy
+from shorelink.tls import common_name
 
 __all__ = ["create_app"]
 
@@ -100,13 +101,46 @@ def bearer_token(request: web.Request) -> str:
     return token.strip()
 
 
+def client_cert_name(request: web.Request) -> str | None:
+    """The common name of the client certificate the peer presented on this TLS
+    connection (verified against ``listen.client_ca_file`` in the handshake), or None."""
+    transport = request.transport
+    if transport is None:
+        return None
+    return common_name(transport.get_extra_info("peercert"))
+
+
+def check_client_cert(service: GatewayService, request: web.Request, ship: str) -> None:
+    """A client certificate, when presented, must name the ship (403 otherwise: the
+    certificate of one ship never vouches for another); a ship whose credential says
+    ``require_client_cert`` must present one (401 without)."""
+    name = client_cert_name(request)
+    if name is not None and name != ship:
+        raise ApiError(
+            403,
+            "client_cert_mismatch",
+            f"the client certificate names {name!r}, not ship {ship!r}",
+        )
+    if name is None and service.credentials.requires_client_cert(ship):
+        why = (
+            "present the client certificate issued for it"
+            if service.cfg.client_ca_file is not None
+            else "this gateway asks for none (listen.client_ca_file is not set)"
+        )
+        raise ApiError(
+            401, "client_cert_required", f"ship {ship!r} needs a client certificate: {why}"
+        )
+
+
 def _authenticate(request: web.Request) -> tuple[str, str]:
-    """The ship the URL names and its bearer token, once the token is its own and the
-    gateway ready (what every ``/v1/ships/{ship}/...`` route checks first)."""
+    """The ship the URL names and its bearer token, once the token is its own, the
+    client certificate (if any, or if the ship needs one) names it, and the gateway is
+    ready (what every ``/v1/ships/{ship}/...`` route checks first)."""
     service: GatewayService = request.app[SERVICE]
     ship = request.match_info["ship"]
     token = bearer_token(request)
     service.authorize(ship, token)
+    check_client_cert(service, request, ship)
     service.check_ready()
     return ship, token
 

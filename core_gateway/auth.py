@@ -4,6 +4,11 @@ Tokens are 256-bit random strings, so a plain SHA-256 (no salt, no slow KDF) is 
 to make a leaked credentials file useless, and cheap to check on every request. The
 file (``credentials_file`` in the gateway config) is JSON, written atomically (temp
 file, fsync, rename) with mode 0600.
+
+A ship's entry may also say ``"require_client_cert": true``: then the token alone is not
+enough, the request must come over a TLS connection on which the ship presented a
+client certificate that names it (mutual TLS; checked in app.py, the CA is the
+gateway's ``listen.client_ca_file``).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import json
 import os
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from core_gateway.errors import GatewayError
@@ -35,6 +40,8 @@ class ShipCredential:
     token_hash: str
     created: str
     revoked: bool = False
+    #: the ship must present a client certificate whose common name is its name
+    require_client_cert: bool = False
 
 
 class Credentials:
@@ -73,7 +80,11 @@ class Credentials:
             data = json.loads(self.path.read_text())
             ships = {
                 name: ShipCredential(
-                    name, c["token_hash"], c.get("created", ""), bool(c.get("revoked", False))
+                    name,
+                    c["token_hash"],
+                    c.get("created", ""),
+                    bool(c.get("revoked", False)),
+                    _flag(c, "require_client_cert"),
                 )
                 for name, c in data.get("ships", {}).items()
             }
@@ -94,29 +105,56 @@ class Credentials:
     def list(self) -> list[ShipCredential]:
         return sorted(self._by_ship.values(), key=lambda c: c.ship)
 
-    def add(self, ship: str) -> str:
-        """Create (or replace) ``ship``'s credential; returns the token, shown once."""
+    def requires_client_cert(self, ship: str) -> bool:
+        """Must ``ship`` present a client certificate naming it (besides its token)?"""
+        cred = self._by_ship.get(ship)
+        return cred is not None and cred.require_client_cert
+
+    def add(self, ship: str, *, require_client_cert: bool | None = None) -> str:
+        """Create (or replace) ``ship``'s credential; returns the token, shown once.
+        ``require_client_cert`` None: as the credential it replaces said (a new token
+        does not drop a ship's mutual TLS), False for a new ship."""
         check_name("ship", ship)
+        if require_client_cert is None:
+            require_client_cert = self.requires_client_cert(ship)
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         cred = ShipCredential(
-            ship, hash_token(token), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            ship,
+            hash_token(token),
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            require_client_cert=require_client_cert,
         )
         self._by_ship[ship] = cred
         self._save()
         return token
 
+    def require_client_cert(self, ship: str, required: bool) -> bool:
+        """Set whether ``ship`` must present a client certificate; False if it has no
+        credential. Its token is unchanged."""
+        cred = self._by_ship.get(ship)
+        if cred is None:
+            return False
+        self._by_ship[ship] = replace(cred, require_client_cert=required)
+        self._save()
+        return True
+
     def revoke(self, ship: str) -> bool:
         cred = self._by_ship.get(ship)
         if cred is None:
             return False
-        self._by_ship[ship] = ShipCredential(ship, cred.token_hash, cred.created, True)
+        self._by_ship[ship] = replace(cred, revoked=True)
         self._save()
         return True
 
     def _save(self) -> None:
         data = {
             "ships": {
-                c.ship: {"token_hash": c.token_hash, "created": c.created, "revoked": c.revoked}
+                c.ship: {
+                    "token_hash": c.token_hash,
+                    "created": c.created,
+                    "revoked": c.revoked,
+                    "require_client_cert": c.require_client_cert,
+                }
                 for c in self.list()
             }
         }
@@ -129,3 +167,12 @@ class Credentials:
             os.fsync(f.fileno())
         tmp.replace(self.path)
         self.reload()
+
+
+def _flag(entry: dict[str, object], name: str) -> bool:
+    """A true/false of a ship's entry (absent: false); anything else is refused, so
+    ``"false"`` in a hand-edited file does not read as true."""
+    v = entry.get(name, False)
+    if not isinstance(v, bool):
+        raise ValueError(f"{name} must be true or false, got {v!r}")
+    return v

@@ -7,7 +7,6 @@ import asyncio
 import ipaddress
 import logging
 import signal
-import ssl
 from pathlib import Path
 
 import click
@@ -42,8 +41,14 @@ def check_config(config_file: Path) -> None:
     cfg = _load(config_file)
     click.echo(
         f"ok: site={cfg.site} listen={cfg.host}:{cfg.port} kafka={cfg.kafka_bootstrap} "
-        f"streams={','.join(cfg.streams)} tls={'on' if cfg.tls_cert_file else 'off'}"
+        f"streams={','.join(cfg.streams)} tls={_tls_mode(cfg)}"
     )
+
+
+def _tls_mode(cfg: GatewayConfig) -> str:
+    if cfg.tls_cert_file is None:
+        return "off"
+    return "mutual" if cfg.client_ca_file is not None else "on"
 
 
 @main.command()
@@ -71,13 +76,10 @@ async def serve(
     from core_gateway.app import create_app
     from core_gateway.service import GatewayService
 
+    ctx = cfg.ssl_context()  # first: a bad certificate is a ConfigError before anything
     service = GatewayService(cfg)
     runner = web.AppRunner(create_app(service), access_log=None)
     await runner.setup()
-    ctx = None
-    if cfg.tls_cert_file and cfg.tls_key_file:
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
     site = web.TCPSite(runner, cfg.host, cfg.port, ssl_context=ctx)
     await site.start()
     stop = stop or asyncio.Event()
@@ -91,7 +93,7 @@ async def serve(
         cfg.site,
         cfg.host,
         cfg.port,
-        bool(ctx),
+        _tls_mode(cfg),
     )
     if ctx is None and not is_loopback(cfg.host):
         log.warning(
@@ -132,14 +134,23 @@ def ships() -> None:
 
 @ships.command("add")
 @click.argument("ship")
+@click.option(
+    "--require-client-cert/--no-require-client-cert",
+    default=None,
+    help="The ship must also present a client certificate naming it (mutual TLS; "
+    "needs listen.client_ca_file). Default: as before for a replaced credential, "
+    "not required for a new one.",
+)
 @CONFIG
-def ships_add(ship: str, config_path: Path) -> None:
+def ships_add(ship: str, require_client_cert: bool | None, config_path: Path) -> None:
     """Create (or replace) SHIP's credential and print its token once."""
     cfg = _load(config_path)
     try:
-        token = Credentials(cfg.credentials_file).add(ship)
+        creds = Credentials(cfg.credentials_file)
+        token = creds.add(ship, require_client_cert=require_client_cert)
     except ShorelinkError as exc:
         fail(exc)
+    _warn_without_client_ca(cfg, creds, ship)
     click.echo(token)
     click.echo(
         f"stored the hash for ship {ship} in {cfg.credentials_file}; the token is not shown again. "
@@ -154,7 +165,37 @@ def ships_list(config_path: Path) -> None:
     """List ships with a credential (never the tokens)."""
     cfg = _load(config_path)
     for c in Credentials(cfg.credentials_file).list():
-        click.echo(f"{c.ship}\t{'revoked' if c.revoked else 'active'}\tcreated {c.created}")
+        cert = "client-cert required" if c.require_client_cert else "token only"
+        state = "revoked" if c.revoked else "active"
+        click.echo(f"{c.ship}\t{state}\t{cert}\tcreated {c.created}")
+
+
+@ships.command("client-cert")
+@click.argument("ship")
+@click.argument("need", type=click.Choice(["required", "optional"]))
+@CONFIG
+def ships_client_cert(ship: str, need: str, config_path: Path) -> None:
+    """Whether SHIP must present a client certificate naming it (mutual TLS, besides
+    its token): required or optional. The token stays as it is."""
+    cfg = _load(config_path)
+    creds = Credentials(cfg.credentials_file)
+    try:
+        found = creds.require_client_cert(ship, need == "required")
+    except ShorelinkError as exc:
+        fail(exc)
+    if not found:
+        fail(ShorelinkError(f"no credential for ship {ship!r}"))
+    _warn_without_client_ca(cfg, creds, ship)
+    click.echo(f"client certificate {need} for {ship}")
+
+
+def _warn_without_client_ca(cfg: GatewayConfig, creds: Credentials, ship: str) -> None:
+    if cfg.client_ca_file is None and creds.requires_client_cert(ship):
+        click.echo(
+            f"warning: this gateway asks for no client certificates (listen.client_ca_file "
+            f"is not set): every request of {ship} will be refused 401 until it does",
+            err=True,
+        )
 
 
 @ships.command("revoke")

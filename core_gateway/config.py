@@ -7,12 +7,14 @@ declarations, and only the checks across keys are written here.
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from shorelink.config import LOG_LEVELS, Section, key, read, read_key
 from shorelink.config import load_config as load_file
 from shorelink.errors import ConfigError
+from shorelink.tls import TlsFile, server_context
 from shorelink.topics import Durability
 from shorelink.wire import Limits
 
@@ -28,8 +30,13 @@ class GatewayConfig:
     streams: tuple[str, ...] = field(metadata=key(names="stream"))
     host: str = field(default="0.0.0.0", metadata=key("listen.host"))
     port: int = field(default=8443, metadata=key("listen.port", min=0, max=65535))
+    #: HTTPS: the gateway's certificate (PEM, chain after it) and its key; relative to
+    #: the config file. Neither: plain HTTP (loopback, or behind a TLS proxy)
     tls_cert_file: Path | None = field(default=None, metadata=key("listen.tls_cert_file"))
     tls_key_file: Path | None = field(default=None, metadata=key("listen.tls_key_file"))
+    #: mutual TLS: ships are asked for a client certificate signed by this CA; a ship
+    #: whose credential says ``require_client_cert`` must present one naming it
+    client_ca_file: Path | None = field(default=None, metadata=key("listen.client_ca_file"))
     #: a whole request body must arrive within this (slow or endless uploads are cut)
     body_timeout_s: float = field(default=60.0, metadata=key("listen.body_timeout"))
     #: WebSocket uploads: ping this often; a peer that does not answer is dropped
@@ -68,6 +75,19 @@ class GatewayConfig:
     #: processes decoding large batches (core_gateway/decoding.py); 0: a thread
     decode_workers: int = field(default=1, metadata=key(min=0, max=64))
 
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The listening socket's TLS (None: plain HTTP); a ConfigError naming the key
+        whose file is missing, unreadable or not the certificate's key."""
+        if self.tls_cert_file is None or self.tls_key_file is None:
+            return None
+        return server_context(
+            TlsFile(self.tls_cert_file, "listen.tls_cert_file"),
+            TlsFile(self.tls_key_file, "listen.tls_key_file"),
+            None
+            if self.client_ca_file is None
+            else TlsFile(self.client_ca_file, "listen.client_ca_file"),
+        )
+
 
 def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayConfig:
     top = Section(data)
@@ -90,6 +110,11 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayCo
         raise ConfigError(
             "listen.tls_cert_file", "set both tls_cert_file and tls_key_file, or neither"
         )
+    if cfg.client_ca_file is not None and cfg.tls_cert_file is None:
+        raise ConfigError(
+            "listen.client_ca_file", "mutual TLS needs TLS: set tls_cert_file and tls_key_file"
+        )
+    cfg.ssl_context()  # the files load, and the key is the certificate's: else fail now
     if cfg.max_inflight_bytes < cfg.limits.max_compressed_bytes:
         raise ConfigError("limits.max_inflight_bytes", "must be at least limits.max_batch_bytes")
     if not cfg.streams:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import ssl
 import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,6 +30,7 @@ from shorelink.config import (
 from shorelink.config import load_config as load_file
 from shorelink.contract import MAX_RECORD_BYTES
 from shorelink.errors import ConfigError
+from shorelink.tls import TlsFile, client_context
 from shorelink.wire import DEFAULT_LIMITS
 
 log = logging.getLogger(__name__)
@@ -229,6 +231,28 @@ class GatewayEndpoint:
     #: accept a plain http:// URL to a host other than this machine (tokens and data
     #: then cross the link in clear text; warned about at every start)
     allow_plaintext: bool = False
+    #: https: the CA (PEM) the gateway's certificate must be signed by (and name the
+    #: URL's host); unset: the system's trust store. Relative to the config file
+    ca_file: Path | None = None
+    #: mutual TLS: this ship's client certificate (PEM; its common name is the ship's
+    #: name) and its key, presented to the gateway besides the token
+    client_cert_file: Path | None = None
+    client_key_file: Path | None = None
+
+    def ssl_context(self, where: str = "") -> ssl.SSLContext | None:
+        """TLS for an https URL (None for http); a ConfigError naming the key (in the
+        table ``where``) whose file is missing, unreadable or not the certificate's."""
+        if not self.url.startswith("https://"):
+            return None
+
+        def tls_file(path: Path | None, name: str) -> TlsFile | None:
+            return None if path is None else TlsFile(path, f"{where}.{name}" if where else name)
+
+        return client_context(
+            tls_file(self.ca_file, "ca_file"),
+            tls_file(self.client_cert_file, "client_cert_file"),
+            tls_file(self.client_key_file, "client_key_file"),
+        )
 
 
 @dataclass(frozen=True)
@@ -321,8 +345,8 @@ def _link(name: str, s: Section, streams: dict[str, StreamConfig]) -> LinkConfig
     return out
 
 
-def _gateway(s: Section, links: dict[str, LinkConfig]) -> GatewayEndpoint:
-    out = read(GatewayEndpoint, s)
+def _gateway(s: Section, links: dict[str, LinkConfig], base: Path | None) -> GatewayEndpoint:
+    out = read(GatewayEndpoint, s, base=base)
     url = out.url.rstrip("/")
     try:
         parts = urlsplit(url)
@@ -353,7 +377,17 @@ def _gateway(s: Section, links: dict[str, LinkConfig]) -> GatewayEndpoint:
             s.field("link"),
             f"unknown link class {out.link!r} (known: {', '.join(sorted(links))})",
         )
-    return replace(out, url=url)
+    if (out.client_cert_file is None) != (out.client_key_file is None):
+        raise ConfigError(
+            s.field("client_cert_file"), "set both client_cert_file and client_key_file, or neither"
+        )
+    if parts.scheme != "https":
+        for name in ("ca_file", "client_cert_file"):
+            if getattr(out, name) is not None:
+                raise ConfigError(s.field(name), f"TLS settings need an https:// URL, not {url}")
+    out = replace(out, url=url)
+    out.ssl_context(s.path)  # the files load, the key is the certificate's: else fail now
+    return out
 
 
 def _loopback(host: str) -> bool:
@@ -384,7 +418,7 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
     links = dict(DEFAULT_LINKS)
     for name, sec in top.sections("links").items():
         links[name] = _link(name, sec, streams)
-    gateways = tuple(_gateway(g, links) for g in top.array("gateways"))
+    gateways = tuple(_gateway(g, links, base) for g in top.array("gateways"))
     seen: set[tuple[str, str]] = set()
     for i, g in enumerate(gateways):
         if (g.site, g.url) in seen:

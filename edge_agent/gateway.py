@@ -9,9 +9,18 @@ answered in order. Several batches may be
 in flight at once (the session's window): each ``send`` waits for its own answer. The
 tests drive the uplink through an in-memory implementation of the same protocol.
 
+An ``https://`` gateway is verified against its entry's ``ca_file`` (or the system's
+trust store), and the ship presents ``client_cert_file`` when it has one (mutual TLS);
+the context is built from the config (``GatewayEndpoint.ssl_context``) once.
+
 Every failure becomes an edge_agent error at this boundary:
 - no reply, a broken connection, a timeout, 5xx, 408, 429 or a reply that is not the
   API's JSON: :class:`LinkError` (retryable; whether the batch arrived is unknown);
+- a TLS handshake that fails (the gateway's certificate does not verify or does not
+  name the host, the gateway refused our certificate, TLS spoken to plain HTTP): a
+  :class:`LinkError` too, logged as ``event=gateway_tls_failed`` (rate-limited): it is
+  the link's, never a refusal of the batch, and it is retried like any link failure (a
+  certificate may be renewed, an intercepting proxy may go);
 - 409: :class:`GatewayGap` with what the site holds;
 - other 4xx: :class:`GatewayRejected` (not retryable).
 """
@@ -21,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import ssl
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -30,6 +41,7 @@ import aiohttp
 from edge_agent.config import GatewayEndpoint, LinkConfig
 from edge_agent.errors import GatewayGap, GatewayRejected, LinkError
 from shorelink.config import Secret
+from shorelink.logs import RateLimitedLog
 from shorelink.ranges import RangeSet
 
 __all__ = ["Gateway", "HttpGateway", "SendResult"]
@@ -38,6 +50,8 @@ __all__ = ["Gateway", "HttpGateway", "SendResult"]
 MAX_MESSAGE = 16 * 1024 * 1024
 
 USER_AGENT = "shorelink-edge/0.1"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +105,9 @@ class HttpGateway:
         self._session: aiohttp.ClientSession | None = None
         self._upload: _Upload | None = None
         self._connecting = asyncio.Lock()
+        #: https: verify the gateway (ca_file or the system's), present our certificate
+        self._ssl: ssl.SSLContext | bool = cfg.ssl_context() or True
+        self._tls_log = RateLimitedLog(log)
 
     @property
     def site(self) -> str:
@@ -160,6 +177,7 @@ class HttpGateway:
                     heartbeat=self._link.timeout_s,
                     compress=0,
                     autoping=True,
+                    ssl=self._ssl,
                 )
             except aiohttp.WSServerHandshakeError as exc:
                 # refused before the upgrade: the API's JSON error is not at hand here,
@@ -167,6 +185,19 @@ class HttpGateway:
                 self._raise_for(exc.status, {"error": f"http_{exc.status}"}, f"GET {path}", "")
                 raise  # not reached
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                tls = _tls_failure(exc)
+                if tls:
+                    self._tls_log.warning(
+                        "tls",
+                        "event=gateway_tls_failed site=%s link=%s url=%s error=%r",
+                        self.site,
+                        self.link,
+                        self.url,
+                        tls,
+                    )
+                    raise LinkError(
+                        f"GET {path}: TLS handshake failed: {tls}", site=self.site
+                    ) from exc
                 raise LinkError(f"GET {path}: {type(exc).__name__}: {exc}", site=self.site) from exc
             try:
                 async with asyncio.timeout(self._link.timeout_s):
@@ -294,6 +325,25 @@ class _Upload:
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._reader
+
+
+def _tls_failure(exc: BaseException) -> str:
+    """What failed in the TLS handshake, if ``exc`` (or what caused it) is a TLS
+    failure: the gateway's certificate, or the gateway's refusal of ours; "" if not."""
+    seen: BaseException | None = exc
+    for _ in range(5):  # aiohttp wraps the ssl module's error, at most a few levels
+        if seen is None:
+            break
+        if isinstance(seen, aiohttp.ClientConnectorCertificateError):
+            return f"certificate not trusted: {seen.certificate_error}"
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return f"certificate not trusted: {seen.verify_message or seen}"
+        if isinstance(seen, ssl.SSLError):
+            return f"{seen.reason or seen}"
+        if isinstance(seen, aiohttp.ClientSSLError):
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return ""
 
 
 def _parse_hello(msg: aiohttp.WSMessage) -> dict[str, RangeSet]:
