@@ -25,6 +25,7 @@ from confluent_kafka.admin import AdminClient
 
 from shorelink.contract import LEDGER_TOPIC, LINKS_TOPIC, Record, canonical_topic
 from shorelink.errors import ContractError, ShorelinkError
+from shorelink.kafka_auth import KafkaAuth, client_config
 from shorelink.kafka_io import read_to_end
 from shorelink.ranges import RangeSet
 
@@ -94,8 +95,10 @@ class SourceAudit:
         }
 
 
-def canonical_topics(bootstrap: str, streams: Iterable[str] | None = None) -> list[str]:
-    names = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics
+def canonical_topics(
+    bootstrap: str, streams: Iterable[str] | None = None, auth: KafkaAuth | None = None
+) -> list[str]:
+    names = AdminClient(client_config(bootstrap, auth)).list_topics(timeout=10).topics
     out = []
     for t in sorted(names):
         m = _CANONICAL.match(t)
@@ -105,15 +108,18 @@ def canonical_topics(bootstrap: str, streams: Iterable[str] | None = None) -> li
 
 
 def audit_site(
-    bootstrap: str, streams: Iterable[str] | None = None, timeout: float = 300
+    bootstrap: str,
+    streams: Iterable[str] | None = None,
+    timeout: float = 300,
+    auth: KafkaAuth | None = None,
 ) -> tuple[list[SourceAudit], int]:
     """Audit every canonical topic at ``bootstrap``; returns the per-source results
     and the number of records that break the record contract."""
-    topics = canonical_topics(bootstrap, list(streams) if streams is not None else None)
+    topics = canonical_topics(bootstrap, list(streams) if streams is not None else None, auth)
     by_source: dict[tuple[str, str], SourceAudit] = {}
     malformed = 0
     if topics:
-        for msg in read_to_end(bootstrap, topics, timeout=timeout):
+        for msg in read_to_end(bootstrap, topics, timeout=timeout, auth=auth):
             try:
                 rec = Record.from_kafka(msg.key(), msg.value(), msg.headers())
             except ContractError:
@@ -226,17 +232,19 @@ def audit_sites(
     *,
     timeout: float = 300,
     connect_timeout: float = 10,
+    auths: Mapping[str, KafkaAuth] | None = None,
 ) -> SitesAudit:
     """Audit ``sites`` (name -> (Kafka bootstrap, the streams it carries)) and compare
     them: per stream, each site carrying it against the union of all of them. Only the
     streams in ``streams`` when given. Raises :class:`AuditError` naming a site whose
-    Kafka cannot be read."""
+    Kafka cannot be read. ``auths``: how to authenticate at each site (none: plain)."""
     only = set(streams) if streams is not None else None
     results: list[SiteStreamAudit] = []
     for site, (bootstrap, carried) in sites.items():
         wanted = [s for s in dict.fromkeys(carried) if only is None or s in only]
         if wanted:
-            results += _read_site(site, bootstrap, wanted, timeout, connect_timeout)
+            auth = (auths or {}).get(site)
+            results += _read_site(site, bootstrap, wanted, timeout, connect_timeout, auth)
     by_stream: dict[str, list[SiteStreamAudit]] = {}
     for r in results:
         by_stream.setdefault(r.stream, []).append(r)
@@ -259,10 +267,16 @@ def audit_sites(
 
 
 def _read_site(
-    site: str, bootstrap: str, streams: list[str], timeout: float, connect_timeout: float
+    site: str,
+    bootstrap: str,
+    streams: list[str],
+    timeout: float,
+    connect_timeout: float,
+    auth: KafkaAuth | None,
 ) -> list[SiteStreamAudit]:
     try:
-        names = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=connect_timeout)
+        admin = AdminClient(client_config(bootstrap, auth))
+        names = admin.list_topics(timeout=connect_timeout)
     except KafkaException as exc:
         raise AuditError(
             f"site {site}: Kafka at {bootstrap} did not answer within {connect_timeout:g}s: {exc}"
@@ -272,7 +286,7 @@ def _read_site(
     for t, r in by_topic.items():
         r.present = t in names.topics
     try:
-        for msg in read_to_end(bootstrap, present, timeout=timeout) if present else ():
+        for msg in read_to_end(bootstrap, present, timeout=timeout, auth=auth) if present else ():
             r = by_topic[msg.topic() or ""]
             try:
                 rec = Record.from_kafka(msg.key(), msg.value(), msg.headers())

@@ -19,11 +19,15 @@ import sys
 from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from shorelink.cli_support import BOOTSTRAP_LOCATOR, fail
 from shorelink.errors import ShorelinkError
+
+if TYPE_CHECKING:
+    from shorelink.sites import SiteKafka
 
 __all__ = ["COMMANDS", "OPTIONS", "main"]
 
@@ -75,6 +79,8 @@ def audit(
     identities, duplicates and gaps. Exits 1 if any duplicate or gap is found.
 
     With --all-sites --config sites.toml: compare the canonical topics of every site."""
+    from confluent_kafka import KafkaException
+
     from shorelink.audit import audit_site
 
     if all_sites:
@@ -91,8 +97,10 @@ def audit(
     if site is None:
         fail(click.UsageError("give --site S (or --all-sites)"))
     locate: Callable[[str], str] | None = ctx.meta.get(BOOTSTRAP_LOCATOR)
+    auth = None
     if bootstrap is None and config_path is not None:
-        bootstrap = _site_bootstrap(config_path, site)
+        found = _site_kafka(config_path, site)
+        bootstrap, auth = found.bootstrap, found.auth
     if bootstrap is None and locate is not None:
         try:
             bootstrap = locate(site)
@@ -102,7 +110,10 @@ def audit(
         fail(
             click.UsageError(" or ".join(["give --bootstrap", *_added_options(audit), "--config"]))
         )
-    results, malformed = audit_site(bootstrap, streams or None)
+    try:
+        results, malformed = audit_site(bootstrap, streams or None, auth=auth)
+    except KafkaException as exc:
+        fail(ShorelinkError(f"site {site}: Kafka at {bootstrap}: {exc}"))
     bad = any(r.duplicates or r.gaps for r in results) or malformed > 0
     if as_json:
         click.echo(
@@ -140,7 +151,9 @@ def _audit_all_sites(config_path: Path, streams: tuple[str, ...], as_json: bool)
     try:
         sites = load_sites(config_path)
         report = audit_sites(
-            {s.name: (s.bootstrap, s.streams) for s in sites.values()}, streams or None
+            {s.name: (s.bootstrap, s.streams) for s in sites.values()},
+            streams or None,
+            auths={s.name: s.auth for s in sites.values()},
         )
     except ShorelinkError as exc:
         fail(exc)
@@ -168,8 +181,9 @@ def _audit_all_sites(config_path: Path, streams: tuple[str, ...], as_json: bool)
         sys.exit(1)
 
 
-def _site_bootstrap(config_path: Path, site: str, stream: Iterable[str] = ()) -> str:
-    """``sites.<site>.kafka.bootstrap`` of the sites file, or exit 2 saying why."""
+def _site_kafka(config_path: Path, site: str, stream: Iterable[str] = ()) -> SiteKafka:
+    """``sites.<site>`` of the sites file (its Kafka and credentials), or exit 2
+    saying why."""
     from shorelink.sites import load_sites
 
     try:
@@ -187,7 +201,7 @@ def _site_bootstrap(config_path: Path, site: str, stream: Iterable[str] = ()) ->
                     f"(streams: {', '.join(found.streams)})"
                 )
             )
-    return found.bootstrap
+    return found
 
 
 @main.command()
@@ -208,6 +222,12 @@ def _site_bootstrap(config_path: Path, site: str, stream: Iterable[str] = ()) ->
     "batch. The same file resumes at any other site. Without it: from the beginning.",
 )
 @click.option("--follow", "-f", is_flag=True, help="Keep waiting for new records.")
+@click.option(
+    "--customer",
+    default=None,
+    help="Read this customer's streams, sl.customer.<name>.<stream>, as a customer may "
+    "(its credentials in the --config file's [sites.S.kafka]; docs/access-control.md).",
+)
 @click.option(
     "--config",
     "config_path",
@@ -237,6 +257,7 @@ def consume(
     streams: tuple[str, ...],
     position_path: Path | None,
     follow: bool,
+    customer: str | None,
     config_path: Path | None,
     bootstrap: str | None,
     max_records: int | None,
@@ -251,13 +272,17 @@ def consume(
 
     if (bootstrap is None) == (config_path is None):
         fail(click.UsageError("give one of --bootstrap HOST:PORT or --config sites.toml"))
+    auth = None
     if bootstrap is None:
         assert config_path is not None
-        bootstrap = _site_bootstrap(config_path, site, streams)
+        found = _site_kafka(config_path, site, () if customer else streams)
+        bootstrap, auth = found.bootstrap, found.auth
     store = FileStore(position_path) if position_path is not None else None
     printed = skipped = 0
     try:
-        consumer = PortableConsumer(bootstrap, list(streams), store=store, timeout=timeout)
+        consumer = PortableConsumer(
+            bootstrap, list(streams), store=store, timeout=timeout, auth=auth, customer=customer
+        )
         with consumer:
             while max_records is None or printed < max_records:
                 want = consumer.batch_size

@@ -53,9 +53,10 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
-from shorelink.contract import Record, canonical_topic
+from shorelink.contract import Record, canonical_topic, customer_topic
 from shorelink.errors import ContractError, ShorelinkError
 from shorelink.identity import Identity
+from shorelink.kafka_auth import KafkaAuth, client_config
 from shorelink.logs import RateLimitedLog
 from shorelink.position import Position, PositionStore
 
@@ -136,11 +137,19 @@ class PortableConsumer:
         timeout: float = 10.0,
         batch_size: int = 500,
         extra: dict[str, object] | None = None,
+        auth: KafkaAuth | None = None,
+        customer: str | None = None,
     ) -> None:
         if not streams:
             raise ValueError("name at least one stream")
         self.bootstrap = bootstrap
-        self.topics = [canonical_topic(s) for s in streams]
+        self.auth = auth
+        #: a customer reads its own streams (``sl.customer.<name>.<stream>``), with a
+        #: consumer group under its own prefix, as its ACLs allow
+        self.topics = [
+            customer_topic(customer, s) if customer else canonical_topic(s) for s in streams
+        ]
+        self.group = f"{customer}.portable-consumer" if customer else "shorelink-portable-consumer"
         self.store = store
         self.position = (
             position if position is not None else (store.load() if store else Position())
@@ -167,8 +176,8 @@ class PortableConsumer:
         if self._consumer is not None:
             return
         conf: dict[str, object] = {
-            "bootstrap.servers": self.bootstrap,
-            "group.id": "shorelink-portable-consumer",  # partitions are assigned, not joined
+            **client_config(self.bootstrap, self.auth),
+            "group.id": self.group,  # partitions are assigned, not joined
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "isolation.level": "read_committed",
@@ -192,6 +201,20 @@ class PortableConsumer:
                 f"Kafka at {self.bootstrap} did not answer within {self.timeout:g}s: {exc}",
                 retryable=True,
             ) from exc
+        # a topic this principal may not describe is left out of the whole listing:
+        # asked for by name, it comes back with the broker's refusal
+        refused = [
+            t
+            for t in self.topics
+            if t not in md.topics
+            and (err := consumer.list_topics(t, timeout=self.timeout).topics[t].error) is not None
+            and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        ]
+        if refused:
+            raise ConsumerError(
+                f"not authorized to read {', '.join(refused)} at {self.bootstrap}"
+                f" as {self.auth.username if self.auth and self.auth.username else 'anonymous'}"
+            )
         missing = [t for t in self.topics if t not in md.topics or md.topics[t].error]
         if missing:
             raise ConsumerError(
@@ -215,7 +238,7 @@ class PortableConsumer:
 
     def _describe(self) -> dict[str, str]:
         """topic -> its Kafka topic id (a UUID: one topic at one cluster, never reused)."""
-        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        admin = AdminClient(client_config(self.bootstrap, self.auth))
         out: dict[str, str] = {}
         futures = admin.describe_topics(TopicCollection(self.topics), request_timeout=self.timeout)
         for name, fut in futures.items():

@@ -42,6 +42,7 @@ __all__ = [
     "Record",
     "canonical_topic",
     "contract_headers",
+    "customer_topic",
     "dead_topic",
     "inbox_topic",
     "ingress_topic",
@@ -114,6 +115,12 @@ def relay_topic(entry: str, stream: str) -> str:
 def canonical_topic(stream: str) -> str:
     """Every identity once; written only by the site's Spark merge."""
     return f"sl.{check_name('stream', stream)}"
+
+
+def customer_topic(customer: str, stream: str) -> str:
+    """The records of ``stream`` about ``customer``'s containers, each once: what that
+    customer may read (docs/access-control.md)."""
+    return f"sl.customer.{check_name('customer', customer)}.{check_name('stream', stream)}"
 
 
 def dead_topic(stream: str) -> str:

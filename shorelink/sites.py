@@ -2,21 +2,27 @@
 
 The sites file belongs to spark_core (``spark_core/config.py`` validates all of it), but
 the kernel's own commands (``shorelink consume``, ``shorelink audit --all-sites``) need
-only two keys of each ``[sites.NAME]``: ``kafka.bootstrap`` and ``streams``. The kernel
-may not import spark_core (tests/test_layout.py), so this module reads just those, with
-the same ``${ENV}`` expansion and errors that name the field, and ignores every other key
-(spark_core's own check reports those).
+only a few keys of each ``[sites.NAME]``: ``streams`` and, of its ``kafka`` table,
+``bootstrap`` and the credentials (``username``, ``password``, ``ca_file``,
+``mechanism``: :class:`~shorelink.kafka_auth.KafkaAuth`). The kernel may not import
+spark_core (tests/test_layout.py), so this module reads just those, with the same
+``${ENV}`` expansion and errors that name the field, and ignores every other key
+(spark_core's own check reports those). A customer's own file may hold only these: its
+sites' Kafka, its principal and its password.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from shorelink.config import check_name_field, expand_env, load_toml
+from shorelink.config import Section, check_name_field, expand_env, load_toml, read
 from shorelink.errors import ConfigError
+from shorelink.kafka_auth import KafkaAuth
 
 __all__ = ["SiteKafka", "load_sites"]
+
+_AUTH_KEYS = ("username", "password", "ca_file", "mechanism")
 
 
 @dataclass(frozen=True)
@@ -26,12 +32,15 @@ class SiteKafka:
     name: str
     bootstrap: str
     streams: tuple[str, ...]
+    #: who the kernel's commands are at the site's Kafka
+    auth: KafkaAuth = field(default_factory=KafkaAuth)
 
 
 def load_sites(path: str | Path) -> dict[str, SiteKafka]:
     """Every ``[sites.NAME]`` of the sites file at ``path``, in file order; raise
     :class:`~shorelink.errors.ConfigError` naming the field when one is missing or bad."""
     data = load_toml(path)
+    base = Path(path).resolve().parent
     sites = data.get("sites")
     if not isinstance(sites, dict) or not sites:
         raise ConfigError("sites", f"{path}: define at least one [sites.NAME]")
@@ -50,7 +59,9 @@ def load_sites(path: str | Path) -> dict[str, SiteKafka]:
             raise ConfigError(f"{where}.streams", "expected a list of stream names")
         for s in streams:
             check_name_field(f"{where}.streams", "stream", s)
+        creds = {k: v for k, v in kafka.items() if k in _AUTH_KEYS} if kafka else {}
+        auth = read(KafkaAuth, Section(creds, f"{where}.kafka"), base=base)
         out[name] = SiteKafka(
-            name, expand_env(bootstrap, f"{where}.kafka.bootstrap").strip(), tuple(streams)
+            name, expand_env(bootstrap, f"{where}.kafka.bootstrap").strip(), tuple(streams), auth
         )
     return out

@@ -6,9 +6,14 @@ refused attempt writes nothing."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -324,3 +329,51 @@ def test_the_merge_runs_as_the_site_application(
         if h.get(H_ORIGIN) == ship.encode():
             mine.append(int(h[H_SEQ]))
     assert sorted(mine) == list(range(1, 21))
+
+
+def _customer_file(site: Site, root: Path, user: str) -> Path:
+    """A customer's own file: its site's Kafka, its principal, its password as ${ENV}."""
+    path = root / f"{user}.toml"
+    path.write_text(
+        f"""
+[sites.tokyo]
+streams = ["containers"]
+[sites.tokyo.kafka]
+bootstrap = "{site.broker.bootstrap}"
+ca_file = "{site.auth(user).ca_file}"
+username = "{user}"
+password = "${{SL_TEST_CUSTOMER_PASSWORD}}"
+"""
+    )
+    return path
+
+
+def test_shorelink_consume_reads_a_customer_stream_and_is_refused_another(
+    site: Site, tmp_path: Path
+) -> None:
+    ship = unique("ship")
+    p = Producer(site.conf_admin())
+    for q in (1, 2, 3):
+        r = record(ship, "containers", q)
+        p.produce("sl.customer.acme.containers", r.value, r.key, headers=r.headers())
+    assert p.flush(30) == 0
+    cfg = _customer_file(site, tmp_path, "customer-acme")
+    env = {**os.environ, "SL_TEST_CUSTOMER_PASSWORD": PASSWORDS["customer-acme"]}
+    argv = [sys.executable, "-m", "shorelink.cli", "consume", "--site", "tokyo"]
+    argv += ["--config", str(cfg), "--stream", "containers"]
+    out = subprocess.run(
+        [*argv, "--customer", "acme"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    mine = [json.loads(line) for line in out.stdout.splitlines() if ship in line]
+    assert [m["seq"] for m in mine] == [1, 2, 3]
+    refused = subprocess.run(
+        [*argv, "--customer", "globex"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert refused.returncode == 2 and "not authorized" in refused.stderr, refused.stderr
+    # and without the secret in the environment: a clear error naming the field
+    env.pop("SL_TEST_CUSTOMER_PASSWORD")
+    unset = subprocess.run(
+        [*argv, "--customer", "acme"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert unset.returncode == 2 and "sites.tokyo.kafka.password" in unset.stderr
