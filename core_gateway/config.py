@@ -14,6 +14,7 @@ from pathlib import Path
 from shorelink.config import LOG_LEVELS, Section, key, read, read_key
 from shorelink.config import load_config as load_file
 from shorelink.errors import ConfigError
+from shorelink.kafka_auth import KafkaAuth
 from shorelink.tls import TlsFile, server_context
 from shorelink.topics import Durability
 from shorelink.wire import Limits
@@ -71,6 +72,9 @@ class GatewayConfig:
     #: first); default ``shorelink-gateway-<site>``
     transactional_id: str = field(default="", metadata=key("kafka.transactional_id"))
     kafka_timeout_s: float = field(default=30.0, metadata=key("kafka.timeout"))
+    #: who the gateway is at the site's Kafka (``kafka.username``, ``kafka.password``,
+    #: ``kafka.ca_file``, ``kafka.mechanism``; docs/access-control.md)
+    kafka_auth: KafkaAuth = field(default_factory=KafkaAuth, metadata=key("kafka"))
     log_level: str = field(default="info", metadata=key(choices=LOG_LEVELS))
     #: processes decoding large batches (core_gateway/decoding.py); 0: a thread
     decode_workers: int = field(default=1, metadata=key(min=0, max=64))

@@ -132,6 +132,7 @@ class IngressWriter:
             specs,
             timeout=self.cfg.kafka_timeout_s,
             durability=self.cfg.durability,
+            auth=self.cfg.kafka_auth,
         )
 
     def restore(self, holdings: Holdings) -> int:
@@ -141,7 +142,12 @@ class IngressWriter:
         the cursor read here."""
         n = 0
         for msg in read_to_end(
-            self.cfg.kafka_bootstrap, [GATEWAY_CURSOR_TOPIC], timeout=self.cfg.kafka_timeout_s
+            self.cfg.kafka_bootstrap,
+            [GATEWAY_CURSOR_TOPIC],
+            timeout=self.cfg.kafka_timeout_s,
+            auth=self.cfg.kafka_auth,
+            # a group the gateway's principal may use (its ACLs: shorelink-gateway-*)
+            extra={"group.id": f"shorelink-gateway-cursor-{self.cfg.site}"},
         ):
             origin, _, stream = (msg.key() or b"").decode().partition("/")
             holdings.restore_cursor(origin, stream, msg.value() or b"{}")
@@ -180,6 +186,7 @@ class IngressWriter:
                     "compression.type": "lz4",
                     "queue.buffering.max.messages": 500_000,
                 },
+                auth=self.cfg.kafka_auth,
             )
         )
         try:

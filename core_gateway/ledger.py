@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from core_gateway.holdings import Holdings
 from shorelink.contract import LEDGER_TOPIC
 from shorelink.errors import ContractError
+from shorelink.kafka_auth import KafkaAuth, client_config
 from shorelink.ledger import decode_entry
 from shorelink.logs import RateLimitedLog
 
@@ -21,8 +22,9 @@ log = logging.getLogger(__name__)
 
 
 class LedgerFollower:
-    def __init__(self, bootstrap: str, holdings: Holdings) -> None:
+    def __init__(self, bootstrap: str, holdings: Holdings, auth: KafkaAuth | None = None) -> None:
         self.bootstrap = bootstrap
+        self.auth = auth
         self.holdings = holdings
         self.entries = 0
         self._stop = threading.Event()
@@ -40,7 +42,7 @@ class LedgerFollower:
     def _run(self) -> None:
         consumer = Consumer(
             {
-                "bootstrap.servers": self.bootstrap,
+                **client_config(self.bootstrap, self.auth),
                 "group.id": f"shorelink-gateway-ledger-{uuid.uuid4().hex}",
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",

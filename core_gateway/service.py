@@ -28,6 +28,7 @@ from core_gateway.holdings import Holdings, SourceHoldings
 from core_gateway.ingress import IngressWriter, Write
 from core_gateway.ledger import LedgerFollower
 from core_gateway.metrics import GatewayMetrics
+from shorelink.errors import ShorelinkError
 from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, WireError, peek_header
 
@@ -56,7 +57,7 @@ class GatewayService:
         self.writer = IngressWriter(cfg, on_commit=self.metrics.committed)
         self.metrics.commit_retries.set_function(lambda: self.writer.retries)
         self.decoder = BatchDecoder(cfg.limits, workers=cfg.decode_workers)
-        self.ledger = LedgerFollower(cfg.kafka_bootstrap, self.holdings)
+        self.ledger = LedgerFollower(cfg.kafka_bootstrap, self.holdings, cfg.kafka_auth)
         self.ready = asyncio.Event()
         #: seqs of each (ship, stream) admitted but not committed yet, one set per write
         self._inflight: dict[tuple[str, str], list[RangeSet]] = {}
@@ -90,6 +91,9 @@ class GatewayService:
                 n = await asyncio.to_thread(blocking)
                 break
             except Exception as exc:  # Kafka not up yet: keep trying, stay unready
+                if isinstance(exc, ShorelinkError) and not exc.retryable:
+                    log.error("event=gateway_start_failed error=%r", str(exc))
+                    raise  # refused credentials: waiting does not help
                 self.startup_error = str(exc)
                 log.warning("event=gateway_start_retry error=%r retry_in=%.0fs", str(exc), delay)
                 await asyncio.sleep(delay)
