@@ -338,9 +338,12 @@ def _tls_failure(exc: BaseException) -> str:
             return f"certificate not trusted: {seen.certificate_error}"
         if isinstance(seen, ssl.SSLCertVerificationError):
             return f"certificate not trusted: {seen.verify_message or seen}"
+        if isinstance(seen, aiohttp.ClientConnectorError) and isinstance(
+            seen.os_error, ssl.SSLError
+        ):
+            seen = seen.os_error  # e.g. TLS spoken to a plain HTTP port
+            continue
         if isinstance(seen, ssl.SSLError):
-            return f"{seen.reason or seen}"
-        if isinstance(seen, aiohttp.ClientSSLError):
             return str(seen)
         seen = seen.__cause__ or seen.__context__
     return ""
