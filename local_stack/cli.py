@@ -12,8 +12,9 @@ from local_stack import stack as stack_mod
 from local_stack import tools
 from local_stack.errors import StackError
 from shorelink.cli_support import BOOTSTRAP_LOCATOR
+from shorelink.kafka_auth import KafkaAuth
 
-__all__ = ["audit_stack_option", "stack", "stack_bootstrap"]
+__all__ = ["audit_stack_option", "stack", "stack_kafka"]
 
 DEFAULT_DIR = Path("stack")
 
@@ -61,11 +62,25 @@ def install() -> None:
     help="Directory for data, logs and stack.json.",
 )
 @click.option("--kafka-heap", default="512m", show_default=True, help="JVM heap per broker.")
-def up(sites: str, ships: str, dir_: Path, kafka_heap: str) -> None:
-    """Start the stack and write DIR/stack.json describing every endpoint."""
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Plain brokers (no TLS, no SASL, no ACLs) instead of SASL/SCRAM over TLS.",
+)
+def up(sites: str, ships: str, dir_: Path, kafka_heap: str, insecure: bool) -> None:
+    """Start the stack and write DIR/stack.json describing every endpoint.
+
+    Each Kafka takes SASL/SCRAM over TLS with ACLs: the CA is DIR/tls/ca.pem, the
+    super user's password SL_KAFKA_ADMIN_PASSWORD in DIR/secrets.env."""
     site_list = [s.strip() for s in sites.split(",") if s.strip()]
     try:
-        info = stack_mod.up(dir_, site_list, stack_mod.parse_ships(ships), kafka_heap=kafka_heap)
+        info = stack_mod.up(
+            dir_,
+            site_list,
+            stack_mod.parse_ships(ships),
+            kafka_heap=kafka_heap,
+            secure=not insecure,
+        )
     except StackError as exc:
         _fail(exc)
     click.echo(json.dumps(info.to_json(), indent=2))
@@ -117,18 +132,20 @@ def down(dir_: Path) -> None:
     click.echo(f"stopped: {', '.join(stopped) or 'nothing was running'}")
 
 
-def stack_bootstrap(stack_dir: Path, site: str) -> str:
-    """The Kafka bootstrap of ``site`` in the stack at ``stack_dir`` (its stack.json)."""
+def stack_kafka(stack_dir: Path, site: str) -> tuple[str, KafkaAuth]:
+    """The Kafka bootstrap of ``site`` in the stack at ``stack_dir`` (its stack.json),
+    and how its super user connects."""
     try:
-        bootstrap: str = stack_mod.load(stack_dir).sites[site]["kafka"]
+        info = stack_mod.load(stack_dir)
+        bootstrap: str = info.sites[site]["kafka"]
     except (StackError, KeyError) as exc:
         raise StackError(f"no site {site!r} in the stack at {stack_dir}: {exc}") from exc
-    return bootstrap
+    return bootstrap, info.admin_auth()
 
 
 def _locate_in_stack(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
     if value is not None:
-        ctx.meta[BOOTSTRAP_LOCATOR] = lambda site: stack_bootstrap(value, site)
+        ctx.meta[BOOTSTRAP_LOCATOR] = lambda site: stack_kafka(value, site)
 
 
 #: ``shorelink audit --stack DIR`` (entry point ``shorelink.options``, ``audit``)

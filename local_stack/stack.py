@@ -1,6 +1,12 @@
 """The local stack: one Kafka per site, one Mosquitto per ship, one toxiproxy with a proxy
 per ship->site link, all on loopback, described by ``DIR/stack.json``.
 
+Each Kafka runs as a site's does in production (local_stack/kafka.py): SASL/SCRAM over
+TLS with ACLs, its certificate from the CA made under ``DIR/tls/`` at the first ``up``,
+the super user's password in ``DIR/secrets.env`` (mode 0600; the same at every ``up`` of
+the directory: it was written into the brokers' storage when they were formatted).
+``--insecure`` starts plain brokers instead.
+
 Used by ``shorelink stack up|status|down``, by the pytest fixtures, the demo and the
 benchmarks, so all of them run the same real components the same way.
 """
@@ -8,22 +14,30 @@ benchmarks, so all of them run the same real components the same way.
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from local_stack.errors import StackError
-from local_stack.kafka import start_kafka
+from local_stack.kafka import BrokerSecurity, start_kafka
 from local_stack.mosquitto import start_mosquitto
 from local_stack.process import Proc, free_port, pid_alive, port_open, stop_pids, stop_procs
+from local_stack.tls import make_authority
 from local_stack.toxiproxy import Toxiproxy, start_toxiproxy
+from shorelink.config import Secret
 from shorelink.files import write_json_atomic
+from shorelink.kafka_auth import KafkaAuth
 
 __all__ = ["Component", "StackInfo", "down", "link_name", "load", "status", "up"]
 
 HOST = "127.0.0.1"
 STACK_FILE = "stack.json"
+SECRETS_FILE = "secrets.env"
+#: the variable of ``secrets.env`` holding the brokers' super user's password
+ADMIN_PASSWORD_VAR = "SL_KAFKA_ADMIN_PASSWORD"
 
 
 def link_name(ship: str, site: str) -> str:
@@ -57,6 +71,20 @@ class StackInfo:
     #: further processes started on top of the stack (the demo's gateways, Spark
     #: applications, edge agents): name -> {"pid", "log", "address"}; stopped by `down`
     processes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the brokers' security: {"ca_file", "admin_user"} ({} for plain brokers); the
+    #: admin's password is in secrets.env, never here
+    security: dict[str, str] = field(default_factory=dict)
+
+    def admin_auth(self) -> KafkaAuth:
+        """How a super user connects to the stack's brokers."""
+        if not self.security:
+            return KafkaAuth()
+        password = read_secrets(self.dir).get(ADMIN_PASSWORD_VAR, "")
+        if not password:
+            raise StackError(f"no {ADMIN_PASSWORD_VAR} in {self.dir / SECRETS_FILE}")
+        return KafkaAuth(
+            self.security["admin_user"], Secret(password), Path(self.security["ca_file"])
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +95,7 @@ class StackInfo:
             "links": self.links,
             "toxiproxy": self.toxiproxy,
             "processes": self.processes,
+            "security": self.security,
         }
 
     def components(self) -> list[Component]:
@@ -101,7 +130,40 @@ def parse_ships(spec: str | int) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
-def up(dir: Path, sites: list[str], ships: list[str], *, kafka_heap: str = "512m") -> StackInfo:
+def read_secrets(dir: Path) -> dict[str, str]:
+    """``DIR/secrets.env`` as a dict ({} when there is none)."""
+    try:
+        lines = (dir / SECRETS_FILE).read_text().splitlines()
+    except FileNotFoundError:
+        return {}
+    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+
+
+def write_secrets(dir: Path, values: dict[str, str]) -> None:
+    """Add ``values`` to ``DIR/secrets.env`` (mode 0600)."""
+    merged = {**read_secrets(dir), **values}
+    fd = os.open(dir / SECRETS_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.writelines(f"{k}={v}\n" for k, v in sorted(merged.items()))
+
+
+def broker_security(dir: Path) -> BrokerSecurity:
+    """The stack's CA and super user (made at the first call, kept after)."""
+    password = read_secrets(dir).get(ADMIN_PASSWORD_VAR)
+    if not password:
+        password = secrets.token_urlsafe(18)
+        write_secrets(dir, {ADMIN_PASSWORD_VAR: password})
+    return BrokerSecurity(make_authority(dir / "tls"), password)
+
+
+def up(
+    dir: Path,
+    sites: list[str],
+    ships: list[str],
+    *,
+    kafka_heap: str = "512m",
+    secure: bool = True,
+) -> StackInfo:
     """Start every component, wait until each is ready, write ``stack.json``.
 
     If anything fails, whatever was started is stopped again and the error names the
@@ -118,12 +180,20 @@ def up(dir: Path, sites: list[str], ships: list[str], *, kafka_heap: str = "512m
     logs.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     info = StackInfo(dir)
+    security = broker_security(dir) if secure else None
+    if security is not None:
+        info.security = {
+            "ca_file": str(security.authority.ca_cert),
+            "admin_user": security.admin_user,
+        }
     started: list[Proc] = []
     try:
         # JVMs start slowly: launch every broker first, then wait for all of them.
         brokers = []
         for site in sites:
-            b = start_kafka(site, dir / "sites" / site, logs, wait=False, heap=kafka_heap)
+            b = start_kafka(
+                site, dir / "sites" / site, logs, wait=False, heap=kafka_heap, security=security
+            )
             started.append(b.proc)
             brokers.append(b)
         for ship in ships:
@@ -183,6 +253,7 @@ def load(dir: Path) -> StackInfo:
         data["toxiproxy"],
         data.get("started_s", 0.0),
         data.get("processes", {}),
+        data.get("security", {}),
     )
 
 

@@ -27,6 +27,7 @@ from shorelink.cli_support import BOOTSTRAP_LOCATOR, fail
 from shorelink.errors import ShorelinkError
 
 if TYPE_CHECKING:
+    from shorelink.kafka_auth import KafkaAuth
     from shorelink.sites import SiteKafka
 
 __all__ = ["COMMANDS", "OPTIONS", "main"]
@@ -96,14 +97,14 @@ def audit(
         return
     if site is None:
         fail(click.UsageError("give --site S (or --all-sites)"))
-    locate: Callable[[str], str] | None = ctx.meta.get(BOOTSTRAP_LOCATOR)
+    locate: Callable[[str], tuple[str, KafkaAuth]] | None = ctx.meta.get(BOOTSTRAP_LOCATOR)
     auth = None
     if bootstrap is None and config_path is not None:
         found = _site_kafka(config_path, site)
         bootstrap, auth = found.bootstrap, found.auth
     if bootstrap is None and locate is not None:
         try:
-            bootstrap = locate(site)
+            bootstrap, auth = locate(site)
         except ShorelinkError as exc:
             fail(exc)
     if bootstrap is None:

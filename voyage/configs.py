@@ -5,7 +5,12 @@ and every link between sites goes through a toxiproxy proxy.
 
 The files are kept in the voyage directory, so ``--keep`` leaves a stack that the usual
 commands (``shorelink-edge status --config``, ``shorelink-spark status --config``,
-``shorelink audit --all-sites --config``) explore as they are.
+``shorelink audit --all-sites --config``) explore as they are (with the secrets of
+``DIR/secrets.env`` in the environment: the files name them as ``${SL_...}``).
+
+Security is on as in production (voyage/security.py): each Kafka with SASL/SCRAM over
+TLS and ACLs, each client its own principal; each gateway serves HTTPS, ships verify it
+against the voyage's CA.
 """
 
 from __future__ import annotations
@@ -14,9 +19,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from voyage.security import STAFF, env_var
 from voyage.topology import HQ, PORTS, SATELLITE, SITES, STREAMS, WIFI, neighbours
 
-__all__ = ["ShipEndpoints", "SiteEndpoints", "edge_config", "gateway_config", "sites_config"]
+__all__ = [
+    "ShipEndpoints",
+    "SiteEndpoints",
+    "Tls",
+    "edge_config",
+    "gateway_config",
+    "sites_config",
+]
 
 
 @dataclass(frozen=True)
@@ -39,7 +52,16 @@ def _toml_list(items: list[str] | tuple[str, ...]) -> str:
     return "[" + ", ".join(f'"{x}"' for x in items) + "]"
 
 
-def gateway_config(site: SiteEndpoints, credentials: Path) -> str:
+@dataclass(frozen=True)
+class Tls:
+    """The voyage's CA, and a gateway's certificate and key."""
+
+    ca_file: Path
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+
+def gateway_config(site: SiteEndpoints, credentials: Path, tls: Tls) -> str:
     return f"""\
 # gateway of site {site.name} (written by `shorelink demo`; see deploy/gateway/gateway.toml)
 site = "{site.name}"
@@ -52,16 +74,21 @@ streams = {_toml_list(STREAMS)}
 [listen]
 host = "127.0.0.1"
 port = {site.gateway_port}
+tls_cert_file = "{tls.cert_file}"
+tls_key_file = "{tls.key_file}"
 
 [kafka]
 bootstrap = "{site.kafka}"
 ingress_partitions = 1
 transactional_id = "shorelink-gateway-{site.name}"
+username = "gateway-{site.name}"
+password = "${{{env_var("gateway", site.name)}}}"
+ca_file = "{tls.ca_file}"
 """
 
 
 def sites_config(
-    root: Path, sites: Mapping[str, SiteEndpoints], *, driver_memory: str = "2g"
+    root: Path, sites: Mapping[str, SiteEndpoints], ca_file: Path, *, driver_memory: str = "2g"
 ) -> str:
     """All four sites in one file. Small partitions counts and one table site (HQ): four
     Spark applications share this machine's two cores."""
@@ -77,6 +104,10 @@ driver_memory = "{driver_memory}"
 [spark.conf]
 "spark.ui.enabled" = "false"
 "spark.sql.shuffle.partitions" = "1"
+
+[[staff]]
+username = "{STAFF}"
+password = "${{{env_var("staff", STAFF)}}}"
 """
     ]
     for name in SITES:
@@ -97,6 +128,13 @@ tables = {"true" if name == HQ else "false"}
 
 [sites.{name}.kafka]
 bootstrap = "{s.kafka}"
+username = "spark-{name}"
+password = "${{{env_var("spark", name)}}}"
+ca_file = "{ca_file}"
+
+[sites.{name}.access]
+admin_password = "${{{env_var("kafka_admin")}}}"
+gateway_password = "${{{env_var("gateway", name)}}}"
 
 [sites.{name}.merge]
 canonical_partitions = 1
@@ -107,6 +145,7 @@ max_offsets_per_trigger = 20000
 probe_interval = "1s"
 probe_timeout = "2s"
 report_ttl = "6s"
+password = "${{{env_var("site", name)}}}"
 {topics}
 [sites.{name}.replication.via]
 {via}"""
@@ -114,16 +153,16 @@ report_ttl = "6s"
     return "".join(parts)
 
 
-def edge_config(ship: ShipEndpoints, root: Path, token: str, *, satellite_budget: int) -> str:
+def edge_config(
+    ship: ShipEndpoints, root: Path, token: str, ca_file: Path, *, satellite_budget: int
+) -> str:
     """The ship's agent: its Mosquitto, its log, port Wi-Fi to each port's gateway and
     the satellite to HQ, the streams, the mapping rules and the overboard alarm."""
     gateways = [
-        f'[[gateways]]\nsite = "{port}"\nurl = "http://{ship.links[port]}"\nlink = "{WIFI}"\n'
-        for port in PORTS
+        f'[[gateways]]\nsite = "{site}"\nurl = "https://{ship.links[site]}"\n'
+        f'link = "{SATELLITE if site == HQ else WIFI}"\nca_file = "{ca_file}"\n'
+        for site in (*PORTS, HQ)
     ]
-    gateways.append(
-        f'[[gateways]]\nsite = "{HQ}"\nurl = "http://{ship.links[HQ]}"\nlink = "{SATELLITE}"\n'
-    )
     return f"""\
 # edge agent of {ship.name} (written by `shorelink demo`; see deploy/edge/edge.toml)
 ship = "{ship.name}"

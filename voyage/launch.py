@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import ssl
 import subprocess
 import sys
 import time
@@ -30,10 +31,12 @@ from local_stack.toxiproxy import Toxiproxy, start_toxiproxy
 from voyage.configs import (
     ShipEndpoints,
     SiteEndpoints,
+    Tls,
     edge_config,
     gateway_config,
     sites_config,
 )
+from voyage.security import VoyageSecurity, env_var
 from voyage.topology import HQ, PORTS, SITES, neighbours, ship_link, site_link
 
 __all__ = ["Launched", "launch"]
@@ -56,6 +59,7 @@ class Launched:
     ships: dict[str, ShipEndpoints] = field(default_factory=dict)
     procs: list[Proc] = field(default_factory=list)
     sites_toml: Path = Path()
+    security: VoyageSecurity | None = None
     gateway_toml: dict[str, Path] = field(default_factory=dict)
     edge_toml: dict[str, Path] = field(default_factory=dict)
 
@@ -75,9 +79,9 @@ def _python(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
-def _http_ok(url: str) -> bool:
+def _http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=1) as resp:
+        with urllib.request.urlopen(url, timeout=1, context=context) as resp:
             return bool(resp.status == 200)
     except OSError:
         return False
@@ -125,6 +129,9 @@ def launch(
             s: {r: LinkListener(next(free), next(free)) for r in neighbours(s)} for s in SITES
         }
         info.save()  # stack.json from the first process on: `stack down` can stop a half start
+        sec = VoyageSecurity.create(
+            dir, [env_var(role, s) for s in SITES for role in ("spark", "gateway", "site")]
+        )
         for s in SITES:
             brokers[s] = start_kafka(
                 s,
@@ -138,6 +145,7 @@ def launch(
                 # the client compiler only: four brokers on two cores for minutes spend
                 # less CPU compiling than the optimising compiler would win back
                 jvm_opts=("-XX:TieredStopAtLevel=1",),
+                security=sec.broker(),
             )
             started.append(brokers[s].proc)
             info.sites[s] = {
@@ -161,7 +169,7 @@ def launch(
         started.append(tp.proc)
         info.toxiproxy = {"api": tp.api, "pid": tp.proc.pid, "log": str(tp.proc.log)}
         info.save()
-        launched = Launched(dir, info, tp.client())
+        launched = Launched(dir, info, tp.client(), security=sec)
         gateway_ports = {s: next(free) for s in SITES}
         for s in SITES:
             b = brokers[s]
@@ -205,12 +213,31 @@ def launch(
             launched.procs.append(p)
         started = []
 
-        say("starting a gateway per site")
+        say("creating every site's principals and ACLs (SASL/SCRAM over TLS)")
+        launched.sites_toml = dir / "sites" / "sites.toml"
+        launched.sites_toml.write_text(sites_config(dir / "sites", launched.sites, sec.ca_file))
+        for s in SITES:
+            _run(
+                _python(
+                    "spark_core.cli",
+                    "access",
+                    "apply",
+                    "--site",
+                    s,
+                    "--config",
+                    str(launched.sites_toml),
+                ),
+                f"shorelink-spark access apply --site {s}",
+            )
+
+        say("starting a gateway per site (HTTPS)")
         credentials = dir / "sites" / "ships.json"
         for s in SITES:
             path = dir / "sites" / s / "gateway.toml"
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(gateway_config(launched.sites[s], credentials))
+            cert = sec.server(f"gateway-{s}")
+            tls = Tls(sec.ca_file, cert.cert, cert.key)
+            path.write_text(gateway_config(launched.sites[s], credentials, tls))
             launched.gateway_toml[s] = path
         tokens = {
             ship: _run(
@@ -237,8 +264,6 @@ def launch(
             )
 
         say("creating every site's topics; starting a Spark application per site")
-        launched.sites_toml = dir / "sites" / "sites.toml"
-        launched.sites_toml.write_text(sites_config(dir / "sites", launched.sites))
         for s in SITES:
             _run(
                 _python(
@@ -278,7 +303,11 @@ def launch(
             path = root / "edge.toml"
             path.write_text(
                 edge_config(
-                    launched.ships[ship], root, tokens[ship], satellite_budget=SATELLITE_BUDGET
+                    launched.ships[ship],
+                    root,
+                    tokens[ship],
+                    sec.ca_file,
+                    satellite_budget=SATELLITE_BUDGET,
                 )
             )
             path.chmod(0o600)  # it holds the ship's token
@@ -292,10 +321,11 @@ def launch(
                 f"{HOST}:{launched.ships[ship].metrics_port}",
             )
 
+        verify = ssl.create_default_context(cafile=str(sec.ca_file))
         for p in launched.procs:
             if p.name.startswith("gateway:"):
-                url = f"http://{info.sites[p.name.split(':', 1)[1]]['gateway']}/readyz"
-                p.wait_ready(functools.partial(_http_ok, url), 60)
+                url = f"https://{info.sites[p.name.split(':', 1)[1]]['gateway']}/readyz"
+                p.wait_ready(functools.partial(_http_ok, url, verify), 60)
             elif p.name.startswith("edge:"):
                 ship = p.name.split(":", 1)[1]
                 port = launched.ships[ship].metrics_port

@@ -30,6 +30,7 @@ from shorelink.contract import (
     H_TS,
     canonical_topic,
 )
+from shorelink.kafka_auth import KafkaAuth, client_config
 from voyage.topology import STREAMS
 
 __all__ = ["Arrival", "EdgeSample", "SiteWatch", "edge_metrics", "query_level_with"]
@@ -57,6 +58,7 @@ class SiteWatch(threading.Thread):
         bootstrap: str,
         t0: float,
         payloads_of: tuple[str, ...] = ("alerts", "cargo"),
+        auth: KafkaAuth | None = None,
     ) -> None:
         super().__init__(name=f"watch-{site}", daemon=True)
         self.site = site
@@ -70,7 +72,7 @@ class SiteWatch(threading.Thread):
         self._lock = threading.Lock()
         self.consumer = Consumer(
             {
-                "bootstrap.servers": bootstrap,
+                **client_config(bootstrap, auth),
                 "group.id": f"voyage-watch-{site}-{time.time_ns()}",
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
@@ -190,7 +192,9 @@ def _committed_offsets(checkpoint: Path) -> dict[str, dict[str, int]] | None:
     return offsets
 
 
-def query_level_with(checkpoint: Path, bootstrap: str, topic: str) -> bool:
+def query_level_with(
+    checkpoint: Path, bootstrap: str, topic: str, auth: KafkaAuth | None = None
+) -> bool:
     """True when the streaming query at ``checkpoint`` has committed a batch that ends
     at the end of every partition of ``topic`` (so a Delta table it writes holds every
     record the topic holds)."""
@@ -199,7 +203,7 @@ def query_level_with(checkpoint: Path, bootstrap: str, topic: str) -> bool:
         return False
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap, auth),
             "group.id": "voyage-level",
             "isolation.level": "read_committed",
         }

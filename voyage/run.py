@@ -29,13 +29,16 @@ from local_stack.errors import StackError
 from local_stack.process import Proc
 from local_stack.stack import down
 from local_stack.stack import load as load_stack
+from shorelink.config import Secret
 from shorelink.contract import canonical_topic
+from shorelink.kafka_auth import KafkaAuth
 from voyage.html import write_report
 from voyage.launch import Launched, launch
 from voyage.links import LinkPlayer
 from voyage.live import LiveState, ShipRow, progress_line, render
 from voyage.observe import EdgeSample, SiteWatch, edge_metrics, query_level_with
 from voyage.report import Observed, build_report
+from voyage.security import STAFF
 from voyage.summary import summary_text
 from voyage.topology import HQ, OUTAGE, SITES
 
@@ -169,7 +172,9 @@ class Voyage:
         )
         (self.dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
         for site in SITES:
-            w = SiteWatch(site, self.launched.info.sites[site]["kafka"], plan.start_wall)
+            w = SiteWatch(
+                site, self.launched.info.sites[site]["kafka"], plan.start_wall, auth=self.staff()
+            )
             w.start()
             self.watches[site] = w
         brokers = [f"--broker={s}=127.0.0.1:{self.launched.ships[s].mqtt_port}" for s in self.ships]
@@ -307,6 +312,12 @@ class Voyage:
         links.close(time.time() - plan.start_wall)
         return links, events
 
+    def staff(self) -> KafkaAuth:
+        """How the voyage's observers read the sites' Kafkas: as Big Blue's staff."""
+        assert self.launched is not None and self.launched.security is not None
+        sec = self.launched.security
+        return KafkaAuth(STAFF, Secret(sec.password("staff", STAFF)), sec.ca_file)
+
     def tables_caught_up(self, timeout: float = 180.0) -> bool:
         """HQ's Delta table queries have committed batches up to the end of their
         canonical topics (their checkpoints against Kafka's end offsets)."""
@@ -317,7 +328,7 @@ class Voyage:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if all(
-                query_level_with(root / f"table-{t}", kafka, canonical_topic(stream))
+                query_level_with(root / f"table-{t}", kafka, canonical_topic(stream), self.staff())
                 for t, stream in tables.items()
             ):
                 return True
@@ -496,7 +507,8 @@ def keep_help(launched: Launched, ships: list[str]) -> str:
     return "\n".join(
         [
             f"the stack is still running (--keep); stop it with: shorelink stack down --dir {d}",
-            "explore it with:",
+            "explore it with (the config files name their secrets; load them first):",
+            f"  set -a; . {d / 'secrets.env'}; set +a",
             f"  shorelink stack status --dir {d}",
             f"  shorelink consume --site singapore --stream alerts --config {cfg}",
             f"  shorelink audit --all-sites --config {cfg}",

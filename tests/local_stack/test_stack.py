@@ -6,11 +6,18 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
 from local_stack.process import pid_alive, port_open
+from local_stack.stack import load
+from shorelink.kafka_auth import client_config
 
 CLI = [sys.executable, "-m", "shorelink.cli"]
 
@@ -48,6 +55,19 @@ def test_stack_up_status_down_leaves_nothing_behind(tmp_path: Path) -> None:
     assert bad.returncode == 1
     line = next(ln for ln in bad.stdout.splitlines() if ln.startswith("mosquitto:ship1"))
     assert "dead" in line and info["ships"]["ship1"]["log"] in line
+
+    # the brokers take SASL/SCRAM over TLS only: the stack's admin (DIR/secrets.env,
+    # 0600) gets in, a plain client does not
+    assert info["security"]["ca_file"] == str(d / "tls" / "ca.pem")
+    assert stat.S_IMODE((d / "secrets.env").stat().st_mode) == 0o600
+    admin = load(d).admin_auth()
+    md = AdminClient(client_config(info["sites"]["a"]["kafka"], admin)).list_topics(timeout=20)
+    assert md.brokers
+    with pytest.raises(KafkaException):
+        plain = {"bootstrap.servers": info["sites"]["a"]["kafka"], "socket.timeout.ms": 3000}
+        AdminClient(plain).list_topics(timeout=5)
+    audit = _run("audit", "--stack", str(d), "--site", "a", "--json")
+    assert json.loads(audit.stdout)["ok"] is True
 
     down = _run("stack", "down", "--dir", str(d))
     assert "kafka:a" in down.stdout
