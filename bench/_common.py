@@ -11,6 +11,7 @@ import contextlib
 import json
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -171,8 +172,8 @@ def run_bench(
 Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def scrape(url: str) -> Metrics:
-    with urllib.request.urlopen(url, timeout=5) as resp:
+def scrape(url: str, context: ssl.SSLContext | None = None) -> Metrics:
+    with urllib.request.urlopen(url, timeout=5, context=context) as resp:
         text = resp.read().decode()
     out: Metrics = {}
     for family in text_string_to_metric_families(text):
@@ -196,11 +197,16 @@ def hist_mean_ms(before: Metrics, after: Metrics, name: str) -> float | None:
     return round(delta(before, after, name + "_sum") / n * 1000, 1) if n else None
 
 
-def get_json(url: str, token: str | None = None, timeout: float = 3.0) -> Any:
+def get_json(
+    url: str,
+    token: str | None = None,
+    timeout: float = 3.0,
+    context: ssl.SSLContext | None = None,
+) -> Any:
     req = urllib.request.Request(url)
     if token:
         req.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
+    with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
         return json.loads(resp.read())
 
 

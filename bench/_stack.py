@@ -4,6 +4,10 @@ process of its own, toxiproxy when a link is wanted), the container telemetry th
 send, the HttpGateway uploads that push records flat out, reading Prometheus metrics,
 and the exactly-once check of ``sl.ingress.<stream>``.
 
+With ``secure``, the stack is what a site runs in production (docs/access-control.md):
+Kafka with SASL/SCRAM over TLS and ACLs, the gateway writing as its own principal and
+serving HTTPS, ships verifying it against the stack's CA.
+
 Run as a script, it is the gateway process (``--role gateway --config FILE``): ship and
 shore do not share a CPU or a GIL in production either.
 """
@@ -14,8 +18,10 @@ import argparse
 import asyncio
 import math
 import random
+import secrets
 import shutil
 import signal
+import ssl
 import sys
 import time
 from collections import Counter
@@ -27,10 +33,13 @@ from _common import get_json
 from telemetry import Container, fleet
 
 from edge_agent.gateway import SendResult
-from local_stack.kafka import KafkaBroker, start_kafka
+from local_stack.kafka import BrokerSecurity, KafkaBroker, start_kafka
 from local_stack.process import Proc, free_port, stop_procs
+from local_stack.tls import make_authority
 from local_stack.toxiproxy import Toxiproxy, start_toxiproxy
+from shorelink.config import Secret
 from shorelink.errors import ShorelinkError
+from shorelink.kafka_auth import KafkaAuth
 from shorelink.wire import WireRecord
 
 SITE = "tokyo"
@@ -51,9 +60,21 @@ port = {port}
 
 [kafka]
 bootstrap = "{bootstrap}"
-transactional_id = "bench-gateway-{site}"
+transactional_id = "{transactional_id}"
 ingress_partitions = {partitions}
 """
+
+SECURE_GATEWAY = """
+[listen]
+tls_cert_file = "{cert}"
+tls_key_file = "{key}"
+
+[kafka]
+username = "{user}"
+password = "{password}"
+ca_file = "{ca}"
+"""
+GATEWAY_USER = "gateway-bench"
 
 
 # -- the workload: container telemetry -----------------------------------------------------
@@ -114,9 +135,17 @@ class Stack:
     ``ships``; :meth:`cleanup` stops every process started here or added to ``procs``."""
 
     def __init__(
-        self, work: Path, ships: list[str], say: Callable[[str], None], *, link: bool = False
+        self,
+        work: Path,
+        ships: list[str],
+        say: Callable[[str], None],
+        *,
+        link: bool = False,
+        secure: bool = False,
     ) -> None:
         self.work = work
+        self.secure = secure
+        self.security: BrokerSecurity | None = None
         self.logs = work / "logs"
         self.ships = ships
         self.say = say
@@ -130,7 +159,22 @@ class Stack:
 
     @property
     def gw_url(self) -> str:
-        return f"http://127.0.0.1:{self.gw_port}"
+        return f"{'https' if self.secure else 'http'}://127.0.0.1:{self.gw_port}"
+
+    @property
+    def admin(self) -> KafkaAuth:
+        """How the benchmark's own clients (a bare producer, the exactly-once read)
+        connect: the super user, over TLS when the stack is secure."""
+        assert self.kafka is not None
+        return self.kafka.admin
+
+    @property
+    def ca_file(self) -> Path | None:
+        return self.security.authority.ca_cert if self.security else None
+
+    def client_tls(self) -> ssl.SSLContext | None:
+        """For HTTP requests to the gateway (its /metrics and /readyz)."""
+        return ssl.create_default_context(cafile=str(self.ca_file)) if self.secure else None
 
     @property
     def bootstrap(self) -> str:
@@ -144,9 +188,13 @@ class Stack:
         from core_gateway.auth import Credentials
 
         say = self.say
-        say("starting kafka")
+        say("starting kafka" + (" (SASL/SCRAM over TLS, ACLs)" if self.secure else ""))
+        if self.secure:
+            self.security = BrokerSecurity(
+                make_authority(self.work / "tls"), secrets.token_urlsafe(16)
+            )
         try:
-            self.kafka = start_kafka(SITE, self.work / "kafka", self.logs)
+            self.kafka = start_kafka(SITE, self.work / "kafka", self.logs, security=self.security)
         except ShorelinkError as exc:
             if "storage format failed" not in str(exc):
                 raise
@@ -154,7 +202,7 @@ class Stack:
             # kafka-storage (local_stack/kafka.py): a new id is one retry away
             say("kafka: storage format failed (cluster id?); once more")
             shutil.rmtree(self.work / "kafka", ignore_errors=True)
-            self.kafka = start_kafka(SITE, self.work / "kafka", self.logs)
+            self.kafka = start_kafka(SITE, self.work / "kafka", self.logs, security=self.security)
         self.procs.append(self.kafka.proc)
         say(f"kafka at {self.kafka.bootstrap}")
         if self.link:
@@ -166,26 +214,54 @@ class Stack:
         for ship in self.ships:
             self.tokens[ship] = creds.add(ship)
         config = self.work / "gateway" / "gateway.toml"
-        config.write_text(
-            GATEWAY_CONFIG.format(
-                site=SITE,
-                credentials=creds.path,
-                port=self.gw_port,
-                bootstrap=self.kafka.bootstrap,
-                partitions=INGRESS_PARTITIONS,
-            )
+        txn = f"bench-gateway-{SITE}"
+        text = GATEWAY_CONFIG.format(
+            site=SITE,
+            credentials=creds.path,
+            port=self.gw_port,
+            bootstrap=self.kafka.bootstrap,
+            partitions=INGRESS_PARTITIONS,
+            transactional_id=txn,
         )
+        if self.security is not None:
+            text = self._secure_gateway(text, txn)
+        config.write_text(text)
+        config.chmod(0o600)
         self.gateway = start_role(__file__, "gateway", "gateway", config, self.logs)
         self.procs.append(self.gateway)
 
         def ready() -> bool:
             try:
-                return bool(get_json(self.gw_url + "/readyz").get("ready"))
+                return bool(
+                    get_json(self.gw_url + "/readyz", context=self.client_tls()).get("ready")
+                )
             except (OSError, ValueError):
                 return False
 
         self.gateway.wait_ready(ready, timeout=90)
         say(f"gateway ready at {self.gw_url}")
+
+    def _secure_gateway(self, text: str, transactional_id: str) -> str:
+        """The gateway's principal and ACLs (spark_core/access.py), its certificate,
+        and the config keys for both."""
+        from spark_core.access import AccessPlan, apply_access, grant_gateway
+
+        assert self.kafka is not None and self.security is not None
+        password = secrets.token_urlsafe(16)
+        plan = AccessPlan(SITE)
+        grant_gateway(plan, GATEWAY_USER, Secret(password), transactional_id)
+        apply_access(plan, self.kafka.bootstrap, self.kafka.admin)
+        cert = self.security.authority.issue("gateway-bench")
+        listen, kafka = SECURE_GATEWAY.strip().split("\n\n")
+        extra = {
+            "[listen]": listen.format(cert=cert.cert, key=cert.key).split("\n", 1)[1],
+            "[kafka]": kafka.format(
+                user=GATEWAY_USER, password=password, ca=self.security.authority.ca_cert
+            ).split("\n", 1)[1],
+        }
+        for table, lines in extra.items():
+            text = text.replace(f"{table}\n", f"{table}\n{lines}\n", 1)
+        return text
 
     async def upload(
         self, bodies: dict[str, list[bytes]], last: dict[str, int], window: int
@@ -202,7 +278,7 @@ class Stack:
 
         async def one_ship(ship: str) -> None:
             gw = HttpGateway(
-                GatewayEndpoint(SITE, self.gw_url, "port_wifi"),
+                GatewayEndpoint(SITE, self.gw_url, "port_wifi", ca_file=self.ca_file),
                 link,
                 ship,
                 Secret(self.tokens[ship]),
@@ -237,7 +313,9 @@ class Stack:
 
         self.say(f"verify: reading {ingress_topic(STREAM)} to its end")
         counts: dict[str, Counter[int]] = {}
-        for msg in read_to_end(self.bootstrap, [ingress_topic(STREAM)], timeout=300):
+        for msg in read_to_end(
+            self.bootstrap, [ingress_topic(STREAM)], timeout=300, auth=self.admin
+        ):
             h = dict(msg.headers() or [])
             origin = h[H_ORIGIN].decode()
             counts.setdefault(origin, Counter())[int(h[H_SEQ])] += 1

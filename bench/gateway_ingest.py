@@ -12,6 +12,11 @@ to another topic: records/s to ``flush()``. An uncounted warm-up round of both, 
 rounds alternate (``--ingest-rounds``, medians reported). Then ``sl.ingress.containers``
 is read to its end (read_committed): every seq of every ship exactly once.
 
+``--security both`` (the default) runs all of it twice, side by side: on a plain stack,
+then on one as a site runs in production (docs/access-control.md: Kafka with
+SASL/SCRAM over TLS and ACLs, the gateway as its own principal serving HTTPS, the bare
+producer over SASL_SSL too); ``tls_sasl`` is the cost: each rate secure / plain.
+
     .venv/bin/python bench/gateway_ingest.py --quick     # ~20 seconds (50k records a round)
     .venv/bin/python bench/gateway_ingest.py             # 200k records a round, 3 rounds
 
@@ -51,6 +56,7 @@ from _stack import (
 
 from local_stack.process import Proc
 from shorelink.errors import ShorelinkError
+from shorelink.kafka_auth import client_config
 from shorelink.wire import WireRecord
 
 BARE_TOPIC = "bench.bare.containers"
@@ -64,15 +70,20 @@ class Bench:
         self.args = args
         self.ships = [f"loop{i}" for i in range(1, args.ingest_ships + 1)]
         self.next_seq = dict.fromkeys(self.ships, 1)
-        self.stack = Stack(work, self.ships, say)
+        modes = ["plain", "secure"] if args.security == "both" else [args.security]
+        for m in modes:
+            (work / m).mkdir(parents=True, exist_ok=True)
+        self.stacks = {m: Stack(work / m, self.ships, say, secure=m == "secure") for m in modes}
+        self.stack = self.stacks[modes[0]]
         self.result: dict[str, Any] = {"benchmark": "gateway_ingest"}
 
     @property
     def procs(self) -> list[Proc]:
-        return self.stack.procs
+        return [p for s in self.stacks.values() for p in s.procs]
 
     def cleanup(self) -> None:
-        self.stack.cleanup()
+        for s in self.stacks.values():
+            s.cleanup()
 
     def run(self) -> dict[str, Any]:
         t0 = time.monotonic()
@@ -86,9 +97,29 @@ class Bench:
         }
         # this machine's other load skews every number here: keep it beside them
         self.result["loadavg_1m_at_start"] = round(os.getloadavg()[0], 2)
-        self.stack.start()
-        self.ingest()
-        self.verify()
+        for mode, stack in self.stacks.items():
+            say(f"=== {mode} stack")
+            self.stack = stack
+            self.next_seq = dict.fromkeys(self.ships, 1)
+            key = "ingest" if mode == "plain" else "ingest_secure"
+            stack.start()
+            self.ingest(key)
+            self.verify(key)
+            stack.cleanup()  # the next stack gets the machine to itself
+        if len(self.stacks) == 2:
+            plain, secure = self.result["ingest"], self.result["ingest_secure"]
+            self.result["tls_sasl"] = {
+                "gateway_records_s": {
+                    "plain": plain["gateway_records_s"],
+                    "secure": secure["gateway_records_s"],
+                },
+                "gateway_secure_over_plain": round(
+                    secure["gateway_records_s"] / plain["gateway_records_s"], 3
+                ),
+                "bare_producer_secure_over_plain": round(
+                    secure["bare_producer_records_s"] / plain["bare_producer_records_s"], 3
+                ),
+            }
         self.result["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
         self.result["seconds_total"] = round(time.monotonic() - t0, 1)
         return self.result
@@ -98,13 +129,18 @@ class Bench:
         self.next_seq[ship] = first + n
         return wire_records(ship, first, n, seed)
 
-    def ingest(self) -> None:
+    def ingest(self, key: str) -> None:
         from shorelink.topics import TopicSpec, ensure_topics
         from shorelink.wire import Batch, encode_batch
 
         a = self.args
         gw_url = self.stack.gw_url
-        ensure_topics(self.stack.bootstrap, [TopicSpec(BARE_TOPIC, partitions=INGRESS_PARTITIONS)])
+        tls = self.stack.client_tls()
+        ensure_topics(
+            self.stack.bootstrap,
+            [TopicSpec(BARE_TOPIC, partitions=INGRESS_PARTITIONS)],
+            auth=self.stack.admin,
+        )
         per_ship = a.ingest_records // len(self.ships)
         gw_rates: list[float] = []
         bare_rates: list[float] = []
@@ -123,11 +159,11 @@ class Bench:
                 for s, rs in recs.items()
             }
             n = sum(len(rs) for rs in recs.values())
-            g0 = scrape(gw_url + "/metrics")
+            g0 = scrape(gw_url + "/metrics", tls)
             say(f"ingest round {r}/{a.ingest_rounds}: gateway, {n} records")  # 0: warm-up
             last = {s: rs[-1].seq for s, rs in recs.items()}
             elapsed, lat = asyncio.run(self.stack.upload(bodies, last, a.ingest_window))
-            g1 = scrape(gw_url + "/metrics")
+            g1 = scrape(gw_url + "/metrics", tls)
             if not r:
                 self.bare_produce(recs)
                 say("ingest: warm-up round done (not counted)")
@@ -142,7 +178,7 @@ class Bench:
             say(f"ingest round {r}: bare producer {n / bare_s:.0f} records/s")
         gw = statistics.median(gw_rates)
         bare = statistics.median(bare_rates)
-        self.result["ingest"] = {
+        self.result[key] = {
             "records_per_round": per_ship * len(self.ships),
             "gateway_records_s": round(gw),
             "bare_producer_records_s": round(bare),
@@ -168,7 +204,7 @@ class Bench:
         bootstrap = self.stack.bootstrap
         p = Producer(
             {
-                "bootstrap.servers": bootstrap,
+                **client_config(bootstrap, self.stack.admin),
                 "enable.idempotence": True,
                 "acks": "all",
                 "linger.ms": 5,
@@ -209,11 +245,11 @@ class Bench:
             raise RuntimeError(f"bare producer: {left} not flushed, {failed} failed")
         return elapsed
 
-    def verify(self) -> None:
+    def verify(self, key: str) -> None:
         ok, detail, seconds = self.stack.verify({s: self.next_seq[s] - 1 for s in self.ships})
-        self.result["ingest"]["exactly_once"] = ok
-        self.result["exactly_once_detail"] = detail
-        self.result["verify_s"] = seconds
+        self.result[key]["exactly_once"] = ok
+        self.result[key]["exactly_once_detail"] = detail
+        self.result[key]["verify_s"] = seconds
 
 
 # -- command line --------------------------------------------------------------------------
@@ -241,6 +277,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=None,
         help="alternating gateway/bare rounds, medians reported (default 3; quick 1)",
+    )
+    p.add_argument(
+        "--security",
+        choices=("both", "plain", "secure"),
+        default="both",
+        help="plain stack, secure stack (SASL/SCRAM over TLS, ACLs, HTTPS), or both side "
+        "by side (default both)",
     )
     a = p.parse_args(argv)
     fill_defaults(a, {"ingest_records": (50_000, 200_000), "ingest_rounds": (1, 3)})

@@ -63,6 +63,7 @@ __all__ = [
     "apply_access",
     "customer_group_prefix",
     "customer_principal",
+    "grant_gateway",
     "plan_access",
 ]
 
@@ -238,14 +239,27 @@ def _application(plan: AccessPlan, s: SiteConfig) -> None:
 
 
 def _gateway(plan: AccessPlan, s: SiteConfig) -> None:
-    who = s.access.gateway_username
-    if not who:
-        return
-    plan.user(who, s.access.gateway_password, f"sites.{s.name}.access")
+    a = s.access
+    if a.gateway_username:
+        grant_gateway(
+            plan,
+            a.gateway_username,
+            a.gateway_password,
+            a.gateway_transactional_id,
+            f"sites.{s.name}.access",
+        )
+
+
+def grant_gateway(
+    plan: AccessPlan, who: str, password: Secret, transactional_id: str, what: str = "gateway"
+) -> None:
+    """A site's gateway: its ingress topics and cursor, the ledger to read, its
+    transactional id."""
+    plan.user(who, password, what)
     plan.allow(who, TOPIC, "sl.ingress.", PREFIXED, ("WRITE", "CREATE", *_READ))
     plan.allow(who, TOPIC, GATEWAY_CURSOR_TOPIC, LITERAL, ("WRITE", "CREATE", *_READ))
     plan.allow(who, TOPIC, LEDGER_TOPIC, LITERAL, _READ)
-    plan.allow(who, TXN, s.access.gateway_transactional_id, LITERAL, ("WRITE", "DESCRIBE"))
+    plan.allow(who, TXN, transactional_id, LITERAL, ("WRITE", "DESCRIBE"))
     plan.allow(who, GROUP, "shorelink-gateway-", PREFIXED, ("READ", "DESCRIBE"))
 
 

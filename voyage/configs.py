@@ -76,6 +76,9 @@ host = "127.0.0.1"
 port = {site.gateway_port}
 tls_cert_file = "{tls.cert_file}"
 tls_key_file = "{tls.key_file}"
+# mutual TLS: each ship presents a certificate of the voyage's CA naming it, besides
+# its token (ships added with --require-client-cert)
+client_ca_file = "{tls.ca_file}"
 
 [kafka]
 bootstrap = "{site.kafka}"
@@ -154,13 +157,14 @@ password = "${{{env_var("site", name)}}}"
 
 
 def edge_config(
-    ship: ShipEndpoints, root: Path, token: str, ca_file: Path, *, satellite_budget: int
+    ship: ShipEndpoints, root: Path, token: str, tls: Tls, *, satellite_budget: int
 ) -> str:
     """The ship's agent: its Mosquitto, its log, port Wi-Fi to each port's gateway and
     the satellite to HQ, the streams, the mapping rules and the overboard alarm."""
     gateways = [
         f'[[gateways]]\nsite = "{site}"\nurl = "https://{ship.links[site]}"\n'
-        f'link = "{SATELLITE if site == HQ else WIFI}"\nca_file = "{ca_file}"\n'
+        f'link = "{SATELLITE if site == HQ else WIFI}"\nca_file = "{tls.ca_file}"\n'
+        f'client_cert_file = "{tls.cert_file}"\nclient_key_file = "{tls.key_file}"\n'
         for site in (*PORTS, HQ)
     ]
     return f"""\

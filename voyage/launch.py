@@ -246,6 +246,7 @@ def launch(
                     "ships",
                     "add",
                     ship,
+                    "--require-client-cert",
                     "--config",
                     str(launched.gateway_toml[HQ]),
                 ),
@@ -300,13 +301,14 @@ def launch(
         say("starting an edge agent per ship")
         for ship in ships:
             root = dir / "ships" / ship
+            cert = sec.authority.issue(ship, client=True)  # the ship's, for mutual TLS
             path = root / "edge.toml"
             path.write_text(
                 edge_config(
                     launched.ships[ship],
                     root,
                     tokens[ship],
-                    sec.ca_file,
+                    Tls(sec.ca_file, cert.cert, cert.key),
                     satellite_budget=SATELLITE_BUDGET,
                 )
             )
