@@ -47,6 +47,7 @@ import contextlib
 import json
 import os
 import random
+import secrets
 import statistics
 import sys
 import time
@@ -64,11 +65,14 @@ from _common import (
 )
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from local_stack.kafka import KafkaBroker, start_kafka
+from local_stack.kafka import BrokerSecurity, KafkaBroker, start_kafka
 from local_stack.process import Proc, stop_procs
+from local_stack.tls import make_authority
 from shorelink.audit import audit_site
+from shorelink.config import Secret
 from shorelink.contract import H_TS, LEDGER_TOPIC, Record, canonical_topic, ingress_topic
 from shorelink.identity import Identity
+from shorelink.kafka_auth import KafkaAuth, client_config
 from shorelink.kafka_io import read_to_end
 from shorelink.topics import TopicSpec, ensure_topics
 
@@ -98,10 +102,17 @@ trigger_interval = "{trigger}"
 [sites.{site}.kafka]
 bootstrap = "{bootstrap}"
 timeout = "30s"
-
+{kafka_auth}
 [sites.{site}.merge]
 canonical_partitions = {partitions}
 max_offsets_per_trigger = {max_offsets}
+"""
+
+# --security: the merge as the site application's own principal, over SASL/SCRAM and TLS
+SECURE_SITE = """
+[sites.{site}.access]
+admin_username = "{admin}"
+admin_password = "{admin_password}"
 """
 
 
@@ -143,10 +154,10 @@ def _produce(p: Producer, topic: str, key: bytes, value: bytes, headers: Any) ->
             p.poll(0.05)
 
 
-def _producer(bootstrap: str) -> Producer:
+def _producer(bootstrap: str, auth: KafkaAuth | None = None) -> Producer:
     return Producer(
         {
-            "bootstrap.servers": bootstrap,
+            **client_config(bootstrap, auth),
             "linger.ms": 5,
             "compression.type": "lz4",
             "queue.buffering.max.messages": 500_000,
@@ -156,13 +167,13 @@ def _producer(bootstrap: str) -> Producer:
 
 
 def fill_ingress(
-    bootstrap: str, n: int, origins: int, chunk: int, seed: int
+    bootstrap: str, n: int, origins: int, chunk: int, seed: int, auth: KafkaAuth | None = None
 ) -> tuple[dict[tuple[str, str], int], int]:
     """N records in upload chunks; every fifth chunk re-sends an earlier chunk of the
     same origin (a retried upload). Returns the highest seq per
     (origin, stream) and the number of duplicates sent."""
     rng = random.Random(seed)
-    p = _producer(bootstrap)
+    p = _producer(bootstrap, auth)
     next_seq = {ship_name(o): 1 for o in range(origins)}
     sent_chunks: dict[str, list[list[tuple[bytes, bytes, Any]]]] = {o: [] for o in next_seq}
     names = list(next_seq)
@@ -197,8 +208,8 @@ def fill_ingress(
     return {(o, STREAM): s - 1 for o, s in next_seq.items() if s > 1}, dups
 
 
-def end_offsets(bootstrap: str, topic: str) -> int:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-offsets"})
+def end_offsets(bootstrap: str, topic: str, auth: KafkaAuth | None = None) -> int:
+    c = Consumer({**client_config(bootstrap, auth), "group.id": "bench-offsets"})
     try:
         md = c.list_topics(topic, timeout=10).topics[topic]
         total = 0
@@ -214,7 +225,11 @@ def end_offsets(bootstrap: str, topic: str) -> int:
 def run_steady_producer(spec: dict[str, Any]) -> None:
     """New identities at ``rate`` records/s for ``seconds``; sl.ts = produce time."""
     p = Producer(
-        {"bootstrap.servers": spec["bootstrap"], "linger.ms": 1, "compression.type": "lz4"}
+        {
+            **client_config(spec["bootstrap"], _auth(spec)),
+            "linger.ms": 1,
+            "compression.type": "lz4",
+        }
     )
     origins = [ship_name(i, "steady") for i in range(int(spec["origins"]))]
     rate, seconds = float(spec["rate"]), float(spec["seconds"])
@@ -243,7 +258,7 @@ def run_consumer(spec: dict[str, Any]) -> None:
     records of the steady origins arrived (or the deadline): latencies in ms."""
     c = Consumer(
         {
-            "bootstrap.servers": spec["bootstrap"],
+            **client_config(spec["bootstrap"], _auth(spec)),
             "group.id": "bench-latency",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
@@ -276,6 +291,14 @@ def run_consumer(spec: dict[str, Any]) -> None:
     _write_result(spec["result"], {"seen": seen, "receive_ms": recv, "append_ms": append})
 
 
+def _auth(spec: dict[str, Any]) -> KafkaAuth:
+    """A helper process's credentials, handed over in its spec (a file of the run)."""
+    a = spec.get("auth") or {}
+    if not a:
+        return KafkaAuth()
+    return KafkaAuth(a["username"], Secret(a["password"]), Path(a["ca_file"]))
+
+
 def _write_result(path: str, data: dict[str, Any]) -> None:
     tmp = Path(path + ".tmp")
     tmp.write_text(json.dumps(data))
@@ -296,9 +319,10 @@ def pct(values: Sequence[float], q: float) -> float | None:
 
 # -- the benchmark -----------------------------------------------------------------------
 class Bench:
-    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+    def __init__(self, args: argparse.Namespace, work: Path, *, secure: bool = False) -> None:
         self.args = args
         self.work = work
+        self.secure = secure
         self.procs: list[Proc] = []
         self.broker: KafkaBroker | None = None
         self.spark: Any = None
@@ -310,6 +334,16 @@ class Bench:
     def bootstrap(self) -> str:
         assert self.broker is not None
         return self.broker.bootstrap
+
+    @property
+    def auth(self) -> KafkaAuth:
+        """The benchmark's own clients: the super user (over TLS when secure)."""
+        assert self.broker is not None
+        return self.broker.admin
+
+    def spark_kafka(self) -> dict[str, str]:
+        """The same, as options of Spark's Kafka source and sink (the copy)."""
+        return {"kafka.bootstrap.servers": self.bootstrap, **self.auth.spark_options()}
 
     def cleanup(self) -> None:
         for q in self.queries:
@@ -326,7 +360,12 @@ class Bench:
 
     # set-up
     def start_broker(self) -> None:
-        self.broker = start_kafka(SITE, self.work / "kafka", self.work / "logs", heap="1g")
+        security = None
+        if self.secure:
+            security = BrokerSecurity(make_authority(self.work / "tls"), secrets.token_urlsafe(16))
+        self.broker = start_kafka(
+            SITE, self.work / "kafka", self.work / "logs", heap="1g", security=security
+        )
         self.procs.append(self.broker.proc)
         say(f"kafka on {self.bootstrap}")
 
@@ -348,6 +387,7 @@ class Bench:
         )
 
     def site_config(self) -> Any:
+        from spark_core.access import apply_access, plan_access
         from spark_core.config import load_config
 
         path = self.work / "sites.toml"
@@ -361,9 +401,33 @@ class Bench:
                 bootstrap=self.bootstrap,
                 partitions=PARTITIONS,
                 max_offsets=self.args.max_offsets,
+                kafka_auth=self._kafka_auth(),
             )
+            + (self._secure_site() if self.secure else "")
         )
-        return load_config(path).site(SITE)
+        path.chmod(0o600)
+        cfg = load_config(path)
+        if self.secure:
+            # the merge runs as the site application's principal, with its ACLs only
+            assert self.broker is not None
+            apply_access(plan_access(cfg, SITE), self.bootstrap, self.broker.admin)
+        return cfg.site(SITE)
+
+    def _kafka_auth(self) -> str:
+        """The site application's principal, in its ``[sites.S.kafka]`` table."""
+        if not self.secure:
+            return ""
+        assert self.broker is not None and self.broker.security is not None
+        ca = self.broker.security.authority.ca_cert
+        password = secrets.token_urlsafe(16)
+        return f'username = "spark-bench"\npassword = "{password}"\nca_file = "{ca}"\n'
+
+    def _secure_site(self) -> str:
+        assert self.broker is not None and self.broker.security is not None
+        sec = self.broker.security
+        return SECURE_SITE.format(
+            site=SITE, admin=sec.admin_user, admin_password=sec.admin_password
+        )
 
     # phases
     def warm_up(self) -> float:
@@ -373,11 +437,13 @@ class Bench:
         from spark_core.merge_batch import ArrowBatch, batch_frame
 
         t0 = time.monotonic()
-        ensure_topics(self.bootstrap, [TopicSpec(f"{COPY_TOPIC}.warm", partitions=PARTITIONS)])
+        ensure_topics(
+            self.bootstrap, [TopicSpec(f"{COPY_TOPIC}.warm", partitions=PARTITIONS)], auth=self.auth
+        )
         for _ in range(3):
             df = (
                 self.spark.read.format("kafka")
-                .option("kafka.bootstrap.servers", self.bootstrap)
+                .options(**self.spark_kafka())
                 .option("subscribe", INGRESS)
                 .option("includeHeaders", "true")
                 .option("kafka.isolation.level", "read_committed")
@@ -385,8 +451,8 @@ class Bench:
                 .limit(self.args.max_offsets)
             )
             ArrowBatch(batch_frame(df).toArrow())
-            df.select("key", "value", "headers").write.format("kafka").option(
-                "kafka.bootstrap.servers", self.bootstrap
+            df.select("key", "value", "headers").write.format("kafka").options(
+                **self.spark_kafka()
             ).option("topic", f"{COPY_TOPIC}.warm").save()
         say(f"warm-up: {time.monotonic() - t0:.1f} s")
         return round(time.monotonic() - t0, 1)
@@ -394,11 +460,11 @@ class Bench:
     def copy_phase(self, n: int, run: int) -> dict[str, Any]:
         """Plain Spark Kafka -> Kafka copy, no dedup: the reference."""
         topic = f"{COPY_TOPIC}.{run}"
-        ensure_topics(self.bootstrap, [TopicSpec(topic, partitions=PARTITIONS)])
+        ensure_topics(self.bootstrap, [TopicSpec(topic, partitions=PARTITIONS)], auth=self.auth)
         t0 = time.monotonic()
         df = (
             self.spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", self.bootstrap)
+            .options(**self.spark_kafka())
             .option("subscribe", INGRESS)
             .option("includeHeaders", "true")
             .option("startingOffsets", "earliest")
@@ -410,7 +476,7 @@ class Bench:
             df.select("key", "value", "headers")
             .writeStream.format("kafka")
             .queryName(f"copy-{run}")
-            .option("kafka.bootstrap.servers", self.bootstrap)
+            .options(**self.spark_kafka())
             .option("topic", topic)
             .option("checkpointLocation", str(self.work / "checkpoints" / f"copy-{run}"))
             .trigger(availableNow=True)
@@ -424,7 +490,7 @@ class Bench:
             raise RuntimeError(f"copy {run} failed: {q.exception()}")
         wall = time.monotonic() - t0
         batches = sum(p["durationMs"].get("triggerExecution", 0) for p in q.recentProgress) / 1000
-        copied = end_offsets(self.bootstrap, topic)
+        copied = end_offsets(self.bootstrap, topic, self.auth)
         out = {
             "records": copied,
             "wall_s": round(wall, 2),
@@ -487,7 +553,7 @@ class Bench:
 
     def state_size(self, merger: Any) -> dict[str, Any]:
         entries: dict[bytes, int] = {}
-        for msg in read_to_end(self.bootstrap, [LEDGER_TOPIC], timeout=60):
+        for msg in read_to_end(self.bootstrap, [LEDGER_TOPIC], timeout=60, auth=self.auth):
             if msg.value() is not None:
                 entries[msg.key()] = len(msg.key()) + len(msg.value())
         status = merger.status_path
@@ -499,7 +565,7 @@ class Bench:
             "status_file_bytes": status.stat().st_size,
             "ledger_entries": len(entries),
             "ledger_bytes_latest": sum(entries.values()),
-            "ledger_records_total": end_offsets(self.bootstrap, LEDGER_TOPIC),
+            "ledger_records_total": end_offsets(self.bootstrap, LEDGER_TOPIC, self.auth),
         }
 
     def latency_phase(self, site: Any) -> None:
@@ -518,7 +584,7 @@ class Bench:
             time.sleep(0.2)
         if q.lastProgress is None:
             raise RuntimeError("continuous merge made no progress in 120 s")
-        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "bench-ends"})
+        c = Consumer({**client_config(self.bootstrap, self.auth), "group.id": "bench-ends"})
         md = c.list_topics(CANONICAL, timeout=10).topics[CANONICAL]
         offsets = {
             str(p): c.get_watermark_offsets(TopicPartition(CANONICAL, p), timeout=10)[1]
@@ -569,7 +635,7 @@ class Bench:
 
     def audit(self, expected: dict[tuple[str, str], int]) -> None:
         t0 = time.monotonic()
-        sources, malformed = audit_site(self.bootstrap, [STREAM], timeout=600)
+        sources, malformed = audit_site(self.bootstrap, [STREAM], timeout=600, auth=self.auth)
         got = {(s.origin, s.stream): s for s in sources}
         missing = sum(
             max(0, hi - (got[src].identities if src in got else 0)) for src, hi in expected.items()
@@ -580,7 +646,7 @@ class Bench:
         wrong_max = sorted(
             f"{o}/{s}"
             for (o, s), a in got.items()
-            if (o, s) in expected and max(a.seqs) != expected[(o, s)]
+            if (o, s) in expected and a.held.last != expected[(o, s)]
         )
         identities = sum(s.identities for s in sources)
         self.result["audit"] = {
@@ -606,6 +672,13 @@ class Bench:
 
     # helpers
     def helper(self, role: str, **spec: Any) -> Any:
+        auth = self.auth
+        if auth.username:
+            spec["auth"] = {
+                "username": auth.username,
+                "password": auth.password.value,
+                "ca_file": str(auth.ca_file),
+            }
         return Helper.start(role, self.work, bootstrap=self.bootstrap, procs=self.procs, **spec)
 
     @staticmethod
@@ -633,11 +706,13 @@ class Bench:
             }
         )
         self.start_broker()
-        ensure_topics(self.bootstrap, [TopicSpec(INGRESS, partitions=PARTITIONS)])
-        expected, dups = fill_ingress(self.bootstrap, a.records, a.origins, a.chunk, a.seed)
+        ensure_topics(self.bootstrap, [TopicSpec(INGRESS, partitions=PARTITIONS)], auth=self.auth)
+        expected, dups = fill_ingress(
+            self.bootstrap, a.records, a.origins, a.chunk, a.seed, self.auth
+        )
         self.result["duplicates_in_ingress"] = dups
         self.result["duplicate_share"] = round(dups / a.records, 4)
-        self.result["ingress_records"] = end_offsets(self.bootstrap, INGRESS)
+        self.result["ingress_records"] = end_offsets(self.bootstrap, INGRESS, self.auth)
         self.result["payload_bytes"] = len(make_record("ship-00", 123456, 0)[1])
         say("starting spark")
         t0 = time.monotonic()
@@ -701,6 +776,48 @@ class Helper:
         return json.loads(path.read_text())
 
 
+class SideBySide:
+    """``--security both``: the whole benchmark on a plain broker, then on one as a
+    site runs in production (SASL/SCRAM over TLS, ACLs; the merge as the site
+    application's principal); ``tls_sasl``: each figure secure / plain."""
+
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.runs = {m: Bench(args, work / m, secure=m == "secure") for m in ("plain", "secure")}
+        for m in self.runs:
+            (work / m).mkdir(parents=True, exist_ok=True)
+
+    @property
+    def procs(self) -> list[Proc]:
+        return [p for b in self.runs.values() for p in b.procs]
+
+    def cleanup(self) -> None:
+        for b in self.runs.values():
+            b.cleanup()
+
+    def run(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"benchmark": "merge"}
+        for mode, bench in self.runs.items():
+            say(f"=== {mode} broker")
+            out[mode] = bench.run()
+            bench.cleanup()  # the next run gets the machine (and a fresh Spark) to itself
+        plain, secure = out["plain"], out["secure"]
+
+        def rate(r: dict[str, Any], what: str) -> float:
+            if what == "merge":
+                return float(r["merge"]["records_per_s"])
+            return float(max(c["records_per_s"] for c in r["copy"].values()))
+
+        out["tls_sasl"] = {
+            f"{what}_records_s": {
+                "plain": round(rate(plain, what)),
+                "secure": round(rate(secure, what)),
+                "secure_over_plain": round(rate(secure, what) / rate(plain, what), 3),
+            }
+            for what in ("merge", "copy")
+        }
+        return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = bench_parser("bench/merge.py", __doc__)
     add_run_options(p, "small sizes: 100k records, 10 s steady", "Kafka data, logs, checkpoints")
@@ -733,6 +850,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="length of the latency phase (0 skips it); default 30, quick 10",
     )
     p.add_argument("--seed", type=int, default=5, help="seed of the duplicate choice")
+    p.add_argument(
+        "--security",
+        choices=("plain", "secure", "both"),
+        default="plain",
+        help="a plain broker, one with SASL/SCRAM over TLS and ACLs (the merge as the site "
+        "application's principal), or both side by side (tls_sasl: the cost)",
+    )
     p.add_argument("--role", choices=("producer", "consumer"), help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -755,7 +879,13 @@ def main(argv: list[str] | None = None) -> int:
     out = os.fdopen(os.dup(1), "w")
     sys.stdout.flush()
     os.dup2(2, 1)
-    return run_bench(say, args.keep, "bench-merge-", lambda work: Bench(args, work), out=out)
+
+    def make(work: Path) -> Bench | SideBySide:
+        if args.security == "both":
+            return SideBySide(args, work)
+        return Bench(args, work, secure=args.security == "secure")
+
+    return run_bench(say, args.keep, "bench-merge-", make, out=out)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ __all__ = [
     "ais",
     "cli",
     "config",
+    "customers",
     "jobs",
     "merge",
     "merge_batch",

@@ -285,11 +285,13 @@ def access_apply_cmd(
     from shorelink.cli_support import fail
     from shorelink.errors import ShorelinkError
     from spark_core.access import apply_access, plan_access
+    from spark_core.customers import load_customers
 
     cfg = load_or_exit(load_config, config_path)
     site = load_or_exit(lambda _: cfg.site(site_name), config_path)
     try:
-        plan = plan_access(cfg, site.name)
+        customers = load_customers(cfg.customers_file) if cfg.customers_file else None
+        plan = plan_access(cfg, site.name, customers.passwords() if customers else None)
         changes = apply_access(
             plan,
             site.kafka_bootstrap,

@@ -164,6 +164,9 @@ class SiteConfig:
         default_factory=Durability, metadata=key("kafka", parse=Durability.from_section)
     )
     tables: bool = False
+    #: keep ``sl.customer.<name>.<stream>`` at this site (when the file names a
+    #: ``customers_file``); false at a port that only HQ's customers read from
+    customer_topics: bool = True
     merge: MergeConfig = field(default_factory=MergeConfig)
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     access: AccessConfig = field(default_factory=AccessConfig)
@@ -220,6 +223,9 @@ class SitesConfig:
     log_level: str = field(default="info", metadata=key(choices=LOG_LEVELS))
     #: Big Blue's staff: read everything at every site (``[[staff]]``)
     staff: tuple[Principal, ...] = ()
+    #: who owns which container when (spark_core/customers.py); re-read when it
+    #: changes; relative to this file; unset: no customer streams
+    customers_file: Path | None = field(default=None, metadata=key(kind="path"))
 
     def neighbours_of(self) -> dict[str, tuple[str, ...]]:
         """The replication graph: each site -> the sites it pulls from."""
@@ -308,7 +314,7 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> SitesConf
         for n in s.neighbours:
             if n not in sites:
                 raise ConfigError(f"sites.{s.name}.neighbours", f"{n!r} is not a site of this file")
-    return read(SitesConfig, top, sites=sites)
+    return read(SitesConfig, top, base=base, sites=sites)
 
 
 def load_config(path: str | Path) -> SitesConfig:

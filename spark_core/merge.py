@@ -28,8 +28,10 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from shorelink.contract import (
     DEAD_UNKNOWN_TOPIC,
     H_SITE,
+    H_TS,
     LEDGER_TOPIC,
     MARKER_TOPIC,
+    customer_topic,
     marker_key,
     relay_topic,
 )
@@ -51,7 +53,7 @@ from spark_core.merge_state import (
 )
 from spark_core.purge import SourcePurger
 from spark_core.session import trigger
-from spark_core.topics import relay_entries, stream_specs
+from spark_core.topics import customer_ownership, customer_specs, relay_entries, stream_specs
 
 __all__ = [
     "BatchPlan",
@@ -74,6 +76,8 @@ class Totals:
     dead: int = 0
     skipped: int = 0
     failures: int = 0
+    #: records also written to a customer's stream
+    customer: int = 0
     #: where the driver's time went, in seconds: Spark computing the batch and handing
     #: it over as Arrow, the plan (dedup, order, fetching the rows written), the
     #: Kafka transaction
@@ -119,6 +123,9 @@ class Merger:
         self._purger = SourcePurger(
             site.kafka_bootstrap, timeout=site.kafka_timeout_s, auth=site.kafka_auth
         )
+        #: who owns which container when: each new record of a customer's container
+        #: also goes to ``sl.customer.<name>.<stream>``, in the same transaction
+        self.ownership = customer_ownership(site, sites)
         #: set once another merge of this site fenced this one (it never writes again)
         self.fenced: str | None = None
 
@@ -200,7 +207,33 @@ class Merger:
         self._ensure(self._stream_specs(streams))
 
     def _stream_specs(self, streams: Iterable[str]) -> list[TopicSpec]:
-        return stream_specs(self.site, self._sites, streams)
+        specs = stream_specs(self.site, self._sites, streams)
+        if self.ownership is not None:
+            specs += customer_specs(self.site, self.ownership.customers, streams)
+        return specs
+
+    def _customer(self, stream_topic: str, key: bytes | None, headers: Any) -> str | None:
+        """The customer topic of a canonical record (None: no customer's container):
+        its container (the key) owned at its own time (``sl.ts``)."""
+        assert self.ownership is not None
+        if key is None:
+            return None
+        ts = headers[3][1] if len(headers) > 3 and headers[3][0] == H_TS else None
+        if ts is None:
+            ts = next((v for k, v in headers if k == H_TS), None)
+        if ts is None:
+            return None
+        try:
+            ts_ms = int(ts)
+            owner = self.ownership.customers.owner(key.decode(), ts_ms)
+        except (TypeError, ValueError, UnicodeDecodeError):
+            return None
+        if owner is None:
+            return None
+        stream = stream_topic[len("sl.") :]
+        if stream not in self.ownership.customers.customers[owner].streams:
+            return None
+        return customer_topic(owner, stream)
 
     def _relay(self, stream_topic: str, headers: Sequence[tuple[str, Any]]) -> str:
         """The relay topic of a canonical record: its entry site (``sl.site``) and
@@ -240,6 +273,8 @@ class Merger:
         t0 = t1 if t0 is None else t0
         if self._producer is None:
             self.prepare()  # after a failed transaction: new producer, state from Kafka
+        if self.ownership is not None and self.ownership.refresh():
+            self._ensure_streams(self.streams)  # a new customer's topics
         replay = self.state.last_batch is not None and batch_id <= self.state.last_batch
         with cyclic_gc_paused():
             plan = plan_batch(batch, self.state)
@@ -275,10 +310,15 @@ class Merger:
         try:
             p.begin_transaction()
             relay = self._relay if self.entries else None
+            customer = self._customer if self.ownership is not None else None
+            to_customers = 0
             for topic, key, value, headers in plan.canonical:
                 produce(p, topic, key, value, headers)
                 if relay is not None:
                     produce(p, relay(topic, headers), key, value, headers)
+                if customer is not None and (owned := customer(topic, key, headers)):
+                    produce(p, owned, key, value, headers)
+                    to_customers += 1
             for topic, key, value, headers in plan.dead:
                 produce(p, topic, key, value, headers)
             for (origin, stream), held in plan.ledger.items():
@@ -289,6 +329,7 @@ class Merger:
         except KafkaException as exc:
             self._fail(p, exc)
         # committed: the in-memory state follows what Kafka now holds
+        self.totals.customer += to_customers
         self.state.held.update(plan.ledger)
         self.state.offsets = offsets
         self.state.last_batch = batch_id

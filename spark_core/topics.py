@@ -41,6 +41,7 @@ from shorelink.contract import (
     LINKS_TOPIC,
     MARKER_TOPIC,
     canonical_topic,
+    customer_topic,
     dead_topic,
     inbox_topic,
     relay_topic,
@@ -55,6 +56,7 @@ from shorelink.topics import (
     ingress_spec,
 )
 from spark_core.config import SiteConfig, SitesConfig
+from spark_core.customers import Customers, Ownership
 
 __all__ = [
     "MANAGED_CONFIGS",
@@ -85,6 +87,34 @@ def relay_entries(site: SiteConfig, cfg: SitesConfig | None) -> list[str]:
     if cfg is None or not any(site.name in s.neighbours for s in cfg.sites.values()):
         return []
     return sorted(cfg.sites)
+
+
+def customer_ownership(site: SiteConfig, cfg: SitesConfig | None) -> Ownership | None:
+    """The customers file as ``site``'s merge follows it (None: no customer topics
+    here)."""
+    if cfg is None or cfg.customers_file is None or not site.customer_topics:
+        return None
+    return Ownership(cfg.customers_file)
+
+
+def customer_specs(
+    site: SiteConfig, customers: Customers, streams: Iterable[str]
+) -> list[TopicSpec]:
+    """``sl.customer.<name>.<stream>`` of each customer and each of ``streams`` it
+    gets: partitions and retention as the canonical topic's."""
+    wanted = set(streams)
+    specs = []
+    for name, stream in sorted(customers.streams()):
+        if stream in wanted and stream in site.streams:
+            p = site.policy(stream)
+            specs.append(
+                TopicSpec(
+                    customer_topic(name, stream),
+                    partitions=p.partitions,
+                    retention_ms=-1 if p.retention_ms is None else p.retention_ms,
+                )
+            )
+    return specs
 
 
 def stream_specs(
@@ -145,11 +175,17 @@ def site_specs(cfg: SitesConfig, site: SiteConfig | str) -> list[TopicSpec]:
         gateway_cursor_spec(),
         *inbox_specs(s),
         *stream_specs(s, cfg, s.streams),
+        *_customer_specs(cfg, s),
         TopicSpec(LEDGER_TOPIC, partitions=1, compacted=True),
         TopicSpec(MARKER_TOPIC, partitions=1, compacted=True),
         TopicSpec(DEAD_UNKNOWN_TOPIC, retention_ms=s.merge.dead_retention_ms),
         TopicSpec(LINKS_TOPIC, partitions=1, compacted=True),
     ]
+
+
+def _customer_specs(cfg: SitesConfig, site: SiteConfig) -> list[TopicSpec]:
+    own = customer_ownership(site, cfg)
+    return customer_specs(site, own.customers, site.streams) if own is not None else []
 
 
 # -- what differs ----------------------------------------------------------------------

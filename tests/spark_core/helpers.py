@@ -27,9 +27,11 @@ def site_toml(
     name: str,
     max_offsets: int = 100_000,
     tables: bool = False,
+    customers: Path | None = None,
 ) -> str:
     pattern = "|".join(rf"sl\\.ingress\\.{s}" for s in streams)
-    return f"""
+    top = f'customers_file = "{customers}"\n' if customers else ""
+    return f"""{top}
 [spark]
 master = "local[2]"
 driver_memory = "1g"
@@ -60,12 +62,22 @@ def make_site(
     *,
     max_offsets: int = 100_000,
     tables: bool = False,
+    customers: Path | None = None,
 ) -> tuple[SiteConfig, Path]:
-    """A fresh site (own transactional.id, marker key, checkpoint) reading ``streams``."""
+    """A fresh site (own transactional.id, marker key, checkpoint) reading ``streams``
+    (``customers``: its customers file, for customer streams)."""
     import tomllib
 
     name = unique("site")
-    text = site_toml(bootstrap, root, streams, name=name, max_offsets=max_offsets, tables=tables)
+    text = site_toml(
+        bootstrap,
+        root,
+        streams,
+        name=name,
+        max_offsets=max_offsets,
+        tables=tables,
+        customers=customers,
+    )
     path = root / "sites.toml"
     root.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

@@ -1,0 +1,106 @@
+"""Customer streams, written by the real merge on a real broker: each customer's topic
+holds exactly the canonical records of its containers, each once; a leased container
+only within its lease; and a change of the customers file applies to readings from its
+time on, without a restart and without touching what was written before."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from local_stack.kafka import KafkaBroker
+from shorelink.contract import Record, customer_topic
+from shorelink.kafka_io import read_to_end
+from spark_core.config import load_config
+from spark_core.merge import Merger, start_merge
+from tests.conftest import unique
+from tests.spark_core.helpers import create_ingress, make_site, produce, record
+
+pytestmark = pytest.mark.spark
+
+S = "containers"
+#: by seq % 4: the container a reading is about
+KEYS = ("ACMU0000011", "GLBU0000022", "BBLU0000033", "ACMU0000044")
+
+
+def _at(ms: int) -> str:
+    """A record's ``sl.ts`` (``record()``: 1000 + seq ms) as RFC 3339."""
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat()
+
+
+def _reading(origin: str, seq: int) -> Record:
+    return record(origin, S, seq, key=KEYS[seq % 4])
+
+
+def _held(bootstrap: str, customer: str, origin: str) -> Counter[int]:
+    out: Counter[int] = Counter()
+    for m in read_to_end(bootstrap, [customer_topic(customer, S)]):
+        r = Record.from_kafka(m.key(), m.value(), m.headers())
+        if r.identity.origin == origin:
+            out[r.identity.seq] += 1
+    return out
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text)
+    later = time.time_ns() + 1_000_000_000 * (1 + path.stat().st_mtime_ns % 7)
+    os.utime(path, ns=(later, later))  # a change the merge sees even within one tick
+
+
+def test_customer_streams_hold_their_containers_once_and_follow_ownership_in_time(
+    spark: Any, kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    b = kafka.bootstrap
+    ship = unique("ship")
+    customers = tmp_path / "customers.toml"
+    # ACMU0000044 is leased to globex for readings 20..39 (by their own time)
+    lease = f'container = "ACMU0000044"\nfrom = "{_at(1020)}"\nto = "{_at(1040)}"\n'
+    base = (
+        '[customers.acme]\nowner_codes = ["ACMU"]\n\n[customers.globex]\nowner_codes = ["GLBU"]\n'
+    )
+    _write(customers, base + "[[customers.globex.leases]]\n" + lease)
+    create_ingress(b, [S])
+    site, path = make_site(b, tmp_path, [S], customers=customers)
+    merger = Merger(site, sites=load_config(path))
+    try:
+        produce(b, [_reading(ship, q) for q in range(1, 61)])
+        produce(b, [_reading(ship, q) for q in range(30, 41)])  # a resent upload
+        start_merge(spark, merger, available_now=True).awaitTermination(180)
+        acme, globex = _held(b, "acme", ship), _held(b, "globex", ship)
+        assert set(acme.values()) == {1} and set(globex.values()) == {1}, "each once"
+        assert sorted(acme) == [
+            q for q in range(1, 61) if q % 4 == 0 or (q % 4 == 3 and not 20 <= q < 40)
+        ]
+        assert sorted(globex) == [
+            q for q in range(1, 61) if q % 4 == 1 or (q % 4 == 3 and 20 <= q < 40)
+        ]
+        assert merger.totals.customer == len(acme) + len(globex)
+
+        # GLBU0000022 goes to acme from reading 70 on: the file changes while the
+        # merge (this Merger) runs on, and nothing written before moves
+        change = f'container = "GLBU0000022"\nfrom = "{_at(1070)}"\n'
+        _write(
+            customers,
+            base
+            + "[[customers.globex.leases]]\n"
+            + lease
+            + "\n[[customers.acme.leases]]\n"
+            + change,
+        )
+        produce(b, [_reading(ship, q) for q in range(61, 81)])
+        start_merge(spark, merger, available_now=True).awaitTermination(180)
+        assert merger.ownership is not None and merger.ownership.reloads == 1
+        acme2, globex2 = _held(b, "acme", ship), _held(b, "globex", ship)
+        assert set(acme2.values()) == {1} and set(globex2.values()) == {1}
+        assert {q for q in acme2 if q % 4 == 1} == set(range(73, 81, 4))  # 73, 77
+        assert {q for q in globex2 if q % 4 == 1} == set(range(1, 70, 4))  # ... 65, 69
+        # Big Blue's own container is in nobody's stream
+        assert all(q % 4 != 2 for q in [*acme2, *globex2])
+    finally:
+        merger.close()

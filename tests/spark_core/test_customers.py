@@ -1,0 +1,166 @@
+"""Who owns a container when: owner codes, leases at the reading's own time, and a
+customers file that changes while the merge runs (no Spark needed here)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shorelink.errors import ConfigError
+from spark_core.customers import Ownership, parse_customers
+
+DAY = 86_400_000
+T0 = 1_780_000_000_000  # 2026-05-28T...Z, in ms
+
+
+def _customers(leases: list[dict[str, object]] | None = None) -> dict[str, object]:
+    return {
+        "customers": {
+            "acme": {"owner_codes": ["ACMU"]},
+            "globex": {"owner_codes": ["GLBU", "GLBZ"], "leases": leases or []},
+        }
+    }
+
+
+def _iso(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
+
+
+@given(ts=st.integers(T0 - 100 * DAY, T0 + 100 * DAY), serial=st.integers(0, 9_999_999))
+def test_the_owner_code_decides_without_a_lease(ts: int, serial: int) -> None:
+    c = parse_customers(_customers())
+    assert c.owner(f"ACMU{serial:07d}", ts) == "acme"
+    assert c.owner(f"GLBZ{serial:07d}", ts) == "globex"
+    assert c.owner(f"BBLU{serial:07d}", ts) is None  # Big Blue's own
+    assert c.owner("position", ts) is None  # a key that is no container
+
+
+@given(
+    start=st.integers(0, 50),
+    days=st.integers(1, 30),
+    ts=st.integers(T0 - 10 * DAY, T0 + 100 * DAY),
+)
+def test_a_lease_moves_a_container_at_its_time_and_not_before(
+    start: int, days: int, ts: int
+) -> None:
+    """A reading belongs to whoever owns its container at the reading's own time."""
+    lo, hi = T0 + start * DAY, T0 + (start + days) * DAY
+    leased = {"container": "ACMU1234565", "from": _iso(lo), "to": _iso(hi)}
+    c = parse_customers(_customers([leased]))
+    expected = "globex" if lo <= ts < hi else "acme"
+    assert c.owner("ACMU1234565", ts) == expected
+    assert c.owner("ACMU7654321", ts) == "acme"  # the owner's other containers stay
+
+
+def test_an_open_ended_lease_and_toml_datetimes() -> None:
+    import datetime as dt
+
+    since = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
+    c = parse_customers(_customers([{"container": "BBLU0000017", "from": since}]))
+    at = int(since.timestamp() * 1000)
+    assert c.owner("BBLU0000017", at - 1) is None
+    assert c.owner("BBLU0000017", at) == "globex"
+    assert c.owner("BBLU0000017", at + 3650 * DAY) == "globex"
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "why"),
+    [
+        (
+            {"customers": {"a": {"owner_codes": ["ACMU"]}, "b": {"owner_codes": ["ACMU"]}}},
+            "customers.b.owner_codes",
+            "already a's",
+        ),
+        ({"customers": {"a": {"owner_codes": ["ACM1"]}}}, "customers.a.owner_codes", "3 letters"),
+        ({"customers": {"A b": {}}}, "customers.A b", "customer"),
+        ({"customers": {"a": {"owner": ["ACMU"]}}}, "customers.a.owner", "unknown key"),
+        (
+            {"customers": {"a": {"leases": [{"container": "ACMU1", "from": "2026-01-01T00:00Z"}]}}},
+            "customers.a.leases[0].container",
+            "container id",
+        ),
+        (
+            {
+                "customers": {
+                    "a": {"leases": [{"container": "ACMU1234565", "from": "2026-01-01T00:00"}]}
+                }
+            },
+            "customers.a.leases[0].from",
+            "time zone",
+        ),
+        (
+            {
+                "customers": {
+                    "a": {
+                        "leases": [
+                            {
+                                "container": "ACMU1234565",
+                                "from": "2026-02-01T00:00Z",
+                                "to": "2026-01-01T00:00Z",
+                            }
+                        ]
+                    }
+                }
+            },
+            "customers.a.leases[0].to",
+            "after from",
+        ),
+        (
+            {
+                "customers": {
+                    "a": {"leases": [{"container": "ACMU1234565", "from": "2026-01-01T00:00Z"}]},
+                    "b": {
+                        "leases": [
+                            {
+                                "container": "ACMU1234565",
+                                "from": "2025-06-01T00:00Z",
+                                "to": "2026-01-02T00:00Z",
+                            }
+                        ]
+                    },
+                }
+            },
+            "customers.b.leases[0].from",
+            "leased to a",
+        ),
+    ],
+)
+def test_a_bad_customers_file_names_its_key(data: dict[str, object], field: str, why: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_customers(data)
+    assert info.value.field == field and why in str(info.value)
+
+
+def test_a_changed_file_is_read_again_and_a_broken_one_keeps_the_last_good(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SL_TEST_ACME_PASSWORD", "pw")
+    path = tmp_path / "customers.toml"
+    path.write_text(
+        '[customers.acme]\nowner_codes = ["ACMU"]\npassword = "${SL_TEST_ACME_PASSWORD}"\n'
+    )
+    own = Ownership(path)
+    assert own.customers.owner("GLBU0000001", T0) is None
+    assert own.customers.passwords()["acme"].value == "pw"
+    assert not own.refresh(), "nothing changed"
+    path.write_text(path.read_text() + '[customers.globex]\nowner_codes = ["GLBU"]\n')
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 1_000_000_000))
+    assert own.refresh() and own.reloads == 1
+    assert own.customers.owner("GLBU0000001", T0) == "globex"
+    path.write_text('[customers.acme]\nowner_codes = ["ACMU", "ACMU"]\n')  # hostile
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 2_000_000_000))
+    assert not own.refresh() and own.reload_errors == 1
+    assert own.customers.owner("GLBU0000001", T0) == "globex", "the last good ownership"
+
+
+def test_the_sample_customers_file_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    sample = Path(__file__).resolve().parents[2] / "deploy" / "spark" / "customers.toml"
+    for name in ("SL_CUSTOMER_MAERSKLINE_PASSWORD", "SL_CUSTOMER_COOLFRUIT_PASSWORD"):
+        monkeypatch.setenv(name, "pw")
+    own = Ownership(sample)
+    assert set(own.customers.customers) == {"maerskline", "coolfruit"}
