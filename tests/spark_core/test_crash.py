@@ -1,8 +1,9 @@
 """The site driver (merge and, with ``tables = true``, the ``container_readings`` Delta
 query) killed with SIGKILL at random moments, five times, while ingress keeps arriving
 (with duplicates): the canonical topic still holds every identity exactly once with no
-gap, and the Delta table holds exactly the canonical identities, once each. This is the
-promise the whole site rests on."""
+gap, the customer stream of a customer's container holds its readings exactly once, and
+the Delta table holds exactly the canonical identities, once each. This is the promise
+the whole site rests on."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ import pytest
 
 from local_stack.kafka import KafkaBroker
 from local_stack.process import Proc
-from shorelink.contract import Record
+from shorelink.contract import Record, customer_topic
+from shorelink.kafka_io import read_to_end
 from spark_core.config import SiteConfig
 from spark_core.tables import table_path
 from tests.conftest import unique
@@ -124,12 +126,16 @@ def test_driver_killed_five_times_canonical_and_table_exactly_once(
     # sl.containers is shared by the session: this test's records are its own origins
     ship1, ship2, ship3 = (unique(o) for o in ("ship1", "ship2", "ship3"))
     create_ingress(b, [s])
+    # ship2's container is a customer's: its readings also go to sl.customer.crash...
+    customers = tmp_path / "customers.toml"
+    customer = unique("crash").replace("-", "")
+    customers.write_text(f'[customers.{customer}]\nowner_codes = ["CRSU"]\n')
     site, config = make_site(
-        b, tmp_path, [s], max_offsets=300, tables=True
+        b, tmp_path, [s], max_offsets=300, tables=True, customers=customers
     )  # several batches per backlog, few enough that the table query keeps up
     produce(b, [reading(ship1, q) for q in range(1, 401)])
     produce(b, [reading(ship1, q) for q in range(200, 301)])  # a second upload
-    produce(b, [reading(ship2, q, key="c9") for q in reversed(range(1, 201))])
+    produce(b, [reading(ship2, q, key="CRSU0000009") for q in reversed(range(1, 201))])
     feeder = Feeder(b, ship3)
     feeder.start()
     log = tmp_path / "site.log"
@@ -197,6 +203,12 @@ def test_driver_killed_five_times_canonical_and_table_exactly_once(
     assert _status(site)["state"] == "stopped"
     records = [r for r in canonical(b, s) if r.identity.origin in origins]
     assert_exactly_once(records, expected)
+    owned = [
+        Record.from_kafka(m.key(), m.value(), m.headers())
+        for m in read_to_end(b, [customer_topic(customer, s)])
+    ]
+    assert_exactly_once(owned, {(ship2, s): 200})
+    assert {r.identity.origin for r in owned} == {ship2}, "only the customer's container"
     # the table: each canonical identity exactly once, and nothing else
     rows = _table_rows(spark, site, origins)
     counts = Counter(rows)
