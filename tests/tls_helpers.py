@@ -7,16 +7,13 @@ import asyncio
 import ssl
 from pathlib import Path
 
-import aiohttp
-
-from core_gateway.cli import serve
 from core_gateway.config import GatewayConfig, parse_config
 from local_stack.kafka import KafkaBroker
 from local_stack.process import free_port
 from local_stack.tls import Authority
 from shorelink.tls import TlsFile, client_context
 from tests.conftest import unique
-from tests.core_gateway.helpers import STREAMS
+from tests.core_gateway.helpers import STREAMS, start_gateway
 
 
 def tls_gateway_config(
@@ -60,17 +57,5 @@ async def start_tls_gateway(
     cfg: GatewayConfig, ca: Path, stop: asyncio.Event
 ) -> asyncio.Task[None]:
     """Serve ``cfg`` until ``stop``; returns once ``/readyz`` answers 200 over HTTPS."""
-    started = asyncio.Event()
-    task = asyncio.create_task(serve(cfg, install_signals=False, started=started, stop=stop))
-    waiter = asyncio.create_task(started.wait())
-    await asyncio.wait([waiter, task], timeout=30, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        task.result()  # raises what went wrong
-    assert started.is_set(), "gateway did not start listening"
-    async with aiohttp.ClientSession() as s:
-        for _ in range(300):
-            async with s.get(f"https://127.0.0.1:{cfg.port}/readyz", ssl=trusting(ca)) as r:
-                if r.status == 200:
-                    return task
-            await asyncio.sleep(0.1)
+    return await start_gateway(cfg, stop, ca)
     raise AssertionError("the TLS gateway did not become ready")

@@ -91,7 +91,12 @@ ca_file = "{tls.ca_file}"
 
 
 def sites_config(
-    root: Path, sites: Mapping[str, SiteEndpoints], ca_file: Path, *, driver_memory: str = "2g"
+    root: Path,
+    sites: Mapping[str, SiteEndpoints],
+    ca_file: Path,
+    customers: Path,
+    *,
+    driver_memory: str = "2g",
 ) -> str:
     """All four sites in one file. Small partitions counts and one table site (HQ): four
     Spark applications share this machine's two cores."""
@@ -99,6 +104,8 @@ def sites_config(
         f"""\
 # the voyage's four sites (written by `shorelink demo`; see deploy/spark/sites.toml)
 log_level = "info"
+# who owns which container when: HQ keeps the customers' streams (voyage/customers.py)
+customers_file = "{customers}"
 
 [spark]
 master = "local[2]"
@@ -128,6 +135,7 @@ checkpoint_dir = "{root / name / "spark" / "checkpoints"}"
 table_dir = "{root / name / "spark" / "tables"}"
 trigger_interval = "2s"
 tables = {"true" if name == HQ else "false"}
+customer_topics = {"true" if name == HQ else "false"}
 
 [sites.{name}.kafka]
 bootstrap = "{s.kafka}"

@@ -366,6 +366,55 @@ def render_html(report: dict[str, Any]) -> str:
             )
         )
 
+    cust = report.get("customer")
+    if cust:
+        parts.append("<h2>A customer reads its own containers, and nothing else</h2>")
+        ref = cust.get("refused_other") or {}
+        parts.append(
+            "<p>"
+            + _e(
+                f"customer-{cust.get('customer')} (owner codes {', '.join(cust.get('owner_codes') or [])}) "
+                f"ran `shorelink consume --customer {cust.get('customer')} --follow` at HQ for the "
+                "whole voyage, with its own credentials (SASL/SCRAM over TLS)."
+            )
+            + "</p>"
+        )
+        parts.append(
+            _table(
+                [
+                    "read",
+                    "identities",
+                    "HQ holds of its containers",
+                    "missing",
+                    "read twice",
+                    "other owners' records",
+                    "its containers",
+                    "alerts about",
+                ],
+                [
+                    [
+                        _num(cust.get("records")),
+                        _num(cust.get("identities")),
+                        _num(cust.get("expected")),
+                        _num(cust.get("missing")),
+                        _num(cust.get("duplicates")),
+                        _num(cust.get("foreign")),
+                        _num(cust.get("containers")),
+                        _e(", ".join(cust.get("alerts_about") or []) or "-"),
+                    ]
+                ],
+            )
+        )
+        parts.append(
+            "<p>"
+            + _e(
+                f"The same consumer asking for {ref.get('customer')}'s stream: exit "
+                f'{ref.get("exit")}, {ref.get("printed")} records, "{ref.get("error")}" — '
+                + ("refused, as it must be." if cust.get("refused_ok") else "NOT refused.")
+            )
+            + "</p>"
+        )
+
     hist = report.get("container_history")
     parts.append("<h2>One overboard container's history</h2>")
     if hist and hist.get("rows"):

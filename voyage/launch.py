@@ -36,6 +36,7 @@ from voyage.configs import (
     gateway_config,
     sites_config,
 )
+from voyage.customers import CUSTOMERS, READER, client_config, customers_config
 from voyage.security import VoyageSecurity, env_var
 from voyage.topology import HQ, PORTS, SITES, neighbours, ship_link, site_link
 
@@ -60,6 +61,8 @@ class Launched:
     procs: list[Proc] = field(default_factory=list)
     sites_toml: Path = Path()
     security: VoyageSecurity | None = None
+    #: the file the followed customer's consumer reads HQ with (voyage/customers.py)
+    customer_toml: Path = Path()
     gateway_toml: dict[str, Path] = field(default_factory=dict)
     edge_toml: dict[str, Path] = field(default_factory=dict)
 
@@ -130,7 +133,9 @@ def launch(
         }
         info.save()  # stack.json from the first process on: `stack down` can stop a half start
         sec = VoyageSecurity.create(
-            dir, [env_var(role, s) for s in SITES for role in ("spark", "gateway", "site")]
+            dir,
+            [env_var(role, s) for s in SITES for role in ("spark", "gateway", "site")]
+            + [env_var("customer", c) for c in CUSTOMERS],
         )
         for s in SITES:
             brokers[s] = start_kafka(
@@ -215,7 +220,14 @@ def launch(
 
         say("creating every site's principals and ACLs (SASL/SCRAM over TLS)")
         launched.sites_toml = dir / "sites" / "sites.toml"
-        launched.sites_toml.write_text(sites_config(dir / "sites", launched.sites, sec.ca_file))
+        customers = dir / "sites" / "customers.toml"
+        customers.write_text(customers_config())
+        launched.sites_toml.write_text(
+            sites_config(dir / "sites", launched.sites, sec.ca_file, customers)
+        )
+        launched.customer_toml = dir / "customers" / f"{READER}.toml"
+        launched.customer_toml.parent.mkdir(parents=True, exist_ok=True)
+        launched.customer_toml.write_text(client_config(READER, brokers[HQ].bootstrap, sec.ca_file))
         for s in SITES:
             _run(
                 _python(

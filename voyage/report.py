@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from voyage.customers import problems as customer_problems
 from voyage.observe import Arrival, EdgeSample, Ident
 from voyage.topology import HQ, PORTS, SATELLITE, SITES, STREAMS, WIFI, ship_link
 
@@ -59,6 +60,8 @@ class Observed:
     tracks: dict[str, list[list[float]]]
     history: dict[str, Any] | None = None
     audit: dict[str, Any] | None = None
+    #: the followed customer's consumer (voyage/customers.py)
+    customer: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -299,6 +302,8 @@ def build_report(o: Observed) -> dict[str, Any]:
     calls, late = _port_calls(o)
     alert, p, slow = _alert(o)
     problems += p
+    if o.customer is not None:
+        problems += list(customer_problems(o.customer))
     if o.audit is not None and not o.audit.get("ok", False):
         problems.append(f"shorelink audit --all-sites: {o.audit.get('summary', 'failed')}")
     ports = {}
@@ -326,6 +331,7 @@ def build_report(o: Observed) -> dict[str, Any]:
         "links": _links(o),
         "container_history": o.history,
         "audit": o.audit,
+        "customer": o.customer,
         "series": {
             "records": o.series_records,
             "backlog": o.series_backlog,

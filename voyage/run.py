@@ -32,6 +32,7 @@ from local_stack.stack import load as load_stack
 from shorelink.config import Secret
 from shorelink.contract import canonical_topic
 from shorelink.kafka_auth import KafkaAuth
+from voyage.customers import READER, CustomerReader
 from voyage.html import write_report
 from voyage.launch import Launched, launch
 from voyage.links import LinkPlayer
@@ -143,6 +144,7 @@ class Voyage:
         self.launched: Launched | None = None
         self.fleet: Proc | None = None
         self.watches: dict[str, SiteWatch] = {}
+        self.customer: CustomerReader | None = None
         self.edge: dict[str, EdgeSample] = {}
         self.series_records: dict[str, list[list[float]]] = {s: [] for s in SITES}
         self.series_backlog: dict[str, list[list[float]]] = {s: [] for s in self.ships}
@@ -177,6 +179,11 @@ class Voyage:
             )
             w.start()
             self.watches[site] = w
+        # a customer reading its own containers at HQ, live, for the whole voyage
+        self.customer = CustomerReader(
+            self.launched.customer_toml, self.dir / "logs" / f"customer-{READER}.log"
+        )
+        self.launched.record(self.customer.start())
         brokers = [f"--broker={s}=127.0.0.1:{self.launched.ships[s].mqtt_port}" for s in self.ships]
         self.fleet = Proc.start(
             "fleet-sim",
@@ -211,6 +218,8 @@ class Voyage:
             )
         for site, w in self.watches.items():
             self.series_records[site].append([round(t, 1), w.count()])
+        if self.customer is not None:
+            self.customer.sample(t)
 
     def produced(self) -> int:
         return sum(sum(s.last_seq.values()) for s in self.edge.values())
@@ -397,6 +406,7 @@ class Voyage:
         self.say("auditing every site's canonical topics (shorelink audit --all-sites)")
         audit = self.audit()
         link_bytes = self.launched.toxiproxy.link_bytes()
+        customer = self.customer_summary()
         for w in self.watches.values():
             w.close()
         pick = None
@@ -432,11 +442,25 @@ class Voyage:
             tracks=events.tracks,
             history=history,
             audit=audit,
+            customer=customer,
             problems=self.problems
             + [f"{s}: {w.error}" for s, w in self.watches.items() if w.error],
             timings=self.timings,
         )
         return build_report(observed)
+
+    def customer_summary(self) -> dict[str, Any] | None:
+        """The followed customer's consumer against what HQ holds of its containers;
+        then the same consumer asks for another customer's stream."""
+        if self.customer is None:
+            return None
+        hq = self.watches[HQ].snapshot()
+        self.say(f"checking customer {READER}'s consumer against what {HQ} holds")
+        summary = self.customer.summary(hq)
+        self.customer.wait_for(summary["expected"])
+        self.customer.stop()
+        self.customer.try_other()
+        return self.customer.summary(hq)
 
     def stop(self) -> None:
         """Stop every process (once), unless ``keep``."""

@@ -71,6 +71,18 @@ def summary_text(report: dict[str, Any]) -> str:
             f"{k} {_s((v or {}).get('latency_s'))}" for k, v in (alert.get("sites") or {}).items()
         )
         lines += textwrap.wrap(f"alert after: {per}", 80, subsequent_indent="  ")
+    cust = report.get("customer")
+    if cust:
+        lines.append("")
+        ok = "refused" if cust.get("refused_ok") else "NOT refused"
+        lines += textwrap.wrap(
+            f"customer {cust.get('customer')}: read {_n(cust.get('identities'))} of "
+            f"{_n(cust.get('expected'))} records of its containers at hq, "
+            f"{_n(cust.get('duplicates'))} twice, {_n(cust.get('foreign'))} not its own; "
+            f"another customer's stream: {ok}",
+            80,
+            subsequent_indent="  ",
+        )
     calls = report.get("port_calls") or []
     if calls:
         lines.append("")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import sys
 import urllib.request
 from collections import Counter
@@ -65,9 +66,12 @@ class RunningGateway:
         }
 
 
-async def start_gateway(cfg: GatewayConfig, stop: asyncio.Event) -> asyncio.Task[None]:
+async def start_gateway(
+    cfg: GatewayConfig, stop: asyncio.Event, ca: Path | None = None
+) -> asyncio.Task[None]:
     """Serve ``cfg`` (a real aiohttp server) until ``stop`` is set; returns the serving
-    task once the gateway listens and answers /readyz with 200."""
+    task once the gateway listens and answers /readyz with 200 (over HTTPS, trusting
+    only ``ca``, when given)."""
     started = asyncio.Event()
     task = asyncio.create_task(serve(cfg, install_signals=False, started=started, stop=stop))
     waiter = asyncio.create_task(started.wait())
@@ -75,9 +79,11 @@ async def start_gateway(cfg: GatewayConfig, stop: asyncio.Event) -> asyncio.Task
     if task.done():
         task.result()  # raises what went wrong
     assert started.is_set(), "gateway did not start listening"
+    scheme = "https" if ca is not None else "http"
+    tls = ssl.create_default_context(cafile=str(ca)) if ca is not None else None
     async with aiohttp.ClientSession() as s:
         for _ in range(300):
-            async with s.get(f"http://127.0.0.1:{cfg.port}/readyz") as r:
+            async with s.get(f"{scheme}://127.0.0.1:{cfg.port}/readyz", ssl=tls or True) as r:
                 if r.status == 200:
                     break
             await asyncio.sleep(0.1)

@@ -113,6 +113,27 @@ def test_the_voyage_reports_link_bytes_and_draws_a_self_contained_page(
     assert "PASS" in console
 
 
+def test_a_customer_reads_its_containers_live_and_is_refused_another_customer(
+    voyage: tuple[int, Path, str],
+) -> None:
+    """Security on everywhere (SASL/SCRAM over TLS, ACLs, HTTPS with mutual TLS): the
+    followed customer's consumer printed every record HQ holds of its containers, each
+    once, nothing of anyone else's, and was refused another customer's stream."""
+    _code, run, console = voyage
+    c = json.loads((run / "report.json").read_text())["customer"]
+    assert c["expected"] > 0 and c["identities"] == c["expected"]
+    assert c["missing"] == 0 and c["duplicates"] == 0 and c["foreign"] == 0
+    assert c["refused_ok"] and c["refused_other"]["exit"] == 2
+    assert "not authorized" in c["refused_other"]["error"]
+    # it read while the voyage ran, not only at the end
+    assert any(0 < n < c["records"] for _t, n in c["series"])
+    assert "customer mscline" in console and "refused" in console
+    assert "A customer reads its own containers" in (run / "report.html").read_text()
+    # the files name their secrets; the secrets are kept apart, readable by the owner only
+    assert "${SL_" in (run / "sites" / "sites.toml").read_text()
+    assert (run / "secrets.env").stat().st_mode & 0o077 == 0
+
+
 @pytest.mark.timeout(1200)
 def test_the_voyage_stops_every_process_it_started(voyage: tuple[int, Path, str]) -> None:
     _code, run, _console = voyage
@@ -121,7 +142,8 @@ def test_the_voyage_stops_every_process_it_started(voyage: tuple[int, Path, str]
     pids += [c["pid"] for c in stopped["ships"].values()]
     pids += [p["pid"] for p in stopped["processes"].values()]
     pids.append(stopped["toxiproxy"]["pid"])
-    assert len(stopped["processes"]) == 4 + 1 + 2 + 1  # gateways, Spark, agents, fleet
+    # gateways, Spark, agents, fleet, the customer's consumer
+    assert len(stopped["processes"]) == 4 + 1 + 2 + 1 + 1
     assert not [p for p in pids if pid_alive(p)]
 
 
