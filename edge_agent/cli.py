@@ -7,12 +7,11 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import click
 
 from edge_agent.config import EdgeConfig, load_config
-from edge_agent.status import collect_status, open_log
+from edge_agent.status import collect_status, open_log, render
 from shorelink.cli_support import config_option, fail, load_or_exit
 from shorelink.errors import ShorelinkError
 from shorelink.logs import configure_logging
@@ -85,72 +84,8 @@ def status(config_path: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
-    _print_status(report)
-
-
-def _print_status(report: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"ship {report['ship']}  log {report['log']}")
-    for col in (
-        "stream",
-        "prio",
-        "last seq",
-        "held by shore",
-        "backlog",
-        "backlog bytes",
-        "oldest undelivered",
-        "sealed",
-        "dropped",
-        "rejected",
-    ):
-        t.add_column(col)
-    for name, s in report["streams"].items():
-        held = "; ".join(f"{site}:{r}" for site, r in s["held"].items()) or "-"
-        age = s["oldest_undelivered_age_s"]
-        t.add_row(
-            name,
-            str(s["priority"]),
-            str(s["last_seq"]),
-            held,
-            str(s["backlog_records"]),
-            str(s["backlog_bytes"]),
-            "-" if age is None else f"{age:.0f}s",
-            str(s["sealed_records"]),
-            str(s["dropped"]),
-            str(s["rejected"]),
-        )
-    c = Console()
-    c.print(t)
-    if report["links"]:
-        c.print(_links_table(report["links"]))
-    else:
-        c.print("links: no gateways configured (ingest only)")
-    c.print(
-        f"log: {report['log_record_bytes']} of {report['log_budget_bytes']} budget bytes, "
-        f"{report['log_file_bytes']} on disk; quarantined: {report['quarantined']}"
-    )
-
-
-def _links_table(links: list[dict[str, Any]]) -> Any:
-    from rich.table import Table
-
-    t = Table(title="links")
-    for col in ("site", "link", "state", "last success", "last error", "today", "budget"):
-        t.add_column(col)
-    for g in links:
-        ok, err = g["last_success_age_s"], g["last_error_age_s"]
-        t.add_row(
-            g["site"],
-            g["link"],
-            g["state"],
-            "-" if ok is None else f"{ok:.0f}s ago",
-            "-" if err is None else f"{err:.0f}s ago: {g['last_error'][:60]}",
-            f"{g['today_bytes']} B",
-            f"{g['daily_budget_bytes']} B" if g["daily_budget_bytes"] else "unlimited",
-        )
-    return t
+    for line in render(report):
+        click.echo(line)
 
 
 @main.command()
