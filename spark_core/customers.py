@@ -89,6 +89,8 @@ class Customers:
         for c in self.customers.values():
             for lease in c.leases:
                 self._leases.setdefault(lease.container, []).append((c.name, lease))
+        #: every stream some customer gets (the merge looks no further for others)
+        self.stream_names = frozenset(s for c in self.customers.values() for s in c.streams)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Customers) and other.customers == self.customers
@@ -125,7 +127,10 @@ def _instant(value: object, where: str) -> int:
         raise ConfigError(where, "expected a date-time (2026-05-01T00:00:00Z)")
     if value.tzinfo is None:
         raise ConfigError(where, "give the time zone (Z or +hh:mm)")
-    return int(value.timestamp() * 1000)
+    try:
+        return int(value.timestamp() * 1000)
+    except (OverflowError, ValueError, OSError):
+        raise ConfigError(where, f"{value.isoformat()} is out of range") from None
 
 
 def _strings(table: Mapping[str, Any], key: str, where: str, default: Iterable[str]) -> list[str]:
@@ -241,7 +246,10 @@ class Ownership:
         self._stamp = stamp
         try:
             new = load_customers(self.path)
-        except ConfigError as exc:
+        except Exception as exc:
+            # whatever the file holds, the merge goes on: a ConfigError names the key;
+            # anything else (unreadable, not UTF-8, gone, a directory) is the file's
+            # fault just as much
             self.reload_errors += 1
             log.error("event=customers_reload_failed path=%s error=%r", self.path, str(exc))
             return False

@@ -216,8 +216,10 @@ class Merger:
         """The customer topic of a canonical record (None: no customer's container):
         its container (the key) owned at its own time (``sl.ts``)."""
         assert self.ownership is not None
-        if key is None:
-            return None
+        customers = self.ownership.customers
+        stream = stream_topic[len("sl.") :]
+        if key is None or stream not in customers.stream_names:
+            return None  # nav, position...: no container's records, no lookup
         ts = headers[3][1] if len(headers) > 3 and headers[3][0] == H_TS else None
         if ts is None:
             ts = next((v for k, v in headers if k == H_TS), None)
@@ -225,13 +227,10 @@ class Merger:
             return None
         try:
             ts_ms = int(ts)
-            owner = self.ownership.customers.owner(key.decode(), ts_ms)
+            owner = customers.owner(key.decode(), ts_ms)
         except (TypeError, ValueError, UnicodeDecodeError):
             return None
-        if owner is None:
-            return None
-        stream = stream_topic[len("sl.") :]
-        if stream not in self.ownership.customers.customers[owner].streams:
+        if owner is None or stream not in customers.customers[owner].streams:
             return None
         return customer_topic(owner, stream)
 
@@ -281,18 +280,21 @@ class Merger:
             self._ensure_streams(plan.streams)
             t2 = time.monotonic()
             before = dict(self.state.offsets)  # what the batch before this one committed
+            customer = 0
             if plan.canonical or plan.dead or plan.offsets:
-                self._commit(batch_id, plan)
+                customer = self._commit(batch_id, plan)
             if not replay and self.site.merge.purge_sources:
                 self._purger.purge(before)  # spark_core/purge.py: why one batch behind
         t3 = time.monotonic()
         self.totals.fetch_s += t1 - t0
         self.totals.plan_s += t2 - t1
         self.totals.txn_s += t3 - t2
-        self._account(batch_id, plan, t3 - t0, replay, (t1 - t0, t2 - t1, t3 - t2))
+        self._account(batch_id, plan, t3 - t0, replay, (t1 - t0, t2 - t1, t3 - t2), customer)
         return plan
 
-    def _commit(self, batch_id: int, plan: BatchPlan) -> None:
+    def _commit(self, batch_id: int, plan: BatchPlan) -> int:
+        """One transaction: the plan's records, their copies in the relay and customer
+        topics, the ledger, the marker. Returns how many went to customer topics."""
         p = self._producer
         assert p is not None
         offsets = dict(self.state.offsets)
@@ -333,6 +335,7 @@ class Merger:
         self.state.held.update(plan.ledger)
         self.state.offsets = offsets
         self.state.last_batch = batch_id
+        return to_customers
 
     def _commit_transaction(self, p: Producer) -> None:
         """``commit_transaction``, retried while it fails with a retriable error (it
@@ -414,6 +417,7 @@ class Merger:
         dt: float,
         replay: bool,
         split: tuple[float, float, float],
+        customer: int = 0,
     ) -> None:
         t = self.totals
         t.batches += 1
@@ -429,12 +433,13 @@ class Merger:
             "duplicates": plan.duplicates,
             "dead": len(plan.dead),
             "skipped": plan.skipped,
+            "customer": customer,
             "replay": replay,
             "duration_ms": round(dt * 1000, 1),
         }
         log.info(
             "event=merge_batch site=%s batch=%d input=%d written=%d duplicates=%d dead=%d "
-            "skipped=%d replay=%s sources=%d ranges=%d duration_ms=%.1f fetch_ms=%.1f "
+            "skipped=%d customer=%d replay=%s sources=%d ranges=%d duration_ms=%.1f fetch_ms=%.1f "
             "plan_ms=%.1f txn_ms=%.1f",
             self.site.name,
             batch_id,
@@ -443,6 +448,7 @@ class Merger:
             plan.duplicates,
             len(plan.dead),
             plan.skipped,
+            customer,
             str(replay).lower(),
             len(self.state.held),
             self.state.ranges(),
@@ -466,6 +472,13 @@ class Merger:
             "state_sources": len(self.state.held),
             "state_ranges": self.state.ranges(),
         }
+        if self.ownership is not None:
+            data["customers"] = {
+                "file": str(self.ownership.path),
+                "customers": len(self.ownership.customers.customers),
+                "reloads": self.ownership.reloads,
+                "reload_errors": self.ownership.reload_errors,
+            }
         write_json_atomic(self.status_path, data, indent=1)
 
     def _close_producer(self) -> None:

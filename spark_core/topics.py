@@ -101,11 +101,12 @@ def customer_specs(
     site: SiteConfig, customers: Customers, streams: Iterable[str]
 ) -> list[TopicSpec]:
     """``sl.customer.<name>.<stream>`` of each customer and each of ``streams`` it
-    gets: partitions and retention as the canonical topic's."""
+    gets: partitions and retention as the canonical topic's (every topic the merge
+    may write a record of ``streams`` to, like :func:`stream_specs`)."""
     wanted = set(streams)
     specs = []
     for name, stream in sorted(customers.streams()):
-        if stream in wanted and stream in site.streams:
+        if stream in wanted:
             p = site.policy(stream)
             specs.append(
                 TopicSpec(

@@ -6,6 +6,7 @@ time on, without a restart and without touching what was written before."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import time
 from collections import Counter
@@ -25,6 +26,8 @@ from tests.spark_core.helpers import create_ingress, make_site, produce, record
 pytestmark = pytest.mark.spark
 
 S = "containers"
+#: alerts are keyed by container too: a customer's container's alerts are its own
+A = "alerts"
 #: by seq % 4: the container a reading is about
 KEYS = ("ACMU0000011", "GLBU0000022", "BBLU0000033", "ACMU0000044")
 
@@ -34,13 +37,13 @@ def _at(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat()
 
 
-def _reading(origin: str, seq: int) -> Record:
-    return record(origin, S, seq, key=KEYS[seq % 4])
+def _reading(origin: str, seq: int, stream: str = S) -> Record:
+    return record(origin, stream, seq, key=KEYS[seq % 4])
 
 
-def _held(bootstrap: str, customer: str, origin: str) -> Counter[int]:
+def _held(bootstrap: str, customer: str, origin: str, stream: str = S) -> Counter[int]:
     out: Counter[int] = Counter()
-    for m in read_to_end(bootstrap, [customer_topic(customer, S)]):
+    for m in read_to_end(bootstrap, [customer_topic(customer, stream)]):
         r = Record.from_kafka(m.key(), m.value(), m.headers())
         if r.identity.origin == origin:
             out[r.identity.seq] += 1
@@ -65,12 +68,13 @@ def test_customer_streams_hold_their_containers_once_and_follow_ownership_in_tim
         '[customers.acme]\nowner_codes = ["ACMU"]\n\n[customers.globex]\nowner_codes = ["GLBU"]\n'
     )
     _write(customers, base + "[[customers.globex.leases]]\n" + lease)
-    create_ingress(b, [S])
-    site, path = make_site(b, tmp_path, [S], customers=customers)
+    create_ingress(b, [S, A])
+    site, path = make_site(b, tmp_path, [S, A], customers=customers)
     merger = Merger(site, sites=load_config(path))
     try:
         produce(b, [_reading(ship, q) for q in range(1, 61)])
         produce(b, [_reading(ship, q) for q in range(30, 41)])  # a resent upload
+        produce(b, [_reading(ship, q, A) for q in range(1, 31)])
         start_merge(spark, merger, available_now=True).awaitTermination(180)
         acme, globex = _held(b, "acme", ship), _held(b, "globex", ship)
         assert set(acme.values()) == {1} and set(globex.values()) == {1}, "each once"
@@ -80,7 +84,12 @@ def test_customer_streams_hold_their_containers_once_and_follow_ownership_in_tim
         assert sorted(globex) == [
             q for q in range(1, 61) if q % 4 == 1 or (q % 4 == 3 and 20 <= q < 40)
         ]
-        assert merger.totals.customer == len(acme) + len(globex)
+        # the alerts about their containers, by the same rule (the lease included)
+        acme_a, globex_a = _held(b, "acme", ship, A), _held(b, "globex", ship, A)
+        assert set(acme_a.values()) == {1} and set(globex_a.values()) == {1}
+        assert sorted(acme_a) == [q for q in range(1, 31) if q % 4 == 0 or q in (3, 7, 11, 15, 19)]
+        assert sorted(globex_a) == [q for q in range(1, 31) if q % 4 == 1 or q in (23, 27)]
+        assert merger.totals.customer == len(acme) + len(globex) + len(acme_a) + len(globex_a)
 
         # GLBU0000022 goes to acme from reading 70 on: the file changes while the
         # merge (this Merger) runs on, and nothing written before moves
@@ -96,6 +105,9 @@ def test_customer_streams_hold_their_containers_once_and_follow_ownership_in_tim
         produce(b, [_reading(ship, q) for q in range(61, 81)])
         start_merge(spark, merger, available_now=True).awaitTermination(180)
         assert merger.ownership is not None and merger.ownership.reloads == 1
+        status = json.loads(merger.status_path.read_text())
+        assert status["customers"]["reloads"] == 1 and status["customers"]["reload_errors"] == 0
+        assert status["totals"]["customer"] == merger.totals.customer
         acme2, globex2 = _held(b, "acme", ship), _held(b, "globex", ship)
         assert set(acme2.values()) == {1} and set(globex2.values()) == {1}
         assert {q for q in acme2 if q % 4 == 1} == set(range(73, 81, 4))  # 73, 77

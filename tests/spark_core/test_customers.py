@@ -3,8 +3,10 @@ customers file that changes while the merge runs (no Spark needed here)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shorelink.errors import ConfigError
+from spark_core.config import parse_config
 from spark_core.customers import Ownership, parse_customers
+from spark_core.topics import customer_ownership, site_specs
 
 DAY = 86_400_000
 T0 = 1_780_000_000_000  # 2026-05-28T...Z, in ms
@@ -58,8 +62,6 @@ def test_a_lease_moves_a_container_at_its_time_and_not_before(
 
 
 def test_an_open_ended_lease_and_toml_datetimes() -> None:
-    import datetime as dt
-
     since = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
     c = parse_customers(_customers([{"container": "BBLU0000017", "from": since}]))
     at = int(since.timestamp() * 1000)
@@ -164,3 +166,81 @@ def test_the_sample_customers_file_reads(monkeypatch: pytest.MonkeyPatch) -> Non
         monkeypatch.setenv(name, "pw")
     own = Ownership(sample)
     assert set(own.customers.customers) == {"maerskline", "coolfruit"}
+
+
+@given(
+    start=st.datetimes(timezones=st.timezones()) | st.datetimes(),
+    end=st.datetimes(timezones=st.timezones()) | st.datetimes() | st.none(),
+    as_text=st.booleans(),
+)
+def test_any_lease_period_reads_or_is_an_error_naming_its_key(
+    start: dt.datetime, end: dt.datetime | None, as_text: bool
+) -> None:
+    """The file is an operator's, edited while the merge runs: whatever dates it holds,
+    the reload gets a ConfigError naming the key (and keeps the last good), never
+    another exception."""
+    lease: dict[str, object] = {"container": "ACMU1234565", "from": start}
+    if end is not None:
+        lease["to"] = end
+    if as_text:
+        lease = {k: v.isoformat() if isinstance(v, dt.datetime) else v for k, v in lease.items()}
+    try:
+        c = parse_customers({"customers": {"a": {"leases": [lease]}}})
+    except ConfigError as exc:
+        assert exc.field.startswith("customers.a.leases[0].")
+    else:
+        (parsed,) = c.customers["a"].leases
+        assert start.tzinfo is not None
+        assert c.owner("ACMU1234565", parsed.from_ms) == "a"
+        assert c.owner("ACMU1234565", parsed.from_ms - 1) is None
+
+
+def test_an_unreadable_file_keeps_the_last_good(tmp_path: Path) -> None:
+    """Not UTF-8, gone, a directory: counted and logged like a bad key, the merge goes on
+    with the ownership it had."""
+    path = tmp_path / "customers.toml"
+    path.write_text('[customers.acme]\nowner_codes = ["ACMU"]\n')
+    own = Ownership(path)
+    path.write_bytes(b'[customers.acme]\nowner_codes = ["\xff\xfe"]\n')
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 1_000_000_000))
+    assert not own.refresh() and own.reload_errors == 1
+    path.unlink()
+    assert not own.refresh() and own.reload_errors == 2
+    path.mkdir()
+    assert not own.refresh() and own.reload_errors == 3
+    assert own.customers.owner("ACMU0000011", T0) == "acme", "the last good ownership"
+    path.rmdir()
+    path.write_text('[customers.acme]\nowner_codes = ["ACMZ"]\n')
+    assert own.refresh() and own.reloads == 1, "a good file again"
+    assert own.customers.owner("ACMU0000011", T0) is None
+    assert own.customers.owner("ACMZ0000011", T0) == "acme"
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_customer_topics_are_kept_only_where_the_site_says(tmp_path: Path, keep: bool) -> None:
+    """HQ only: a port with ``customer_topics = false`` neither creates nor writes them."""
+    (tmp_path / "customers.toml").write_text('[customers.acme]\nowner_codes = ["ACMU"]\n')
+    cfg = parse_config(
+        tomllib.loads(
+            'customers_file = "customers.toml"\n'
+            "[sites.port]\n"
+            'streams = ["containers", "nav"]\n'
+            'checkpoint_dir = "/tmp/x"\n'
+            'table_dir = "/tmp/x"\n'
+            f"customer_topics = {str(keep).lower()}\n"
+            "[sites.port.kafka]\n"
+            'bootstrap = "localhost:9092"\n'
+        ),
+        base=tmp_path,
+    )
+    site = cfg.site("port")
+    own = customer_ownership(site, cfg)
+    topics = {s.name for s in site_specs(cfg, site)}
+    if keep:
+        assert own is not None and own.path == tmp_path / "customers.toml"
+        assert {t for t in topics if t.startswith("sl.customer.")} == {
+            "sl.customer.acme.containers"  # the site has no alerts stream
+        }
+    else:
+        assert own is None
+        assert not any(t.startswith("sl.customer.") for t in topics)
