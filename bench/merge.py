@@ -88,6 +88,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 SITES_TOML = """\
 log_level = "warning"
+{customers}
 
 [spark]
 master = "local[2]"
@@ -328,6 +329,8 @@ class Bench:
         self.spark: Any = None
         self.queries: list[Any] = []
         self.mergers: list[Any] = []
+        #: the generated sites file (the merge's ``sites``: customers_file)
+        self.cfg: Any = None
         self.result: dict[str, Any] = {"benchmark": "merge"}
 
     @property
@@ -402,16 +405,26 @@ class Bench:
                 partitions=PARTITIONS,
                 max_offsets=self.args.max_offsets,
                 kafka_auth=self._kafka_auth(),
+                customers=self._customers_file(),
             )
             + (self._secure_site() if self.secure else "")
         )
         path.chmod(0o600)
-        cfg = load_config(path)
+        cfg = self.cfg = load_config(path)
         if self.secure:
             # the merge runs as the site application's principal, with its ACLs only
             assert self.broker is not None
             apply_access(plan_access(cfg, SITE), self.bootstrap, self.broker.admin)
         return cfg.site(SITE)
+
+    def _customers_file(self) -> str:
+        """``--customers``: one customer owning every container (MSCU): each new record
+        also goes to ``sl.customer.bench.containers``, in the merge's transaction."""
+        if not self.args.customers:
+            return ""
+        path = self.work / "customers.toml"
+        path.write_text('[customers.bench]\nowner_codes = ["MSCU"]\n')
+        return f'customers_file = "{path}"'
 
     def _kafka_auth(self) -> str:
         """The site application's principal, in its ``[sites.S.kafka]`` table."""
@@ -506,7 +519,7 @@ class Bench:
     def merge_phase(self, n: int, site: Any) -> dict[str, Any]:
         from spark_core.merge import Merger, start_merge
 
-        merger = Merger(site)
+        merger = Merger(site, sites=self.cfg)
         self.mergers.append(merger)
         # its output topics exist before the clock starts, as the copy's does
         merger.prepare()
@@ -530,6 +543,7 @@ class Bench:
         out = {
             "input": t.input,
             "written": t.written,
+            "customer": t.customer,
             "duplicates": t.duplicates,
             "dead": t.dead,
             "skipped": t.skipped,
@@ -572,7 +586,7 @@ class Bench:
         from spark_core.merge import Merger, start_merge
 
         a = self.args
-        merger = Merger(site)
+        merger = Merger(site, sites=self.cfg)
         self.mergers.append(merger)
         q = start_merge(self.spark, merger, available_now=False)
         self.queries.append(q)
@@ -850,6 +864,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="length of the latency phase (0 skips it); default 30, quick 10",
     )
     p.add_argument("--seed", type=int, default=5, help="seed of the duplicate choice")
+    p.add_argument(
+        "--customers",
+        action="store_true",
+        help="a customer owns every container: each record also goes to its customer "
+        "stream in the merge's transaction (the cost of customer streams, worst case)",
+    )
     p.add_argument(
         "--security",
         choices=("plain", "secure", "both"),

@@ -50,6 +50,17 @@ DEFAULT_STREAMS = ("containers", "alerts")
 
 _OWNER_CODE = re.compile(r"[A-Z]{3}[UJZ]")
 _CONTAINER = re.compile(r"[A-Z]{3}[UJZ]\d{7}")
+#: ISO 6346 character values: digits their own, letters from A=10 up, skipping the
+#: multiples of 11 (fleet_sim/iso6346.py explains; the deployables do not import it)
+_VALUES = {
+    **{d: int(d) for d in "0123456789"},
+    **dict(zip("ABCDEFGHIJKLMNOPQRSTUVWXYZ", (n for n in range(10, 39) if n % 11), strict=False)),
+}
+
+
+def _check_digit(prefix10: str) -> int:
+    """The ISO 6346 check digit of owner code, category and serial."""
+    return sum(_VALUES[c] << i for i, c in enumerate(prefix10)) % 11 % 10
 
 
 @dataclass(frozen=True)
@@ -184,7 +195,12 @@ def parse_customers(data: Mapping[str, Any], source: str = "customers") -> Custo
                 raise ConfigError(f"{lw}.{unknown[0]}", "unknown key")
             container = lt.get("container")
             if not isinstance(container, str) or not _CONTAINER.fullmatch(container):
-                raise ConfigError(f"{lw}.container", "expected a container id (BBLU1234565)")
+                raise ConfigError(f"{lw}.container", "expected a container id (CSQU3054383)")
+            if int(container[10]) != (digit := _check_digit(container[:10])):
+                # a typo here would leave the container's readings with its code's owner
+                raise ConfigError(
+                    f"{lw}.container", f"{container}: the ISO 6346 check digit is {digit}"
+                )
             if "from" not in lt:
                 raise ConfigError(f"{lw}.from", "is required")
             lease = Lease(

@@ -29,7 +29,7 @@ S = "containers"
 #: alerts are keyed by container too: a customer's container's alerts are its own
 A = "alerts"
 #: by seq % 4: the container a reading is about
-KEYS = ("ACMU0000011", "GLBU0000022", "BBLU0000033", "ACMU0000044")
+KEYS = ("ACMU0000019", "GLBU0000025", "BBLU0000036", "ACMU0000045")
 
 
 def _at(ms: int) -> str:
@@ -62,8 +62,8 @@ def test_customer_streams_hold_their_containers_once_and_follow_ownership_in_tim
     b = kafka.bootstrap
     ship = unique("ship")
     customers = tmp_path / "customers.toml"
-    # ACMU0000044 is leased to globex for readings 20..39 (by their own time)
-    lease = f'container = "ACMU0000044"\nfrom = "{_at(1020)}"\nto = "{_at(1040)}"\n'
+    # ACMU0000045 is leased to globex for readings 20..39 (by their own time)
+    lease = f'container = "ACMU0000045"\nfrom = "{_at(1020)}"\nto = "{_at(1040)}"\n'
     base = (
         '[customers.acme]\nowner_codes = ["ACMU"]\n\n[customers.globex]\nowner_codes = ["GLBU"]\n'
     )
@@ -91,9 +91,9 @@ def test_customer_streams_hold_their_containers_once_and_follow_ownership_in_tim
         assert sorted(globex_a) == [q for q in range(1, 31) if q % 4 == 1 or q in (23, 27)]
         assert merger.totals.customer == len(acme) + len(globex) + len(acme_a) + len(globex_a)
 
-        # GLBU0000022 goes to acme from reading 70 on: the file changes while the
+        # GLBU0000025 goes to acme from reading 70 on: the file changes while the
         # merge (this Merger) runs on, and nothing written before moves
-        change = f'container = "GLBU0000022"\nfrom = "{_at(1070)}"\n'
+        change = f'container = "GLBU0000025"\nfrom = "{_at(1070)}"\n'
         _write(
             customers,
             base

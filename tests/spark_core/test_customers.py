@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fleet_sim.iso6346 import container_number
 from shorelink.errors import ConfigError
 from spark_core.config import parse_config
 from spark_core.customers import Ownership, parse_customers
@@ -54,20 +55,20 @@ def test_a_lease_moves_a_container_at_its_time_and_not_before(
 ) -> None:
     """A reading belongs to whoever owns its container at the reading's own time."""
     lo, hi = T0 + start * DAY, T0 + (start + days) * DAY
-    leased = {"container": "ACMU1234565", "from": _iso(lo), "to": _iso(hi)}
+    leased = {"container": "ACMU1234562", "from": _iso(lo), "to": _iso(hi)}
     c = parse_customers(_customers([leased]))
     expected = "globex" if lo <= ts < hi else "acme"
-    assert c.owner("ACMU1234565", ts) == expected
+    assert c.owner("ACMU1234562", ts) == expected
     assert c.owner("ACMU7654321", ts) == "acme"  # the owner's other containers stay
 
 
 def test_an_open_ended_lease_and_toml_datetimes() -> None:
     since = dt.datetime(2026, 6, 1, tzinfo=dt.UTC)
-    c = parse_customers(_customers([{"container": "BBLU0000017", "from": since}]))
+    c = parse_customers(_customers([{"container": "BBLU0000015", "from": since}]))
     at = int(since.timestamp() * 1000)
-    assert c.owner("BBLU0000017", at - 1) is None
-    assert c.owner("BBLU0000017", at) == "globex"
-    assert c.owner("BBLU0000017", at + 3650 * DAY) == "globex"
+    assert c.owner("BBLU0000015", at - 1) is None
+    assert c.owner("BBLU0000015", at) == "globex"
+    assert c.owner("BBLU0000015", at + 3650 * DAY) == "globex"
 
 
 @pytest.mark.parametrize(
@@ -89,7 +90,7 @@ def test_an_open_ended_lease_and_toml_datetimes() -> None:
         (
             {
                 "customers": {
-                    "a": {"leases": [{"container": "ACMU1234565", "from": "2026-01-01T00:00"}]}
+                    "a": {"leases": [{"container": "ACMU1234562", "from": "2026-01-01T00:00"}]}
                 }
             },
             "customers.a.leases[0].from",
@@ -101,7 +102,7 @@ def test_an_open_ended_lease_and_toml_datetimes() -> None:
                     "a": {
                         "leases": [
                             {
-                                "container": "ACMU1234565",
+                                "container": "ACMU1234562",
                                 "from": "2026-02-01T00:00Z",
                                 "to": "2026-01-01T00:00Z",
                             }
@@ -115,11 +116,11 @@ def test_an_open_ended_lease_and_toml_datetimes() -> None:
         (
             {
                 "customers": {
-                    "a": {"leases": [{"container": "ACMU1234565", "from": "2026-01-01T00:00Z"}]},
+                    "a": {"leases": [{"container": "ACMU1234562", "from": "2026-01-01T00:00Z"}]},
                     "b": {
                         "leases": [
                             {
-                                "container": "ACMU1234565",
+                                "container": "ACMU1234562",
                                 "from": "2025-06-01T00:00Z",
                                 "to": "2026-01-02T00:00Z",
                             }
@@ -179,7 +180,7 @@ def test_any_lease_period_reads_or_is_an_error_naming_its_key(
     """The file is an operator's, edited while the merge runs: whatever dates it holds,
     the reload gets a ConfigError naming the key (and keeps the last good), never
     another exception."""
-    lease: dict[str, object] = {"container": "ACMU1234565", "from": start}
+    lease: dict[str, object] = {"container": "ACMU1234562", "from": start}
     if end is not None:
         lease["to"] = end
     if as_text:
@@ -191,8 +192,8 @@ def test_any_lease_period_reads_or_is_an_error_naming_its_key(
     else:
         (parsed,) = c.customers["a"].leases
         assert start.tzinfo is not None
-        assert c.owner("ACMU1234565", parsed.from_ms) == "a"
-        assert c.owner("ACMU1234565", parsed.from_ms - 1) is None
+        assert c.owner("ACMU1234562", parsed.from_ms) == "a"
+        assert c.owner("ACMU1234562", parsed.from_ms - 1) is None
 
 
 def test_an_unreadable_file_keeps_the_last_good(tmp_path: Path) -> None:
@@ -244,3 +245,27 @@ def test_customer_topics_are_kept_only_where_the_site_says(tmp_path: Path, keep:
     else:
         assert own is None
         assert not any(t.startswith("sl.customer.") for t in topics)
+
+
+@given(
+    owner=st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZ", min_size=3, max_size=3),
+    category=st.sampled_from("UJZ"),
+    serial=st.integers(0, 999_999),
+    wrong=st.integers(1, 9),
+)
+def test_a_leased_container_needs_its_check_digit(
+    owner: str, category: str, serial: int, wrong: int
+) -> None:
+    """A typo in a lease would leave the container's readings with its code's owner:
+    the check digit catches it (ISO 6346, as fleet_sim numbers containers)."""
+    try:
+        number = container_number(owner, serial, category)
+    except ValueError:
+        return  # a serial ISO 6346 gives no number for (remainder 10)
+    c = parse_customers(_customers([{"container": number, "from": _iso(T0)}]))
+    assert c.owner(number, T0) == "globex"
+    typo = number[:10] + str((int(number[10]) + wrong) % 10)
+    with pytest.raises(ConfigError) as info:
+        parse_customers(_customers([{"container": typo, "from": _iso(T0)}]))
+    assert info.value.field == "customers.globex.leases[0].container"
+    assert f"check digit is {number[10]}" in str(info.value)
