@@ -4,9 +4,20 @@ with their passwords (docs/access-control.md)."""
 
 from __future__ import annotations
 
+from confluent_kafka.admin import (
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+    ScramMechanism,
+    UserScramCredentialDeletion,
+)
+
 from local_stack.kafka import KafkaBroker
 from shorelink.config import Secret
-from shorelink.kafka_auth import KafkaAuth
+from shorelink.kafka_auth import KafkaAuth, client_config
 from spark_core.access import apply_access, plan_access
 from spark_core.config import SitesConfig, parse_config
 
@@ -72,6 +83,34 @@ def secure_sites(broker: KafkaBroker) -> SitesConfig:
 def principal(broker: KafkaBroker, user: str) -> KafkaAuth:
     """How ``user`` (one of :data:`PASSWORDS`) connects to ``broker``."""
     return broker.admin.as_user(user, PASSWORDS[user])
+
+
+def reset_access(broker: KafkaBroker) -> None:
+    """Take every principal of :data:`PASSWORDS` and its ACLs off ``broker``."""
+    admin = AdminClient(client_config(broker.bootstrap, broker.admin))
+    filters = [
+        AclBindingFilter(
+            ResourceType.ANY,
+            None,  # type: ignore[arg-type]
+            ResourcePatternType.ANY,
+            f"User:{user}",
+            None,  # type: ignore[arg-type]
+            AclOperation.ANY,
+            AclPermissionType.ANY,
+        )
+        for user in PASSWORDS
+    ]
+    for fut in admin.delete_acls(filters).values():
+        fut.result(30)
+    existing = set(admin.describe_user_scram_credentials(None).result(30))  # type: ignore[union-attr]
+    gone = [
+        UserScramCredentialDeletion(u, ScramMechanism.SCRAM_SHA_512)
+        for u in PASSWORDS
+        if u in existing
+    ]
+    if gone:
+        for fut in admin.alter_user_scram_credentials(gone).values():  # type: ignore[arg-type]
+            fut.result(30)
 
 
 def apply_secure_access(broker: KafkaBroker) -> SitesConfig:

@@ -28,7 +28,7 @@ from shorelink.kafka_io import read_to_end
 from spark_core.access import AccessPlan, apply_access, plan_access
 from spark_core.config import SitesConfig
 from spark_core.merge import Merger, start_merge
-from tests.access_helpers import CUSTOMERS, GROUPS, PASSWORDS, secure_sites
+from tests.access_helpers import CUSTOMERS, GROUPS, PASSWORDS, reset_access, secure_sites
 from tests.conftest import unique
 from tests.spark_core.helpers import record
 
@@ -86,13 +86,15 @@ def site(secure_kafka: KafkaBroker) -> Iterator[Site]:
     assert p.flush(30) == 0
     sites = secure_sites(secure_kafka)
     plan = plan_access(sites, "tokyo", CUSTOMERS)
+    # the session's broker may have these principals from another module: start bare
+    reset_access(secure_kafka)
     first = apply_access(plan, secure_kafka.bootstrap, secure_kafka.admin)
     yield Site(secure_kafka, sites, plan, first)
 
 
 def _read(conf: dict[str, Any], topic: str) -> list[bytes]:
-    """Every committed record of ``topic`` partition 0, as the client ``conf`` is; a
-    refusal raises the KafkaException the broker answered with."""
+    """Every committed record of ``topic`` (all partitions), as the client ``conf`` is;
+    a refusal raises the KafkaException the broker answered with."""
     c = Consumer(
         {
             "group.id": unique("reader"),
@@ -105,10 +107,11 @@ def _read(conf: dict[str, Any], topic: str) -> list[bytes]:
     out: list[bytes] = []
     try:
         # a topic the client may not describe comes back with the broker's error
-        err = c.list_topics(topic, timeout=30).topics[topic].error
-        if err is not None:
-            raise KafkaException(err)
-        c.assign([TopicPartition(topic, 0, 0)])
+        md = c.list_topics(topic, timeout=30).topics[topic]
+        if md.error is not None:
+            raise KafkaException(md.error)
+        c.assign([TopicPartition(topic, p, 0) for p in md.partitions])
+        pending = set(md.partitions)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             msg = c.poll(0.5)
@@ -118,7 +121,9 @@ def _read(conf: dict[str, Any], topic: str) -> list[bytes]:
             if err is None:
                 out.append(msg.value() or b"")
             elif err.code() == KafkaError._PARTITION_EOF:
-                return out
+                pending.discard(msg.partition())
+                if not pending:
+                    return out
             else:
                 raise KafkaException(err)
         raise AssertionError(f"{topic}: no end within 30 s")
