@@ -29,6 +29,7 @@ from shorelink.contract import (
     DEAD_UNKNOWN_TOPIC,
     H_SITE,
     H_TS,
+    HEADER_LAYOUT,
     LEDGER_TOPIC,
     MARKER_TOPIC,
     customer_topic,
@@ -220,9 +221,7 @@ class Merger:
         stream = stream_topic[len("sl.") :]
         if key is None or stream not in customers.stream_names:
             return None  # nav, position...: no container's records, no lookup
-        ts = headers[3][1] if len(headers) > 3 and headers[3][0] == H_TS else None
-        if ts is None:
-            ts = next((v for k, v in headers if k == H_TS), None)
+        ts = _header(headers, H_TS)
         if ts is None:
             return None
         try:
@@ -238,9 +237,7 @@ class Merger:
         """The relay topic of a canonical record: its entry site (``sl.site``) and
         stream; a record whose entry is not a site of the file counts as entered here
         (so it still reaches every site)."""
-        site = headers[4][1] if len(headers) > 4 and headers[4][0] == H_SITE else None
-        if site is None:
-            site = next((v for k, v in headers if k == H_SITE), None)
+        site = _header(headers, H_SITE)
         key = (stream_topic, site)
         topic = self._relays.get(key)
         if topic is None:
@@ -488,6 +485,15 @@ class Merger:
 
     def close(self) -> None:
         self._close_producer()
+
+
+def _header(headers: Sequence[tuple[str, Any]], name: str) -> Any:
+    """A contract header's value: at its place in :data:`HEADER_LAYOUT` (where the merge
+    writes it; no scan on the hot path), else wherever it is; None if absent."""
+    i = HEADER_LAYOUT.index(name)
+    if len(headers) > i and headers[i][0] == name:
+        return headers[i][1]
+    return next((v for k, v in headers if k == name), None)
 
 
 def source_pattern(streams: Iterable[str]) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from local_stack.kafka import BrokerSecurity
+from local_stack.stack import write_secrets
 from local_stack.tls import Authority, Issued, make_authority
 
 __all__ = ["STAFF", "VoyageSecurity", "env_var"]
@@ -42,10 +43,7 @@ class VoyageSecurity:
         for var in [env_var("kafka_admin"), env_var("staff", STAFF), *variables]:
             sec.passwords[var] = secrets.token_urlsafe(18)
         os.environ.update(sec.passwords)
-        path = dir / "secrets.env"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.writelines(f"{k}={v}\n" for k, v in sorted(sec.passwords.items()))
+        write_secrets(dir, sec.passwords)  # the stack's secrets file, as `stack up` keeps it
         return sec
 
     @property
