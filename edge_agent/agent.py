@@ -17,9 +17,11 @@ from prometheus_client import start_http_server
 from edge_agent import systemd
 from edge_agent.clock import SHIP_CLOCK, SteadyClock
 from edge_agent.config import EdgeConfig
+from edge_agent.errors import LogError
 from edge_agent.ingest import Ingest
 from edge_agent.log import EdgeLog
 from edge_agent.metrics import EdgeMetrics
+from edge_agent.report import write_report
 from edge_agent.status import open_log
 from shorelink.errors import ConfigError
 
@@ -98,6 +100,7 @@ class Agent:
             asyncio.create_task(self.ingest.run(self.stop), name="ingest"),
             asyncio.create_task(self._housekeeping(), name="housekeeping"),
             asyncio.create_task(self._watchdog(), name="watchdog"),
+            asyncio.create_task(self._reporting(), name="reporting"),
         ]
         uplink_task = (
             asyncio.create_task(self.uplink.run(self.stop), name="uplink")
@@ -151,6 +154,29 @@ class Agent:
                 last_expire = time.monotonic()
             await asyncio.to_thread(self.update_gauges)
             await asyncio.sleep(GAUGE_INTERVAL_S)
+
+    async def _reporting(self) -> None:
+        """A ship report at start, then every ``report.interval``."""
+        if not self.cfg.report.stream:
+            return
+        while True:
+            await asyncio.to_thread(self.report)
+            await asyncio.sleep(self.cfg.report.interval_s)
+
+    def report(self) -> int:
+        """Write one ship report (edge_agent/report.py); its seq, 0 if it was not
+        written (the stream's budget refused it, or the log could not take it: logged
+        and counted, the next interval tries again)."""
+        try:
+            seq = write_report(self.cfg, self.log)
+        except LogError as exc:
+            self.metrics.reports.labels("failed").inc()
+            log.warning("event=ship_report_failed error=%r", str(exc))
+            return 0
+        self.metrics.reports.labels("written" if seq else "refused").inc()
+        if seq:
+            self.ingest.committed.set()  # the uplink sends it with the next batch
+        return seq
 
     def expire(self) -> dict[str, int]:
         """One age-retention sweep, on the clock with its forward jumps taken out: a

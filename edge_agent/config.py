@@ -43,6 +43,7 @@ __all__ = [
     "LogConfig",
     "MetricsConfig",
     "MqttConfig",
+    "ReportConfig",
     "StreamConfig",
     "UplinkConfig",
     "load_config",
@@ -150,6 +151,18 @@ class UplinkConfig:
     seal_interval_s: float = field(
         default=10.0, metadata=key("seal_interval", gt=0, why="must be > 0")
     )
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """The ship report (shorelink/ship_report.py): the agent's own state, written as a
+    record of ``stream`` every ``interval``, so every site's operations page sees the
+    ship's backlog at sea, its link and its spend, whichever site carried the report."""
+
+    #: the stream the reports go to, one of ``[streams.*]`` ("": no reports)
+    stream: str = ""
+    #: how often (a report is a few hundred bytes; the satellite carries it)
+    interval_s: float = field(default=600.0, metadata=key("interval", min=1, why="at least 1s"))
 
 
 @dataclass(frozen=True)
@@ -270,6 +283,8 @@ class EdgeConfig:
     gateways: tuple[GatewayEndpoint, ...] = ()
     #: alarm rules raising ``alerts`` records (edge_agent/alarms.py)
     alarms: tuple[Alarm, ...] = ()
+    #: the ship report (``[report]``; edge_agent/report.py)
+    report: ReportConfig = field(default_factory=ReportConfig)
 
     def stream(self, name: str) -> StreamConfig:
         return self.streams[name]
@@ -419,6 +434,12 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
     for name, sec in top.sections("links").items():
         links[name] = _link(name, sec, streams)
     gateways = tuple(_gateway(g, links, base) for g in top.array("gateways"))
+    report = read(ReportConfig, top.section("report"))
+    if report.stream and report.stream not in streams:
+        raise ConfigError(
+            "report.stream",
+            f"{report.stream!r} is not a configured stream: add [streams.{report.stream}]",
+        )
     seen: set[tuple[str, str]] = set()
     for i, g in enumerate(gateways):
         if (g.site, g.url) in seen:
@@ -434,6 +455,7 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
         alarms=alarms,
         links=links,
         gateways=gateways,
+        report=report,
         log=_log(top.section("log"), base),
         mqtt=_mqtt(top.section("mqtt"), ship),
         uplink=_uplink(top.section("uplink"), base),

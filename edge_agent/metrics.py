@@ -30,6 +30,12 @@ class EdgeMetrics:
         self.quarantined = Counter(
             p + "quarantined_messages", "Unusable messages quarantined", ["reason"], registry=r
         )
+        self.reports = Counter(
+            p + "ship_reports",
+            "Ship reports (edge_agent/report.py) by outcome: written, refused, failed",
+            ["outcome"],
+            registry=r,
+        )
         self.rejected = Counter(
             p + "rejected_records",
             "Records refused because their stream's budget is full",

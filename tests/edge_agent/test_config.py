@@ -22,7 +22,8 @@ def test_sample_config_is_valid() -> None:
     """(That the sample names every key: tests/test_config_samples.py.)"""
     cfg = load_config(SAMPLE)
     assert cfg.ship == "bigblue"
-    assert [s.name for s in cfg.by_priority()] == ["alerts", "nav", "containers"]
+    assert [s.name for s in cfg.by_priority()] == ["alerts", "agent", "nav", "containers"]
+    assert (cfg.report.stream, cfg.report.interval_s) == ("agent", 600.0)
     assert cfg.log.group_commit_s == pytest.approx(0.005)
 
 

@@ -1,0 +1,150 @@
+"""The ship report: what a ship's agent says about itself, as a record of its own.
+
+Every ``report.interval`` the edge agent writes one record to its report stream
+(``[report] stream``, ``agent`` in the samples) in its own log, keyed by the ship's name.
+It travels like any other record (uploaded by priority, merged, replicated to every
+site), so every site's operations page (spark_core/ops/) knows each ship's last word,
+whichever port or satellite carried it: where the ship's log is (the last seq of each
+stream and how much of it no site has confirmed: the backlog at sea), the link class it
+last reached a site over, and today's spend of each link class against its budget.
+
+The value is compact JSON (a few hundred bytes: the satellite carries it):
+
+    {"v": 1, "at": <epoch ms>, "link": "satellite" | null,
+     "streams": {"nav": [last_seq, backlog_records], ...},
+     "links": {"satellite": [spent_today, daily_budget], ...},
+     "log": [record_bytes, budget_bytes]}
+
+:func:`decode_report` is the one reader, and a site reads what arrives from the sea:
+anything that is not a report of this shape is a :class:`~shorelink.errors.ContractError`
+naming what is wrong, never another exception.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from shorelink.errors import ContractError
+from shorelink.identity import check_name
+
+__all__ = [
+    "MAX_REPORT_BYTES",
+    "REPORT_MQTT_TOPIC",
+    "REPORT_VERSION",
+    "ShipReport",
+    "decode_report",
+    "encode_report",
+]
+
+REPORT_VERSION = 1
+#: the record's MQTT topic header: it did not come from the broker, the agent wrote it
+REPORT_MQTT_TOPIC = "$shorelink/report"
+#: a report larger than this is refused by both sides (a ship with hundreds of streams
+#: still fits; far below the record limit of every hop, MAX_RECORD_BYTES)
+MAX_REPORT_BYTES = 64 * 1024
+#: seqs, byte counts and times are non-negative and fit a signed 64-bit integer
+_MAX_INT = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class ShipReport:
+    """One ship report, decoded and checked."""
+
+    #: when the agent wrote it (the ship's clock, epoch ms)
+    at_ms: int
+    #: the link class the ship last reached a site over (None: never)
+    link: str | None
+    #: per stream: (last seq in the ship's log, records no site has confirmed)
+    streams: dict[str, tuple[int, int]]
+    #: per link class: (bytes sent today, UTC, daily budget; 0: none)
+    links: dict[str, tuple[int, int]]
+    #: the log's record bytes and its budget
+    log_bytes: int = 0
+    log_budget: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as the operations page's API shows it."""
+        return {
+            "at_ms": self.at_ms,
+            "link": self.link,
+            "streams": {
+                s: {"last_seq": last, "backlog": backlog}
+                for s, (last, backlog) in sorted(self.streams.items())
+            },
+            "links": {
+                name: {"spent_today": spent, "daily_budget": budget}
+                for name, (spent, budget) in sorted(self.links.items())
+            },
+            "log_bytes": self.log_bytes,
+            "log_budget": self.log_budget,
+        }
+
+
+def encode_report(report: ShipReport) -> bytes:
+    body = {
+        "v": REPORT_VERSION,
+        "at": report.at_ms,
+        "link": report.link,
+        "streams": {s: list(v) for s, v in sorted(report.streams.items())},
+        "links": {s: list(v) for s, v in sorted(report.links.items())},
+        "log": [report.log_bytes, report.log_budget],
+    }
+    out = json.dumps(body, separators=(",", ":")).encode()
+    decode_report(out)  # what this side writes, the other side reads
+    return out
+
+
+def decode_report(payload: bytes) -> ShipReport:
+    """The report in ``payload``; :class:`ContractError` saying why it is not one."""
+    if len(payload) > MAX_REPORT_BYTES:
+        raise ContractError(f"ship report of {len(payload)} bytes (at most {MAX_REPORT_BYTES})")
+    try:
+        doc = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ContractError(f"ship report is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ContractError("ship report is not a JSON object")
+    if doc.get("v") != REPORT_VERSION:
+        raise ContractError(f"ship report version {doc.get('v')!r} (this reads {REPORT_VERSION})")
+    link = doc.get("link")
+    if link is not None:
+        link = _name("link", link, "link")
+    log = doc.get("log", [0, 0])
+    log_bytes, log_budget = _pair("log", log)
+    return ShipReport(
+        at_ms=_count("at", doc.get("at")),
+        link=link,
+        streams=_pairs("streams", doc.get("streams"), "stream"),
+        links=_pairs("links", doc.get("links"), "link"),
+        log_bytes=log_bytes,
+        log_budget=log_budget,
+    )
+
+
+def _count(where: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_INT:
+        raise ContractError(f"ship report {where}: expected a count, got {value!r:.40}")
+    return value
+
+
+def _name(where: str, value: object, kind: str) -> str:
+    if not isinstance(value, str):
+        raise ContractError(f"ship report {where}: expected a {kind} name, got {value!r:.40}")
+    try:
+        return check_name(kind, value)
+    except ContractError as exc:
+        raise ContractError(f"ship report {where}: {exc}") from None
+
+
+def _pair(where: str, value: object) -> tuple[int, int]:
+    if not isinstance(value, list) or len(value) != 2:
+        raise ContractError(f"ship report {where}: expected [a, b], got {value!r:.40}")
+    return _count(where, value[0]), _count(where, value[1])
+
+
+def _pairs(where: str, value: object, kind: str) -> dict[str, tuple[int, int]]:
+    if not isinstance(value, dict):
+        raise ContractError(f"ship report {where}: expected an object")
+    return {_name(where, k, kind): _pair(f"{where}.{k:.63}", v) for k, v in value.items()}

@@ -1,0 +1,89 @@
+"""The ship report's contract (shorelink/ship_report.py): what a ship writes, a site
+reads back unchanged; whatever else arrives from the sea is a ContractError, never
+another exception."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shorelink.errors import ContractError
+from shorelink.ship_report import MAX_REPORT_BYTES, ShipReport, decode_report, encode_report
+
+names = st.from_regex(r"[a-z0-9][a-z0-9_-]{0,62}", fullmatch=True)
+counts = st.integers(0, 2**63 - 1)
+pairs = st.tuples(counts, counts)
+
+reports = st.builds(
+    ShipReport,
+    at_ms=counts,
+    link=st.one_of(st.none(), names),
+    streams=st.dictionaries(names, pairs, max_size=8),
+    links=st.dictionaries(names, pairs, max_size=4),
+    log_bytes=counts,
+    log_budget=counts,
+)
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(reports)
+def test_what_a_ship_writes_a_site_reads(report: ShipReport) -> None:
+    assert decode_report(encode_report(report)) == report
+
+
+@given(st.binary(max_size=300))
+def test_any_bytes_are_a_report_or_a_contract_error(payload: bytes) -> None:
+    with contextlib.suppress(ContractError):
+        decode_report(payload)
+
+
+@given(
+    st.fixed_dictionaries(
+        {"v": st.sampled_from([1, 1, 2, "1", None]), "at": json_values},
+        optional={
+            "link": json_values,
+            "streams": json_values | st.dictionaries(names, json_values, max_size=3),
+            "links": json_values,
+            "log": json_values,
+        },
+    )
+)
+def test_hostile_json_is_a_contract_error(doc: dict[str, object]) -> None:
+    try:
+        r = decode_report(json.dumps(doc).encode())
+    except ContractError:
+        return
+    # what decodes is a report whose every figure is a non-negative count
+    assert r.at_ms >= 0 and all(a >= 0 and b >= 0 for a, b in r.streams.values())
+
+
+@pytest.mark.parametrize(
+    ("doc", "says"),
+    [
+        ({"v": 1, "at": -1, "streams": {}, "links": {}}, "at: expected a count"),
+        ({"v": 1, "at": True, "streams": {}, "links": {}}, "at: expected a count"),
+        ({"v": 1, "at": 1, "streams": {"Nav": [1, 0]}, "links": {}}, "bad stream name"),
+        ({"v": 1, "at": 1, "streams": {"nav": [1]}, "links": {}}, "streams.nav: expected [a, b]"),
+        ({"v": 2, "at": 1, "streams": {}, "links": {}}, "version 2"),
+        ({"v": 1, "at": 1, "streams": [], "links": {}}, "streams: expected an object"),
+    ],
+)
+def test_errors_say_what_is_wrong(doc: dict[str, object], says: str) -> None:
+    with pytest.raises(ContractError, match=says.replace("[", r"\[").replace("]", r"\]")):
+        decode_report(json.dumps(doc).encode())
+
+
+def test_a_report_over_the_limit_is_refused_unread() -> None:
+    with pytest.raises(ContractError, match="at most"):
+        decode_report(b" " * (MAX_REPORT_BYTES + 1))
