@@ -5,6 +5,7 @@ tests/test_config_samples.py)."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,10 @@ def test_sample_gateways_and_links() -> None:
         ("hq", "cellular"),
         ("hq", "satellite"),
     ]
-    assert cfg.links["satellite"] == DEFAULT_LINKS["satellite"]
+    # the sample's satellite is the default one that also carries the ship report
+    sat = cfg.links["satellite"]
+    assert sat.streams == ("alerts", "agent", "nav")
+    assert replace(sat, streams=DEFAULT_LINKS["satellite"].streams) == DEFAULT_LINKS["satellite"]
 
 
 def test_link_defaults_in_code(tmp_path: Path) -> None:
