@@ -4,13 +4,13 @@ budget. Read from the log file, so it works while the agent runs."""
 
 from __future__ import annotations
 
-import textwrap
 import time
 from typing import Any
 
 from edge_agent.budget import utc_day
 from edge_agent.config import EdgeConfig
 from edge_agent.log import EdgeLog
+from shorelink.textout import block, terminal_width, wrap
 
 __all__ = ["collect_status", "open_log", "render"]
 
@@ -91,59 +91,45 @@ def _age(now_ms: int, at_ms: int | None) -> float | None:
     return None if at_ms is None else round((now_ms - at_ms) / 1000, 1)
 
 
-def render(report: dict[str, Any], width: int = 80) -> list[str]:
-    """The report as text that fits ``width`` columns (an 80-column terminal, or piped):
-    one block per stream and per gateway, long values wrapped whole, never cut."""
-    lines: list[str] = []
-
-    def block(head: str, *fields: str) -> None:
-        lines.extend(textwrap.wrap(head, width, break_on_hyphens=False))
-        text = "   ".join(f for f in fields if f)
-        lines.extend(
-            textwrap.wrap(
-                text,
-                width,
-                initial_indent="  ",
-                subsequent_indent="  ",
-                break_on_hyphens=False,
-            )
-        )
-
-    # a long path may break anywhere; a figure never does
-    lines += textwrap.wrap(f"ship {report['ship']}  log {report['log']}", width)
+def render(report: dict[str, Any], width: int | None = None) -> list[str]:
+    """The report as text that fits ``width`` columns (default: the terminal's; 80
+    piped): one block per stream and per gateway, long values wrapped whole, never cut."""
+    width = width or terminal_width()
+    lines = wrap(f"ship {report['ship']}  log {report['log']}", width)
     for name, s in report["streams"].items():
         age = s["oldest_undelivered_age_s"]
-        # ranges one by one ("1-5, 7-9"), so that a long list wraps between them
-        held = (
-            "; ".join(f"{site}:{', '.join(str(r).split(','))}" for site, r in s["held"].items())
-            or "-"
-        )
+        held = "; ".join(f"{site}:{r}" for site, r in s["held"].items()) or "-"
         prio = "-" if s["priority"] is None else s["priority"]
-        block(
+        lines += block(
             f"stream {name} (priority {prio})",
-            f"last seq {s['last_seq']}",
-            f"backlog {s['backlog_records']} records ({s['backlog_bytes']} B)",
-            f"oldest undelivered {'-' if age is None else f'{age:.0f}s'}",
-            f"sealed {s['sealed_records']}",
-            f"dropped {s['dropped']}",
-            f"rejected {s['rejected']}",
-            f"held by shore {held}",
+            [
+                f"last seq {s['last_seq']}",
+                f"backlog {s['backlog_records']} records ({s['backlog_bytes']} B)",
+                f"oldest undelivered {'-' if age is None else f'{age:.0f}s'}",
+                f"sealed {s['sealed_records']}",
+                f"dropped {s['dropped']}",
+                f"rejected {s['rejected']}",
+                f"held by shore {held}",
+            ],
+            width,
         )
     if not report["links"]:
         lines.append("links: no gateways configured (ingest only)")
     for g in report["links"]:
         ok, err = g["last_success_age_s"], g["last_error_age_s"]
         budget = g["daily_budget_bytes"]
-        block(
+        lines += block(
             f"gateway {g['site']} over {g['link']}: {g['state']}",
-            f"last success {'-' if ok is None else f'{ok:.0f}s ago'}",
-            f"today {g['today_bytes']} B of {f'{budget} B' if budget else 'unlimited'}",
-            "" if err is None else f"last error {err:.0f}s ago: {g['last_error'][:200]}",
+            [
+                f"last success {'-' if ok is None else f'{ok:.0f}s ago'}",
+                f"today {g['today_bytes']} B of {f'{budget} B' if budget else 'unlimited'}",
+                "" if err is None else f"last error {err:.0f}s ago: {g['last_error'][:200]}",
+            ],
+            width,
         )
-    lines += textwrap.wrap(
+    lines += wrap(
         f"log: {report['log_record_bytes']} of {report['log_budget_bytes']} budget bytes, "
         f"{report['log_file_bytes']} on disk; quarantined: {report['quarantined']}",
         width,
-        break_long_words=False,
     )
     return lines
