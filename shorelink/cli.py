@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,12 +25,14 @@ import click
 
 from shorelink.cli_support import BOOTSTRAP_LOCATOR, fail
 from shorelink.errors import ShorelinkError
+from shorelink.textout import table, wrap
 
 if TYPE_CHECKING:
+    from shorelink.audit import SitesAudit, SourceAudit
     from shorelink.kafka_auth import KafkaAuth
     from shorelink.sites import SiteKafka
 
-__all__ = ["COMMANDS", "OPTIONS", "main"]
+__all__ = ["COMMANDS", "OPTIONS", "main", "render_audit", "render_sites_audit"]
 
 COMMANDS = "shorelink.commands"
 OPTIONS = "shorelink.options"
@@ -129,18 +131,8 @@ def audit(
             )
         )
     else:
-        click.echo(f"site {site}: {len(results)} sources, {malformed} malformed records")
-        click.echo(
-            f"{'origin':24} {'stream':14} {'identities':>10} {'duplicates':>10} {'gaps':>8}  gap ranges"
-        )
-        for r in results:
-            click.echo(
-                f"{r.origin:24} {r.stream:14} {r.identities:>10} {r.duplicates:>10} "
-                f"{r.gaps.count():>8}  {r.gaps or '-'}"
-            )
-        click.echo(
-            "OK: every identity once, no gaps" if not bad else "NOT OK: duplicates or gaps found"
-        )
+        for line in render_audit(site, results, malformed, ok=not bad):
+            click.echo(line)
     if bad:
         sys.exit(1)
 
@@ -161,25 +153,61 @@ def _audit_all_sites(config_path: Path, streams: tuple[str, ...], as_json: bool)
     if as_json:
         click.echo(json.dumps({"sites": list(sites), **report.to_json()}, indent=2))
     else:
-        click.echo(
-            f"{'stream':14} {'site':16} {'records':>10} {'identities':>10} "
-            f"{'duplicates':>10} {'missing':>8}"
-        )
-        for r in report.results:
-            click.echo(
-                f"{r.stream:14} {r.site:16} {r.records:>10} {r.identities:>10} "
-                f"{r.duplicates:>10} {r.missing_count:>8}"
-                + ("" if r.present else "  (no canonical topic)")
-            )
-        for line in report.problems():
+        for line in render_sites_audit(report):
             click.echo(line)
-        click.echo(
-            "OK: every site holds the same identities, each once"
-            if report.ok
-            else "NOT OK: identities missing at a site or duplicated"
-        )
     if not report.ok:
         sys.exit(1)
+
+
+def render_audit(
+    site: str,
+    results: Sequence[SourceAudit],
+    malformed: int,
+    *,
+    ok: bool,
+    width: int | None = None,
+) -> list[str]:
+    """``shorelink audit`` as text that fits ``width`` (default: the terminal's, 80
+    piped): a row per source; its gap ranges beside it, or under it when too long."""
+    out = wrap(f"site {site}: {len(results)} sources, {malformed} malformed records", width)
+    rows = [
+        [
+            r.origin,
+            r.stream,
+            str(r.identities),
+            str(r.duplicates),
+            str(r.gaps.count()),
+            str(r.gaps),
+        ]
+        for r in results
+    ]
+    if rows:
+        header = ["origin", "stream", "identities", "duplicates", "gaps", "gap ranges"]
+        out += table(header, rows, width, right={2, 3, 4})
+    out.append("OK: every identity once, no gaps" if ok else "NOT OK: duplicates or gaps found")
+    return out
+
+
+def render_sites_audit(report: SitesAudit, width: int | None = None) -> list[str]:
+    """``shorelink audit --all-sites`` as text that fits ``width``: a row per stream and
+    site, then each problem (the seqs a site lacks or repeats), wrapped."""
+    rows = [
+        [r.stream, r.site, *map(str, (r.records, r.identities, r.duplicates, r.missing_count))]
+        for r in report.results
+    ]
+    header = ["stream", "site", "records", "identities", "duplicates", "missing"]
+    out = table(header, rows, width, right={2, 3, 4, 5})
+    for r in report.results:
+        if not r.present:
+            out += wrap(f"no canonical topic sl.{r.stream} at {r.site}", width)
+    for problem in report.problems():
+        out += wrap(problem, width, "", "  ")
+    out.append(
+        "OK: every site holds the same identities, each once"
+        if report.ok
+        else "NOT OK: identities missing at a site or duplicated"
+    )
+    return out
 
 
 def _site_kafka(config_path: Path, site: str, stream: Iterable[str] = ()) -> SiteKafka:
