@@ -10,8 +10,8 @@ rows here, and ``--json`` is the form for programs.
   :func:`block` per row, ``label: value`` fields.
 - :func:`block`: a head line, then fields packed on indented lines, three spaces apart.
 - :func:`wrap`: text broken at spaces and after commas, so that a list of ranges wraps
-  between two ranges. A word longer than a line (a path, an error) is cut, never inside
-  a figure (a run of digits and points).
+  between two ranges. A word longer than a line is cut: a path after a slash, anything
+  else where the line ends, but never inside a figure (a run of digits and points).
 """
 
 from __future__ import annotations
@@ -81,8 +81,12 @@ def wrap(
 
 
 def _cut(word: str, room: int) -> int:
-    """Where to cut ``word``, longer than ``room``: as far as fits, but before a figure
-    that would otherwise be split (unless the figure alone is longer than the line)."""
+    """Where to cut ``word``, longer than ``room``: after its last slash that fits (a
+    path); else as far as fits, but before a figure that would otherwise be split
+    (unless the figure alone is longer than the line)."""
+    slash = word.rfind("/", 0, room)
+    if slash > 0:
+        return slash + 1
     cut = room
     while cut > 0 and word[cut - 1] in _FIGURE and word[cut] in _FIGURE:
         cut -= 1

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from shorelink.textout import block, table, wrap
 from spark_core.config import SiteConfig
 
 __all__ = [
@@ -171,20 +172,13 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return [
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-        for r in [header, *rows]
-    ]
-
-
-def render(status: SiteStatus, now: float | None = None) -> list[str]:
-    """The status as lines of text: the queries, then each neighbour and its streams,
-    then the routes and the problems."""
+def render(status: SiteStatus, now: float | None = None, width: int | None = None) -> list[str]:
+    """The status as lines of text that fit ``width`` (default: the terminal's, 80
+    piped): the queries, then each neighbour and its streams, then the routes and the
+    problems."""
     now = time.time() if now is None else now
     ages = ", ".join(f"{k} updated {_age(v)} ago" for k, v in status.ages.items())
-    out = [f"site {status.site}" + (f" ({ages})" if ages else "")]
+    out = wrap(f"site {status.site}" + (f" ({ages})" if ages else ""), width)
     queries = (status.queries or {}).get("queries") or []
     if queries:
         rows = [
@@ -198,10 +192,8 @@ def render(status: SiteStatus, now: float | None = None) -> list[str]:
             ]
             for q in sorted(queries, key=lambda q: str(q.get("query")))
         ]
-        out += [
-            "",
-            *_table(["QUERY", "STATE", "BATCH", "LAG_RECORDS", "LAG_S", "LAST_BATCH"], rows),
-        ]
+        header = ["query", "state", "batch", "lag records", "lag (s)", "last batch"]
+        out += ["", *table(header, rows, width, right={2, 3, 4})]
     rep = status.replication or {}
     neighbours = rep.get("neighbours") or {}
     errors: list[str] = []
@@ -214,7 +206,7 @@ def render(status: SiteStatus, now: float | None = None) -> list[str]:
                 link += f" since {_ago(n.get('since'), now)}"
             rows.append([name, "(link)", link, "-", "-", _ago(n.get("last_ok"), now)])
             if n.get("error"):
-                errors.append(f"{name}: link error: {n['error']}")
+                errors += wrap(f"{name}: link error: {n['error']}", width, "", "  ")
             for stream in sorted(n.get("streams") or {}):
                 st = n["streams"][stream] or {}
                 rows.append(
@@ -227,15 +219,17 @@ def render(status: SiteStatus, now: float | None = None) -> list[str]:
                         _ago(st.get("last_success"), now),
                     ]
                 )
-        header = ["NEIGHBOUR", "STREAM", "STATE", "LAG_RECORDS", "LAG_S", "LAST_SUCCESS"]
-        out += ["", *_table(header, rows), *errors]
+        header = ["neighbour", "stream", "state", "lag records", "lag (s)", "last success"]
+        out += ["", *table(header, rows, width, right={3, 4}), *errors]
     routes = rep.get("routes") or {}
     if routes:
-        shown = ", ".join(
+        shown = [
             f"{entry} via {via}" if via else f"{entry}: no route"
             for entry, via in sorted(routes.items())
-        )
-        out += ["", f"routes (entry site -> neighbour): {shown}"]
+        ]
+        out += ["", *block("routes (entry site -> neighbour)", shown, width)]
     if status.problems:
-        out += ["", *(f"problem: {p}" for p in status.problems)]
+        out.append("")
+        for p in status.problems:
+            out += wrap(f"problem: {p}", width, "", "  ")
     return out

@@ -96,8 +96,9 @@ def test_a_range_list_breaks_after_a_comma_never_inside_a_range() -> None:
     assert wrap("held 1-100,200-300,400-500", 16) == ["held 1-100,", "200-300,400-500"]
 
 
-def test_a_word_longer_than_a_line_is_cut_before_a_figure() -> None:
-    assert wrap("/var/lib/x/123456789.log", 15) == ["/var/lib/x/", "123456789.log"]
+def test_a_word_longer_than_a_line_is_cut_after_a_slash_or_before_a_figure() -> None:
+    assert wrap("/var/lib/shorelink/x.db", 15) == ["/var/lib/", "shorelink/x.db"]
+    assert wrap("ship-abc-123456789", 15) == ["ship-abc-", "123456789"]
 
 
 def test_width_follows_the_terminal_within_bounds(monkeypatch: pytest.MonkeyPatch) -> None:

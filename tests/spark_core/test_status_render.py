@@ -1,0 +1,155 @@
+"""``shorelink-spark status`` as text (spark_core/status.py ``render``): every line fits
+80 columns (a terminal, or piped) and every figure is whole, whatever the names of the
+queries, neighbours and streams: the lag an operator asks "is Singapore's data reaching
+us?" for must not be cut off at the edge of the screen."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spark_core.cli import main
+from spark_core.status import SiteStatus, render
+
+NOW = 1_800_000_000.0
+names = st.from_regex(r"[a-z][a-z0-9_-]{0,62}", fullmatch=True)
+figures = st.integers(0, 10**15)
+ages = st.one_of(st.none(), st.floats(0, 10**8).map(lambda a: NOW - a))
+
+
+@st.composite
+def queries(draw: st.DrawFn) -> dict[str, Any]:
+    return {
+        "query": draw(names),
+        "state": draw(st.sampled_from(["running", "failed", "stopped"])),
+        "batch_id": draw(st.one_of(st.none(), figures)),
+        "lag_records": draw(st.one_of(st.none(), figures)),
+        "timestamp": "2027-01-15T08:00:00.000Z",
+    }
+
+
+@st.composite
+def neighbours(draw: st.DrawFn) -> dict[str, Any]:
+    return {
+        "state": draw(st.sampled_from(["up", "down"])),
+        "since": draw(ages),
+        "last_ok": draw(ages),
+        "error": draw(st.one_of(st.none(), st.text(max_size=300))),
+        "streams": draw(
+            st.dictionaries(
+                names,
+                st.fixed_dictionaries(
+                    {
+                        "state": st.sampled_from(["up", "catching_up", "down", "idle"]),
+                        "lag_records": st.one_of(st.none(), figures),
+                        "lag_s": st.one_of(st.none(), st.integers(0, 10**9).map(float)),
+                        "last_success": ages,
+                    }
+                ),
+                max_size=4,
+            )
+        ),
+    }
+
+
+@st.composite
+def statuses(draw: st.DrawFn) -> SiteStatus:
+    replication = {
+        "neighbours": draw(st.dictionaries(names, neighbours(), max_size=3)),
+        "routes": draw(st.dictionaries(names, st.one_of(st.none(), names), max_size=4)),
+    }
+    return SiteStatus(
+        draw(names),
+        Path("/var/lib/shorelink/checkpoints"),
+        {"queries": draw(st.lists(queries(), max_size=5))},
+        replication,
+        ages=draw(st.dictionaries(st.sampled_from(["queries", "replication"]), st.floats(0, 1e6))),
+        problems=draw(st.lists(st.text(max_size=200), max_size=3)),
+    )
+
+
+def _figures(status: SiteStatus) -> list[str]:
+    out = []
+    for q in (status.queries or {})["queries"]:
+        out += [str(q[k]) for k in ("batch_id", "lag_records") if q[k] is not None]
+    for n in (status.replication or {})["neighbours"].values():
+        for s in n["streams"].values():
+            out += [str(s["lag_records"]) if s["lag_records"] is not None else ""]
+            out += [f"{s['lag_s']:.1f}" if s["lag_s"] is not None else ""]
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(statuses())
+def test_every_line_fits_80_columns_and_every_lag_is_whole(status: SiteStatus) -> None:
+    lines = render(status, NOW, width=80)
+    assert all(len(line) <= 80 for line in lines), [ln for ln in lines if len(ln) > 80]
+    # a figure split over two lines would count as two other figures
+    shown = Counter(re.findall(r"\d+", "\n".join(lines)))
+    assert shown >= Counter(re.findall(r"\d+", " ".join(_figures(status))))
+    words = set(re.split(r"\s+", "\n".join(lines)))
+    rep = status.replication or {}
+    for name in [q["query"] for q in (status.queries or {})["queries"]] + list(rep["neighbours"]):
+        assert name in words, name
+    for entry, via in rep["routes"].items():
+        assert (f"{entry} via {via}" if via else f"{entry}: no route") in "\n".join(lines)
+
+
+SITES = """
+[sites.{site}]
+streams = ["containers"]
+neighbours = ["{neighbour}"]
+checkpoint_dir = "checkpoints"
+table_dir = "tables"
+[sites.{site}.kafka]
+bootstrap = "127.0.0.1:1"
+
+[sites.{neighbour}]
+streams = ["containers"]
+neighbours = ["{site}"]
+checkpoint_dir = "other/checkpoints"
+table_dir = "other/tables"
+[sites.{neighbour}.kafka]
+bootstrap = "127.0.0.1:2"
+"""
+
+
+def test_the_command_piped_fits_80_columns_with_long_names(tmp_path: Path) -> None:
+    site, neighbour = "port-of-rotterdam-maasvlakte-two", "port-of-singapore-pasir-panjang"
+    config = tmp_path / "sites.toml"
+    config.write_text(SITES.format(site=site, neighbour=neighbour))
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    query = f"inbox-{neighbour}-containers-bulk"
+    (checkpoints / "queries.status.json").write_text(
+        json.dumps(
+            {
+                "updated_ms": NOW * 1000,
+                "queries": [{"query": query, "state": "running", "batch_id": 123456789012345}],
+            }
+        )
+    )
+    stream = {"state": "catching_up", "lag_records": 987654321098765, "lag_s": 86400.5}
+    replication = {
+        "updated_at": NOW,
+        "neighbours": {neighbour: {"state": "up", "streams": {"containers": stream}}},
+        "routes": {neighbour: neighbour},
+    }
+    (checkpoints / "replication.status.json").write_text(json.dumps(replication))
+    r = CliRunner().invoke(
+        main,
+        ["status", "--site", site, "--config", str(config), "--max-age", "1e12"],
+        env={"COLUMNS": "80"},
+    )
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert all(len(line) <= 80 for line in lines), r.output
+    words = set(r.output.split())
+    assert {query, "123456789012345", "987654321098765", "86400.5"} <= words, r.output
