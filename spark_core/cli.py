@@ -6,17 +6,23 @@ import functools
 import os
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from shorelink.cli_support import load_or_exit
+from shorelink.textout import table, wrap
 from spark_core import session
 from spark_core.config import SitesConfig, load_config
 from spark_core.packages import SPARK_PACKAGES, spark_package_conf
 
-__all__ = ["main", "spark_submit_argv"]
+if TYPE_CHECKING:
+    from spark_core.access import AccessChanges
+    from spark_core.topics import Change
+
+__all__ = ["main", "render_access_changes", "render_topic_changes", "spark_submit_argv"]
 
 SITE_JOB = Path(__file__).resolve().parent / "jobs" / "site.py"
 
@@ -233,21 +239,8 @@ def topics_apply_cmd(
         }
         click.echo(json.dumps(doc, indent=1))
     else:
-        done = [c for c in changes if c.action not in ("refused", "warning")]
-        if not done:
-            click.echo(f"site {site.name}: every topic is as its policy says; nothing to change")
-        else:
-            verb = "would change" if dry_run else "changed"
-            click.echo(f"site {site.name} ({site.kafka_bootstrap}): {verb} {len(done)}")
-        rows = [
-            [c.topic, c.action if c.error is None else f"{c.action} (error)", c.detail]
-            for c in changes
-        ]
-        if rows:
-            widths = [max(len(r[i]) for r in [["TOPIC", "CHANGE", ""], *rows]) for i in (0, 1)]
-            click.echo(f"{'TOPIC'.ljust(widths[0])}  {'CHANGE'.ljust(widths[1])}  DETAIL")
-            for t, a, d in rows:
-                click.echo(f"{t.ljust(widths[0])}  {a.ljust(widths[1])}  {d}")
+        for line in render_topic_changes(site.name, site.kafka_bootstrap, changes, dry_run):
+            click.echo(line)
         for c in errors:
             click.echo(f"error: {c.topic}: {c.error}", err=True)
     if errors:
@@ -304,16 +297,45 @@ def access_apply_cmd(
     if as_json:
         click.echo(json.dumps({**changes.to_json(), "dry_run": dry_run}, indent=1))
         return
-    verb = "would change" if dry_run else "changed"
+    for line in render_access_changes(site.kafka_bootstrap, len(plan.users), changes, dry_run):
+        click.echo(line)
+
+
+def render_topic_changes(
+    site: str, bootstrap: str, changes: Sequence[Change], dry_run: bool, width: int | None = None
+) -> list[str]:
+    """``topics apply`` as text that fits ``width`` (default: the terminal's, 80 piped):
+    a row per change, its detail beside it, or under it when too long."""
+    done = [c for c in changes if c.action not in ("refused", "warning")]
+    if not done:
+        out = wrap(f"site {site}: every topic is as its policy says; nothing to change", width)
+    else:
+        verb = "would change" if dry_run else "changed"
+        out = wrap(f"site {site} ({bootstrap}): {verb} {len(done)}", width)
+    rows = [
+        [c.topic, c.action if c.error is None else f"{c.action} (error)", c.detail] for c in changes
+    ]
+    if rows:
+        out += table(["topic", "change", "detail"], rows, width)
+    return out
+
+
+def render_access_changes(
+    bootstrap: str, users: int, changes: AccessChanges, dry_run: bool, width: int | None = None
+) -> list[str]:
+    """``access apply`` as text that fits ``width``: a line per change (+ added,
+    - removed, ~ password set), a long one wrapped under itself."""
     if not changes.changed:
-        click.echo(
-            f"site {site.name}: {len(plan.users)} principals and {changes.unchanged} ACLs "
-            "are as the file says; nothing to change"
+        return wrap(
+            f"site {changes.site}: {users} principals and {changes.unchanged} ACLs are as "
+            "the file says; nothing to change",
+            width,
         )
-        return
-    click.echo(f"site {site.name} ({site.kafka_bootstrap}): {verb}")
+    verb = "would change" if dry_run else "changed"
+    out = wrap(f"site {changes.site} ({bootstrap}): {verb}", width)
     for line in changes.lines():
-        click.echo(f"  {line}")
+        out += wrap(line, width, "  ", "      ")
+    return out
 
 
 @main.command("status")
