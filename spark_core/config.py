@@ -20,6 +20,7 @@ from shorelink.topics import Durability
 __all__ = [
     "AccessConfig",
     "MergeConfig",
+    "OpsConfig",
     "Principal",
     "ReplicationConfig",
     "SiteConfig",
@@ -136,6 +137,29 @@ class StreamPolicy:
 
 
 @dataclass(frozen=True)
+class OpsConfig:
+    """The site's operations page (``[sites.S.ops]``; ``shorelink ops``,
+    docs/operations.md). Who may see it: the ``[[staff]]`` principals, with their Kafka
+    passwords (HTTP Basic; over TLS when ``tls_cert_file`` is set)."""
+
+    host: str = field(default="127.0.0.1", metadata=key("listen.host"))
+    port: int = field(default=8090, metadata=key("listen.port", min=0, max=65535))
+    #: serve HTTPS with this certificate chain and key (both, or neither)
+    tls_cert_file: Path | None = field(default=None, metadata=key("listen.tls_cert_file"))
+    tls_key_file: Path | None = field(default=None, metadata=key("listen.tls_key_file"))
+    #: the site's gateway (``https://host:port``; "": the page shows no gateway), whose
+    #: ``/metrics`` the page reads; its certificate verified against ``gateway_ca_file``
+    gateway: str = ""
+    gateway_ca_file: Path | None = None
+    #: the ships' report stream (edge ``[report] stream``)
+    report_stream: str = "agent"
+    #: how often the page is brought up to date
+    refresh_s: float = field(default=1.0, metadata=key("refresh", min=0.1, max=60))
+    #: the newest records of ``sl.alerts`` and ``sl.nav`` read at start, per partition
+    tail: int = field(default=2000, metadata=key(min=1, max=1_000_000))
+
+
+@dataclass(frozen=True)
 class SparkConfig:
     master: str = "local[*]"
     driver_memory: str = "2g"
@@ -172,6 +196,8 @@ class SiteConfig:
     access: AccessConfig = field(default_factory=AccessConfig)
     #: per stream: partitions and retention at this site (``[sites.S.topics.<stream>]``)
     topics: dict[str, StreamPolicy] = field(default_factory=dict, metadata=key(names="stream"))
+    #: the operations page (``[sites.S.ops]``)
+    ops: OpsConfig = field(default_factory=OpsConfig)
 
     def policy(self, stream: str) -> StreamPolicy:
         """``stream``'s policy at this site: its ``[topics.<stream>]`` table, or what
@@ -278,6 +304,16 @@ def _site(name: str, sec: Section, base: Path | None) -> SiteConfig:
     if not cfg.streams:
         raise ConfigError(sec.field("streams"), "list at least one stream")
     cfg = _inherit_retention(cfg, sec)
+    ops = cfg.ops
+    if (ops.tls_cert_file is None) != (ops.tls_key_file is None):
+        raise ConfigError(
+            f"{sec.path}.ops.listen.tls_cert_file", "set both tls_cert_file and tls_key_file"
+        )
+    check_name_field(f"{sec.path}.ops.report_stream", "stream", ops.report_stream)
+    if ops.gateway and not ops.gateway.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"{sec.path}.ops.gateway", f"expected http(s)://host:port, got {ops.gateway!r}"
+        )
     if name in cfg.neighbours:
         raise ConfigError(sec.field("neighbours"), f"a site is not its own neighbour ({name})")
     for n, bootstrap in cfg.replication.via:

@@ -1,0 +1,314 @@
+"""The operations page: an aiohttp application on one port (docs/operations.md).
+
+- ``/``: the page (static HTML, CSS and JavaScript of this package: no build step, no
+  resource from the internet); it follows ``/api/events`` and draws the map from
+  ``/api/map`` and ``/api/coastlines``;
+- ``/api/site``, ``/api/ships``, ``/api/alerts``, ``/api/map``, ``/api/coastlines``,
+  ``/api/snapshot`` (site, ships and alerts in one): the facts as JSON;
+- ``/api/events``: server-sent events, one ``snapshot`` event whenever the facts
+  change (at most every ``ops.refresh``) and a comment every 15 s to keep proxies open;
+- ``/healthz``: the process answers (no credentials needed).
+
+Read-only: every route is a GET. Who may look: the ``[[staff]]`` principals, with the
+passwords they have at the site's Kafka (HTTP Basic, compared in constant time); with
+no ``[[staff]]`` the page is open, and says so in its log at start. With
+``listen.tls_cert_file`` it is served over HTTPS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hmac
+import importlib.resources
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from shorelink.tls import TlsFile, client_context
+from spark_core.config import SitesConfig
+from spark_core.ops.coast import coastlines
+from spark_core.ops.follow import SiteFollower
+from spark_core.ops.view import alerts_view, gateway_view, map_view, ships_view, site_view
+from spark_core.status import read_status
+
+__all__ = ["OPS", "Ops", "make_app"]
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 15.0
+GATEWAY_TIMEOUT_S = 3.0
+_STATIC = {"index.html": "text/html", "ops.js": "text/javascript", "ops.css": "text/css"}
+
+
+class Ops:
+    """One site's facts for the page: the Kafka follower, the gateway's metrics, the
+    status files, and the latest snapshot (rebuilt every ``refresh``)."""
+
+    def __init__(self, sites: SitesConfig, site: str, follower: SiteFollower | None = None) -> None:
+        self.cfg = sites.site(site)
+        self.site = site
+        c = self.cfg
+        self.follower = follower or SiteFollower(
+            site,
+            c.kafka_bootstrap,
+            c.streams,
+            auth=c.kafka_auth,
+            report_stream=c.ops.report_stream,
+            tail=c.ops.tail,
+        )
+        self.staff = {p.username: p.password.value for p in sites.staff if p.password}
+        self.gateway: dict[str, Any] | None = (
+            gateway_view(c.ops.gateway, None, "not read yet") if c.ops.gateway else None
+        )
+        self.snapshot: dict[str, Any] = {}
+        self.snapshot_json = "{}"
+        #: grows whenever the snapshot's facts change
+        self.version = 0
+        self._changed = asyncio.Event()
+
+    # -- building ----------------------------------------------------------------------
+    def build(self) -> dict[str, Any]:
+        """Site, ships and alerts now (reads the status files: call off the loop)."""
+        facts = self.follower.facts
+        return {
+            "site": site_view(
+                self.site, self.cfg.streams, facts, read_status(self.cfg), self.gateway
+            ),
+            "ships": ships_view(facts),
+            "alerts": alerts_view(facts),
+        }
+
+    async def refresh(self) -> bool:
+        """Rebuild the snapshot; True (and wake the event streams) if a fact changed."""
+        snap = await asyncio.to_thread(self.build)
+        if _facts(snap) == _facts(self.snapshot):
+            return False
+        self.snapshot = snap
+        self.snapshot_json = json.dumps(snap, separators=(",", ":"))
+        self.version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+        return True
+
+    async def changed(self, within: float) -> None:
+        """Return when the snapshot changes, or after ``within`` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), within)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Keep the snapshot and the gateway's figures current until ``stop``."""
+        ca = self.cfg.ops.gateway_ca_file
+        ssl = client_context(TlsFile(ca, f"sites.{self.site}.ops.gateway_ca_file")) if ca else None
+        timeout = aiohttp.ClientTimeout(total=GATEWAY_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            while not stop.is_set():
+                if self.cfg.ops.gateway:
+                    self.gateway = await _read_gateway(http, self.cfg.ops.gateway, ssl)
+                await self.refresh()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.cfg.ops.refresh_s)
+
+
+def _facts(snap: dict[str, Any]) -> Any:
+    """A snapshot without the clock in it (what decides whether anything changed)."""
+    site = dict(snap.get("site") or {})
+    site.pop("generated_at", None)
+    site.pop("kafka_polled_at", None)
+    ships = [
+        {k: v for k, v in s.items() if k != "last_heard_age_s"} for s in snap.get("ships") or ()
+    ]
+    return site, ships, snap.get("alerts")
+
+
+async def _read_gateway(http: aiohttp.ClientSession, url: str, ssl: Any) -> dict[str, Any]:
+    try:
+        async with http.get(f"{url}/metrics", ssl=ssl if ssl is not None else True) as r:
+            if r.status != 200:
+                return gateway_view(url, None, f"/metrics answered {r.status}")
+            return gateway_view(url, await r.text())
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        return gateway_view(url, None, f"unreachable: {exc or type(exc).__name__}")
+
+
+# -- HTTP ----------------------------------------------------------------------------
+
+OPS = web.AppKey("ops", Ops)
+_STOP = web.AppKey("ops_stop", asyncio.Event)
+_TASK = web.AppKey("ops_task", asyncio.Task)
+
+
+def make_app(ops: Ops, *, follow: bool = True) -> web.Application:
+    """The page's application. ``follow``: start the Kafka follower with the app (and
+    stop it with the app)."""
+    app = web.Application(middlewares=[_auth])
+    app[OPS] = ops
+    app.router.add_get("/", _index)
+    app.router.add_get("/static/{name}", _static)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/api", _api_index)
+    app.router.add_get("/api/site", _json(lambda o: o.snapshot.get("site")))
+    app.router.add_get("/api/ships", _json(lambda o: o.snapshot.get("ships")))
+    app.router.add_get("/api/alerts", _json(lambda o: o.snapshot.get("alerts")))
+    app.router.add_get("/api/snapshot", _json(lambda o: o.snapshot))
+    app.router.add_get("/api/map", _json(lambda o: map_view(o.follower.facts)))
+    app.router.add_get("/api/coastlines", _coastlines)
+    app.router.add_get("/api/events", _events)
+
+    async def start(app: web.Application) -> None:
+        if follow:
+            ops.follower.start()
+        await ops.refresh()
+        app[_STOP] = asyncio.Event()
+        app[_TASK] = asyncio.create_task(ops.run(app[_STOP]), name="ops-refresh")
+
+    async def stop(app: web.Application) -> None:
+        app[_STOP].set()
+        ops._changed.set()  # event streams notice and end
+        with contextlib.suppress(asyncio.CancelledError):
+            await app[_TASK]
+        if follow:
+            await asyncio.to_thread(ops.follower.stop)
+
+    app.on_startup.append(start)
+    app.on_shutdown.append(stop)
+    if not ops.staff:
+        log.warning(
+            "event=ops_open site=%s message=%r",
+            ops.site,
+            "no [[staff]] in the sites file: the page is open to whoever reaches it",
+        )
+    return app
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    ops = request.app[OPS]
+    if request.method != "GET" and request.method != "HEAD":
+        return web.json_response(
+            {"error": "read_only", "message": "the operations page is read-only"}, status=405
+        )
+    if not ops.staff or request.path == "/healthz":
+        return await handler(request)
+    user = _basic_user(request.headers.get("Authorization", ""), ops.staff)
+    if user is None:
+        return web.json_response(
+            {"error": "unauthorized", "message": "a staff principal's name and password"},
+            status=401,
+            headers={
+                "WWW-Authenticate": f'Basic realm="shorelink ops {ops.site}", charset="UTF-8"'
+            },
+        )
+    return await handler(request)
+
+
+def _basic_user(header: str, staff: dict[str, str]) -> str | None:
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        user, sep, password = base64.b64decode(token.strip(), validate=True).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    if not sep:
+        return None
+    ok = False
+    for name, secret in staff.items():
+        # every entry compared, each in constant time: the answer's time says nothing
+        ok |= hmac.compare_digest(name.encode(), user.encode()) & hmac.compare_digest(
+            secret.encode(), password.encode()
+        )
+    return user if ok else None
+
+
+def _json(get: Callable[[Ops], Any]) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.json_response(get(request.app[OPS]))
+
+    return handler
+
+
+async def _healthz(_request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _api_index(request: web.Request) -> web.Response:
+    ops = request.app[OPS]
+    return web.json_response(
+        {
+            "site": ops.site,
+            "endpoints": {
+                "/api/site": "records per stream and origin, replication, queries, gateway, dead letters, problems",
+                "/api/ships": "per ship: last heard, link, backlog at sea, satellite spend, position",
+                "/api/alerts": "the newest alerts first",
+                "/api/map": "each ship's track: [ts_ms, lat, lon], oldest first",
+                "/api/coastlines": "land outlines: lists of [lon, lat]",
+                "/api/snapshot": "site, ships and alerts in one object",
+                "/api/events": "server-sent events: a snapshot event whenever the facts change",
+            },
+            "docs": "docs/operations.md",
+        }
+    )
+
+
+def _asset(name: str) -> bytes:
+    return (importlib.resources.files("spark_core.ops") / "static" / name).read_bytes()
+
+
+async def _index(_request: web.Request) -> web.Response:
+    return web.Response(body=_asset("index.html"), content_type="text/html", charset="utf-8")
+
+
+async def _static(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if name not in _STATIC:
+        raise web.HTTPNotFound()
+    return web.Response(body=_asset(name), content_type=_STATIC[name], charset="utf-8")
+
+
+async def _coastlines(_request: web.Request) -> web.Response:
+    return web.json_response(
+        coastlines(), headers={"Cache-Control": "max-age=86400"}, dumps=_compact
+    )
+
+
+def _compact(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+async def _events(request: web.Request) -> web.StreamResponse:
+    ops = request.app[OPS]
+    stop = request.app[_STOP]
+    resp = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        }
+    )
+    await resp.prepare(request)
+    sent = -1
+    last_write = time.monotonic()
+    try:
+        while not stop.is_set():
+            if ops.version != sent:
+                sent = ops.version
+                await resp.write(f"event: snapshot\ndata: {ops.snapshot_json}\n\n".encode())
+                last_write = time.monotonic()
+            elif time.monotonic() - last_write >= HEARTBEAT_S:
+                await resp.write(b": keep-alive\n\n")
+                last_write = time.monotonic()
+            await ops.changed(HEARTBEAT_S)
+    except ConnectionResetError:
+        pass  # the page was closed
+    return resp

@@ -1,0 +1,289 @@
+"""What the operations page knows from the site's Kafka, kept current by one thread.
+
+:class:`SiteFollower` reads, read_committed and without a consumer group's offsets
+(it assigns partitions itself, so every page process starts from what the site holds):
+
+- ``sl.ledger``: per ``(origin, stream)`` the seqs the site holds, whole (compacted);
+- the report stream's canonical topic (``sl.agent``): each ship's last report
+  (shorelink/ship_report.py), whole;
+- ``sl.alerts``: the newest alerts; ``sl.nav``: each ship's own positions (its JSON
+  position reports; AIS sentences are other vessels) for the map's tracks. Both from
+  the last ``tail`` records of each partition: a site that keeps years of them does
+  not replay years at start;
+- ``sl.dead.*``: how many records each stream dead-lettered.
+
+Whatever it reads came from ships and other sites: a record that breaks the contract
+is counted (``Facts.bad``) and logged, rate-limited, and never stops the thread. A
+topic that does not exist yet is looked for again every ``rescan_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    Message,
+    TopicPartition,
+)
+
+from shorelink.contract import (
+    DEAD_UNKNOWN_TOPIC,
+    LEDGER_TOPIC,
+    Record,
+    canonical_topic,
+    dead_topic,
+)
+from shorelink.errors import ContractError
+from shorelink.kafka_auth import KafkaAuth, client_config
+from shorelink.ledger import decode_entry
+from shorelink.logs import RateLimitedLog
+from shorelink.ranges import RangeSet
+from shorelink.ship_report import ShipReport, decode_report
+from spark_core.ais import NavRecord, decode_nav
+
+__all__ = ["Facts", "Heard", "SiteFollower"]
+
+log = logging.getLogger(__name__)
+_limited = RateLimitedLog(log)
+
+ALERTS = "alerts"
+NAV = "nav"
+#: the most alerts and track points per ship the page keeps
+MAX_ALERTS = 200
+MAX_TRACK = 500
+#: an alert's payload shown up to this many characters
+MAX_ALERT_TEXT = 400
+
+
+@dataclass
+class Heard:
+    """When this site last got a record of a ship, and through which site's gateway."""
+
+    at_ms: int
+    site: str
+
+
+@dataclass
+class Facts:
+    """The follower's state; read it under :attr:`lock`. :attr:`version` grows with
+    every change, so the page pushes only when something changed."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    version: int = 0
+    ledger: dict[tuple[str, str], RangeSet] = field(default_factory=dict)
+    #: ship -> (its last report, the report record's event time, the site it entered at)
+    reports: dict[str, tuple[ShipReport, int, str]] = field(default_factory=dict)
+    heard: dict[str, Heard] = field(default_factory=dict)
+    alerts: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_ALERTS))
+    #: ship -> its own positions, oldest first: (event time ms, lat, lon)
+    tracks: dict[str, deque[tuple[int, float, float]]] = field(default_factory=dict)
+    #: dead-letter topic -> records read
+    dead: dict[str, int] = field(default_factory=dict)
+    #: records that broke the contract, per topic
+    bad: dict[str, int] = field(default_factory=dict)
+    #: topics being followed, and the last Kafka error ("" when none since)
+    topics: list[str] = field(default_factory=list)
+    error: str = ""
+    #: time of the last poll that reached the broker (epoch s)
+    polled_at: float = 0.0
+
+
+class SiteFollower:
+    """Follows a site's topics into :class:`Facts` on its own thread (:meth:`start`)."""
+
+    def __init__(
+        self,
+        site: str,
+        bootstrap: str,
+        streams: tuple[str, ...],
+        *,
+        auth: KafkaAuth | None = None,
+        report_stream: str = "agent",
+        tail: int = 2000,
+        rescan_s: float = 10.0,
+        facts: Facts | None = None,
+    ) -> None:
+        self.site = site
+        self.facts = facts or Facts()
+        self._conf: dict[str, Any] = {
+            **client_config(bootstrap, auth),
+            # the site application's principal may use groups named shorelink-*; no
+            # offsets are committed (partitions are assigned, not subscribed)
+            "group.id": f"shorelink-ops-{site}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "error_cb": self._on_error,
+        }
+        self.report_topic = canonical_topic(report_stream) if report_stream in streams else None
+        self.alerts_topic = canonical_topic(ALERTS) if ALERTS in streams else None
+        self.nav_topic = canonical_topic(NAV) if NAV in streams else None
+        self.dead_topics = {dead_topic(s) for s in streams} | {DEAD_UNKNOWN_TOPIC}
+        self.wanted = [
+            t
+            for t in (LEDGER_TOPIC, self.report_topic, self.alerts_topic, self.nav_topic)
+            if t is not None
+        ] + sorted(self.dead_topics)
+        self._tailed = {t for t in (self.alerts_topic, self.nav_topic) if t is not None}
+        self.tail = tail
+        self.rescan_s = rescan_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the thread --------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self.run, name=f"ops-follow-{self.site}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run(self) -> None:
+        consumer = Consumer(self._conf)
+        assigned: set[tuple[str, int]] = set()
+        next_scan = 0.0
+        try:
+            while not self._stop.is_set():
+                if time.monotonic() >= next_scan:
+                    next_scan = time.monotonic() + self.rescan_s
+                    self._assign_new(consumer, assigned)
+                if not assigned:
+                    self._stop.wait(0.5)
+                    continue
+                msgs = consumer.consume(500, timeout=0.5)
+                self.facts.polled_at = time.time()
+                for msg in msgs:
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            self._on_error(err)
+                        continue
+                    self._apply(msg)
+        finally:
+            consumer.close()
+
+    def _on_error(self, err: KafkaError) -> None:
+        with self.facts.lock:
+            self.facts.error = str(err)
+            self.facts.version += 1
+        _limited.warning("kafka", "event=ops_kafka_error site=%s error=%r", self.site, str(err))
+
+    def _assign_new(self, consumer: Consumer, assigned: set[tuple[str, int]]) -> None:
+        try:
+            md = consumer.list_topics(timeout=5)
+        except Exception as exc:  # KafkaException: broker unreachable; retried next scan
+            self._on_error(
+                exc.args[0]
+                if exc.args and isinstance(exc.args[0], KafkaError)
+                else KafkaError(KafkaError._TRANSPORT, str(exc))
+            )
+            return
+        new: list[TopicPartition] = []
+        for topic in self.wanted:
+            tmd = md.topics.get(topic)
+            if tmd is None or tmd.error is not None:
+                continue
+            for p in sorted(tmd.partitions):
+                if (topic, p) in assigned:
+                    continue
+                start = OFFSET_BEGINNING
+                if topic in self._tailed:
+                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
+                    start = max(low, high - self.tail)
+                new.append(TopicPartition(topic, p, start))
+                assigned.add((topic, p))
+        if new:
+            consumer.incremental_assign(new)
+            with self.facts.lock:
+                self.facts.topics = sorted({t for t, _ in assigned})
+                self.facts.version += 1
+            log.info(
+                "event=ops_following site=%s partitions=%d topics=%s",
+                self.site,
+                len(assigned),
+                ",".join(sorted({t for t, _ in assigned})),
+            )
+
+    # -- one record --------------------------------------------------------------------
+    def _apply(self, msg: Message) -> None:
+        topic = msg.topic() or ""
+        try:
+            with self.facts.lock:
+                self._apply_locked(topic, msg)
+                self.facts.version += 1
+        except (ContractError, ValueError) as exc:
+            with self.facts.lock:
+                self.facts.bad[topic] = self.facts.bad.get(topic, 0) + 1
+                self.facts.version += 1
+            _limited.warning(
+                f"bad:{topic}",
+                "event=ops_bad_record site=%s topic=%s error=%r",
+                self.site,
+                topic,
+                str(exc),
+            )
+
+    def _apply_locked(self, topic: str, msg: Message) -> None:
+        f = self.facts
+        if topic == LEDGER_TOPIC:
+            origin, stream, held = decode_entry(msg.key(), msg.value())
+            f.ledger[(origin, stream)] = held
+            return
+        if topic in self.dead_topics:
+            f.dead[topic] = f.dead.get(topic, 0) + 1
+            return
+        rec = Record.from_kafka(msg.key(), msg.value(), msg.headers())
+        origin = rec.identity.origin
+        if topic == self.report_topic:
+            report = decode_report(rec.value)
+            last = f.reports.get(origin)
+            if last is None or report.at_ms >= last[0].at_ms:
+                f.reports[origin] = (report, rec.ts_ms, rec.site)
+        elif topic == self.alerts_topic:
+            f.alerts.append(_alert(rec))
+        elif topic == self.nav_topic:
+            text = rec.value.decode("utf-8", "replace").strip()
+            # AIS sentences are other vessels, not the ship's own track
+            if text.startswith("{"):
+                positions, _ = decode_nav([NavRecord(origin, rec.identity.seq, rec.ts_ms, text)])
+                if positions:
+                    track = f.tracks.setdefault(origin, deque(maxlen=MAX_TRACK))
+                    track.extend((p.ts_ms, round(p.lat, 4), round(p.lon, 4)) for p in positions)
+        # a record that followed the contract: the site heard of its ship, by the
+        # time the merge wrote it here (the record's Kafka timestamp)
+        _, kafka_ts = msg.timestamp()
+        heard = f.heard.get(origin)
+        if heard is None or kafka_ts >= heard.at_ms:
+            f.heard[origin] = Heard(kafka_ts, rec.site)
+
+
+def _alert(rec: Record) -> dict[str, Any]:
+    text = rec.value.decode("utf-8", "replace")
+    body: Any = text[:MAX_ALERT_TEXT]
+    try:
+        doc = json.loads(text)
+        if isinstance(doc, dict) and len(text) <= MAX_ALERT_TEXT:
+            body = doc
+    except ValueError:
+        pass
+    return {
+        "origin": rec.identity.origin,
+        "seq": rec.identity.seq,
+        "key": rec.key.decode("utf-8", "replace")[:64],
+        "ts_ms": rec.ts_ms,
+        "site": rec.site,
+        "body": body,
+    }

@@ -1,0 +1,473 @@
+"""The operations page (``shorelink ops``, spark_core/ops/): a real page process over a
+real Kafka and a real gateway, read through its JSON API and in a real browser
+(Debian's Chromium driven by Playwright: nothing downloaded at test time).
+
+The site's canonical topics and ledger are written here as the merge writes them
+(contract headers, read_committed), the status files as the site application writes
+them; the gateway is a real ``shorelink-gateway run`` that takes a real upload and
+refuses one.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from core_gateway.auth import Credentials
+from local_stack.kafka import KafkaBroker
+from local_stack.process import Proc, free_port
+from shorelink.contract import LEDGER_TOPIC, Record, canonical_topic, dead_topic
+from shorelink.identity import Identity
+from shorelink.ledger import encode_entry
+from shorelink.ranges import RangeSet
+from shorelink.ship_report import REPORT_MQTT_TOPIC, ShipReport, encode_report
+from shorelink.topics import TopicSpec, ensure_topics
+from spark_core.ops.coast import PACKAGE, coastlines, parse_gshhs
+from tests.conftest import unique
+from tests.core_gateway.helpers import batch, run_gateway, wait_ready
+from tests.helpers import eventually, run_process
+
+SITE = "ops"
+STREAMS = ("alerts", "agent", "nav", "containers")
+STAFF = ("ops-staff", "kelp-and-tide-7")
+ROOT = Path(__file__).resolve().parents[2]
+#: where the browser test keeps its screenshot (CI keeps the clone's directory)
+ARTIFACTS = Path(os.environ.get("SHORELINK_TEST_ARTIFACTS", ROOT / "test-artifacts"))
+
+
+@dataclass
+class Site:
+    bootstrap: str
+    config: Path
+    checkpoints: Path
+    url: str
+    gateway_url: str
+    gateway_config: Path
+    producer: Producer
+
+    # -- as the merge writes ------------------------------------------------------------
+    def put(
+        self,
+        stream: str,
+        origin: str,
+        seq: int,
+        key: str,
+        value: bytes,
+        ts_ms: int,
+        topic: str = "",
+    ) -> None:
+        rec = Record(
+            Identity(origin, stream, seq),
+            key.encode(),
+            value,
+            ts_ms,
+            "tokyo",
+            topic or f"{origin}/{stream}",
+        )
+        self.producer.produce(
+            canonical_topic(stream), key=rec.key, value=rec.value, headers=rec.headers()
+        )
+        assert self.producer.flush(20) == 0
+
+    def ledger(self, origin: str, stream: str, held: str) -> None:
+        k, v = encode_entry(origin, stream, RangeSet.parse(held))
+        self.producer.produce(LEDGER_TOPIC, key=k, value=v)
+        assert self.producer.flush(20) == 0
+
+    def report(self, ship: str, seq: int, report: ShipReport) -> None:
+        self.put("agent", ship, seq, ship, encode_report(report), report.at_ms, REPORT_MQTT_TOPIC)
+
+    def raw(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
+        self.producer.produce(topic, key=key, value=value, headers=headers)
+        assert self.producer.flush(20) == 0
+
+    # -- as the site application writes ----------------------------------------------------
+    def status(self, lag_records: int, state: str = "up") -> None:
+        now = time.time()
+        q = {
+            "updated_ms": int(now * 1000),
+            "queries": [
+                {
+                    "query": "merge",
+                    "state": "active",
+                    "batch_id": 41,
+                    "lag_records": 0,
+                    "processed_rows_per_s": 250.0,
+                },
+                {
+                    "query": "inbox-hq2-nav",
+                    "state": "active",
+                    "batch_id": 7,
+                    "lag_records": lag_records,
+                },
+            ],
+        }
+        r = {
+            "updated_at": now,
+            "neighbours": {
+                "hq2": {
+                    "state": state,
+                    "since": now - 60,
+                    "last_ok": now,
+                    "streams": {
+                        "nav": {
+                            "state": state,
+                            "lag_records": lag_records,
+                            "lag_s": 2.5,
+                            "last_success": now,
+                        }
+                    },
+                }
+            },
+            "routes": {"hq2": "hq2"},
+        }
+        for name, doc in (("queries.status.json", q), ("replication.status.json", r)):
+            tmp = self.checkpoints / f".{name}.tmp"
+            tmp.write_text(json.dumps(doc))
+            tmp.replace(self.checkpoints / name)
+
+    # -- as a person reads ----------------------------------------------------------------
+    def get(self, path: str, auth: tuple[str, str] | None = STAFF, method: str = "GET") -> Any:
+        req = urllib.request.Request(self.url + path, method=method)
+        if auth is not None:
+            req.add_header(
+                "Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode()
+            )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
+
+def _sites_toml(tmp: Path, bootstrap: str, port: int, gateway: str) -> Path:
+    path = tmp / "sites.toml"
+    path.write_text(
+        f"""\
+[[staff]]
+username = "{STAFF[0]}"
+password = "{STAFF[1]}"
+
+[sites.{SITE}]
+streams = {json.dumps(list(STREAMS))}
+neighbours = ["hq2"]
+checkpoint_dir = "{tmp / "checkpoints"}"
+table_dir = "{tmp / "tables"}"
+
+[sites.{SITE}.kafka]
+bootstrap = "{bootstrap}"
+
+[sites.{SITE}.ops]
+gateway = "{gateway}"
+refresh = "200ms"
+
+[sites.{SITE}.ops.listen]
+port = {port}
+
+[sites.hq2]
+streams = {json.dumps(list(STREAMS))}
+checkpoint_dir = "{tmp / "hq2"}"
+table_dir = "{tmp / "hq2"}"
+
+[sites.hq2.kafka]
+bootstrap = "127.0.0.1:1"
+"""
+    )
+    return path
+
+
+def _gateway_toml(tmp: Path, bootstrap: str, port: int) -> Path:
+    path = tmp / "gateway.toml"
+    path.write_text(
+        f"""\
+site = "tokyo"
+credentials_file = "{tmp / "ships.json"}"
+streams = {json.dumps(list(STREAMS))}
+
+[listen]
+host = "127.0.0.1"
+port = {port}
+
+[kafka]
+bootstrap = "{bootstrap}"
+transactional_id = "{unique("gw")}"
+ingress_partitions = 1
+"""
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def site(kafka_sites: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    """A site's Kafka with its topics, a real gateway, and the page process."""
+    broker: KafkaBroker = kafka_sites("ops")["ops"]
+    tmp = tmp_path_factory.mktemp("ops")
+    (tmp / "checkpoints").mkdir()
+    ensure_topics(
+        broker.bootstrap,
+        [TopicSpec(LEDGER_TOPIC, 1, compacted=True)]
+        + [TopicSpec(canonical_topic(s), 2) for s in STREAMS]
+        + [TopicSpec(dead_topic("nav"), 1)],
+    )
+    gw_port, port = free_port(), free_port()
+    gw_config = _gateway_toml(tmp, broker.bootstrap, gw_port)
+    gateway = run_gateway(gw_config, tmp / "gateway.log")
+    config = _sites_toml(tmp, broker.bootstrap, port, f"http://127.0.0.1:{gw_port}")
+    page: Proc | None = None
+    try:
+        wait_ready(gateway, gw_port)
+        page = run_process(
+            "ops",
+            [sys.executable, "-m", "spark_core.ops.cli", "--site", SITE, "--config", str(config)],
+            tmp / "ops.log",
+        )
+        s = Site(
+            broker.bootstrap,
+            config,
+            tmp / "checkpoints",
+            f"http://127.0.0.1:{port}",
+            f"http://127.0.0.1:{gw_port}",
+            gw_config,
+            Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True}),
+        )
+
+        def up() -> bool:
+            try:
+                return s.get("/healthz", auth=None)["status"] == "ok"
+            except OSError:
+                return False
+
+        eventually(up, within=30, what="the page answers", proc=page)
+        yield s
+    finally:
+        if page is not None:
+            page.stop(grace=10)
+        gateway.stop(grace=10)
+
+
+def _upload(s: Site, ship: str, token: str, lo: int, hi: int) -> int:
+    req = urllib.request.Request(
+        f"{s.gateway_url}/v1/ships/{ship}/streams/containers/batches",
+        data=batch(ship, lo, hi),
+        method="POST",
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/x-shorelink-batch",
+        },
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_the_api_shows_the_sites_facts(site: Site) -> None:
+    ship = unique("aurora")
+    now = int(time.time() * 1000)
+    # the gateway takes one batch and refuses one that leaves a gap
+    token = Credentials(site.gateway_config.parent / "ships.json").add(ship)
+    assert _upload(site, ship, token, 1, 5) == 200
+    assert _upload(site, ship, token, 20, 22) == 409
+    site.ledger(ship, "containers", "1-5")
+    site.ledger(ship, "nav", "1-3")
+    for i, (lat, lon) in enumerate([(35.0, 140.0), (33.1, 137.2), (31.0, 134.5)], 1):
+        site.put(
+            "nav",
+            ship,
+            i,
+            "position",
+            json.dumps({"lat": lat, "lon": lon}).encode(),
+            now - 3000 + i,
+        )
+    # AIS from other vessels is not the ship's track
+    site.put("nav", ship, 4, "ais", b"!AIVDM,1,1,,A,13aEOK?P00PD2wVMdLDRhgvL289?,0*26", now)
+    site.report(
+        ship,
+        1,
+        ShipReport(
+            at_ms=now,
+            link="port_wifi",
+            streams={"containers": (9, 4), "nav": (3, 0)},
+            links={"satellite": (1500, 20000), "port_wifi": (10**6, 0)},
+            log_bytes=12345,
+            log_budget=10**9,
+        ),
+    )
+    site.put("alerts", ship, 1, "MSCU1234565", b'{"alarm": "overboard", "value": 1}', now - 10)
+    site.put("alerts", ship, 2, "MSCU7654323", b'{"alarm": "door_open"}', now - 5)
+    site.raw(dead_topic("nav"), b"x", b"broken")
+    # hostile: a report that is not one, a ledger key that names no stream; the page
+    # counts them and goes on
+    liar = unique("bad")
+    site.put("agent", liar, 1, "x", b"not json", now)
+    site.raw(LEDGER_TOPIC, b"no-slash", b"1-3")
+    site.status(lag_records=120)
+
+    def ship_row() -> dict[str, Any] | None:
+        rows = [r for r in site.get("/api/ships") if r["ship"] == ship]
+        return rows[0] if rows and rows[0]["report"] and rows[0]["position"] else None
+
+    eventually(ship_row, within=30, what="the ship on /api/ships")
+    row = ship_row()
+    assert row is not None
+    assert row["via"] == "tokyo" and row["report"]["link"] == "port_wifi"
+    # containers: the ship had 9, the site holds 1-5: 4 at sea; nav: none
+    assert row["backlog_records"] == 4
+    by_stream = {s["stream"]: s for s in row["streams"]}
+    assert (by_stream["containers"]["behind"], by_stream["containers"]["held_here"]) == (4, 5)
+    assert row["satellite"] == {"spent_today": 1500, "daily_budget": 20000, "percent": 7.5}
+    assert (row["position"]["lat"], row["position"]["lon"]) == (31.0, 134.5)
+
+    def gateway_counted() -> dict[str, Any] | None:
+        g = site.get("/api/site")["gateway"]
+        return g if g["batches"] and sum(g["refusals"].values()) else None
+
+    eventually(gateway_counted, within=30, what="the gateway's figures")
+    info = site.get("/api/site")
+    g = info["gateway"]
+    assert (g["batches"], g["records"], g["connected"], g["ready"]) == (1, 5, 0, True)
+    assert sum(g["refusals"].values()) == 1 and not g["error"]
+    containers = next(s for s in info["streams"] if s["stream"] == "containers")
+    assert {"origin": ship, "records": 5, "last_seq": 5, "gaps": 0} in containers["origins"]
+    assert {"topic": "sl.dead.nav", "records": 1} in info["dead_letters"]
+    eventually(
+        lambda: (
+            any("sl.agent broke the contract" in p for p in site.get("/api/site")["problems"])
+            and any("sl.ledger broke the contract" in p for p in site.get("/api/site")["problems"])
+        ),
+        within=20,
+        what="hostile records counted",
+    )
+    assert liar not in {r["ship"] for r in site.get("/api/ships")}
+    (n,) = info["replication"]["neighbours"]
+    assert (n["neighbour"], n["streams"][0]["lag_records"]) == ("hq2", 120)
+    assert {q["query"] for q in info["queries"]} == {"merge", "inbox-hq2-nav"}
+    alerts = [a for a in site.get("/api/alerts") if a["origin"] == ship]
+    assert [a["key"] for a in alerts] == ["MSCU7654323", "MSCU1234565"]  # newest first
+    assert alerts[1]["body"] == {"alarm": "overboard", "value": 1}
+    track = site.get("/api/map")["tracks"][ship]
+    assert [p[1:] for p in track] == [[35.0, 140.0], [33.1, 137.2], [31.0, 134.5]]
+    index = site.get("/api")
+    assert set(index["endpoints"]) >= {"/api/site", "/api/ships", "/api/events"}
+
+
+def test_only_staff_may_look_and_nothing_can_be_changed(site: Site) -> None:
+    for auth in (None, (STAFF[0], "wrong"), ("someone", STAFF[1])):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            site.get("/api/ships", auth=auth)
+        assert err.value.code == 401
+        assert "Basic" in err.value.headers["WWW-Authenticate"]
+    with pytest.raises(urllib.error.HTTPError) as err:
+        site.get("/api/ships", method="POST")
+    assert err.value.code == 405
+    assert site.get("/healthz", auth=None) == {"status": "ok"}
+
+
+def test_events_stream_a_snapshot(site: Site) -> None:
+    req = urllib.request.Request(site.url + "/api/events")
+    req.add_header("Authorization", "Basic " + base64.b64encode(":".join(STAFF).encode()).decode())
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        assert r.readline() == b"event: snapshot\n"
+        data = r.readline()
+    assert data.startswith(b"data: ")
+    snap = json.loads(data[len(b"data: ") :])
+    assert snap["site"]["site"] == SITE and isinstance(snap["ships"], list)
+
+
+def test_coastlines_come_from_the_installed_package() -> None:
+    c = coastlines()
+    assert c["source"] and len(c["lines"]) > 500
+    # Japan's main island is land: some outline passes near Tokyo
+    assert any(
+        any(138 < lon < 141 and 34 < lat < 37 for lon, lat in line) for line in c["lines"]
+    ), PACKAGE
+    # a meta line that does not fit the data is skipped, not an error
+    assert parse_gshhs("1 1.0 3 0 0 0 24 0\n1 x\n1 1.0 3 0 0 999 24 0", b"\0" * 24) == [
+        [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
+    ]
+
+
+def test_the_page_in_a_real_browser(site: Site) -> None:
+    """What a person sees: a new ship's row appears, a lag figure changes, an alert
+    shows up, each within seconds, without reloading."""
+    from playwright.sync_api import expect, sync_playwright
+
+    ship = unique("borealis")
+    site.status(lag_records=120)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path="/usr/bin/chromium",
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        try:
+            ctx = browser.new_context(
+                http_credentials={"username": STAFF[0], "password": STAFF[1]},
+                viewport={"width": 1400, "height": 1100},
+            )
+            page = ctx.new_page()
+            page.goto(site.url + "/")
+            expect(page.locator("#live")).to_have_text("live", timeout=15_000)
+            expect(page.locator("#site")).to_have_text(SITE)
+            lag = page.locator('td.lag-records[data-neighbour="hq2"][data-stream="nav"]')
+            expect(lag).to_have_text("120", timeout=10_000)
+
+            # a ship reports: its row appears
+            now = int(time.time() * 1000)
+            site.ledger(ship, "containers", "1-100")
+            site.put("nav", ship, 1, "position", b'{"lat": 1.2, "lon": 103.8}', now)
+            site.report(
+                ship,
+                1,
+                ShipReport(
+                    now, "satellite", {"containers": (130, 30)}, {"satellite": (18000, 20000)}
+                ),
+            )
+            row = page.locator(f'#ships tr[data-ship="{ship}"]')
+            expect(row).to_be_visible(timeout=10_000)
+            expect(row.locator("td.backlog")).to_have_text("30")
+            expect(row).to_contain_text("satellite")
+            expect(row).to_contain_text("18.0 KB of 20.0 KB")
+
+            # replication catches up: the lag figure changes
+            site.status(lag_records=7)
+            expect(lag).to_have_text("7", timeout=10_000)
+
+            # an alert comes in
+            site.put("alerts", ship, 1, "CMAU1234563", b'{"alarm": "overboard"}', now)
+            alert = page.locator('#alerts li.alert[data-key="CMAU1234563"]')
+            expect(alert).to_be_visible(timeout=10_000)
+            expect(alert).to_contain_text("overboard")
+            expect(page.locator("#alerts li").first).to_have_attribute("data-key", "CMAU1234563")
+
+            # the map has drawn the land and the ship (its note counts the ships)
+            expect(page.locator("#map-note")).to_contain_text("GSHHS", timeout=10_000)
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            shot = ARTIFACTS / "ops-page.png"
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 20_000
+        finally:
+            browser.close()
