@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -11,10 +12,12 @@ import click
 from local_stack import stack as stack_mod
 from local_stack import tools
 from local_stack.errors import StackError
+from local_stack.stack import Component
 from shorelink.cli_support import BOOTSTRAP_LOCATOR
 from shorelink.kafka_auth import KafkaAuth
+from shorelink.textout import table, wrap
 
-__all__ = ["audit_stack_option", "stack", "stack_kafka"]
+__all__ = ["audit_stack_option", "render_status", "stack", "stack_kafka"]
 
 DEFAULT_DIR = Path("stack")
 
@@ -113,10 +116,28 @@ def status(dir_: Path, as_json: bool) -> None:
             )
         )
     else:
-        for c, s in rows:
-            click.echo(f"{c.name:24} {s:14} {c.address:22} pid={c.pid} log={c.log}")
+        for line in render_status(dir_, rows):
+            click.echo(line)
     if any(s != "up" for _, s in rows):
         sys.exit(1)
+
+
+def render_status(
+    stack_dir: Path, rows: Sequence[tuple[Component, str]], width: int | None = None
+) -> list[str]:
+    """``stack status`` as text that fits ``width`` (default: the terminal's, 80 piped):
+    a row per component, its log (relative to the stack's directory when under it)
+    beside it, or under it when too long."""
+    base = stack_dir.resolve()
+
+    def log(path: str) -> str:
+        p = Path(path)
+        return str(p.relative_to(base)) if p.is_relative_to(base) else path
+
+    out = wrap(f"stack in {base} (logs relative to it)", width, "", "  ")
+    header = ["name", "state", "address", "pid", "log"]
+    body = [[c.name, s, c.address or "-", str(c.pid), log(c.log)] for c, s in rows]
+    return out + table(header, body, width, right={3})
 
 
 @stack.command()
