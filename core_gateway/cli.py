@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import logging
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
 
-from core_gateway.auth import Credentials
+from core_gateway.auth import Credentials, ShipCredential
 from core_gateway.config import GatewayConfig, load_config
 from shorelink.cli_support import config_option, fail, load_or_exit
 from shorelink.errors import ShorelinkError
 from shorelink.logs import configure_logging
+from shorelink.textout import table
 
-__all__ = ["main"]
+__all__ = ["main", "render_ships"]
 
 CONFIG = config_option("Gateway", "SHORELINK_GATEWAY_CONFIG")
 
@@ -161,13 +164,46 @@ def ships_add(ship: str, require_client_cert: bool | None, config_path: Path) ->
 
 @ships.command("list")
 @CONFIG
-def ships_list(config_path: Path) -> None:
-    """List ships with a credential (never the tokens)."""
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per ship, in a list.")
+def ships_list(config_path: Path, as_json: bool) -> None:
+    """List ships with a credential: active or revoked, whether a client certificate is
+    required, when created (never the tokens, nor their hashes)."""
     cfg = _load(config_path)
-    for c in Credentials(cfg.credentials_file).list():
-        cert = "client-cert required" if c.require_client_cert else "token only"
-        state = "revoked" if c.revoked else "active"
-        click.echo(f"{c.ship}\t{state}\t{cert}\tcreated {c.created}")
+    try:
+        creds = Credentials(cfg.credentials_file).list()
+    except ShorelinkError as exc:
+        fail(exc)
+    if as_json:
+        doc = [
+            {
+                "ship": c.ship,
+                "revoked": c.revoked,
+                "require_client_cert": c.require_client_cert,
+                "created": c.created,
+            }
+            for c in creds
+        ]
+        click.echo(json.dumps(doc, indent=2))
+        return
+    if not creds:
+        click.echo(f"no ship has a credential in {cfg.credentials_file}")
+    for line in render_ships(creds):
+        click.echo(line)
+
+
+def render_ships(creds: Sequence[ShipCredential], width: int | None = None) -> list[str]:
+    """``ships list`` as text that fits ``width`` (default: the terminal's, 80 piped):
+    a row per ship, or a block per ship when names are long."""
+    rows = [
+        [
+            c.ship,
+            "revoked" if c.revoked else "active",
+            "client-cert required" if c.require_client_cert else "token only",
+            c.created,
+        ]
+        for c in creds
+    ]
+    return table(["ship", "state", "auth", "created"], rows, width) if rows else []
 
 
 @ships.command("client-cert")

@@ -1,0 +1,80 @@
+"""``shorelink-gateway ships list`` (core_gateway/cli.py): as text, every line fits 80
+columns (a terminal, or piped) and every ship name and date is whole, whatever the
+names; ``--json`` for scripts. It never shows a token, nor its hash. No Kafka: the
+command reads the credentials file only."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core_gateway.auth import Credentials, ShipCredential
+from core_gateway.cli import main, render_ships
+
+SAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "gateway" / "gateway.toml"
+names = st.from_regex(r"[a-z0-9][a-z0-9_-]{0,62}", fullmatch=True)
+
+
+def _config(tmp_path: Path) -> Path:
+    config = tmp_path / "gateway.toml"
+    config.write_text(SAMPLE.read_text().replace("/var/lib/shorelink/ships.json", "ships.json"))
+    return config
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.builds(
+            ShipCredential,
+            ship=names,
+            token_hash=st.just("sha256:" + "0" * 64),
+            created=st.just("2027-01-15T08:00:00Z"),
+            revoked=st.booleans(),
+            require_client_cert=st.booleans(),
+        ),
+        max_size=10,
+    )
+)
+def test_every_line_fits_80_columns_and_every_ship_is_whole(creds: list[ShipCredential]) -> None:
+    lines = render_ships(creds, 80)
+    assert all(len(line) <= 80 for line in lines), [ln for ln in lines if len(ln) > 80]
+    words = set(re.split(r"\s+", "\n".join(lines)))
+    for c in creds:
+        assert c.ship in words and c.created in words
+    assert "sha256" not in "\n".join(lines)
+
+
+def test_the_command_piped_fits_80_columns_and_json_says_the_same(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    creds = Credentials(tmp_path / "ships.json")
+    long_name = "maersk-mc-kinney-moller-triple-e-class-container-ship-of-the-line"[:63]
+    tokens = [creds.add("bigblue"), creds.add(long_name, require_client_cert=True)]
+    creds.revoke("bigblue")
+    runner = CliRunner()
+    text = runner.invoke(main, ["ships", "list", "--config", str(config)], env={"COLUMNS": "80"})
+    assert text.exit_code == 0, text.output
+    lines = text.output.splitlines()
+    assert all(len(line) <= 80 for line in lines), text.output
+    words = set(text.output.split())
+    assert {"bigblue", "revoked", long_name, "active", "client-cert"} <= words, text.output
+    doc = json.loads(
+        runner.invoke(main, ["ships", "list", "--config", str(config), "--json"]).output
+    )
+    assert [(s["ship"], s["revoked"], s["require_client_cert"]) for s in doc] == [
+        ("bigblue", True, False),
+        (long_name, False, True),
+    ]
+    stored = json.loads((tmp_path / "ships.json").read_text())["ships"]
+    for out in (text.output, json.dumps(doc)):
+        assert not any(t in out for t in tokens)
+        assert not any(s["token_hash"] in out for s in stored.values())
+
+
+def test_no_ships_says_so(tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["ships", "list", "--config", str(_config(tmp_path))])
+    assert r.exit_code == 0 and "no ship has a credential in" in r.output
