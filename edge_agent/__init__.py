@@ -22,6 +22,7 @@ __all__ = [
     "numbering",
     "quarantine",
     "redelivery",
+    "report",
     "retention",
     "rules",
     "sealing",

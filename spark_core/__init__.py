@@ -15,6 +15,7 @@ __all__ = [
     "merge",
     "merge_batch",
     "merge_state",
+    "ops",
     "packages",
     "progress",
     "purge",
