@@ -88,7 +88,7 @@ class Uplink:
         self._accepted = 0
         self._stop = asyncio.Event()
         self._limited = RateLimitedLog(log)
-        self._streams = [s.name for s in cfg.by_priority()]
+        self._streams = [s.name for s in cfg.by_priority()] + _unconfigured(cfg, edge_log)
         self.builder = BatchBuilder(edge_log, workers=cfg.uplink.encode_workers)
         self.sealer = Sealer(cfg, edge_log, self.builder, metrics)
 
@@ -353,3 +353,23 @@ class Uplink:
             log.info("event=link_up site=%s link=%s", g.site, g.link)
         self.metrics.link_up.labels(g.site, g.link).set(1 if up else 0)
         await asyncio.to_thread(self.log.links.flush, force=up != was_up or not up)
+
+
+def _unconfigured(cfg: EdgeConfig, edge_log: EdgeLog) -> list[str]:
+    """Streams the log holds records of that the config no longer names (removed or
+    renamed since they were committed): what no site has confirmed is still sent, after
+    every configured stream, over the links that carry every stream (``"*"``); nothing
+    that was acknowledged to the broker is left behind. Logged once at start."""
+    out = []
+    for name in sorted(n for n in edge_log.stream_names() if n not in cfg.streams):
+        backlog, nbytes, _ = edge_log.backlog(name)
+        log.warning(
+            "event=stream_unconfigured stream=%s backlog_records=%d backlog_bytes=%d message=%r",
+            name,
+            backlog,
+            nbytes,
+            "not in the config: its backlog is still sent (last, over links carrying '*')",
+        )
+        if backlog:
+            out.append(name)
+    return out
