@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from edge_agent.agent import Agent
+from edge_agent.clock import SteadyClock
 from edge_agent.config import load_config
 from edge_agent.status import open_log
 from local_stack.mosquitto import MosquittoBroker
@@ -199,3 +201,70 @@ async def test_the_disk_fills_while_the_link_is_down_then_space_is_freed(
         agent.stop.set()
         await asyncio.wait_for(task, 30)
         shutil.rmtree(small_disk / "edge.db-wal", ignore_errors=True)
+
+
+# -- a day at sea, time sped up -----------------------------------------------------------
+
+#: 24 hours of the ship's clock in about 24 s of wall time
+SPEED = 3600.0
+DAY_START = 1_767_268_800.0  # 2026-01-01T12:00:00Z: the voyage crosses one UTC midnight
+SAT_BUDGET = 24_000
+
+
+class FastClock(SteadyClock):
+    """The ship's clock running ``SPEED`` times faster, from ``DAY_START``."""
+
+    def __init__(self) -> None:
+        m0 = time.monotonic()
+        super().__init__(
+            wall=lambda: DAY_START + (time.monotonic() - m0) * SPEED,
+            monotonic=lambda: (time.monotonic() - m0) * SPEED,
+        )
+
+    def hours(self) -> float:
+        return (self.now() - DAY_START) / 3600
+
+
+async def test_a_day_at_sea_holds_the_satellite_budget_each_utc_day(
+    tmp_path: Path, mosquitto: MosquittoBroker, publisher: Publisher
+) -> None:
+    """24 hours at sea, on the satellite only, with more position reports than the
+    budget carries: each UTC day's spend stays within the day's budget, the budget is
+    used again after midnight, the log stays within its size, nothing is refused."""
+    cfg_path = write_config(tmp_path, mosquitto, max_bytes=3_000_000, reserve=500_000)
+    cfg_path.write_text(
+        cfg_path.read_text()
+        + UPLINK.replace('link = "port_wifi"', 'link = "satellite"')
+        + f"\n[links.satellite]\ndaily_budget_bytes = {SAT_BUDGET}\nbatch_max_records = 50\n"
+        'batch_max_bytes = "8KiB"\n'
+    )
+    cfg = load_config(cfg_path)
+    clock = FastClock()
+    gw = MemoryGateway("tokyo", "satellite")
+    agent = Agent(cfg, gateways=[gw], clock=clock)
+    task = asyncio.create_task(agent.run(install_signals=False))
+    published = 0
+    try:
+        await asyncio.wait_for(agent.ingest.connected.wait(), 20)
+        # positions every few ship minutes, in rounds, until 24 h have passed
+        while clock.hours() < 24 and published < 8000:
+            for _ in range(20):
+                published += 1
+                publisher.publish(
+                    "bigblue/nav/ais",
+                    f'{{"lat": {published % 90}.5, "lon": 140.25, "n": {published}}}'.encode(),
+                )
+            await asyncio.sleep(0.1)
+        await asyncio.to_thread(publisher.wait_all_acked)
+        await eventually_async(lambda: agent.log.stream_state("nav").count == published, within=20)
+        days = {d: agent.log.links.spend("satellite", d) for d in ("2026-01-01", "2026-01-02")}
+        held = gw.held("nav").count()
+    finally:
+        agent.stop.set()
+        await asyncio.wait_for(task, 15)
+    assert all(0 < spent <= SAT_BUDGET for spent in days.values()), days
+    # the budget binds (not everything went), and it was used again after midnight
+    assert 0 < held < published
+    assert days["2026-01-02"] > SAT_BUDGET // 2, days
+    st = agent.log.stream_state("nav")
+    assert st.rejected == 0 and st.bytes <= cfg.log.max_bytes
