@@ -21,7 +21,7 @@ from edge_agent.errors import LogError
 from edge_agent.ingest import Ingest
 from edge_agent.log import EdgeLog
 from edge_agent.metrics import EdgeMetrics
-from edge_agent.report import write_report
+from edge_agent.report import Reporter
 from edge_agent.status import open_log
 from shorelink.errors import ConfigError
 
@@ -66,6 +66,7 @@ class Agent:
             sum(self.log.stream_state(s).count for s in self.log.stream_names()),
         )
         self.ingest = Ingest(cfg, self.log, self.metrics)
+        self.reporter = Reporter(cfg, self.log)
         self.stop = asyncio.Event()
         #: None: no gateways configured, the agent only ingests
         self.uplink: Uplink | None = None
@@ -156,23 +157,26 @@ class Agent:
             await asyncio.sleep(GAUGE_INTERVAL_S)
 
     async def _reporting(self) -> None:
-        """A ship report at start, then every ``report.interval``."""
+        """A ship report at start, then when the ship's state changed (looked at every
+        ``report.interval``) and at least every ``report.heartbeat``."""
         if not self.cfg.report.stream:
             return
         while True:
             await asyncio.to_thread(self.report)
             await asyncio.sleep(self.cfg.report.interval_s)
 
-    def report(self) -> int:
-        """Write one ship report (edge_agent/report.py); its seq, 0 if it was not
-        written (the stream's budget refused it, or the log could not take it: logged
-        and counted, the next interval tries again)."""
+    def report(self) -> int | None:
+        """Write a ship report if one is due (edge_agent/report.py): its seq; 0 if it
+        was not written (the stream's budget refused it, or the log could not take it:
+        logged and counted, the next interval tries again); None if none was due."""
         try:
-            seq = write_report(self.cfg, self.log)
+            seq = self.reporter.tick()
         except LogError as exc:
             self.metrics.reports.labels("failed").inc()
             log.warning("event=ship_report_failed error=%r", str(exc))
             return 0
+        if seq is None:
+            return None
         self.metrics.reports.labels("written" if seq else "refused").inc()
         if seq:
             self.ingest.committed.set()  # the uplink sends it with the next batch

@@ -161,8 +161,13 @@ class ReportConfig:
 
     #: the stream the reports go to, one of ``[streams.*]`` ("": no reports)
     stream: str = ""
-    #: how often (a report is a few hundred bytes; the satellite carries it)
+    #: how often the agent looks: a report is written when the ship's state changed
+    #: since the last one (a stream's last seq or backlog), at most this often
     interval_s: float = field(default=600.0, metadata=key("interval", min=1, why="at least 1s"))
+    #: and at least this often, changed or not (the sites know the ship is alive)
+    heartbeat_s: float = field(
+        default=6 * 3600.0, metadata=key("heartbeat", min=1, why="at least 1s")
+    )
 
 
 @dataclass(frozen=True)
@@ -435,6 +440,8 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
         links[name] = _link(name, sec, streams)
     gateways = tuple(_gateway(g, links, base) for g in top.array("gateways"))
     report = read(ReportConfig, top.section("report"))
+    if report.heartbeat_s < report.interval_s:
+        raise ConfigError("report.heartbeat", "must be at least report.interval")
     if report.stream and report.stream not in streams:
         raise ConfigError(
             "report.stream",

@@ -1,6 +1,9 @@
-"""The ship report (shorelink/ship_report.py): every ``report.interval`` the agent
-writes its own state as a record of the report stream, in its log like a sensor
-reading, so it reaches every site by the way everything else does.
+"""The ship report (shorelink/ship_report.py): the agent writes its own state as a
+record of the report stream, in its log like a sensor reading, so it reaches every site
+by the way everything else does. :class:`Reporter` decides when: at start, then when
+the state changed (a stream's last seq or backlog, other than the reports' own),
+looked at every ``report.interval``, and at least every ``report.heartbeat``. A
+ship with nothing new writes nothing new: its reports do not keep its own log busy.
 
 It is built from the same facts as ``shorelink-edge status`` (edge_agent/status.py):
 per stream the last seq and the records no site has confirmed; per link class today's
@@ -11,13 +14,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from edge_agent.config import EdgeConfig
 from edge_agent.log import EdgeLog, Incoming
 from edge_agent.status import collect_status
 from shorelink.ship_report import REPORT_MQTT_TOPIC, ShipReport, encode_report
 
-__all__ = ["build_report", "write_report"]
+__all__ = ["Reporter", "build_report", "write_report"]
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +47,48 @@ def build_report(cfg: EdgeConfig, edge_log: EdgeLog, now_ms: int | None = None) 
     )
 
 
-def write_report(cfg: EdgeConfig, edge_log: EdgeLog) -> int:
-    """Write one report to the log (its own transaction); the record's seq (0: the
-    stream's disk budget refused it)."""
+def write_report(cfg: EdgeConfig, edge_log: EdgeLog, report: ShipReport | None = None) -> int:
+    """Write one report (``report``, or one built now) to the log (its own transaction);
+    the record's seq (0: the stream's disk budget refused it)."""
     now_ms = int(time.time() * 1000)
-    payload = encode_report(build_report(cfg, edge_log, now_ms))
+    payload = encode_report(report or build_report(cfg, edge_log, now_ms))
     m = Incoming(cfg.report.stream, cfg.ship, now_ms, now_ms, REPORT_MQTT_TOPIC, payload)
     result = edge_log.commit([m])
     seq = result.seqs[0]
     log.info("event=ship_report stream=%s seq=%d bytes=%d", cfg.report.stream, seq, len(payload))
     return seq
+
+
+class Reporter:
+    """When to write the next report (see the module's docstring)."""
+
+    def __init__(
+        self, cfg: EdgeConfig, edge_log: EdgeLog, *, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.cfg = cfg
+        self.log = edge_log
+        self._monotonic = monotonic
+        self._last: tuple[object, ...] | None = None
+        self._last_at = 0.0
+
+    def _key(self, r: ShipReport) -> tuple[object, ...]:
+        own = self.cfg.report.stream
+        # not the link: a ship in port probes the satellite too, and the last link to
+        # answer flips back and forth without anything to tell
+        return tuple(sorted((s, v) for s, v in r.streams.items() if s != own))
+
+    def tick(self) -> int | None:
+        """Write a report if one is due: its seq (0: refused by the stream's budget),
+        None when nothing changed since the last and the heartbeat is not due."""
+        report = build_report(self.cfg, self.log)
+        key = self._key(report)
+        now = self._monotonic()
+        if (
+            self._last is not None
+            and key == self._last
+            and now - self._last_at < self.cfg.report.heartbeat_s
+        ):
+            return None
+        seq = write_report(self.cfg, self.log, report)
+        self._last, self._last_at = key, now
+        return seq

@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 
 from edge_agent.config import load_config
 from edge_agent.log import Incoming
-from edge_agent.report import build_report, write_report
+from edge_agent.report import Reporter, build_report, write_report
 from edge_agent.status import open_log
 from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import free_port
@@ -25,12 +26,17 @@ from tests.edge_agent.helpers import Publisher, write_config
 from tests.helpers import eventually, run_process
 
 EDGE = [sys.executable, "-m", "edge_agent.cli"]
-REPORT = '\n[streams.agent]\npriority = 5\n\n[report]\nstream = "agent"\ninterval = "{i}"\n'
+REPORT = (
+    '\n[streams.agent]\npriority = 5\n\n[report]\nstream = "agent"\ninterval = "{i}"\n'
+    'heartbeat = "{h}"\n'
+)
 
 
-def _config(tmp_path: Path, broker: MosquittoBroker, interval: str = "10m") -> Path:
+def _config(
+    tmp_path: Path, broker: MosquittoBroker, interval: str = "10m", heartbeat: str = "6h"
+) -> Path:
     cfg = write_config(tmp_path, broker)
-    cfg.write_text(cfg.read_text() + REPORT.format(i=interval))
+    cfg.write_text(cfg.read_text() + REPORT.format(i=interval, h=heartbeat))
     return cfg
 
 
@@ -70,10 +76,12 @@ def test_the_report_stream_must_be_configured(tmp_path: Path, mosquitto: Mosquit
         load_config(cfg)
 
 
-def test_the_running_agent_reports_every_interval(
+def test_the_running_agent_reports_when_its_state_changes_and_on_its_heartbeat(
     tmp_path: Path, mosquitto: MosquittoBroker, publisher: Publisher
 ) -> None:
-    cfg = _config(tmp_path, mosquitto, interval="1s")
+    """A report at start; new readings change the state: one more within an interval;
+    then nothing changes: none until the heartbeat (its own reports do not count)."""
+    cfg = _config(tmp_path, mosquitto, interval="1s", heartbeat="4s")
     port = free_port()
     cfg.write_text(cfg.read_text().replace("[metrics]\nport = 0", f"[metrics]\nport = {port}"))
     proc = run_process("edge-agent", [*EDGE, "run", "--config", str(cfg)], tmp_path / "agent.log")
@@ -105,7 +113,12 @@ def test_the_running_agent_reports_every_interval(
             publisher.publish(f"bigblue/d1/containers/C{i}/env", b'{"ts": 1700000000}')
         publisher.wait_all_acked()
 
-        eventually(lambda: reports() >= 4, within=30, what="three more reports", proc=proc)
+        eventually(lambda: reports() >= 2, within=10, what="a report of the change", proc=proc)
+        t_change = time.monotonic()
+        time.sleep(2.5)  # interval 1 s: two more looks, nothing changed (the report's own
+        assert reports() == 2  # stream does not count)
+        eventually(lambda: reports() >= 3, within=10, what="the heartbeat's report", proc=proc)
+        assert time.monotonic() - t_change >= 2.5
     finally:
         proc.popen.send_signal(signal.SIGTERM)
         proc.popen.wait(15)
@@ -116,3 +129,22 @@ def test_the_running_agent_reports_every_interval(
     finally:
         log.close()
     assert "event=ship_report stream=agent seq=1" in (tmp_path / "agent.log").read_text()
+
+
+def test_the_reporter_writes_on_change_only(tmp_path: Path, mosquitto: MosquittoBroker) -> None:
+    cfg = load_config(_config(tmp_path, mosquitto, interval="1s", heartbeat="1h"))
+    log = open_log(cfg)
+    now = [0.0]
+    r = Reporter(cfg, log, monotonic=lambda: now[0])
+    try:
+        assert r.tick() == 1  # at start
+        assert r.tick() is None  # nothing changed (its own report does not count)
+        log.commit([Incoming("containers", "C1", 1, 1, "t", b"{}")])
+        assert r.tick() == 2
+        assert r.tick() is None
+        log.set_holdings("tokyo", "containers", RangeSet.parse("1"))  # the backlog changed
+        assert r.tick() == 3
+        now[0] = 3600.0  # the heartbeat
+        assert r.tick() == 4
+    finally:
+        log.close()
