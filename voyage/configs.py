@@ -38,6 +38,8 @@ class SiteEndpoints:
     kafka: str  # host:port, the site's own clients
     gateway_port: int
     via: Mapping[str, str]  # neighbour -> the neighbour's Kafka as this site reaches it
+    #: the site's operations page (``shorelink ops``; 0: none)
+    ops_port: int = 0
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,7 @@ gateway_password = "${{{env_var("gateway", name)}}}"
 canonical_partitions = 1
 max_offsets_per_trigger = 20000
 
+{_ops(s, ca_file)}
 [sites.{name}.replication]
 max_offsets_per_trigger = 20000
 probe_interval = "1s"
@@ -162,6 +165,21 @@ password = "${{{env_var("site", name)}}}"
 {via}"""
         )
     return "".join(parts)
+
+
+def _ops(site: SiteEndpoints, ca_file: Path) -> str:
+    if not site.ops_port:
+        return ""
+    return f"""
+[sites.{site.name}.ops]
+gateway = "https://127.0.0.1:{site.gateway_port}"
+gateway_ca_file = "{ca_file}"
+refresh = "1s"
+
+[sites.{site.name}.ops.listen]
+host = "127.0.0.1"
+port = {site.ops_port}
+"""
 
 
 def edge_config(
@@ -207,7 +225,7 @@ encode_workers = 0
 seal_records = 0
 
 [links.{SATELLITE}]
-streams = ["alerts", "nav"]
+streams = ["alerts", "agent", "nav"]
 daily_budget_bytes = {satellite_budget}
 batch_max_records = 200
 batch_max_bytes = "32KiB"
@@ -226,6 +244,9 @@ in_flight = 3
 priority = 0
 on_full = "reject"
 
+[streams.agent]
+priority = 5
+
 [streams.nav]
 priority = 10
 
@@ -234,6 +255,12 @@ priority = 20
 
 [streams.containers]
 priority = 50
+
+# the ship's own state, for the operations page (edge_agent/report.py)
+[report]
+stream = "agent"
+interval = "10s"
+heartbeat = "1h"
 
 [[rules]]
 filter = "bigblue/+/containers/+/env"

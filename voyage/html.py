@@ -196,6 +196,48 @@ def _alert_chart(alert: dict[str, Any]) -> str:
     return _png(fig)
 
 
+def _ops_section(ops: dict[str, Any] | None) -> list[str]:
+    """Headquarters' operations page at the end: each ship as it showed it, and its
+    picture (embedded: the report stays one file)."""
+    if not ops:
+        return []
+    out = ["<h2>Headquarters' operations page</h2>"]
+    if ops.get("error"):
+        return [*out, f"<p class='bad'>{_e(ops['url'])}: {_e(ops['error'])}</p>"]
+    out.append(
+        f"<p class='muted'><code>shorelink ops --site hq</code> at {_e(ops.get('url'))}: "
+        f"{ops.get('alerts', 0)} alerts listed; what it showed of each ship at the end</p>"
+    )
+    rows = []
+    for ship, r in sorted((ops.get("ships") or {}).items()):
+        if r is None:
+            rows.append([_e(ship), "not listed", "", "", ""])
+            continue
+        sat = r.get("satellite") or {}
+        rows.append(
+            [
+                _e(ship),
+                _e(r.get("link") or "-"),
+                _e(r.get("via") or "-"),
+                _num(r.get("backlog_records"), 0),
+                f"{_num(sat.get('spent_today'), 0)} of {_num(sat.get('daily_budget'), 0)} B"
+                if sat
+                else "-",
+            ]
+        )
+    out.append(_table(["ship", "last link", "via", "records at sea", "satellite today"], rows))
+    shot = ops.get("screenshot")
+    if shot and Path(shot).is_file():
+        data = base64.b64encode(Path(shot).read_bytes()).decode()
+        out.append(
+            f"<img alt='the operations page' style='max-width:100%;border:1px solid #ccc' "
+            f"src='data:image/png;base64,{data}'>"
+        )
+    elif ops.get("screenshot_note"):
+        out.append(f"<p class='muted'>no picture: {_e(ops['screenshot_note'])}</p>")
+    return out
+
+
 def render_html(report: dict[str, Any]) -> str:
     ok = bool(report.get("ok"))
     problems = report.get("problems") or []
@@ -442,6 +484,8 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append(_table(cols, shown))
     else:
         parts.append("<p class='muted'>not available</p>")
+
+    parts += _ops_section(report.get("ops"))
 
     parts.append("<h2>Over time</h2>")
     parts.append(

@@ -74,6 +74,11 @@ class Launched:
     def checkpoint_dir(self, site: str) -> Path:
         return self.dir / "sites" / site / "spark" / "checkpoints"
 
+    @property
+    def ops_url(self) -> str:
+        """Headquarters' operations page (``shorelink ops``)."""
+        return f"http://{HOST}:{self.sites[HQ].ops_port}/"
+
     def stop(self, grace: float = 20.0) -> None:
         stop_procs(self.procs, grace)
 
@@ -127,7 +132,7 @@ def launch(
         # per site, one listener per neighbour, reached through that link's proxy
         n_links = sum(len(neighbours(s)) for s in SITES)
         # every port at once: a port reserved but not yet bound must not be handed out again
-        free = iter(free_ports(2 * n_links + 4 * len(SITES) + 3 + (len(SITES) + 2) * len(ships)))
+        free = iter(free_ports(2 * n_links + 4 * len(SITES) + 4 + (len(SITES) + 2) * len(ships)))
         listeners = {
             s: {r: LinkListener(next(free), next(free)) for r in neighbours(s)} for s in SITES
         }
@@ -176,6 +181,7 @@ def launch(
         info.save()
         launched = Launched(dir, info, tp.client(), security=sec)
         gateway_ports = {s: next(free) for s in SITES}
+        ops_port = next(free)
         for s in SITES:
             b = brokers[s]
             b.proc.wait_ready(b.ready, timeout=180)
@@ -196,6 +202,9 @@ def launch(
                 brokers[s].bootstrap,
                 gateway_ports[s],
                 {n: brokers[n].link_bootstrap(s) for n in neighbours(s)},
+                # headquarters' operations page (one page: the machine's two cores
+                # are shared by four data centres already)
+                ops_port=ops_port if s == HQ else 0,
             )
         for ship in ships:
             links = {}
@@ -310,6 +319,16 @@ def launch(
                 )
             )
 
+        say(f"starting {HQ}'s operations page: {launched.ops_url}")
+        launched.record(
+            Proc.start(
+                f"ops:{HQ}",
+                _python("spark_core.ops.cli", "--site", HQ, "--config", str(launched.sites_toml)),
+                logs / f"ops-{HQ}.log",
+            ),
+            f"{HOST}:{ops_port}",
+        )
+
         say("starting an edge agent per ship")
         for ship in ships:
             root = dir / "ships" / ship
@@ -340,6 +359,8 @@ def launch(
             if p.name.startswith("gateway:"):
                 url = f"https://{info.sites[p.name.split(':', 1)[1]]['gateway']}/readyz"
                 p.wait_ready(functools.partial(_http_ok, url, verify), 60)
+            elif p.name.startswith("ops:"):
+                p.wait_ready(functools.partial(_http_ok, f"{launched.ops_url}healthz"), 60)
             elif p.name.startswith("edge:"):
                 ship = p.name.split(":", 1)[1]
                 port = launched.ships[ship].metrics_port

@@ -20,6 +20,7 @@ from typing import Any
 
 from voyage.customers import problems as customer_problems
 from voyage.observe import Arrival, EdgeSample, Ident
+from voyage.ops import problems as ops_problems
 from voyage.topology import HQ, PORTS, SATELLITE, SITES, STREAMS, WIFI, ship_link
 
 __all__ = ["ALERT_GOAL_S", "Observed", "build_report", "percentile"]
@@ -62,6 +63,8 @@ class Observed:
     audit: dict[str, Any] | None = None
     #: the followed customer's consumer (voyage/customers.py)
     customer: dict[str, Any] | None = None
+    #: headquarters' operations page at the end (voyage/ops.py)
+    ops: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -304,6 +307,8 @@ def build_report(o: Observed) -> dict[str, Any]:
     problems += p
     if o.customer is not None:
         problems += list(customer_problems(o.customer))
+    if o.ops is not None:
+        problems += ops_problems(o.ops, (o.overboard or {}).get("containers") or ())
     if o.audit is not None and not o.audit.get("ok", False):
         problems.append(f"shorelink audit --all-sites: {o.audit.get('summary', 'failed')}")
     ports = {}
@@ -332,6 +337,7 @@ def build_report(o: Observed) -> dict[str, Any]:
         "container_history": o.history,
         "audit": o.audit,
         "customer": o.customer,
+        "ops": o.ops,
         "series": {
             "records": o.series_records,
             "backlog": o.series_backlog,

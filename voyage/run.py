@@ -38,6 +38,7 @@ from voyage.launch import Launched, launch
 from voyage.links import LinkPlayer
 from voyage.live import LiveState, ShipRow, progress_line, render
 from voyage.observe import EdgeSample, SiteWatch, edge_metrics, query_level_with
+from voyage.ops import OpsReader
 from voyage.report import Observed, build_report
 from voyage.security import STAFF
 from voyage.summary import summary_text
@@ -407,6 +408,7 @@ class Voyage:
         audit = self.audit()
         link_bytes = self.launched.toxiproxy.link_bytes()
         customer = self.customer_summary()
+        ops = self.ops_summary()
         for w in self.watches.values():
             w.close()
         pick = None
@@ -443,11 +445,26 @@ class Voyage:
             history=history,
             audit=audit,
             customer=customer,
+            ops=ops,
             problems=self.problems
             + [f"{s}: {w.error}" for s, w in self.watches.items() if w.error],
             timings=self.timings,
         )
         return build_report(observed)
+
+    def ops_summary(self) -> dict[str, Any]:
+        """Headquarters' operations page as staff see it at the end, and its picture."""
+        assert self.launched is not None and self.launched.security is not None
+        self.say(f"reading {HQ}'s operations page {self.launched.ops_url}")
+        page = OpsReader(
+            self.launched.ops_url, STAFF, self.launched.security.password("staff", STAFF)
+        )
+        summary = page.summary(self.ships)
+        shot = self.dir / "ops.png"
+        why_not = page.screenshot(shot)
+        summary["screenshot"] = str(shot) if why_not is None else None
+        summary["screenshot_note"] = why_not
+        return summary
 
     def customer_summary(self) -> dict[str, Any] | None:
         """The followed customer's consumer against what HQ holds of its containers;
@@ -538,6 +555,8 @@ def keep_help(launched: Launched, ships: list[str]) -> str:
             f"  shorelink audit --all-sites --config {cfg}",
             f"  shorelink-edge status --config {launched.edge_toml[ships[0]]}",
             f"  shorelink-spark status --site hq --config {cfg}",
+            f"  open {launched.ops_url} (HQ's operations page; staff: {STAFF}, password in"
+            " secrets.env)",
             f"  shorelink-spark query container-history --site hq --config {cfg} --container ID",
         ]
     )

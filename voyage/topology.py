@@ -32,7 +32,8 @@ PORTS = ("tokyo", "singapore", "sydney")
 HQ = "hq"
 SITES = (*PORTS, HQ)
 #: the streams every site carries; ``alerts`` is replicated ahead of the others
-STREAMS = ("alerts", "nav", "cargo", "containers")
+#: ``agent``: each ship's own reports (edge ``[report]``), for the operations page
+STREAMS = ("alerts", "agent", "nav", "cargo", "containers")
 
 #: undirected links between sites (each direction is its own proxy, cut together)
 SITE_LINKS: tuple[tuple[str, str], ...] = (

@@ -135,6 +135,35 @@ def test_a_customer_reads_its_containers_live_and_is_refused_another_customer(
 
 
 @pytest.mark.timeout(1200)
+def test_headquarters_operations_page_shows_every_ship_and_the_alert(
+    voyage: tuple[int, Path, str],
+) -> None:
+    """``shorelink ops --site hq`` ran through the voyage: at the end it lists every
+    ship with its report (the edge's [report] stream, replicated like any record), no
+    record still at sea, the satellite spend, and the overboard alert; the report shows
+    it, with its picture when Chromium is installed."""
+    _code, run, _console = voyage
+    report = json.loads((run / "report.json").read_text())
+    ops = report["ops"]
+    assert not ops.get("error"), ops
+    assert set(ops["ships"]) == set(report["run"]["ships"])
+    for ship, row in ops["ships"].items():
+        assert row is not None and row["reported"], ship
+        assert row["backlog_records"] == 0
+        assert row["satellite"] is not None and row["satellite"]["daily_budget"] > 0
+        assert row["position"] is not None
+    assert set(report["alert"]["containers"]) <= set(ops["alert_keys"])
+    assert ops["gateway"]["batches"] > 0 and ops["gateway"]["ready"] is True
+    # the agents' own reports are records like any other: every site holds them once
+    for site in SITES:
+        assert report["sites"][site]["per_stream"]["agent"]["held"] >= 2
+    html = (run / "report.html").read_text()
+    assert "Headquarters' operations page" in html
+    if Path("/usr/bin/chromium").exists():
+        assert ops["screenshot"] and Path(ops["screenshot"]).stat().st_size > 20_000
+
+
+@pytest.mark.timeout(1200)
 def test_the_voyage_stops_every_process_it_started(voyage: tuple[int, Path, str]) -> None:
     _code, run, _console = voyage
     stopped = json.loads((run / "stack.stopped.json").read_text())
