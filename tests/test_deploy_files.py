@@ -1,0 +1,249 @@
+"""The deploy files are checked by the tools that will read them: the ship's systemd unit
+by ``systemd-analyze verify`` (and shown to reject a broken unit, so a pass means
+something), the gateway's Containerfile by building the image and running its entry
+point. A unit systemd half-ignores, or an image that does not build, is found at sea or
+in a port's data centre otherwise."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+import uuid
+from pathlib import Path
+
+import pytest
+
+from edge_agent.cli import main as edge_main
+
+ROOT = Path(__file__).resolve().parents[1]
+UNIT = ROOT / "deploy" / "edge" / "shorelink-edge.service"
+EDGE_SAMPLE = ROOT / "deploy" / "edge" / "edge.toml"
+CONTAINERFILE = ROOT / "deploy" / "gateway" / "Containerfile"
+SYSTEMD_ANALYZE = shutil.which("systemd-analyze") or "/usr/bin/systemd-analyze"
+#: where README's "Installing the edge agent" puts the agent, as the unit names it
+UNIT_BINARY = "/opt/shorelink/.venv/bin/shorelink-edge"
+
+needs_systemd_analyze = pytest.mark.skipif(
+    not Path(SYSTEMD_ANALYZE).exists(), reason="systemd-analyze not installed"
+)
+
+
+def unit_values(text: str, key: str) -> list[str]:
+    return re.findall(rf"^{key}=(.*)$", text, re.M)
+
+
+def installed_unit(tmp_path: Path, text: str | None = None) -> Path:
+    """The unit (or ``text``) with ExecStart's binary this environment's real
+    ``shorelink-edge``: verify checks that it exists and is executable."""
+    here = str(Path(sys.executable).parent / "shorelink-edge")
+    text = UNIT.read_text() if text is None else text
+    path = tmp_path / "shorelink-edge.service"
+    path.write_text(text.replace(UNIT_BINARY, here))
+    return path
+
+
+def problems(unit: Path) -> str:
+    """What ``systemd-analyze verify`` says about ``unit``; "" if nothing. It exits 0 on
+    settings it ignores (a misspelt key, a value it cannot parse) and only says so on
+    stderr: each such line is a problem too."""
+    res = subprocess.run(
+        [SYSTEMD_ANALYZE, "verify", "--man=no", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    said = (res.stdout + res.stderr).strip()
+    return "" if res.returncode == 0 and not said else f"exit {res.returncode}: {said}"
+
+
+@needs_systemd_analyze
+def test_edge_unit_passes_systemd_verify(tmp_path: Path) -> None:
+    """Every line of the unit is one systemd understands, and its binary is there."""
+    assert unit_values(UNIT.read_text(), "ExecStart")[0].startswith(UNIT_BINARY + " ")
+    assert problems(installed_unit(tmp_path)) == ""
+
+
+@needs_systemd_analyze
+@pytest.mark.parametrize(
+    ("what", "old", "new"),
+    [
+        ("a misspelt key", "Restart=always", "Restrat=always"),
+        ("a value systemd cannot parse", "Type=notify", "Type=notfy"),
+        ("a bad duration", "WatchdogSec=30s", "WatchdogSec=thirty"),
+        ("an unknown syscall group", "@system-service", "@no-such-group"),
+        ("a misspelt section", "[Service]", "[Servce]"),
+        ("a binary that is not there", UNIT_BINARY, "/nonexistent/bin/shorelink-edge"),
+    ],
+)
+def test_systemd_verify_rejects_a_broken_unit(
+    tmp_path: Path, what: str, old: str, new: str
+) -> None:
+    """The check above can fail: each of these breaks the unit and verify says so."""
+    text = UNIT.read_text()
+    assert old in text
+    broken = text.replace(old, new, 1)
+    if old == UNIT_BINARY:  # installed_unit would put the real binary back
+        path = tmp_path / "shorelink-edge.service"
+        path.write_text(broken)
+    else:
+        path = installed_unit(tmp_path, broken)
+    assert problems(path) != "", what
+
+
+def test_edge_unit_runs_a_command_the_agent_has_with_its_files_where_systemd_allows() -> None:
+    """ExecStart parses as a ``shorelink-edge`` command line; the config is in the unit's
+    ConfigurationDirectory and the sample's log in its StateDirectory, the one place
+    ProtectSystem=strict leaves writable."""
+    text = UNIT.read_text()
+    argv = shlex.split(unit_values(text, "ExecStart")[0])
+    command = edge_main.commands[argv[1]]
+    ctx = command.make_context(argv[1], argv[2:])
+    assert argv[1] == "run"
+    config = Path(ctx.params["config_path"])
+    assert config.parent == Path("/etc") / unit_values(text, "ConfigurationDirectory")[0]
+    state = Path("/var/lib") / unit_values(text, "StateDirectory")[0]
+    log_path = Path(tomllib.loads(EDGE_SAMPLE.read_text())["log"]["path"])
+    assert log_path.parent == state
+    assert unit_values(text, "ProtectSystem") == ["strict"]
+    assert unit_values(text, "EnvironmentFile") == [f"-{config.parent}/edge.env"]
+
+
+# -- the gateway image ------------------------------------------------------------------
+
+PODMAN = shutil.which("podman")
+#: Docker Hub is out of reach in some build rooms; a Debian 12 rootfs from Debian's own
+#: mirror (debootstrap) is a base the Containerfile accepts (ARG BASE)
+LOCAL_BASE = "localhost/shorelink-base:bookworm"
+#: rlimits below any host's: podman asks for more than some sandboxes allow
+ULIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
+#: what a gateway image must not hold
+NOT_IN_GATEWAY = ("pyspark", "pyarrow", "delta", "paho", "sqlite_utils", "edge_agent", "spark_core")
+
+
+def _podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    assert PODMAN is not None
+    return subprocess.run([PODMAN, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _base_image() -> str:
+    """The Containerfile's base: SHORELINK_IMAGE_BASE, else a local Debian base, else its
+    default if it can be pulled, else a Debian base made here with debootstrap."""
+    if os.environ.get("SHORELINK_IMAGE_BASE"):
+        return os.environ["SHORELINK_IMAGE_BASE"]
+    if _podman("image", "exists", LOCAL_BASE).returncode == 0:
+        return LOCAL_BASE
+    default = re.search(r"^ARG BASE=(\S+)", CONTAINERFILE.read_text(), re.M)
+    assert default is not None
+    if _podman("pull", "-q", default.group(1), timeout=300).returncode == 0:
+        return default.group(1)
+    debootstrap = shutil.which("debootstrap")
+    if debootstrap is None or os.geteuid() != 0:
+        pytest.skip(f"{default.group(1)} cannot be pulled and no debootstrap (as root)")
+    return LOCAL_BASE
+
+
+def _make_local_base(tmp_path: Path) -> None:
+    """Debian 12 with python3-venv from Debian's mirror, imported as LOCAL_BASE and kept
+    (a minute to make; later builds take ~15 s)."""
+    rootfs = tmp_path / "rootfs"
+    subprocess.run(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            "--include=python3,python3-venv,ca-certificates",
+            "bookworm",
+            str(rootfs),
+            "http://deb.debian.org/debian",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=400,
+    )
+    tar = tmp_path / "rootfs.tar"
+    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tar), "."], check=True, timeout=300)
+    shutil.rmtree(rootfs, ignore_errors=True)
+    assert PODMAN is not None
+    subprocess.run([PODMAN, "import", str(tar), LOCAL_BASE], check=True, timeout=300)
+    tar.unlink()
+
+
+def _runtime(base: str) -> list[str]:
+    """podman's default OCI runtime, or runc where that cannot start a container (crun
+    refuses a host with cgroups in hybrid mode); skip if neither can."""
+    tried = []
+    for runtime in [[], *([["--runtime", "runc"]] if shutil.which("runc") else [])]:
+        res = _podman(*runtime, "run", "--rm", *ULIMITS, base, "python3", "-c", "pass")
+        if res.returncode == 0:
+            return runtime
+        tried.append(res.stderr.strip()[-300:])
+    pytest.skip(f"podman cannot run a container here: {tried}")
+
+
+@pytest.mark.skipif(PODMAN is None, reason="podman not installed (apt-get install podman)")
+@pytest.mark.timeout(900)
+def test_gateway_image_builds_with_only_the_gateway_extra(tmp_path: Path) -> None:
+    """The Containerfile builds from a copy of this checkout, its entry point answers
+    --help, every gateway module imports in it, and it holds no Spark, Arrow or edge
+    agent: a port's gateway image carries what the gateway runs."""
+    base = _base_image()
+    if base == LOCAL_BASE and _podman("image", "exists", LOCAL_BASE).returncode != 0:
+        _make_local_base(tmp_path)
+    runtime = _runtime(base)
+
+    context = tmp_path / "context"
+    (context / "deploy" / "gateway").mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, context / name)
+    for package in ("shorelink", "core_gateway"):
+        shutil.copytree(
+            ROOT / package, context / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    shutil.copy2(CONTAINERFILE, context / "deploy" / "gateway" / "Containerfile")
+    # pip in the build trusts what the host's pip trusts (a proxy's CA, a pip.conf)
+    mounts = [
+        f"--volume={p}:{p}:ro"
+        for p in ("/etc/ssl/certs/ca-certificates.crt", "/etc/pip.conf")
+        if Path(p).exists()
+    ]
+    tag = f"localhost/shorelink-gateway-test:{uuid.uuid4().hex[:10]}"
+    build = _podman(
+        *runtime,
+        "build",
+        "--format=docker",
+        *ULIMITS,
+        *mounts,
+        f"--build-arg=BASE={base}",
+        "-f",
+        str(context / "deploy" / "gateway" / "Containerfile"),
+        "-t",
+        tag,
+        str(context),
+        timeout=600,
+    )
+    try:
+        assert build.returncode == 0, build.stderr[-3000:]
+        helped = _podman(*runtime, "run", "--rm", *ULIMITS, tag, "--help")
+        assert helped.returncode == 0, helped.stderr
+        assert "Usage: shorelink-gateway run" in helped.stdout
+
+        probe = (
+            "import importlib, importlib.util, pkgutil, core_gateway\n"
+            "for m in pkgutil.walk_packages(core_gateway.__path__, 'core_gateway.'):\n"
+            "    importlib.import_module(m.name)\n"
+            f"print([n for n in {NOT_IN_GATEWAY!r} if importlib.util.find_spec(n)])\n"
+            "print(core_gateway.__file__)\n"
+        )
+        res = _podman(*runtime, "run", "--rm", *ULIMITS, "--entrypoint=python", tag, "-c", probe)
+        assert res.returncode == 0, res.stderr
+        present, where = res.stdout.strip().splitlines()
+        assert present == "[]"
+        assert where.startswith("/opt/shorelink/.venv/"), where
+        user = _podman(*runtime, "run", "--rm", *ULIMITS, "--entrypoint=id", tag, "-un")
+        assert user.stdout.strip() == "shorelink"
+    finally:
+        _podman("rmi", "-f", tag)
