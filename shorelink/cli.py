@@ -349,14 +349,41 @@ def _added_options(cmd: click.Command) -> list[str]:
     return _ADDED.get(cmd.name or "", [])
 
 
+def _missing(name: str, exc: ImportError) -> click.Command:
+    """A command whose package is installed without what it needs (a lean install,
+    README "Install"): it says so instead of the whole ``shorelink`` failing."""
+
+    @click.command(
+        name,
+        help=f"(not available here: {exc})",
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
+    def missing() -> None:
+        fail(
+            ShorelinkError(
+                f"`shorelink {name}` needs a package this install lacks ({exc}): install "
+                "the extra that carries it, e.g. pip install 'shorelink[all]'"
+            )
+        )
+
+    return missing
+
+
 def _register() -> None:
-    """Add the commands and options that installed packages declare."""
+    """Add the commands and options that installed packages declare; one whose
+    package cannot be imported here becomes a command that says what is missing."""
     for ep in entry_points(group=COMMANDS):
-        main.add_command(ep.load(), ep.name)
+        try:
+            main.add_command(ep.load(), ep.name)
+        except ImportError as exc:
+            main.add_command(_missing(ep.name, exc), ep.name)
     for ep in entry_points(group=OPTIONS):
         cmd = main.commands[ep.name]
         before = len(cmd.params)
-        ep.load()(cmd)
+        try:
+            ep.load()(cmd)
+        except ImportError:
+            continue  # an option of a package this install lacks: the command works without
         _ADDED.setdefault(ep.name, []).extend(p.opts[0] for p in cmd.params[before:])
 
 

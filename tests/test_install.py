@@ -141,6 +141,22 @@ def test_gateway_install_has_no_spark_arrow_or_edge_packages(
         cwd=venv,
     )
     assert helped.returncode == 0 and "Usage: shorelink-gateway" in helped.stdout, helped.stderr
+    # the kernel's command starts in a lean install too; a command whose package needs
+    # what this install lacks (the local stack: cryptography) says what is missing
+    kernel = str(venv / "bin" / "shorelink")
+    helped = subprocess.run(
+        [kernel, "--help"], capture_output=True, text=True, timeout=60, env=clean_env(), cwd=venv
+    )
+    assert helped.returncode == 0 and "audit" in helped.stdout, helped.stderr
+    stack = subprocess.run(
+        [kernel, "stack", "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(),
+        cwd=venv,
+    )
+    assert stack.returncode == 2 and "needs a package this install lacks" in stack.stderr
 
 
 def test_edge_agent_ingests_from_its_lean_install(
