@@ -175,6 +175,9 @@ def _ops(site: SiteEndpoints, ca_file: Path) -> str:
 gateway = "https://127.0.0.1:{site.gateway_port}"
 gateway_ca_file = "{ca_file}"
 refresh = "1s"
+# the whole voyage's tracks on the map (positions are a small part of sl.nav: AIS of
+# other vessels is most of it)
+tail = 50000
 
 [sites.{site.name}.ops.listen]
 host = "127.0.0.1"

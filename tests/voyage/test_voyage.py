@@ -171,8 +171,8 @@ def test_the_voyage_stops_every_process_it_started(voyage: tuple[int, Path, str]
     pids += [c["pid"] for c in stopped["ships"].values()]
     pids += [p["pid"] for p in stopped["processes"].values()]
     pids.append(stopped["toxiproxy"]["pid"])
-    # gateways, Spark, agents, fleet, the customer's consumer
-    assert len(stopped["processes"]) == 4 + 1 + 2 + 1 + 1
+    # gateways, Spark, agents, fleet, the customer's consumer, HQ's operations page
+    assert len(stopped["processes"]) == 4 + 1 + 2 + 1 + 1 + 1
     assert not [p for p in pids if pid_alive(p)]
 
 
