@@ -48,7 +48,7 @@ def install() -> None:
     "--sites",
     default="tokyo,singapore,sydney,hq",
     show_default=True,
-    help="Comma-separated site names; one Kafka broker each.",
+    help="Comma-separated site names; one Kafka each (--brokers nodes).",
 )
 @click.option(
     "--ships",
@@ -64,13 +64,21 @@ def install() -> None:
     show_default=True,
     help="Directory for data, logs and stack.json.",
 )
+@click.option(
+    "--brokers",
+    type=click.IntRange(1, 9),
+    default=1,
+    show_default=True,
+    help="Kafka nodes per site: 1, or 3 for a KRaft cluster as a data centre runs it "
+    "(topics kept 3 times, acknowledged by 2).",
+)
 @click.option("--kafka-heap", default="512m", show_default=True, help="JVM heap per broker.")
 @click.option(
     "--insecure",
     is_flag=True,
     help="Plain brokers (no TLS, no SASL, no ACLs) instead of SASL/SCRAM over TLS.",
 )
-def up(sites: str, ships: str, dir_: Path, kafka_heap: str, insecure: bool) -> None:
+def up(sites: str, ships: str, dir_: Path, brokers: int, kafka_heap: str, insecure: bool) -> None:
     """Start the stack and write DIR/stack.json describing every endpoint.
 
     Each Kafka takes SASL/SCRAM over TLS with ACLs: the CA is DIR/tls/ca.pem, the
@@ -83,6 +91,7 @@ def up(sites: str, ships: str, dir_: Path, kafka_heap: str, insecure: bool) -> N
             stack_mod.parse_ships(ships),
             kafka_heap=kafka_heap,
             secure=not insecure,
+            brokers=brokers,
         )
     except StackError as exc:
         _fail(exc)

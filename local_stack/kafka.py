@@ -1,4 +1,5 @@
-"""A single-node KRaft Kafka broker (one per site), run from the Maven-assembled jars.
+"""A site's KRaft Kafka, run from the Maven-assembled jars: one node (development,
+most tests), or a cluster of three as a data centre runs it (:func:`start_kafka_cluster`).
 
 Plain by default (tests of everything but access control). With a
 :class:`BrokerSecurity`, the broker is what a site runs in production: clients (and the
@@ -7,6 +8,14 @@ the broker's own certificate (mutual TLS), and the KRaft ``StandardAuthorizer`` 
 nothing that no ACL grants; ``admin`` (SCRAM credentials written at format time) and
 the broker itself are the super users. ``shorelink-spark access apply`` creates the
 other principals and their ACLs (spark_core/access.py).
+
+A cluster's nodes are each broker and controller (the quorum is the three of them:
+``controller.quorum.voters``), formatted with one cluster id, and hold every topic three
+times: ``default.replication.factor`` 3, ``min.insync.replicas`` 2, the same for the
+consumer offsets and the transaction state, so that one node killed loses nothing that
+was acknowledged (``acks=all``) and stops no write (two replicas remain in sync, two of
+three voters elect a controller). ``shorelink.topics.Durability`` gives the topics
+shorelink creates the same 3 and 2 once it sees three brokers.
 """
 
 from __future__ import annotations
@@ -17,10 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ClusterMetadata
 
 from local_stack.errors import StackError
-from local_stack.process import Proc, free_ports, port_open
+from local_stack.process import Proc, free_ports, port_open, stop_procs
 from local_stack.tls import Authority
 from local_stack.tools import kafka_classpath, kafka_log4j_config
 from shorelink.config import Secret
@@ -29,9 +38,11 @@ from shorelink.kafka_auth import KafkaAuth, client_config
 __all__ = [
     "BrokerSecurity",
     "KafkaBroker",
+    "KafkaCluster",
     "LinkListener",
     "link_listener_properties",
     "start_kafka",
+    "start_kafka_cluster",
 ]
 
 HOST = "127.0.0.1"
@@ -40,8 +51,8 @@ HOST = "127.0.0.1"
 # and the first consumer group on a fresh broker take seconds.
 SERVER_PROPERTIES = """\
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@{host}:{cport}
+node.id={node_id}
+controller.quorum.voters={voters}
 listeners={client}://{host}:{port},CONTROLLER://{host}:{cport}{links}
 advertised.listeners={client}://{host}:{port}{advertised}
 controller.listener.names=CONTROLLER
@@ -50,16 +61,27 @@ inter.broker.listener.name={client}
 log.dirs={data}
 num.partitions=1
 auto.create.topics.enable=false
-offsets.topic.replication.factor=1
+offsets.topic.replication.factor={rf}
 offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor={rf}
+transaction.state.log.min.isr={isr}
 transaction.state.log.num.partitions=4
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor={rf}
+share.coordinator.state.topic.min.isr={isr}
 group.initial.rebalance.delay.ms=0
 transaction.max.timeout.ms=900000
 log.retention.hours=168
+"""
+
+#: what a cluster adds: topics created without a replication factor (Kafka's own, a
+#: client's) are kept as shorelink's are (3, acknowledged by 2). A killed node is fenced
+#: (its partitions' leadership moves) after 4 s without a heartbeat, not Kafka's 9 s: a
+#: local stack has no network pauses to ride out, and its tests wait less.
+CLUSTER_PROPERTIES = """\
+default.replication.factor={rf}
+min.insync.replicas={isr}
+broker.heartbeat.interval.ms=1000
+broker.session.timeout.ms=4000
 """
 
 
@@ -122,12 +144,18 @@ class LinkListener:
 
 @dataclass
 class KafkaBroker:
+    """One running node: the whole of a one-node site, or one of a cluster's
+    (``node_id``). ``restart`` starts it again from its storage (after a kill)."""
+
     site: str
     port: int
     controller_port: int
     proc: Proc
     links: dict[str, LinkListener] = field(default_factory=dict)
     security: BrokerSecurity | None = None
+    node_id: int = 1
+    #: the command line it was started with (``restart`` runs it again)
+    argv: list[str] = field(default_factory=list, repr=False)
 
     @property
     def bootstrap(self) -> str:
@@ -150,6 +178,60 @@ class KafkaBroker:
         except KafkaException:
             return False
         return True
+
+    def restart(self, *, wait: bool = True, timeout: float = 120) -> None:
+        """Start the node again from its storage, on the same ports (it must have
+        stopped: killed, or stopped by pid)."""
+        if self.proc.alive():
+            raise StackError(f"{self.proc.name} is still running (pid {self.proc.pid})")
+        if not self.argv:
+            raise StackError(f"{self.proc.name}: no command line to restart it with")
+        self.proc = Proc.start(self.proc.name, self.argv, self.proc.log)
+        if wait:
+            self.proc.wait_ready(self.ready, timeout=timeout)
+
+
+@dataclass
+class KafkaCluster:
+    """A site's Kafka as a data centre runs it: ``nodes`` (each broker and controller);
+    clients bootstrap at all of them (:attr:`bootstrap`), so any one may be down."""
+
+    site: str
+    nodes: list[KafkaBroker]
+    security: BrokerSecurity | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(n.bootstrap for n in self.nodes)
+
+    @property
+    def admin(self) -> KafkaAuth:
+        """How a super user connects (nothing for a plain cluster)."""
+        return self.security.admin_auth() if self.security else KafkaAuth()
+
+    @property
+    def procs(self) -> list[Proc]:
+        return [n.proc for n in self.nodes]
+
+    def node(self, node_id: int) -> KafkaBroker:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        raise StackError(f"kafka:{self.site} has no node {node_id}")
+
+    def metadata(self, timeout: float = 5) -> ClusterMetadata:
+        """The cluster's metadata (brokers alive, each partition's leader and ISR)."""
+        return AdminClient(client_config(self.bootstrap, self.admin)).list_topics(timeout=timeout)
+
+    def ready(self) -> bool:
+        """Every node is up and registered with the controller (unfenced)."""
+        if not all(port_open(HOST, n.port) for n in self.nodes):
+            return False
+        try:
+            brokers = set(self.metadata(timeout=2).brokers)
+        except KafkaException:
+            return False
+        return {n.node_id for n in self.nodes} <= brokers
 
 
 def link_listener_properties(
@@ -186,6 +268,109 @@ def _java_argv(
     ]
 
 
+@dataclass(frozen=True)
+class _Node:
+    """What one node's server.properties says about it and its quorum."""
+
+    node_id: int
+    port: int
+    cport: int
+    voters: str
+    replication: tuple[int, int] = (1, 1)  # internal topics' factor and min ISR
+    cluster: bool = False
+
+
+def _write_properties(
+    site: str,
+    root: Path,
+    node: _Node,
+    links: dict[str, LinkListener],
+    security: BrokerSecurity | None,
+    properties: dict[str, str] | None,
+) -> Path:
+    """``root/server.properties`` of ``node`` (data under ``root/data``)."""
+    root.mkdir(parents=True, exist_ok=True)
+    props = root / "server.properties"
+    extra = "".join(f"{k}={v}\n" for k, v in (properties or {}).items())
+    client = "SASL_SSL" if security else "PLAINTEXT"
+    listeners = link_listener_properties(links, client)
+    secure = ""
+    if security is not None:
+        names = [client] + [ln.split("://")[0] for ln in listeners["links"].split(",")[1:]]
+        secure = _secure_properties(security, site, names)
+    rf, isr = node.replication
+    props.write_text(
+        SERVER_PROPERTIES.format(
+            host=HOST,
+            node_id=node.node_id,
+            voters=node.voters,
+            port=node.port,
+            cport=node.cport,
+            data=root / "data",
+            client=client,
+            controller="SSL" if security else "PLAINTEXT",
+            rf=rf,
+            isr=isr,
+            **listeners,
+        )
+        + (CLUSTER_PROPERTIES.format(rf=rf, isr=isr) if node.cluster else "")
+        + secure
+        + extra
+    )
+    return props
+
+
+def _stored_cluster_id(root: Path) -> str | None:
+    """The cluster id a node's storage was formatted with (None: not formatted)."""
+    try:
+        lines = (root / "data" / "meta.properties").read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    return next((ln.split("=", 1)[1] for ln in lines if ln.startswith("cluster.id=")), None)
+
+
+def _new_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _start_format(
+    name: str, props: Path, cluster_id: str, security: BrokerSecurity | None, logs: Path
+) -> Proc:
+    """Start formatting a node's storage with ``cluster_id`` (the super user's SCRAM
+    credentials written in, when secure); :func:`_formatted` waits for it."""
+    return Proc.start(
+        f"kafka-format:{name}",
+        _java_argv(
+            "kafka.tools.StorageTool",
+            "format",
+            # "=" form: a random id may start with "-", which a separate argument
+            # would turn into an (unknown) option
+            f"--cluster-id={cluster_id}",
+            "-c",
+            str(props),
+            *(
+                (
+                    "--add-scram",
+                    f"SCRAM-SHA-512=[name={security.admin_user},"
+                    f"password={security.admin_password}]",
+                )
+                if security
+                else ()
+            ),
+            logs=logs,
+            heap="256m",
+        ),
+        logs / "format.out",
+    )
+
+
+def _formatted(fmt: Proc) -> None:
+    assert fmt.popen is not None
+    if fmt.popen.wait(timeout=120) != 0:
+        name = fmt.name.removeprefix("kafka-format:")
+        raise StackError(f"kafka:{name}: storage format failed; see {fmt.log}:\n{fmt.tail()}")
+
+
 def start_kafka(
     site: str,
     root: Path,
@@ -213,66 +398,76 @@ def start_kafka(
     fresh = [p for p in free_ports(len(taken) + 2, HOST) if p not in taken]
     port = port or fresh[0]
     cport = controller_port or fresh[1]
-    data = root / "data"
-    root.mkdir(parents=True, exist_ok=True)
-    props = root / "server.properties"
-    extra = "".join(f"{k}={v}\n" for k, v in (properties or {}).items())
-    client = "SASL_SSL" if security else "PLAINTEXT"
-    listeners = link_listener_properties(links or {}, client)
-    secure = ""
-    if security is not None:
-        names = [client] + [ln.split("://")[0] for ln in listeners["links"].split(",")[1:]]
-        secure = _secure_properties(security, site, names)
-    props.write_text(
-        SERVER_PROPERTIES.format(
-            host=HOST,
-            port=port,
-            cport=cport,
-            data=data,
-            client=client,
-            controller="SSL" if security else "PLAINTEXT",
-            **listeners,
-        )
-        + secure
-        + extra
-    )
+    node = _Node(1, port, cport, f"1@{HOST}:{cport}")
+    props = _write_properties(site, root, node, links or {}, security, properties)
     site_logs = logs / f"kafka-{site}"
     site_logs.mkdir(parents=True, exist_ok=True)
-    if not (data / "meta.properties").exists():
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        fmt = Proc.start(
-            f"kafka-format:{site}",
-            _java_argv(
-                "kafka.tools.StorageTool",
-                "format",
-                # "=" form: a random id may start with "-", which a separate argument
-                # would turn into an (unknown) option
-                f"--cluster-id={cluster_id}",
-                "-c",
-                str(props),
-                *(
-                    (
-                        "--add-scram",
-                        f"SCRAM-SHA-512=[name={security.admin_user},"
-                        f"password={security.admin_password}]",
-                    )
-                    if security
-                    else ()
-                ),
-                logs=site_logs,
-                heap="256m",
-            ),
-            site_logs / "format.out",
-        )
-        assert fmt.popen is not None
-        if fmt.popen.wait(timeout=120) != 0:
-            raise StackError(f"kafka:{site}: storage format failed; see {fmt.log}:\n{fmt.tail()}")
-    proc = Proc.start(
-        f"kafka:{site}",
-        _java_argv("kafka.Kafka", str(props), logs=site_logs, heap=heap, jvm_opts=jvm_opts),
-        site_logs / "stdout.log",
-    )
-    broker = KafkaBroker(site, port, cport, proc, dict(links or {}), security)
+    if _stored_cluster_id(root) is None:
+        _formatted(_start_format(site, props, _new_cluster_id(), security, site_logs))
+    argv = _java_argv("kafka.Kafka", str(props), logs=site_logs, heap=heap, jvm_opts=jvm_opts)
+    proc = Proc.start(f"kafka:{site}", argv, site_logs / "stdout.log")
+    broker = KafkaBroker(site, port, cport, proc, dict(links or {}), security, 1, argv)
     if wait:
         proc.wait_ready(broker.ready, timeout=90)
     return broker
+
+
+def start_kafka_cluster(
+    site: str,
+    root: Path,
+    logs: Path,
+    *,
+    nodes: int = 3,
+    heap: str = "512m",
+    wait: bool = True,
+    properties: dict[str, str] | None = None,
+    jvm_opts: tuple[str, ...] = (),
+    security: BrokerSecurity | None = None,
+) -> KafkaCluster:
+    """Format (first time only) and start ``site`` as a KRaft cluster of ``nodes``
+    nodes under ``root/node-<id>`` (each broker and controller, one quorum of all of
+    them, one cluster id), logs under ``logs/kafka-<site>-<id>``; the rest as
+    :func:`start_kafka`. Topics are kept ``min(3, nodes)`` times, acknowledged by
+    ``min(2, nodes)`` (:data:`CLUSTER_PROPERTIES`)."""
+    if nodes < 1:
+        raise StackError(f"kafka:{site}: a cluster needs at least one node, not {nodes}")
+    ports = free_ports(2 * nodes, HOST)
+    ids = list(range(1, nodes + 1))
+    cports = dict(zip(ids, ports[nodes:], strict=True))
+    voters = ",".join(f"{i}@{HOST}:{cports[i]}" for i in ids)
+    rf = min(3, nodes)
+    replication = (rf, min(2, rf))
+    roots = {i: root / f"node-{i}" for i in ids}
+    stored = {cid for r in roots.values() if (cid := _stored_cluster_id(r)) is not None}
+    if len(stored) > 1:
+        raise StackError(f"kafka:{site}: nodes under {root} belong to different clusters")
+    cluster_id = stored.pop() if stored else _new_cluster_id()
+    started: list[KafkaBroker] = []
+    try:
+        # each node's JVMs at once (format, then the node): a JVM starts slowly
+        props, node_logs, formats = {}, {}, []
+        for i, port in zip(ids, ports, strict=False):
+            node = _Node(i, port, cports[i], voters, replication, cluster=True)
+            props[i] = _write_properties(site, roots[i], node, {}, security, properties)
+            node_logs[i] = logs / f"kafka-{site}-{i}"
+            node_logs[i].mkdir(parents=True, exist_ok=True)
+            if _stored_cluster_id(roots[i]) is None:
+                formats.append(
+                    _start_format(f"{site}/{i}", props[i], cluster_id, security, node_logs[i])
+                )
+        for fmt in formats:
+            _formatted(fmt)
+        for i, port in zip(ids, ports, strict=False):
+            argv = _java_argv(
+                "kafka.Kafka", str(props[i]), logs=node_logs[i], heap=heap, jvm_opts=jvm_opts
+            )
+            proc = Proc.start(f"kafka:{site}/{i}", argv, node_logs[i] / "stdout.log")
+            started.append(KafkaBroker(site, port, cports[i], proc, {}, security, i, argv))
+        cluster = KafkaCluster(site, started, security)
+        if wait:
+            for n in started:
+                n.proc.wait_ready(cluster.ready, timeout=120)
+    except BaseException:
+        stop_procs([n.proc for n in started], grace=5)
+        raise
+    return cluster

@@ -1,6 +1,11 @@
 """The local stack: one Kafka per site, one Mosquitto per ship, one toxiproxy with a proxy
 per ship->site link, all on loopback, described by ``DIR/stack.json``.
 
+A site's Kafka is one node, or with ``brokers=3`` (``stack up --brokers 3``) a KRaft
+cluster of three as a data centre runs it (local_stack/kafka.py
+``start_kafka_cluster``): the site's ``kafka`` in stack.json then lists the three
+bootstrap addresses, and ``nodes`` each node's address, pid and log.
+
 Each Kafka runs as a site's does in production (local_stack/kafka.py): SASL/SCRAM over
 TLS with ACLs, its certificate from the CA made under ``DIR/tls/`` at the first ``up``,
 the super user's password in ``DIR/secrets.env`` (mode 0600; the same at every ``up`` of
@@ -22,7 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from local_stack.errors import StackError
-from local_stack.kafka import BrokerSecurity, start_kafka
+from local_stack.kafka import (
+    BrokerSecurity,
+    KafkaBroker,
+    KafkaCluster,
+    start_kafka,
+    start_kafka_cluster,
+)
 from local_stack.mosquitto import start_mosquitto
 from local_stack.process import Proc, free_port, pid_alive, port_open, stop_pids, stop_procs
 from local_stack.tls import make_authority
@@ -99,9 +110,15 @@ class StackInfo:
         }
 
     def components(self) -> list[Component]:
-        out = [
-            Component(f"kafka:{n}", s["pid"], s["log"], s["kafka"]) for n, s in self.sites.items()
-        ]
+        out: list[Component] = []
+        for n, s in self.sites.items():
+            if "nodes" in s:  # a cluster: each node on its own
+                out += [
+                    Component(f"kafka:{n}/{k['node']}", k["pid"], k["log"], k["kafka"])
+                    for k in s["nodes"]
+                ]
+            else:
+                out.append(Component(f"kafka:{n}", s["pid"], s["log"], s["kafka"]))
         out += [
             Component(f"mosquitto:{n}", s["pid"], s["log"], s["mqtt"])
             for n, s in self.ships.items()
@@ -163,8 +180,10 @@ def up(
     *,
     kafka_heap: str = "512m",
     secure: bool = True,
+    brokers: int = 1,
 ) -> StackInfo:
-    """Start every component, wait until each is ready, write ``stack.json``.
+    """Start every component, wait until each is ready, write ``stack.json``;
+    ``brokers``: nodes of each site's Kafka (more than one: a KRaft cluster).
 
     If anything fails, whatever was started is stopped again and the error names the
     component and its log file.
@@ -176,6 +195,8 @@ def up(
         )
     if not sites:
         raise StackError("at least one site is needed")
+    if brokers < 1:
+        raise StackError(f"brokers: at least one per site, not {brokers}")
     logs = dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -189,13 +210,26 @@ def up(
     started: list[Proc] = []
     try:
         # JVMs start slowly: launch every broker first, then wait for all of them.
-        brokers = []
+        kafkas: list[KafkaBroker | KafkaCluster] = []
         for site in sites:
-            b = start_kafka(
-                site, dir / "sites" / site, logs, wait=False, heap=kafka_heap, security=security
-            )
-            started.append(b.proc)
-            brokers.append(b)
+            k: KafkaBroker | KafkaCluster
+            if brokers > 1:
+                k = start_kafka_cluster(
+                    site,
+                    dir / "sites" / site,
+                    logs,
+                    nodes=brokers,
+                    wait=False,
+                    heap=kafka_heap,
+                    security=security,
+                )
+                started += k.procs
+            else:
+                k = start_kafka(
+                    site, dir / "sites" / site, logs, wait=False, heap=kafka_heap, security=security
+                )
+                started.append(k.proc)
+            kafkas.append(k)
         for ship in ships:
             m = start_mosquitto(ship, dir / "ships" / ship, logs)
             started.append(m.proc)
@@ -207,15 +241,10 @@ def up(
         tp = start_toxiproxy(logs)
         started.append(tp.proc)
         info.toxiproxy = {"api": tp.api, "pid": tp.proc.pid, "log": str(tp.proc.log)}
-        for b in brokers:
-            b.proc.wait_ready(b.ready, timeout=120)
-            info.sites[b.site] = {
-                "kafka": b.bootstrap,
-                "pid": b.proc.pid,
-                "log": str(logs / f"kafka-{b.site}" / "kafka.log"),
-                # where this site's gateway listens (reserved here; the stack does not start one)
-                "gateway": f"{HOST}:{free_port(HOST)}",
-            }
+        for k in kafkas:
+            info.sites[k.site] = _wait_kafka(k, logs)
+            # where this site's gateway listens (reserved here; the stack does not start one)
+            info.sites[k.site]["gateway"] = f"{HOST}:{free_port(HOST)}"
         client = tp.client()
         for ship in ships:
             for site in sites:
@@ -235,6 +264,29 @@ def up(
     info.started_s = time.monotonic() - t0
     info.save()
     return info
+
+
+def _wait_kafka(k: KafkaBroker | KafkaCluster, logs: Path) -> dict[str, Any]:
+    """Wait until a site's Kafka is ready; its entry in stack.json."""
+    if isinstance(k, KafkaBroker):
+        k.proc.wait_ready(k.ready, timeout=120)
+        return {
+            "kafka": k.bootstrap,
+            "pid": k.proc.pid,
+            "log": str(logs / f"kafka-{k.site}" / "kafka.log"),
+        }
+    for n in k.nodes:
+        n.proc.wait_ready(k.ready, timeout=180)
+    nodes = [
+        {
+            "node": n.node_id,
+            "kafka": n.bootstrap,
+            "pid": n.proc.pid,
+            "log": str(logs / f"kafka-{k.site}-{n.node_id}" / "kafka.log"),
+        }
+        for n in k.nodes
+    ]
+    return {"kafka": k.bootstrap, "nodes": nodes}
 
 
 def load(dir: Path) -> StackInfo:
