@@ -16,11 +16,21 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["OpsReader", "problems"]
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "OpsReader", "problems"]
 
 log = logging.getLogger(__name__)
 
 CHROMIUM = Path("/usr/bin/chromium")
+#: Debian's Chromium headless on a machine without the internet: no sandbox (root), no
+#: GPU, none of its own connections to Google's services
+CHROMIUM_ARGS = (
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+)
 
 
 class OpsReader:
@@ -82,14 +92,7 @@ class OpsReader:
             with sync_playwright() as p:
                 browser = p.chromium.launch(
                     executable_path=str(CHROMIUM),
-                    args=[
-                        "--no-sandbox",
-                        "--disable-gpu",
-                        "--disable-background-networking",
-                        "--disable-component-update",
-                        "--disable-sync",
-                        "--no-first-run",
-                    ],
+                    args=list(CHROMIUM_ARGS),
                 )
                 try:
                     ctx = browser.new_context(

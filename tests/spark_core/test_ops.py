@@ -38,6 +38,7 @@ from spark_core.ops.coast import PACKAGE, coastlines, parse_gshhs
 from tests.conftest import unique
 from tests.core_gateway.helpers import batch, run_gateway, wait_ready
 from tests.helpers import eventually, run_process
+from voyage.ops import CHROMIUM, CHROMIUM_ARGS
 
 SITE = "ops"
 STREAMS = ("alerts", "agent", "nav", "containers")
@@ -412,17 +413,7 @@ def test_the_page_in_a_real_browser(site: Site) -> None:
     ship = unique("borealis")
     site.status(lag_records=120)
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium",
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=list(CHROMIUM_ARGS))
         try:
             ctx = browser.new_context(
                 http_credentials={"username": STAFF[0], "password": STAFF[1]},
