@@ -39,7 +39,7 @@ from local_stack.tls import make_authority
 from local_stack.toxiproxy import Toxiproxy, start_toxiproxy
 from shorelink.config import Secret
 from shorelink.errors import ShorelinkError
-from shorelink.kafka_auth import KafkaAuth
+from shorelink.kafka.auth import KafkaAuth
 from shorelink.wire import WireRecord
 
 SITE = "tokyo"
@@ -309,7 +309,7 @@ class Stack:
         seqs distinct, missing, doubled, unexpected, and the seconds the read took."""
         t0 = time.monotonic()
         from shorelink.contract import H_ORIGIN, H_SEQ, ingress_topic
-        from shorelink.kafka_io import read_to_end
+        from shorelink.kafka.reading import read_to_end
 
         self.say(f"verify: reading {ingress_topic(STREAM)} to its end")
         counts: dict[str, Counter[int]] = {}

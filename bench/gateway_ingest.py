@@ -56,7 +56,7 @@ from _stack import (
 
 from local_stack.process import Proc
 from shorelink.errors import ShorelinkError
-from shorelink.kafka_auth import client_config
+from shorelink.kafka.auth import client_config
 from shorelink.wire import WireRecord
 
 BARE_TOPIC = "bench.bare.containers"
@@ -130,7 +130,7 @@ class Bench:
         return wire_records(ship, first, n, seed)
 
     def ingest(self, key: str) -> None:
-        from shorelink.topics import TopicSpec, ensure_topics
+        from shorelink.kafka.topics import TopicSpec, ensure_topics
         from shorelink.wire import Batch, encode_batch
 
         a = self.args

@@ -31,7 +31,7 @@ fixture), running the project's own merge (``spark_core.merge.Merger`` /
    identities, ``sl.ts`` header = produce time in ms) and a read_committed consumer
    process on ``sl.containers``: p50/p99 of (canonical record received - sl.ts) and of
    (canonical record CreateTime, i.e. when the merge produced it - sl.ts);
-5. exactly once: ``shorelink.audit.audit_site`` over ``sl.containers``: every identity
+5. exactly once: ``shorelink.kafka.audit.audit_site`` over ``sl.containers``: every identity
    produced is there once, no duplicates, no gaps.
 
     .venv/bin/python bench/merge.py --quick     # 100k records, ~2-3 minutes
@@ -68,13 +68,13 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from local_stack.kafka import BrokerSecurity, KafkaBroker, start_kafka
 from local_stack.process import Proc, stop_procs
 from local_stack.tls import make_authority
-from shorelink.audit import audit_site
+from shorelink.kafka.audit import audit_site
 from shorelink.config import Secret
 from shorelink.contract import H_TS, LEDGER_TOPIC, Record, canonical_topic, ingress_topic
 from shorelink.identity import Identity
-from shorelink.kafka_auth import KafkaAuth, client_config
-from shorelink.kafka_io import read_to_end
-from shorelink.topics import TopicSpec, ensure_topics
+from shorelink.kafka.auth import KafkaAuth, client_config
+from shorelink.kafka.reading import read_to_end
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 
 SITE = "benchport"
 STREAM = "containers"

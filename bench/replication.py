@@ -70,7 +70,7 @@ from local_stack.kafka import KafkaBroker, LinkListener, _java_argv, start_kafka
 from local_stack.process import Proc, free_ports
 from shorelink.contract import Record, ingress_topic
 from shorelink.identity import Identity
-from shorelink.topics import TopicSpec, ensure_topics
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 
 say = progress("replication")
 

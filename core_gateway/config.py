@@ -14,9 +14,9 @@ from pathlib import Path
 from shorelink.config import LOG_LEVELS, Section, key, read, read_key
 from shorelink.config import load_config as load_file
 from shorelink.errors import ConfigError
-from shorelink.kafka_auth import KafkaAuth
+from shorelink.kafka.auth import KafkaAuth
 from shorelink.tls import TlsFile, server_context
-from shorelink.topics import Durability
+from shorelink.kafka.topics import Durability
 from shorelink.wire import Limits
 
 __all__ = ["GatewayConfig", "load_config", "parse_config"]

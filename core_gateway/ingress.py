@@ -57,10 +57,10 @@ from core_gateway.config import GatewayConfig
 from core_gateway.errors import KafkaWriteError
 from core_gateway.holdings import Holdings, SourceHoldings
 from shorelink.contract import GATEWAY_CURSOR_TOPIC, contract_headers, ingress_topic
-from shorelink.kafka_io import Headers, read_to_end
+from shorelink.kafka.reading import Headers, read_to_end
 from shorelink.ledger import ledger_key
 from shorelink.ranges import RangeSet
-from shorelink.topics import ensure_topics, gateway_cursor_spec, ingress_spec, producer_config
+from shorelink.kafka.topics import ensure_topics, gateway_cursor_spec, ingress_spec, producer_config
 from shorelink.wire import WireRecord
 
 __all__ = ["MAX_GROUP_RECORDS", "IngressWriter", "Write"]

@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from core_gateway.holdings import Holdings
 from shorelink.contract import LEDGER_TOPIC
 from shorelink.errors import ContractError
-from shorelink.kafka_auth import KafkaAuth, client_config
+from shorelink.kafka.auth import KafkaAuth, client_config
 from shorelink.ledger import decode_entry
 from shorelink.logs import RateLimitedLog
 

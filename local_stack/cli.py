@@ -14,7 +14,7 @@ from local_stack import tools
 from local_stack.errors import StackError
 from local_stack.stack import Component
 from shorelink.cli_support import BOOTSTRAP_LOCATOR
-from shorelink.kafka_auth import KafkaAuth
+from shorelink.kafka.auth import KafkaAuth
 from shorelink.textout import table, wrap
 
 __all__ = ["audit_stack_option", "render_status", "stack", "stack_kafka"]

@@ -14,7 +14,7 @@ A cluster's nodes are each broker and controller (the quorum is the three of the
 times: ``default.replication.factor`` 3, ``min.insync.replicas`` 2, the same for the
 consumer offsets and the transaction state, so that one node killed loses nothing that
 was acknowledged (``acks=all``) and stops no write (two replicas remain in sync, two of
-three voters elect a controller). ``shorelink.topics.Durability`` gives the topics
+three voters elect a controller). ``shorelink.kafka.topics.Durability`` gives the topics
 shorelink creates the same 3 and 2 once it sees three brokers.
 """
 
@@ -33,7 +33,7 @@ from local_stack.process import Proc, free_ports, port_open, stop_procs
 from local_stack.tls import Authority
 from local_stack.tools import kafka_classpath, kafka_log4j_config
 from shorelink.config import Secret
-from shorelink.kafka_auth import KafkaAuth, client_config
+from shorelink.kafka.auth import KafkaAuth, client_config
 
 __all__ = [
     "BrokerSecurity",

@@ -40,7 +40,7 @@ from local_stack.tls import make_authority
 from local_stack.toxiproxy import Toxiproxy, start_toxiproxy
 from shorelink.config import Secret
 from shorelink.files import write_json_atomic
-from shorelink.kafka_auth import KafkaAuth
+from shorelink.kafka.auth import KafkaAuth
 
 __all__ = ["Component", "StackInfo", "down", "link_name", "load", "status", "up"]
 

@@ -28,9 +28,9 @@ from shorelink.errors import ShorelinkError
 from shorelink.textout import table, wrap
 
 if TYPE_CHECKING:
-    from shorelink.audit import SitesAudit, SourceAudit
-    from shorelink.kafka_auth import KafkaAuth
-    from shorelink.sites import SiteKafka
+    from shorelink.kafka.audit import SitesAudit, SourceAudit
+    from shorelink.kafka.auth import KafkaAuth
+    from shorelink.kafka.sites import SiteKafka
 
 __all__ = ["COMMANDS", "OPTIONS", "main", "render_audit", "render_sites_audit"]
 
@@ -84,7 +84,7 @@ def audit(
     With --all-sites --config sites.toml: compare the canonical topics of every site."""
     from confluent_kafka import KafkaException
 
-    from shorelink.audit import audit_site
+    from shorelink.kafka.audit import audit_site
 
     if all_sites:
         if config_path is None:
@@ -138,8 +138,8 @@ def audit(
 
 
 def _audit_all_sites(config_path: Path, streams: tuple[str, ...], as_json: bool) -> None:
-    from shorelink.audit import audit_sites
-    from shorelink.sites import load_sites
+    from shorelink.kafka.audit import audit_sites
+    from shorelink.kafka.sites import load_sites
 
     try:
         sites = load_sites(config_path)
@@ -213,7 +213,7 @@ def render_sites_audit(report: SitesAudit, width: int | None = None) -> list[str
 def _site_kafka(config_path: Path, site: str, stream: Iterable[str] = ()) -> SiteKafka:
     """``sites.<site>`` of the sites file (its Kafka and credentials), or exit 2
     saying why."""
-    from shorelink.sites import load_sites
+    from shorelink.kafka.sites import load_sites
 
     try:
         sites = load_sites(config_path)
@@ -296,8 +296,8 @@ def consume(
     topic/partition/offset), skipping what the position has seen (docs/consumers.md).
     Without --follow, stops at the end of the topics. Exits 2 on a bad position file,
     an unknown site or a Kafka that does not answer."""
-    from shorelink.consumer import PortableConsumer
-    from shorelink.position import FileStore
+    from shorelink.kafka.consumer import PortableConsumer
+    from shorelink.kafka.position import FileStore
 
     if (bootstrap is None) == (config_path is None):
         fail(click.UsageError("give one of --bootstrap HOST:PORT or --config sites.toml"))

@@ -51,7 +51,7 @@ from shorelink.contract import (
     canonical_topic,
 )
 from shorelink.errors import ShorelinkError
-from shorelink.kafka_auth import KafkaAuth, client_config
+from shorelink.kafka.auth import KafkaAuth, client_config
 from spark_core.config import SiteConfig, SitesConfig
 
 __all__ = [

@@ -14,8 +14,8 @@ from pathlib import Path
 from shorelink.config import LOG_LEVELS, Secret, Section, check_name_field, key, read, read_key
 from shorelink.config import load_config as load_file
 from shorelink.errors import ConfigError
-from shorelink.kafka_auth import KafkaAuth
-from shorelink.topics import Durability
+from shorelink.kafka.auth import KafkaAuth
+from shorelink.kafka.topics import Durability
 
 __all__ = [
     "AccessConfig",

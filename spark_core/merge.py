@@ -37,9 +37,9 @@ from shorelink.contract import (
     relay_topic,
 )
 from shorelink.files import write_json_atomic
-from shorelink.kafka_io import produce
+from shorelink.kafka.reading import produce
 from shorelink.ledger import encode_entry
-from shorelink.topics import TopicSpec, ensure_topics, producer_config
+from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from spark_core.config import SiteConfig, SitesConfig
 from spark_core.merge_batch import ArrowBatch, batch_frame, cyclic_gc_paused
 from spark_core.merge_state import (

@@ -33,8 +33,8 @@ from shorelink.contract import (
 )
 from shorelink.errors import ContractError, ShorelinkError
 from shorelink.identity import check_name
-from shorelink.kafka_auth import KafkaAuth
-from shorelink.kafka_io import read_to_end
+from shorelink.kafka.auth import KafkaAuth
+from shorelink.kafka.reading import read_to_end
 from shorelink.ledger import MAX_HOLDINGS_RANGES, decode_entry
 from shorelink.ranges import RangeSet
 

@@ -24,7 +24,7 @@ from functools import partial
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from shorelink.kafka_auth import KafkaAuth, client_config
+from shorelink.kafka.auth import KafkaAuth, client_config
 from shorelink.logs import RateLimitedLog
 from spark_core.merge_state import topic_stream
 

@@ -30,10 +30,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from shorelink.contract import H_ORIGIN, H_SEQ, H_STREAM, LEDGER_TOPIC, relay_topic
 from shorelink.errors import ContractError
 from shorelink.files import write_json_atomic
-from shorelink.kafka_auth import KafkaAuth, client_config
+from shorelink.kafka.auth import KafkaAuth, client_config
 from shorelink.ledger import decode_entry
 from shorelink.ranges import RangeSet
-from shorelink.topics import ensure_topics
+from shorelink.kafka.topics import ensure_topics
 from spark_core.config import SiteConfig
 from spark_core.progress import topic_lags
 from spark_core.routing import LinkState

@@ -35,9 +35,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient
 
 from shorelink.contract import LINKS_TOPIC
-from shorelink.kafka_auth import KafkaAuth, client_config
+from shorelink.kafka.auth import KafkaAuth, client_config
 from shorelink.logs import RateLimitedLog
-from shorelink.topics import TopicSpec, ensure_topics, producer_config
+from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from spark_core.config import SiteConfig, SitesConfig
 
 __all__ = ["Edge", "LinkState", "Report", "plan_routes"]

@@ -46,8 +46,8 @@ from shorelink.contract import (
     inbox_topic,
     relay_topic,
 )
-from shorelink.kafka_auth import KafkaAuth, client_config
-from shorelink.topics import (
+from shorelink.kafka.auth import KafkaAuth, client_config
+from shorelink.kafka.topics import (
     Durability,
     TopicError,
     TopicSpec,
@@ -368,7 +368,7 @@ def apply_topics(
 ) -> list[Change]:
     """Bring the cluster at ``bootstrap`` to ``specs``; return what was (with
     ``dry_run``: would be) changed, refused or failed, each failure in its change's
-    ``error`` (``strict``: see :func:`plan_changes`). Raises :class:`~shorelink.topics.TopicError` when the cluster cannot
+    ``error`` (``strict``: see :func:`plan_changes`). Raises :class:`~shorelink.kafka.topics.TopicError` when the cluster cannot
     be read at all."""
     brokers, existing = read_topics(bootstrap, [s.name for s in specs], timeout, auth)
     rf, isr = (durability or Durability()).resolve(brokers)

@@ -17,7 +17,7 @@ from confluent_kafka.admin import (
 
 from local_stack.kafka import KafkaBroker
 from shorelink.config import Secret
-from shorelink.kafka_auth import KafkaAuth, client_config
+from shorelink.kafka.auth import KafkaAuth, client_config
 from spark_core.access import apply_access, plan_access
 from spark_core.config import SitesConfig, parse_config
 

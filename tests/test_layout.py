@@ -83,6 +83,55 @@ def test_the_kernel_imports_nothing_above_it(module: str) -> None:
     assert not above, f"{module} imports {above}: the kernel must not depend on them"
 
 
+KAFKA_WING = "shorelink.kafka"
+#: what a ship runs: the edge agent and the part of the kernel it reaches
+SHIP = "edge_agent"
+
+
+def _reach(module: str) -> set[str]:
+    """Every project module ``module`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for target in GRAPH[todo.pop()]:
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def _in_wing(module: str) -> bool:
+    return module == KAFKA_WING or module.startswith(KAFKA_WING + ".")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _top(m) == SHIP))
+def test_the_ship_never_reaches_the_kafka_wing(module: str) -> None:
+    """A ship installs no Kafka client (pyproject's ``edge`` extra): nothing the edge
+    agent imports, however indirectly, may be in ``shorelink.kafka``."""
+    wing = sorted(m for m in _reach(module) if _in_wing(m))
+    assert not wing, f"{module} reaches {wing}: the ship must not need a Kafka client"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _top(m) == KERNEL))
+def test_only_the_kafka_wing_imports_a_kafka_client(module: str) -> None:
+    """The kernel's seam between ship-safe and shore is a folder: every kernel module
+    that imports confluent_kafka is in ``shorelink/kafka/``, and the ship-safe half
+    never imports the wing."""
+    tree = ast.parse(MODULES[module].read_text())
+    kafka_client = any(
+        (isinstance(n, ast.Import) and any(a.name.startswith("confluent_kafka") for a in n.names))
+        or (isinstance(n, ast.ImportFrom) and (n.module or "").startswith("confluent_kafka"))
+        for n in ast.walk(tree)
+    )
+    if _in_wing(module):
+        return
+    assert not kafka_client, f"{module} imports confluent_kafka outside shorelink/kafka/"
+    if module == "shorelink.cli":
+        return  # the kernel's command: its Kafka commands import the wing when run
+    wing = sorted(m for m in GRAPH[module] if _in_wing(m))
+    assert not wing, f"{module} (ship-safe) imports {wing}"
+
+
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if _top(m) in DEPLOYABLES))
 def test_the_deployables_never_import_each_other(module: str) -> None:
     others = sorted(m for m in GRAPH[module] if _top(m) in DEPLOYABLES and _top(m) != _top(module))

@@ -29,7 +29,7 @@ from local_stack.toxiproxy import Toxiproxy
 from shorelink.contract import LEDGER_TOPIC, MAX_RECORD_BYTES, record_bytes
 from shorelink.ledger import encode_entry
 from shorelink.ranges import RangeSet
-from shorelink.topics import TopicSpec, ensure_topics
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.merge import Merger, start_merge
 from tests.conftest import unique
 from tests.core_gateway.helpers import gateway_config, ingress_seqs, start_gateway

@@ -30,7 +30,7 @@ from shorelink.contract import (
     H_TS,
     canonical_topic,
 )
-from shorelink.kafka_auth import KafkaAuth, client_config
+from shorelink.kafka.auth import KafkaAuth, client_config
 from voyage.topology import STREAMS
 
 __all__ = ["Arrival", "EdgeSample", "SiteWatch", "edge_metrics", "query_level_with"]

@@ -31,7 +31,7 @@ from local_stack.stack import down
 from local_stack.stack import load as load_stack
 from shorelink.config import Secret
 from shorelink.contract import canonical_topic
-from shorelink.kafka_auth import KafkaAuth
+from shorelink.kafka.auth import KafkaAuth
 from voyage.customers import READER, CustomerReader
 from voyage.html import write_report
 from voyage.launch import Launched, launch

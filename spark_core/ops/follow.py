@@ -43,7 +43,7 @@ from shorelink.contract import (
     dead_topic,
 )
 from shorelink.errors import ContractError
-from shorelink.kafka_auth import KafkaAuth, client_config
+from shorelink.kafka.auth import KafkaAuth, client_config
 from shorelink.ledger import decode_entry
 from shorelink.logs import RateLimitedLog
 from shorelink.ranges import RangeSet

@@ -20,7 +20,7 @@ from core_gateway.config import GatewayConfig, parse_config
 from local_stack.kafka import KafkaBroker
 from local_stack.process import Proc, free_port
 from shorelink.contract import H_ORIGIN, H_SEQ, ingress_topic
-from shorelink.kafka_io import read_to_end
+from shorelink.kafka.reading import read_to_end
 from shorelink.wire import Batch, WireRecord, encode_batch
 from tests.conftest import unique
 from tests.helpers import eventually, run_process

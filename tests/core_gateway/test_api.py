@@ -14,10 +14,10 @@ from confluent_kafka import Producer
 from core_gateway.auth import Credentials
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import H_MQTT_TOPIC, H_SITE, H_STREAM, H_TS, LEDGER_TOPIC, ingress_topic
-from shorelink.kafka_io import read_to_end
+from shorelink.kafka.reading import read_to_end
 from shorelink.ledger import encode_entry
 from shorelink.ranges import RangeSet
-from shorelink.topics import TopicSpec, ensure_topics
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.wire import WireRecord
 from tests.conftest import unique
 from tests.core_gateway.helpers import (

@@ -15,7 +15,7 @@ import core_gateway.admission
 from core_gateway.auth import Credentials
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import GATEWAY_CURSOR_TOPIC
-from shorelink.kafka_io import read_to_end
+from shorelink.kafka.reading import read_to_end
 from shorelink.ledger import ledger_key
 from shorelink.wire import Batch, encode_batch
 from tests.conftest import unique

@@ -18,8 +18,8 @@ from core_gateway.service import GatewayService
 from local_stack.kafka import KafkaBroker
 from shorelink.config import Secret
 from shorelink.contract import H_ORIGIN, H_SEQ, ingress_topic
-from shorelink.kafka_auth import KafkaAuthError
-from shorelink.kafka_io import read_to_end
+from shorelink.kafka.auth import KafkaAuthError
+from shorelink.kafka.reading import read_to_end
 from tests.access_helpers import apply_secure_access, principal
 from tests.conftest import unique
 from tests.core_gateway.helpers import batch, gateway_config, start_gateway

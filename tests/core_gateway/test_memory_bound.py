@@ -29,7 +29,7 @@ from local_stack.process import free_port
 from shorelink.config import Secret
 from shorelink.contract import H_ORIGIN, H_SEQ, ingress_topic
 from shorelink.errors import ConfigError
-from shorelink.kafka_io import read_to_end
+from shorelink.kafka.reading import read_to_end
 from shorelink.ranges import RangeSet
 from shorelink.wire import Body, WireRecord, encode_body, frame_batch
 from tests.conftest import unique

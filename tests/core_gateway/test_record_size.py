@@ -14,7 +14,7 @@ import aiohttp
 from core_gateway.auth import Credentials
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import H_ORIGIN, MAX_RECORD_BYTES, ingress_topic
-from shorelink.kafka_io import read_to_end
+from shorelink.kafka.reading import read_to_end
 from shorelink.wire import Batch, WireRecord, encode_batch
 from tests.conftest import unique
 from tests.core_gateway.helpers import (

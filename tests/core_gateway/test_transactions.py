@@ -27,7 +27,7 @@ from core_gateway.service import GatewayService
 from local_stack.kafka import KafkaBroker
 from local_stack.process import free_port
 from shorelink.contract import GATEWAY_CURSOR_TOPIC, contract_headers, ingress_topic
-from shorelink.kafka_io import read_to_end
+from shorelink.kafka.reading import read_to_end
 from shorelink.ledger import ledger_key
 from shorelink.ranges import RangeSet
 from tests.conftest import unique

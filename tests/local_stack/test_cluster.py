@@ -35,9 +35,9 @@ from shorelink.contract import (
     canonical_topic,
     ingress_topic,
 )
-from shorelink.kafka_auth import client_config
-from shorelink.kafka_io import read_to_end
-from shorelink.topics import TopicSpec, ensure_topics
+from shorelink.kafka.auth import client_config
+from shorelink.kafka.reading import read_to_end
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.merge import Merger, start_merge
 from tests.conftest import unique
 from tests.core_gateway.helpers import batch, run_gateway, wait_ready
@@ -147,7 +147,7 @@ def test_gateway_topics_are_kept_three_times_and_acknowledged_by_two(
     cluster: KafkaCluster, tmp_path: Path
 ) -> None:
     """With three brokers the gateway's topics get what production wants without a
-    setting (shorelink/topics.py Durability): one lost broker loses no record."""
+    setting (shorelink/kafka/topics.py Durability): one lost broker loses no record."""
     port = free_port()
     cfg = _write_gateway_config(tmp_path, cluster, port)
     Credentials(tmp_path / "ships.json").add(unique("ship"))

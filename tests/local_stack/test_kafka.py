@@ -6,8 +6,8 @@ from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from local_stack.kafka import KafkaBroker
-from shorelink.kafka_io import read_to_end
-from shorelink.topics import TopicSpec, ensure_topics
+from shorelink.kafka.reading import read_to_end
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from tests.conftest import unique
 
 

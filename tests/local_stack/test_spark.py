@@ -11,7 +11,7 @@ from confluent_kafka import Producer
 
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import H_ORIGIN, H_SEQ
-from shorelink.topics import TopicSpec, ensure_topics
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from tests.conftest import unique
 
 pytestmark = pytest.mark.spark

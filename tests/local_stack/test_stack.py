@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 
 from local_stack.process import pid_alive, port_open
 from local_stack.stack import load
-from shorelink.kafka_auth import client_config
+from shorelink.kafka.auth import client_config
 
 CLI = [sys.executable, "-m", "shorelink.cli"]
 

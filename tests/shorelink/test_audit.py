@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import Record, canonical_topic
 from shorelink.identity import Identity
-from shorelink.topics import TopicSpec, ensure_topics
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from tests.conftest import unique
 
 

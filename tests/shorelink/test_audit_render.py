@@ -12,7 +12,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shorelink.audit import SitesAudit, SiteStreamAudit, SourceAudit
+from shorelink.kafka.audit import SitesAudit, SiteStreamAudit, SourceAudit
 from shorelink.cli import render_audit, render_sites_audit
 from shorelink.ranges import RangeSet
 

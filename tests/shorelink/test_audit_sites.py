@@ -14,10 +14,10 @@ import pytest
 from confluent_kafka import Producer
 
 from local_stack.kafka import KafkaBroker
-from shorelink.audit import audit_sites
+from shorelink.kafka.audit import audit_sites
 from shorelink.contract import Record, canonical_topic
 from shorelink.identity import Identity
-from shorelink.topics import TopicSpec, ensure_topics
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from tests.conftest import unique
 
 SITES = ("csg", "csy")

@@ -17,13 +17,13 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-import shorelink.consumer as consumer_mod
+import shorelink.kafka.consumer as consumer_mod
 from local_stack.kafka import KafkaBroker
-from shorelink.consumer import Consumed, ConsumerError, PortableConsumer
+from shorelink.kafka.consumer import Consumed, ConsumerError, PortableConsumer
 from shorelink.contract import Record, canonical_topic
 from shorelink.identity import Identity
-from shorelink.position import FileStore, KafkaStore, Position, PositionStore
-from shorelink.topics import TopicSpec, ensure_topics
+from shorelink.kafka.position import FileStore, KafkaStore, Position, PositionStore
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from tests.conftest import unique
 
 SITES = ("csg", "csy")
@@ -313,7 +313,7 @@ def test_the_consume_command_exits_2_with_a_message_when_it_cannot_start(
     stream = unique("cons")
     cfg = _sites_toml(tmp_path, sites, stream)
     bad = tmp_path / "bad.json"
-    bad.write_text('{"format": "shorelink.position/1", "sources": [{"origin": "x"}]}')
+    bad.write_text('{"format": "shorelink.kafka.position/1", "sources": [{"origin": "x"}]}')
     cases = [
         (("--site", "tokyo", "--stream", stream, "--config", cfg), "no site 'tokyo'"),
         (

@@ -171,7 +171,7 @@ def _columns(recs: tuple[WireRecord, ...]) -> tuple[list[str], list[bytes], list
 def test_every_topic_and_producer_takes_a_record_at_the_limit() -> None:
     """Kafka's own limits sit above the record limit at every hop (topics and producers
     are made through these two helpers only)."""
-    from shorelink.topics import TopicSpec, producer_config
+    from shorelink.kafka.topics import TopicSpec, producer_config
 
     cfg = TopicSpec("t").new_topic().config
     assert int(cfg["max.message.bytes"]) == KAFKA_MAX_MESSAGE_BYTES > MAX_RECORD_BYTES

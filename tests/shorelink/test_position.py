@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shorelink.identity import Identity
-from shorelink.position import FORMAT, FileStore, Position, PositionError
+from shorelink.kafka.position import FORMAT, FileStore, Position, PositionError
 
 ORIGINS = st.sampled_from(["bigblue", "redstar", "ship-3"])
 STREAMS = st.sampled_from(["alerts", "nav"])
@@ -85,7 +85,7 @@ def test_a_file_position_is_replaced_atomically_and_missing_means_empty(tmp_path
         (b"", "not JSON"),
         (b"\xff\xfe garbage", "not JSON"),
         (b"[1, 2]", "expected a JSON object"),
-        (b'{"format": "shorelink.position/999"}', "format"),
+        (b'{"format": "shorelink.kafka.position/999"}', "format"),
         (b'{"format": "%s", "sources": {}}' % FORMAT.encode(), "sources: expected a list"),
         (
             b'{"format": "%s", "sources": [{"origin": "A/B", "stream": "x", "seen": "1"}]}'

@@ -12,7 +12,7 @@ from local_stack.kafka import KafkaBroker
 from shorelink.config import Section
 from shorelink.contract import KAFKA_MAX_MESSAGE_BYTES
 from shorelink.errors import ConfigError
-from shorelink.topics import Durability, TopicError, TopicSpec, ensure_topics
+from shorelink.kafka.topics import Durability, TopicError, TopicSpec, ensure_topics
 from tests.conftest import unique
 
 

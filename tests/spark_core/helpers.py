@@ -11,10 +11,10 @@ from confluent_kafka import Producer
 
 from shorelink.contract import LEDGER_TOPIC, Record, canonical_topic, ingress_topic
 from shorelink.identity import Identity
-from shorelink.kafka_io import read_to_end
+from shorelink.kafka.reading import read_to_end
 from shorelink.ledger import decode_entry
 from shorelink.ranges import RangeSet
-from shorelink.topics import TopicSpec, ensure_topics
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.config import SiteConfig, parse_config
 from tests.conftest import unique
 

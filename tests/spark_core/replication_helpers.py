@@ -19,7 +19,7 @@ from local_stack.process import free_ports
 from local_stack.toxiproxy import Toxiproxy
 from shorelink.contract import Record, ingress_topic
 from shorelink.identity import Identity
-from shorelink.topics import TopicSpec, ensure_topics
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.config import SitesConfig, parse_config
 from spark_core.jobs.site import Supervisor, build_supervisor
 from tests.conftest import unique

@@ -23,8 +23,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from local_stack.kafka import KafkaBroker
 from shorelink.config import Secret
 from shorelink.contract import H_ORIGIN, H_SEQ, canonical_topic, ingress_topic
-from shorelink.kafka_auth import KafkaAuth, client_config
-from shorelink.kafka_io import read_to_end
+from shorelink.kafka.auth import KafkaAuth, client_config
+from shorelink.kafka.reading import read_to_end
 from spark_core.access import AccessPlan, apply_access, plan_access
 from spark_core.config import SitesConfig
 from spark_core.merge import Merger, start_merge

@@ -23,7 +23,7 @@ import pytest
 from local_stack.kafka import KafkaBroker
 from local_stack.process import Proc
 from shorelink.contract import Record, customer_topic
-from shorelink.kafka_io import read_to_end
+from shorelink.kafka.reading import read_to_end
 from spark_core.config import SiteConfig
 from spark_core.tables import table_path
 from tests.conftest import unique

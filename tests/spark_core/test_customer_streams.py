@@ -17,7 +17,7 @@ import pytest
 
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import Record, customer_topic
-from shorelink.kafka_io import read_to_end
+from shorelink.kafka.reading import read_to_end
 from spark_core.config import load_config
 from spark_core.merge import Merger, start_merge
 from tests.conftest import unique

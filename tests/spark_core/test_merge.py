@@ -21,10 +21,10 @@ from shorelink.contract import (
     dead_topic,
     ingress_topic,
 )
-from shorelink.kafka_io import read_to_end
+from shorelink.kafka.reading import read_to_end
 from shorelink.ledger import MAX_HOLDINGS_RANGES
 from shorelink.ranges import RangeSet
-from shorelink.topics import TopicSpec, ensure_topics, producer_config
+from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from spark_core.merge import Merger, SourceRow, plan_batch, start_merge
 from spark_core.merge_batch import ArrowBatch, batch_frame
 from spark_core.merge_state import DEAD_VALUE_MAX, Headers, MergeState

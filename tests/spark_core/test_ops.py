@@ -33,7 +33,7 @@ from shorelink.identity import Identity
 from shorelink.ledger import encode_entry
 from shorelink.ranges import RangeSet
 from shorelink.ship_report import REPORT_MQTT_TOPIC, ShipReport, encode_report
-from shorelink.topics import TopicSpec, ensure_topics
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.ops.coast import PACKAGE, coastlines, parse_gshhs
 from tests.conftest import unique
 from tests.core_gateway.helpers import batch, run_gateway, wait_ready

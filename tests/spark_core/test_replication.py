@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from local_stack.toxiproxy import ToxiproxyServer
-from shorelink.consumer import PortableConsumer
+from shorelink.kafka.consumer import PortableConsumer
 from shorelink.contract import Record
 from shorelink.identity import Identity
-from shorelink.position import FileStore
+from shorelink.kafka.position import FileStore
 from spark_core.status import read_status
 from tests.conftest import unique
 from tests.helpers import eventually, kill9, run_process
@@ -190,7 +190,7 @@ def test_a_ship_half_at_tokyo_half_at_sydney_hq_holds_the_stream_once_in_seq_ord
 
 def _by_partition(bootstrap: str, stream: str) -> list[tuple[int, Record]]:
     from shorelink.contract import canonical_topic
-    from shorelink.kafka_io import read_to_end
+    from shorelink.kafka.reading import read_to_end
 
     return [
         (m.partition() or 0, Record.from_kafka(m.key(), m.value(), m.headers()))

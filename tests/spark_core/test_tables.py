@@ -15,7 +15,7 @@ from pyais import encode_dict
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import Record
 from shorelink.identity import Identity
-from shorelink.topics import TopicSpec, ensure_topics
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.ais import WINDOW, NavRecord, assemble, decode_nav
 from spark_core.config import SiteConfig
 from spark_core.query import container_history, latest_positions

@@ -24,7 +24,7 @@ from shorelink.contract import (
     relay_topic,
 )
 from shorelink.errors import ConfigError
-from shorelink.topics import TopicSpec
+from shorelink.kafka.topics import TopicSpec
 from spark_core.cli import main
 from spark_core.config import SitesConfig, StreamPolicy, parse_config
 from spark_core.topics import (

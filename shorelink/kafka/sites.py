@@ -4,7 +4,7 @@ The sites file belongs to spark_core (``spark_core/config.py`` validates all of 
 the kernel's own commands (``shorelink consume``, ``shorelink audit --all-sites``) need
 only a few keys of each ``[sites.NAME]``: ``streams`` and, of its ``kafka`` table,
 ``bootstrap`` and the credentials (``username``, ``password``, ``ca_file``,
-``mechanism``: :class:`~shorelink.kafka_auth.KafkaAuth`). The kernel may not import
+``mechanism``: :class:`~shorelink.kafka.auth.KafkaAuth`). The kernel may not import
 spark_core (tests/test_layout.py), so this module reads just those, with the same
 ``${ENV}`` expansion and errors that name the field, and ignores every other key
 (spark_core's own check reports those). A customer's own file may hold only these: its
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from shorelink.config import Section, check_name_field, expand_env, load_toml, read
 from shorelink.errors import ConfigError
-from shorelink.kafka_auth import KafkaAuth
+from shorelink.kafka.auth import KafkaAuth
 
 __all__ = ["SiteKafka", "load_sites"]
 

@@ -30,9 +30,9 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from shorelink.errors import ContractError, ShorelinkError
 from shorelink.identity import Identity, check_name
-from shorelink.kafka_io import read_to_end
+from shorelink.kafka.reading import read_to_end
 from shorelink.ranges import RangeSet
-from shorelink.topics import TopicError, TopicSpec, ensure_topics, producer_config
+from shorelink.kafka.topics import TopicError, TopicSpec, ensure_topics, producer_config
 
 __all__ = [
     "FORMAT",
@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 #: the ``format`` field of a saved position; another value is refused, not guessed at
-FORMAT = "shorelink.position/1"
+FORMAT = "shorelink.kafka.position/1"
 #: a position file larger than this is refused (a position is a few ranges per source)
 MAX_POSITION_BYTES = 64 * 1024 * 1024
 #: compacted; key: a consumer's name, value: its position (:meth:`Position.to_json`).

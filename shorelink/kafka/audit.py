@@ -25,8 +25,8 @@ from confluent_kafka.admin import AdminClient
 
 from shorelink.contract import LEDGER_TOPIC, LINKS_TOPIC, Record, canonical_topic
 from shorelink.errors import ContractError, ShorelinkError
-from shorelink.kafka_auth import KafkaAuth, client_config
-from shorelink.kafka_io import read_to_end
+from shorelink.kafka.auth import KafkaAuth, client_config
+from shorelink.kafka.reading import read_to_end
 from shorelink.ranges import RangeSet
 
 __all__ = [

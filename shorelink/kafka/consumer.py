@@ -2,7 +2,7 @@
 
 :class:`PortableConsumer` reads ``sl.<stream>`` (``read_committed``, as the record
 contract asks) at one site and keeps its position as identities, ``(origin, stream) ->
-seqs seen`` (:class:`~shorelink.position.Position`), not as Kafka offsets. Identities
+seqs seen`` (:class:`~shorelink.kafka.position.Position`), not as Kafka offsets. Identities
 are the same at every site while offsets are not, so the same position resumes at any
 other site: what it holds is skipped, everything else is delivered (docs/consumers.md).
 
@@ -56,9 +56,9 @@ from confluent_kafka.admin import AdminClient
 from shorelink.contract import Record, canonical_topic, customer_topic
 from shorelink.errors import ContractError, ShorelinkError
 from shorelink.identity import Identity
-from shorelink.kafka_auth import KafkaAuth, client_config
+from shorelink.kafka.auth import KafkaAuth, client_config
 from shorelink.logs import RateLimitedLog
-from shorelink.position import Position, PositionStore
+from shorelink.kafka.position import Position, PositionStore
 
 __all__ = ["Consumed", "ConsumerError", "PortableConsumer"]
 

@@ -30,7 +30,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from shorelink.config import Section, key, read
 from shorelink.contract import GATEWAY_CURSOR_TOPIC, KAFKA_MAX_MESSAGE_BYTES, ingress_topic
 from shorelink.errors import ConfigError, ShorelinkError
-from shorelink.kafka_auth import AuthWatch, KafkaAuth, client_config
+from shorelink.kafka.auth import AuthWatch, KafkaAuth, client_config
 
 __all__ = [
     "Durability",

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from shorelink.kafka_auth import KafkaAuth, client_config
+from shorelink.kafka.auth import KafkaAuth, client_config
 
 __all__ = ["Headers", "produce", "read_to_end"]
 

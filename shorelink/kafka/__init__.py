@@ -1,0 +1,14 @@
+"""The kernel's Kafka wing: everything of the kernel that talks to a site's Kafka.
+
+The ship-safe half of the kernel (``shorelink/*.py``) never imports this package, and
+the edge agent never reaches it (tests/test_layout.py): a ship installs no Kafka client.
+Every kernel module that imports ``confluent_kafka`` lives here.
+
+- ``auth``: how a client proves who it is (SASL/SCRAM over TLS, or nothing);
+- ``topics``: creating topics on purpose, their durability and size limits;
+- ``reading``: reading topics to their end;
+- ``sites``: each site's Kafka and streams from the sites file;
+- ``audit``, ``consumer``, ``position``: the kernel's commands and a customer's reader.
+"""
+
+__all__ = ["audit", "auth", "consumer", "position", "reading", "sites", "topics"]
