@@ -3,13 +3,13 @@
 Everything comes from the registries this project may use: the Kafka broker and
 MirrorMaker 2 as jars from Maven Central (``deploy/kafka/pom.xml``), toxiproxy from the
 Go module proxy, Mosquitto from Debian, Spark's Kafka connector and Delta into an Ivy
-cache. Each install is idempotent: a marker file per pinned version makes a second run a
-no-op. ``SHORELINK_TOOLS`` moves the tools directory (default ``~/.cache/shorelink``).
+cache (by ``shorelink-spark install``). Each install is idempotent: a marker file per
+pinned version makes a second run a no-op. ``SHORELINK_TOOLS`` moves the tools directory
+(default ``~/.cache/shorelink``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 from local_stack.errors import StackError
-from spark_core.session import ivy_dir
 
 __all__ = [
     "KAFKA_VERSION",
@@ -137,22 +136,11 @@ def install_toxiproxy() -> None:
 
 def install_spark_packages() -> None:
     """Resolve the Spark Kafka connector and Delta into the Ivy cache once, so tests and
-    jobs start without touching the network."""
-    from spark_core.packages import SPARK_PACKAGES
-
-    digest = hashlib.sha256(",".join(SPARK_PACKAGES).encode()).hexdigest()[:12]
-    marker = ivy_dir() / f".resolved-{digest}"
-    if marker.exists():
-        _say("spark packages: present")
-        return
-    _say("spark packages: resolving " + ", ".join(SPARK_PACKAGES))
-    ivy_dir().mkdir(parents=True, exist_ok=True)
-    code = (
-        "from spark_core.session import local_session\n"
-        "s = local_session('shorelink-resolve', 'local[1]'); s.range(1).count(); s.stop()\n"
-    )
-    _run([sys.executable, "-c", code])
-    marker.write_text(",".join(SPARK_PACKAGES) + "\n")
+    jobs start without touching the network. The Spark application owns its packages and
+    their cache: the tooling runs its command (``shorelink-spark install``), never imports
+    it."""
+    _say("spark packages: shorelink-spark install")
+    _run([sys.executable, "-m", "spark_core.cli", "install"])
 
 
 def install_all() -> None:

@@ -105,6 +105,23 @@ def site_cmd(
     os.execve(argv[0], argv, env)
 
 
+@main.command("install")
+@click.option(
+    "--ivy-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Ivy cache to fill (default $SHORELINK_TOOLS/ivy).",
+)
+def install_cmd(ivy_dir: Path | None) -> None:
+    """Resolve the pinned Kafka connector and Delta into the Ivy cache once, so the site
+    application, queries and tests start without the network. Idempotent; `shorelink
+    stack install` runs it."""
+    target = ivy_dir or session.ivy_dir()
+    click.echo(f"spark packages: {', '.join(SPARK_PACKAGES)} in {target}", err=True)
+    resolved = session.resolve_packages(target)
+    click.echo("spark packages: " + ("resolved" if resolved else "present"), err=True)
+
+
 def _query_session(cfg: SitesConfig, ivy_dir: Path | None) -> Any:
     """An in-process local Spark session with Delta (the same pinned packages)."""
     return session.local_session(

@@ -4,7 +4,8 @@
 process; each needs the same pinned packages (``spark_core/packages.py``) resolved from
 the Ivy cache ``scripts/setup`` fills, so none of them spells the cache's place or the
 session's make-up again. The site application itself goes through ``spark-submit``
-(``spark_core/cli.py``), which takes :func:`ivy_dir` too.
+(``spark_core/cli.py``), which takes :func:`ivy_dir` too. :func:`resolve_packages` fills
+that cache once (``shorelink-spark install``, which ``shorelink stack install`` runs).
 
 Every streaming query of a site starts the same way too: :func:`trigger` (the site's
 trigger interval, or AvailableNow for catch-up runs) and :func:`scheduler_pool` (the
@@ -14,17 +15,18 @@ FAIR scheduler's pool its jobs run in: urgent streams apart from the rest).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_core.packages import spark_package_conf
+from spark_core.packages import SPARK_PACKAGES, spark_package_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["ivy_dir", "local_session", "scheduler_pool", "trigger"]
+__all__ = ["ivy_dir", "local_session", "resolve_packages", "scheduler_pool", "trigger"]
 
 
 def trigger(writer: Any, interval_s: float, available_now: bool) -> Any:
@@ -75,3 +77,23 @@ def local_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(log_level)
     return session
+
+
+def resolve_packages(ivy: Path | None = None) -> bool:
+    """Resolve the pinned packages into the Ivy cache ``ivy`` (default :func:`ivy_dir`)
+    once, so the site application, queries and tests start without the network. A marker
+    per set of packages makes a second call a no-op: True when this call resolved them,
+    False when they were there."""
+    ivy = ivy or ivy_dir()
+    digest = hashlib.sha256(",".join(SPARK_PACKAGES).encode()).hexdigest()[:12]
+    marker = ivy / f".resolved-{digest}"
+    if marker.exists():
+        return False
+    ivy.mkdir(parents=True, exist_ok=True)
+    spark = local_session("shorelink-resolve", "local[1]", ivy=ivy)
+    try:
+        spark.range(1).count()
+    finally:
+        spark.stop()
+    marker.write_text(",".join(SPARK_PACKAGES) + "\n")
+    return True

@@ -151,6 +151,16 @@ def test_the_voyage_runs_the_deployables_without_importing_them(module: str) -> 
     assert not wrong, f"{module} imports {wrong}"
 
 
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _top(m) == "local_stack"))
+def test_the_local_stack_starts_the_deployables_without_importing_them(module: str) -> None:
+    """The stack is development tooling under every test and the voyage: importing a
+    deployable would tie it to that deployable's dependencies and hide from its tests a
+    deployable that only works when imported. It runs their command lines
+    (``shorelink-spark install``)."""
+    wrong = sorted(m for m in GRAPH[module] if _top(m) not in (KERNEL, "local_stack"))
+    assert not wrong, f"{module} imports {wrong}: the local stack imports only the kernel"
+
+
 def test_the_import_graph_has_no_cycle() -> None:
     done: set[str] = set()
     path: list[str] = []
