@@ -11,6 +11,7 @@ __all__ = [
     "cli",
     "config",
     "customers",
+    "errors",
     "jobs",
     "merge",
     "merge_batch",

@@ -50,9 +50,9 @@ from shorelink.contract import (
     MARKER_TOPIC,
     canonical_topic,
 )
-from shorelink.errors import ShorelinkError
 from shorelink.kafka.auth import KafkaAuth, client_config
 from spark_core.config import SiteConfig, SitesConfig
+from spark_core.errors import SparkCoreError
 
 __all__ = [
     "CUSTOMER_PREFIX",
@@ -81,7 +81,7 @@ _READ = ("READ", "DESCRIBE")
 _OWN = ("READ", "WRITE", "CREATE", "DESCRIBE", "ALTER", "ALTER_CONFIGS", "DESCRIBE_CONFIGS")
 
 
-class AccessError(ShorelinkError):
+class AccessError(SparkCoreError):
     """The site's Kafka refused or failed an access change (or could not be reached)."""
 
 

@@ -31,12 +31,13 @@ from shorelink.contract import (
     marker_key,
     record_bytes,
 )
-from shorelink.errors import ContractError, ShorelinkError
+from shorelink.errors import ContractError
 from shorelink.identity import check_name
 from shorelink.kafka.auth import KafkaAuth
 from shorelink.kafka.reading import read_to_end
 from shorelink.ledger import MAX_HOLDINGS_RANGES, decode_entry
 from shorelink.ranges import RangeSet
+from spark_core.errors import SparkCoreError
 
 __all__ = [
     "BatchPlan",
@@ -53,7 +54,7 @@ Source = tuple[str, str]  # (origin, stream)
 TopicPart = tuple[str, int]  # (topic, partition)
 
 
-class MergeError(ShorelinkError):
+class MergeError(SparkCoreError):
     """The merge could not write a batch (nothing of it is visible), or is fenced."""
 
     retryable = True
