@@ -25,6 +25,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
+from shorelink.errors import ShorelinkError
+
 __all__ = ["MAX_BROKEN", "WorkerDied", "WorkerPool", "WorkersUnavailable"]
 
 log = logging.getLogger(__name__)
@@ -35,11 +37,13 @@ MAX_BROKEN = 3
 _T = TypeVar("_T")
 
 
-class WorkerDied(Exception):
+class WorkerDied(ShorelinkError):
     """The worker running the call died; the next call starts a new one."""
 
+    retryable = True
 
-class WorkersUnavailable(Exception):
+
+class WorkersUnavailable(ShorelinkError):
     """No worker process can be started here; ``workers`` is now 0 (use a thread)."""
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from shorelink.errors import ShorelinkError
+
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL = "shorelink"
 DEPLOYABLES = ("edge_agent", "core_gateway", "spark_core")
@@ -198,6 +200,32 @@ def test_every_package_says_its_public_names(package: str) -> None:
     assert public, f"{package}/__init__.py has no __all__"
     for name in public:
         assert hasattr(mod, name) or f"{package}.{name}" in MODULES, f"{package}.{name}"
+
+
+#: each package's root exception, under the kernel's (shorelink/errors.py)
+ROOTS = {
+    KERNEL: "shorelink.errors.ShorelinkError",
+    "edge_agent": "edge_agent.errors.EdgeError",
+    "core_gateway": "core_gateway.errors.GatewayError",
+    "spark_core": "spark_core.errors.SparkCoreError",
+    "local_stack": "local_stack.errors.StackError",
+}
+
+
+@pytest.mark.parametrize("package", sorted(ROOTS))
+def test_every_exception_is_under_its_package_root(package: str) -> None:
+    """One clause catches a package's failures (and ``ShorelinkError`` all of the
+    project's): an exception class beside the tree escapes the handler meant for it."""
+    root_module, _, root_name = ROOTS[package].rpartition(".")
+    root = getattr(importlib.import_module(root_module), root_name)
+    assert issubclass(root, ShorelinkError)
+    strays = []
+    for module in sorted(m for m in MODULES if _top(m) == package):
+        for name, obj in vars(importlib.import_module(module)).items():
+            is_exception = isinstance(obj, type) and issubclass(obj, BaseException)
+            if is_exception and obj.__module__ == module and not issubclass(obj, root):
+                strays.append(f"{module}.{name}")
+    assert not strays, f"{strays} are not under {ROOTS[package]}"
 
 
 @pytest.mark.parametrize("package", DEPLOYABLES)
