@@ -33,9 +33,10 @@ from edge_agent.config import LogConfig, StreamConfig
 from edge_agent.errors import LogError, LogFullError
 from edge_agent.linkstate import Links
 from edge_agent.migrations import migrate
+from edge_agent.numbering import StreamState
 from edge_agent.quarantine import Quarantine, Quarantined
 from edge_agent.redelivery import Redelivery
-from edge_agent.retention import Retention, StreamState
+from edge_agent.retention import Retention
 from edge_agent.segments import Segments
 from shorelink.ranges import RangeSet
 
@@ -262,7 +263,7 @@ class EdgeLog:
                     outcomes.append("rejected")
                     seqs.append(0)
                     continue
-                seq = ret.assign(m.stream, m.size)
+                seq = ret.admit(m.stream, m.size).mint()
                 rows.append((m.stream, seq, m.key, m.ts_ms, m.recv_ms, m.topic, m.payload, m.size))
                 outcomes.append("stored")
                 seqs.append(seq)
@@ -270,7 +271,7 @@ class EdgeLog:
                 stored = [m for m, o in zip(batch, outcomes, strict=True) if o == "stored"]
                 for m in derive(conn, stored) if stored else ():
                     if ret.make_room(m.stream, m.size, now_ms):
-                        seq = ret.assign(m.stream, m.size)
+                        seq = ret.admit(m.stream, m.size).mint()
                         rows.append(
                             (m.stream, seq, m.key, m.ts_ms, m.recv_ms, m.topic, m.payload, m.size)
                         )
@@ -334,10 +335,9 @@ class EdgeLog:
             )
             if plan is None:
                 return 0
-            moved = numbering.renumber(conn, stream, plan, site_last)
             ret = self._retention
             ret.begin()
-            ret.assign_from(stream, st.next_seq + plan.delta)
+            moved = numbering.renumber(conn, stream, ret.touch(stream), plan, site_last)
             ret.save()
             self._sent[stream] = site_last
         with self._lock:

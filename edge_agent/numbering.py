@@ -1,4 +1,11 @@
-"""Seqs a log never hands out twice: a log that starts again (re-flashed empty, restored
+"""Where a stream's seqs come from, and why a log never hands one out twice.
+
+A seq is minted here (:meth:`StreamState.mint`): each stream's counter ``next_seq`` gives
+the next record one past the last, in commit order, and is saved in the same transaction
+as the record it numbered, so a committed record's seq is never handed out again by this
+log. Only a renumbering (below) moves the counter otherwise.
+
+A log that starts again (re-flashed empty, restored
 from a backup, or short of its tail after a power cut with ``synchronous = normal``)
 would otherwise assign seqs that the shore already holds with other records, and a site
 would take the new records for old ones: never stored, then deleted by retention.
@@ -31,10 +38,39 @@ from dataclasses import dataclass
 
 from shorelink.ranges import RangeSet
 
-__all__ = ["Renumbering", "mark_open", "note_sent", "plan_renumber", "renumber", "sent_upto"]
+__all__ = [
+    "Renumbering",
+    "StreamState",
+    "mark_open",
+    "note_sent",
+    "plan_renumber",
+    "renumber",
+    "sent_upto",
+]
 
 _SENT = "sent_upto:"
 _FROM = "renumber_from:"
+
+
+@dataclass
+class StreamState:
+    """A stream's row in the log's ``streams`` table: its seq counter (``next_seq``, the
+    seq the next record gets) and the counts the disk budget keeps
+    (edge_agent/retention.py): records and bytes in the log, records dropped undelivered,
+    retired once delivered, rejected."""
+
+    next_seq: int = 1
+    count: int = 0
+    bytes: int = 0
+    dropped: int = 0
+    retired: int = 0
+    rejected: int = 0
+
+    def mint(self) -> int:
+        """The next record's seq: one past the last (gapless, in commit order)."""
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
 
 
 @dataclass(frozen=True)
@@ -87,11 +123,15 @@ def plan_renumber(
     return Renumbering(first, max(0, site_last + 1 - first))
 
 
-def renumber(conn: sqlite3.Connection, stream: str, r: Renumbering, site_last: int) -> int:
+def renumber(
+    conn: sqlite3.Connection, stream: str, st: StreamState, r: Renumbering, site_last: int
+) -> int:
     """Apply ``r`` inside the caller's transaction; return the records moved. Sealed
     segments from ``r.first`` on go (they hold the old seqs); every site's holdings are
     cut below ``r.first`` (what they said of those seqs was of the other numbering);
-    ``sent_upto`` becomes ``site_last`` (the seqs up to it are the shore's)."""
+    ``sent_upto`` becomes ``site_last`` (the seqs up to it are the shore's); the counter
+    ``st.next_seq`` moves by ``r.delta`` (the caller saves ``st``)."""
+    st.next_seq += r.delta
     moved = 0
     if r.delta:
         moved = conn.execute(

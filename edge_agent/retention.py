@@ -17,28 +17,18 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from edge_agent.config import NEVER_DROPPED, LogConfig, StreamConfig
+from edge_agent.numbering import StreamState
 from shorelink.logs import RateLimitedLog
 from shorelink.ranges import RangeSet
 
-__all__ = ["Retention", "StreamState"]
+__all__ = ["Retention"]
 
 log = logging.getLogger(__name__)
 _limited = RateLimitedLog(log)
 
 SCAN_CHUNK = 2000
-
-
-@dataclass
-class StreamState:
-    next_seq: int = 1
-    count: int = 0
-    bytes: int = 0
-    dropped: int = 0
-    retired: int = 0
-    rejected: int = 0
 
 
 class Retention:
@@ -83,17 +73,18 @@ class Retention:
         self._touched.add(stream)
         return self.state.setdefault(stream, StreamState())
 
-    def assign_from(self, stream: str, next_seq: int) -> None:
-        """New records of ``stream`` get seqs from ``next_seq`` on (a renumbering)."""
-        self._st(stream).next_seq = next_seq
+    def touch(self, stream: str) -> StreamState:
+        """``stream``'s state, saved with this transaction (:meth:`save`)."""
+        return self._st(stream)
 
-    def assign(self, stream: str, size: int) -> int:
+    def admit(self, stream: str, size: int) -> StreamState:
+        """Count a record of ``size`` bytes into ``stream`` (room made already: see
+        :meth:`make_room`); returns the stream's state, whose counter numbers it
+        (edge_agent/numbering.py)."""
         st = self._st(stream)
-        seq = st.next_seq
-        st.next_seq += 1
         st.count += 1
         st.bytes += size
-        return seq
+        return st
 
     # -- budget --------------------------------------------------------------------------
     def make_room(self, stream: str, size: int, now_ms: int) -> bool:
