@@ -16,13 +16,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import secrets
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from core_gateway.errors import GatewayError
+from shorelink.files import write_json_atomic
 from shorelink.identity import check_name
 
 __all__ = ["Credentials", "ShipCredential", "hash_token"]
@@ -158,14 +158,7 @@ class Credentials:
                 for c in self.list()
             }
         }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(self.path)
+        write_json_atomic(self.path, data, indent=2, mode=0o600)
         self.reload()
 
 

@@ -1,8 +1,10 @@
 """Files replaced whole: a reader sees the old content or the new, never half of it.
 
-Status files, positions and ``stack.json`` are read by other processes while their
-writer runs and must survive a crash mid-write, so each is written to a temporary name,
-fsynced, then renamed over the old one (one place, so no writer forgets the fsync).
+Status files, positions, the gateway's ship credentials, the stack's certificates and
+``stack.json`` are read by other processes while their writer runs and must survive a
+crash mid-write, so each is written to a temporary name, fsynced, renamed over the old
+one, and the directory fsynced so the rename itself survives a power cut (one place, so
+no writer forgets a step).
 """
 
 from __future__ import annotations
@@ -12,7 +14,26 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_json_atomic"]
+__all__ = ["write_atomic", "write_json_atomic"]
+
+
+def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o666) -> None:
+    """Replace ``path`` with ``data`` (text as UTF-8): written to ``<name>.tmp``
+    (created with ``mode``, less the umask), fsynced, renamed over ``path``, then the
+    directory fsynced. A crash leaves the old file or the new one."""
+    raw = data.encode() if isinstance(data, str) else data
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(raw)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def write_json_atomic(
@@ -22,16 +43,13 @@ def write_json_atomic(
     indent: int | None = None,
     sort_keys: bool = False,
     newline: bool = False,
+    mode: int = 0o666,
 ) -> None:
-    """Write ``obj`` as JSON to ``path`` via ``<name>.tmp``, fsynced, then renamed.
+    """Write ``obj`` as JSON to ``path`` as :func:`write_atomic` does (its directory
+    made if missing).
 
     The JSON is encoded before anything is written, so an object that cannot be
     serialised leaves the old file (and no temporary file) behind."""
     text = json.dumps(obj, indent=indent, sort_keys=sort_keys) + ("\n" if newline else "")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, text, mode=mode)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +15,8 @@ from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from shorelink.files import write_atomic
 
 __all__ = ["render_html", "write_report"]
 
@@ -509,10 +510,5 @@ def render_html(report: dict[str, Any]) -> str:
 def write_report(report: dict[str, Any], dir: Path) -> Path:
     """Write ``dir/report.html`` atomically; return its path."""
     path = dir / "report.html"
-    tmp = path.with_suffix(".html.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(render_html(report))
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    write_atomic(path, render_html(report))
     return path
