@@ -21,7 +21,6 @@ compacted :data:`POSITIONS_TOPIC` of one site's Kafka).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,6 +28,7 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from shorelink.errors import ContractError, ShorelinkError
+from shorelink.files import write_atomic
 from shorelink.identity import Identity, check_name
 from shorelink.kafka.reading import read_to_end
 from shorelink.ranges import RangeSet
@@ -248,18 +248,8 @@ class FileStore:
             raise PositionError(f"{self.path}: not a shorelink position: {exc}") from None
 
     def save(self, position: Position) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
         try:
-            with open(tmp, "wb") as f:
-                f.write(position.dumps())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-            fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            write_atomic(self.path, position.dumps())
         except OSError as exc:
             raise PositionError(f"{self.path}: cannot save: {exc}", retryable=True) from exc
 
