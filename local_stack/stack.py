@@ -19,7 +19,6 @@ benchmarks, so all of them run the same real components the same way.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from local_stack.process import Proc, free_port, pid_alive, port_open, stop_pids
 from local_stack.tls import make_authority
 from local_stack.toxiproxy import Toxiproxy, start_toxiproxy
 from shorelink.config import Secret
-from shorelink.files import write_json_atomic
+from shorelink.files import write_atomic, write_json_atomic
 from shorelink.kafka.auth import KafkaAuth
 
 __all__ = ["Component", "StackInfo", "down", "link_name", "load", "status", "up"]
@@ -159,9 +158,8 @@ def read_secrets(dir: Path) -> dict[str, str]:
 def write_secrets(dir: Path, values: dict[str, str]) -> None:
     """Add ``values`` to ``DIR/secrets.env`` (mode 0600)."""
     merged = {**read_secrets(dir), **values}
-    fd = os.open(dir / SECRETS_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.writelines(f"{k}={v}\n" for k, v in sorted(merged.items()))
+    text = "".join(f"{k}={v}\n" for k, v in sorted(merged.items()))
+    write_atomic(dir / SECRETS_FILE, text, mode=0o600)
 
 
 def broker_security(dir: Path) -> BrokerSecurity:
