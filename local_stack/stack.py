@@ -36,7 +36,7 @@ from local_stack.kafka import (
 from local_stack.mosquitto import start_mosquitto
 from local_stack.process import Proc, free_port, pid_alive, port_open, stop_pids, stop_procs
 from local_stack.tls import make_authority
-from local_stack.toxiproxy import Toxiproxy, start_toxiproxy
+from local_stack.toxiproxy import start_toxiproxy
 from shorelink.config import Secret
 from shorelink.files import write_atomic, write_json_atomic
 from shorelink.kafka.auth import KafkaAuth
@@ -130,9 +130,6 @@ class StackInfo:
             for n, p in self.processes.items()
         ]
         return out
-
-    def toxiproxy_client(self) -> Toxiproxy:
-        return Toxiproxy(self.toxiproxy["api"])
 
     def save(self) -> None:
         write_json_atomic(self.dir / STACK_FILE, self.to_json(), indent=2, newline=True)

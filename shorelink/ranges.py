@@ -117,14 +117,6 @@ class RangeSet:
                 his.append(hi)
         self._los, self._his = los, his
 
-    def remove_below(self, seq: int) -> None:
-        """Forget every seq below ``seq`` (used when retention trims the front)."""
-        while self._los and self._his[0] < seq:
-            del self._los[0]
-            del self._his[0]
-        if self._los and self._los[0] < seq:
-            self._los[0] = seq
-
     # -- queries ------------------------------------------------------------------------
     def __contains__(self, seq: object) -> bool:
         if not isinstance(seq, int):
