@@ -18,6 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import tomli_w
 
 from voyage.security import STAFF, env_var
 from voyage.topology import HQ, PORTS, SATELLITE, SITES, STREAMS, WIFI, neighbours
@@ -28,7 +31,9 @@ __all__ = [
     "Tls",
     "edge_config",
     "gateway_config",
+    "secret_ref",
     "sites_config",
+    "toml_file",
 ]
 
 
@@ -50,10 +55,6 @@ class ShipEndpoints:
     links: Mapping[str, str]  # site -> host:port of the proxy to that site's gateway
 
 
-def _toml_list(items: list[str] | tuple[str, ...]) -> str:
-    return "[" + ", ".join(f'"{x}"' for x in items) + "]"
-
-
 @dataclass(frozen=True)
 class Tls:
     """The voyage's CA, and a gateway's certificate and key."""
@@ -63,33 +64,46 @@ class Tls:
     key_file: Path | None = None
 
 
+def toml_file(header: str, doc: dict[str, Any]) -> str:
+    """``doc`` as TOML (every value quoted and escaped by tomli-w), after a comment."""
+    return f"# {header}\n\n" + tomli_w.dumps(doc)
+
+
+def secret_ref(*who: str) -> str:
+    """A password as the file names it: ``${SL_...}``, expanded at load."""
+    return "${" + env_var(*who) + "}"
+
+
 def gateway_config(site: SiteEndpoints, credentials: Path, tls: Tls) -> str:
-    return f"""\
-# gateway of site {site.name} (written by `shorelink demo`; see deploy/gateway/gateway.toml)
-site = "{site.name}"
-log_level = "info"
-# one decoding process fewer: the voyage's batches are small
-decode_workers = 0
-credentials_file = "{credentials}"
-streams = {_toml_list(STREAMS)}
-
-[listen]
-host = "127.0.0.1"
-port = {site.gateway_port}
-tls_cert_file = "{tls.cert_file}"
-tls_key_file = "{tls.key_file}"
-# mutual TLS: each ship presents a certificate of the voyage's CA naming it, besides
-# its token (ships added with --require-client-cert)
-client_ca_file = "{tls.ca_file}"
-
-[kafka]
-bootstrap = "{site.kafka}"
-ingress_partitions = 1
-transactional_id = "shorelink-gateway-{site.name}"
-username = "gateway-{site.name}"
-password = "${{{env_var("gateway", site.name)}}}"
-ca_file = "{tls.ca_file}"
-"""
+    return toml_file(
+        f"gateway of site {site.name} (written by `shorelink demo`; see "
+        "deploy/gateway/gateway.toml)",
+        {
+            "site": site.name,
+            "log_level": "info",
+            # one decoding process fewer: the voyage's batches are small
+            "decode_workers": 0,
+            "credentials_file": str(credentials),
+            "streams": list(STREAMS),
+            "listen": {
+                "host": "127.0.0.1",
+                "port": site.gateway_port,
+                "tls_cert_file": str(tls.cert_file),
+                "tls_key_file": str(tls.key_file),
+                # mutual TLS: each ship presents a certificate of the voyage's CA naming
+                # it, besides its token (ships added with --require-client-cert)
+                "client_ca_file": str(tls.ca_file),
+            },
+            "kafka": {
+                "bootstrap": site.kafka,
+                "ingress_partitions": 1,
+                "transactional_id": f"shorelink-gateway-{site.name}",
+                "username": f"gateway-{site.name}",
+                "password": secret_ref("gateway", site.name),
+                "ca_file": str(tls.ca_file),
+            },
+        },
+    )
 
 
 def sites_config(
@@ -102,87 +116,66 @@ def sites_config(
 ) -> str:
     """All four sites in one file. Small partitions counts and one table site (HQ): four
     Spark applications share this machine's two cores."""
-    parts = [
-        f"""\
-# the voyage's four sites (written by `shorelink demo`; see deploy/spark/sites.toml)
-log_level = "info"
-# who owns which container when: HQ keeps the customers' streams (voyage/customers.py)
-customers_file = "{customers}"
-
-[spark]
-master = "local[2]"
-driver_memory = "{driver_memory}"
-
-[spark.conf]
-"spark.ui.enabled" = "false"
-"spark.sql.shuffle.partitions" = "1"
-
-[[staff]]
-username = "{STAFF}"
-password = "${{{env_var("staff", STAFF)}}}"
-"""
-    ]
-    for name in SITES:
-        s = sites[name]
-        topics = "".join(
-            f"\n[sites.{name}.topics.{stream}]\npartitions = 1\n" for stream in STREAMS
-        )
-        via = "".join(f'{n} = "{s.via[n]}"\n' for n in neighbours(name))
-        parts.append(
-            f"""
-[sites.{name}]
-streams = {_toml_list(STREAMS)}
-neighbours = {_toml_list(neighbours(name))}
-checkpoint_dir = "{root / name / "spark" / "checkpoints"}"
-table_dir = "{root / name / "spark" / "tables"}"
-trigger_interval = "2s"
-tables = {"true" if name == HQ else "false"}
-customer_topics = {"true" if name == HQ else "false"}
-
-[sites.{name}.kafka]
-bootstrap = "{s.kafka}"
-username = "spark-{name}"
-password = "${{{env_var("spark", name)}}}"
-ca_file = "{ca_file}"
-
-[sites.{name}.access]
-admin_password = "${{{env_var("kafka_admin")}}}"
-gateway_password = "${{{env_var("gateway", name)}}}"
-
-[sites.{name}.merge]
-canonical_partitions = 1
-max_offsets_per_trigger = 20000
-
-{_ops(s, ca_file)}
-[sites.{name}.replication]
-max_offsets_per_trigger = 20000
-probe_interval = "1s"
-probe_timeout = "2s"
-report_ttl = "6s"
-password = "${{{env_var("site", name)}}}"
-{topics}
-[sites.{name}.replication.via]
-{via}"""
-        )
-    return "".join(parts)
+    return toml_file(
+        "the voyage's four sites (written by `shorelink demo`; see deploy/spark/sites.toml)",
+        {
+            "log_level": "info",
+            # who owns which container when: HQ keeps the customers' streams
+            # (voyage/customers.py)
+            "customers_file": str(customers),
+            "spark": {
+                "master": "local[2]",
+                "driver_memory": driver_memory,
+                "conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1"},
+            },
+            "staff": [{"username": STAFF, "password": secret_ref("staff", STAFF)}],
+            "sites": {name: _site(root, sites[name], ca_file) for name in SITES},
+        },
+    )
 
 
-def _ops(site: SiteEndpoints, ca_file: Path) -> str:
-    if not site.ops_port:
-        return ""
-    return f"""
-[sites.{site.name}.ops]
-gateway = "https://127.0.0.1:{site.gateway_port}"
-gateway_ca_file = "{ca_file}"
-refresh = "1s"
-# the whole voyage's tracks on the map (positions are a small part of sl.nav: AIS of
-# other vessels is most of it)
-tail = 50000
-
-[sites.{site.name}.ops.listen]
-host = "127.0.0.1"
-port = {site.ops_port}
-"""
+def _site(root: Path, s: SiteEndpoints, ca_file: Path) -> dict[str, Any]:
+    name = s.name
+    site: dict[str, Any] = {
+        "streams": list(STREAMS),
+        "neighbours": list(neighbours(name)),
+        "checkpoint_dir": str(root / name / "spark" / "checkpoints"),
+        "table_dir": str(root / name / "spark" / "tables"),
+        "trigger_interval": "2s",
+        "tables": name == HQ,
+        "customer_topics": name == HQ,
+        "kafka": {
+            "bootstrap": s.kafka,
+            "username": f"spark-{name}",
+            "password": secret_ref("spark", name),
+            "ca_file": str(ca_file),
+        },
+        "access": {
+            "admin_password": secret_ref("kafka_admin"),
+            "gateway_password": secret_ref("gateway", name),
+        },
+        "merge": {"canonical_partitions": 1, "max_offsets_per_trigger": 20000},
+    }
+    if s.ops_port:
+        site["ops"] = {
+            "gateway": f"https://127.0.0.1:{s.gateway_port}",
+            "gateway_ca_file": str(ca_file),
+            "refresh": "1s",
+            # the whole voyage's tracks on the map (positions are a small part of sl.nav:
+            # AIS of other vessels is most of it)
+            "tail": 50000,
+            "listen": {"host": "127.0.0.1", "port": s.ops_port},
+        }
+    site["replication"] = {
+        "max_offsets_per_trigger": 20000,
+        "probe_interval": "1s",
+        "probe_timeout": "2s",
+        "report_ttl": "6s",
+        "password": secret_ref("site", name),
+        "via": {n: s.via[n] for n in neighbours(name)},
+    }
+    site["topics"] = {stream: {"partitions": 1} for stream in STREAMS}
+    return site
 
 
 def edge_config(
@@ -191,110 +184,100 @@ def edge_config(
     """The ship's agent: its Mosquitto, its log, port Wi-Fi to each port's gateway and
     the satellite to HQ, the streams, the mapping rules and the overboard alarm."""
     gateways = [
-        f'[[gateways]]\nsite = "{site}"\nurl = "https://{ship.links[site]}"\n'
-        f'link = "{SATELLITE if site == HQ else WIFI}"\nca_file = "{tls.ca_file}"\n'
-        f'client_cert_file = "{tls.cert_file}"\nclient_key_file = "{tls.key_file}"\n'
+        {
+            "site": site,
+            "url": f"https://{ship.links[site]}",
+            "link": SATELLITE if site == HQ else WIFI,
+            "ca_file": str(tls.ca_file),
+            "client_cert_file": str(tls.cert_file),
+            "client_key_file": str(tls.key_file),
+        }
         for site in (*PORTS, HQ)
     ]
-    return f"""\
-# edge agent of {ship.name} (written by `shorelink demo`; see deploy/edge/edge.toml)
-ship = "{ship.name}"
-log_level = "info"
-
-[mqtt]
-host = "127.0.0.1"
-port = {ship.mqtt_port}
-client_id = "shorelink-edge-{ship.name}"
-
-[log]
-path = "{root / "edge.db"}"
-group_commit = "5ms"
-max_bytes = "1GB"
-alerts_reserve_bytes = "50MB"
-
-[metrics]
-host = "127.0.0.1"
-port = {ship.metrics_port}
-
-[uplink]
-token = "{token}"
-interval = "2s"
-refresh = "20s"
-probe_timeout = "3s"
-retry_min = "100ms"
-retry_max = "3s"
-# one process per ship: the voyage's ships share two cores with four data centres
-encode_workers = 0
-seal_records = 0
-
-[links.{SATELLITE}]
-streams = ["alerts", "agent", "nav"]
-daily_budget_bytes = {satellite_budget}
-batch_max_records = 200
-batch_max_bytes = "32KiB"
-cost = 100
-timeout = "30s"
-in_flight = 1
-
-[links.{WIFI}]
-streams = ["*"]
-cost = 1
-timeout = "30s"
-in_flight = 3
-
-{chr(10).join(gateways)}
-[streams.alerts]
-priority = 0
-on_full = "reject"
-
-[streams.agent]
-priority = 5
-
-[streams.nav]
-priority = 10
-
-[streams.cargo]
-priority = 20
-
-[streams.containers]
-priority = 50
-
-# the ship's own state, for the operations page (edge_agent/report.py)
-[report]
-stream = "agent"
-interval = "10s"
-heartbeat = "1h"
-
-[[rules]]
-filter = "bigblue/+/containers/+/env"
-stream = "containers"
-key = "{{4}}"
-ts_field = "ts"
-
-[[rules]]
-filter = "bigblue/+/nav/position"
-stream = "nav"
-key = "position"
-ts_field = "ts"
-
-[[rules]]
-filter = "bigblue/+/nav/ais"
-stream = "nav"
-key = "ais"
-
-[[rules]]
-filter = "bigblue/+/cargo/manifest"
-stream = "cargo"
-key = "manifest"
-ts_field = "ts"
-
-# a container lost overboard: a shock over 10 g, then no reading of that container for
-# three hours of the readings' own time (other containers' readings go on)
-[[alarms]]
-name = "overboard"
-filter = "bigblue/+/containers/+/env"
-key = "{{4}}"
-field = "shock"
-above = 10.0
-silence = "3h"
-"""
+    return toml_file(
+        f"edge agent of {ship.name} (written by `shorelink demo`; see deploy/edge/edge.toml)",
+        {
+            "ship": ship.name,
+            "log_level": "info",
+            "mqtt": {
+                "host": "127.0.0.1",
+                "port": ship.mqtt_port,
+                "client_id": f"shorelink-edge-{ship.name}",
+            },
+            "log": {
+                "path": str(root / "edge.db"),
+                "group_commit": "5ms",
+                "max_bytes": "1GB",
+                "alerts_reserve_bytes": "50MB",
+            },
+            "metrics": {"host": "127.0.0.1", "port": ship.metrics_port},
+            "uplink": {
+                "token": token,
+                "interval": "2s",
+                "refresh": "20s",
+                "probe_timeout": "3s",
+                "retry_min": "100ms",
+                "retry_max": "3s",
+                # one process per ship: the voyage's ships share two cores with four
+                # data centres
+                "encode_workers": 0,
+                "seal_records": 0,
+            },
+            "links": {
+                SATELLITE: {
+                    "streams": ["alerts", "agent", "nav"],
+                    "daily_budget_bytes": satellite_budget,
+                    "batch_max_records": 200,
+                    "batch_max_bytes": "32KiB",
+                    "cost": 100,
+                    "timeout": "30s",
+                    "in_flight": 1,
+                },
+                WIFI: {"streams": ["*"], "cost": 1, "timeout": "30s", "in_flight": 3},
+            },
+            "gateways": gateways,
+            "streams": {
+                "alerts": {"priority": 0, "on_full": "reject"},
+                "agent": {"priority": 5},
+                "nav": {"priority": 10},
+                "cargo": {"priority": 20},
+                "containers": {"priority": 50},
+            },
+            # the ship's own state, for the operations page (edge_agent/report.py)
+            "report": {"stream": "agent", "interval": "10s", "heartbeat": "1h"},
+            "rules": [
+                {
+                    "filter": "bigblue/+/containers/+/env",
+                    "stream": "containers",
+                    "key": "{4}",
+                    "ts_field": "ts",
+                },
+                {
+                    "filter": "bigblue/+/nav/position",
+                    "stream": "nav",
+                    "key": "position",
+                    "ts_field": "ts",
+                },
+                {"filter": "bigblue/+/nav/ais", "stream": "nav", "key": "ais"},
+                {
+                    "filter": "bigblue/+/cargo/manifest",
+                    "stream": "cargo",
+                    "key": "manifest",
+                    "ts_field": "ts",
+                },
+            ],
+            # a container lost overboard: a shock over 10 g, then no reading of that
+            # container for three hours of the readings' own time (other containers'
+            # readings go on)
+            "alarms": [
+                {
+                    "name": "overboard",
+                    "filter": "bigblue/+/containers/+/env",
+                    "key": "{4}",
+                    "field": "shock",
+                    "above": 10.0,
+                    "silence": "3h",
+                }
+            ],
+        },
+    )

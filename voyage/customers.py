@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from local_stack.process import Proc
+from voyage.configs import secret_ref, toml_file
 from voyage.observe import Arrival, Ident
-from voyage.security import env_var
 from voyage.topology import HQ
 
 __all__ = [
@@ -50,30 +50,32 @@ STREAMS = ("containers", "alerts")
 
 
 def customers_config() -> str:
-    parts = [
-        "# the voyage's customers (written by `shorelink demo`; see deploy/spark/customers.toml)\n"
-    ]
-    for name, codes in CUSTOMERS.items():
-        parts.append(
-            f"\n[customers.{name}]\nowner_codes = {json.dumps(list(codes))}\n"
-            f"streams = {json.dumps(list(STREAMS))}\n"
-            f'password = "${{{env_var("customer", name)}}}"\n'
-        )
-    return "".join(parts)
+    customers = {
+        name: {
+            "owner_codes": list(codes),
+            "streams": list(STREAMS),
+            "password": secret_ref("customer", name),
+        }
+        for name, codes in CUSTOMERS.items()
+    }
+    return toml_file(
+        "the voyage's customers (written by `shorelink demo`; see deploy/spark/customers.toml)",
+        {"customers": customers},
+    )
 
 
 def client_config(name: str, hq_bootstrap: str, ca_file: Path) -> str:
     """The customer's own file: HQ's Kafka, its principal, its password as ``${ENV}``."""
-    return f"""\
-# {name}'s consumer of headquarters (docs/access-control.md, "A customer's consumer")
-[sites.{HQ}]
-streams = {json.dumps(list(STREAMS))}
-[sites.{HQ}.kafka]
-bootstrap = "{hq_bootstrap}"
-ca_file = "{ca_file}"
-username = "customer-{name}"
-password = "${{{env_var("customer", name)}}}"
-"""
+    kafka = {
+        "bootstrap": hq_bootstrap,
+        "ca_file": str(ca_file),
+        "username": f"customer-{name}",
+        "password": secret_ref("customer", name),
+    }
+    return toml_file(
+        f"{name}'s consumer of headquarters (docs/access-control.md, \"A customer's consumer\")",
+        {"sites": {HQ: {"streams": list(STREAMS), "kafka": kafka}}},
+    )
 
 
 def _consume(config: Path, customer: str, *extra: str) -> list[str]:
