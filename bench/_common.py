@@ -26,9 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from local_stack.process import Proc
 
 __all__ = [
-    "AGENT_METRICS_AND_STREAMS",
     "Metrics",
     "add_run_options",
+    "agent_metrics_and_streams",
     "bench_parser",
     "delta",
     "exit_on_signals",
@@ -46,22 +46,17 @@ __all__ = [
 ]
 
 
-#: the edge agent's metrics and streams, as every benchmark's agent config has them
-AGENT_METRICS_AND_STREAMS = """\
-[metrics]
-host = "127.0.0.1"
-port = {metrics_port}
-
-[streams.alerts]
-priority = 0
-on_full = "reject"
-
-[streams.nav]
-priority = 10
-
-[streams.containers]
-priority = 50
-"""
+def agent_metrics_and_streams(metrics_port: int) -> dict[str, Any]:
+    """The edge agent's metrics and streams, as every benchmark's agent config has them
+    (the config files are written with tomli-w)."""
+    return {
+        "metrics": {"host": "127.0.0.1", "port": metrics_port},
+        "streams": {
+            "alerts": {"priority": 0, "on_full": "reject"},
+            "nav": {"priority": 10},
+            "containers": {"priority": 50},
+        },
+    }
 
 
 def progress(name: str) -> Callable[[str], None]:

@@ -33,9 +33,10 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import tomli_w
 from _common import (
-    AGENT_METRICS_AND_STREAMS,
     add_run_options,
+    agent_metrics_and_streams,
     bench_parser,
     fill_defaults,
     progress,
@@ -55,48 +56,40 @@ CLK_TICK = 100  # /proc/<pid>/stat counts CPU in clock ticks (USER_HZ)
 def edge_toml(
     work: Path, mqtt_port: int, gw_url: str, token: str, budget: int, log_bytes: int
 ) -> str:
-    return f"""\
-ship = "{SHIP}"
-log_level = "warning"
-
-[mqtt]
-port = {mqtt_port}
-
-[log]
-path = "{work / "edge.db"}"
-max_bytes = {log_bytes}
-alerts_reserve_bytes = {log_bytes // 10}
-
-[uplink]
-token = "{token}"
-interval = "1s"
-retry_min = "100ms"
-retry_max = "2s"
-encode_workers = 0
-seal_records = 0
-
-[links.satellite]
-streams = ["alerts", "nav"]
-daily_budget_bytes = {budget}
-batch_max_records = 200
-batch_max_bytes = "16KiB"
-
-[[gateways]]
-site = "hq"
-url = "{gw_url}"
-link = "satellite"
-
-{AGENT_METRICS_AND_STREAMS.format(metrics_port=0)}
-[[rules]]
-filter = "{SHIP}/containers/+/env"
-stream = "containers"
-key = "{{3}}"
-
-[[rules]]
-filter = "{SHIP}/nav/position"
-stream = "nav"
-key = "position"
-"""
+    return tomli_w.dumps(
+        {
+            "ship": SHIP,
+            "log_level": "warning",
+            "mqtt": {"port": mqtt_port},
+            "log": {
+                "path": str(work / "edge.db"),
+                "max_bytes": log_bytes,
+                "alerts_reserve_bytes": log_bytes // 10,
+            },
+            "uplink": {
+                "token": token,
+                "interval": "1s",
+                "retry_min": "100ms",
+                "retry_max": "2s",
+                "encode_workers": 0,
+                "seal_records": 0,
+            },
+            "links": {
+                "satellite": {
+                    "streams": ["alerts", "nav"],
+                    "daily_budget_bytes": budget,
+                    "batch_max_records": 200,
+                    "batch_max_bytes": "16KiB",
+                }
+            },
+            "gateways": [{"site": "hq", "url": gw_url, "link": "satellite"}],
+            **agent_metrics_and_streams(0),
+            "rules": [
+                {"filter": f"{SHIP}/containers/+/env", "stream": "containers", "key": "{3}"},
+                {"filter": f"{SHIP}/nav/position", "stream": "nav", "key": "position"},
+            ],
+        }
+    )
 
 
 async def agent_role(config: Path, speed: float) -> None:

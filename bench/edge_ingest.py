@@ -41,10 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
+import tomli_w
 from _common import (
-    AGENT_METRICS_AND_STREAMS,
     Metrics,
     add_run_options,
+    agent_metrics_and_streams,
     bench_parser,
     fill_defaults,
     progress,
@@ -77,47 +78,42 @@ MAX_UNACKED = 20_000
 GOALS = {"ratio": 0.8, "p99_ms": 25.0, "rss_mb": 80.0, "ready_s": 3.0}
 REPO = Path(__file__).resolve().parent.parent
 
-CONFIG = (
-    """\
-ship = "{ship}"
-log_level = "info"
 
-[mqtt]
-host = "{host}"
-port = {port}
-client_id = "shorelink-edge-bench"
-subscriptions = ["bigblue/#"]
-receive_maximum = {receive_maximum}
-
-[log]
-path = "{log_path}"
-group_commit = "5ms"
-group_commit_max = 500
-max_bytes = "2GB"
-alerts_reserve_bytes = "50MB"
-synchronous = "{synchronous}"
-
-"""
-    + AGENT_METRICS_AND_STREAMS
-    + """\
-
-[[rules]]
-filter = "bigblue/+/containers/+/alert"
-stream = "alerts"
-key = "{{4}}"
-
-[[rules]]
-filter = "bigblue/+/containers/+/env"
-stream = "containers"
-key = "{{4}}"
-ts_field = "ts"
-
-[[rules]]
-filter = "bigblue/nav/ais"
-stream = "nav"
-key = "position"
-"""
-)
+def agent_config(
+    *, ship: str, host: str, port: int, log_path: Path, synchronous: str, metrics_port: int
+) -> str:
+    return tomli_w.dumps(
+        {
+            "ship": ship,
+            "log_level": "info",
+            "mqtt": {
+                "host": host,
+                "port": port,
+                "client_id": "shorelink-edge-bench",
+                "subscriptions": ["bigblue/#"],
+                "receive_maximum": RECEIVE_MAXIMUM,
+            },
+            "log": {
+                "path": str(log_path),
+                "group_commit": "5ms",
+                "group_commit_max": 500,
+                "max_bytes": "2GB",
+                "alerts_reserve_bytes": "50MB",
+                "synchronous": synchronous,
+            },
+            **agent_metrics_and_streams(metrics_port),
+            "rules": [
+                {"filter": "bigblue/+/containers/+/alert", "stream": "alerts", "key": "{4}"},
+                {
+                    "filter": "bigblue/+/containers/+/env",
+                    "stream": "containers",
+                    "key": "{4}",
+                    "ts_field": "ts",
+                },
+                {"filter": "bigblue/nav/ais", "stream": "nav", "key": "position"},
+            ],
+        }
+    )
 
 
 say = progress("edge_ingest")
@@ -448,14 +444,13 @@ class Bench:
     def start_agent(self) -> float:
         assert self.broker is not None
         self.config.write_text(
-            CONFIG.format(
+            agent_config(
                 ship=SHIP,
                 host=self.broker.host,
                 port=self.broker.port,
                 log_path=self.db,
                 synchronous=self.args.synchronous,
                 metrics_port=self.metrics_port,
-                receive_maximum=RECEIVE_MAXIMUM,
             )
         )
         argv = [sys.executable, "-m", "edge_agent.cli", "run", "--config", str(self.config)]

@@ -40,9 +40,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import tomli_w
 from _common import (
-    AGENT_METRICS_AND_STREAMS,
     add_run_options,
+    agent_metrics_and_streams,
     bench_parser,
     fill_defaults,
     progress,
@@ -69,27 +70,21 @@ DEPLOYABLES: dict[str, dict[str, Any]] = {
     "spark": {"cli": "spark_core.cli", "runtime": ["spark_core.cli", "spark_core.jobs.site"]},
 }
 
-EDGE_CONFIG = (
-    """\
-ship = "bigblue"
-log_level = "warning"
 
-[mqtt]
-host = "127.0.0.1"
-port = {mqtt_port}
-client_id = "footprint-{extra}"
+def edge_config(*, mqtt_port: int, extra: str, log_path: Path, metrics_port: int) -> str:
+    return tomli_w.dumps(
+        {
+            "ship": "bigblue",
+            "log_level": "warning",
+            "mqtt": {"host": "127.0.0.1", "port": mqtt_port, "client_id": f"footprint-{extra}"},
+            "log": {"path": str(log_path)},
+            "rules": [
+                {"filter": "bigblue/+/containers/+/env", "stream": "containers", "key": "{4}"}
+            ],
+            **agent_metrics_and_streams(metrics_port),
+        }
+    )
 
-[log]
-path = "{log_path}"
-
-[[rules]]
-filter = "bigblue/+/containers/+/env"
-stream = "containers"
-key = "{{4}}"
-
-"""
-    + AGENT_METRICS_AND_STREAMS
-)
 
 #: run in the measured venv: sizes and distributions from importlib.metadata
 SIZES = """
@@ -232,7 +227,7 @@ class Bench:
         port = free_port()
         cfg = self.work / f"edge-{extra}.toml"
         cfg.write_text(
-            EDGE_CONFIG.format(
+            edge_config(
                 mqtt_port=self.broker.port,
                 extra=extra,
                 log_path=self.work / f"edge-{extra}.db",

@@ -59,10 +59,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import tomli_w
 from _common import (
-    AGENT_METRICS_AND_STREAMS,
     Metrics,
     add_run_options,
+    agent_metrics_and_streams,
     bench_parser,
     delta,
     fill_defaults,
@@ -102,44 +103,6 @@ CUT_SHIP = "redstar"
 #: the warm-up's ship (uploads flat out on loopback, not over the link)
 WARMUP_SHIP = "warmup"
 GOALS = {"link_utilisation": 0.85, "resent_batches_per_outage": 1.0}
-
-AGENT_CONFIG = (
-    """\
-ship = "{ship}"
-log_level = "info"
-
-[mqtt]
-# nothing listens here: the log is filled directly, the agent only uploads
-host = "127.0.0.1"
-port = {mqtt_port}
-client_id = "shorelink-edge-bench-uplink"
-subscriptions = ["{ship}/#"]
-
-[log]
-path = "{log_path}"
-max_bytes = "4GB"
-
-"""
-    + AGENT_METRICS_AND_STREAMS
-    + """\
-
-[[rules]]
-filter = "{ship}/+/containers/+/env"
-stream = "containers"
-key = "{{4}}"
-ts_field = "ts"
-
-[uplink]
-token = "{token}"
-{uplink}
-[links.{link}]
-{link_overrides}
-[[gateways]]
-site = "{site}"
-url = "http://127.0.0.1:{proxy_port}"
-link = "{link}"
-"""
-)
 
 say = progress("link_drain")
 
@@ -347,27 +310,34 @@ class Bench:
         }
 
     def write_agent_config(self, ship: str, metrics_port: int, proxy_port: int) -> Path:
-        def toml(d: dict[str, Any]) -> str:
-            return "".join(
-                f"{k} = {json.dumps(v) if isinstance(v, str) else v}\n" for k, v in d.items()
-            )
-
+        link = self.args.link
+        config = {
+            "ship": ship,
+            "log_level": "info",
+            # nothing listens here: the log is filled directly, the agent only uploads
+            "mqtt": {
+                "host": "127.0.0.1",
+                "port": free_port(),
+                "client_id": "shorelink-edge-bench-uplink",
+                "subscriptions": [f"{ship}/#"],
+            },
+            "log": {"path": str(self.work / ship / "edge.db"), "max_bytes": "4GB"},
+            **agent_metrics_and_streams(metrics_port),
+            "rules": [
+                {
+                    "filter": f"{ship}/+/containers/+/env",
+                    "stream": "containers",
+                    "key": "{4}",
+                    "ts_field": "ts",
+                }
+            ],
+            "uplink": {"token": self.stack.tokens[ship], **self.uplink_overrides()},
+            "links": {link: self.link_overrides()},
+            "gateways": [{"site": SITE, "url": f"http://127.0.0.1:{proxy_port}", "link": link}],
+        }
         path = self.work / ship / "edge.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            AGENT_CONFIG.format(
-                ship=ship,
-                site=SITE,
-                mqtt_port=free_port(),
-                log_path=self.work / ship / "edge.db",
-                metrics_port=metrics_port,
-                token=self.stack.tokens[ship],
-                uplink=toml(self.uplink_overrides()),
-                link=self.args.link,
-                link_overrides=toml(self.link_overrides()),
-                proxy_port=proxy_port,
-            )
-        )
+        path.write_text(tomli_w.dumps(config))
         return path
 
     def prefill(self, config: Path, n: int) -> None:
