@@ -39,7 +39,7 @@ from local_stack.tls import make_authority
 from local_stack.toxiproxy import Toxiproxy, start_toxiproxy
 from shorelink.config import Secret
 from shorelink.errors import ShorelinkError
-from shorelink.kafka.auth import KafkaAuth
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.wire import WireRecord
 
 SITE = "tokyo"
@@ -162,11 +162,11 @@ class Stack:
         return f"{'https' if self.secure else 'http'}://127.0.0.1:{self.gw_port}"
 
     @property
-    def admin(self) -> KafkaAuth:
+    def endpoint(self) -> KafkaEndpoint:
         """How the benchmark's own clients (a bare producer, the exactly-once read)
-        connect: the super user, over TLS when the stack is secure."""
+        reach Kafka: as the super user, over TLS when the stack is secure."""
         assert self.kafka is not None
-        return self.kafka.admin
+        return self.kafka.endpoint
 
     @property
     def ca_file(self) -> Path | None:
@@ -250,7 +250,7 @@ class Stack:
         password = secrets.token_urlsafe(16)
         plan = AccessPlan(SITE)
         grant_gateway(plan, GATEWAY_USER, Secret(password), transactional_id)
-        apply_access(plan, self.kafka.bootstrap, self.kafka.admin)
+        apply_access(plan, self.kafka.endpoint)
         cert = self.security.authority.issue("gateway-bench")
         listen, kafka = SECURE_GATEWAY.strip().split("\n\n")
         extra = {
@@ -313,9 +313,7 @@ class Stack:
 
         self.say(f"verify: reading {ingress_topic(STREAM)} to its end")
         counts: dict[str, Counter[int]] = {}
-        for msg in read_to_end(
-            self.bootstrap, [ingress_topic(STREAM)], timeout=300, auth=self.admin
-        ):
+        for msg in read_to_end(self.endpoint, [ingress_topic(STREAM)], timeout=300):
             h = dict(msg.headers() or [])
             origin = h[H_ORIGIN].decode()
             counts.setdefault(origin, Counter())[int(h[H_SEQ])] += 1

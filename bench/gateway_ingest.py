@@ -56,7 +56,6 @@ from _stack import (
 
 from local_stack.process import Proc
 from shorelink.errors import ShorelinkError
-from shorelink.kafka.auth import client_config
 from shorelink.wire import WireRecord
 
 BARE_TOPIC = "bench.bare.containers"
@@ -136,11 +135,7 @@ class Bench:
         a = self.args
         gw_url = self.stack.gw_url
         tls = self.stack.client_tls()
-        ensure_topics(
-            self.stack.bootstrap,
-            [TopicSpec(BARE_TOPIC, partitions=INGRESS_PARTITIONS)],
-            auth=self.stack.admin,
-        )
+        ensure_topics(self.stack.endpoint, [TopicSpec(BARE_TOPIC, partitions=INGRESS_PARTITIONS)])
         per_ship = a.ingest_records // len(self.ships)
         gw_rates: list[float] = []
         bare_rates: list[float] = []
@@ -201,10 +196,9 @@ class Bench:
         from shorelink.contract import Record
         from shorelink.identity import Identity
 
-        bootstrap = self.stack.bootstrap
         p = Producer(
             {
-                **client_config(bootstrap, self.stack.admin),
+                **self.stack.endpoint.client_config(),
                 "enable.idempotence": True,
                 "acks": "all",
                 "linger.ms": 5,

@@ -68,11 +68,12 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from local_stack.kafka import BrokerSecurity, KafkaBroker, start_kafka
 from local_stack.process import Proc, stop_procs
 from local_stack.tls import make_authority
-from shorelink.kafka.audit import audit_site
 from shorelink.config import Secret
 from shorelink.contract import H_TS, LEDGER_TOPIC, Record, canonical_topic, ingress_topic
 from shorelink.identity import Identity
-from shorelink.kafka.auth import KafkaAuth, client_config
+from shorelink.kafka.audit import audit_site
+from shorelink.kafka.auth import KafkaAuth
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 
@@ -155,10 +156,10 @@ def _produce(p: Producer, topic: str, key: bytes, value: bytes, headers: Any) ->
             p.poll(0.05)
 
 
-def _producer(bootstrap: str, auth: KafkaAuth | None = None) -> Producer:
+def _producer(kafka: KafkaEndpoint) -> Producer:
     return Producer(
         {
-            **client_config(bootstrap, auth),
+            **kafka.client_config(),
             "linger.ms": 5,
             "compression.type": "lz4",
             "queue.buffering.max.messages": 500_000,
@@ -168,13 +169,13 @@ def _producer(bootstrap: str, auth: KafkaAuth | None = None) -> Producer:
 
 
 def fill_ingress(
-    bootstrap: str, n: int, origins: int, chunk: int, seed: int, auth: KafkaAuth | None = None
+    kafka: KafkaEndpoint, n: int, origins: int, chunk: int, seed: int
 ) -> tuple[dict[tuple[str, str], int], int]:
     """N records in upload chunks; every fifth chunk re-sends an earlier chunk of the
     same origin (a retried upload). Returns the highest seq per
     (origin, stream) and the number of duplicates sent."""
     rng = random.Random(seed)
-    p = _producer(bootstrap, auth)
+    p = _producer(kafka)
     next_seq = {ship_name(o): 1 for o in range(origins)}
     sent_chunks: dict[str, list[list[tuple[bytes, bytes, Any]]]] = {o: [] for o in next_seq}
     names = list(next_seq)
@@ -209,8 +210,8 @@ def fill_ingress(
     return {(o, STREAM): s - 1 for o, s in next_seq.items() if s > 1}, dups
 
 
-def end_offsets(bootstrap: str, topic: str, auth: KafkaAuth | None = None) -> int:
-    c = Consumer({**client_config(bootstrap, auth), "group.id": "bench-offsets"})
+def end_offsets(kafka: KafkaEndpoint, topic: str) -> int:
+    c = Consumer({**kafka.client_config(), "group.id": "bench-offsets"})
     try:
         md = c.list_topics(topic, timeout=10).topics[topic]
         total = 0
@@ -227,7 +228,7 @@ def run_steady_producer(spec: dict[str, Any]) -> None:
     """New identities at ``rate`` records/s for ``seconds``; sl.ts = produce time."""
     p = Producer(
         {
-            **client_config(spec["bootstrap"], _auth(spec)),
+            **_kafka(spec).client_config(),
             "linger.ms": 1,
             "compression.type": "lz4",
         }
@@ -259,7 +260,7 @@ def run_consumer(spec: dict[str, Any]) -> None:
     records of the steady origins arrived (or the deadline): latencies in ms."""
     c = Consumer(
         {
-            **client_config(spec["bootstrap"], _auth(spec)),
+            **_kafka(spec).client_config(),
             "group.id": "bench-latency",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
@@ -292,12 +293,14 @@ def run_consumer(spec: dict[str, Any]) -> None:
     _write_result(spec["result"], {"seen": seen, "receive_ms": recv, "append_ms": append})
 
 
-def _auth(spec: dict[str, Any]) -> KafkaAuth:
-    """A helper process's credentials, handed over in its spec (a file of the run)."""
+def _kafka(spec: dict[str, Any]) -> KafkaEndpoint:
+    """A helper process's Kafka and credentials, handed over in its spec (a file of
+    the run)."""
     a = spec.get("auth") or {}
     if not a:
-        return KafkaAuth()
-    return KafkaAuth(a["username"], Secret(a["password"]), Path(a["ca_file"]))
+        return KafkaEndpoint.plaintext(spec["bootstrap"])
+    auth = KafkaAuth(a["username"], Secret(a["password"]), Path(a["ca_file"]))
+    return KafkaEndpoint(spec["bootstrap"], auth)
 
 
 def _write_result(path: str, data: dict[str, Any]) -> None:
@@ -339,14 +342,14 @@ class Bench:
         return self.broker.bootstrap
 
     @property
-    def auth(self) -> KafkaAuth:
+    def kafka(self) -> KafkaEndpoint:
         """The benchmark's own clients: the super user (over TLS when secure)."""
         assert self.broker is not None
-        return self.broker.admin
+        return self.broker.endpoint
 
     def spark_kafka(self) -> dict[str, str]:
         """The same, as options of Spark's Kafka source and sink (the copy)."""
-        return {"kafka.bootstrap.servers": self.bootstrap, **self.auth.spark_options()}
+        return self.kafka.spark_options()
 
     def cleanup(self) -> None:
         for q in self.queries:
@@ -414,7 +417,7 @@ class Bench:
         if self.secure:
             # the merge runs as the site application's principal, with its ACLs only
             assert self.broker is not None
-            apply_access(plan_access(cfg, SITE), self.bootstrap, self.broker.admin)
+            apply_access(plan_access(cfg, SITE), self.broker.endpoint)
         return cfg.site(SITE)
 
     def _customers_file(self) -> str:
@@ -450,9 +453,7 @@ class Bench:
         from spark_core.merge_batch import ArrowBatch, batch_frame
 
         t0 = time.monotonic()
-        ensure_topics(
-            self.bootstrap, [TopicSpec(f"{COPY_TOPIC}.warm", partitions=PARTITIONS)], auth=self.auth
-        )
+        ensure_topics(self.kafka, [TopicSpec(f"{COPY_TOPIC}.warm", partitions=PARTITIONS)])
         for _ in range(3):
             df = (
                 self.spark.read.format("kafka")
@@ -473,7 +474,7 @@ class Bench:
     def copy_phase(self, n: int, run: int) -> dict[str, Any]:
         """Plain Spark Kafka -> Kafka copy, no dedup: the reference."""
         topic = f"{COPY_TOPIC}.{run}"
-        ensure_topics(self.bootstrap, [TopicSpec(topic, partitions=PARTITIONS)], auth=self.auth)
+        ensure_topics(self.kafka, [TopicSpec(topic, partitions=PARTITIONS)])
         t0 = time.monotonic()
         df = (
             self.spark.readStream.format("kafka")
@@ -503,7 +504,7 @@ class Bench:
             raise RuntimeError(f"copy {run} failed: {q.exception()}")
         wall = time.monotonic() - t0
         batches = sum(p["durationMs"].get("triggerExecution", 0) for p in q.recentProgress) / 1000
-        copied = end_offsets(self.bootstrap, topic, self.auth)
+        copied = end_offsets(self.kafka, topic)
         out = {
             "records": copied,
             "wall_s": round(wall, 2),
@@ -567,7 +568,7 @@ class Bench:
 
     def state_size(self, merger: Any) -> dict[str, Any]:
         entries: dict[bytes, int] = {}
-        for msg in read_to_end(self.bootstrap, [LEDGER_TOPIC], timeout=60, auth=self.auth):
+        for msg in read_to_end(self.kafka, [LEDGER_TOPIC], timeout=60):
             if msg.value() is not None:
                 entries[msg.key()] = len(msg.key()) + len(msg.value())
         status = merger.status_path
@@ -579,7 +580,7 @@ class Bench:
             "status_file_bytes": status.stat().st_size,
             "ledger_entries": len(entries),
             "ledger_bytes_latest": sum(entries.values()),
-            "ledger_records_total": end_offsets(self.bootstrap, LEDGER_TOPIC, self.auth),
+            "ledger_records_total": end_offsets(self.kafka, LEDGER_TOPIC),
         }
 
     def latency_phase(self, site: Any) -> None:
@@ -598,7 +599,7 @@ class Bench:
             time.sleep(0.2)
         if q.lastProgress is None:
             raise RuntimeError("continuous merge made no progress in 120 s")
-        c = Consumer({**client_config(self.bootstrap, self.auth), "group.id": "bench-ends"})
+        c = Consumer({**self.kafka.client_config(), "group.id": "bench-ends"})
         md = c.list_topics(CANONICAL, timeout=10).topics[CANONICAL]
         offsets = {
             str(p): c.get_watermark_offsets(TopicPartition(CANONICAL, p), timeout=10)[1]
@@ -649,7 +650,7 @@ class Bench:
 
     def audit(self, expected: dict[tuple[str, str], int]) -> None:
         t0 = time.monotonic()
-        sources, malformed = audit_site(self.bootstrap, [STREAM], timeout=600, auth=self.auth)
+        sources, malformed = audit_site(self.kafka, [STREAM], timeout=600)
         got = {(s.origin, s.stream): s for s in sources}
         missing = sum(
             max(0, hi - (got[src].identities if src in got else 0)) for src, hi in expected.items()
@@ -686,7 +687,7 @@ class Bench:
 
     # helpers
     def helper(self, role: str, **spec: Any) -> Any:
-        auth = self.auth
+        auth = self.kafka.auth
         if auth.username:
             spec["auth"] = {
                 "username": auth.username,
@@ -720,13 +721,11 @@ class Bench:
             }
         )
         self.start_broker()
-        ensure_topics(self.bootstrap, [TopicSpec(INGRESS, partitions=PARTITIONS)], auth=self.auth)
-        expected, dups = fill_ingress(
-            self.bootstrap, a.records, a.origins, a.chunk, a.seed, self.auth
-        )
+        ensure_topics(self.kafka, [TopicSpec(INGRESS, partitions=PARTITIONS)])
+        expected, dups = fill_ingress(self.kafka, a.records, a.origins, a.chunk, a.seed)
         self.result["duplicates_in_ingress"] = dups
         self.result["duplicate_share"] = round(dups / a.records, 4)
-        self.result["ingress_records"] = end_offsets(self.bootstrap, INGRESS, self.auth)
+        self.result["ingress_records"] = end_offsets(self.kafka, INGRESS)
         self.result["payload_bytes"] = len(make_record("ship-00", 123456, 0)[1])
         say("starting spark")
         t0 = time.monotonic()

@@ -43,7 +43,7 @@ def check_config(config_file: Path) -> None:
     """Validate CONFIG_FILE."""
     cfg = _load(config_file)
     click.echo(
-        f"ok: site={cfg.site} listen={cfg.host}:{cfg.port} kafka={cfg.kafka_bootstrap} "
+        f"ok: site={cfg.site} listen={cfg.host}:{cfg.port} kafka={cfg.kafka.bootstrap} "
         f"streams={','.join(cfg.streams)} tls={_tls_mode(cfg)}"
     )
 

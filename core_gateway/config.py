@@ -14,9 +14,9 @@ from pathlib import Path
 from shorelink.config import LOG_LEVELS, Section, key, read, read_key
 from shorelink.config import load_config as load_file
 from shorelink.errors import ConfigError
-from shorelink.kafka.auth import KafkaAuth
-from shorelink.tls import TlsFile, server_context
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.topics import Durability
+from shorelink.tls import TlsFile, server_context
 from shorelink.wire import Limits
 
 __all__ = ["GatewayConfig", "load_config", "parse_config"]
@@ -25,7 +25,10 @@ __all__ = ["GatewayConfig", "load_config", "parse_config"]
 @dataclass(frozen=True)
 class GatewayConfig:
     site: str = field(metadata=key(names="site"))
-    kafka_bootstrap: str = field(metadata=key("kafka.bootstrap"))
+    #: the site's Kafka and who the gateway is there (``[kafka]``: ``bootstrap``,
+    #: ``timeout``, ``username``, ``password``, ``ca_file``, ``mechanism``;
+    #: docs/access-control.md)
+    kafka: KafkaEndpoint = field(metadata=key("kafka"))
     #: relative to the config file
     credentials_file: Path
     streams: tuple[str, ...] = field(metadata=key(names="stream"))
@@ -71,10 +74,6 @@ class GatewayConfig:
     #: Kafka transactional.id; one gateway per site holds it (a second one fences the
     #: first); default ``shorelink-gateway-<site>``
     transactional_id: str = field(default="", metadata=key("kafka.transactional_id"))
-    kafka_timeout_s: float = field(default=30.0, metadata=key("kafka.timeout"))
-    #: who the gateway is at the site's Kafka (``kafka.username``, ``kafka.password``,
-    #: ``kafka.ca_file``, ``kafka.mechanism``; docs/access-control.md)
-    kafka_auth: KafkaAuth = field(default_factory=KafkaAuth, metadata=key("kafka"))
     log_level: str = field(default="info", metadata=key(choices=LOG_LEVELS))
     #: processes decoding large batches (core_gateway/decoding.py); 0: a thread
     decode_workers: int = field(default=1, metadata=key(min=0, max=64))

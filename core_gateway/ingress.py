@@ -13,19 +13,20 @@ none does, so:
 The transactional.id is per site: a second gateway with the same id fences the first
 (its commits fail with a fatal error and it stops), so there is one writer per site.
 
-Kafka's transaction errors are handled the way librdkafka defines them:
-- *retriable* (``KafkaError.retriable()``, e.g. ``commit_transaction`` timed out while
-  the broker is slow or paused): the same call is retried; the commit goes on in the
-  background meanwhile, so aborting then would be wrong (``_CONFLICT``);
-- *abortable* (``txn_requires_abort()``): the transaction is aborted, its batches fail
+Kafka's transaction errors are handled the way librdkafka defines them by
+:class:`~shorelink.kafka.transactions.TransactionalProducer` (a retriable commit is
+retried, an abortable transaction aborted, a fatal error ends the producer); the writer
+keeps only its reaction to each outcome:
+- :class:`~shorelink.kafka.errors.TransactionAborted`: the transaction's batches fail
   (503; the ship resends from the holdings);
-- *fatal* (``fatal()``): the producer is unusable. Fenced (``_FENCED``,
-  ``PRODUCER_FENCED``): another gateway of this site took over; this one stops writing
-  for good (:attr:`IngressWriter.fatal`) and never re-initialises by itself, so two
-  gateways never fence each other in a loop. Any other fatal error, or a commit whose
-  outcome stays unknown: :attr:`IngressWriter.broken`; the service re-creates the
-  producer (``init_transactions`` settles the open transaction) and re-reads the
-  cursor before it accepts batches again (``GatewayService`` in service.py).
+- :class:`~shorelink.kafka.errors.Fenced`: another gateway of this site took over; this
+  one stops writing for good (:attr:`IngressWriter.fatal`) and never re-initialises by
+  itself, so two gateways never fence each other in a loop;
+- :class:`~shorelink.kafka.errors.ProducerBroken` (another fatal error, an abort that
+  failed) or :class:`~shorelink.kafka.errors.CommitUnknown` (a commit whose outcome
+  stays unknown): :attr:`IngressWriter.broken`; the service re-creates the producer
+  (``init_transactions`` settles the open transaction) and re-reads the cursor before
+  it accepts batches again (``GatewayService`` in service.py).
 
 An idempotent producer alone would not do: it removes duplicates from producer retries
 within one session, not from a gateway restart or a ship's resend.
@@ -49,18 +50,23 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import NoReturn
-
-from confluent_kafka import KafkaError, KafkaException, Producer
 
 from core_gateway.config import GatewayConfig
 from core_gateway.errors import KafkaWriteError
 from core_gateway.holdings import Holdings, SourceHoldings
 from shorelink.contract import GATEWAY_CURSOR_TOPIC, contract_headers, ingress_topic
+from shorelink.kafka.errors import (
+    CommitUnknown,
+    Fenced,
+    KafkaClientError,
+    ProducerBroken,
+    TransactionAborted,
+)
 from shorelink.kafka.reading import Headers, read_to_end
+from shorelink.kafka.topics import ensure_topics, gateway_cursor_spec, ingress_spec, producer_config
+from shorelink.kafka.transactions import TransactionalProducer
 from shorelink.ledger import ledger_key
 from shorelink.ranges import RangeSet
-from shorelink.kafka.topics import ensure_topics, gateway_cursor_spec, ingress_spec, producer_config
 from shorelink.wire import WireRecord
 
 __all__ = ["MAX_GROUP_RECORDS", "IngressWriter", "Write"]
@@ -108,7 +114,6 @@ class IngressWriter:
         after each committed transaction, for metrics."""
         self.cfg = cfg
         self._on_commit = on_commit
-        self._producer: Producer | None = None
         self._queue: queue.SimpleQueue[Write | object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         #: committed cursor per (origin, stream): owned by the writer thread after start
@@ -117,9 +122,25 @@ class IngressWriter:
         self.fatal: str | None = None
         #: the producer is unusable (not fenced): :meth:`reinit` before writing again
         self.broken: str | None = None
-        #: retriable errors retried (commit timeouts, ...), for metrics
-        self.retries = 0
         self._closing = threading.Event()
+        self._txn = TransactionalProducer(
+            producer_config(
+                self.cfg.kafka,
+                {
+                    "transactional.id": self.cfg.transactional_id,
+                    "linger.ms": 5,
+                    "compression.type": "lz4",
+                    "queue.buffering.max.messages": 500_000,
+                },
+            ),
+            timeout=self.cfg.kafka.timeout_s,
+            closing=self._closing,
+        )
+
+    @property
+    def retries(self) -> int:
+        """Retriable errors retried (commit and abort timeouts), for metrics."""
+        return self._txn.retries
 
     def ensure_topics(self) -> None:
         # ingress is kept until the merge has committed past it: the merge deletes
@@ -127,13 +148,7 @@ class IngressWriter:
         # was told is held must stay held until it is in the canonical topic)
         specs = [ingress_spec(s, self.cfg.ingress_partitions) for s in self.cfg.streams]
         specs.append(gateway_cursor_spec())
-        ensure_topics(
-            self.cfg.kafka_bootstrap,
-            specs,
-            timeout=self.cfg.kafka_timeout_s,
-            durability=self.cfg.durability,
-            auth=self.cfg.kafka_auth,
-        )
+        ensure_topics(self.cfg.kafka, specs, self.cfg.durability)
 
     def restore(self, holdings: Holdings) -> int:
         """Load the committed cursors into ``holdings`` (and the writer's own copy);
@@ -142,10 +157,9 @@ class IngressWriter:
         the cursor read here."""
         n = 0
         for msg in read_to_end(
-            self.cfg.kafka_bootstrap,
+            self.cfg.kafka,
             [GATEWAY_CURSOR_TOPIC],
-            timeout=self.cfg.kafka_timeout_s,
-            auth=self.cfg.kafka_auth,
+            timeout=self.cfg.kafka.timeout_s,
             # a group the gateway's principal may use (its ACLs: shorelink-gateway-*)
             extra={"group.id": f"shorelink-gateway-cursor-{self.cfg.site}"},
         ):
@@ -159,7 +173,7 @@ class IngressWriter:
     def start(self) -> None:
         """Create the transactional producer (fences any older gateway of this site) and
         the thread that writes."""
-        self._producer = self._new_producer()
+        self._init()
         self._thread = threading.Thread(target=self._run, name="kafka-writer", daemon=True)
         self._thread.start()
 
@@ -169,33 +183,19 @@ class IngressWriter:
         cursor (:meth:`restore`) and calls :meth:`resume`."""
         if self.fatal:
             raise KafkaWriteError(self.fatal, fatal=True, fenced=True)
-        self._producer = self._new_producer()
+        self._init()
 
     def resume(self) -> None:
         """The cursor was re-read after :meth:`reinit`: accept writes again."""
         self.broken = None
 
-    def _new_producer(self) -> Producer:
-        p = Producer(
-            producer_config(
-                self.cfg.kafka_bootstrap,
-                {
-                    "transactional.id": self.cfg.transactional_id,
-                    "transaction.timeout.ms": int(self.cfg.kafka_timeout_s * 2000),
-                    "linger.ms": 5,
-                    "compression.type": "lz4",
-                    "queue.buffering.max.messages": 500_000,
-                },
-                auth=self.cfg.kafka_auth,
-            )
-        )
+    def _init(self) -> None:
         try:
-            p.init_transactions(self.cfg.kafka_timeout_s)
-        except KafkaException as exc:
+            self._txn.init()
+        except KafkaClientError as exc:
             raise KafkaWriteError(
-                f"cannot init transactions at {self.cfg.kafka_bootstrap}: {exc}"
+                f"cannot init transactions at {self.cfg.kafka.bootstrap}: {exc}"
             ) from exc
-        return p
 
     def submit(self, write: Write) -> Future[None]:
         """Queue ``write``; its future completes once Kafka committed it (or raises
@@ -282,112 +282,46 @@ class IngressWriter:
     def _transaction(
         self, writes: list[Write], cursors: dict[tuple[str, str], SourceHoldings]
     ) -> None:
-        p = self._producer
-        assert p is not None
+        """One transaction; its outcome, the writer's reaction (module docstring)."""
         site = self.cfg.site.encode()
         try:
-            p.begin_transaction()
-            for w in writes:
-                topic = ingress_topic(w.stream)
-                origin, stream = w.origin.encode(), w.stream.encode()
-                for r in w.records:
-                    headers: Headers = contract_headers(  # type: ignore[assignment]
-                        origin, stream, r.seq, r.ts_ms, site, r.topic.encode()
+            with self._txn.transaction() as txn:
+                for w in writes:
+                    topic = ingress_topic(w.stream)
+                    origin, stream = w.origin.encode(), w.stream.encode()
+                    for r in w.records:
+                        headers: Headers = contract_headers(  # type: ignore[assignment]
+                            origin, stream, r.seq, r.ts_ms, site, r.topic.encode()
+                        )
+                        txn.produce(topic, r.key.encode(), r.payload, headers)
+                for (origin_, stream_), h in cursors.items():
+                    txn.produce(
+                        GATEWAY_CURSOR_TOPIC, ledger_key(origin_, stream_), h.cursor_value()
                     )
-                    key = r.key.encode()
-                    while True:
-                        try:
-                            p.produce(topic, value=r.payload, key=key, headers=headers)
-                            break
-                        except BufferError:
-                            p.poll(0.05)  # local queue full (a large transaction): drain
-            for (origin_, stream_), h in cursors.items():
-                p.produce(
-                    GATEWAY_CURSOR_TOPIC, value=h.cursor_value(), key=ledger_key(origin_, stream_)
-                )
-        except KafkaException as exc:
-            self._fail(p, exc)
-        self._commit(p)
-
-    def _commit(self, p: Producer) -> None:
-        """``commit_transaction``, retried while it fails with a retriable error (a
-        timeout: the commit goes on in the background; aborting now would conflict
-        with it). After the transaction timeout (the broker aborts it by then) the
-        outcome is unknown: the producer is re-created and the cursor re-read."""
-        give_up = time.monotonic() + self.cfg.kafka_timeout_s * 3
-        while True:
-            try:
-                p.commit_transaction(self.cfg.kafka_timeout_s)
-                return
-            except KafkaException as exc:
-                err = _error(exc)
-                if err is None or not _only_retriable(err):
-                    self._fail(p, exc)
-                if time.monotonic() > give_up or self._closing.is_set():
-                    self._break(f"commit outcome unknown after retries: {err}")
-                    raise KafkaWriteError(
-                        f"Kafka commit outcome unknown: {err}; the site's holdings will tell",
-                        fatal=True,
-                    ) from exc
-                self.retries += 1
-                log.warning("event=kafka_commit_retry error=%r", str(err))
-
-    def _fail(self, p: Producer, exc: KafkaException) -> NoReturn:
-        """Handle a failed transaction call (not a retriable commit): abort if Kafka
-        allows it, else mark the writer fenced or broken. Always raises."""
-        err = _error(exc)
-        if err is not None and err.fatal():
-            self._fatal(err)
+        except Fenced as exc:
+            self._fenced(exc)
+            raise KafkaWriteError(self.fatal or str(exc), fatal=True, fenced=True) from exc
+        except CommitUnknown as exc:
+            self._break(str(exc))
             raise KafkaWriteError(
-                self.fatal or f"Kafka producer fatal error: {err}",
+                f"Kafka commit outcome unknown: {exc}; the site's holdings will tell",
                 fatal=True,
-                fenced=bool(self.fatal),
             ) from exc
-        self._abort(p)
-        if self.fatal or self.broken:
-            raise KafkaWriteError(
-                self.fatal or f"Kafka write failed: {exc}; {self.broken}",
-                fatal=True,
-                fenced=bool(self.fatal),
-            ) from exc
-        raise KafkaWriteError(f"Kafka write failed, transaction aborted: {exc}") from exc
+        except ProducerBroken as exc:
+            self._break(str(exc))
+            raise KafkaWriteError(f"Kafka write failed: {exc}", fatal=True) from exc
+        except TransactionAborted as exc:
+            raise KafkaWriteError(f"Kafka write failed, {exc}") from exc
 
-    def _abort(self, p: Producer) -> None:
-        """``abort_transaction``, retried while retriable; a fatal error marks the
-        writer fenced or broken (``init_transactions`` aborts the transaction then)."""
-        give_up = time.monotonic() + self.cfg.kafka_timeout_s * 3
-        while True:
-            try:
-                p.abort_transaction(self.cfg.kafka_timeout_s)
-                return
-            except KafkaException as exc:
-                err = _error(exc)
-                if err is not None and err.fatal():
-                    self._fatal(err)
-                    return
-                if (
-                    err is None
-                    or not err.retriable()
-                    or time.monotonic() > give_up
-                    or self._closing.is_set()
-                ):
-                    self._break(f"cannot abort transaction: {exc}")
-                    return
-                self.retries += 1
-                log.warning("event=kafka_abort_retry error=%r", str(err))
-
-    def _fatal(self, err: KafkaError) -> None:
-        if err.code() in _FENCED:
-            if not self.fatal:
-                self.fatal = (
-                    f"fenced: another gateway of site {self.cfg.site} took over "
-                    f"(transactional.id {self.cfg.transactional_id}); this one no longer "
-                    f"writes. Keep one gateway per site; restart this one only to make it "
-                    f"the active one again ({err})"
-                )
-                log.error("event=kafka_fenced site=%s error=%r", self.cfg.site, str(err))
-        else:
-            self._break(f"Kafka producer fatal error: {err}")
+    def _fenced(self, exc: Fenced) -> None:
+        if not self.fatal:
+            self.fatal = (
+                f"fenced: another gateway of site {self.cfg.site} took over "
+                f"(transactional.id {self.cfg.transactional_id}); this one no longer "
+                f"writes. Keep one gateway per site; restart this one only to make it "
+                f"the active one again ({exc})"
+            )
+            log.error("event=kafka_fenced site=%s error=%r", self.cfg.site, str(exc))
 
     def _break(self, why: str) -> None:
         if not self.broken and not self.fatal:
@@ -396,38 +330,16 @@ class IngressWriter:
 
     def ping(self) -> bool:
         """Is Kafka reachable (for /readyz)?"""
-        p = self._producer
-        if p is None or self.fatal:
-            return False
-        try:
-            p.list_topics(timeout=2)
-        except KafkaException:
-            return False
-        return True
+        return not self.fatal and self._txn.reachable(timeout=2)
 
     def close(self) -> None:
         """Finish the writes queued so far, then stop the thread and the producer."""
         self._closing.set()
         if self._thread is not None:
             self._queue.put(_STOP)
-            self._thread.join(self.cfg.kafka_timeout_s * 2)
+            self._thread.join(self.cfg.kafka.timeout_s * 2)
             self._thread = None
-        if self._producer is not None:
-            self._producer.flush(5)
-            self._producer = None
-
-
-#: fatal errors that mean another producer with our transactional.id took over
-_FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED)
-
-
-def _error(exc: KafkaException) -> KafkaError | None:
-    return exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-
-
-def _only_retriable(err: KafkaError) -> bool:
-    """Retry the same call (neither abortable nor fatal)."""
-    return bool(err.retriable()) and not err.fatal() and not err.txn_requires_abort()
+        self._txn.close(5)
 
 
 def _fail(w: Write, exc: KafkaWriteError) -> None:

@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from core_gateway.holdings import Holdings
 from shorelink.contract import LEDGER_TOPIC
 from shorelink.errors import ContractError
-from shorelink.kafka.auth import KafkaAuth, client_config
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.ledger import decode_entry
 from shorelink.logs import RateLimitedLog
 
@@ -22,9 +22,8 @@ log = logging.getLogger(__name__)
 
 
 class LedgerFollower:
-    def __init__(self, bootstrap: str, holdings: Holdings, auth: KafkaAuth | None = None) -> None:
-        self.bootstrap = bootstrap
-        self.auth = auth
+    def __init__(self, kafka: KafkaEndpoint, holdings: Holdings) -> None:
+        self.kafka = kafka
         self.holdings = holdings
         self.entries = 0
         self._stop = threading.Event()
@@ -42,7 +41,7 @@ class LedgerFollower:
     def _run(self) -> None:
         consumer = Consumer(
             {
-                **client_config(self.bootstrap, self.auth),
+                **self.kafka.client_config(),
                 "group.id": f"shorelink-gateway-ledger-{uuid.uuid4().hex}",
                 "enable.auto.commit": False,
                 "isolation.level": "read_committed",

@@ -57,7 +57,7 @@ class GatewayService:
         self.writer = IngressWriter(cfg, on_commit=self.metrics.committed)
         self.metrics.commit_retries.set_function(lambda: self.writer.retries)
         self.decoder = BatchDecoder(cfg.limits, workers=cfg.decode_workers)
-        self.ledger = LedgerFollower(cfg.kafka_bootstrap, self.holdings, cfg.kafka_auth)
+        self.ledger = LedgerFollower(cfg.kafka, self.holdings)
         self.ready = asyncio.Event()
         #: seqs of each (ship, stream) admitted but not committed yet, one set per write
         self._inflight: dict[tuple[str, str], list[RangeSet]] = {}
@@ -106,7 +106,7 @@ class GatewayService:
             "event=gateway_ready site=%s cursors=%d kafka=%s",
             self.cfg.site,
             n,
-            self.cfg.kafka_bootstrap,
+            self.cfg.kafka.bootstrap,
         )
 
     async def stop(self) -> None:

@@ -14,7 +14,7 @@ from local_stack import tools
 from local_stack.errors import StackError
 from local_stack.stack import Component
 from shorelink.cli_support import BOOTSTRAP_LOCATOR
-from shorelink.kafka.auth import KafkaAuth
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.textout import table, wrap
 
 __all__ = ["audit_stack_option", "render_status", "stack", "stack_kafka"]
@@ -162,15 +162,15 @@ def down(dir_: Path) -> None:
     click.echo(f"stopped: {', '.join(stopped) or 'nothing was running'}")
 
 
-def stack_kafka(stack_dir: Path, site: str) -> tuple[str, KafkaAuth]:
-    """The Kafka bootstrap of ``site`` in the stack at ``stack_dir`` (its stack.json),
-    and how its super user connects."""
+def stack_kafka(stack_dir: Path, site: str) -> KafkaEndpoint:
+    """The Kafka of ``site`` in the stack at ``stack_dir`` (its stack.json), as its
+    super user connects."""
     try:
         info = stack_mod.load(stack_dir)
         bootstrap: str = info.sites[site]["kafka"]
     except (StackError, KeyError) as exc:
         raise StackError(f"no site {site!r} in the stack at {stack_dir}: {exc}") from exc
-    return bootstrap, info.admin_auth()
+    return KafkaEndpoint(bootstrap, info.admin_auth())
 
 
 def _locate_in_stack(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:

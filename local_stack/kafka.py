@@ -33,7 +33,8 @@ from local_stack.process import Proc, free_ports, port_open, stop_procs
 from local_stack.tls import Authority
 from local_stack.tools import kafka_classpath, kafka_log4j_config
 from shorelink.config import Secret
-from shorelink.kafka.auth import KafkaAuth, client_config
+from shorelink.kafka.auth import KafkaAuth
+from shorelink.kafka.endpoint import KafkaEndpoint
 
 __all__ = [
     "BrokerSecurity",
@@ -166,6 +167,11 @@ class KafkaBroker:
         """How a super user connects (nothing for a plain broker)."""
         return self.security.admin_auth() if self.security else KafkaAuth()
 
+    @property
+    def endpoint(self) -> KafkaEndpoint:
+        """This node as its super user reaches it (no credentials on a plain broker)."""
+        return KafkaEndpoint(self.bootstrap, self.admin)
+
     def link_bootstrap(self, name: str) -> str:
         """Where a client of link ``name`` bootstraps (the proxy's address)."""
         return f"{HOST}:{self.links[name].advertised}"
@@ -174,7 +180,7 @@ class KafkaBroker:
         if not port_open(HOST, self.port):
             return False
         try:
-            AdminClient(client_config(self.bootstrap, self.admin)).list_topics(timeout=2)
+            AdminClient(self.endpoint.client_config()).list_topics(timeout=2)
         except KafkaException:
             return False
         return True
@@ -210,6 +216,11 @@ class KafkaCluster:
         return self.security.admin_auth() if self.security else KafkaAuth()
 
     @property
+    def endpoint(self) -> KafkaEndpoint:
+        """The cluster (every node) as its super user reaches it."""
+        return KafkaEndpoint(self.bootstrap, self.admin)
+
+    @property
     def procs(self) -> list[Proc]:
         return [n.proc for n in self.nodes]
 
@@ -221,7 +232,7 @@ class KafkaCluster:
 
     def metadata(self, timeout: float = 5) -> ClusterMetadata:
         """The cluster's metadata (brokers alive, each partition's leader and ISR)."""
-        return AdminClient(client_config(self.bootstrap, self.admin)).list_topics(timeout=timeout)
+        return AdminClient(self.endpoint.client_config()).list_topics(timeout=timeout)
 
     def ready(self) -> bool:
         """Every node is up and registered with the controller (unfenced)."""

@@ -7,8 +7,10 @@ through two entry point groups (its pyproject's ``[project.entry-points."..."]``
 - ``shorelink.commands``: name -> a click command added to ``shorelink``;
 - ``shorelink.options``: a command's name -> a click decorator that adds options to it.
   An option of ``audit`` that names a site's Kafka another way than ``--bootstrap`` (the
-  local stack's ``--stack DIR``) leaves a ``site -> host:port`` function in
-  ``ctx.meta[BOOTSTRAP_LOCATOR]``.
+  local stack's ``--stack DIR``) leaves a ``site -> KafkaEndpoint`` function in
+  ``ctx.meta[BOOTSTRAP_LOCATOR]``. ``--bootstrap`` alone is a Kafka without
+  credentials (a development broker); a secured site's credentials come from its
+  ``[sites.S.kafka]`` in ``--config``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from shorelink.textout import table, wrap
 
 if TYPE_CHECKING:
     from shorelink.kafka.audit import SitesAudit, SourceAudit
-    from shorelink.kafka.auth import KafkaAuth
+    from shorelink.kafka.endpoint import KafkaEndpoint
     from shorelink.kafka.sites import SiteKafka
 
 __all__ = ["COMMANDS", "OPTIONS", "main", "render_audit", "render_sites_audit"]
@@ -82,8 +84,6 @@ def audit(
     identities, duplicates and gaps. Exits 1 if any duplicate or gap is found.
 
     With --all-sites --config sites.toml: compare the canonical topics of every site."""
-    from confluent_kafka import KafkaException
-
     from shorelink.kafka.audit import audit_site
 
     if all_sites:
@@ -99,24 +99,23 @@ def audit(
         return
     if site is None:
         fail(click.UsageError("give --site S (or --all-sites)"))
-    locate: Callable[[str], tuple[str, KafkaAuth]] | None = ctx.meta.get(BOOTSTRAP_LOCATOR)
-    auth = None
-    if bootstrap is None and config_path is not None:
-        found = _site_kafka(config_path, site)
-        bootstrap, auth = found.bootstrap, found.auth
-    if bootstrap is None and locate is not None:
+    locate: Callable[[str], KafkaEndpoint] | None = ctx.meta.get(BOOTSTRAP_LOCATOR)
+    kafka = _plaintext(bootstrap) if bootstrap is not None else None
+    if kafka is None and config_path is not None:
+        kafka = _site_kafka(config_path, site).kafka
+    if kafka is None and locate is not None:
         try:
-            bootstrap, auth = locate(site)
+            kafka = locate(site)
         except ShorelinkError as exc:
             fail(exc)
-    if bootstrap is None:
+    if kafka is None:
         fail(
             click.UsageError(" or ".join(["give --bootstrap", *_added_options(audit), "--config"]))
         )
     try:
-        results, malformed = audit_site(bootstrap, streams or None, auth=auth)
-    except KafkaException as exc:
-        fail(ShorelinkError(f"site {site}: Kafka at {bootstrap}: {exc}"))
+        results, malformed = audit_site(kafka, streams or None)
+    except ShorelinkError as exc:
+        fail(ShorelinkError(f"site {site}: {exc}"))
     bad = any(r.duplicates or r.gaps for r in results) or malformed > 0
     if as_json:
         click.echo(
@@ -144,9 +143,7 @@ def _audit_all_sites(config_path: Path, streams: tuple[str, ...], as_json: bool)
     try:
         sites = load_sites(config_path)
         report = audit_sites(
-            {s.name: (s.bootstrap, s.streams) for s in sites.values()},
-            streams or None,
-            auths={s.name: s.auth for s in sites.values()},
+            {s.name: (s.kafka, s.streams) for s in sites.values()}, streams or None
         )
     except ShorelinkError as exc:
         fail(exc)
@@ -208,6 +205,13 @@ def render_sites_audit(report: SitesAudit, width: int | None = None) -> list[str
         else "NOT OK: identities missing at a site or duplicated"
     )
     return out
+
+
+def _plaintext(bootstrap: str) -> KafkaEndpoint:
+    """``--bootstrap HOST:PORT``: a Kafka without credentials (a development broker)."""
+    from shorelink.kafka.endpoint import KafkaEndpoint
+
+    return KafkaEndpoint.plaintext(bootstrap)
 
 
 def _site_kafka(config_path: Path, site: str, stream: Iterable[str] = ()) -> SiteKafka:
@@ -301,16 +305,16 @@ def consume(
 
     if (bootstrap is None) == (config_path is None):
         fail(click.UsageError("give one of --bootstrap HOST:PORT or --config sites.toml"))
-    auth = None
-    if bootstrap is None:
+    if bootstrap is not None:
+        kafka = _plaintext(bootstrap)
+    else:
         assert config_path is not None
-        found = _site_kafka(config_path, site, () if customer else streams)
-        bootstrap, auth = found.bootstrap, found.auth
+        kafka = _site_kafka(config_path, site, () if customer else streams).kafka
     store = FileStore(position_path) if position_path is not None else None
     printed = skipped = 0
     try:
         consumer = PortableConsumer(
-            bootstrap, list(streams), store=store, timeout=timeout, auth=auth, customer=customer
+            kafka.with_timeout(timeout), list(streams), store=store, customer=customer
         )
         with consumer:
             while max_records is None or printed < max_records:

@@ -19,7 +19,7 @@ T = TypeVar("T")
 
 #: ``ctx.meta`` key where an option that names a site's Kafka another way than
 #: ``--bootstrap`` (the local stack's ``shorelink audit --stack DIR``) leaves a
-#: ``site -> (host:port, KafkaAuth)`` function
+#: ``site -> KafkaEndpoint`` function
 BOOTSTRAP_LOCATOR = "shorelink.bootstrap_locator"
 
 

@@ -278,7 +278,8 @@ class Key:
     #: resolved by :func:`keys_of`: the field's name
     name: str = ""
     #: str, choice, int, bool, size, duration (seconds, a float), duration_ms (an int), secret,
-    #: path (relative to the file), strings, section, sections (a table of tables),
+    #: path (relative to the file), strings, section, inline (a nested dataclass whose
+    #: keys sit in this table, beside the others), sections (a table of tables),
     #: array (of tables), pairs (a free table of strings), name (the entry's name in its
     #: table: not a key); "": from the field's type
     kind: str = ""
@@ -431,8 +432,8 @@ def read(
         if default is _REQUIRED:
             default = _default(fields[k.field])
         head, _, name = k.name.rpartition(".")
-        if k.kind == "section":
-            sub = table(k.name)
+        if k.kind in ("section", "inline"):
+            sub = table(k.name if k.kind == "section" else head)
             if k.parse is not None:
                 values[k.field] = k.parse(sub)
             else:
@@ -542,6 +543,8 @@ def walk(
             continue
         if k.kind == "section":
             yield from walk(k.of, inner, k.keys)
+        elif k.kind == "inline":
+            yield from walk(k.of, where, k.keys)
         elif k.kind == "sections":
             yield from walk(k.of, f"{inner}.*", k.keys)
         elif k.kind == "array":

@@ -50,7 +50,7 @@ from shorelink.contract import (
     MARKER_TOPIC,
     canonical_topic,
 )
-from shorelink.kafka.auth import KafkaAuth, client_config
+from shorelink.kafka.endpoint import KafkaEndpoint
 from spark_core.config import SiteConfig, SitesConfig
 from spark_core.errors import SparkCoreError
 
@@ -217,10 +217,10 @@ def plan_access(
 
 
 def _application(plan: AccessPlan, s: SiteConfig) -> None:
-    who = s.kafka_auth.username
+    who = s.kafka.auth.username
     if not who:
         return
-    plan.user(who, s.kafka_auth.password, f"sites.{s.name}.kafka")
+    plan.user(who, s.kafka.auth.password, f"sites.{s.name}.kafka")
     # what it reads and purges: the gateway's ingress; what replication appends and the
     # merge reads and purges: the inboxes
     plan.allow(who, TOPIC, "sl.ingress.", PREFIXED, (*_READ, "DELETE", "DESCRIBE_CONFIGS"))
@@ -272,22 +272,16 @@ def _neighbour(plan: AccessPlan, other: SiteConfig) -> None:
     plan.allow(who, GROUP, "spark-kafka-source-", PREFIXED, ("READ", "DESCRIBE"))
 
 
-def apply_access(
-    plan: AccessPlan,
-    bootstrap: str,
-    admin: KafkaAuth,
-    *,
-    dry_run: bool = False,
-    timeout: float = 30.0,
-) -> AccessChanges:
-    """Bring the Kafka at ``bootstrap`` to ``plan`` as ``admin`` (a super user)."""
-    client = AdminClient(client_config(bootstrap, admin))
+def apply_access(plan: AccessPlan, admin: KafkaEndpoint, *, dry_run: bool = False) -> AccessChanges:
+    """Bring the Kafka ``admin`` reaches to ``plan``, as ``admin``'s principal (a super
+    user), each step within its timeout."""
+    client = AdminClient(admin.client_config())
     changes = AccessChanges(plan.site)
     try:
-        _users(client, plan, bootstrap, admin, changes, dry_run, timeout)
-        _acls(client, plan, changes, dry_run, timeout)
+        _users(client, plan, admin, changes, dry_run)
+        _acls(client, plan, changes, dry_run, admin.timeout_s)
     except KafkaException as exc:
-        raise AccessError(f"access at {bootstrap} (as {admin.username}): {exc}") from exc
+        raise AccessError(f"access at {admin.bootstrap} (as {admin.auth.username}): {exc}") from exc
     for line in changes.lines():
         log.info("event=access_%s site=%s %s", "planned" if dry_run else "changed", plan.site, line)
     return changes
@@ -296,18 +290,17 @@ def apply_access(
 def _users(
     client: AdminClient,
     plan: AccessPlan,
-    bootstrap: str,
-    admin: KafkaAuth,
+    admin: KafkaEndpoint,
     changes: AccessChanges,
     dry_run: bool,
-    timeout: float,
 ) -> None:
+    timeout = admin.timeout_s
     described = cast(Future, client.describe_user_scram_credentials(None))
     existing = set(described.result(timeout))
     upserts: list[UserScramCredentialAlteration] = []
     for user, password in sorted(plan.users.items()):
         if user in existing:
-            if _password_works(bootstrap, admin.as_user(user, password), timeout):
+            if _password_works(admin.as_user(user, password)):
                 continue
             changes.passwords_set.append(user)
         else:
@@ -324,9 +317,9 @@ def _users(
             fut.result(timeout)
 
 
-def _password_works(bootstrap: str, auth: KafkaAuth, timeout: float) -> bool:
-    conf = client_config(bootstrap, auth)
-    conf["socket.timeout.ms"] = int(timeout * 1000)
+def _password_works(kafka: KafkaEndpoint) -> bool:
+    timeout = kafka.timeout_s
+    conf = kafka.client_config({"socket.timeout.ms": int(timeout * 1000)})
     try:
         AdminClient(conf).list_topics(timeout=min(timeout, 5.0))
     except KafkaException:

@@ -234,14 +234,13 @@ def topics_apply_cmd(
     cfg = load_or_exit(load_config, config_path)
     site = load_or_exit(lambda _: cfg.site(site_name), config_path)
     try:
+        admin = site.admin_kafka()
         changes = apply_topics(
-            site.kafka_bootstrap,
+            admin.with_timeout(timeout) if timeout else admin,
             site_specs(cfg, site),
             durability=site.durability,
-            timeout=timeout or site.kafka_timeout_s,
             dry_run=dry_run,
             strict=keyed_topics(site, cfg),
-            auth=site.admin_auth(),
         )
     except ShorelinkError as exc:
         fail(exc)
@@ -249,14 +248,14 @@ def topics_apply_cmd(
     if as_json:
         doc = {
             "site": site.name,
-            "bootstrap": site.kafka_bootstrap,
+            "bootstrap": site.kafka.bootstrap,
             "dry_run": dry_run,
             "changes": [c.as_json() for c in changes],
             "errors": len(errors),
         }
         click.echo(json.dumps(doc, indent=1))
     else:
-        for line in render_topic_changes(site.name, site.kafka_bootstrap, changes, dry_run):
+        for line in render_topic_changes(site.name, site.kafka.bootstrap, changes, dry_run):
             click.echo(line)
         for c in errors:
             click.echo(f"error: {c.topic}: {c.error}", err=True)
@@ -302,19 +301,16 @@ def access_apply_cmd(
     try:
         customers = load_customers(cfg.customers_file) if cfg.customers_file else None
         plan = plan_access(cfg, site.name, customers.passwords() if customers else None)
+        admin = site.admin_kafka()
         changes = apply_access(
-            plan,
-            site.kafka_bootstrap,
-            site.admin_auth(),
-            dry_run=dry_run,
-            timeout=timeout or site.kafka_timeout_s,
+            plan, admin.with_timeout(timeout) if timeout else admin, dry_run=dry_run
         )
     except ShorelinkError as exc:
         fail(exc)
     if as_json:
         click.echo(json.dumps({**changes.to_json(), "dry_run": dry_run}, indent=1))
         return
-    for line in render_access_changes(site.kafka_bootstrap, len(plan.users), changes, dry_run):
+    for line in render_access_changes(site.kafka.bootstrap, len(plan.users), changes, dry_run):
         click.echo(line)
 
 

@@ -15,7 +15,8 @@ from shorelink.config import LOG_LEVELS, Secret, Section, check_name_field, key,
 from shorelink.config import load_config as load_file
 from shorelink.errors import ConfigError
 from shorelink.kafka.auth import KafkaAuth
-from shorelink.kafka.topics import Durability
+from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.sites import SiteKafka
 
 __all__ = [
     "AccessConfig",
@@ -167,26 +168,17 @@ class SparkConfig:
     conf: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass(frozen=True)
-class SiteConfig:
-    name: str = field(metadata=key(kind="name"))
-    kafka_bootstrap: str = field(metadata=key("kafka.bootstrap"))
-    streams: tuple[str, ...] = field(metadata=key(names="stream"))
+@dataclass(frozen=True, kw_only=True)
+class SiteConfig(SiteKafka):
+    """A site of the sites file: what the kernel reads of it (:class:`SiteKafka`: its
+    name, ``kafka`` table and streams, declared once there) and the rest of its keys."""
+
     #: relative to the sites file, as table_dir
     checkpoint_dir: Path
     table_dir: Path
     #: sites of this file this one replicates from
     neighbours: tuple[str, ...] = field(default=(), metadata=key(names="site"))
     trigger_interval_s: float = field(default=2.0, metadata=key("trigger_interval"))
-    kafka_timeout_s: float = field(default=30.0, metadata=key("kafka.timeout"))
-    #: how the site's application authenticates at its own Kafka (and which CA its
-    #: brokers' certificates are verified against, at neighbours too):
-    #: ``kafka.username``, ``kafka.password``, ``kafka.ca_file``, ``kafka.mechanism``
-    kafka_auth: KafkaAuth = field(default_factory=KafkaAuth, metadata=key("kafka"))
-    #: replication of the topics the site's application creates
-    durability: Durability = field(
-        default_factory=Durability, metadata=key("kafka", parse=Durability.from_section)
-    )
     tables: bool = False
     #: keep ``sl.customer.<name>.<stream>`` at this site (when the file names a
     #: ``customers_file``); false at a port that only HQ's customers read from
@@ -214,24 +206,22 @@ class SiteConfig:
     def query_checkpoint(self, query: str) -> Path:
         return self.checkpoint_dir / query
 
-    def reach(self, neighbour: SiteConfig) -> str:
-        """The bootstrap this site reads ``neighbour``'s Kafka at."""
-        return dict(self.replication.via).get(neighbour.name, neighbour.kafka_bootstrap)
+    def reach(self, neighbour: SiteConfig) -> KafkaEndpoint:
+        """``neighbour``'s Kafka as this site's application reaches it: at the address
+        ``replication.via`` names (else the neighbour's ``kafka.bootstrap``), as this
+        site's neighbour principal, verifying the neighbour's CA."""
+        n = neighbour.kafka
+        at = n.with_bootstrap(dict(self.replication.via).get(neighbour.name, n.bootstrap))
+        if not self.replication.username:
+            return at.with_auth(KafkaAuth(ca_file=n.auth.ca_file, mechanism=n.auth.mechanism))
+        return at.as_user(self.replication.username, self.replication.password)
 
-    def admin_auth(self) -> KafkaAuth:
-        """How ``access apply`` (and ``topics apply``) connects: the site's admin."""
+    def admin_kafka(self) -> KafkaEndpoint:
+        """How ``access apply`` (and ``topics apply``) connects: as the site's admin."""
         a = self.access
         if not a.admin_password:
-            return self.kafka_auth
-        return self.kafka_auth.as_user(a.admin_username, a.admin_password)
-
-    def auth_at(self, neighbour: SiteConfig) -> KafkaAuth:
-        """How this site's application authenticates at ``neighbour``'s Kafka: as its
-        neighbour principal, verifying the neighbour's CA."""
-        n = neighbour.kafka_auth
-        if not self.replication.username:
-            return KafkaAuth(ca_file=n.ca_file, mechanism=n.mechanism)
-        return n.as_user(self.replication.username, self.replication.password)
+            return self.kafka
+        return self.kafka.as_user(a.admin_username, a.admin_password)
 
     @property
     def urgent_streams(self) -> tuple[str, ...]:

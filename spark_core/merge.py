@@ -13,7 +13,6 @@ explains why that is exactly once.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -21,9 +20,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
-
-from confluent_kafka import KafkaError, KafkaException, Producer
+from typing import Any, NoReturn
 
 from shorelink.contract import (
     DEAD_UNKNOWN_TOPIC,
@@ -37,9 +34,10 @@ from shorelink.contract import (
     relay_topic,
 )
 from shorelink.files import write_json_atomic
-from shorelink.kafka.reading import produce
-from shorelink.ledger import encode_entry
+from shorelink.kafka.errors import Fenced, KafkaClientError, KafkaTransactionError
 from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
+from shorelink.kafka.transactions import TransactionalProducer
+from shorelink.ledger import encode_entry
 from spark_core.config import SiteConfig, SitesConfig
 from spark_core.merge_batch import ArrowBatch, batch_frame, cyclic_gc_paused
 from spark_core.merge_state import (
@@ -119,11 +117,9 @@ class Merger:
         self.last: dict[str, object] = {}
         self.stopping = threading.Event()
         self.busy = threading.Lock()
-        self._producer: Producer | None = None
+        self._producer: TransactionalProducer | None = None
         self._ensured: set[str] = set()
-        self._purger = SourcePurger(
-            site.kafka_bootstrap, timeout=site.kafka_timeout_s, auth=site.kafka_auth
-        )
+        self._purger = SourcePurger(site.kafka)
         #: who owns which container when: each new record of a customer's container
         #: also goes to ``sl.customer.<name>.<stream>``, in the same transaction
         self.ownership = customer_ownership(site, sites)
@@ -155,33 +151,32 @@ class Merger:
         ]
         self._ensure([*specs, *self._stream_specs(self.site.streams)])  # one admin round
         self._close_producer()
-        p = Producer(
+        p = TransactionalProducer(
             producer_config(
-                self.site.kafka_bootstrap,
+                self.site.kafka,
                 {
                     "transactional.id": self.transactional_id,
-                    "transaction.timeout.ms": int(self.site.kafka_timeout_s * 2000),
                     "linger.ms": 5,
                     "compression.type": "lz4",
                     # the Java clients' partitioner: same key, same partition, whoever writes
                     "partitioner": "murmur2_random",
                     "queue.buffering.max.messages": 1_000_000,
                 },
-                auth=self.site.kafka_auth,
-            )
+            ),
+            timeout=self.site.kafka.timeout_s,
+            closing=self.stopping,
         )
         try:
             # aborts whatever transaction a crashed predecessor left open, and fences it
-            p.init_transactions(self.site.kafka_timeout_s)
-        except KafkaException as exc:
+            p.init()
+        except KafkaClientError as exc:
             raise MergeError(f"cannot init transactions: {exc}") from exc
         self._producer = p
         self.state = MergeState.load(
-            self.site.kafka_bootstrap,
+            self.site.kafka,
             self.site.name,
-            timeout=self.site.kafka_timeout_s * 2,
+            timeout=self.site.kafka.timeout_s * 2,
             query=self.query,
-            auth=self.site.kafka_auth,
         )
         log.info(
             "event=merge_ready site=%s sources=%d ranges=%d last_batch=%s",
@@ -195,13 +190,7 @@ class Merger:
     def _ensure(self, specs: Sequence[TopicSpec]) -> None:
         todo = [s for s in specs if s.name not in self._ensured]
         if todo:
-            ensure_topics(
-                self.site.kafka_bootstrap,
-                todo,
-                timeout=self.site.kafka_timeout_s,
-                durability=self.site.durability,
-                auth=self.site.kafka_auth,
-            )
+            ensure_topics(self.site.kafka, todo, self.site.durability)
             self._ensured.update(s.name for s in todo)
 
     def _ensure_streams(self, streams: Iterable[str]) -> None:
@@ -306,27 +295,26 @@ class Merger:
                 "ts_ms": int(time.time() * 1000),
             },
         )
+        relay = self._relay if self.entries else None
+        customer = self._customer if self.ownership is not None else None
+        to_customers = 0
         try:
-            p.begin_transaction()
-            relay = self._relay if self.entries else None
-            customer = self._customer if self.ownership is not None else None
-            to_customers = 0
-            for topic, key, value, headers in plan.canonical:
-                produce(p, topic, key, value, headers)
-                if relay is not None:
-                    produce(p, relay(topic, headers), key, value, headers)
-                if customer is not None and (owned := customer(topic, key, headers)):
-                    produce(p, owned, key, value, headers)
-                    to_customers += 1
-            for topic, key, value, headers in plan.dead:
-                produce(p, topic, key, value, headers)
-            for (origin, stream), held in plan.ledger.items():
-                k, v = encode_entry(origin, stream, held)
-                produce(p, LEDGER_TOPIC, k, v, None)
-            produce(p, MARKER_TOPIC, marker_key(self.site.name, self.query), marker, None)
-            self._commit_transaction(p)
-        except KafkaException as exc:
-            self._fail(p, exc)
+            with p.transaction():
+                for topic, key, value, headers in plan.canonical:
+                    p.produce(topic, key, value, headers)
+                    if relay is not None:
+                        p.produce(relay(topic, headers), key, value, headers)
+                    if customer is not None and (owned := customer(topic, key, headers)):
+                        p.produce(owned, key, value, headers)
+                        to_customers += 1
+                for topic, key, value, headers in plan.dead:
+                    p.produce(topic, key, value, headers)
+                for (origin, stream), held in plan.ledger.items():
+                    k, v = encode_entry(origin, stream, held)
+                    p.produce(LEDGER_TOPIC, k, v, None)
+                p.produce(MARKER_TOPIC, marker_key(self.site.name, self.query), marker, None)
+        except KafkaTransactionError as exc:
+            self._fail(exc)
         # committed: the in-memory state follows what Kafka now holds
         self.totals.customer += to_customers
         self.state.held.update(plan.ledger)
@@ -334,78 +322,37 @@ class Merger:
         self.state.last_batch = batch_id
         return to_customers
 
-    def _commit_transaction(self, p: Producer) -> None:
-        """``commit_transaction``, retried while it fails with a retriable error (it
-        timed out: the commit goes on in the background, and librdkafka allows only
-        a retry then, not an abort), up to the transaction timeout."""
-        timeout = self.site.kafka_timeout_s
-        give_up = time.monotonic() + timeout * 3
-        while True:
-            try:
-                p.commit_transaction(timeout)
-                return
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-                if (
-                    err is None
-                    or not err.retriable()
-                    or err.fatal()
-                    or err.txn_requires_abort()
-                    or time.monotonic() > give_up
-                ):
-                    raise
-                log.warning("event=merge_commit_retry site=%s error=%r", self.site.name, str(err))
-
-    def _fail(self, p: Producer, exc: KafkaException) -> None:
-        """A transaction call failed; handle it as librdkafka defines its errors, then
-        raise (Spark replays the batch):
+    def _fail(self, exc: KafkaTransactionError) -> NoReturn:
+        """The transaction did not commit (TransactionalProducer ended it as librdkafka
+        defines); the merge's reaction, then raise (Spark replays the batch):
         - fenced (another merge of this site took over): keep the fenced producer, so
           no later batch re-initialises it (which would fence the other merge back);
           every batch fails with the same error until this merge is stopped;
-        - other fatal errors: drop the producer; the next batch re-creates it
-          (``init_transactions`` aborts what was left) and reloads the state;
-        - abortable: abort, drop the producer, reload the state at the next batch;
-        - a commit still timing out after its retries: no abort (it would conflict
-          with the commit going on): drop the producer, the next one settles it."""
+        - aborted, broken, or a commit whose outcome is unknown: drop the producer; the
+          next batch re-creates it (``init_transactions`` settles what was left) and
+          reloads the state from what Kafka committed."""
         self.totals.failures += 1
         if self.fenced is not None:
-            # a fenced producer answers later calls with other errors (_CONFLICT): it
-            # stays fenced whatever they say
             raise MergeError(self.fenced, fatal=True) from exc
-        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-        fatal = err is not None and err.fatal()
-        if (
-            fatal
-            and err is not None
-            and err.code()
-            in (
-                KafkaError._FENCED,
-                KafkaError.PRODUCER_FENCED,
-            )
-        ):
+        if isinstance(exc, Fenced):
             message = (
                 f"fenced: another merge of site {self.site.name} took over "
                 f"(transactional.id {self.transactional_id}); this one no longer "
-                f"writes: stop it ({err})"
+                f"writes: stop it ({exc})"
             )
-            if self.fenced is None:
-                self.fenced = message
-                log.error("event=merge_fenced site=%s error=%r", self.site.name, str(err))
-                self.write_status("fenced", message)
+            self.fenced = message
+            log.error("event=merge_fenced site=%s error=%r", self.site.name, str(exc))
+            self.write_status("fenced", message)
             raise MergeError(message, fatal=True) from exc
-        commit_pending = (
-            err is not None and err.retriable() and not err.txn_requires_abort() and not fatal
-        )
-        if not fatal and not commit_pending:
-            # if this fails too, the next prepare() fences and aborts it anyway
-            with contextlib.suppress(KafkaException):
-                p.abort_transaction(self.site.kafka_timeout_s)
         # whatever happened, start the next batch from what Kafka committed
         self._close_producer()
         log.error(
-            "event=merge_batch_failed site=%s fatal=%s error=%r", self.site.name, fatal, str(exc)
+            "event=merge_batch_failed site=%s outcome=%s error=%r",
+            self.site.name,
+            type(exc).__name__,
+            str(exc),
         )
-        raise MergeError(f"merge transaction failed: {exc}", fatal=fatal) from exc
+        raise MergeError(f"merge transaction failed: {exc}") from exc
 
     def _account(
         self,
@@ -481,7 +428,7 @@ class Merger:
     def _close_producer(self) -> None:
         p, self._producer = self._producer, None
         if p is not None:
-            p.flush(1)
+            p.close(1)
 
     def close(self) -> None:
         self._close_producer()
@@ -509,8 +456,7 @@ def start_merge(spark: Any, merger: Merger, *, available_now: bool = False) -> A
     merger.prepare()
     df = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", site.kafka_bootstrap)
-        .options(**site.kafka_auth.spark_options())
+        .options(**site.kafka.spark_options())
         .option("subscribePattern", merger.source_pattern)
         .option("includeHeaders", "true")
         .option("startingOffsets", "earliest")

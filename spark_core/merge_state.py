@@ -17,8 +17,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from confluent_kafka import KafkaException
-
 from shorelink.contract import (
     DEAD_UNKNOWN_TOPIC,
     H_MQTT_TOPIC,
@@ -33,7 +31,8 @@ from shorelink.contract import (
 )
 from shorelink.errors import ContractError
 from shorelink.identity import check_name
-from shorelink.kafka.auth import KafkaAuth
+from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import KafkaClientError
 from shorelink.kafka.reading import read_to_end
 from shorelink.ledger import MAX_HOLDINGS_RANGES, decode_entry
 from shorelink.ranges import RangeSet
@@ -101,15 +100,10 @@ class MergeState:
 
     @classmethod
     def load(
-        cls,
-        bootstrap: str,
-        site: str,
-        timeout: float = 60.0,
-        *,
-        query: str = "merge",
-        auth: KafkaAuth | None = None,
+        cls, kafka: KafkaEndpoint, site: str, timeout: float = 60.0, *, query: str = "merge"
     ) -> MergeState:
-        """Read ``sl.ledger`` and this site query's marker to their committed end."""
+        """Read ``sl.ledger`` and this site query's marker at ``kafka`` to their
+        committed end (within ``timeout``)."""
         state = cls()
         key = marker_key(site, query)
         try:
@@ -117,7 +111,7 @@ class MergeState:
             # waiting for data (fetch.wait.max.ms, 500 ms by default): start-up is quick
             topics = [LEDGER_TOPIC, MARKER_TOPIC]
             quick: dict[str, object] = {"fetch.wait.max.ms": 10}
-            for msg in read_to_end(bootstrap, topics, timeout=timeout, extra=quick, auth=auth):
+            for msg in read_to_end(kafka, topics, timeout=timeout, extra=quick):
                 value = msg.value()
                 if msg.topic() == MARKER_TOPIC:
                     if msg.key() == key and value:
@@ -130,8 +124,8 @@ class MergeState:
                 except ContractError:
                     continue  # not ours to judge; the merge never writes such entries
                 state.held[(origin, stream)] = held
-        except (KafkaException, ValueError, KeyError) as exc:
-            raise MergeError(f"cannot load merge state from {bootstrap}: {exc}") from exc
+        except (KafkaClientError, ValueError, KeyError) as exc:
+            raise MergeError(f"cannot load merge state from {kafka.bootstrap}: {exc}") from exc
         return state
 
 

@@ -24,7 +24,7 @@ from functools import partial
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from shorelink.kafka.auth import KafkaAuth, client_config
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.logs import RateLimitedLog
 from spark_core.merge_state import topic_stream
 
@@ -34,11 +34,9 @@ log = logging.getLogger(__name__)
 
 
 class SourcePurger:
-    def __init__(
-        self, bootstrap: str, *, timeout: float = 30.0, auth: KafkaAuth | None = None
-    ) -> None:
-        self._admin = AdminClient(client_config(bootstrap, auth))
-        self._timeout = timeout
+    def __init__(self, kafka: KafkaEndpoint) -> None:
+        self._admin = AdminClient(kafka.client_config())
+        self._timeout = kafka.timeout_s
         #: per source partition, the offset below which deletion was last requested
         self._purged: dict[tuple[str, int], int] = {}
         self._limited = RateLimitedLog(log)

@@ -27,14 +27,15 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from shorelink.contract import H_ORIGIN, H_SEQ, H_STREAM, LEDGER_TOPIC, relay_topic
+from shorelink.contract import LEDGER_TOPIC, relay_topic
 from shorelink.errors import ContractError
 from shorelink.files import write_json_atomic
-from shorelink.kafka.auth import KafkaAuth, client_config
+from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.topics import ensure_topics
 from shorelink.ledger import decode_entry
 from shorelink.ranges import RangeSet
-from shorelink.kafka.topics import ensure_topics
 from spark_core.config import SiteConfig
+from spark_core.contract_sql import IDENTITY_COLUMNS, read_contract
 from spark_core.progress import topic_lags
 from spark_core.routing import LinkState
 from spark_core.session import scheduler_pool, trigger
@@ -64,12 +65,9 @@ class LedgerView:
     consumer; shared by the site's inbox queries. A view a little behind only lets a
     few more records into the inbox, which the merge drops."""
 
-    def __init__(
-        self, bootstrap: str, *, timeout: float = 30.0, auth: KafkaAuth | None = None
-    ) -> None:
-        self.bootstrap = bootstrap
-        self.auth = auth
-        self.timeout = timeout
+    def __init__(self, kafka: KafkaEndpoint) -> None:
+        self.kafka = kafka
+        self.timeout = kafka.timeout_s
         self.held: dict[tuple[str, str], RangeSet] = {}
         #: grows each time ``held`` changes (the inbox queries rebuild their broadcast)
         self.version = 0
@@ -82,7 +80,7 @@ class LedgerView:
             if self._consumer is None:
                 self._consumer = Consumer(
                     {
-                        **client_config(self.bootstrap, self.auth),
+                        **self.kafka.client_config(),
                         "group.id": "shorelink-ledger-view",
                         "enable.auto.commit": False,
                         "isolation.level": "read_committed",
@@ -136,13 +134,12 @@ class InboxQuery:
 
     site: SiteConfig
     neighbour: str
-    bootstrap: str
+    #: the neighbour's Kafka as this site reaches it (its neighbour principal there)
+    kafka: KafkaEndpoint
     entry: str
     streams: tuple[str, ...]
     urgent: bool
     ledger: LedgerView
-    #: how this site authenticates at the neighbour (its neighbour principal)
-    auth: KafkaAuth = field(default_factory=KafkaAuth)
     #: batches appended, records read from the neighbour
     batches: int = 0
     read: int = 0
@@ -161,16 +158,12 @@ class InboxQuery:
     def process_batch(self, df: Any, batch_id: int) -> None:
         """``foreachBatch``: anti-join against the ledger, append to the inboxes."""
         spark = df.sparkSession
-        rows = df.selectExpr(
+        # the anti-join keys: the identity as Record.from_kafka reads it
+        rows = read_contract(df, "key", "value", "headers", "topic").selectExpr(
             "key",
             "value",
             "headers",
-            f"CAST(element_at(filter(headers, h -> h.key = '{H_ORIGIN}'), 1).value AS STRING)"
-            " AS origin",
-            f"CAST(element_at(filter(headers, h -> h.key = '{H_STREAM}'), 1).value AS STRING)"
-            " AS stream",
-            f"try_cast(CAST(element_at(filter(headers, h -> h.key = '{H_SEQ}'), 1).value"
-            " AS STRING) AS BIGINT) AS seq",
+            *IDENTITY_COLUMNS,
             # sl.relay.<entry>.<stream> -> sl.inbox.<neighbour>.<stream>
             f"concat('sl.inbox.{self.neighbour}.', substring_index(topic, '.', -1)) AS topic",
         )
@@ -193,8 +186,7 @@ class InboxQuery:
         (
             rows.select("key", "value", "headers", "topic")
             .write.format("kafka")
-            .option("kafka.bootstrap.servers", self.site.kafka_bootstrap)
-            .options(**self.site.kafka_auth.spark_options())
+            .options(**self.site.kafka.spark_options())
             .option("kafka.acks", "all")
             .option("kafka.enable.idempotence", "true")
             .option("kafka.compression.type", "lz4")
@@ -238,30 +230,20 @@ def inbox_queries(
 ) -> list[InboxQuery]:
     """Every inbox query this site may run against ``neighbour``: per entry site, one
     for the urgent streams and one for the rest (classes without streams left out)."""
-    bootstrap, auth = site.reach(neighbour), site.auth_at(neighbour)
+    kafka = site.reach(neighbour)
     out = []
     for entry in entries:
         if entry == site.name:
             continue  # what entered here is never pulled back
         for urgent, streams in ((True, site.urgent_streams), (False, site.bulk_streams)):
             if streams:
-                out.append(
-                    InboxQuery(
-                        site, neighbour.name, bootstrap, entry, streams, urgent, ledger, auth
-                    )
-                )
+                out.append(InboxQuery(site, neighbour.name, kafka, entry, streams, urgent, ledger))
     return out
 
 
 def ensure_inboxes(site: SiteConfig) -> None:
     """The site's ``sl.inbox.<neighbour>.<stream>`` topics (spark_core/topics.py)."""
-    ensure_topics(
-        site.kafka_bootstrap,
-        inbox_specs(site),
-        timeout=site.kafka_timeout_s,
-        durability=site.durability,
-        auth=site.kafka_auth,
-    )
+    ensure_topics(site.kafka, inbox_specs(site), site.durability)
 
 
 def start_inbox(spark: Any, q: InboxQuery, *, available_now: bool = False) -> Any:
@@ -271,8 +253,7 @@ def start_inbox(spark: Any, q: InboxQuery, *, available_now: bool = False) -> An
     with scheduler_pool(spark, URGENT_POOL if q.urgent else BULK_POOL):
         df = (
             spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", q.bootstrap)
-            .options(**q.auth.spark_options())
+            .options(**q.kafka.spark_options())
             .option("subscribe", ",".join(q.topics))
             .option("includeHeaders", "true")
             .option("startingOffsets", "earliest")
@@ -291,14 +272,12 @@ def start_inbox(spark: Any, q: InboxQuery, *, available_now: bool = False) -> An
         return trigger(writer, q.site.trigger_interval_s, available_now).start()
 
 
-def relay_missing(
-    bootstrap: str, topics: Sequence[str], timeout: float, auth: KafkaAuth | None = None
-) -> list[str]:
+def relay_missing(kafka: KafkaEndpoint, topics: Sequence[str], timeout: float) -> list[str]:
     """The ``topics`` the neighbour does not have yet (its merge creates them)."""
     from confluent_kafka.admin import AdminClient
 
     try:
-        md = AdminClient(client_config(bootstrap, auth)).list_topics(timeout=timeout)
+        md = AdminClient(kafka.client_config()).list_topics(timeout=timeout)
     except KafkaException:
         return list(topics)
     return [t for t in topics if t not in md.topics]
@@ -323,9 +302,7 @@ class Replicator:
         self.cfg = cfg
         self.site = site
         self.links = LinkState(cfg, site)
-        self.ledger = LedgerView(
-            site.kafka_bootstrap, timeout=min(5.0, site.kafka_timeout_s), auth=site.kafka_auth
-        )
+        self.ledger = LedgerView(site.kafka.with_timeout(min(5.0, site.kafka.timeout_s)))
         self.queries = [
             q
             for n in site.neighbours
@@ -379,9 +356,7 @@ class Replicator:
         return self.routes.get(q.entry) == q.neighbour
 
     def start_query(self, spark: Any, q: InboxQuery, *, available_now: bool = False) -> Any:
-        missing = relay_missing(
-            q.bootstrap, q.topics, self.site.replication.probe_timeout_s, q.auth
-        )
+        missing = relay_missing(q.kafka, q.topics, self.site.replication.probe_timeout_s)
         if missing:
             raise KafkaException(
                 f"{q.neighbour} has no {', '.join(missing)} yet (its merge creates them)"

@@ -35,9 +35,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient
 
 from shorelink.contract import LINKS_TOPIC
-from shorelink.kafka.auth import KafkaAuth, client_config
-from shorelink.logs import RateLimitedLog
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
+from shorelink.logs import RateLimitedLog
 from spark_core.config import SiteConfig, SitesConfig
 
 __all__ = ["Edge", "LinkState", "Report", "plan_routes"]
@@ -107,9 +107,8 @@ class NeighbourLink:
     """What this site knows of its link to one neighbour."""
 
     name: str
-    bootstrap: str
-    #: this site's neighbour principal there
-    auth: KafkaAuth = field(default_factory=KafkaAuth)
+    #: the neighbour's Kafka as this site reaches it (:meth:`SiteConfig.reach`)
+    kafka: KafkaEndpoint
     up: bool = False
     since: float = field(default_factory=time.time)
     last_ok: float | None = None
@@ -123,7 +122,7 @@ class NeighbourLink:
             "since": self.since,
             "last_ok": self.last_ok,
             "error": self.error,
-            "bootstrap": self.bootstrap,
+            "bootstrap": self.kafka.bootstrap,
         }
 
 
@@ -137,10 +136,7 @@ class LinkState:
         self.site = site
         self.graph = cfg.neighbours_of()
         r = site.replication
-        self.links = {
-            n: NeighbourLink(n, site.reach(cfg.site(n)), site.auth_at(cfg.site(n)))
-            for n in site.neighbours
-        }
+        self.links = {n: NeighbourLink(n, site.reach(cfg.site(n))) for n in site.neighbours}
         self.reports: dict[str, Report] = {}
         self._version = int(time.time() * 1000)  # grows across restarts too
         self._published: dict[str, int] = {}
@@ -180,10 +176,7 @@ class LinkState:
         try:
             if link.admin is None:
                 link.admin = AdminClient(
-                    {
-                        **client_config(link.bootstrap, link.auth),
-                        "socket.timeout.ms": int(self._timeout * 1000),
-                    }
+                    link.kafka.client_config({"socket.timeout.ms": int(self._timeout * 1000)})
                 )
             md = link.admin.list_topics(LINKS_TOPIC, timeout=self._timeout)
             if not md.brokers:
@@ -213,7 +206,7 @@ class LinkState:
         if link.consumer is None:
             link.consumer = Consumer(
                 {
-                    **client_config(link.bootstrap, link.auth),
+                    **link.kafka.client_config(),
                     "group.id": f"shorelink-links-{self.site.name}",
                     "enable.auto.commit": False,
                     "auto.offset.reset": "earliest",
@@ -271,17 +264,11 @@ class LinkState:
         try:
             if self._producer is None:
                 ensure_topics(
-                    self.site.kafka_bootstrap,
+                    self.site.kafka,
                     [TopicSpec(LINKS_TOPIC, partitions=1, compacted=True)],
-                    timeout=self.site.kafka_timeout_s,
-                    durability=self.site.durability,
-                    auth=self.site.kafka_auth,
+                    self.site.durability,
                 )
-                self._producer = Producer(
-                    producer_config(
-                        self.site.kafka_bootstrap, {"linger.ms": 5}, auth=self.site.kafka_auth
-                    )
-                )
+                self._producer = Producer(producer_config(self.site.kafka, {"linger.ms": 5}))
             for r in todo:
                 self._producer.produce(LINKS_TOPIC, key=r.site.encode(), value=r.encode())
             self._producer.flush(self._timeout)

@@ -21,17 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shorelink.contract import (
-    H_MQTT_TOPIC,
-    H_ORIGIN,
-    H_SEQ,
-    H_SITE,
-    H_STREAM,
-    H_TS,
-    canonical_topic,
-)
+from shorelink.contract import canonical_topic
 from spark_core.ais import WINDOW, NavRecord, decode_nav, fragment_info
 from spark_core.config import SiteConfig
+from spark_core.contract_sql import read_contract
 from spark_core.session import trigger
 
 __all__ = [
@@ -58,19 +51,16 @@ def table_path(site: SiteConfig, table: str) -> Path:
     return site.table_dir / table
 
 
-def _header(name: str) -> str:
-    return f"CAST(try_element_at(filter(headers, h -> h.key = '{name}'), 1).value AS STRING)"
-
-
-#: Kafka row -> identity and contract columns (shared by every table)
+#: Kafka row -> identity and contract columns (shared by every table; the contract's
+#: columns as ``Record.from_kafka`` reads them: spark_core/contract_sql.py)
 BASE_COLUMNS = (
-    f"{_header(H_ORIGIN)} AS origin",
-    f"{_header(H_STREAM)} AS stream",
-    f"try_cast({_header(H_SEQ)} AS BIGINT) AS seq",
+    "origin",
+    "stream",
+    "seq",
     "CAST(key AS STRING) AS key",
-    f"timestamp_millis(try_cast({_header(H_TS)} AS BIGINT)) AS ts",
-    f"{_header(H_SITE)} AS site",
-    f"{_header(H_MQTT_TOPIC)} AS mqtt_topic",
+    "ts",
+    "site",
+    "mqtt_topic",
     "CAST(value AS STRING) AS payload",
     "topic AS kafka_topic",
     "partition AS kafka_partition",
@@ -79,10 +69,9 @@ BASE_COLUMNS = (
 
 
 def _source(spark: Any, site: SiteConfig, topic: str) -> Any:
-    return (
+    df = (
         spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", site.kafka_bootstrap)
-        .options(**site.kafka_auth.spark_options())
+        .options(**site.kafka.spark_options())
         .option("subscribe", topic)
         .option("includeHeaders", "true")
         .option("startingOffsets", "earliest")
@@ -90,7 +79,9 @@ def _source(spark: Any, site: SiteConfig, topic: str) -> Any:
         .option("maxOffsetsPerTrigger", str(site.merge.max_offsets_per_trigger))
         .option("failOnDataLoss", "true")
         .load()
-        .selectExpr(*BASE_COLUMNS)
+    )
+    return read_contract(df, "key", "value", "topic", "partition", "offset").selectExpr(
+        *BASE_COLUMNS
     )
 
 

@@ -23,7 +23,6 @@ import logging
 import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
@@ -46,7 +45,7 @@ from shorelink.contract import (
     inbox_topic,
     relay_topic,
 )
-from shorelink.kafka.auth import KafkaAuth, client_config
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.topics import (
     Durability,
     TopicError,
@@ -321,17 +320,15 @@ def _show(name: str, value: str | None) -> str:
 # -- against a cluster -----------------------------------------------------------------
 
 
-def _admin(bootstrap: str, auth: KafkaAuth | None) -> AdminClient:
+def _admin(kafka: KafkaEndpoint) -> AdminClient:
     # librdkafka's own connection errors go to this module's log, not to stderr
-    conf: dict[str, Any] = {**client_config(bootstrap, auth), "logger": log}
-    return AdminClient(conf)
+    return AdminClient(kafka.client_config({"logger": log}))
 
 
-def read_topics(
-    bootstrap: str, names: Iterable[str], timeout: float, auth: KafkaAuth | None = None
-) -> tuple[int, dict[str, TopicState]]:
+def read_topics(kafka: KafkaEndpoint, names: Iterable[str]) -> tuple[int, dict[str, TopicState]]:
     """(brokers in the cluster, the state of those of ``names`` that exist)."""
-    admin = _admin(bootstrap, auth)
+    bootstrap, timeout = kafka.bootstrap, kafka.timeout_s
+    admin = _admin(kafka)
     try:
         md = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
@@ -357,20 +354,20 @@ def read_topics(
 
 
 def apply_topics(
-    bootstrap: str,
+    kafka: KafkaEndpoint,
     specs: Sequence[TopicSpec],
     *,
     durability: Durability | None = None,
-    timeout: float = 30.0,
     dry_run: bool = False,
     strict: Collection[str] | None = None,
-    auth: KafkaAuth | None = None,
 ) -> list[Change]:
-    """Bring the cluster at ``bootstrap`` to ``specs``; return what was (with
-    ``dry_run``: would be) changed, refused or failed, each failure in its change's
-    ``error`` (``strict``: see :func:`plan_changes`). Raises :class:`~shorelink.kafka.topics.TopicError` when the cluster cannot
-    be read at all."""
-    brokers, existing = read_topics(bootstrap, [s.name for s in specs], timeout, auth)
+    """Bring the cluster ``kafka`` reaches (as a principal allowed to create and alter
+    topics: the site's admin) to ``specs``, each step within ``kafka``'s timeout; return
+    what was (with ``dry_run``: would be) changed, refused or failed, each failure in
+    its change's ``error`` (``strict``: see :func:`plan_changes`). Raises
+    :class:`~shorelink.kafka.topics.TopicError` when the cluster cannot be read at all."""
+    timeout = kafka.timeout_s
+    brokers, existing = read_topics(kafka, [s.name for s in specs])
     rf, isr = (durability or Durability()).resolve(brokers)
     changes = plan_changes(specs, existing, rf, isr, strict)
     if dry_run or not changes:
@@ -380,17 +377,11 @@ def apply_topics(
     creates = [c for c in changes if c.action == "create"]
     if creates:
         try:
-            ensure_topics(
-                bootstrap,
-                [by_name[c.topic] for c in creates],
-                timeout,
-                durability=durability,
-                auth=auth,
-            )
+            ensure_topics(kafka, [by_name[c.topic] for c in creates], durability)
             done += creates
         except TopicError as exc:
             done += [_failed(c, exc) for c in creates]
-    admin = _admin(bootstrap, auth)
+    admin = _admin(kafka)
     grow = [c for c in changes if c.action == "partitions"]
     if grow:
         futures = admin.create_partitions(
@@ -431,7 +422,7 @@ def apply_topics(
     applied = {c.topic for c in done if c.error is None and c.action in _CHANGES}
     failed = {c.topic for c in done if c.error is not None}
     if applied:
-        _settle(bootstrap, [by_name[t] for t in applied - failed], isr, timeout, strict, auth)
+        _settle(kafka, [by_name[t] for t in applied - failed], isr, strict)
     order = {c.topic: i for i, c in enumerate(changes)}
     return sorted(done, key=lambda c: order[c.topic])
 
@@ -440,19 +431,17 @@ _CHANGES = ("create", "partitions", "config")
 
 
 def _settle(
-    bootstrap: str,
+    kafka: KafkaEndpoint,
     specs: Sequence[TopicSpec],
     min_insync: int,
-    timeout: float,
     strict: Collection[str] | None,
-    auth: KafkaAuth | None,
 ) -> None:
     """Wait until the cluster shows what was applied: a broker serves metadata and
     configs a moment after the controller accepted a change, and a run that read the
     old state right after would do (or refuse) the same change again."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + kafka.timeout_s
     while True:
-        _, existing = read_topics(bootstrap, [s.name for s in specs], timeout, auth)
+        _, existing = read_topics(kafka, [s.name for s in specs])
         pending = [
             c for c in plan_changes(specs, existing, 1, min_insync, strict) if c.action in _CHANGES
         ]

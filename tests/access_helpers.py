@@ -17,7 +17,7 @@ from confluent_kafka.admin import (
 
 from local_stack.kafka import KafkaBroker
 from shorelink.config import Secret
-from shorelink.kafka.auth import KafkaAuth, client_config
+from shorelink.kafka.auth import KafkaAuth
 from spark_core.access import apply_access, plan_access
 from spark_core.config import SitesConfig, parse_config
 
@@ -87,7 +87,7 @@ def principal(broker: KafkaBroker, user: str) -> KafkaAuth:
 
 def reset_access(broker: KafkaBroker) -> None:
     """Take every principal of :data:`PASSWORDS` and its ACLs off ``broker``."""
-    admin = AdminClient(client_config(broker.bootstrap, broker.admin))
+    admin = AdminClient(broker.endpoint.client_config())
     filters = [
         AclBindingFilter(
             ResourceType.ANY,
@@ -116,5 +116,5 @@ def reset_access(broker: KafkaBroker) -> None:
 def apply_secure_access(broker: KafkaBroker) -> SitesConfig:
     """Give ``broker`` the principals and ACLs of :func:`secure_sites` (idempotent)."""
     sites = secure_sites(broker)
-    apply_access(plan_access(sites, "tokyo", CUSTOMERS), broker.bootstrap, broker.admin)
+    apply_access(plan_access(sites, "tokyo", CUSTOMERS), broker.endpoint)
     return sites

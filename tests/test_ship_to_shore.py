@@ -27,9 +27,9 @@ from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import free_port
 from local_stack.toxiproxy import Toxiproxy
 from shorelink.contract import LEDGER_TOPIC, MAX_RECORD_BYTES, record_bytes
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.ledger import encode_entry
 from shorelink.ranges import RangeSet
-from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.merge import Merger, start_merge
 from tests.conftest import unique
 from tests.core_gateway.helpers import gateway_config, ingress_seqs, start_gateway
@@ -289,7 +289,7 @@ async def test_second_site_is_sent_only_what_it_lacks(
     assert str(held_a) == "1-1000"
     # replication (spark_core/replication.py) would bring Tokyo's records to
     # Singapore; here its ledger says so
-    ensure_topics(brokers["singapore"].bootstrap, [TopicSpec(LEDGER_TOPIC, compacted=True)])
+    ensure_topics(brokers["singapore"].endpoint, [TopicSpec(LEDGER_TOPIC, compacted=True)])
     p = Producer({"bootstrap.servers": brokers["singapore"].bootstrap})
     for stream in ("containers", "nav", "alerts"):
         k, v = encode_entry(ship, stream, agent.log.delivered(stream))

@@ -30,7 +30,7 @@ from shorelink.contract import (
     H_TS,
     canonical_topic,
 )
-from shorelink.kafka.auth import KafkaAuth, client_config
+from shorelink.kafka.endpoint import KafkaEndpoint
 from voyage.topology import STREAMS
 
 __all__ = ["Arrival", "EdgeSample", "SiteWatch", "edge_metrics", "query_level_with"]
@@ -55,10 +55,9 @@ class SiteWatch(threading.Thread):
     def __init__(
         self,
         site: str,
-        bootstrap: str,
+        kafka: KafkaEndpoint,
         t0: float,
         payloads_of: tuple[str, ...] = ("alerts", "cargo"),
-        auth: KafkaAuth | None = None,
     ) -> None:
         super().__init__(name=f"watch-{site}", daemon=True)
         self.site = site
@@ -72,7 +71,7 @@ class SiteWatch(threading.Thread):
         self._lock = threading.Lock()
         self.consumer = Consumer(
             {
-                **client_config(bootstrap, auth),
+                **kafka.client_config(),
                 "group.id": f"voyage-watch-{site}-{time.time_ns()}",
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
@@ -192,9 +191,7 @@ def _committed_offsets(checkpoint: Path) -> dict[str, dict[str, int]] | None:
     return offsets
 
 
-def query_level_with(
-    checkpoint: Path, bootstrap: str, topic: str, auth: KafkaAuth | None = None
-) -> bool:
+def query_level_with(checkpoint: Path, kafka: KafkaEndpoint, topic: str) -> bool:
     """True when the streaming query at ``checkpoint`` has committed a batch that ends
     at the end of every partition of ``topic`` (so a Delta table it writes holds every
     record the topic holds)."""
@@ -203,7 +200,7 @@ def query_level_with(
         return False
     consumer = Consumer(
         {
-            **client_config(bootstrap, auth),
+            **kafka.client_config(),
             "group.id": "voyage-level",
             "isolation.level": "read_committed",
         }

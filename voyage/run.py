@@ -32,6 +32,7 @@ from local_stack.stack import load as load_stack
 from shorelink.config import Secret
 from shorelink.contract import canonical_topic
 from shorelink.kafka.auth import KafkaAuth
+from shorelink.kafka.endpoint import KafkaEndpoint
 from voyage.customers import READER, CustomerReader
 from voyage.html import write_report
 from voyage.launch import Launched, launch
@@ -175,9 +176,7 @@ class Voyage:
         )
         (self.dir / "plan.json").write_text(json.dumps(plan.to_json(), indent=1))
         for site in SITES:
-            w = SiteWatch(
-                site, self.launched.info.sites[site]["kafka"], plan.start_wall, auth=self.staff()
-            )
+            w = SiteWatch(site, self.staff_at(site), plan.start_wall)
             w.start()
             self.watches[site] = w
         # a customer reading its own containers at HQ, live, for the whole voyage
@@ -322,23 +321,24 @@ class Voyage:
         links.close(time.time() - plan.start_wall)
         return links, events
 
-    def staff(self) -> KafkaAuth:
-        """How the voyage's observers read the sites' Kafkas: as Big Blue's staff."""
+    def staff_at(self, site: str) -> KafkaEndpoint:
+        """How the voyage's observers read ``site``'s Kafka: as Big Blue's staff."""
         assert self.launched is not None and self.launched.security is not None
         sec = self.launched.security
-        return KafkaAuth(STAFF, Secret(sec.password("staff", STAFF)), sec.ca_file)
+        staff = KafkaAuth(STAFF, Secret(sec.password("staff", STAFF)), sec.ca_file)
+        return KafkaEndpoint(self.launched.info.sites[site]["kafka"], staff)
 
     def tables_caught_up(self, timeout: float = 180.0) -> bool:
         """HQ's Delta table queries have committed batches up to the end of their
         canonical topics (their checkpoints against Kafka's end offsets)."""
         assert self.launched is not None
         root = self.launched.checkpoint_dir(HQ)
-        kafka = self.launched.info.sites[HQ]["kafka"]
+        kafka = self.staff_at(HQ)
         tables = {"container_readings": "containers", "alerts": "alerts", "ship_positions": "nav"}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if all(
-                query_level_with(root / f"table-{t}", kafka, canonical_topic(stream), self.staff())
+                query_level_with(root / f"table-{t}", kafka, canonical_topic(stream))
                 for t, stream in tables.items()
             ):
                 return True

@@ -25,7 +25,9 @@ from confluent_kafka.admin import AdminClient
 
 from shorelink.contract import LEDGER_TOPIC, LINKS_TOPIC, Record, canonical_topic
 from shorelink.errors import ContractError, ShorelinkError
-from shorelink.kafka.auth import KafkaAuth, client_config
+from shorelink.identity import NAME_RE
+from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import KafkaClientError, kafka_errors
 from shorelink.kafka.reading import read_to_end
 from shorelink.ranges import RangeSet
 
@@ -40,7 +42,7 @@ __all__ = [
 ]
 
 #: canonical topics are ``sl.<stream>``: one dot, a valid stream name
-_CANONICAL = re.compile(r"^sl\.([a-z0-9][a-z0-9_-]{0,62})$")
+_CANONICAL = re.compile(rf"sl\.({NAME_RE.pattern})")
 #: topics of that shape that are not a stream's
 _NOT_STREAMS = {t.removeprefix("sl.") for t in (LEDGER_TOPIC, LINKS_TOPIC)}
 
@@ -95,31 +97,28 @@ class SourceAudit:
         }
 
 
-def canonical_topics(
-    bootstrap: str, streams: Iterable[str] | None = None, auth: KafkaAuth | None = None
-) -> list[str]:
-    names = AdminClient(client_config(bootstrap, auth)).list_topics(timeout=10).topics
+def canonical_topics(kafka: KafkaEndpoint, streams: Iterable[str] | None = None) -> list[str]:
+    with kafka_errors(f"Kafka at {kafka.bootstrap}"):
+        names = AdminClient(kafka.client_config()).list_topics(timeout=10).topics
     out = []
     for t in sorted(names):
-        m = _CANONICAL.match(t)
+        m = _CANONICAL.fullmatch(t)
         if m and m.group(1) not in _NOT_STREAMS and (streams is None or m.group(1) in streams):
             out.append(t)
     return out
 
 
 def audit_site(
-    bootstrap: str,
-    streams: Iterable[str] | None = None,
-    timeout: float = 300,
-    auth: KafkaAuth | None = None,
+    kafka: KafkaEndpoint, streams: Iterable[str] | None = None, timeout: float = 300
 ) -> tuple[list[SourceAudit], int]:
-    """Audit every canonical topic at ``bootstrap``; returns the per-source results
-    and the number of records that break the record contract."""
-    topics = canonical_topics(bootstrap, list(streams) if streams is not None else None, auth)
+    """Audit every canonical topic at ``kafka``; returns the per-source results and
+    the number of records that break the record contract. Raises
+    :class:`~shorelink.kafka.errors.KafkaClientError` when that Kafka cannot be read."""
+    topics = canonical_topics(kafka, list(streams) if streams is not None else None)
     by_source: dict[tuple[str, str], SourceAudit] = {}
     malformed = 0
     if topics:
-        for msg in read_to_end(bootstrap, topics, timeout=timeout, auth=auth):
+        for msg in read_to_end(kafka, topics, timeout=timeout):
             try:
                 rec = Record.from_kafka(msg.key(), msg.value(), msg.headers())
             except ContractError:
@@ -227,24 +226,22 @@ class SitesAudit:
 
 
 def audit_sites(
-    sites: Mapping[str, tuple[str, Iterable[str]]],
+    sites: Mapping[str, tuple[KafkaEndpoint, Iterable[str]]],
     streams: Iterable[str] | None = None,
     *,
     timeout: float = 300,
     connect_timeout: float = 10,
-    auths: Mapping[str, KafkaAuth] | None = None,
 ) -> SitesAudit:
-    """Audit ``sites`` (name -> (Kafka bootstrap, the streams it carries)) and compare
-    them: per stream, each site carrying it against the union of all of them. Only the
+    """Audit ``sites`` (name -> (its Kafka, the streams it carries)) and compare them:
+    per stream, each site carrying it against the union of all of them. Only the
     streams in ``streams`` when given. Raises :class:`AuditError` naming a site whose
-    Kafka cannot be read. ``auths``: how to authenticate at each site (none: plain)."""
+    Kafka cannot be read."""
     only = set(streams) if streams is not None else None
     results: list[SiteStreamAudit] = []
-    for site, (bootstrap, carried) in sites.items():
+    for site, (kafka, carried) in sites.items():
         wanted = [s for s in dict.fromkeys(carried) if only is None or s in only]
         if wanted:
-            auth = (auths or {}).get(site)
-            results += _read_site(site, bootstrap, wanted, timeout, connect_timeout, auth)
+            results += _read_site(site, kafka, wanted, timeout, connect_timeout)
     by_stream: dict[str, list[SiteStreamAudit]] = {}
     for r in results:
         by_stream.setdefault(r.stream, []).append(r)
@@ -267,15 +264,11 @@ def audit_sites(
 
 
 def _read_site(
-    site: str,
-    bootstrap: str,
-    streams: list[str],
-    timeout: float,
-    connect_timeout: float,
-    auth: KafkaAuth | None,
+    site: str, kafka: KafkaEndpoint, streams: list[str], timeout: float, connect_timeout: float
 ) -> list[SiteStreamAudit]:
+    bootstrap = kafka.bootstrap
     try:
-        admin = AdminClient(client_config(bootstrap, auth))
+        admin = AdminClient(kafka.client_config())
         names = admin.list_topics(timeout=connect_timeout)
     except KafkaException as exc:
         raise AuditError(
@@ -286,7 +279,7 @@ def _read_site(
     for t, r in by_topic.items():
         r.present = t in names.topics
     try:
-        for msg in read_to_end(bootstrap, present, timeout=timeout, auth=auth) if present else ():
+        for msg in read_to_end(kafka, present, timeout=timeout) if present else ():
             r = by_topic[msg.topic() or ""]
             try:
                 rec = Record.from_kafka(msg.key(), msg.value(), msg.headers())
@@ -294,8 +287,6 @@ def _read_site(
                 r.malformed += 1
                 continue
             r.add(rec.identity.origin, rec.identity.seq)
-    except KafkaException as exc:
-        raise AuditError(
-            f"site {site}: reading {', '.join(present)} at {bootstrap}: {exc}"
-        ) from exc
+    except KafkaClientError as exc:
+        raise AuditError(f"site {site}: {exc}") from exc
     return list(by_topic.values())

@@ -1,10 +1,11 @@
 """How a client proves who it is to a site's Kafka: SASL/SCRAM over TLS, or nothing.
 
-Every shorelink client of Kafka (the gateway's writer, the site application's merge,
-replication and tables, ``shorelink consume`` and ``shorelink audit``) reads a
-:class:`KafkaAuth` from its config's Kafka table and hands it to the client it builds:
-:meth:`KafkaAuth.client_config` for confluent-kafka (librdkafka) and
-:meth:`KafkaAuth.spark_options` for Spark's Kafka source and sink (the Java client).
+A :class:`KafkaAuth` is the credentials half of a
+:class:`~shorelink.kafka.endpoint.KafkaEndpoint` (its keys sit in the same ``[kafka]``
+table as ``bootstrap``); clients are built from the endpoint, never from an address
+alone. :meth:`KafkaAuth.client_config` gives confluent-kafka's (librdkafka) security
+settings, :meth:`KafkaAuth.java_config` the Java client's (Spark's Kafka source and
+sink, Kafka's tools).
 
 - ``ca_file`` set: TLS, the broker's certificate verified against that CA (and its
   name against the address dialled);
@@ -24,19 +25,14 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from shorelink.config import Secret, key
-from shorelink.errors import ShorelinkError
+from shorelink.kafka.errors import KafkaAuthError
 
 __all__ = [
     "MECHANISMS",
     "AuthWatch",
-    "ClientConfig",
     "KafkaAuth",
     "KafkaAuthError",
-    "client_config",
 ]
-
-#: a confluent-kafka client's settings
-ClientConfig = dict[str, str | int | float | bool]
 
 MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
 
@@ -97,30 +93,11 @@ class KafkaAuth:
             out |= {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.ca_file)}
         return out
 
-    def spark_options(self) -> dict[str, str]:
-        """:meth:`java_config` as options of Spark's Kafka source or sink (``kafka.``)."""
-        return {f"kafka.{k}": v for k, v in self.java_config().items()}
-
     def __repr__(self) -> str:
         return (
             f"KafkaAuth(protocol={self.protocol}, username={self.username!r}, "
             f"ca_file={self.ca_file})"
         )
-
-
-def client_config(bootstrap: str, auth: KafkaAuth | None = None) -> ClientConfig:
-    """``bootstrap.servers`` and the security settings of ``auth``: the start of every
-    confluent-kafka client's config."""
-    conf: ClientConfig = {"bootstrap.servers": bootstrap}
-    conf.update((auth or KafkaAuth()).client_config())
-    return conf
-
-
-class KafkaAuthError(ShorelinkError):
-    """The broker refused who the client says it is (a wrong user or password, a
-    certificate that does not verify): trying again will not help."""
-
-    retryable = False
 
 
 class AuthWatch:
@@ -139,7 +116,8 @@ class AuthWatch:
         refused."""
         client.poll(0.5)
         if self.errors:
-            raise KafkaAuthError(f"{what}: {self.errors[-1].str()}")
+            err = self.errors[-1]
+            raise KafkaAuthError(f"{what}: {err.str()}", code=err.code())
 
 
 def _jaas_quote(text: str) -> str:

@@ -56,9 +56,9 @@ from confluent_kafka.admin import AdminClient
 from shorelink.contract import Record, canonical_topic, customer_topic
 from shorelink.errors import ContractError, ShorelinkError
 from shorelink.identity import Identity
-from shorelink.kafka.auth import KafkaAuth, client_config
-from shorelink.logs import RateLimitedLog
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.position import Position, PositionStore
+from shorelink.logs import RateLimitedLog
 
 __all__ = ["Consumed", "ConsumerError", "PortableConsumer"]
 
@@ -119,31 +119,30 @@ def _text(name: str, raw: bytes) -> dict[str, str]:
 
 
 class PortableConsumer:
-    """Reads the canonical topics of ``streams`` at the site whose Kafka is
-    ``bootstrap``, skipping every identity in its position.
+    """Reads the canonical topics of ``streams`` at the site whose Kafka is ``kafka``
+    (as its principal there), skipping every identity in its position.
 
     ``store`` loads the position at start and saves it on :meth:`commit`; ``position``
-    starts from a given one instead (and is then not loaded). ``timeout``: how long the
-    site's Kafka may take to answer at start (:class:`ConsumerError` after it).
+    starts from a given one instead (and is then not loaded). The endpoint's timeout:
+    how long the site's Kafka may take to answer at start (:class:`ConsumerError`
+    after it).
     """
 
     def __init__(
         self,
-        bootstrap: str,
+        kafka: KafkaEndpoint,
         streams: Sequence[str],
         *,
         store: PositionStore | None = None,
         position: Position | None = None,
-        timeout: float = 10.0,
         batch_size: int = 500,
         extra: dict[str, object] | None = None,
-        auth: KafkaAuth | None = None,
         customer: str | None = None,
     ) -> None:
         if not streams:
             raise ValueError("name at least one stream")
-        self.bootstrap = bootstrap
-        self.auth = auth
+        self.kafka = kafka
+        self.bootstrap = kafka.bootstrap
         #: a customer reads its own streams (``sl.customer.<name>.<stream>``), with a
         #: consumer group under its own prefix, as its ACLs allow
         self.topics = [
@@ -154,7 +153,7 @@ class PortableConsumer:
         self.position = (
             position if position is not None else (store.load() if store else Position())
         )
-        self.timeout = timeout
+        self.timeout = kafka.timeout_s
         self.batch_size = batch_size
         self._extra = extra or {}
         self._consumer: Consumer | None = None
@@ -176,7 +175,7 @@ class PortableConsumer:
         if self._consumer is not None:
             return
         conf: dict[str, object] = {
-            **client_config(self.bootstrap, self.auth),
+            **self.kafka.client_config(),
             "group.id": self.group,  # partitions are assigned, not joined
             "enable.auto.commit": False,
             "enable.partition.eof": True,
@@ -213,7 +212,7 @@ class PortableConsumer:
         if refused:
             raise ConsumerError(
                 f"not authorized to read {', '.join(refused)} at {self.bootstrap}"
-                f" as {self.auth.username if self.auth and self.auth.username else 'anonymous'}"
+                f" as {self.kafka.auth.username or 'anonymous'}"
             )
         missing = [t for t in self.topics if t not in md.topics or md.topics[t].error]
         if missing:
@@ -238,7 +237,7 @@ class PortableConsumer:
 
     def _describe(self) -> dict[str, str]:
         """topic -> its Kafka topic id (a UUID: one topic at one cluster, never reused)."""
-        admin = AdminClient(client_config(self.bootstrap, self.auth))
+        admin = AdminClient(self.kafka.client_config())
         out: dict[str, str] = {}
         futures = admin.describe_topics(TopicCollection(self.topics), request_timeout=self.timeout)
         for name, fut in futures.items():

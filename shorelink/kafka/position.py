@@ -25,14 +25,16 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaException, Producer
 
 from shorelink.errors import ContractError, ShorelinkError
 from shorelink.files import write_atomic
 from shorelink.identity import Identity, check_name
+from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import KafkaClientError, UnknownTopic
 from shorelink.kafka.reading import read_to_end
-from shorelink.ranges import RangeSet
 from shorelink.kafka.topics import TopicError, TopicSpec, ensure_topics, producer_config
+from shorelink.ranges import RangeSet
 
 __all__ = [
     "FORMAT",
@@ -256,28 +258,30 @@ class FileStore:
 
 class KafkaStore:
     """The position under key ``name`` in :data:`POSITIONS_TOPIC` (compacted, created
-    on first save) of one site's Kafka. A site's topic is not replicated to other sites:
-    for failover, load it from the site that is still up or keep a :class:`FileStore`
-    too (docs/consumers.md)."""
+    on first save) of one site's Kafka, reached as ``kafka`` says (the consumer's own
+    principal at a secured site: it must be allowed to read and write that topic,
+    docs/access-control.md). A site's topic is not replicated to other sites: for
+    failover, load it from the site that is still up or keep a :class:`FileStore` too
+    (docs/consumers.md)."""
 
-    def __init__(self, bootstrap: str, name: str, *, timeout: float = 30.0) -> None:
+    def __init__(self, kafka: KafkaEndpoint, name: str) -> None:
         if not name:
             raise PositionError("a consumer name is needed to key its position")
-        self.bootstrap = bootstrap
+        self.kafka = kafka
+        self.bootstrap = kafka.bootstrap
         self.name = name
-        self.timeout = timeout
+        self.timeout = kafka.timeout_s
         self._producer: Producer | None = None
 
     def load(self) -> Position:
         found: bytes | None = None
         try:
-            for msg in read_to_end(self.bootstrap, [POSITIONS_TOPIC], timeout=self.timeout):
+            for msg in read_to_end(self.kafka, [POSITIONS_TOPIC], timeout=self.timeout):
                 if msg.key() == self.name.encode():
                     found = msg.value()  # offset order: the last one wins
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if isinstance(err, KafkaError) and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                return Position()  # nothing saved at this site yet
+        except UnknownTopic:
+            return Position()  # nothing saved at this site yet
+        except KafkaClientError as exc:
             raise PositionError(
                 f"cannot read {POSITIONS_TOPIC} at {self.bootstrap}: {exc}", retryable=True
             ) from exc
@@ -291,12 +295,8 @@ class KafkaStore:
     def save(self, position: Position) -> None:
         try:
             if self._producer is None:
-                ensure_topics(
-                    self.bootstrap, [TopicSpec(POSITIONS_TOPIC, compacted=True)], self.timeout
-                )
-                self._producer = Producer(
-                    producer_config(self.bootstrap, {"enable.idempotence": True})
-                )
+                ensure_topics(self.kafka, [TopicSpec(POSITIONS_TOPIC, compacted=True)])
+                self._producer = Producer(producer_config(self.kafka, {"enable.idempotence": True}))
             self._producer.produce(POSITIONS_TOPIC, key=self.name.encode(), value=position.dumps())
             left = self._producer.flush(self.timeout)
         except (KafkaException, TopicError, BufferError) as exc:

@@ -5,33 +5,47 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from shorelink.kafka.auth import KafkaAuth, client_config
+from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import kafka_errors
 
-__all__ = ["Headers", "produce", "read_to_end"]
+__all__ = ["Headers", "read_to_end"]
 
 Headers = list[tuple[str, str | bytes | None]]
 
 
 def read_to_end(
-    bootstrap: str,
+    kafka: KafkaEndpoint,
     topics: Iterable[str],
     *,
     isolation: str = "read_committed",
     timeout: float = 60.0,
     extra: dict[str, object] | None = None,
-    auth: KafkaAuth | None = None,
 ) -> Iterator[Message]:
-    """Yield every message of ``topics`` from the beginning up to their current end
-    (the last stable offset under read_committed), then stop.
+    """Yield every message of ``topics`` at ``kafka`` from the beginning up to their
+    current end (the last stable offset under read_committed), then stop.
 
     Uses partition EOF events, so it needs no consumer group and never waits on an idle
-    poll. Raises ``KafkaException`` on a consumer error or if the end is not reached
-    within ``timeout`` seconds.
+    poll. Raises :class:`~shorelink.kafka.errors.KafkaClientError` on a consumer error
+    (:class:`~shorelink.kafka.errors.UnknownTopic` for a topic that does not exist), or
+    :class:`~shorelink.kafka.errors.KafkaUnavailable` if the end is not reached within
+    ``timeout`` seconds.
     """
+    topics = list(topics)
+    with kafka_errors(f"reading {', '.join(topics)} at {kafka.bootstrap}"):
+        yield from _read_to_end(kafka, topics, isolation, timeout, extra)
+
+
+def _read_to_end(
+    kafka: KafkaEndpoint,
+    topics: list[str],
+    isolation: str,
+    timeout: float,
+    extra: dict[str, object] | None,
+) -> Iterator[Message]:
     conf: dict[str, object] = {
-        **client_config(bootstrap, auth),
+        **kafka.client_config(),
         "group.id": "shorelink-read-to-end",
         "enable.auto.commit": False,
         "enable.partition.eof": True,
@@ -69,16 +83,3 @@ def read_to_end(
                     raise KafkaException(err)
     finally:
         consumer.close()
-
-
-def produce(
-    p: Producer, topic: str, key: bytes | None, value: bytes | None, headers: Headers | None = None
-) -> None:
-    """``p.produce`` that waits for room when the producer's local queue is full
-    (a large transaction can outgrow it) instead of failing."""
-    while True:
-        try:
-            p.produce(topic, value=value, key=key, headers=headers)
-            return
-        except BufferError:
-            p.poll(0.05)  # local queue full: let it drain

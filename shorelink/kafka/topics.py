@@ -24,13 +24,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from shorelink.config import Section, key, read
 from shorelink.contract import GATEWAY_CURSOR_TOPIC, KAFKA_MAX_MESSAGE_BYTES, ingress_topic
 from shorelink.errors import ConfigError, ShorelinkError
-from shorelink.kafka.auth import AuthWatch, KafkaAuth, client_config
+from shorelink.kafka.auth import AuthWatch
+from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import KafkaClientError, TopicExists, kafka_errors
 
 __all__ = [
     "Durability",
@@ -140,14 +142,12 @@ def gateway_cursor_spec() -> TopicSpec:
     return TopicSpec(GATEWAY_CURSOR_TOPIC, partitions=1, compacted=True)
 
 
-def producer_config(
-    bootstrap: str, extra: dict[str, object] | None = None, *, auth: KafkaAuth | None = None
-) -> dict[str, object]:
+def producer_config(kafka: KafkaEndpoint, extra: dict[str, object] | None = None) -> dict[str, Any]:
     """What every shorelink producer sets: the cluster and how to authenticate there,
     ``acks=all`` (a record is acknowledged once ``min.insync.replicas`` brokers hold
     it) and the size limit of every hop; ``extra`` adds the rest (``transactional.id``)."""
     return {
-        **client_config(bootstrap, auth),
+        **kafka.client_config(),
         "acks": "all",
         "message.max.bytes": KAFKA_MAX_MESSAGE_BYTES,
         **(extra or {}),
@@ -155,24 +155,20 @@ def producer_config(
 
 
 def ensure_topics(
-    bootstrap: str,
-    specs: Iterable[TopicSpec],
-    timeout: float = 30.0,
-    durability: Durability | None = None,
-    *,
-    auth: KafkaAuth | None = None,
+    kafka: KafkaEndpoint, specs: Iterable[TopicSpec], durability: Durability | None = None
 ) -> list[str]:
-    """Create the topics that do not exist yet; return the names that were created."""
+    """Create the topics that do not exist yet at ``kafka`` (each step within its
+    timeout); return the names that were created."""
     specs = list(specs)
     if not specs:
         return []
+    bootstrap, timeout = kafka.bootstrap, kafka.timeout_s
     watch = AuthWatch()
-    conf: dict[str, Any] = {**client_config(bootstrap, auth), "error_cb": watch}
-    admin = AdminClient(conf)
+    admin = AdminClient(kafka.client_config({"error_cb": watch}))
     try:
         md = admin.list_topics(timeout=timeout)
     except KafkaException as exc:
-        watch.check(admin, f"Kafka at {bootstrap} refused {auth or 'the client'}")
+        watch.check(admin, f"Kafka at {bootstrap} refused {kafka.auth}")
         raise TopicError(f"cannot list topics at {bootstrap}: {exc}") from exc
     existing = set(md.topics)
     todo = [s for s in specs if s.name not in existing]
@@ -194,12 +190,12 @@ def ensure_topics(
     futures = admin.create_topics([s.new_topic(rf, isr) for s in todo], operation_timeout=timeout)
     for name, fut in futures.items():
         try:
-            fut.result(timeout=timeout)
-            created.append(name)
-            log.info("event=topic_created topic=%s bootstrap=%s", name, bootstrap)
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                continue
-            raise TopicError(f"cannot create topic {name} at {bootstrap}: {exc}") from exc
+            with kafka_errors(f"cannot create topic {name} at {bootstrap}"):
+                fut.result(timeout=timeout)
+        except TopicExists:
+            continue  # created meanwhile (another client, or an earlier call timed out)
+        except KafkaClientError as exc:
+            raise TopicError(str(exc)) from exc
+        created.append(name)
+        log.info("event=topic_created topic=%s bootstrap=%s", name, bootstrap)
     return created

@@ -218,7 +218,7 @@ def merge_runner(
     def stop(query: Any) -> None:
         merger.stopping.set()
         # let a batch in flight commit (or fail) before the query is interrupted
-        if merger.busy.acquire(timeout=site.kafka_timeout_s * 2):
+        if merger.busy.acquire(timeout=site.kafka.timeout_s * 2):
             merger.busy.release()
         query.stop()
         merger.write_status("stopped")

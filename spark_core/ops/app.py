@@ -58,9 +58,8 @@ class Ops:
         c = self.cfg
         self.follower = follower or SiteFollower(
             site,
-            c.kafka_bootstrap,
+            c.kafka,
             c.streams,
-            auth=c.kafka_auth,
             report_stream=c.ops.report_stream,
             tail=c.ops.tail,
         )

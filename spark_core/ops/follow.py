@@ -43,7 +43,7 @@ from shorelink.contract import (
     dead_topic,
 )
 from shorelink.errors import ContractError
-from shorelink.kafka.auth import KafkaAuth, client_config
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.ledger import decode_entry
 from shorelink.logs import RateLimitedLog
 from shorelink.ranges import RangeSet
@@ -103,10 +103,9 @@ class SiteFollower:
     def __init__(
         self,
         site: str,
-        bootstrap: str,
+        kafka: KafkaEndpoint,
         streams: tuple[str, ...],
         *,
-        auth: KafkaAuth | None = None,
         report_stream: str = "agent",
         tail: int = 2000,
         rescan_s: float = 10.0,
@@ -115,7 +114,7 @@ class SiteFollower:
         self.site = site
         self.facts = facts or Facts()
         self._conf: dict[str, Any] = {
-            **client_config(bootstrap, auth),
+            **kafka.client_config(),
             # the site application's principal may use groups named shorelink-*; no
             # offsets are committed (partitions are assigned, not subscribed)
             "group.id": f"shorelink-ops-{site}",
@@ -175,7 +174,7 @@ class SiteFollower:
         finally:
             consumer.close()
 
-    def _on_error(self, err: KafkaError) -> None:
+    def _on_error(self, err: KafkaError | Exception) -> None:
         with self.facts.lock:
             self.facts.error = str(err)
             self.facts.version += 1
@@ -185,11 +184,7 @@ class SiteFollower:
         try:
             md = consumer.list_topics(timeout=5)
         except Exception as exc:  # KafkaException: broker unreachable; retried next scan
-            self._on_error(
-                exc.args[0]
-                if exc.args and isinstance(exc.args[0], KafkaError)
-                else KafkaError(KafkaError._TRANSPORT, str(exc))
-            )
+            self._on_error(exc)
             return
         new: list[TopicPartition] = []
         for topic in self.wanted:

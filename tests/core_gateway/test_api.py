@@ -15,9 +15,9 @@ from core_gateway.auth import Credentials
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import H_MQTT_TOPIC, H_SITE, H_STREAM, H_TS, LEDGER_TOPIC, ingress_topic
 from shorelink.kafka.reading import read_to_end
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.ledger import encode_entry
 from shorelink.ranges import RangeSet
-from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.wire import WireRecord
 from tests.conftest import unique
 from tests.core_gateway.helpers import (
@@ -66,7 +66,7 @@ async def test_batches_are_written_once_with_the_record_contract(
     assert sorted(seqs) == list(range(1, 151)) and set(seqs.values()) == {1}
     msg = next(
         m
-        for m in read_to_end(kafka.bootstrap, [ingress_topic("containers")])
+        for m in read_to_end(kafka.endpoint, [ingress_topic("containers")])
         if dict(m.headers() or []).get("sl.origin") == gateway.ship.encode()
         and dict(m.headers() or [])["sl.seq"] == b"1"
     )
@@ -172,7 +172,7 @@ async def test_holdings_include_the_ledger_and_first_available_abandons_dropped_
     gateway: RunningGateway, kafka: KafkaBroker
 ) -> None:
     """A port that already has a ship's records by replication must not be sent them again."""
-    ensure_topics(kafka.bootstrap, [TopicSpec(LEDGER_TOPIC, compacted=True)])
+    ensure_topics(kafka.endpoint, [TopicSpec(LEDGER_TOPIC, compacted=True)])
     p = Producer({"bootstrap.servers": kafka.bootstrap})
     k, v = encode_entry(gateway.ship, "nav", RangeSet.parse("1-300"))
     p.produce(LEDGER_TOPIC, key=k, value=v)

@@ -32,12 +32,14 @@ def _config(tmp_path: Path, broker: KafkaBroker, password: str | None = None) ->
         auth = auth.as_user(auth.username, Secret(password))
     cfg = gateway_config(tmp_path, broker)
     # the transactional.id the gateway's ACLs name
-    return dataclasses.replace(cfg, kafka_auth=auth, transactional_id="shorelink-gateway-tokyo")
+    return dataclasses.replace(
+        cfg, kafka=cfg.kafka.with_auth(auth), transactional_id="shorelink-gateway-tokyo"
+    )
 
 
 def _seqs(broker: KafkaBroker, ship: str) -> Counter[int]:
     out: Counter[int] = Counter()
-    for m in read_to_end(broker.bootstrap, [ingress_topic("containers")], auth=broker.admin):
+    for m in read_to_end(broker.endpoint, [ingress_topic("containers")]):
         h = dict(m.headers() or [])
         if h.get(H_ORIGIN) == ship.encode():
             out[int(h[H_SEQ])] += 1
@@ -72,9 +74,8 @@ async def test_the_gateway_writes_as_its_principal_exactly_once(
 async def test_a_gateway_with_a_wrong_password_never_writes(
     tmp_path: Path, secure_kafka: KafkaBroker
 ) -> None:
-    cfg = dataclasses.replace(
-        _config(tmp_path, secure_kafka, password="not-the-password"), kafka_timeout_s=5.0
-    )
+    cfg = _config(tmp_path, secure_kafka, password="not-the-password")
+    cfg = dataclasses.replace(cfg, kafka=cfg.kafka.with_timeout(5.0))
     service = GatewayService(cfg)
     with pytest.raises(KafkaAuthError, match="gateway-tokyo"):
         await asyncio.wait_for(service.start(), 60)

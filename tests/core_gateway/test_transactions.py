@@ -77,7 +77,8 @@ async def test_commit_timing_out_while_kafka_is_paused_is_retried_and_written_on
     retried; aborting it then conflicts (and used to stop the gateway). The broker is
     paused across the commit: the batch is answered 200 once Kafka is back, once."""
     broker = kafka_sites(PAUSED_SITE)[PAUSED_SITE]
-    cfg = replace(gateway_config(tmp_path, broker), kafka_timeout_s=3.0, decode_workers=0)
+    cfg = gateway_config(tmp_path, broker)
+    cfg = replace(cfg, kafka=cfg.kafka.with_timeout(3.0), decode_workers=0)
     ship = unique("ship")
     token = Credentials(cfg.credentials_file).add(ship)
     stop = asyncio.Event()
@@ -89,7 +90,7 @@ async def test_commit_timing_out_while_kafka_is_paused_is_retried_and_written_on
             try:
                 pending = asyncio.create_task(_post(s, cfg, ship, token, 101, 200))
                 # longer than one commit timeout, shorter than the transaction timeout
-                await asyncio.sleep(cfg.kafka_timeout_s * 1.6)
+                await asyncio.sleep(cfg.kafka.timeout_s * 1.6)
                 assert not pending.done(), "answered while Kafka was paused"
             finally:
                 os.kill(broker.proc.pid, signal.SIGCONT)
@@ -160,7 +161,7 @@ def _zombie(cfg: GatewayConfig, ship: str, committed: list[int], stop: threading
     """An older gateway of the site: commits one record and its cursor per
     transaction, as fast as it can, until it is fenced."""
     p = Producer(
-        {"bootstrap.servers": cfg.kafka_bootstrap, "transactional.id": cfg.transactional_id}
+        {"bootstrap.servers": cfg.kafka.bootstrap, "transactional.id": cfg.transactional_id}
     )
     p.init_transactions(20)
     seq = 0
@@ -186,7 +187,7 @@ def _zombie(cfg: GatewayConfig, ship: str, committed: list[int], stop: threading
 
 def _committed_cursor(cfg: GatewayConfig, ship: str) -> RangeSet:
     value = b'{"written": ""}'
-    for m in read_to_end(cfg.kafka_bootstrap, [GATEWAY_CURSOR_TOPIC]):
+    for m in read_to_end(cfg.kafka, [GATEWAY_CURSOR_TOPIC]):
         if m.key() == ledger_key(ship, "containers"):
             value = m.value() or value
     return RangeSet.parse(json.loads(value)["written"])

@@ -31,7 +31,7 @@ def _stack_dir(tmp_path: Path, kafka: KafkaBroker) -> Path:
 def test_audit_takes_the_sites_kafka_from_the_stack(kafka: KafkaBroker, tmp_path: Path) -> None:
     stream = unique("audit")
     topic = canonical_topic(stream)
-    ensure_topics(kafka.bootstrap, [TopicSpec(topic)])
+    ensure_topics(kafka.endpoint, [TopicSpec(topic)])
     p = Producer({"bootstrap.servers": kafka.bootstrap})
     for s in range(1, 4):
         r = Record(Identity("bigblue", stream, s), b"k", b"v", s, "tokyo", "t")

@@ -35,7 +35,7 @@ from shorelink.contract import (
     canonical_topic,
     ingress_topic,
 )
-from shorelink.kafka.auth import client_config
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.merge import Merger, start_merge
@@ -135,7 +135,7 @@ def _request(
 
 def _ingress_seqs(cluster: KafkaCluster, ship: str) -> Counter[int]:
     out: Counter[int] = Counter()
-    for m in read_to_end(cluster.bootstrap, [ingress_topic("containers")]):
+    for m in read_to_end(cluster.endpoint, [ingress_topic("containers")]):
         h = dict(m.headers() or [])
         seq = h.get(H_SEQ)
         if h.get(H_ORIGIN) == ship.encode() and isinstance(seq, bytes):
@@ -312,10 +312,10 @@ def test_stack_up_brokers_3_runs_each_site_as_a_secure_cluster(tmp_path: Path) -
         st = json.loads(_stack("status", "--dir", str(d), "--json").stdout)
         kafka = {r["name"]: r["state"] for r in st if r["name"].startswith("kafka:")}
         assert kafka == {"kafka:hq/1": "up", "kafka:hq/2": "up", "kafka:hq/3": "up"}
-        admin = load(d).admin_auth()
+        admin = KafkaEndpoint(bootstrap, load(d).admin_auth())
         topic = unique("dc")
-        assert ensure_topics(bootstrap, [TopicSpec(topic, partitions=2)], auth=admin) == [topic]
-        client = AdminClient(client_config(bootstrap, admin))
+        assert ensure_topics(admin, [TopicSpec(topic, partitions=2)]) == [topic]
+        client = AdminClient(admin.client_config())
         md = client.list_topics(timeout=20)
         assert set(md.brokers) == {1, 2, 3}
         assert {len(p.replicas) for p in md.topics[topic].partitions.values()} == {3}

@@ -6,13 +6,17 @@ from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from local_stack.kafka import KafkaBroker
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from tests.conftest import unique
 
 
 def _values(bootstrap: str, topic: str, isolation: str) -> list[bytes]:
-    return [m.value() for m in read_to_end(bootstrap, [topic], isolation=isolation)]
+    return [
+        m.value()
+        for m in read_to_end(KafkaEndpoint.plaintext(bootstrap), [topic], isolation=isolation)
+    ]
 
 
 def test_transactional_produce_visible_to_read_committed_only_after_commit(
@@ -21,7 +25,7 @@ def test_transactional_produce_visible_to_read_committed_only_after_commit(
     """Exactly-once in the gateway and merge rests on transactions: aborted writes must
     never reach a read_committed consumer."""
     topic = unique("txn")
-    ensure_topics(kafka.bootstrap, [TopicSpec(topic)])
+    ensure_topics(kafka.endpoint, [TopicSpec(topic)])
     p = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": unique("tx")})
     p.init_transactions(30)
     p.begin_transaction()
@@ -58,8 +62,8 @@ def test_auto_topic_creation_is_off(kafka: KafkaBroker) -> None:
 def test_ensure_topics_creates_with_partitions_and_retention_once(kafka: KafkaBroker) -> None:
     topic = unique("spec")
     spec = TopicSpec(topic, partitions=3, retention_ms=3_600_000)
-    assert ensure_topics(kafka.bootstrap, [spec]) == [topic]
-    assert ensure_topics(kafka.bootstrap, [spec]) == []  # second call: nothing to do
+    assert ensure_topics(kafka.endpoint, [spec]) == [topic]
+    assert ensure_topics(kafka.endpoint, [spec]) == []  # second call: nothing to do
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
     md = admin.list_topics(topic, timeout=5).topics[topic]
     assert len(md.partitions) == 3

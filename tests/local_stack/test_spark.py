@@ -35,7 +35,7 @@ def _header(row: Any, name: str) -> str:
 
 def test_spark_batch_read_sees_kafka_headers(spark: Any, kafka: KafkaBroker) -> None:
     topic = unique("spark-batch")
-    ensure_topics(kafka.bootstrap, [TopicSpec(topic, partitions=2)])
+    ensure_topics(kafka.endpoint, [TopicSpec(topic, partitions=2)])
     _produce(kafka.bootstrap, topic, 12)
     rows = (
         spark.read.format("kafka")
@@ -56,7 +56,7 @@ def test_spark_streaming_available_now_reads_everything_then_stops(
     spark: Any, kafka: KafkaBroker, tmp_path: Path
 ) -> None:
     topic = unique("spark-stream")
-    ensure_topics(kafka.bootstrap, [TopicSpec(topic)])
+    ensure_topics(kafka.endpoint, [TopicSpec(topic)])
     _produce(kafka.bootstrap, topic, 7)
     seen: list[int] = []
 

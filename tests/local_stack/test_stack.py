@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 
 from local_stack.process import pid_alive, port_open
 from local_stack.stack import load
-from shorelink.kafka.auth import client_config
+from shorelink.kafka.endpoint import KafkaEndpoint
 
 CLI = [sys.executable, "-m", "shorelink.cli"]
 
@@ -64,7 +64,9 @@ def test_stack_up_status_down_leaves_nothing_behind(tmp_path: Path) -> None:
     assert info["security"]["ca_file"] == str(d / "tls" / "ca.pem")
     assert stat.S_IMODE((d / "secrets.env").stat().st_mode) == 0o600
     admin = load(d).admin_auth()
-    md = AdminClient(client_config(info["sites"]["a"]["kafka"], admin)).list_topics(timeout=20)
+    md = AdminClient(KafkaEndpoint(info["sites"]["a"]["kafka"], admin).client_config()).list_topics(
+        timeout=20
+    )
     assert md.brokers
     with pytest.raises(KafkaException):
         plain = {"bootstrap.servers": info["sites"]["a"]["kafka"], "socket.timeout.ms": 3000}

@@ -18,7 +18,7 @@ from tests.conftest import unique
 
 def _produce(kafka: KafkaBroker, stream: str, seqs: list[int], origin: str = "bigblue") -> None:
     topic = canonical_topic(stream)
-    ensure_topics(kafka.bootstrap, [TopicSpec(topic, partitions=2)])
+    ensure_topics(kafka.endpoint, [TopicSpec(topic, partitions=2)])
     p = Producer({"bootstrap.servers": kafka.bootstrap})
     for s in seqs:
         r = Record(Identity(origin, stream, s), f"c{s % 3}".encode(), b"{}", 1000 + s, "tokyo", "t")
@@ -71,7 +71,7 @@ def test_audit_finds_duplicates_and_gaps(kafka: KafkaBroker) -> None:
 def test_audit_says_ok_when_every_identity_is_there_once(kafka: KafkaBroker) -> None:
     stream = unique("audit")
     topic = canonical_topic(stream)
-    ensure_topics(kafka.bootstrap, [TopicSpec(topic)])
+    ensure_topics(kafka.endpoint, [TopicSpec(topic)])
     p = Producer({"bootstrap.servers": kafka.bootstrap})
     for s in range(1, 101):
         r = Record(Identity("bigblue", stream, s), b"k", b"v", s, "hq", "t")

@@ -14,9 +14,10 @@ import pytest
 from confluent_kafka import Producer
 
 from local_stack.kafka import KafkaBroker
-from shorelink.kafka.audit import audit_sites
 from shorelink.contract import Record, canonical_topic
 from shorelink.identity import Identity
+from shorelink.kafka.audit import audit_sites
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from tests.conftest import unique
 
@@ -30,7 +31,7 @@ def sites(kafka_sites: Callable[..., dict[str, KafkaBroker]]) -> dict[str, Kafka
 
 def _write(bootstrap: str, stream: str, seqs: dict[str, list[int]], partitions: int) -> None:
     topic = canonical_topic(stream)
-    ensure_topics(bootstrap, [TopicSpec(topic, partitions=partitions)])
+    ensure_topics(KafkaEndpoint.plaintext(bootstrap), [TopicSpec(topic, partitions=partitions)])
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     for origin, ss in seqs.items():
         for s in ss:
@@ -148,6 +149,6 @@ def test_audit_sites_holds_ranges_not_records(sites: dict[str, KafkaBroker]) -> 
     """Memory: 20,000 in-order identities are one range per site."""
     stream = unique("aud")
     _write(sites["csg"].bootstrap, stream, {"bigblue": list(range(1, 20_001))}, 1)
-    report = audit_sites({"csg": (sites["csg"].bootstrap, [stream])})
+    report = audit_sites({"csg": (sites["csg"].endpoint, [stream])})
     (r,) = report.results
     assert report.ok and len(r.sources["bigblue"].held) == 1 and r.identities == 20_000

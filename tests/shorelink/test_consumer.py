@@ -19,9 +19,10 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 
 import shorelink.kafka.consumer as consumer_mod
 from local_stack.kafka import KafkaBroker
-from shorelink.kafka.consumer import Consumed, ConsumerError, PortableConsumer
 from shorelink.contract import Record, canonical_topic
 from shorelink.identity import Identity
+from shorelink.kafka.consumer import Consumed, ConsumerError, PortableConsumer
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.position import FileStore, KafkaStore, Position, PositionStore
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from tests.conftest import unique
@@ -52,7 +53,7 @@ def write_canonical(
     """Write ``idents`` to ``sl.<stream>`` in this order in one committed transaction,
     as the merge does (and ``aborted`` in one that is aborted: read_committed hides it)."""
     topic = canonical_topic(stream)
-    ensure_topics(bootstrap, [TopicSpec(topic, partitions=partitions)])
+    ensure_topics(KafkaEndpoint.plaintext(bootstrap), [TopicSpec(topic, partitions=partitions)])
     p = Producer({"bootstrap.servers": bootstrap, "transactional.id": unique("merge")})
     p.init_transactions(20)
     if aborted:
@@ -131,11 +132,11 @@ def test_failover_to_another_site_misses_nothing_and_repeats_nothing_committed(
         if store_kind == "file":
             return FileStore(tmp_path / "pos.json")
         # the position lives at a third place both sites' consumers can reach: here csy
-        return KafkaStore(sites["csy"].bootstrap, unique("reader"))
+        return KafkaStore(sites["csy"].endpoint, unique("reader"))
 
     s = store()
     # at csg: three committed batches, then one handed over but never committed (a crash)
-    with PortableConsumer(sites["csg"].bootstrap, [stream], store=s, batch_size=25) as a:
+    with PortableConsumer(sites["csg"].endpoint, [stream], store=s, batch_size=25) as a:
         committed: list[Identity] = []
         for _ in range(3):
             committed += _take(a, 25)
@@ -145,8 +146,8 @@ def test_failover_to_another_site_misses_nothing_and_repeats_nothing_committed(
     assert len(set(committed)) == 75
 
     # at csy, from the saved position
-    s2 = s if store_kind == "file" else KafkaStore(sites["csy"].bootstrap, s.name)  # type: ignore[attr-defined]
-    with PortableConsumer(sites["csy"].bootstrap, [stream], store=s2, batch_size=40) as b:
+    s2 = s if store_kind == "file" else KafkaStore(sites["csy"].endpoint, s.name)  # type: ignore[attr-defined]
+    with PortableConsumer(sites["csy"].endpoint, [stream], store=s2, batch_size=40) as b:
         after = _drain(b)
         skipped = b.skipped
     assert len(after) == len(set(after)), "an identity handed over twice at csy"
@@ -167,17 +168,17 @@ def test_a_restart_at_the_same_site_starts_at_its_offset_hints(
     first = [Identity("bigblue", stream, s) for s in range(1, 201)]
     write_canonical(sites["csg"].bootstrap, stream, first, partitions=3, site="csg")
     store = FileStore(tmp_path / "pos.json")
-    with PortableConsumer(sites["csg"].bootstrap, [stream], store=store) as c:
+    with PortableConsumer(sites["csg"].endpoint, [stream], store=store) as c:
         assert sorted(_drain(c)) == first
     more = [Identity("bigblue", stream, s) for s in range(201, 231)]
     write_canonical(sites["csg"].bootstrap, stream, more, partitions=3, site="csg")
-    with PortableConsumer(sites["csg"].bootstrap, [stream], store=store) as c:
+    with PortableConsumer(sites["csg"].endpoint, [stream], store=store) as c:
         again = _drain(c)
         assert sorted(again) == more
         assert c.skipped == 0  # nothing below the hints was read again
     # the same position at a site whose topic has other ids ignores csg's hints
     write_canonical(sites["csy"].bootstrap, stream, [*first, *more], partitions=2, site="csy")
-    with PortableConsumer(sites["csy"].bootstrap, [stream], store=store) as c:
+    with PortableConsumer(sites["csy"].endpoint, [stream], store=store) as c:
         assert _drain(c) == []
         assert c.skipped == 230
 
@@ -193,9 +194,9 @@ def test_records_that_reach_the_new_site_late_are_not_repeated(
     write_canonical(sites["csg"].bootstrap, stream, ids[:50], partitions=2, site="csg")
     write_canonical(sites["csy"].bootstrap, stream, ids[:30], partitions=3, site="csy")
     store = FileStore(tmp_path / "pos.json")
-    with PortableConsumer(sites["csg"].bootstrap, [stream], store=store) as a:
+    with PortableConsumer(sites["csg"].endpoint, [stream], store=store) as a:
         assert len(_drain(a)) == 50
-    with PortableConsumer(sites["csy"].bootstrap, [stream], store=store) as b:
+    with PortableConsumer(sites["csy"].endpoint, [stream], store=store) as b:
         assert _drain(b) == []
         write_canonical(sites["csy"].bootstrap, stream, ids[30:], partitions=3, site="csy")
         late: list[Identity] = []
@@ -216,7 +217,7 @@ def test_a_following_consumer_reads_partitions_added_to_its_topic(
     stream = unique("cons")
     ids = [Identity("bigblue", stream, s) for s in range(1, 21)]
     write_canonical(sites["csg"].bootstrap, stream, ids[:10], partitions=1, site="csg")
-    with PortableConsumer(sites["csg"].bootstrap, [stream], position=Position()) as c:
+    with PortableConsumer(sites["csg"].endpoint, [stream], position=Position()) as c:
         assert sorted(_drain(c)) == ids[:10]
         admin = AdminClient({"bootstrap.servers": sites["csg"].bootstrap})
         fut = admin.create_partitions([NewPartitions(canonical_topic(stream), 2)])
@@ -237,7 +238,7 @@ def test_per_key_a_consumer_gets_the_order_the_site_wrote(
     stream = unique("cons")
     idents = [Identity("bigblue", stream, s) for s in range(1, 101)]
     write_canonical(sites["csg"].bootstrap, stream, idents, partitions=3, site="csg")
-    with PortableConsumer(sites["csg"].bootstrap, [stream], position=Position()) as c:
+    with PortableConsumer(sites["csg"].endpoint, [stream], position=Position()) as c:
         got = [x for batch in c.batches() for x in batch]
     per_key: dict[bytes, list[int]] = {}
     for x in got:
@@ -250,10 +251,10 @@ def test_an_unreachable_site_or_a_missing_stream_is_a_clear_error(
     sites: dict[str, KafkaBroker],
 ) -> None:
     with pytest.raises(ConsumerError, match="did not answer within 1s") as exc:
-        PortableConsumer("127.0.0.1:1", ["nav"], timeout=1).open()
+        PortableConsumer(KafkaEndpoint.plaintext("127.0.0.1:1", timeout_s=1), ["nav"]).open()
     assert exc.value.retryable
     with pytest.raises(ConsumerError, match=r"no topic sl\.nosuchstream"):
-        PortableConsumer(sites["csg"].bootstrap, ["nosuchstream"], timeout=10).open()
+        PortableConsumer(sites["csg"].endpoint.with_timeout(10), ["nosuchstream"]).open()
 
 
 # -- the command line -------------------------------------------------------------------

@@ -84,6 +84,16 @@ def test_record_headers_round_trip() -> None:
         ),
         (
             [
+                ("sl.origin", b"s"),
+                ("sl.stream", b"nav\n"),  # a name is matched whole: no final newline
+                ("sl.seq", b"1"),
+                ("sl.ts", b"1"),
+                ("sl.site", b"x"),
+            ],
+            "bad stream",
+        ),
+        (
+            [
                 ("sl.origin", b"\xff"),
                 ("sl.stream", b"nav"),
                 ("sl.seq", b"1"),
@@ -171,9 +181,10 @@ def _columns(recs: tuple[WireRecord, ...]) -> tuple[list[str], list[bytes], list
 def test_every_topic_and_producer_takes_a_record_at_the_limit() -> None:
     """Kafka's own limits sit above the record limit at every hop (topics and producers
     are made through these two helpers only)."""
+    from shorelink.kafka.endpoint import KafkaEndpoint
     from shorelink.kafka.topics import TopicSpec, producer_config
 
     cfg = TopicSpec("t").new_topic().config
     assert int(cfg["max.message.bytes"]) == KAFKA_MAX_MESSAGE_BYTES > MAX_RECORD_BYTES
-    conf = producer_config("x:1", {"transactional.id": "t"})
+    conf = producer_config(KafkaEndpoint.plaintext("x:1"), {"transactional.id": "t"})
     assert conf["message.max.bytes"] == KAFKA_MAX_MESSAGE_BYTES and conf["acks"] == "all"

@@ -11,8 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from local_stack.kafka import KafkaBroker
 from shorelink.identity import Identity
-from shorelink.kafka.position import FORMAT, FileStore, Position, PositionError
+from shorelink.kafka.position import FORMAT, FileStore, KafkaStore, Position, PositionError
+from tests.conftest import unique
 
 ORIGINS = st.sampled_from(["bigblue", "redstar", "ship-3"])
 STREAMS = st.sampled_from(["alerts", "nav"])
@@ -132,3 +134,18 @@ def test_a_hostile_position_file_is_refused_naming_what_is_wrong(
 def test_a_position_that_is_a_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(PositionError, match="cannot read"):
         FileStore(tmp_path).load()
+
+
+def test_a_kafka_position_store_reaches_a_secured_site(secure_kafka: KafkaBroker) -> None:
+    """docs/consumers.md offers KafkaStore to customers, whose sites run SASL/SCRAM over
+    TLS: the store must carry the endpoint's credentials to every client it makes
+    (topic creation, producer, reader), or the position cannot be saved there."""
+    kafka = secure_kafka.endpoint
+    assert kafka.auth.protocol == "SASL_SSL"
+    name = unique("reader")
+    store = KafkaStore(kafka, name)
+    assert store.load() == Position()  # nothing saved under this name yet
+    pos = Position.of(Identity("bigblue", "alerts", s) for s in (1, 2, 3, 9))
+    store.save(pos)
+    assert KafkaStore(kafka, name).load() == pos  # a new store (another process) reads it
+    assert KafkaStore(kafka, unique("other")).load() == Position()

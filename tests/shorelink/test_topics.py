@@ -43,7 +43,7 @@ def test_durability_the_cluster_cannot_hold_is_an_error() -> None:
 
 def test_topics_carry_the_size_limit_and_min_insync(kafka: KafkaBroker) -> None:
     topic = unique("t")
-    assert ensure_topics(kafka.bootstrap, [TopicSpec(topic, retention_ms=-1)]) == [topic]
+    assert ensure_topics(kafka.endpoint, [TopicSpec(topic, retention_ms=-1)]) == [topic]
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
     (fut,) = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)]).values()
     cfg = {k: v.value for k, v in fut.result(timeout=10).items()}
@@ -51,4 +51,4 @@ def test_topics_carry_the_size_limit_and_min_insync(kafka: KafkaBroker) -> None:
     assert cfg["min.insync.replicas"] == "1"
     assert cfg["retention.ms"] == "-1"
     with pytest.raises(TopicError, match="broker"):
-        ensure_topics(kafka.bootstrap, [TopicSpec(unique("t"))], durability=Durability(3))
+        ensure_topics(kafka.endpoint, [TopicSpec(unique("t"))], durability=Durability(3))

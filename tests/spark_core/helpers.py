@@ -11,10 +11,11 @@ from confluent_kafka import Producer
 
 from shorelink.contract import LEDGER_TOPIC, Record, canonical_topic, ingress_topic
 from shorelink.identity import Identity
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.ledger import decode_entry
 from shorelink.ranges import RangeSet
-from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.config import SiteConfig, parse_config
 from tests.conftest import unique
 
@@ -85,7 +86,10 @@ def make_site(
 
 
 def create_ingress(bootstrap: str, streams: Iterable[str], partitions: int = 2) -> None:
-    ensure_topics(bootstrap, [TopicSpec(ingress_topic(s), partitions=partitions) for s in streams])
+    ensure_topics(
+        KafkaEndpoint.plaintext(bootstrap),
+        [TopicSpec(ingress_topic(s), partitions=partitions) for s in streams],
+    )
 
 
 def record(
@@ -132,7 +136,7 @@ def canonical(bootstrap: str, stream: str) -> list[Record]:
     """Every record of sl.<stream> (read_committed), in partition order."""
     return [
         Record.from_kafka(m.key(), m.value(), m.headers())
-        for m in read_to_end(bootstrap, [canonical_topic(stream)])
+        for m in read_to_end(KafkaEndpoint.plaintext(bootstrap), [canonical_topic(stream)])
     ]
 
 
@@ -148,7 +152,7 @@ def assert_exactly_once(records: list[Record], expected: dict[tuple[str, str], i
 
 def ledger(bootstrap: str) -> dict[tuple[str, str], RangeSet]:
     out: dict[tuple[str, str], RangeSet] = {}
-    for m in read_to_end(bootstrap, [LEDGER_TOPIC]):
+    for m in read_to_end(KafkaEndpoint.plaintext(bootstrap), [LEDGER_TOPIC]):
         origin, stream, held = decode_entry(m.key(), m.value())
         out[(origin, stream)] = held
     return out

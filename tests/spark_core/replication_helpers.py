@@ -19,6 +19,7 @@ from local_stack.process import free_ports
 from local_stack.toxiproxy import Toxiproxy
 from shorelink.contract import Record, ingress_topic
 from shorelink.identity import Identity
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.config import SitesConfig, parse_config
 from spark_core.jobs.site import Supervisor, build_supervisor
@@ -127,7 +128,7 @@ report_ttl = "10s"
     def create_ingress(self) -> None:
         for name in self.slots:
             ensure_topics(
-                self.bootstrap(name),
+                KafkaEndpoint.plaintext(self.bootstrap(name)),
                 [TopicSpec(ingress_topic(s), partitions=2) for s in self.streams],
             )
 

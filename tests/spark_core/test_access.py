@@ -23,7 +23,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from local_stack.kafka import KafkaBroker
 from shorelink.config import Secret
 from shorelink.contract import H_ORIGIN, H_SEQ, canonical_topic, ingress_topic
-from shorelink.kafka.auth import KafkaAuth, client_config
+from shorelink.kafka.auth import KafkaAuth
 from shorelink.kafka.reading import read_to_end
 from spark_core.access import AccessPlan, apply_access, plan_access
 from spark_core.config import SitesConfig
@@ -54,25 +54,27 @@ class Site:
         return self.broker.admin.as_user(user, password or PASSWORDS[user])
 
     def conf(self, user: str, password: str | None = None, **extra: Any) -> dict[str, Any]:
-        c: dict[str, Any] = dict(client_config(self.broker.bootstrap, self.auth(user, password)))
+        c: dict[str, Any] = self.broker.endpoint.with_auth(
+            self.auth(user, password)
+        ).client_config()
         c["group.id"] = GROUPS[user]
         c.update(extra)
         return c
 
     def apply(self, plan: AccessPlan | None = None, **kw: Any) -> Any:
-        return apply_access(plan or self.plan, self.broker.bootstrap, self.broker.admin, **kw)
+        return apply_access(plan or self.plan, self.broker.endpoint, **kw)
 
     def count(self, topic: str) -> int:
         """Records committed to ``topic`` (read as the admin)."""
         return len(_read(self.conf_admin(), topic))
 
     def conf_admin(self) -> dict[str, Any]:
-        return dict(client_config(self.broker.bootstrap, self.broker.admin))
+        return self.broker.endpoint.client_config()
 
 
 @pytest.fixture(scope="module")
 def site(secure_kafka: KafkaBroker) -> Iterator[Site]:
-    admin_conf = client_config(secure_kafka.bootstrap, secure_kafka.admin)
+    admin_conf = secure_kafka.endpoint.client_config()
     admin = AdminClient(admin_conf)
     for fut in admin.create_topics([NewTopic(t, 1, 1) for t in TOPICS]).values():
         try:
@@ -88,7 +90,7 @@ def site(secure_kafka: KafkaBroker) -> Iterator[Site]:
     plan = plan_access(sites, "tokyo", CUSTOMERS)
     # the session's broker may have these principals from another module: start bare
     reset_access(secure_kafka)
-    first = apply_access(plan, secure_kafka.bootstrap, secure_kafka.admin)
+    first = apply_access(plan, secure_kafka.endpoint)
     yield Site(secure_kafka, sites, plan, first)
 
 
@@ -293,7 +295,9 @@ def test_a_wrong_password_and_a_client_without_tls_are_refused(site: Site) -> No
     }
     with pytest.raises(KafkaException):
         AdminClient(plain).list_topics(timeout=8)
-    no_sasl = {**client_config(site.broker.bootstrap, KafkaAuth(ca_file=site.auth("ops").ca_file))}
+    no_sasl = site.broker.endpoint.with_auth(
+        KafkaAuth(ca_file=site.auth("ops").ca_file)
+    ).client_config()
     no_sasl["socket.timeout.ms"] = 5000
     with pytest.raises(KafkaException):
         AdminClient(no_sasl).list_topics(timeout=8)
@@ -327,9 +331,7 @@ def test_the_merge_runs_as_the_site_application(
     finally:
         merger.close()
     mine = []
-    for m in read_to_end(
-        site.broker.bootstrap, [canonical_topic("containers")], auth=site.broker.admin
-    ):
+    for m in read_to_end(site.broker.endpoint, [canonical_topic("containers")]):
         h = dict(m.headers() or [])
         if h.get(H_ORIGIN) == ship.encode():
             mine.append(int(h[H_SEQ]))

@@ -36,14 +36,14 @@ def test_sample_sites_file_loads_with_its_defaults() -> None:
     assert cfg.site("hq").merge.transactional_id == "shorelink-merge-hq"
     assert cfg.site("hq").tables and cfg.site("hq").trigger_interval_s == 2.0
     # credentials: ${ENV} secrets, never printed
-    assert tokyo.kafka_auth.protocol == "SASL_SSL" and tokyo.kafka_auth.username == "spark-tokyo"
-    assert tokyo.kafka_auth.password.value == "pw-sl_spark_tokyo_password"
+    assert tokyo.kafka.auth.protocol == "SASL_SSL" and tokyo.kafka.auth.username == "spark-tokyo"
+    assert tokyo.kafka.auth.password.value == "pw-sl_spark_tokyo_password"
     assert "pw-" not in repr(tokyo)
     assert tokyo.replication.username == "site-tokyo"
     assert tokyo.access.gateway_transactional_id == "shorelink-gateway-tokyo"
     assert [p.username for p in cfg.staff] == ["ops"]
     # a site whose Kafka is plain (no credentials in its table) is reached without SASL
-    assert cfg.site("singapore").kafka_auth.protocol == "PLAINTEXT"
+    assert cfg.site("singapore").kafka.auth.protocol == "PLAINTEXT"
 
 
 def _site(extra: str = "", merge: str = "", name: str = "tokyo") -> dict[str, object]:

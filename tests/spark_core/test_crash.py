@@ -23,6 +23,7 @@ import pytest
 from local_stack.kafka import KafkaBroker
 from local_stack.process import Proc
 from shorelink.contract import Record, customer_topic
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
 from spark_core.config import SiteConfig
 from spark_core.tables import table_path
@@ -205,7 +206,7 @@ def test_driver_killed_five_times_canonical_and_table_exactly_once(
     assert_exactly_once(records, expected)
     owned = [
         Record.from_kafka(m.key(), m.value(), m.headers())
-        for m in read_to_end(b, [customer_topic(customer, s)])
+        for m in read_to_end(KafkaEndpoint.plaintext(b), [customer_topic(customer, s)])
     ]
     assert_exactly_once(owned, {(ship2, s): 200})
     assert {r.identity.origin for r in owned} == {ship2}, "only the customer's container"

@@ -17,6 +17,7 @@ import pytest
 
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import Record, customer_topic
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
 from spark_core.config import load_config
 from spark_core.merge import Merger, start_merge
@@ -43,7 +44,7 @@ def _reading(origin: str, seq: int, stream: str = S) -> Record:
 
 def _held(bootstrap: str, customer: str, origin: str, stream: str = S) -> Counter[int]:
     out: Counter[int] = Counter()
-    for m in read_to_end(bootstrap, [customer_topic(customer, stream)]):
+    for m in read_to_end(KafkaEndpoint.plaintext(bootstrap), [customer_topic(customer, stream)]):
         r = Record.from_kafka(m.key(), m.value(), m.headers())
         if r.identity.origin == origin:
             out[r.identity.seq] += 1

@@ -21,10 +21,11 @@ from shorelink.contract import (
     dead_topic,
     ingress_topic,
 )
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
+from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from shorelink.ledger import MAX_HOLDINGS_RANGES
 from shorelink.ranges import RangeSet
-from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from spark_core.merge import Merger, SourceRow, plan_batch, start_merge
 from spark_core.merge_batch import ArrowBatch, batch_frame
 from spark_core.merge_state import DEAD_VALUE_MAX, Headers, MergeState
@@ -183,7 +184,7 @@ def test_malformed_records_go_to_dead_letter_and_the_query_goes_on(
     q.awaitTermination(120)
     assert q.exception() is None
     assert merger.totals.dead == 4
-    dead = list(read_to_end(b, [dead_topic(s)]))
+    dead = list(read_to_end(KafkaEndpoint.plaintext(b), [dead_topic(s)]))
     assert sorted(bytes(m.value()) for m in dead) == sorted(
         [b"no headers", b"bad seq", b"seq 0", b"not utf-8"]
     )
@@ -333,12 +334,14 @@ def test_a_record_at_the_limit_is_merged_and_one_over_is_dead_lettered(
     source, the merge's producer and the canonical topic."""
     b = kafka.bootstrap
     s = unique("s")
-    ensure_topics(b, [TopicSpec(ingress_topic(s), partitions=1)])  # as the gateway makes it
+    ensure_topics(
+        KafkaEndpoint.plaintext(b), [TopicSpec(ingress_topic(s), partitions=1)]
+    )  # as the gateway makes it
     site, _ = make_site(b, tmp_path, [s])
     topic = f"ship/ship1/{s}"
     at_limit = record("ship1", s, 1, value=b"a" * (MAX_RECORD_BYTES - 2 - len(topic)))
     over = record("ship1", s, 2, value=b"o" * (MAX_RECORD_BYTES + 10))
-    p = Producer(producer_config(b))
+    p = Producer(producer_config(KafkaEndpoint.plaintext(b)))
     for r in (at_limit, over, record("ship1", s, 3)):
         p.produce(ingress_topic(s), key=r.key, value=r.value, headers=r.headers())
     assert p.flush(20) == 0
@@ -349,7 +352,7 @@ def test_a_record_at_the_limit_is_merged_and_one_over_is_dead_lettered(
     got = canonical(b, s)
     assert [r.identity.seq for r in got] == [1, 3]
     assert got[0].value == at_limit.value
-    (dead,) = list(read_to_end(b, [dead_topic(s)]))
+    (dead,) = list(read_to_end(KafkaEndpoint.plaintext(b), [dead_topic(s)]))
     assert len(dead.value() or b"") == DEAD_VALUE_MAX
     merger.close()
 

@@ -30,10 +30,10 @@ from local_stack.kafka import KafkaBroker
 from local_stack.process import Proc, free_port
 from shorelink.contract import LEDGER_TOPIC, Record, canonical_topic, dead_topic
 from shorelink.identity import Identity
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.ledger import encode_entry
 from shorelink.ranges import RangeSet
 from shorelink.ship_report import REPORT_MQTT_TOPIC, ShipReport, encode_report
-from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.ops.coast import PACKAGE, coastlines, parse_gshhs
 from tests.conftest import unique
 from tests.core_gateway.helpers import batch, run_gateway, wait_ready
@@ -220,7 +220,7 @@ def site(kafka_sites: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     tmp = tmp_path_factory.mktemp("ops")
     (tmp / "checkpoints").mkdir()
     ensure_topics(
-        broker.bootstrap,
+        broker.endpoint,
         [TopicSpec(LEDGER_TOPIC, 1, compacted=True)]
         + [TopicSpec(canonical_topic(s), 2) for s in STREAMS]
         + [TopicSpec(dead_topic("nav"), 1)],

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from local_stack.toxiproxy import ToxiproxyServer
-from shorelink.kafka.consumer import PortableConsumer
 from shorelink.contract import Record
 from shorelink.identity import Identity
+from shorelink.kafka.consumer import PortableConsumer
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.position import FileStore
 from spark_core.status import read_status
 from tests.conftest import unique
@@ -79,13 +80,17 @@ def test_ring_of_three_converges_each_identity_once(
     # a consumer reads part of the stream at a, then fails over to b with its position
     store = FileStore(tmp_path / "pos.json")
     seen: list[Identity] = []
-    with PortableConsumer(topo.bootstrap(a), [stream], store=store) as first:
+    with PortableConsumer(
+        KafkaEndpoint.plaintext(topo.bootstrap(a)), [stream], store=store
+    ) as first:
         while len(seen) < 400:
             batch = first.poll(max_records=100, timeout=5)
             assert batch, "the consumer at a stalled"
             seen += [r.identity for r in batch]
             first.commit()
-    with PortableConsumer(topo.bootstrap(b), [stream], store=store) as second:
+    with PortableConsumer(
+        KafkaEndpoint.plaintext(topo.bootstrap(b)), [stream], store=store
+    ) as second:
         for batch in second.batches():
             seen += [r.identity for r in batch]
             second.commit()
@@ -194,7 +199,7 @@ def _by_partition(bootstrap: str, stream: str) -> list[tuple[int, Record]]:
 
     return [
         (m.partition() or 0, Record.from_kafka(m.key(), m.value(), m.headers()))
-        for m in read_to_end(bootstrap, [canonical_topic(stream)])
+        for m in read_to_end(KafkaEndpoint.plaintext(bootstrap), [canonical_topic(stream)])
     ]
 
 

@@ -15,6 +15,7 @@ from pyais import encode_dict
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import Record
 from shorelink.identity import Identity
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.ais import WINDOW, NavRecord, assemble, decode_nav
 from spark_core.config import SiteConfig
@@ -152,7 +153,8 @@ def test_tables_exactly_once_across_restarts(
     site, _ = make_site(bs, tmp_path, ["containers", "nav", "alerts"])
     prefix = unique("tbl")
     ensure_topics(
-        bs, [TopicSpec(f"{prefix}.{s}", partitions=2) for s in ("containers", "nav", "alerts")]
+        KafkaEndpoint.plaintext(bs),
+        [TopicSpec(f"{prefix}.{s}", partitions=2) for s in ("containers", "nav", "alerts")],
     )
     # the sample, with a two-fragment position report split across the two runs
     sample = _lines()

@@ -24,6 +24,7 @@ from shorelink.contract import (
     relay_topic,
 )
 from shorelink.errors import ConfigError
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.topics import TopicSpec
 from spark_core.cli import main
 from spark_core.config import SitesConfig, StreamPolicy, parse_config
@@ -113,7 +114,7 @@ class Deployment:
         return doc
 
     def state(self, *names: str) -> dict[str, TopicState]:
-        return read_topics(self.bootstrap, names, 20)[1]
+        return read_topics(KafkaEndpoint.plaintext(self.bootstrap, timeout_s=20), names)[1]
 
 
 @pytest.fixture

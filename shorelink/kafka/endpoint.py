@@ -1,0 +1,89 @@
+"""A site's Kafka as one value: where it is, who the client is there, how long it may take.
+
+Every shorelink client of Kafka (the gateway's writer and ledger, the site application's
+merge, replication, tables and operations page, ``shorelink consume`` and ``shorelink
+audit``, a customer's position store) is handed one :class:`KafkaEndpoint` and builds
+its client from it: :meth:`KafkaEndpoint.client_config` for confluent-kafka
+(librdkafka), :meth:`KafkaEndpoint.spark_options` for Spark's Kafka source and sink,
+:meth:`KafkaEndpoint.java_config` for Kafka's own tools. The address and the credentials
+travel together, so no client can be built with one and without the other: there is no
+default that quietly means PLAINTEXT. A development broker on loopback says so,
+``KafkaEndpoint(bootstrap, KafkaAuth())`` or :meth:`KafkaEndpoint.plaintext`.
+
+Its keys are declared once, here, and every config that reaches a Kafka embeds it as
+its ``[kafka]`` table (the gateway's, each ``[sites.NAME.kafka]`` of the sites file)::
+
+    [kafka]
+    bootstrap = "kafka-1:9093,kafka-2:9093"   # host:port, comma-separated
+    timeout = 30                              # seconds the Kafka may take to answer
+    username = "gateway-tokyo"                # SASL; with ca_file: TLS
+    password = "${KAFKA_PASSWORD}"
+    ca_file = "ca.pem"
+    mechanism = "SCRAM-SHA-512"
+
+A client that needs another principal or another address at the same cluster derives
+one (:meth:`KafkaEndpoint.as_user`, :meth:`KafkaEndpoint.with_bootstrap`,
+:meth:`KafkaEndpoint.with_auth`), as ``access apply`` connects as the site's admin and a
+site reaches a neighbour through a tunnel as its own principal there. The anchor is
+quix-streams' ``ConnectionConfig``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from shorelink.config import Secret, key
+from shorelink.kafka.auth import KafkaAuth
+
+__all__ = ["ClientConfig", "KafkaEndpoint"]
+
+#: a confluent-kafka client's settings
+ClientConfig = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class KafkaEndpoint:
+    """One Kafka cluster as one client reaches it."""
+
+    #: the brokers' addresses (``host:port``, comma-separated)
+    bootstrap: str
+    #: who the client is there (``username``, ``password``, ``ca_file``, ``mechanism``:
+    #: keys of the same table)
+    auth: KafkaAuth = field(metadata=key(kind="inline"))
+    #: how long the cluster may take to answer (a metadata request, a transaction's
+    #: commit); a transaction may stay open twice this
+    timeout_s: float = field(default=30.0, metadata=key("timeout"))
+
+    @classmethod
+    def plaintext(cls, bootstrap: str, timeout_s: float = 30.0) -> KafkaEndpoint:
+        """A cluster without authentication or TLS (a development broker on loopback)."""
+        return cls(bootstrap, KafkaAuth(), timeout_s)
+
+    def client_config(self, extra: ClientConfig | None = None) -> ClientConfig:
+        """``bootstrap.servers`` and the security settings: the start of every
+        confluent-kafka client's config; ``extra`` adds the rest."""
+        return {"bootstrap.servers": self.bootstrap, **self.auth.client_config(), **(extra or {})}
+
+    def java_config(self) -> dict[str, str]:
+        """The Java client's settings (Kafka's tools, Spark's Kafka source and sink)."""
+        return {"bootstrap.servers": self.bootstrap, **self.auth.java_config()}
+
+    def spark_options(self) -> dict[str, str]:
+        """:meth:`java_config` as options of Spark's Kafka source or sink (``kafka.``)."""
+        return {f"kafka.{k}": v for k, v in self.java_config().items()}
+
+    def as_user(self, username: str, password: Secret | str) -> KafkaEndpoint:
+        """The same cluster (address, CA, mechanism) as another principal."""
+        return replace(self, auth=self.auth.as_user(username, password))
+
+    def with_auth(self, auth: KafkaAuth) -> KafkaEndpoint:
+        """The same address with other credentials."""
+        return replace(self, auth=auth)
+
+    def with_bootstrap(self, bootstrap: str) -> KafkaEndpoint:
+        """The same cluster and principal at another address (a tunnel, a relay)."""
+        return replace(self, bootstrap=bootstrap)
+
+    def with_timeout(self, timeout_s: float) -> KafkaEndpoint:
+        return replace(self, timeout_s=timeout_s)
