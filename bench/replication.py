@@ -71,6 +71,7 @@ from local_stack.process import Proc, free_ports
 from shorelink.contract import Record, ingress_topic
 from shorelink.identity import Identity
 from shorelink.kafka.topics import TopicSpec, ensure_topics
+from shorelink.kafka.transactions import TransactionalProducer
 
 say = progress("replication")
 
@@ -168,35 +169,41 @@ class Entry:
             "linger.ms": 5,
             "compression.type": "lz4",
         }
+        self.txn: TransactionalProducer | None = None
+        self.p: Producer | None = None
         if shorelink:
             conf["transactional.id"] = f"bench-gw-{os.getpid()}-{bootstrap}-{time.monotonic_ns()}"
+            self.txn = TransactionalProducer(conf, timeout=30)
+            self.txn.init()
         else:
             conf["enable.idempotence"] = True
-        self.p = Producer(conf)
-        if shorelink:
-            self.p.init_transactions(30)
+            self.p = Producer(conf)
 
     def write(self, recs: list[Record], *, stamp: bool = False) -> None:
-        if self.shorelink:
-            self.p.begin_transaction()
+        if stamp:
+            recs = [
+                Record(r.identity, r.key, r.value, int(time.time() * 1000), r.site, r.mqtt_topic)
+                for r in recs
+            ]
+        if self.txn is not None:
+            with self.txn.transaction() as txn:
+                for r in recs:
+                    txn.produce(ingress_topic(r.identity.stream), r.key, r.value, r.headers())
+            return
+        assert self.p is not None
         for r in recs:
-            if stamp:
-                r = Record(
-                    r.identity, r.key, r.value, int(time.time() * 1000), r.site, r.mqtt_topic
-                )
-            topic = (
-                ingress_topic(r.identity.stream) if self.shorelink else f"sl.{r.identity.stream}"
-            )
             while True:
                 try:
-                    self.p.produce(topic, key=r.key, value=r.value, headers=r.headers())  # type: ignore[arg-type]
+                    self.p.produce(
+                        f"sl.{r.identity.stream}",
+                        key=r.key,
+                        value=r.value,
+                        headers=r.headers(),  # type: ignore[arg-type]
+                    )
                     break
                 except BufferError:
                     self.p.poll(0.05)
-        if self.shorelink:
-            self.p.commit_transaction(60)
-        else:
-            self.p.flush(60)
+        self.p.flush(60)
 
 
 # -- reading at each site ---------------------------------------------------------------
