@@ -63,7 +63,7 @@ ALERTS_STREAM = "alerts"
 #: the MQTT-topic header of an alert record: ``shorelink/alarm/<name>``
 ALERT_TOPIC_PREFIX = "shorelink/alarm/"
 
-_NAME = re.compile(r"^[a-z0-9_-]{1,63}$")
+_NAME = re.compile(r"[a-z0-9_-]{1,63}")
 _PLACEHOLDER = re.compile(r"\{(\d+)\}")
 
 
@@ -96,7 +96,7 @@ class Alarm:
                 s.field("name"), f"alarms raise records of stream {ALERTS_STREAM!r}: configure it"
             )
         out = read(cls, s, above=_number(s, "above"), below=_number(s, "below"))
-        if not _NAME.match(out.name):
+        if not _NAME.fullmatch(out.name):
             raise ConfigError(s.field("name"), f"{out.name!r}: use 1-63 of a-z 0-9 _ -")
         if out.above is None and out.below is None:
             raise ConfigError(s.field("above"), "set above, below or both")

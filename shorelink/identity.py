@@ -15,13 +15,15 @@ from shorelink.errors import ContractError
 __all__ = ["NAME_RE", "Identity", "check_name"]
 
 #: Origins, streams and site names: lowercase, digits, ``_`` and ``-``; they appear in
-#: Kafka topic names, URLs and ledger keys, so nothing that needs escaping.
-NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+#: Kafka topic names, URLs and ledger keys, so nothing that needs escaping. Match it
+#: whole (``NAME_RE.fullmatch``): with ``match`` and ``$``, ``"nav\n"`` would pass. The
+#: Spark SQL form (``^…\z``) is generated from this pattern (spark_core/contract_sql.py).
+NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 
 
 def check_name(kind: str, value: str) -> str:
     """Return ``value`` if it is a valid origin/stream/site name, else raise."""
-    if not isinstance(value, str) or not NAME_RE.match(value):
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
         raise ContractError(
             f"bad {kind} name {value!r}: use 1-63 of a-z 0-9 _ - (starting with a letter or digit)"
         )

@@ -10,6 +10,7 @@ __all__ = [
     "ais",
     "cli",
     "config",
+    "contract_sql",
     "customers",
     "errors",
     "jobs",
