@@ -70,6 +70,7 @@ from local_stack.kafka import KafkaBroker, LinkListener, _java_argv, start_kafka
 from local_stack.process import Proc, free_ports
 from shorelink.contract import Record, ingress_topic
 from shorelink.identity import Identity
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.kafka.transactions import TransactionalProducer
 
@@ -162,17 +163,15 @@ class Entry:
     """Writes records at a site: as its gateway does (shorelink: transactions into
     ingress) or straight into ``sl.<stream>`` (MirrorMaker's source topics)."""
 
-    def __init__(self, bootstrap: str, shorelink: bool) -> None:
+    def __init__(self, kafka: KafkaEndpoint, shorelink: bool) -> None:
         self.shorelink = shorelink
-        conf: dict[str, Any] = {
-            "bootstrap.servers": bootstrap,
-            "linger.ms": 5,
-            "compression.type": "lz4",
-        }
+        conf: dict[str, Any] = kafka.client_config({"linger.ms": 5, "compression.type": "lz4"})
         self.txn: TransactionalProducer | None = None
         self.p: Producer | None = None
         if shorelink:
-            conf["transactional.id"] = f"bench-gw-{os.getpid()}-{bootstrap}-{time.monotonic_ns()}"
+            conf["transactional.id"] = (
+                f"bench-gw-{os.getpid()}-{kafka.bootstrap}-{time.monotonic_ns()}"
+            )
             self.txn = TransactionalProducer(conf, timeout=30)
             self.txn.init()
         else:
@@ -211,7 +210,7 @@ class Watch(threading.Thread):
     """A site's reader: every topic matching ``pattern`` (read_committed); per identity,
     how often it was read and when first; lag = first read - sl.ts."""
 
-    def __init__(self, site: str, bootstrap: str, pattern: str) -> None:
+    def __init__(self, site: str, kafka: KafkaEndpoint, pattern: str) -> None:
         super().__init__(daemon=True, name=f"watch-{site}")
         self.site = site
         self.counts: Counter[tuple[str, str, int]] = Counter()
@@ -219,7 +218,7 @@ class Watch(threading.Thread):
         self.stop = threading.Event()
         self.c = Consumer(
             {
-                "bootstrap.servers": bootstrap,
+                **kafka.client_config(),
                 "group.id": f"bench-watch-{site}-{time.monotonic_ns()}",
                 "auto.offset.reset": "earliest",
                 "enable.auto.commit": False,
@@ -311,7 +310,7 @@ probe_interval = "1s"
         config.write_text("".join(parts))
         for s in SITES:
             ensure_topics(
-                self.b.brokers[s].bootstrap,
+                self.b.brokers[s].endpoint,
                 [
                     TopicSpec(ingress_topic(x), partitions=3, retention_ms=-1)
                     for x in ("containers", "alerts")
@@ -361,7 +360,7 @@ class MM2System:
     def start(self) -> None:
         for s in SITES:
             ensure_topics(
-                self.b.brokers[s].bootstrap,
+                self.b.brokers[s].endpoint,
                 [TopicSpec(f"sl.{x}", partitions=3) for x in ("containers", "alerts")],
             )
         lines = [f"clusters = {', '.join(SITES)}"]
@@ -459,12 +458,12 @@ class ReplicationBench:
         try:
             system.start()
             watches = {
-                s: Watch(s, self.brokers[s].bootstrap, system.pattern("(containers|alerts)"))
+                s: Watch(s, self.brokers[s].endpoint, system.pattern("(containers|alerts)"))
                 for s in SITES
             }
             for w in watches.values():
                 w.start()
-            entries = {s: Entry(self.brokers[s].bootstrap, system.shorelink) for s in ENTRY}
+            entries = {s: Entry(self.brokers[s].endpoint, system.shorelink) for s in ENTRY}
             # 1. bulk
             bulk = {
                 s: make_records(s, "containers", f"ship-{s}", range(1, a.records + 1), a.size)
