@@ -84,20 +84,22 @@ def _text(sql: str) -> str:
 
 
 #: SQL: the headers are exactly :data:`HEADER_LAYOUT`, names and order (false for no
-#: headers at all). Then each header is the one at its place, null or not.
+#: headers at all). Then what ``Record.from_kafka`` reads of each header is the value
+#: at its place (a null value there is a missing header either way).
 _LAYOUT_HOLDS = " AND ".join(
     [
         f"size(headers) = {len(HEADER_LAYOUT)}",
         *(f"try_element_at(headers, {i + 1}).key = '{n}'" for i, n in enumerate(HEADER_LAYOUT)),
     ]
 )
-IN_LAYOUT = f"coalesce({_LAYOUT_HOLDS}, false)"
+_IN_LAYOUT = f"coalesce({_LAYOUT_HOLDS}, false)"
 _LAYOUT = "sl_layout"  # the flag's column between the two projections
 
 # -- read: what Record.from_kafka reads ----------------------------------------------------
 #: each header's column and how its text becomes what ``Record.from_kafka`` gives: an
 #: int for ``sl.seq`` and ``sl.ts`` (NULL where it exceeds a BIGINT), ``""`` for a
-#: missing ``sl.mqtt_topic``
+#: missing ``sl.mqtt_topic`` (a header added to the contract without an entry here
+#: fails the import)
 _READ: dict[str, tuple[str, str]] = {
     H_ORIGIN: ("origin", "{}"),
     H_STREAM: ("stream", "{}"),
@@ -136,7 +138,7 @@ def read_contract(df: Any, *keep: str) -> Any:
     inbox query that drops a broken record claiming an identity the site holds loses
     nothing."""
     first = dict.fromkeys([*keep, "headers"])
-    return df.selectExpr(*first, f"{IN_LAYOUT} AS {_LAYOUT}").selectExpr(*keep, *_READ_SQL)
+    return df.selectExpr(*first, f"{_IN_LAYOUT} AS {_LAYOUT}").selectExpr(*keep, *_READ_SQL)
 
 
 # -- vouch: when Spark is sure Record.from_kafka accepts a row -----------------------------
