@@ -23,7 +23,7 @@ from local_stack.process import Proc, free_port
 from shorelink.config import Secret
 from tests.conftest import unique
 from tests.core_gateway.helpers import assert_exactly_once, batch, run_gateway, wait_ready
-from tests.helpers import kill9
+from tests.helpers import kill9, run_process
 
 GW = [sys.executable, "-m", "core_gateway.cli"]
 
@@ -90,12 +90,14 @@ def test_gateway_kill9_during_uploads_leaves_every_identity_once(
             if rng.random() < 0.15 and kills < 8:
                 # kill the gateway while this batch is on its way
                 body = batch(ship, next_seq, hi)
-                killer = subprocess.Popen(
-                    ["sh", "-c", f"sleep {rng.uniform(0, 0.05):.3f}; kill -9 {proc.pid}"]
+                killer = run_process(
+                    "killer",
+                    ["sh", "-c", f"sleep {rng.uniform(0, 0.05):.3f}; kill -9 {proc.pid}"],
+                    tmp_path / "killer.log",
                 )
                 with contextlib.suppress(OSError):
                     _request("POST", f"{url}/streams/containers/batches", token, body)
-                killer.wait()
+                _popen(killer).wait()
                 _popen(proc).wait(10)
                 kills += 1
                 proc = run_gateway(cfg, tmp_path / "gw.log")

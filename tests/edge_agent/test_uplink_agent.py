@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from shorelink.ranges import RangeSet
 from tests.edge_agent.api_server import TOKEN, api_app
 from tests.edge_agent.helpers import Publisher, write_config
 from tests.edge_agent.memory_gateway import MemoryGateway
-from tests.helpers import eventually_async
+from tests.helpers import eventually_async, run_process
 
 EDGE = [sys.executable, "-m", "edge_agent.cli"]
 
@@ -84,12 +85,10 @@ async def test_agent_with_gateways_sends_on_new_data_and_stops_cleanly(
 
 
 async def _status(cfg: Path) -> dict[str, object]:
-    proc = await asyncio.create_subprocess_exec(
-        *EDGE, "status", "--config", str(cfg), "--json", stdout=asyncio.subprocess.PIPE
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0
-    return dict(json.loads(out))
+    argv = [*EDGE, "status", "--config", str(cfg), "--json"]
+    res = await asyncio.to_thread(subprocess.run, argv, capture_output=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return dict(json.loads(res.stdout))
 
 
 async def test_agent_process_uploads_over_http_once_the_gateway_comes_up(
@@ -102,10 +101,8 @@ async def test_agent_process_uploads_over_http_once_the_gateway_comes_up(
     cfg.write_text(
         cfg.read_text().replace("[metrics]\nport = 0", f"[metrics]\nport = {metrics_port}")
     )
-    with open(tmp_path / "agent.log", "wb") as agent_log:  # noqa: ASYNC230
-        agent = await asyncio.create_subprocess_exec(
-            *EDGE, "run", "--config", str(cfg), stdout=agent_log, stderr=agent_log
-        )
+    agent = run_process("edge-agent", [*EDGE, "run", "--config", str(cfg)], tmp_path / "agent.log")
+    assert agent.popen is not None
     site = MemoryGateway("tokyo", "port_wifi")
     runner = web.AppRunner(api_app(site))
     try:
@@ -148,6 +145,6 @@ async def test_agent_process_uploads_over_http_once_the_gateway_comes_up(
         assert report["streams"]["containers"]["backlog_records"] == 0  # type: ignore[index]
         assert report["streams"]["containers"]["held"] == {"tokyo": "1-30"}  # type: ignore[index]
     finally:
-        agent.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(agent.wait(), 20) == 0
+        agent.popen.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(agent.popen.wait, 20) == 0
         await runner.cleanup()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 
 from local_stack.cli import render_status, stack
 from local_stack.stack import Component, StackInfo
+from tests.helpers import run_process
 
 names = st.from_regex(r"[a-z][a-z0-9:_-]{0,40}", fullmatch=True)
 
@@ -60,8 +60,9 @@ def test_the_command_piped_fits_80_columns_and_names_the_dead_components_log(
     tmp_path: Path,
 ) -> None:
     d = tmp_path / "a-stack-directory-with-a-name-long-enough-to-matter"
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+    dead = run_process("dead", [sys.executable, "-c", "pass"], tmp_path / "dead.log")
+    assert dead.popen is not None
+    dead.popen.wait(30)
     with socket.socket() as listening, socket.socket() as closed:
         listening.bind(("127.0.0.1", 0))
         listening.listen()

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from local_stack.process import pid_alive
+from tests.helpers import eventually, kill9, run_process
 from voyage.run import Options, prepare_dir, run_voyage
 from voyage.topology import SITES
 
@@ -193,36 +192,23 @@ def test_ctrl_c_stops_every_process_the_voyage_started(tmp_path: Path) -> None:
     """A demo interrupted half-way must not leave brokers, JVMs or agents behind."""
     run = tmp_path / "run"
     out = tmp_path / "out.txt"
-    with open(out, "wb") as f:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "shorelink.cli",
-                "demo",
-                "--ships",
-                "1",
-                "--minutes",
-                "2",
-                "--dir",
-                str(run),
-                "--no-live",
-            ],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-        )
+    demo = [sys.executable, "-m", "shorelink.cli", "demo", "--ships", "1", "--minutes", "2"]
+    proc = run_process("demo", [*demo, "--dir", str(run), "--no-live"], out)
+    assert proc.popen is not None
     try:
-        deadline = time.monotonic() + 400
-        while b"voyage: 1 ships" not in out.read_bytes():
-            assert proc.poll() is None, out.read_text()[-3000:]
-            assert time.monotonic() < deadline, "the voyage did not start"
-            time.sleep(1)
+        eventually(
+            lambda: b"voyage: 1 ships" in out.read_bytes(),
+            within=400,
+            what="the voyage to start",
+            proc=proc,
+            interval=1,
+        )
         started = json.loads((run / "stack.json").read_text())
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=120) == 130
+        proc.popen.send_signal(signal.SIGINT)  # Ctrl-C
+        assert proc.popen.wait(timeout=120) == 130
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if proc.alive():
+            kill9(proc)
     pids = [c["pid"] for c in started["sites"].values()]
     pids += [c["pid"] for c in started["ships"].values()]
     pids += [p["pid"] for p in started["processes"].values()]
