@@ -22,11 +22,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 
-from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
-    AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
@@ -45,7 +44,9 @@ from shorelink.contract import (
     inbox_topic,
     relay_topic,
 )
+from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import KafkaClientError
 from shorelink.kafka.topics import (
     Durability,
     TopicError,
@@ -320,9 +321,9 @@ def _show(name: str, value: str | None) -> str:
 # -- against a cluster -----------------------------------------------------------------
 
 
-def _admin(kafka: KafkaEndpoint) -> AdminClient:
+def _admin(kafka: KafkaEndpoint) -> Admin:
     # librdkafka's own connection errors go to this module's log, not to stderr
-    return AdminClient(kafka.client_config({"logger": log}))
+    return Admin(kafka, {"logger": log})
 
 
 def read_topics(kafka: KafkaEndpoint, names: Iterable[str]) -> tuple[int, dict[str, TopicState]]:
@@ -330,22 +331,24 @@ def read_topics(kafka: KafkaEndpoint, names: Iterable[str]) -> tuple[int, dict[s
     bootstrap, timeout = kafka.bootstrap, kafka.timeout_s
     admin = _admin(kafka)
     try:
-        md = admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
+        md = admin.metadata()
+    except KafkaClientError as exc:
         raise TopicError(
-            f"cannot reach Kafka at {bootstrap} within {timeout:g} s: {exc.args[0]}"
+            f"cannot reach Kafka at {bootstrap} within {timeout:g} s: {exc}",
+            code=exc.code,
+            retryable=exc.retryable,
         ) from exc
     present = [n for n in names if n in md.topics]
     resources = [ConfigResource(ResourceType.TOPIC, n) for n in present]
     states: dict[str, TopicState] = {}
     if not resources:
         return len(md.brokers), states
-    futures = admin.describe_configs(resources, request_timeout=timeout)
+    futures = admin.client.describe_configs(resources, request_timeout=timeout)
     for res, fut in futures.items():
         try:
-            entries = fut.result(timeout=timeout)
-        except KafkaException as exc:
-            raise TopicError(f"cannot describe topic {res.name} at {bootstrap}: {exc}") from exc
+            entries = admin.wait(fut, f"cannot describe topic {res.name} at {bootstrap}")
+        except KafkaClientError as exc:
+            raise TopicError(str(exc), code=exc.code, retryable=exc.retryable) from exc
         parts = md.topics[res.name].partitions
         rf = min((len(p.replicas) for p in parts.values()), default=0)
         configs = {k: e.value for k, e in entries.items() if k in MANAGED_CONFIGS}
@@ -384,11 +387,11 @@ def apply_topics(
     admin = _admin(kafka)
     grow = [c for c in changes if c.action == "partitions"]
     if grow:
-        futures = admin.create_partitions(
+        futures = admin.client.create_partitions(
             [NewPartitions(c.topic, c.partitions) for c in grow], request_timeout=timeout
         )
         for c in grow:
-            done.append(_outcome(c, futures[c.topic], timeout))
+            done.append(_outcome(admin, c, futures[c.topic]))
     alter = [c for c in changes if c.action == "config"]
     if alter:
         resources = [
@@ -404,12 +407,12 @@ def apply_topics(
         ]
         futs = {
             res.name: f
-            for res, f in admin.incremental_alter_configs(
+            for res, f in admin.client.incremental_alter_configs(
                 resources, request_timeout=timeout
             ).items()
         }
         for c in alter:
-            done.append(_outcome(c, futs[c.topic], timeout))
+            done.append(_outcome(admin, c, futs[c.topic]))
     done += [c for c in changes if c.action in ("refused", "warning")]
     for c in done:
         log.info(
@@ -420,7 +423,9 @@ def apply_topics(
             c.error,
         )
     applied = {c.topic for c in done if c.error is None and c.action in _CHANGES}
-    failed = {c.topic for c in done if c.error is not None}
+    # a change that failed: its topic is not waited for. A refused change (an error
+    # too, but nothing was tried) does not keep the topic's other changes from it
+    failed = {c.topic for c in done if c.error is not None and c.action in _CHANGES}
     if applied:
         _settle(kafka, [by_name[t] for t in applied - failed], isr, strict)
     order = {c.topic: i for i, c in enumerate(changes)}
@@ -452,10 +457,10 @@ def _settle(
         log.warning("event=topic_change_not_visible topic=%s change=%r", c.topic, c.detail)
 
 
-def _outcome(change: Change, fut: object, timeout: float) -> Change:
+def _outcome(admin: Admin, change: Change, fut: Future[object]) -> Change:
     try:
-        fut.result(timeout=timeout)  # type: ignore[attr-defined]
-    except (KafkaException, TimeoutError) as exc:
+        admin.wait(fut)
+    except KafkaClientError as exc:
         return _failed(change, exc)
     return change
 

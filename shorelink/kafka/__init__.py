@@ -9,6 +9,7 @@ Every kernel module that imports ``confluent_kafka`` lives here.
   from one;
 - ``auth``: how a client proves who it is (SASL/SCRAM over TLS, or nothing);
 - ``errors``: what can go wrong, one tree; the boundary that maps librdkafka's errors;
+- ``admin``: the admin client whose calls and futures fail as that tree;
 - ``transactions``: the transactional producer, where every transaction ends;
 - ``topics``: creating topics on purpose, their durability and size limits;
 - ``reading``: reading topics to their end;
@@ -17,6 +18,7 @@ Every kernel module that imports ``confluent_kafka`` lives here.
 """
 
 __all__ = [
+    "admin",
     "audit",
     "auth",
     "consumer",

@@ -20,14 +20,12 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
-
 from shorelink.contract import LEDGER_TOPIC, LINKS_TOPIC, Record, canonical_topic
 from shorelink.errors import ContractError, ShorelinkError
 from shorelink.identity import NAME_RE
+from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
-from shorelink.kafka.errors import KafkaClientError, kafka_errors
+from shorelink.kafka.errors import KafkaClientError
 from shorelink.kafka.reading import read_to_end
 from shorelink.ranges import RangeSet
 
@@ -98,8 +96,7 @@ class SourceAudit:
 
 
 def canonical_topics(kafka: KafkaEndpoint, streams: Iterable[str] | None = None) -> list[str]:
-    with kafka_errors(f"Kafka at {kafka.bootstrap}"):
-        names = AdminClient(kafka.client_config()).list_topics(timeout=10).topics
+    names = Admin(kafka).metadata(timeout=10, what=f"Kafka at {kafka.bootstrap}").topics
     out = []
     for t in sorted(names):
         m = _CANONICAL.fullmatch(t)
@@ -268,11 +265,11 @@ def _read_site(
 ) -> list[SiteStreamAudit]:
     bootstrap = kafka.bootstrap
     try:
-        admin = AdminClient(kafka.client_config())
-        names = admin.list_topics(timeout=connect_timeout)
-    except KafkaException as exc:
+        names = Admin(kafka).metadata(timeout=connect_timeout)
+    except KafkaClientError as exc:
         raise AuditError(
-            f"site {site}: Kafka at {bootstrap} did not answer within {connect_timeout:g}s: {exc}"
+            f"site {site}: Kafka at {bootstrap} did not answer within {connect_timeout:g}s: {exc}",
+            retryable=exc.retryable,
         ) from exc
     by_topic = {canonical_topic(s): SiteStreamAudit(site, s) for s in streams}
     present = [t for t in by_topic if t in names.topics]
@@ -288,5 +285,5 @@ def _read_site(
                 continue
             r.add(rec.identity.origin, rec.identity.seq)
     except KafkaClientError as exc:
-        raise AuditError(f"site {site}: {exc}") from exc
+        raise AuditError(f"site {site}: {exc}", retryable=exc.retryable) from exc
     return list(by_topic.values())

@@ -46,17 +46,17 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
     KafkaError,
-    KafkaException,
     Message,
     TopicCollection,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient
 
 from shorelink.contract import Record, canonical_topic, customer_topic
 from shorelink.errors import ContractError, ShorelinkError
 from shorelink.identity import Identity
+from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import KafkaClientError, KafkaNotAuthorized, classify, kafka_errors
 from shorelink.kafka.position import Position, PositionStore
 from shorelink.logs import RateLimitedLog
 
@@ -64,16 +64,14 @@ __all__ = ["Consumed", "ConsumerError", "PortableConsumer"]
 
 log = logging.getLogger(__name__)
 
-#: consumer errors that librdkafka recovers from by itself (a broker restarting, a link
-#: down for a while): logged, and the consumer keeps going
-_TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT}
 #: how often a consumer looks for partitions added to its topics (``shorelink-spark
 #: topics apply`` grows a canonical topic); a new partition is read from its beginning
 PARTITION_REFRESH_S = 10.0
 
 
 class ConsumerError(ShorelinkError):
-    """The site's Kafka cannot be reached or does not have the topic asked for."""
+    """The site's Kafka cannot be reached or does not have the topic asked for; caused
+    by the Kafka error tree's error (``retryable`` as it says), if any."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +182,8 @@ class PortableConsumer:
             "logger": log,
             **self._extra,
         }
-        consumer = Consumer(conf)
+        with kafka_errors(f"Kafka at {self.bootstrap}"):
+            consumer = Consumer(conf)
         try:
             self._assign(consumer)
         except BaseException:
@@ -194,21 +193,23 @@ class PortableConsumer:
 
     def _assign(self, consumer: Consumer) -> None:
         try:
-            md = consumer.list_topics(timeout=self.timeout)
-        except KafkaException as exc:
+            with kafka_errors():
+                md = consumer.list_topics(timeout=self.timeout)
+                # a topic this principal may not describe is left out of the whole
+                # listing: asked for by name, it comes back with the broker's refusal
+                refused = [
+                    t
+                    for t in self.topics
+                    if t not in md.topics
+                    and (err := consumer.list_topics(t, timeout=self.timeout).topics[t].error)
+                    is not None
+                    and isinstance(classify(err), KafkaNotAuthorized)
+                ]
+        except KafkaClientError as exc:
             raise ConsumerError(
                 f"Kafka at {self.bootstrap} did not answer within {self.timeout:g}s: {exc}",
-                retryable=True,
+                retryable=exc.retryable,
             ) from exc
-        # a topic this principal may not describe is left out of the whole listing:
-        # asked for by name, it comes back with the broker's refusal
-        refused = [
-            t
-            for t in self.topics
-            if t not in md.topics
-            and (err := consumer.list_topics(t, timeout=self.timeout).topics[t].error) is not None
-            and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
-        ]
         if refused:
             raise ConsumerError(
                 f"not authorized to read {', '.join(refused)} at {self.bootstrap}"
@@ -237,25 +238,30 @@ class PortableConsumer:
 
     def _describe(self) -> dict[str, str]:
         """topic -> its Kafka topic id (a UUID: one topic at one cluster, never reused)."""
-        admin = AdminClient(self.kafka.client_config())
         out: dict[str, str] = {}
-        futures = admin.describe_topics(TopicCollection(self.topics), request_timeout=self.timeout)
-        for name, fut in futures.items():
-            try:
-                out[name] = str(fut.result(timeout=self.timeout).topic_id)
-            except KafkaException as exc:
-                raise ConsumerError(f"cannot describe {name} at {self.bootstrap}: {exc}") from exc
+        try:
+            admin = Admin(self.kafka)
+            futures = admin.client.describe_topics(
+                TopicCollection(self.topics), request_timeout=self.timeout
+            )
+            for name, fut in futures.items():
+                out[name] = str(
+                    admin.wait(fut, f"cannot describe {name} at {self.bootstrap}").topic_id
+                )
+        except KafkaClientError as exc:
+            raise ConsumerError(str(exc), retryable=exc.retryable) from exc
         return out
 
     def _start(self, consumer: Consumer, topic: str, part: int, hint: int | None) -> int:
         if hint is None:
             return OFFSET_BEGINNING
         try:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, part), timeout=self.timeout, cached=False
-            )
-        except KafkaException as exc:
-            raise ConsumerError(f"cannot read offsets of {topic}[{part}]: {exc}") from exc
+            with kafka_errors(f"cannot read offsets of {topic}[{part}]"):
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, part), timeout=self.timeout, cached=False
+                )
+        except KafkaClientError as exc:
+            raise ConsumerError(str(exc), retryable=exc.retryable) from exc
         # below ``low`` retention deleted records this consumer never had
         return hint if low <= hint <= high else OFFSET_BEGINNING
 
@@ -322,8 +328,9 @@ class PortableConsumer:
         assert self._consumer is not None
         self._refresh_at = time.monotonic() + PARTITION_REFRESH_S
         try:
-            md = self._consumer.list_topics(timeout=1.0)
-        except KafkaException:
+            with kafka_errors():
+                md = self._consumer.list_topics(timeout=1.0)
+        except KafkaClientError:
             return  # the site is unreachable for now: the next refresh tries again
         new = [
             TopicPartition(t, p, OFFSET_BEGINNING)
@@ -344,19 +351,20 @@ class PortableConsumer:
         err = msg.error()
         topic, part = msg.topic() or "", msg.partition() or 0
         if err is not None:
-            if err.code() == KafkaError._PARTITION_EOF:
+            if err.code() == KafkaError._PARTITION_EOF:  # an event, not a failure
                 self._eof[(topic, part)] = True
-            elif err.code() in _TRANSIENT and not err.fatal():
-                self._errors.warning(
-                    f"kafka:{err.code()}",
-                    "event=consumer_kafka_error bootstrap=%s error=%s",
-                    self.bootstrap,
-                    str(err).replace(" ", "_"),
-                )
-            else:
-                raise ConsumerError(f"reading {topic} at {self.bootstrap}: {err}") from (
-                    KafkaException(err)
-                )
+                return
+            error = classify(err, f"reading {topic} at {self.bootstrap}")
+            if not error.retryable or error.fatal:
+                raise ConsumerError(str(error)) from error
+            # librdkafka recovers by itself (a broker restarting, a link down for a
+            # while): logged, and the consumer keeps going
+            self._errors.warning(
+                f"kafka:{error.code}",
+                "event=consumer_kafka_error bootstrap=%s error=%s",
+                self.bootstrap,
+                str(err).replace(" ", "_"),
+            )
             return
         offset = msg.offset() or 0
         self._eof[(topic, part)] = False

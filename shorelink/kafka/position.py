@@ -25,15 +25,15 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Producer
 
 from shorelink.errors import ContractError, ShorelinkError
 from shorelink.files import write_atomic
 from shorelink.identity import Identity, check_name
 from shorelink.kafka.endpoint import KafkaEndpoint
-from shorelink.kafka.errors import KafkaClientError, UnknownTopic
+from shorelink.kafka.errors import KafkaClientError, UnknownTopic, kafka_errors
 from shorelink.kafka.reading import read_to_end
-from shorelink.kafka.topics import TopicError, TopicSpec, ensure_topics, producer_config
+from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from shorelink.ranges import RangeSet
 
 __all__ = [
@@ -296,10 +296,16 @@ class KafkaStore:
         try:
             if self._producer is None:
                 ensure_topics(self.kafka, [TopicSpec(POSITIONS_TOPIC, compacted=True)])
-                self._producer = Producer(producer_config(self.kafka, {"enable.idempotence": True}))
-            self._producer.produce(POSITIONS_TOPIC, key=self.name.encode(), value=position.dumps())
-            left = self._producer.flush(self.timeout)
-        except (KafkaException, TopicError, BufferError) as exc:
+            with kafka_errors():
+                if self._producer is None:
+                    self._producer = Producer(
+                        producer_config(self.kafka, {"enable.idempotence": True})
+                    )
+                self._producer.produce(
+                    POSITIONS_TOPIC, key=self.name.encode(), value=position.dumps()
+                )
+                left = self._producer.flush(self.timeout)
+        except (KafkaClientError, BufferError) as exc:  # TopicError is a KafkaClientError
             raise PositionError(
                 f"cannot save position at {self.bootstrap}: {exc}", retryable=True
             ) from exc

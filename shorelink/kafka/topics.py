@@ -24,15 +24,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 
 from shorelink.config import Section, key, read
 from shorelink.contract import GATEWAY_CURSOR_TOPIC, KAFKA_MAX_MESSAGE_BYTES, ingress_topic
-from shorelink.errors import ConfigError, ShorelinkError
+from shorelink.errors import ConfigError
+from shorelink.kafka.admin import Admin
 from shorelink.kafka.auth import AuthWatch
 from shorelink.kafka.endpoint import KafkaEndpoint
-from shorelink.kafka.errors import KafkaClientError, TopicExists, kafka_errors
+from shorelink.kafka.errors import KafkaClientError, TopicExists
 
 __all__ = [
     "Durability",
@@ -52,8 +52,9 @@ PRODUCTION_REPLICATION_FACTOR = 3
 PRODUCTION_MIN_INSYNC = 2
 
 
-class TopicError(ShorelinkError):
-    """A topic could not be created or checked."""
+class TopicError(KafkaClientError):
+    """A topic could not be created or checked (in the Kafka error tree: a caller of
+    :func:`ensure_topics` catches it with every other Kafka client failure)."""
 
     retryable = True
 
@@ -164,12 +165,14 @@ def ensure_topics(
         return []
     bootstrap, timeout = kafka.bootstrap, kafka.timeout_s
     watch = AuthWatch()
-    admin = AdminClient(kafka.client_config({"error_cb": watch}))
+    admin = Admin(kafka, {"error_cb": watch})
     try:
-        md = admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        watch.check(admin, f"Kafka at {bootstrap} refused {kafka.auth}")
-        raise TopicError(f"cannot list topics at {bootstrap}: {exc}") from exc
+        md = admin.metadata()
+    except KafkaClientError as exc:
+        watch.check(admin.client, f"Kafka at {bootstrap} refused {kafka.auth}")
+        raise TopicError(
+            f"cannot list topics at {bootstrap}: {exc}", code=exc.code, retryable=exc.retryable
+        ) from exc
     existing = set(md.topics)
     todo = [s for s in specs if s.name not in existing]
     created: list[str] = []
@@ -187,15 +190,18 @@ def ensure_topics(
             PRODUCTION_REPLICATION_FACTOR,
             PRODUCTION_MIN_INSYNC,
         )
-    futures = admin.create_topics([s.new_topic(rf, isr) for s in todo], operation_timeout=timeout)
+    futures = admin.client.create_topics(
+        [s.new_topic(rf, isr) for s in todo], operation_timeout=timeout
+    )
     for name, fut in futures.items():
         try:
-            with kafka_errors(f"cannot create topic {name} at {bootstrap}"):
-                fut.result(timeout=timeout)
+            admin.wait(fut, f"cannot create topic {name} at {bootstrap}")
         except TopicExists:
             continue  # created meanwhile (another client, or an earlier call timed out)
         except KafkaClientError as exc:
-            raise TopicError(str(exc)) from exc
+            # retryable whatever the broker said: a create refused now may be granted
+            # later (``access apply``), and a writer waits for its topics
+            raise TopicError(str(exc), code=exc.code) from exc
         created.append(name)
         log.info("event=topic_created topic=%s bootstrap=%s", name, bootstrap)
     return created

@@ -1,0 +1,61 @@
+"""A site's Kafka admin client whose every answer is the kernel's error tree.
+
+confluent-kafka's ``AdminClient`` fails in two ways a caller would otherwise classify
+by hand: a call raises ``KafkaException`` (``list_topics``), and most calls answer with
+futures, one per resource, each of which fails with a ``KafkaException`` or, waited for
+too long, with ``TimeoutError``. :class:`Admin` takes both to the tree
+(:mod:`shorelink.kafka.errors`): :meth:`~Admin.metadata` and :meth:`~Admin.wait` raise
+:class:`~shorelink.kafka.errors.KafkaClientError` (a future not answered in time is
+:class:`~shorelink.kafka.errors.KafkaUnavailable`), so callers catch the tree's types
+and read ``retryable`` from them. The requests themselves go to :attr:`Admin.client`
+(their futures through :meth:`~Admin.wait`).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import TypeVar
+
+from confluent_kafka.admin import AdminClient, ClusterMetadata
+
+from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import KafkaUnavailable, kafka_errors
+
+__all__ = ["Admin"]
+
+T = TypeVar("T")
+
+
+class Admin:
+    """An ``AdminClient`` of the Kafka ``kafka`` reaches (as its principal); ``extra``
+    adds client settings (``error_cb``, ``logger``, ``socket.timeout.ms``). Each call
+    waits up to the endpoint's timeout unless told otherwise."""
+
+    def __init__(self, kafka: KafkaEndpoint, extra: dict[str, object] | None = None) -> None:
+        self.kafka = kafka
+        self.timeout = kafka.timeout_s
+        with kafka_errors(f"Kafka at {kafka.bootstrap}"):
+            self.client = AdminClient(kafka.client_config(extra))
+
+    def metadata(
+        self, topic: str | None = None, *, timeout: float | None = None, what: str = ""
+    ) -> ClusterMetadata:
+        """The cluster's metadata (brokers, topics and their partitions; only ``topic``
+        if given). Raises the tree's error (``what`` prefixes its message),
+        :class:`KafkaUnavailable` when no broker answered in time."""
+        with kafka_errors(what):
+            return self.client.list_topics(
+                topic, timeout=self.timeout if timeout is None else timeout
+            )
+
+    def wait(self, future: Future[T], what: str = "", *, timeout: float | None = None) -> T:
+        """The result of one of :attr:`client`'s futures; raises the tree's error
+        (``what`` prefixes its message), :class:`KafkaUnavailable` if no answer came
+        within ``timeout`` (default: the endpoint's)."""
+        t = self.timeout if timeout is None else timeout
+        with kafka_errors(what):
+            try:
+                return future.result(timeout=t)
+            except TimeoutError as exc:
+                no_answer = f"no answer within {t:g}s"
+                raise KafkaUnavailable(f"{what}: {no_answer}" if what else no_answer) from exc
