@@ -2,6 +2,12 @@
 
 Kafka brokers and Spark are session-scoped (a JVM start costs seconds); tests keep apart
 by using unique topic names. Mosquitto is cheap and starts fresh per test.
+
+The suite runs in parallel (``scripts/test``: pytest-xdist, ``--dist loadfile``): each
+worker is a pytest session with its own brokers and, once it meets a Spark test, its own
+Spark session. A test file stays on one worker (its module fixtures run once); the
+longest files are handed out first, so the suite's wall time is not one long file
+started last. ``SHORELINK_TEST_WORKERS=0 scripts/test`` runs it in one process.
 """
 
 from __future__ import annotations
@@ -21,6 +27,27 @@ from local_stack.toxiproxy import Toxiproxy, ToxiproxyServer, start_toxiproxy
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 AIS_SAMPLE = SHARED / "data" / "ais" / "nmea_data_sample.txt"
+
+
+#: test files handed out first, longest first (``pytest --durations`` on the 2-core
+#: machine); everything else follows in collection order
+LONG_FIRST = (
+    "tests/spark_core/test_replication.py",
+    "tests/voyage/test_voyage.py",
+    "tests/spark_core/test_crash.py",
+    "tests/local_stack/test_cluster.py",
+    "tests/test_install.py",
+    "tests/test_deploy_files.py",
+    "tests/spark_core/test_standalone.py",
+    "tests/edge_agent/test_power_cut.py",
+    "tests/test_ship_to_shore.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long files first (see the module's docstring); the rest keep their order."""
+    rank = {path: i for i, path in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
 def unique(prefix: str) -> str:

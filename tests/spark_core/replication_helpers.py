@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Producer
 
 from local_stack.kafka import KafkaBroker, LinkListener, start_kafka
 from local_stack.process import free_ports
@@ -20,6 +20,7 @@ from local_stack.toxiproxy import Toxiproxy
 from shorelink.contract import Record, ingress_topic
 from shorelink.identity import Identity
 from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import UnknownTopic
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.config import SitesConfig, parse_config
 from spark_core.jobs.site import Supervisor, build_supervisor
@@ -226,10 +227,8 @@ def identities(topo: Topology, site: str, stream: str) -> Counter[Identity]:
     """The identities in the site's canonical topic (none while it does not exist yet)."""
     try:
         return Counter(r.identity for r in canonical(topo.bootstrap(site), stream))
-    except KafkaException as exc:
-        if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-            return Counter()
-        raise
+    except UnknownTopic:
+        return Counter()
 
 
 def converged(

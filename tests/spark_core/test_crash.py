@@ -1,5 +1,5 @@
 """The site driver (merge and, with ``tables = true``, the ``container_readings`` Delta
-query) killed with SIGKILL at random moments, five times, while ingress keeps arriving
+query) killed with SIGKILL at random moments, three times, while ingress keeps arriving
 (with duplicates): the canonical topic still holds every identity exactly once with no
 gap, the customer stream of a customer's container holds its readings exactly once, and
 the Delta table holds exactly the canonical identities, once each. This is the promise
@@ -115,11 +115,11 @@ class Feeder(threading.Thread):
             self.stop.wait(0.5)
 
 
-# six spark-submit start-ups (about 170 s on an idle 2-core machine): the suite-wide
-# 300 s bound is too tight on a loaded one, and a timeout here interrupts the shared
-# Spark session under every later Spark test
+# four spark-submit start-ups (three killed, one to finish: each kill lands after a merge
+# and a table batch of its run, at a random moment, so a third, fourth and fifth kill
+# add time, not cases): the suite-wide 300 s bound is too tight on a loaded machine
 @pytest.mark.timeout(900)
-def test_driver_killed_five_times_canonical_and_table_exactly_once(
+def test_driver_killed_three_times_canonical_and_table_exactly_once(
     kafka: KafkaBroker, spark: Any, tmp_path: Path
 ) -> None:
     b = kafka.bootstrap
@@ -142,7 +142,7 @@ def test_driver_killed_five_times_canonical_and_table_exactly_once(
     log = tmp_path / "site.log"
     rng = random.Random()
     pid = None
-    for run in range(5):
+    for run in range(3):
         proc = _start(site, config, log)
         try:
             # running, with at least one merge batch and one table batch of this run
