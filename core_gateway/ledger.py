@@ -13,6 +13,7 @@ from core_gateway.holdings import Holdings
 from shorelink.contract import LEDGER_TOPIC
 from shorelink.errors import ContractError
 from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import KafkaClientError, kafka_errors
 from shorelink.ledger import decode_entry
 from shorelink.logs import RateLimitedLog
 
@@ -52,13 +53,20 @@ class LedgerFollower:
         try:
             while not self._stop.is_set():
                 if not assigned:
-                    md = consumer.list_topics(timeout=5)
-                    t = md.topics.get(LEDGER_TOPIC)
-                    if t is None or t.error is not None:
+                    try:
+                        with kafka_errors():
+                            md = consumer.list_topics(timeout=5)
+                            t = md.topics.get(LEDGER_TOPIC)
+                            if t is not None and t.error is None:
+                                consumer.assign(
+                                    [TopicPartition(LEDGER_TOPIC, p, 0) for p in t.partitions]
+                                )
+                                assigned = True
+                    except KafkaClientError as exc:  # Kafka away: the next look may find it
+                        self._limited.warning("ledger", "event=ledger_error error=%r", str(exc))
+                    if not assigned:
                         self._stop.wait(2)  # the merge creates it; wait for it to exist
                         continue
-                    consumer.assign([TopicPartition(LEDGER_TOPIC, p, 0) for p in t.partitions])
-                    assigned = True
                 for msg in consumer.consume(500, timeout=0.5):
                     err = msg.error()
                     if err is not None:

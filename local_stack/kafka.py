@@ -25,16 +25,17 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, ClusterMetadata
+from confluent_kafka.admin import ClusterMetadata
 
 from local_stack.errors import StackError
 from local_stack.process import Proc, free_ports, port_open, stop_procs
 from local_stack.tls import Authority
 from local_stack.tools import kafka_classpath, kafka_log4j_config
 from shorelink.config import Secret
+from shorelink.kafka.admin import Admin
 from shorelink.kafka.auth import KafkaAuth
 from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import KafkaClientError
 
 __all__ = [
     "BrokerSecurity",
@@ -180,8 +181,8 @@ class KafkaBroker:
         if not port_open(HOST, self.port):
             return False
         try:
-            AdminClient(self.endpoint.client_config()).list_topics(timeout=2)
-        except KafkaException:
+            Admin(self.endpoint).metadata(timeout=2)
+        except KafkaClientError:
             return False
         return True
 
@@ -231,8 +232,9 @@ class KafkaCluster:
         raise StackError(f"kafka:{self.site} has no node {node_id}")
 
     def metadata(self, timeout: float = 5) -> ClusterMetadata:
-        """The cluster's metadata (brokers alive, each partition's leader and ISR)."""
-        return AdminClient(self.endpoint.client_config()).list_topics(timeout=timeout)
+        """The cluster's metadata (brokers alive, each partition's leader and ISR);
+        raises :class:`~shorelink.kafka.errors.KafkaClientError`."""
+        return Admin(self.endpoint).metadata(timeout=timeout)
 
     def ready(self) -> bool:
         """Every node is up and registered with the controller (unfenced)."""
@@ -240,7 +242,7 @@ class KafkaCluster:
             return False
         try:
             brokers = set(self.metadata(timeout=2).brokers)
-        except KafkaException:
+        except KafkaClientError:
             return False
         return {n.node_id for n in self.nodes} <= brokers
 

@@ -27,13 +27,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
     AclOperation,
     AclPermissionType,
-    AdminClient,
     ResourcePatternType,
     ResourceType,
     ScramCredentialInfo,
@@ -50,7 +48,9 @@ from shorelink.contract import (
     MARKER_TOPIC,
     canonical_topic,
 )
+from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import KafkaClientError
 from spark_core.config import SiteConfig, SitesConfig
 from spark_core.errors import SparkCoreError
 
@@ -275,28 +275,30 @@ def _neighbour(plan: AccessPlan, other: SiteConfig) -> None:
 def apply_access(plan: AccessPlan, admin: KafkaEndpoint, *, dry_run: bool = False) -> AccessChanges:
     """Bring the Kafka ``admin`` reaches to ``plan``, as ``admin``'s principal (a super
     user), each step within its timeout."""
-    client = AdminClient(admin.client_config())
     changes = AccessChanges(plan.site)
     try:
+        client = Admin(admin)
         _users(client, plan, admin, changes, dry_run)
-        _acls(client, plan, changes, dry_run, admin.timeout_s)
-    except KafkaException as exc:
-        raise AccessError(f"access at {admin.bootstrap} (as {admin.auth.username}): {exc}") from exc
+        _acls(client, plan, changes, dry_run)
+    except KafkaClientError as exc:
+        raise AccessError(
+            f"access at {admin.bootstrap} (as {admin.auth.username}): {exc}",
+            retryable=exc.retryable,
+        ) from exc
     for line in changes.lines():
         log.info("event=access_%s site=%s %s", "planned" if dry_run else "changed", plan.site, line)
     return changes
 
 
 def _users(
-    client: AdminClient,
+    client: Admin,
     plan: AccessPlan,
     admin: KafkaEndpoint,
     changes: AccessChanges,
     dry_run: bool,
 ) -> None:
-    timeout = admin.timeout_s
-    described = cast(Future, client.describe_user_scram_credentials(None))
-    existing = set(described.result(timeout))
+    described = cast(Future, client.client.describe_user_scram_credentials(None))
+    existing = set(client.wait(described, "describing users"))
     upserts: list[UserScramCredentialAlteration] = []
     for user, password in sorted(plan.users.items()):
         if user in existing:
@@ -313,23 +315,20 @@ def _users(
             )
         )
     if upserts and not dry_run:
-        for fut in client.alter_user_scram_credentials(upserts).values():
-            fut.result(timeout)
+        for user, fut in client.client.alter_user_scram_credentials(upserts).items():
+            client.wait(fut, f"setting the password of {user}")
 
 
 def _password_works(kafka: KafkaEndpoint) -> bool:
     timeout = kafka.timeout_s
-    conf = kafka.client_config({"socket.timeout.ms": int(timeout * 1000)})
     try:
-        AdminClient(conf).list_topics(timeout=min(timeout, 5.0))
-    except KafkaException:
+        Admin(kafka, {"socket.timeout.ms": int(timeout * 1000)}).metadata(timeout=min(timeout, 5.0))
+    except KafkaClientError:
         return False
     return True
 
 
-def _acls(
-    client: AdminClient, plan: AccessPlan, changes: AccessChanges, dry_run: bool, timeout: float
-) -> None:
+def _acls(client: Admin, plan: AccessPlan, changes: AccessChanges, dry_run: bool) -> None:
     # None: any name, principal, host (the stubs say str; the client takes None)
     anything = AclBindingFilter(
         ResourceType.ANY,
@@ -341,7 +340,7 @@ def _acls(
         AclPermissionType.ANY,
     )
     existing: set[Grant] = set()
-    for b in client.describe_acls(anything).result(timeout):
+    for b in client.wait(client.client.describe_acls(anything), "describing ACLs"):
         grant = _grant_of(b)
         if grant is not None:
             existing.add(grant)
@@ -354,11 +353,11 @@ def _acls(
     if dry_run:
         return
     if changes.added:
-        for fut in client.create_acls([g.binding() for g in changes.added]).values():
-            fut.result(timeout)
+        for binding, fut in client.client.create_acls([g.binding() for g in changes.added]).items():
+            client.wait(fut, f"creating ACL {binding}")
     if changes.removed:
-        for fut in client.delete_acls([g.filter() for g in changes.removed]).values():
-            fut.result(timeout)
+        for filt, fut in client.client.delete_acls([g.filter() for g in changes.removed]).items():
+            client.wait(fut, f"deleting ACLs {filt}")
 
 
 def _grant_of(b: AclBinding) -> Grant | None:

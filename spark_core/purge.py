@@ -21,10 +21,11 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from functools import partial
 
-from confluent_kafka import KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import TopicPartition
 
+from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import KafkaClientError, kafka_errors
 from shorelink.logs import RateLimitedLog
 from spark_core.merge_state import topic_stream
 
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 
 class SourcePurger:
     def __init__(self, kafka: KafkaEndpoint) -> None:
-        self._admin = AdminClient(kafka.client_config())
+        self._admin = Admin(kafka)
         self._timeout = kafka.timeout_s
         #: per source partition, the offset below which deletion was last requested
         self._purged: dict[tuple[str, int], int] = {}
@@ -56,8 +57,9 @@ class SourcePurger:
         if not todo:
             return 0
         try:
-            futures = self._admin.delete_records(todo, request_timeout=self._timeout)
-        except (KafkaException, ValueError) as exc:
+            with kafka_errors():
+                futures = self._admin.client.delete_records(todo, request_timeout=self._timeout)
+        except (KafkaClientError, ValueError) as exc:
             self._failed("request", exc)
             return 0
         for tp in todo:

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from shorelink.contract import (
@@ -31,6 +31,7 @@ from shorelink.contract import (
     canonical_topic,
 )
 from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import KafkaClientError, UnknownTopic, classify, kafka_errors
 from voyage.topology import STREAMS
 
 __all__ = ["Arrival", "EdgeSample", "SiteWatch", "edge_metrics", "query_level_with"]
@@ -82,25 +83,29 @@ class SiteWatch(threading.Thread):
 
     def run(self) -> None:
         try:
-            self.consumer.subscribe([canonical_topic(s) for s in STREAMS])
-            while not self._halt.is_set():
-                msgs = self.consumer.consume(num_messages=2000, timeout=0.5)
-                now = time.time() - self.t0
-                with self._lock:
-                    for m in msgs:
-                        err = m.error()
-                        if err is not None:
-                            if err.code() not in (
-                                KafkaError._PARTITION_EOF,
-                                KafkaError.UNKNOWN_TOPIC_OR_PART,
-                            ):
-                                self.error = str(err)
-                            continue
-                        self._note(m, now)
-        except KafkaException as exc:
+            with kafka_errors():
+                self._follow()
+        except KafkaClientError as exc:
             self.error = str(exc)
         finally:
             self.consumer.close()
+
+    def _follow(self) -> None:
+        self.consumer.subscribe([canonical_topic(s) for s in STREAMS])
+        while not self._halt.is_set():
+            msgs = self.consumer.consume(num_messages=2000, timeout=0.5)
+            now = time.time() - self.t0
+            with self._lock:
+                for m in msgs:
+                    err = m.error()
+                    if err is not None:
+                        # the end of a partition, or a topic its merge has not made yet
+                        if err.code() != KafkaError._PARTITION_EOF and not isinstance(
+                            classify(err), UnknownTopic
+                        ):
+                            self.error = str(err)
+                        continue
+                    self._note(m, now)
 
     def _note(self, m: object, now: float) -> None:
         headers = {k: (v or b"").decode(errors="replace") for k, v in (m.headers() or [])}  # type: ignore[attr-defined]
@@ -206,12 +211,13 @@ def query_level_with(checkpoint: Path, kafka: KafkaEndpoint, topic: str) -> bool
         }
     )
     try:
-        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        for p in parts:
-            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            if done.get(topic, {}).get(str(p), 0) < high:
-                return False
-    except KafkaException:
+        with kafka_errors():
+            parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            for p in parts:
+                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                if done.get(topic, {}).get(str(p), 0) < high:
+                    return False
+    except KafkaClientError:
         return False
     finally:
         consumer.close()

@@ -44,6 +44,7 @@ from shorelink.contract import (
 )
 from shorelink.errors import ContractError
 from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import KafkaClientError, kafka_errors
 from shorelink.ledger import decode_entry
 from shorelink.logs import RateLimitedLog
 from shorelink.ranges import RangeSet
@@ -182,10 +183,14 @@ class SiteFollower:
 
     def _assign_new(self, consumer: Consumer, assigned: set[tuple[str, int]]) -> None:
         try:
-            md = consumer.list_topics(timeout=5)
-        except Exception as exc:  # KafkaException: broker unreachable; retried next scan
+            with kafka_errors():
+                self._assign_more(consumer, assigned)
+        except KafkaClientError as exc:  # broker unreachable: retried next scan
             self._on_error(exc)
-            return
+
+    def _assign_more(self, consumer: Consumer, assigned: set[tuple[str, int]]) -> None:
+        """Assign the wanted partitions not assigned yet (all or none of them)."""
+        md = consumer.list_topics(timeout=5)
         new: list[TopicPartition] = []
         for topic in self.wanted:
             tmd = md.topics.get(topic)
@@ -199,9 +204,9 @@ class SiteFollower:
                     low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
                     start = max(low, high - self.tail)
                 new.append(TopicPartition(topic, p, start))
-                assigned.add((topic, p))
         if new:
             consumer.incremental_assign(new)
+            assigned.update((tp.topic, tp.partition) for tp in new)
             with self.facts.lock:
                 self.facts.topics = sorted({t for t, _ in assigned})
                 self.facts.version += 1
