@@ -589,11 +589,14 @@ def test_alerts_are_neither_lost_nor_doubled_across_kill9_of_the_agent(
     db = tmp_path / "edge.db"
     agent = agent_process(cfg, tmp_path / "agent.log")
     agent.start()
-    deadline = time.monotonic() + 20
-    while not (db.exists() and _alert_rows(db)):  # the session exists once one alert is in
-        assert time.monotonic() < deadline, "agent never subscribed"
+
+    def subscribed() -> bool:  # the session exists once one alert is in
+        if db.exists() and _alert_rows(db):
+            return True
         publisher.publish(ENV.format(0, "probe"), json.dumps({"ts": T0, "temp": 50}).encode())
-        time.sleep(0.2)
+        return False
+
+    eventually(subscribed, within=20, what="the agent to subscribe", interval=0.2)
     n = 1000
     stop = False
 

@@ -33,13 +33,12 @@ def _rows(db: Path, stream: str) -> list[tuple[int, str, bytes]]:
 def wait_for_subscription(publisher: Publisher, db: Path) -> None:
     """The agent's first run creates its session on the broker; only from then on does
     the broker keep messages for it. Probe on the nav stream until one arrives."""
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+
+    def probed() -> bool:
         publisher.publish("bigblue/nav/ais", b"probe")
-        time.sleep(0.2)
-        if db.exists() and _rows(db, "nav"):
-            return
-    raise AssertionError("agent never subscribed")
+        return db.exists() and bool(_rows(db, "nav"))
+
+    eventually(probed, within=20, what="the agent to subscribe", interval=0.2)
 
 
 def test_every_acked_message_is_stored_exactly_once_across_20_kill9(

@@ -11,7 +11,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -178,8 +177,10 @@ def test_broker_killed_during_uploads_every_seq_once(cluster: KafkaCluster, tmp_
     try:
         wait_ready(proc, port)
         next_seq, uploads = 1, 0
-        deadline = time.monotonic() + 150
-        while next_seq <= total and uploads < 200 and time.monotonic() < deadline:
+
+        def upload() -> bool:
+            """One upload as the edge does it; true once the site holds every seq."""
+            nonlocal next_seq, uploads, victim, held_at_kill, held_at_restart, failed
             uploads += 1
             hi = min(total, next_seq + size - 1)
             if victim is None and next_seq > total // 4:
@@ -203,6 +204,9 @@ def test_broker_killed_during_uploads_every_seq_once(cluster: KafkaCluster, tmp_
             held = str(body["streams"]["containers"])
             assert "," not in held, f"holdings have a gap: {held}"
             next_seq = int(held.split("-")[-1]) + 1 if held else 1
+            return next_seq > total or uploads >= 200
+
+        eventually(upload, within=150, what=f"the site to hold seqs 1-{total}", interval=0)
     finally:
         proc.stop(grace=10)
         if victim is not None and not victim.proc.alive():

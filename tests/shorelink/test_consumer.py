@@ -9,7 +9,6 @@ import json
 import random
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.position import FileStore, KafkaStore, Position, PositionStore
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from tests.conftest import unique
+from tests.helpers import eventually
 
 SITES = ("csg", "csy")
 
@@ -200,10 +200,13 @@ def test_records_that_reach_the_new_site_late_are_not_repeated(
         assert _drain(b) == []
         write_canonical(sites["csy"].bootstrap, stream, ids[30:], partitions=3, site="csy")
         late: list[Identity] = []
-        deadline = time.monotonic() + 30
-        while len(late) < 10 and time.monotonic() < deadline:
-            late += _ids(b.poll(timeout=1))
+
+        def ten_late() -> bool:
+            late.extend(_ids(b.poll(timeout=1)))
             b.commit()
+            return len(late) >= 10
+
+        eventually(ten_late, within=30, what="the 10 records written late", interval=0)
         assert sorted(late) == ids[50:]
         assert b.skipped == 50
 
@@ -225,9 +228,12 @@ def test_a_following_consumer_reads_partitions_added_to_its_topic(
             f.result(20)
         write_canonical(sites["csg"].bootstrap, stream, ids[10:], partitions=2, site="csg")
         got: list[Identity] = []
-        deadline = time.monotonic() + 30
-        while len(got) < 10 and time.monotonic() < deadline:
-            got += _ids(c.poll(timeout=0.5))
+
+        def ten_new() -> bool:
+            got.extend(_ids(c.poll(timeout=0.5)))
+            return len(got) >= 10
+
+        eventually(ten_new, within=30, what="the 10 records of the new partition", interval=0)
         assert sorted(got) == ids[10:]
 
 

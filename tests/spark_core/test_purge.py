@@ -18,6 +18,7 @@ from local_stack.kafka import KafkaBroker, start_kafka
 from shorelink.contract import ingress_topic
 from spark_core.merge import Merger, start_merge
 from tests.conftest import unique
+from tests.helpers import eventually
 from tests.spark_core.helpers import assert_exactly_once, canonical, make_site, produce, record
 
 #: the broker expires anything without a retention of its own after one second
@@ -87,8 +88,10 @@ def test_ingress_outlives_a_stopped_merge_and_is_purged_once_merged(
     start_merge(spark, second, available_now=True).awaitTermination(120)
     second.close()
     assert_exactly_once(canonical(b, s), {("ship1", s): 110})
-    deadline = time.monotonic() + 20
-    while [low for low, _ in _watermarks(b, ingress_topic(s))] != merged:
-        assert time.monotonic() < deadline, f"not purged to {merged}"
-        time.sleep(0.2)
+    eventually(
+        lambda: [low for low, _ in _watermarks(b, ingress_topic(s))] == merged,
+        within=20,
+        what=f"purged to {merged}",
+        interval=0.2,
+    )
     assert second._purger.requested == sum(merged) and second._purger.failures == 0
