@@ -25,12 +25,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from shorelink.contract import LEDGER_TOPIC, relay_topic
 from shorelink.errors import ContractError
 from shorelink.files import write_json_atomic
+from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import KafkaClientError, UnknownTopic
 from shorelink.kafka.topics import ensure_topics
 from shorelink.ledger import decode_entry
 from shorelink.ranges import RangeSet
@@ -274,11 +276,9 @@ def start_inbox(spark: Any, q: InboxQuery, *, available_now: bool = False) -> An
 
 def relay_missing(kafka: KafkaEndpoint, topics: Sequence[str], timeout: float) -> list[str]:
     """The ``topics`` the neighbour does not have yet (its merge creates them)."""
-    from confluent_kafka.admin import AdminClient
-
     try:
-        md = AdminClient(kafka.client_config()).list_topics(timeout=timeout)
-    except KafkaException:
+        md = Admin(kafka).metadata(timeout=timeout)
+    except KafkaClientError:
         return list(topics)
     return [t for t in topics if t not in md.topics]
 
@@ -358,8 +358,9 @@ class Replicator:
     def start_query(self, spark: Any, q: InboxQuery, *, available_now: bool = False) -> Any:
         missing = relay_missing(q.kafka, q.topics, self.site.replication.probe_timeout_s)
         if missing:
-            raise KafkaException(
-                f"{q.neighbour} has no {', '.join(missing)} yet (its merge creates them)"
+            raise UnknownTopic(
+                f"{q.neighbour} has no {', '.join(missing)} yet (its merge creates them)",
+                retryable=True,
             )
         return start_inbox(spark, q, available_now=available_now)
 

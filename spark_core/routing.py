@@ -31,11 +31,12 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from shorelink.contract import LINKS_TOPIC
+from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import KafkaClientError, KafkaUnavailable, kafka_errors
 from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from shorelink.logs import RateLimitedLog
 from spark_core.config import SiteConfig, SitesConfig
@@ -113,7 +114,7 @@ class NeighbourLink:
     since: float = field(default_factory=time.time)
     last_ok: float | None = None
     error: str | None = None
-    admin: AdminClient | None = None
+    admin: Admin | None = None
     consumer: Consumer | None = None
 
     def status(self) -> dict[str, object]:
@@ -175,14 +176,13 @@ class LinkState:
         now = time.time()
         try:
             if link.admin is None:
-                link.admin = AdminClient(
-                    link.kafka.client_config({"socket.timeout.ms": int(self._timeout * 1000)})
-                )
-            md = link.admin.list_topics(LINKS_TOPIC, timeout=self._timeout)
+                link.admin = Admin(link.kafka, {"socket.timeout.ms": int(self._timeout * 1000)})
+            md = link.admin.metadata(LINKS_TOPIC, timeout=self._timeout)
             if not md.brokers:
-                raise KafkaException("no broker answered")
-            reports = self._read_reports(link)
-        except (KafkaException, ValueError, RuntimeError) as exc:
+                raise KafkaUnavailable("no broker answered")
+            with kafka_errors():
+                reports = self._read_reports(link)
+        except (KafkaClientError, ValueError, RuntimeError) as exc:
             if link.up:
                 log.warning(
                     "event=link_down site=%s neighbour=%s error=%r",
@@ -268,11 +268,13 @@ class LinkState:
                     [TopicSpec(LINKS_TOPIC, partitions=1, compacted=True)],
                     self.site.durability,
                 )
-                self._producer = Producer(producer_config(self.site.kafka, {"linger.ms": 5}))
-            for r in todo:
-                self._producer.produce(LINKS_TOPIC, key=r.site.encode(), value=r.encode())
-            self._producer.flush(self._timeout)
-        except KafkaException as exc:
+            with kafka_errors():
+                if self._producer is None:
+                    self._producer = Producer(producer_config(self.site.kafka, {"linger.ms": 5}))
+                for r in todo:
+                    self._producer.produce(LINKS_TOPIC, key=r.site.encode(), value=r.encode())
+                self._producer.flush(self._timeout)
+        except KafkaClientError as exc:  # a TopicError of ensure_topics too: next probe
             self._limited.warning(
                 "links_publish",
                 "event=links_publish_failed site=%s error=%r",
