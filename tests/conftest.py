@@ -50,11 +50,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
-def unique(prefix: str) -> str:
-    """A name no other test uses (topics, client ids, ...)."""
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
 @pytest.fixture(scope="session")
 def stack_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("stack")

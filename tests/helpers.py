@@ -1,7 +1,8 @@
-"""The tests' one harness for time and child processes, on ``local_stack.process`` (the
-code `shorelink stack` starts its components with): wait until something holds, polled
-in a thread or on the event loop, and start a process in its own group with its own log,
-so a test that fails says what it waited for and shows the process's last lines."""
+"""The tests' one harness for time, child processes and names, on ``local_stack.process``
+(the code `shorelink stack` starts its components with): wait until something holds,
+polled in a thread or on the event loop, and start a process in its own group with its
+own log, so a test that fails says what it waited for and shows the process's last
+lines; and a name (topic, client id) no other test uses."""
 
 from __future__ import annotations
 
@@ -9,12 +10,18 @@ import asyncio
 import os
 import signal
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from local_stack.process import Proc
 
-__all__ = ["eventually", "eventually_async", "kill9", "run_process"]
+__all__ = ["eventually", "eventually_async", "kill9", "run_process", "unique"]
+
+
+def unique(prefix: str) -> str:
+    """A name no other test uses (topics, client ids, ...)."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
 def _polls(

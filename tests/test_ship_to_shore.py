@@ -31,11 +31,10 @@ from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.ledger import encode_entry
 from shorelink.ranges import RangeSet
 from spark_core.merge import Merger, start_merge
-from tests.conftest import unique
 from tests.core_gateway.helpers import gateway_config, ingress_seqs, start_gateway
 from tests.edge_agent.conftest import publisher as publisher
 from tests.edge_agent.helpers import Publisher, write_config
-from tests.helpers import eventually_async
+from tests.helpers import eventually_async, unique
 from tests.spark_core.helpers import canonical, make_site
 
 

@@ -12,8 +12,8 @@ from local_stack.kafka import KafkaBroker
 from local_stack.process import free_port
 from local_stack.tls import Authority
 from shorelink.tls import TlsFile, client_context
-from tests.conftest import unique
 from tests.core_gateway.helpers import STREAMS, start_gateway
+from tests.helpers import unique
 
 
 def tls_gateway_config(

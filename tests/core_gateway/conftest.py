@@ -10,8 +10,8 @@ import pytest
 
 from core_gateway.auth import Credentials
 from local_stack.kafka import KafkaBroker
-from tests.conftest import unique
 from tests.core_gateway.helpers import RunningGateway, gateway_config, start_gateway
+from tests.helpers import unique
 
 
 @pytest.fixture(scope="session")

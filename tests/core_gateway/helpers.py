@@ -22,8 +22,7 @@ from local_stack.process import Proc, free_port
 from shorelink.contract import H_ORIGIN, H_SEQ, ingress_topic
 from shorelink.kafka.reading import read_to_end
 from shorelink.wire import Batch, WireRecord, encode_batch
-from tests.conftest import unique
-from tests.helpers import eventually, run_process
+from tests.helpers import eventually, run_process, unique
 
 STREAMS = ("alerts", "nav", "containers")
 

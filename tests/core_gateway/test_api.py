@@ -19,7 +19,6 @@ from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.ledger import encode_entry
 from shorelink.ranges import RangeSet
 from shorelink.wire import WireRecord
-from tests.conftest import unique
 from tests.core_gateway.helpers import (
     RunningGateway,
     assert_exactly_once,
@@ -27,6 +26,7 @@ from tests.core_gateway.helpers import (
     ingress_seqs,
     records,
 )
+from tests.helpers import unique
 from tests.shorelink.test_contract import crafted_batch
 
 

@@ -21,9 +21,8 @@ from edge_agent.gateway import HttpGateway
 from local_stack.kafka import KafkaBroker
 from local_stack.process import Proc, free_port
 from shorelink.config import Secret
-from tests.conftest import unique
 from tests.core_gateway.helpers import assert_exactly_once, batch, run_gateway, wait_ready
-from tests.helpers import kill9, run_process
+from tests.helpers import kill9, run_process, unique
 
 GW = [sys.executable, "-m", "core_gateway.cli"]
 

@@ -28,8 +28,8 @@ from shorelink.wire import (
     encode_batch,
 )
 from shorelink.workers import MAX_BROKEN
-from tests.conftest import unique
 from tests.core_gateway.helpers import assert_exactly_once, gateway_config, start_gateway
+from tests.helpers import unique
 
 
 def _large(ship: str, lo: int, hi: int) -> bytes:

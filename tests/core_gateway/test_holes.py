@@ -18,8 +18,8 @@ from shorelink.contract import GATEWAY_CURSOR_TOPIC
 from shorelink.kafka.reading import read_to_end
 from shorelink.ledger import ledger_key
 from shorelink.wire import Batch, encode_batch
-from tests.conftest import unique
 from tests.core_gateway.helpers import gateway_config, records, start_gateway
+from tests.helpers import unique
 
 BOUND = 12
 

@@ -21,8 +21,8 @@ from shorelink.contract import H_ORIGIN, H_SEQ, ingress_topic
 from shorelink.kafka.auth import KafkaAuthError
 from shorelink.kafka.reading import read_to_end
 from tests.access_helpers import apply_secure_access, principal
-from tests.conftest import unique
 from tests.core_gateway.helpers import batch, gateway_config, start_gateway
+from tests.helpers import unique
 
 
 def _config(tmp_path: Path, broker: KafkaBroker, password: str | None = None) -> GatewayConfig:

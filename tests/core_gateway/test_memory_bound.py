@@ -32,7 +32,6 @@ from shorelink.errors import ConfigError
 from shorelink.kafka.reading import read_to_end
 from shorelink.ranges import RangeSet
 from shorelink.wire import Body, WireRecord, encode_body, frame_batch
-from tests.conftest import unique
 from tests.core_gateway.helpers import (
     STREAMS,
     gateway_config,
@@ -40,6 +39,7 @@ from tests.core_gateway.helpers import (
     start_gateway,
     wait_ready,
 )
+from tests.helpers import unique
 
 SHIPS = 20
 RECORDS = 50_000  # limits.max_records

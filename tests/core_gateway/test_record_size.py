@@ -16,7 +16,6 @@ from local_stack.kafka import KafkaBroker
 from shorelink.contract import H_ORIGIN, MAX_RECORD_BYTES, ingress_topic
 from shorelink.kafka.reading import read_to_end
 from shorelink.wire import Batch, WireRecord, encode_batch
-from tests.conftest import unique
 from tests.core_gateway.helpers import (
     assert_exactly_once,
     batch,
@@ -24,6 +23,7 @@ from tests.core_gateway.helpers import (
     records,
     start_gateway,
 )
+from tests.helpers import unique
 from tests.shorelink.test_contract import crafted_batch
 
 

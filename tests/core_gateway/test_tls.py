@@ -34,8 +34,8 @@ from local_stack.tls import Authority, Issued, make_authority
 from shorelink.config import load_toml
 from shorelink.errors import ConfigError
 from shorelink.tls import TlsFile, client_context
-from tests.conftest import unique
 from tests.core_gateway.helpers import batch, gateway_config, ingress_seqs
+from tests.helpers import unique
 from tests.tls_helpers import start_tls_gateway, tls_gateway_config
 
 #: one HTTPS gateway for the module: its fixture and the tests that use it share a loop

@@ -30,7 +30,6 @@ from shorelink.contract import GATEWAY_CURSOR_TOPIC, contract_headers, ingress_t
 from shorelink.kafka.reading import read_to_end
 from shorelink.ledger import ledger_key
 from shorelink.ranges import RangeSet
-from tests.conftest import unique
 from tests.core_gateway.helpers import (
     assert_exactly_once,
     batch,
@@ -38,6 +37,7 @@ from tests.core_gateway.helpers import (
     ingress_seqs,
     start_gateway,
 )
+from tests.helpers import unique
 
 #: a broker of its own: it is paused (SIGSTOP), which must not stall other tests
 PAUSED_SITE = "txn-pause"

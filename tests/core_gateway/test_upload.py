@@ -17,7 +17,6 @@ from core_gateway.errors import KafkaWriteError
 from core_gateway.ingress import IngressWriter, Write
 from local_stack.kafka import KafkaBroker
 from shorelink.ranges import RangeSet
-from tests.conftest import unique
 from tests.core_gateway.helpers import (
     RunningGateway,
     assert_exactly_once,
@@ -27,6 +26,7 @@ from tests.core_gateway.helpers import (
     records,
     start_gateway,
 )
+from tests.helpers import unique
 
 
 async def _connect(

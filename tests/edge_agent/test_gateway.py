@@ -26,10 +26,10 @@ from local_stack.process import free_port
 from shorelink.config import Secret
 from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, WireRecord, encode_batch
-from tests.conftest import unique
 from tests.core_gateway.helpers import gateway_config, start_gateway
 from tests.edge_agent.api_server import TOKEN, api_app
 from tests.edge_agent.memory_gateway import MemoryGateway
+from tests.helpers import unique
 
 
 def body(

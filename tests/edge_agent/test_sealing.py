@@ -31,12 +31,11 @@ from local_stack.process import free_port
 from local_stack.toxiproxy import Toxiproxy
 from shorelink.ranges import RangeSet
 from shorelink.wire import FLAG_TEMPLATED, Batch, WireRecord, decode_batch, encode_batch
-from tests.conftest import unique
 from tests.core_gateway.helpers import assert_exactly_once, gateway_config, start_gateway
 from tests.edge_agent.helpers import Publisher, write_config
 from tests.edge_agent.memory_gateway import MemoryGateway
 from tests.edge_agent.uplink_helpers import fill, uplink_config
-from tests.helpers import eventually_async
+from tests.helpers import eventually_async, unique
 
 #: receive time of the i-th record (0-based) of one ``fill`` call: BASE_MS + i
 BASE_MS = 1_700_000_000_000

@@ -33,9 +33,9 @@ from local_stack.process import free_port
 from local_stack.tls import Authority, make_authority
 from shorelink.errors import ConfigError
 from shorelink.ranges import RangeSet
-from tests.conftest import unique
 from tests.core_gateway.helpers import ingress_seqs
 from tests.edge_agent.uplink_helpers import fill, open_edge_log
+from tests.helpers import unique
 from tests.tls_helpers import start_tls_gateway, tls_gateway_config
 
 #: the module's HTTPS gateway: its fixture and the tests that use it share a loop

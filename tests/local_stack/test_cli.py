@@ -16,7 +16,7 @@ from local_stack.stack import STACK_FILE, StackInfo
 from shorelink.contract import Record, canonical_topic
 from shorelink.identity import Identity
 from shorelink.kafka.topics import TopicSpec, ensure_topics
-from tests.conftest import unique
+from tests.helpers import unique
 
 CLI = [sys.executable, "-m", "shorelink.cli"]
 

@@ -38,9 +38,8 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.merge import Merger, start_merge
-from tests.conftest import unique
 from tests.core_gateway.helpers import batch, run_gateway, wait_ready
-from tests.helpers import eventually, kill9
+from tests.helpers import eventually, kill9, unique
 from tests.spark_core.helpers import (
     assert_exactly_once,
     canonical,

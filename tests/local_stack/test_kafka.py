@@ -9,7 +9,7 @@ from local_stack.kafka import KafkaBroker
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics
-from tests.conftest import unique
+from tests.helpers import unique
 
 
 def _values(bootstrap: str, topic: str, isolation: str) -> list[bytes]:

@@ -11,7 +11,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from local_stack.mosquitto import MosquittoBroker
-from tests.conftest import unique
+from tests.helpers import unique
 
 
 def _client(client_id: str) -> mqtt.Client:

@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import H_ORIGIN, H_SEQ
 from shorelink.kafka.topics import TopicSpec, ensure_topics
-from tests.conftest import unique
+from tests.helpers import unique
 
 pytestmark = pytest.mark.spark
 

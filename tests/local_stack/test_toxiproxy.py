@@ -13,7 +13,7 @@ import pytest
 
 from local_stack.process import free_port
 from local_stack.toxiproxy import Toxiproxy
-from tests.conftest import unique
+from tests.helpers import unique
 
 
 class _Echo(socketserver.BaseRequestHandler):

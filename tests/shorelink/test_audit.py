@@ -13,7 +13,7 @@ from local_stack.kafka import KafkaBroker
 from shorelink.contract import Record, canonical_topic
 from shorelink.identity import Identity
 from shorelink.kafka.topics import TopicSpec, ensure_topics
-from tests.conftest import unique
+from tests.helpers import unique
 
 
 def _produce(kafka: KafkaBroker, stream: str, seqs: list[int], origin: str = "bigblue") -> None:

@@ -19,7 +19,7 @@ from shorelink.identity import Identity
 from shorelink.kafka.audit import audit_sites
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.topics import TopicSpec, ensure_topics
-from tests.conftest import unique
+from tests.helpers import unique
 
 SITES = ("csg", "csy")
 

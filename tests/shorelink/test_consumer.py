@@ -24,8 +24,7 @@ from shorelink.kafka.consumer import Consumed, ConsumerError, PortableConsumer
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.position import FileStore, KafkaStore, Position, PositionStore
 from shorelink.kafka.topics import TopicSpec, ensure_topics
-from tests.conftest import unique
-from tests.helpers import eventually
+from tests.helpers import eventually, unique
 
 SITES = ("csg", "csy")
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from local_stack.kafka import KafkaBroker
 from shorelink.identity import Identity
 from shorelink.kafka.position import FORMAT, FileStore, KafkaStore, Position, PositionError
-from tests.conftest import unique
+from tests.helpers import unique
 
 ORIGINS = st.sampled_from(["bigblue", "redstar", "ship-3"])
 STREAMS = st.sampled_from(["alerts", "nav"])

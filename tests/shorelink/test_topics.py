@@ -13,7 +13,7 @@ from shorelink.config import Section
 from shorelink.contract import KAFKA_MAX_MESSAGE_BYTES
 from shorelink.errors import ConfigError
 from shorelink.kafka.topics import Durability, TopicError, TopicSpec, ensure_topics
-from tests.conftest import unique
+from tests.helpers import unique
 
 
 @pytest.mark.parametrize(

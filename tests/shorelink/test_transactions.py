@@ -43,8 +43,7 @@ from shorelink.kafka.errors import (
 )
 from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.transactions import TransactionalProducer
-from tests.conftest import unique
-from tests.helpers import eventually
+from tests.helpers import eventually, unique
 
 #: a broker of its own: it is paused (SIGSTOP), which must not stall other tests
 PAUSED_SITE = "txn-pause"

@@ -17,7 +17,7 @@ from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.ledger import decode_entry
 from shorelink.ranges import RangeSet
 from spark_core.config import SiteConfig, parse_config
-from tests.conftest import unique
+from tests.helpers import unique
 
 
 def site_toml(

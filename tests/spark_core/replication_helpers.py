@@ -24,7 +24,7 @@ from shorelink.kafka.errors import UnknownTopic
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.config import SitesConfig, parse_config
 from spark_core.jobs.site import Supervisor, build_supervisor
-from tests.conftest import unique
+from tests.helpers import unique
 from tests.spark_core.helpers import canonical
 
 SLOTS = ("ra", "rb", "rc", "rd")

@@ -28,8 +28,7 @@ from spark_core.access import AccessPlan, apply_access, plan_access
 from spark_core.config import SitesConfig
 from spark_core.merge import Merger, start_merge
 from tests.access_helpers import CUSTOMERS, GROUPS, PASSWORDS, reset_access, secure_sites
-from tests.conftest import unique
-from tests.helpers import eventually
+from tests.helpers import eventually, unique
 from tests.spark_core.helpers import record
 
 TOPICS = [

@@ -27,8 +27,7 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
 from spark_core.config import SiteConfig
 from spark_core.tables import table_path
-from tests.conftest import unique
-from tests.helpers import eventually, kill9, run_process
+from tests.helpers import eventually, kill9, run_process, unique
 from tests.spark_core.helpers import (
     assert_exactly_once,
     canonical,

@@ -21,7 +21,7 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
 from spark_core.config import load_config
 from spark_core.merge import Merger, start_merge
-from tests.conftest import unique
+from tests.helpers import unique
 from tests.spark_core.helpers import create_ingress, make_site, produce, record
 
 pytestmark = pytest.mark.spark

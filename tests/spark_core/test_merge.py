@@ -29,7 +29,7 @@ from shorelink.ranges import RangeSet
 from spark_core.merge import Merger, SourceRow, plan_batch, start_merge
 from spark_core.merge_batch import ArrowBatch, batch_frame
 from spark_core.merge_state import DEAD_VALUE_MAX, Headers, MergeState
-from tests.conftest import unique
+from tests.helpers import unique
 from tests.spark_core.helpers import (
     assert_exactly_once,
     canonical,

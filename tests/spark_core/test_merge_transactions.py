@@ -14,7 +14,7 @@ from local_stack.kafka import KafkaBroker
 from shorelink.contract import ingress_topic
 from spark_core.merge import Merger, SourceRow
 from spark_core.merge_state import MergeError
-from tests.conftest import unique
+from tests.helpers import unique
 from tests.spark_core.helpers import assert_exactly_once, canonical, make_site, record
 
 

@@ -35,9 +35,8 @@ from shorelink.ledger import encode_entry
 from shorelink.ranges import RangeSet
 from shorelink.ship_report import REPORT_MQTT_TOPIC, ShipReport, encode_report
 from spark_core.ops.coast import PACKAGE, coastlines, parse_gshhs
-from tests.conftest import unique
 from tests.core_gateway.helpers import batch, run_gateway, wait_ready
-from tests.helpers import eventually, run_process
+from tests.helpers import eventually, run_process, unique
 from voyage.ops import CHROMIUM, CHROMIUM_ARGS
 
 SITE = "ops"

@@ -17,8 +17,7 @@ from core_gateway.ingress import IngressWriter
 from local_stack.kafka import KafkaBroker, start_kafka
 from shorelink.contract import ingress_topic
 from spark_core.merge import Merger, start_merge
-from tests.conftest import unique
-from tests.helpers import eventually
+from tests.helpers import eventually, unique
 from tests.spark_core.helpers import assert_exactly_once, canonical, make_site, produce, record
 
 #: the broker expires anything without a retention of its own after one second

@@ -20,8 +20,7 @@ from shorelink.kafka.consumer import PortableConsumer
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.position import FileStore
 from spark_core.status import read_status
-from tests.conftest import unique
-from tests.helpers import eventually, kill9, run_process
+from tests.helpers import eventually, kill9, run_process, unique
 from tests.spark_core.replication_helpers import (
     SLOTS,
     Mesh,

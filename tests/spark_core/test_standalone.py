@@ -22,8 +22,7 @@ import pytest
 from local_stack.kafka import KafkaBroker
 from local_stack.process import Proc, free_ports, stop_procs
 from spark_core.config import load_config
-from tests.conftest import unique
-from tests.helpers import eventually, run_process
+from tests.helpers import eventually, run_process, unique
 from tests.spark_core.helpers import (
     assert_exactly_once,
     canonical,

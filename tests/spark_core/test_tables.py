@@ -21,7 +21,8 @@ from spark_core.ais import WINDOW, NavRecord, assemble, decode_nav
 from spark_core.config import SiteConfig
 from spark_core.query import container_history, latest_positions
 from spark_core.tables import FRAGMENTS, start_tables, table_path
-from tests.conftest import AIS_SAMPLE, unique
+from tests.conftest import AIS_SAMPLE
+from tests.helpers import unique
 from tests.spark_core.helpers import make_site, produce_raw
 
 T0 = 1_700_000_000_000  # 2023-11-14T22:13:20Z: a run crosses midnight -> two day partitions
