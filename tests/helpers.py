@@ -13,15 +13,25 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+import tomli_w
 
 from local_stack.process import Proc
 
-__all__ = ["eventually", "eventually_async", "kill9", "run_process", "unique"]
+__all__ = ["eventually", "eventually_async", "kill9", "run_process", "unique", "write_toml"]
 
 
 def unique(prefix: str) -> str:
     """A name no other test uses (topics, client ids, ...)."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def write_toml(path: Path, doc: dict[str, Any]) -> Path:
+    """Write a deployable's config file from ``doc`` (tomli-w quotes and escapes every
+    value, as voyage/configs.py does); tests about particular TOML text write it as text."""
+    path.write_text(tomli_w.dumps(doc))
+    return path
 
 
 def _polls(

@@ -22,26 +22,26 @@ from local_stack.kafka import KafkaBroker
 from local_stack.process import Proc, free_port
 from shorelink.config import Secret
 from tests.core_gateway.helpers import assert_exactly_once, batch, run_gateway, wait_ready
-from tests.helpers import kill9, run_process, unique
+from tests.helpers import kill9, run_process, unique, write_toml
 
 GW = [sys.executable, "-m", "core_gateway.cli"]
 
 
 def _write_config(tmp_path: Path, kafka: KafkaBroker, port: int) -> Path:
-    path = tmp_path / "gateway.toml"
-    path.write_text(f"""
-site = "tokyo"
-credentials_file = "ships.json"
-streams = ["containers"]
-[listen]
-host = "127.0.0.1"
-port = {port}
-[kafka]
-bootstrap = "{kafka.bootstrap}"
-transactional_id = "{unique("gw")}"
-timeout = "10s"
-""")
-    return path
+    return write_toml(
+        tmp_path / "gateway.toml",
+        {
+            "site": "tokyo",
+            "credentials_file": "ships.json",
+            "streams": ["containers"],
+            "listen": {"host": "127.0.0.1", "port": port},
+            "kafka": {
+                "bootstrap": kafka.bootstrap,
+                "transactional_id": unique("gw"),
+                "timeout": "10s",
+            },
+        },
+    )
 
 
 def _request(

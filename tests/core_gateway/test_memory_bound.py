@@ -39,7 +39,7 @@ from tests.core_gateway.helpers import (
     start_gateway,
     wait_ready,
 )
-from tests.helpers import unique
+from tests.helpers import unique, write_toml
 
 SHIPS = 20
 RECORDS = 50_000  # limits.max_records
@@ -139,11 +139,21 @@ def test_twenty_ships_sending_max_size_batches_keep_the_gateway_under_its_bound(
     port = free_port()
     creds = tmp_path / "ships.json"
     config = tmp_path / "gateway.toml"
-    config.write_text(
-        f'site = "tokyo"\ncredentials_file = "{creds}"\nstreams = {list(STREAMS)!r}\n'
-        f'decode_workers = 0\n[listen]\nhost = "127.0.0.1"\nport = {port}\n'
-        f'[kafka]\nbootstrap = "{kafka.bootstrap}"\ntransactional_id = "{unique("gw")}"\n'
-        f'ingress_partitions = 2\ntimeout = "30s"\n'
+    write_toml(
+        config,
+        {
+            "site": "tokyo",
+            "credentials_file": str(creds),
+            "streams": list(STREAMS),
+            "decode_workers": 0,
+            "listen": {"host": "127.0.0.1", "port": port},
+            "kafka": {
+                "bootstrap": kafka.bootstrap,
+                "transactional_id": unique("gw"),
+                "ingress_partitions": 2,
+                "timeout": "30s",
+            },
+        },
     )
     ships = [unique(f"ship{i}") for i in range(SHIPS)]
     tokens = [Credentials(creds).add(s) for s in ships]

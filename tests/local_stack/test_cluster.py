@@ -39,7 +39,7 @@ from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.merge import Merger, start_merge
 from tests.core_gateway.helpers import batch, run_gateway, wait_ready
-from tests.helpers import eventually, kill9, unique
+from tests.helpers import eventually, kill9, unique, write_toml
 from tests.spark_core.helpers import (
     assert_exactly_once,
     canonical,
@@ -95,21 +95,21 @@ def _kill_and_restart_later(node: KafkaBroker) -> None:
 
 
 def _write_gateway_config(tmp_path: Path, cluster: KafkaCluster, port: int) -> Path:
-    path = tmp_path / "gateway.toml"
-    path.write_text(f"""
-site = "dc"
-credentials_file = "ships.json"
-streams = ["containers"]
-[listen]
-host = "127.0.0.1"
-port = {port}
-[kafka]
-bootstrap = "{cluster.bootstrap}"
-transactional_id = "{unique("gw")}"
-ingress_partitions = 3
-timeout = "30s"
-""")
-    return path
+    return write_toml(
+        tmp_path / "gateway.toml",
+        {
+            "site": "dc",
+            "credentials_file": "ships.json",
+            "streams": ["containers"],
+            "listen": {"host": "127.0.0.1", "port": port},
+            "kafka": {
+                "bootstrap": cluster.bootstrap,
+                "transactional_id": unique("gw"),
+                "ingress_partitions": 3,
+                "timeout": "30s",
+            },
+        },
+    )
 
 
 def _request(

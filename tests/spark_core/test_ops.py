@@ -36,7 +36,7 @@ from shorelink.ranges import RangeSet
 from shorelink.ship_report import REPORT_MQTT_TOPIC, ShipReport, encode_report
 from spark_core.ops.coast import PACKAGE, coastlines, parse_gshhs
 from tests.core_gateway.helpers import batch, run_gateway, wait_ready
-from tests.helpers import eventually, run_process, unique
+from tests.helpers import eventually, run_process, unique, write_toml
 from voyage.ops import CHROMIUM, CHROMIUM_ARGS
 
 SITE = "ops"
@@ -192,24 +192,20 @@ bootstrap = "127.0.0.1:1"
 
 
 def _gateway_toml(tmp: Path, bootstrap: str, port: int) -> Path:
-    path = tmp / "gateway.toml"
-    path.write_text(
-        f"""\
-site = "tokyo"
-credentials_file = "{tmp / "ships.json"}"
-streams = {json.dumps(list(STREAMS))}
-
-[listen]
-host = "127.0.0.1"
-port = {port}
-
-[kafka]
-bootstrap = "{bootstrap}"
-transactional_id = "{unique("gw")}"
-ingress_partitions = 1
-"""
+    return write_toml(
+        tmp / "gateway.toml",
+        {
+            "site": "tokyo",
+            "credentials_file": str(tmp / "ships.json"),
+            "streams": list(STREAMS),
+            "listen": {"host": "127.0.0.1", "port": port},
+            "kafka": {
+                "bootstrap": bootstrap,
+                "transactional_id": unique("gw"),
+                "ingress_partitions": 1,
+            },
+        },
     )
-    return path
 
 
 @pytest.fixture(scope="module")
