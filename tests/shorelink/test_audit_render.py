@@ -12,8 +12,8 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shorelink.kafka.audit import SitesAudit, SiteStreamAudit, SourceAudit
 from shorelink.cli import render_audit, render_sites_audit
+from shorelink.kafka.audit import SitesAudit, SiteStreamAudit, SourceAudit
 from shorelink.ranges import RangeSet
 
 names = st.from_regex(r"[a-z][a-z0-9_-]{0,62}", fullmatch=True)
