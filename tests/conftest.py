@@ -3,11 +3,11 @@
 Kafka brokers and Spark are session-scoped (a JVM start costs seconds); tests keep apart
 by using unique topic names. Mosquitto is cheap and starts fresh per test.
 
-The suite runs in parallel (``scripts/test``: pytest-xdist, ``--dist loadfile``): each
-worker is a pytest session with its own brokers and, once it meets a Spark test, its own
-Spark session. A test file stays on one worker (its module fixtures run once); the
-longest files are handed out first, so the suite's wall time is not one long file
-started last. ``SHORELINK_TEST_WORKERS=0 scripts/test`` runs it in one process.
+With ``SHORELINK_TEST_WORKERS=N scripts/test`` the suite runs on N pytest-xdist workers
+(``--dist loadfile``): each worker is a pytest session with its own brokers and, once it
+meets a Spark test, its own Spark session. A test file stays on one worker (its module
+fixtures run once); the longest files are handed out first, so the suite's wall time is
+not one long file started last. The default is one process (scripts/test says why).
 """
 
 from __future__ import annotations
