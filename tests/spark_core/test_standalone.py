@@ -7,10 +7,12 @@ would hold only on the developer's machine."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,10 +60,21 @@ class Standalone:
 
 
 def _json(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{url}/json/", timeout=5) as r:
-        data = json.loads(r.read())
-    assert isinstance(data, dict)
-    return data
+    """A master's or worker's JSON page. Its Jetty sometimes closes a connection without
+    an answer on a loaded machine: asked again, up to a bound."""
+    got: list[dict[str, Any]] = []
+
+    def ask() -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}/json/", timeout=5) as r:
+                got.append(json.loads(r.read()))
+        except (ConnectionError, http.client.HTTPException, urllib.error.URLError):
+            return False
+        return True
+
+    eventually(ask, within=30, what=f"an answer from {url}/json/", interval=0.5)
+    assert isinstance(got[0], dict)
+    return got[0]
 
 
 def _alive_workers(ui: str) -> int:
