@@ -3,11 +3,13 @@
 Kafka brokers and Spark are session-scoped (a JVM start costs seconds); tests keep apart
 by using unique topic names. Mosquitto is cheap and starts fresh per test.
 
-With ``SHORELINK_TEST_WORKERS=N scripts/test`` the suite runs on N pytest-xdist workers
-(``--dist loadfile``): each worker is a pytest session with its own brokers and, once it
-meets a Spark test, its own Spark session. A test file stays on one worker (its module
-fixtures run once); the longest files are handed out first, so the suite's wall time is
-not one long file started last. The default is one process (scripts/test says why).
+``scripts/test`` runs the suite on two pytest-xdist workers, in two lanes: the files in
+``HEAVY`` (each starts a dozen JVMs of its own: a voyage, a mesh of sites, Spark
+applications killed and restarted) run one after another on one worker, never two at
+once; every other file is a unit of its own, handed to whichever worker is free. Each
+worker is a pytest session with its own brokers and Spark session. A file stays on one
+worker (its module fixtures run once). ``SHORELINK_TEST_WORKERS=0`` runs it in this
+process, the heavy files first.
 """
 
 from __future__ import annotations
@@ -24,30 +26,41 @@ from local_stack.mosquitto import MosquittoBroker, start_mosquitto
 from local_stack.process import stop_procs
 from local_stack.tls import make_authority
 from local_stack.toxiproxy import Toxiproxy, ToxiproxyServer, start_toxiproxy
+from tests.helpers import BROKER_JVM
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 AIS_SAMPLE = SHARED / "data" / "ais" / "nmea_data_sample.txt"
 
 
-#: test files handed out first, longest first (``pytest --durations`` on the 2-core
-#: machine); everything else follows in collection order
-LONG_FIRST = (
-    "tests/spark_core/test_replication.py",
+#: the files that start many JVMs of their own, longest first (``pytest --durations`` on
+#: the 2-core machine): one lane, run one after another (the module's docstring)
+HEAVY = (
     "tests/voyage/test_voyage.py",
+    "tests/spark_core/test_replication.py",
     "tests/spark_core/test_crash.py",
     "tests/local_stack/test_cluster.py",
-    "tests/test_install.py",
-    "tests/test_deploy_files.py",
-    "tests/spark_core/test_standalone.py",
-    "tests/edge_agent/test_power_cut.py",
-    "tests/test_ship_to_shore.py",
 )
+HEAVY_LANE = "heavy"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The long files first (see the module's docstring); the rest keep their order."""
-    rank = {path: i for i, path in enumerate(LONG_FIRST)}
+    """The heavy files first (see the module's docstring); the rest keep their order."""
+    rank = {path: i for i, path in enumerate(HEAVY)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """The two lanes: every ``HEAVY`` file in one unit of work, each other file a unit,
+    in collection order (the heavy unit first, so it starts at once)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Lanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::")[0]
+            return HEAVY_LANE if path in HEAVY else path
+
+    config.option.loadscopereorder = False
+    return Lanes(config, log)
 
 
 @pytest.fixture(scope="session")
@@ -64,7 +77,14 @@ def kafka_sites(stack_root: Path) -> Iterator[Callable[..., dict[str, KafkaBroke
     def get(*sites: str) -> dict[str, KafkaBroker]:
         new = [s for s in sites if s not in brokers]
         started = [
-            start_kafka(s, stack_root / "sites" / s, stack_root / "logs", wait=False, heap="384m")
+            start_kafka(
+                s,
+                stack_root / "sites" / s,
+                stack_root / "logs",
+                wait=False,
+                heap="384m",
+                jvm_opts=BROKER_JVM,
+            )
             for s in new
         ]
         for b in started:
@@ -90,7 +110,12 @@ def secure_kafka(stack_root: Path) -> Iterator[KafkaBroker]:
     root = stack_root / "secure"
     security = BrokerSecurity(make_authority(root / "tls"), f"admin-{uuid.uuid4().hex}")
     broker = start_kafka(
-        "secure", root / "kafka", stack_root / "logs", heap="384m", security=security
+        "secure",
+        root / "kafka",
+        stack_root / "logs",
+        heap="384m",
+        security=security,
+        jvm_opts=BROKER_JVM,
     )
     yield broker
     stop_procs([broker.proc], grace=10)

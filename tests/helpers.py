@@ -19,7 +19,20 @@ import tomli_w
 
 from local_stack.process import Proc
 
-__all__ = ["eventually", "eventually_async", "kill9", "run_process", "unique", "write_toml"]
+__all__ = [
+    "BROKER_JVM",
+    "eventually",
+    "eventually_async",
+    "kill9",
+    "run_process",
+    "unique",
+    "write_toml",
+]
+
+#: the test brokers' JVM options: the client compiler only (a test's broker lives minutes
+#: and carries little; C2's compiling would cost more CPU than it wins back, as in the
+#: voyage: voyage/launch.py)
+BROKER_JVM = ("-XX:TieredStopAtLevel=1",)
 
 
 def unique(prefix: str) -> str:
