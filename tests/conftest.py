@@ -3,13 +3,12 @@
 Kafka brokers and Spark are session-scoped (a JVM start costs seconds); tests keep apart
 by using unique topic names. Mosquitto is cheap and starts fresh per test.
 
-``scripts/test`` runs the suite on two pytest-xdist workers, in two lanes: the files in
-``HEAVY`` (each starts a dozen JVMs of its own: a voyage, a mesh of sites, Spark
-applications killed and restarted) run one after another on one worker, never two at
-once; every other file is a unit of its own, handed to whichever worker is free. Each
-worker is a pytest session with its own brokers and Spark session. A file stays on one
-worker (its module fixtures run once). ``SHORELINK_TEST_WORKERS=0`` runs it in this
-process, the heavy files first.
+With ``SHORELINK_TEST_WORKERS=N scripts/test`` the suite runs on N pytest-xdist workers,
+in two lanes: the files in ``HEAVY`` (each starts a dozen JVMs of its own: a voyage, a
+mesh of sites, Spark applications killed and restarted) run one after another on one
+worker, never two at once; every other file is a unit of its own, handed to whichever
+worker is free. Each worker is a pytest session with its own brokers and Spark session.
+The default is one process, the heavy files first (scripts/test says why).
 """
 
 from __future__ import annotations
