@@ -262,6 +262,11 @@ def link_listener_properties(
     }
 
 
+#: JVM options for a small, short-lived broker (the voyage's, the tests'): the client
+#: compiler only; C2's compiling costs a 2-core machine more CPU than it wins back
+CLIENT_COMPILER = ("-XX:TieredStopAtLevel=1",)
+
+
 def _java_argv(
     main: str, *args: str, logs: Path, heap: str, jvm_opts: tuple[str, ...] = ()
 ) -> list[str]:

@@ -20,12 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from local_stack.kafka import BrokerSecurity, KafkaBroker, start_kafka
+from local_stack.kafka import CLIENT_COMPILER, BrokerSecurity, KafkaBroker, start_kafka
 from local_stack.mosquitto import MosquittoBroker, start_mosquitto
 from local_stack.process import stop_procs
 from local_stack.tls import make_authority
 from local_stack.toxiproxy import Toxiproxy, ToxiproxyServer, start_toxiproxy
-from tests.helpers import BROKER_JVM
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 AIS_SAMPLE = SHARED / "data" / "ais" / "nmea_data_sample.txt"
@@ -82,7 +81,7 @@ def kafka_sites(stack_root: Path) -> Iterator[Callable[..., dict[str, KafkaBroke
                 stack_root / "logs",
                 wait=False,
                 heap="384m",
-                jvm_opts=BROKER_JVM,
+                jvm_opts=CLIENT_COMPILER,
             )
             for s in new
         ]
@@ -114,7 +113,7 @@ def secure_kafka(stack_root: Path) -> Iterator[KafkaBroker]:
         stack_root / "logs",
         heap="384m",
         security=security,
-        jvm_opts=BROKER_JVM,
+        jvm_opts=CLIENT_COMPILER,
     )
     yield broker
     stop_procs([broker.proc], grace=10)

@@ -20,7 +20,6 @@ import tomli_w
 from local_stack.process import Proc
 
 __all__ = [
-    "BROKER_JVM",
     "eventually",
     "eventually_async",
     "kill9",
@@ -28,11 +27,6 @@ __all__ = [
     "unique",
     "write_toml",
 ]
-
-#: the test brokers' JVM options: the client compiler only (a test's broker lives minutes
-#: and carries little; C2's compiling would cost more CPU than it wins back, as in the
-#: voyage: voyage/launch.py)
-BROKER_JVM = ("-XX:TieredStopAtLevel=1",)
 
 
 def unique(prefix: str) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from local_stack.errors import StackError
-from local_stack.kafka import KafkaBroker, LinkListener, start_kafka
+from local_stack.kafka import CLIENT_COMPILER, KafkaBroker, LinkListener, start_kafka
 from local_stack.mosquitto import start_mosquitto
 from local_stack.process import Proc, free_ports, port_open, stop_procs
 from local_stack.stack import HOST, StackInfo
@@ -152,9 +152,7 @@ def launch(
                 heap="384m",
                 wait=False,
                 links=listeners[s],
-                # the client compiler only: four brokers on two cores for minutes spend
-                # less CPU compiling than the optimising compiler would win back
-                jvm_opts=("-XX:TieredStopAtLevel=1",),
+                jvm_opts=CLIENT_COMPILER,
                 security=sec.broker(),
             )
             started.append(brokers[s].proc)

@@ -23,7 +23,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from core_gateway.auth import Credentials
-from local_stack.kafka import KafkaBroker, KafkaCluster, start_kafka_cluster
+from local_stack.kafka import CLIENT_COMPILER, KafkaBroker, KafkaCluster, start_kafka_cluster
 from local_stack.process import free_port, pid_alive, stop_procs
 from local_stack.stack import load
 from shorelink.contract import (
@@ -57,7 +57,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
     brokers; the quick-start JIT, as the demo's, for a machine that runs much else)."""
     root = tmp_path_factory.mktemp("cluster")
     c = start_kafka_cluster(
-        "dc", root / "kafka", root / "logs", heap="384m", jvm_opts=("-XX:TieredStopAtLevel=1",)
+        "dc", root / "kafka", root / "logs", heap="384m", jvm_opts=CLIENT_COMPILER
     )
     yield c
     stop_procs(c.procs, grace=10)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from local_stack.kafka import KafkaBroker, LinkListener, start_kafka
+from local_stack.kafka import CLIENT_COMPILER, KafkaBroker, LinkListener, start_kafka
 from local_stack.process import free_ports
 from local_stack.toxiproxy import Toxiproxy
 from shorelink.contract import Record, ingress_topic
@@ -24,7 +24,7 @@ from shorelink.kafka.errors import UnknownTopic
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.config import SitesConfig, parse_config
 from spark_core.jobs.site import Supervisor, build_supervisor
-from tests.helpers import BROKER_JVM, unique
+from tests.helpers import unique
 from tests.spark_core.helpers import canonical
 
 SLOTS = ("ra", "rb", "rc", "rd")
@@ -67,7 +67,7 @@ def start_mesh(root: Path, logs: Path, toxiproxy: Toxiproxy) -> Mesh:
                 proxy_name(s, r), f"127.0.0.1:{ln.advertised}", f"127.0.0.1:{ln.port}"
             )
         brokers[s] = start_kafka(
-            s, root / s, logs, heap="384m", wait=False, links=ports[s], jvm_opts=BROKER_JVM
+            s, root / s, logs, heap="384m", wait=False, links=ports[s], jvm_opts=CLIENT_COMPILER
         )
     for b in brokers.values():
         b.proc.wait_ready(b.ready, timeout=90)
