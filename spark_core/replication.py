@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,7 +145,7 @@ class InboxQuery:
     #: batches appended, records read from the neighbour
     batches: int = 0
     read: int = 0
-    _counted: int = field(default=-1, repr=False)
+    _counted_at: str = field(default="", repr=False)
     last_success: float | None = None
     _broadcast: tuple[int, Any] = field(default=(-1, None), repr=False)
 
@@ -201,13 +201,21 @@ class InboxQuery:
             "event=inbox_batch site=%s query=%s batch=%d", self.site.name, self.name, batch_id
         )
 
-    def count_read(self, recent: Sequence[dict[str, Any]]) -> None:
-        """Add the input rows of the batches in ``recent`` (the query's recent
-        progress reports) not counted yet: records read across the link."""
-        for p in recent:
-            batch = p.get("batchId")
-            if isinstance(batch, int) and batch > self._counted:
-                self._counted = batch
+    def count_read(
+        self, last: dict[str, Any] | None, since: Callable[[str], Sequence[dict[str, Any]]]
+    ) -> None:
+        """Add the input rows of the batches not counted yet (records read across the
+        link). ``last`` is the query's last progress report; ``since(t)`` fetches its
+        reports newer than timestamp ``t``, asked only when ``last`` is new. Reports are
+        told apart by their timestamps (Spark writes them as fixed-width UTC text), not
+        by batch ids: an idle report may carry the id its next batch runs under."""
+        stamp = str((last or {}).get("timestamp") or "")
+        if stamp <= self._counted_at:
+            return
+        for p in since(self._counted_at):
+            stamp = str(p.get("timestamp") or "")
+            if stamp > self._counted_at:
+                self._counted_at = stamp
                 self.read += int(p.get("numInputRows") or 0)
 
     def _held_frame(self, spark: Any) -> Any:

@@ -38,7 +38,7 @@ from shorelink.errors import ShorelinkError
 from shorelink.logs import configure_logging
 from spark_core.config import SiteConfig, SitesConfig, load_config
 from spark_core.merge import Merger, start_merge
-from spark_core.progress import ProgressReporter, as_dict
+from spark_core.progress import ProgressReporter, last_progress, progress_since
 from spark_core.replication import BULK_POOL, URGENT_POOL, InboxQuery, Replicator
 from spark_core.session import scheduler_pool
 from spark_core.tables import TABLES, start_table
@@ -63,8 +63,8 @@ class QueryRunner:
     on_failure: Callable[[str], None]
     wanted: Callable[[], bool] = _always
     on_progress: Callable[[dict[str, Any] | None, str], None] | None = None
-    #: called with the running query at every report (counters from its progress)
-    on_query: Callable[[Any], None] | None = None
+    #: called with the running query and its last progress at every report (counters)
+    on_query: Callable[[Any, dict[str, Any] | None], None] | None = None
     query: Any = None
     failures: int = 0
     next_start: float = 0.0
@@ -136,7 +136,7 @@ class Supervisor:
                         log.info("event=query_finished query=%s", r.name)
                     else:
                         self._failed(r, str(error))
-                elif r.failures and r.query.lastProgress is not None:
+                elif r.failures and last_progress(r.query) is not None:
                     r.failures = 0  # healthy again: next failure starts from a short backoff
             self._report()
             if until_done and all(r.done for r in self.runners):
@@ -156,7 +156,7 @@ class Supervisor:
             return
         for r in [only] if only is not None else self.runners:
             try:
-                progress = as_dict(r.query.lastProgress) if r.query is not None else None
+                progress = last_progress(r.query) if r.query is not None else None
             except Exception:  # the query is going away under us: report next time
                 continue
             self.progress.update(r.name, progress, state or _state(r))
@@ -164,7 +164,7 @@ class Supervisor:
                 r.on_progress(progress, state or _state(r))
             if r.on_query is not None and r.query is not None:
                 try:
-                    r.on_query(r.query)
+                    r.on_query(r.query, progress)
                 except Exception:  # the query is going away under us: next time
                     log.debug("event=query_report_skipped query=%s", r.name)
 
@@ -260,7 +260,7 @@ def inbox_runners(spark: Any, replicator: Replicator, *, available_now: bool) ->
 
     def runner(q: InboxQuery) -> QueryRunner:
         def stop(query: Any) -> None:
-            q.count_read([as_dict(p) or {} for p in query.recentProgress])
+            q.count_read(last_progress(query), lambda after: progress_since(query, after))
             query.stop()  # between batches; the inbox is at-least-once anyway
             log.info("event=query_stopped query=%s", q.name)
 
@@ -271,7 +271,9 @@ def inbox_runners(spark: Any, replicator: Replicator, *, available_now: bool) ->
             on_failure=lambda error: None,  # logged by the supervisor
             wanted=lambda: replicator.wanted(q),
             on_progress=lambda progress, state: replicator.progress(q, progress, state),
-            on_query=lambda query: q.count_read([as_dict(p) or {} for p in query.recentProgress]),
+            on_query=lambda query, last: q.count_read(
+                last, lambda after: progress_since(query, after)
+            ),
         )
 
     return [runner(q) for q in replicator.queries]

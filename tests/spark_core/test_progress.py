@@ -1,12 +1,21 @@
 """Kafka lag and the status file from a query's progress report (spark_core/progress.py),
-on the JSON shape Spark writes (offsets as topic -> partition -> offset)."""
+on the JSON shape Spark writes (offsets as topic -> partition -> offset), and that report
+read from a real query."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from spark_core.progress import ProgressReporter, kafka_lag, summarize
+from spark_core.progress import (
+    ProgressReporter,
+    kafka_lag,
+    last_progress,
+    progress_since,
+    summarize,
+)
+from tests.helpers import eventually
 
 PROGRESS = {
     "batchId": 7,
@@ -55,3 +64,29 @@ def test_status_file_keeps_each_querys_last_report(tmp_path: Path) -> None:
     queries = {q["query"]: q for q in json.loads(path.read_text())["queries"]}
     assert queries["merge"]["state"] == "failed" and queries["merge"]["lag_records"] == 42
     assert queries["table-alerts"]["batch_id"] == 7
+
+
+def test_last_and_recent_progress_are_the_querys_own_reports(spark: Any) -> None:
+    """On a real query: None before the first batch, then the reports pyspark's own
+    ``lastProgress`` and ``recentProgress`` give (all, or those newer than a time), as plain JSON data."""
+    query = (
+        spark.readStream.format("rate")  # type: ignore[attr-defined]
+        .option("rowsPerSecond", 50)
+        .load()
+        .writeStream.format("noop")
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        first = last_progress(query)
+        assert first is None or first["batchId"] == 0
+        eventually(lambda: (last_progress(query) or {}).get("batchId", -1) >= 2, 60, "batches")
+        query.stop()
+        mine, theirs = last_progress(query), json.loads(query.lastProgress.json)
+        assert mine == theirs and isinstance(mine["numInputRows"], int)
+        theirs_all = [json.loads(p.json) for p in query.recentProgress]
+        assert progress_since(query, "") == theirs_all
+        assert progress_since(query, theirs_all[0]["timestamp"]) == theirs_all[1:]
+        assert progress_since(query, mine["timestamp"]) == []
+    finally:
+        query.stop()
