@@ -28,7 +28,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import tomli_w
 from _common import get_json
 from telemetry import Container, fleet
 
@@ -48,32 +50,6 @@ CONTAINERS = 1000
 INGRESS_PARTITIONS = 6  # the gateway's default
 REPO = Path(__file__).resolve().parent.parent
 
-GATEWAY_CONFIG = """\
-site = "{site}"
-credentials_file = "{credentials}"
-streams = ["alerts", "nav", "containers"]
-log_level = "info"
-
-[listen]
-host = "127.0.0.1"
-port = {port}
-
-[kafka]
-bootstrap = "{bootstrap}"
-transactional_id = "{transactional_id}"
-ingress_partitions = {partitions}
-"""
-
-SECURE_GATEWAY = """
-[listen]
-tls_cert_file = "{cert}"
-tls_key_file = "{key}"
-
-[kafka]
-username = "{user}"
-password = "{password}"
-ca_file = "{ca}"
-"""
 GATEWAY_USER = "gateway-bench"
 
 
@@ -215,17 +191,21 @@ class Stack:
             self.tokens[ship] = creds.add(ship)
         config = self.work / "gateway" / "gateway.toml"
         txn = f"bench-gateway-{SITE}"
-        text = GATEWAY_CONFIG.format(
-            site=SITE,
-            credentials=creds.path,
-            port=self.gw_port,
-            bootstrap=self.kafka.bootstrap,
-            partitions=INGRESS_PARTITIONS,
-            transactional_id=txn,
-        )
+        doc: dict[str, Any] = {
+            "site": SITE,
+            "credentials_file": str(creds.path),
+            "streams": ["alerts", "nav", "containers"],
+            "log_level": "info",
+            "listen": {"host": "127.0.0.1", "port": self.gw_port},
+            "kafka": {
+                "bootstrap": self.kafka.bootstrap,
+                "transactional_id": txn,
+                "ingress_partitions": INGRESS_PARTITIONS,
+            },
+        }
         if self.security is not None:
-            text = self._secure_gateway(text, txn)
-        config.write_text(text)
+            self._secure_gateway(doc, txn)
+        config.write_text(tomli_w.dumps(doc))
         config.chmod(0o600)
         self.gateway = start_role(__file__, "gateway", "gateway", config, self.logs)
         self.procs.append(self.gateway)
@@ -241,9 +221,9 @@ class Stack:
         self.gateway.wait_ready(ready, timeout=90)
         say(f"gateway ready at {self.gw_url}")
 
-    def _secure_gateway(self, text: str, transactional_id: str) -> str:
+    def _secure_gateway(self, doc: dict[str, Any], transactional_id: str) -> None:
         """The gateway's principal and ACLs (spark_core/access.py), its certificate,
-        and the config keys for both."""
+        and the config keys for both, added to ``doc``."""
         from spark_core.access import AccessPlan, apply_access, grant_gateway
 
         assert self.kafka is not None and self.security is not None
@@ -252,16 +232,12 @@ class Stack:
         grant_gateway(plan, GATEWAY_USER, Secret(password), transactional_id)
         apply_access(plan, self.kafka.endpoint)
         cert = self.security.authority.issue("gateway-bench")
-        listen, kafka = SECURE_GATEWAY.strip().split("\n\n")
-        extra = {
-            "[listen]": listen.format(cert=cert.cert, key=cert.key).split("\n", 1)[1],
-            "[kafka]": kafka.format(
-                user=GATEWAY_USER, password=password, ca=self.security.authority.ca_cert
-            ).split("\n", 1)[1],
+        doc["listen"] |= {"tls_cert_file": str(cert.cert), "tls_key_file": str(cert.key)}
+        doc["kafka"] |= {
+            "username": GATEWAY_USER,
+            "password": password,
+            "ca_file": str(self.security.authority.ca_cert),
         }
-        for table, lines in extra.items():
-            text = text.replace(f"{table}\n", f"{table}\n{lines}\n", 1)
-        return text
 
     async def upload(
         self, bodies: dict[str, list[bytes]], last: dict[str, int], window: int

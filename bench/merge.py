@@ -55,6 +55,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import tomli_w
 from _common import (
     add_run_options,
     bench_parser,
@@ -86,37 +87,6 @@ PARTITIONS = 6
 CONTAINERS = 500  # containers per ship
 GOALS = {"ratio": 0.6}
 REPO = Path(__file__).resolve().parent.parent
-
-SITES_TOML = """\
-log_level = "warning"
-{customers}
-
-[spark]
-master = "local[2]"
-driver_memory = "2g"
-
-[sites.{site}]
-streams = ["{stream}"]
-checkpoint_dir = "{checkpoints}"
-table_dir = "{tables}"
-trigger_interval = "{trigger}"
-
-[sites.{site}.kafka]
-bootstrap = "{bootstrap}"
-timeout = "30s"
-{kafka_auth}
-[sites.{site}.merge]
-canonical_partitions = {partitions}
-max_offsets_per_trigger = {max_offsets}
-"""
-
-# --security: the merge as the site application's own principal, over SASL/SCRAM and TLS
-SECURE_SITE = """
-[sites.{site}.access]
-admin_username = "{admin}"
-admin_password = "{admin_password}"
-"""
-
 
 say = progress("merge")
 
@@ -396,22 +366,27 @@ class Bench:
         from spark_core.access import apply_access, plan_access
         from spark_core.config import load_config
 
+        site: dict[str, Any] = {
+            "streams": [STREAM],
+            "checkpoint_dir": str(self.work / "checkpoints"),
+            "table_dir": str(self.work / "tables"),
+            "trigger_interval": self.args.trigger,
+            "kafka": {"bootstrap": self.bootstrap, "timeout": "30s", **self._kafka_auth()},
+            "merge": {
+                "canonical_partitions": PARTITIONS,
+                "max_offsets_per_trigger": self.args.max_offsets,
+            },
+        }
+        if self.secure:
+            site["access"] = self._secure_site()
+        doc = {
+            "log_level": "warning",
+            **self._customers_file(),
+            "spark": {"master": "local[2]", "driver_memory": "2g"},
+            "sites": {SITE: site},
+        }
         path = self.work / "sites.toml"
-        path.write_text(
-            SITES_TOML.format(
-                site=SITE,
-                stream=STREAM,
-                checkpoints=self.work / "checkpoints",
-                tables=self.work / "tables",
-                trigger=self.args.trigger,
-                bootstrap=self.bootstrap,
-                partitions=PARTITIONS,
-                max_offsets=self.args.max_offsets,
-                kafka_auth=self._kafka_auth(),
-                customers=self._customers_file(),
-            )
-            + (self._secure_site() if self.secure else "")
-        )
+        path.write_text(tomli_w.dumps(doc))
         path.chmod(0o600)
         cfg = self.cfg = load_config(path)
         if self.secure:
@@ -420,30 +395,30 @@ class Bench:
             apply_access(plan_access(cfg, SITE), self.broker.endpoint)
         return cfg.site(SITE)
 
-    def _customers_file(self) -> str:
+    def _customers_file(self) -> dict[str, str]:
         """``--customers``: one customer owning every container (MSCU): each new record
         also goes to ``sl.customer.bench.containers``, in the merge's transaction."""
         if not self.args.customers:
-            return ""
+            return {}
         path = self.work / "customers.toml"
-        path.write_text('[customers.bench]\nowner_codes = ["MSCU"]\n')
-        return f'customers_file = "{path}"'
+        path.write_text(tomli_w.dumps({"customers": {"bench": {"owner_codes": ["MSCU"]}}}))
+        return {"customers_file": str(path)}
 
-    def _kafka_auth(self) -> str:
+    def _kafka_auth(self) -> dict[str, str]:
         """The site application's principal, in its ``[sites.S.kafka]`` table."""
         if not self.secure:
-            return ""
+            return {}
         assert self.broker is not None and self.broker.security is not None
         ca = self.broker.security.authority.ca_cert
         password = secrets.token_urlsafe(16)
-        return f'username = "spark-bench"\npassword = "{password}"\nca_file = "{ca}"\n'
+        return {"username": "spark-bench", "password": password, "ca_file": str(ca)}
 
-    def _secure_site(self) -> str:
+    def _secure_site(self) -> dict[str, str]:
+        """--security: the merge as the site application's own principal, over SASL/SCRAM
+        and TLS: the admin that grants it, in its ``[sites.S.access]`` table."""
         assert self.broker is not None and self.broker.security is not None
         sec = self.broker.security
-        return SECURE_SITE.format(
-            site=SITE, admin=sec.admin_user, admin_password=sec.admin_password
-        )
+        return {"admin_username": sec.admin_user, "admin_password": sec.admin_password}
 
     # phases
     def warm_up(self) -> float:

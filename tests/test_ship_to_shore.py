@@ -33,8 +33,8 @@ from shorelink.ranges import RangeSet
 from spark_core.merge import Merger, start_merge
 from tests.core_gateway.helpers import gateway_config, ingress_seqs, start_gateway
 from tests.edge_agent.conftest import publisher as publisher
-from tests.edge_agent.helpers import Publisher, write_config
-from tests.helpers import eventually_async, unique
+from tests.edge_agent.helpers import Publisher, edge_config_doc
+from tests.helpers import eventually_async, unique, write_toml
 from tests.spark_core.helpers import canonical, make_site
 
 
@@ -108,27 +108,30 @@ def _agent_config(
     ship: str,
     ship_token: str,
     sites: list[tuple[Site, str]],
-    links: str = "",
+    links: dict[str, dict[str, Any]] | None = None,
+    **overrides: Any,
 ) -> Path:
-    path = write_config(tmp_path, mosquitto)
-    text = path.read_text().replace('ship = "bigblue"', f'ship = "{ship}"')
-    gateways = "".join(
-        f'\n[[gateways]]\nsite = "{s.name}"\nurl = "http://127.0.0.1:{s.proxy_port}"\nlink = "{link}"\n'
-        for s, link in sites
-    )
-    text += f"""
-[uplink]
-token = "{ship_token}"
-interval = "300ms"
-linger = "20ms"
-probe_timeout = "2s"
-retry_min = "50ms"
-retry_max = "500ms"
-{links}
-{gateways}
-"""
-    path.write_text(text)
-    return path
+    """The agent's config: one gateway per site, over its link (``links``: the
+    ``[links.*]`` tables; ``overrides``: as :func:`edge_config_doc`'s)."""
+    doc = {
+        **edge_config_doc(tmp_path, mosquitto, **overrides),
+        "ship": ship,
+        "uplink": {
+            "token": ship_token,
+            "interval": "300ms",
+            "linger": "20ms",
+            "probe_timeout": "2s",
+            "retry_min": "50ms",
+            "retry_max": "500ms",
+        },
+        "gateways": [
+            {"site": s.name, "url": f"http://127.0.0.1:{s.proxy_port}", "link": link}
+            for s, link in sites
+        ],
+    }
+    if links:
+        doc["links"] = links
+    return write_toml(tmp_path / "edge.toml", doc)
 
 
 async def _sail(
@@ -136,7 +139,7 @@ async def _sail(
     mosquitto: MosquittoBroker,
     run_agent: Callable[[Path], Agent],
     sites: list[tuple[Site, str]],
-    links: str = "",
+    links: dict[str, dict[str, Any]] | None = None,
 ) -> Agent:
     """Start the ship's agent with these gateways; return it once it is subscribed."""
     cfg = _agent_config(shore.tmp_path, mosquitto, shore.ship, shore.token, sites, links)
@@ -223,11 +226,7 @@ async def test_100_link_failures_mid_batch_still_exactly_once(
     stalls, outages. None of it may double or lose an identity."""
     kafka = kafka_sites("tokyo")["tokyo"]
     site = await shore.site("tokyo", kafka)
-    links = """
-[links.port_wifi]
-batch_max_records = 300
-timeout = "2s"
-"""
+    links = {"port_wifi": {"batch_max_records": 300, "timeout": "2s"}}
     agent = await _sail(shore, mosquitto, run_agent, [(site, "port_wifi")], links)
     rng = random.Random(11)
     published = 0
@@ -333,12 +332,13 @@ async def test_satellite_carries_only_alerts_and_nav_within_its_budget(
     ship = shore.ship
     site = await shore.site("hq", kafka)
     budget = 6000
-    links = f"""
-[links.satellite]
-streams = ["alerts", "nav"]
-daily_budget_bytes = {budget}
-batch_max_records = 20
-"""
+    links = {
+        "satellite": {
+            "streams": ["alerts", "nav"],
+            "daily_budget_bytes": budget,
+            "batch_max_records": 20,
+        }
+    }
     agent = await _sail(shore, mosquitto, run_agent, [(site, "satellite")], links)
     for i in range(400):
         publisher.publish(
@@ -375,9 +375,13 @@ async def test_a_record_at_the_size_limit_crosses_every_hop_and_one_more_byte_st
     where it is counted, and never reaches a link."""
     kafka = kafka_sites("size-limit")["size-limit"]
     site = await shore.site("tokyo", kafka)
-    cfg = _agent_config(shore.tmp_path, mosquitto, shore.ship, shore.token, [(site, "port_wifi")])
-    cfg.write_text(
-        cfg.read_text().replace('max_payload_bytes = "256KiB"', 'max_payload_bytes = "1MiB"')
+    cfg = _agent_config(
+        shore.tmp_path,
+        mosquitto,
+        shore.ship,
+        shore.token,
+        [(site, "port_wifi")],
+        max_payload="1MiB",
     )
     agent = run_agent(cfg)
     await asyncio.wait_for(agent.ingest.connected.wait(), 10)

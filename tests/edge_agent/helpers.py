@@ -16,59 +16,13 @@ from paho.mqtt.properties import Properties
 
 from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import Proc
-from tests.helpers import eventually, kill9, run_process
-
-BASE_CONFIG = """\
-ship = "bigblue"
-log_level = "info"
-
-[mqtt]
-host = "127.0.0.1"
-port = {port}
-client_id = "{client_id}"
-max_payload_bytes = "{max_payload}"
-
-[log]
-path = "{log_path}"
-group_commit = "2ms"
-max_bytes = {max_bytes}
-alerts_reserve_bytes = {reserve}
-quarantine_max = 50
-synchronous = "{synchronous}"
-
-[metrics]
-port = 0
-
-[streams.alerts]
-priority = 0
-
-[streams.nav]
-priority = 10
-max_age = "30d"
-
-[streams.containers]
-priority = 50
-on_full = "{containers_policy}"
-
-[[rules]]
-filter = "bigblue/+/containers/+/alert"
-stream = "alerts"
-key = "{{4}}"
-
-[[rules]]
-filter = "bigblue/+/containers/+/env"
-stream = "containers"
-key = "{{4}}"
-ts_field = "ts"
-
-[[rules]]
-filter = "bigblue/nav/ais"
-stream = "nav"
-key = "position"
-"""
+from tests.helpers import eventually, kill9, run_process, write_toml
 
 
-def write_config(tmp_path: Path, broker: MosquittoBroker, **overrides: Any) -> Path:
+def edge_config_doc(tmp_path: Path, broker: MosquittoBroker, **overrides: Any) -> dict[str, Any]:
+    """The agent's config on ``broker``, its log in ``tmp_path``: three streams and their
+    rules. ``overrides`` replace ``port``, ``client_id``, ``log_path``, ``max_bytes``,
+    ``reserve``, ``max_payload``, ``containers_policy`` or ``synchronous``."""
     values: dict[str, Any] = {
         "port": broker.port,
         "client_id": f"edge-{tmp_path.name}"[:60],
@@ -80,9 +34,45 @@ def write_config(tmp_path: Path, broker: MosquittoBroker, **overrides: Any) -> P
         "synchronous": "full",
     }
     values.update(overrides)
-    path = tmp_path / "edge.toml"
-    path.write_text(BASE_CONFIG.format(**values))
-    return path
+    return {
+        "ship": "bigblue",
+        "log_level": "info",
+        "mqtt": {
+            "host": "127.0.0.1",
+            "port": values["port"],
+            "client_id": values["client_id"],
+            "max_payload_bytes": values["max_payload"],
+        },
+        "log": {
+            "path": str(values["log_path"]),
+            "group_commit": "2ms",
+            "max_bytes": values["max_bytes"],
+            "alerts_reserve_bytes": values["reserve"],
+            "quarantine_max": 50,
+            "synchronous": values["synchronous"],
+        },
+        "metrics": {"port": 0},
+        "streams": {
+            "alerts": {"priority": 0},
+            "nav": {"priority": 10, "max_age": "30d"},
+            "containers": {"priority": 50, "on_full": values["containers_policy"]},
+        },
+        "rules": [
+            {"filter": "bigblue/+/containers/+/alert", "stream": "alerts", "key": "{4}"},
+            {
+                "filter": "bigblue/+/containers/+/env",
+                "stream": "containers",
+                "key": "{4}",
+                "ts_field": "ts",
+            },
+            {"filter": "bigblue/nav/ais", "stream": "nav", "key": "position"},
+        ],
+    }
+
+
+def write_config(tmp_path: Path, broker: MosquittoBroker, **overrides: Any) -> Path:
+    """:func:`edge_config_doc` written to ``tmp_path/edge.toml``."""
+    return write_toml(tmp_path / "edge.toml", edge_config_doc(tmp_path, broker, **overrides))
 
 
 class AgentProcess:

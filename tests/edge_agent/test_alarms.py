@@ -35,9 +35,9 @@ from edge_agent.metrics import EdgeMetrics
 from local_stack.mosquitto import MosquittoBroker
 from shorelink.errors import ConfigError
 from shorelink.ranges import RangeSet
-from tests.edge_agent.helpers import AgentProcess, Publisher, write_config
+from tests.edge_agent.helpers import AgentProcess, Publisher, edge_config_doc
 from tests.edge_agent.memory_gateway import MemoryGateway
-from tests.helpers import eventually, eventually_async
+from tests.helpers import eventually, eventually_async, write_toml
 
 T0 = 1_700_000_000_000  # event times of the readings, ms
 HOUR = 3_600_000
@@ -525,9 +525,12 @@ def test_hostile_payloads_commit_as_readings_and_raise_nothing(tmp_path: Path) -
 
 
 # -- the agent with a real Mosquitto --------------------------------------------------------
-def _with_alarms(cfg: Path, extra: str = "") -> Path:
-    cfg.write_text(cfg.read_text() + OVERBOARD + extra)
-    return cfg
+def _agent_config(tmp_path: Path, mosquitto: MosquittoBroker, **sections: Any) -> Path:
+    """The agent's config with the alarms of ``OVERBOARD`` and ``sections``."""
+    return write_toml(
+        tmp_path / "edge.toml",
+        {**edge_config_doc(tmp_path, mosquitto), **tomllib.loads(OVERBOARD), **sections},
+    )
 
 
 def _alert_rows(db: Path) -> list[tuple[int, str, bytes]]:
@@ -542,7 +545,7 @@ def _alert_rows(db: Path) -> list[tuple[int, str, bytes]]:
 async def test_agent_raises_alerts_from_mqtt_and_hostile_payloads_do_not_stop_it(
     tmp_path: Path, mosquitto: MosquittoBroker, publisher: Publisher
 ) -> None:
-    cfg = load_config(_with_alarms(write_config(tmp_path, mosquitto)))
+    cfg = load_config(_agent_config(tmp_path, mosquitto))
     agent = Agent(cfg)
     task = asyncio.create_task(agent.run(install_signals=False))
     await asyncio.wait_for(agent.ingest.connected.wait(), 20)
@@ -585,7 +588,7 @@ def test_alerts_are_neither_lost_nor_doubled_across_kill9_of_the_agent(
 ) -> None:
     """Every container crosses the threshold once: exactly one alert each, however
     often the agent dies between commit and PUBACK (the broker then redelivers)."""
-    cfg = _with_alarms(write_config(tmp_path, mosquitto))
+    cfg = _agent_config(tmp_path, mosquitto)
     db = tmp_path / "edge.db"
     agent = agent_process(cfg, tmp_path / "agent.log")
     agent.start()
@@ -633,23 +636,17 @@ async def test_an_alert_reaches_the_satellite_gateway(
 ) -> None:
     """At sea the satellite link carries alerts (not container telemetry): the
     overboard alert reaches the shore without waiting for a port."""
-    path = write_config(tmp_path, mosquitto)
-    path.write_text(
-        path.read_text()
-        + OVERBOARD
-        + """
-[uplink]
-token = "t0ken"
-interval = "30s"
-linger = "10ms"
-retry_min = "50ms"
-retry_max = "500ms"
-
-[[gateways]]
-site = "tokyo"
-url = "http://127.0.0.1:9"
-link = "satellite"
-"""
+    path = _agent_config(
+        tmp_path,
+        mosquitto,
+        uplink={
+            "token": "t0ken",
+            "interval": "30s",
+            "linger": "10ms",
+            "retry_min": "50ms",
+            "retry_max": "500ms",
+        },
+        gateways=[{"site": "tokyo", "url": "http://127.0.0.1:9", "link": "satellite"}],
     )
     gw = MemoryGateway("tokyo", "satellite")
     agent = Agent(load_config(path), gateways=[gw])

@@ -15,6 +15,7 @@ from edge_agent.log import Incoming
 from edge_agent.status import open_log
 from tests.edge_agent.memory_gateway import MemoryGateway
 from tests.edge_agent.uplink_helpers import uplink_config
+from tests.helpers import write_toml
 
 DAY = 86_400.0
 T0 = 1_714_564_800.0  # 2024-05-01T12:00Z
@@ -44,28 +45,20 @@ class FakeTime:
 
 
 def _config(tmp_path: Path) -> Path:
-    path = tmp_path / "edge.toml"
-    path.write_text(
-        f"""\
-ship = "bigblue"
-[mqtt]
-port = 1
-[log]
-path = "{tmp_path / "edge.db"}"
-[metrics]
-port = 0
-[streams.alerts]
-priority = 0
-[streams.containers]
-priority = 50
-max_age = "2d"
-on_full = "drop_oldest"
-[[rules]]
-filter = "#"
-stream = "containers"
-"""
+    return write_toml(
+        tmp_path / "edge.toml",
+        {
+            "ship": "bigblue",
+            "mqtt": {"port": 1},
+            "log": {"path": str(tmp_path / "edge.db")},
+            "metrics": {"port": 0},
+            "streams": {
+                "alerts": {"priority": 0},
+                "containers": {"priority": 50, "max_age": "2d", "on_full": "drop_oldest"},
+            },
+            "rules": [{"filter": "#", "stream": "containers"}],
+        },
     )
-    return path
 
 
 def _record(n: int, recv_s: float) -> Incoming:

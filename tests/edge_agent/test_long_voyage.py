@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
@@ -23,23 +24,23 @@ from edge_agent.config import load_config
 from edge_agent.status import open_log
 from local_stack.mosquitto import MosquittoBroker
 from shorelink.ranges import RangeSet
-from tests.edge_agent.helpers import Publisher, write_config
+from tests.edge_agent.helpers import Publisher, edge_config_doc
 from tests.edge_agent.memory_gateway import MemoryGateway
-from tests.helpers import eventually_async
+from tests.helpers import eventually_async, write_toml
 
-UPLINK = """
-[uplink]
-token = "t"
-interval = "200ms"
-linger = "10ms"
-retry_min = "50ms"
-retry_max = "300ms"
 
-[[gateways]]
-site = "tokyo"
-url = "http://127.0.0.1:9"
-link = "port_wifi"
-"""
+def _uplink(link: str = "port_wifi") -> dict[str, Any]:
+    """The ``[uplink]`` and ``[[gateways]]`` sections: one gateway, ``tokyo``, over ``link``."""
+    return {
+        "uplink": {
+            "token": "t",
+            "interval": "200ms",
+            "linger": "10ms",
+            "retry_min": "50ms",
+            "retry_max": "300ms",
+        },
+        "gateways": [{"site": "tokyo", "url": "http://127.0.0.1:9", "link": link}],
+    }
 
 
 def _publish(publisher: Publisher, lo: int, hi: int, topic: str = "containers") -> None:
@@ -73,20 +74,20 @@ async def test_a_stream_removed_or_renamed_in_the_config_still_sends_its_backlog
     for a link, and restarts the agent: the old stream's backlog still goes ashore under
     its own name (its records' identity), once; a renamed stream's new readings start
     their own seqs."""
-    cfg_path = write_config(tmp_path, mosquitto)
+    doc = edge_config_doc(tmp_path, mosquitto)
+    cfg_path = write_toml(tmp_path / "edge.toml", doc)
     await _ingest_only(cfg_path, publisher, 60)
-    text = cfg_path.read_text()
+    streams, rules = doc["streams"], doc["rules"]
     if change == "removed":
         # the stream and its rule go; the sensors' topic is then quarantined
-        text = text.replace("[streams.containers]\npriority = 50\n", "").replace(
-            '[[rules]]\nfilter = "bigblue/+/containers/+/env"\nstream = "containers"\nkey = "{4}"\nts_field = "ts"\n',
-            "",
-        )
+        del streams["containers"]
+        rules[:] = [r for r in rules if r["stream"] != "containers"]
     else:
-        text = text.replace("[streams.containers]", "[streams.boxes]").replace(
-            'stream = "containers"', 'stream = "boxes"'
-        )
-    cfg_path.write_text(text + UPLINK)
+        streams["boxes"] = streams.pop("containers")
+        for r in rules:
+            if r["stream"] == "containers":
+                r["stream"] = "boxes"
+    write_toml(cfg_path, {**doc, **_uplink()})
     cfg = load_config(cfg_path)
     assert "containers" not in cfg.streams
     gw = MemoryGateway("tokyo", "port_wifi", streams=("alerts", "nav", "containers", "boxes"))
@@ -146,8 +147,8 @@ async def test_the_disk_fills_while_the_link_is_down_then_space_is_freed(
     when space is freed it takes in what the broker kept, and once the link is back
     every reading the sensors published is ashore exactly once."""
     ballast = small_disk / "ballast"
-    cfg_path = write_config(tmp_path, mosquitto, log_path=small_disk / "edge.db")
-    cfg_path.write_text(cfg_path.read_text() + UPLINK)
+    doc = edge_config_doc(tmp_path, mosquitto, log_path=small_disk / "edge.db")
+    cfg_path = write_toml(tmp_path / "edge.toml", {**doc, **_uplink()})
     cfg = load_config(cfg_path)
     gw = MemoryGateway("tokyo", "port_wifi", down=True)  # at sea: no link
     caplog.set_level(logging.WARNING)
@@ -232,12 +233,15 @@ async def test_a_day_at_sea_holds_the_satellite_budget_each_utc_day(
     """24 hours at sea, on the satellite only, with more position reports than the
     budget carries: each UTC day's spend stays within the day's budget, the budget is
     used again after midnight, the log stays within its size, nothing is refused."""
-    cfg_path = write_config(tmp_path, mosquitto, max_bytes=3_000_000, reserve=500_000)
-    cfg_path.write_text(
-        cfg_path.read_text()
-        + UPLINK.replace('link = "port_wifi"', 'link = "satellite"')
-        + f"\n[links.satellite]\ndaily_budget_bytes = {SAT_BUDGET}\nbatch_max_records = 50\n"
-        'batch_max_bytes = "8KiB"\n'
+    doc = edge_config_doc(tmp_path, mosquitto, max_bytes=3_000_000, reserve=500_000)
+    satellite = {
+        "daily_budget_bytes": SAT_BUDGET,
+        "batch_max_records": 50,
+        "batch_max_bytes": "8KiB",
+    }
+    cfg_path = write_toml(
+        tmp_path / "edge.toml",
+        {**doc, **_uplink("satellite"), "links": {"satellite": satellite}},
     )
     cfg = load_config(cfg_path)
     clock = FastClock()

@@ -32,10 +32,10 @@ from local_stack.toxiproxy import Toxiproxy
 from shorelink.ranges import RangeSet
 from shorelink.wire import FLAG_TEMPLATED, Batch, WireRecord, decode_batch, encode_batch
 from tests.core_gateway.helpers import assert_exactly_once, gateway_config, start_gateway
-from tests.edge_agent.helpers import Publisher, write_config
+from tests.edge_agent.helpers import Publisher, edge_config_doc
 from tests.edge_agent.memory_gateway import MemoryGateway
 from tests.edge_agent.uplink_helpers import fill, uplink_config
-from tests.helpers import eventually_async, unique
+from tests.helpers import eventually_async, unique, write_toml
 
 #: receive time of the i-th record (0-based) of one ``fill`` call: BASE_MS + i
 BASE_MS = 1_700_000_000_000
@@ -602,26 +602,26 @@ async def test_uplink_sends_segments_with_a_fresh_header_and_the_rest_encoded(
 def _agent_config(
     tmp_path: Path, mosquitto: MosquittoBroker, ship: str, token: str, proxy_port: int
 ) -> Path:
-    path = write_config(tmp_path, mosquitto)
-    text = path.read_text().replace('ship = "bigblue"', f'ship = "{ship}"')
-    text += f"""
-[uplink]
-token = "{token}"
-interval = "200ms"
-linger = "20ms"
-probe_timeout = "2s"
-retry_min = "50ms"
-retry_max = "300ms"
-seal_records = 500
-seal_interval = "100ms"
-
-[[gateways]]
-site = "tokyo"
-url = "http://127.0.0.1:{proxy_port}"
-link = "port_wifi"
-"""
-    path.write_text(text)
-    return path
+    return write_toml(
+        tmp_path / "edge.toml",
+        {
+            **edge_config_doc(tmp_path, mosquitto),
+            "ship": ship,
+            "uplink": {
+                "token": token,
+                "interval": "200ms",
+                "linger": "20ms",
+                "probe_timeout": "2s",
+                "retry_min": "50ms",
+                "retry_max": "300ms",
+                "seal_records": 500,
+                "seal_interval": "100ms",
+            },
+            "gateways": [
+                {"site": "tokyo", "url": f"http://127.0.0.1:{proxy_port}", "link": "port_wifi"}
+            ],
+        },
+    )
 
 
 def _publish(publisher: Publisher, n: int) -> None:

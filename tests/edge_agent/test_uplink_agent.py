@@ -21,31 +21,37 @@ from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import free_port
 from shorelink.ranges import RangeSet
 from tests.edge_agent.api_server import TOKEN, api_app
-from tests.edge_agent.helpers import Publisher, write_config
+from tests.edge_agent.helpers import Publisher, edge_config_doc
 from tests.edge_agent.memory_gateway import MemoryGateway
-from tests.helpers import eventually_async, run_process
+from tests.helpers import eventually_async, run_process, write_toml
 
 EDGE = [sys.executable, "-m", "edge_agent.cli"]
 
 
-def _with_uplink(cfg: Path, port: int, *, interval: str = "30s") -> Path:
-    cfg.write_text(
-        cfg.read_text()
-        + f"""
-[uplink]
-token = "{TOKEN}"
-interval = "{interval}"
-linger = "10ms"
-retry_min = "50ms"
-retry_max = "500ms"
-
-[[gateways]]
-site = "tokyo"
-url = "http://127.0.0.1:{port}"
-link = "port_wifi"
-"""
+def _agent_config(
+    tmp_path: Path,
+    mosquitto: MosquittoBroker,
+    port: int,
+    *,
+    interval: str = "30s",
+    metrics_port: int = 0,
+) -> Path:
+    """The agent's config with one gateway: ``tokyo`` over ``port_wifi``, at ``port``."""
+    return write_toml(
+        tmp_path / "edge.toml",
+        {
+            **edge_config_doc(tmp_path, mosquitto),
+            "metrics": {"port": metrics_port},
+            "uplink": {
+                "token": TOKEN,
+                "interval": interval,
+                "linger": "10ms",
+                "retry_min": "50ms",
+                "retry_max": "500ms",
+            },
+            "gateways": [{"site": "tokyo", "url": f"http://127.0.0.1:{port}", "link": "port_wifi"}],
+        },
     )
-    return cfg
 
 
 def _publish(publisher: Publisher, lo: int, hi: int) -> None:
@@ -61,7 +67,7 @@ async def test_agent_with_gateways_sends_on_new_data_and_stops_cleanly(
 ) -> None:
     """New records wake the uplink (the timer is 30 s here), and stopping the agent
     stops the uplink too: no task left behind, the gateway closed, the log closed."""
-    cfg = load_config(_with_uplink(write_config(tmp_path, mosquitto), 9))
+    cfg = load_config(_agent_config(tmp_path, mosquitto, 9))
     gw = MemoryGateway("tokyo", "port_wifi")
     agent = Agent(cfg, gateways=[gw])
     task = asyncio.create_task(agent.run(install_signals=False))
@@ -97,10 +103,7 @@ async def test_agent_process_uploads_over_http_once_the_gateway_comes_up(
     """The whole ship side for real: records wait on board while the gateway is down
     (status says so), and go once it answers."""
     port, metrics_port = free_port(), free_port()
-    cfg = _with_uplink(write_config(tmp_path, mosquitto), port, interval="200ms")
-    cfg.write_text(
-        cfg.read_text().replace("[metrics]\nport = 0", f"[metrics]\nport = {metrics_port}")
-    )
+    cfg = _agent_config(tmp_path, mosquitto, port, interval="200ms", metrics_port=metrics_port)
     agent = run_process("edge-agent", [*EDGE, "run", "--config", str(cfg)], tmp_path / "agent.log")
     assert agent.popen is not None
     site = MemoryGateway("tokyo", "port_wifi")

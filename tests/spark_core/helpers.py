@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
+import tomli_w
 from confluent_kafka import Producer
 
 from shorelink.contract import LEDGER_TOPIC, Record, canonical_topic, ingress_topic
@@ -17,10 +19,10 @@ from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.ledger import decode_entry
 from shorelink.ranges import RangeSet
 from spark_core.config import SiteConfig, parse_config
-from tests.helpers import unique
+from tests.helpers import unique, write_toml
 
 
-def site_toml(
+def site_doc(
     bootstrap: str,
     root: Path,
     streams: list[str],
@@ -29,31 +31,37 @@ def site_toml(
     max_offsets: int = 100_000,
     tables: bool = False,
     customers: Path | None = None,
-) -> str:
-    pattern = "|".join(rf"sl\\.ingress\\.{s}" for s in streams)
-    top = f'customers_file = "{customers}"\n' if customers else ""
-    return f"""{top}
-[spark]
-master = "local[2]"
-driver_memory = "1g"
-[spark.conf]
-"spark.sql.shuffle.partitions" = "2"
-"spark.ui.enabled" = "false"
+) -> dict[str, Any]:
+    """A sites file of one site, ``name``, on a local Spark: its checkpoints and tables
+    under ``root``, its merge reading the ingress topics of ``streams``."""
+    doc: dict[str, Any] = {"customers_file": str(customers)} if customers else {}
+    return doc | {
+        "spark": {
+            "master": "local[2]",
+            "driver_memory": "1g",
+            "conf": {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
+        },
+        "sites": {
+            name: {
+                "streams": streams,
+                "checkpoint_dir": str(root / "checkpoints"),
+                "table_dir": str(root / "tables"),
+                "trigger_interval": "200ms",
+                "tables": tables,
+                "kafka": {"bootstrap": bootstrap, "timeout": "20s"},
+                "merge": {
+                    "source_pattern": "|".join(rf"sl\.ingress\.{s}" for s in streams),
+                    "canonical_partitions": 3,
+                    "max_offsets_per_trigger": max_offsets,
+                },
+            }
+        },
+    }
 
-[sites.{name}]
-streams = {streams!r}
-checkpoint_dir = "{root}/checkpoints"
-table_dir = "{root}/tables"
-trigger_interval = "200ms"
-tables = {str(tables).lower()}
-[sites.{name}.kafka]
-bootstrap = "{bootstrap}"
-timeout = "20s"
-[sites.{name}.merge]
-source_pattern = "{pattern}"
-canonical_partitions = 3
-max_offsets_per_trigger = {max_offsets}
-"""
+
+def site_toml(bootstrap: str, root: Path, streams: list[str], **kw: Any) -> str:
+    """:func:`site_doc` as text, for a test that edits it (test_standalone)."""
+    return tomli_w.dumps(site_doc(bootstrap, root, streams, **kw))
 
 
 def make_site(
@@ -67,10 +75,8 @@ def make_site(
 ) -> tuple[SiteConfig, Path]:
     """A fresh site (own transactional.id, marker key, checkpoint) reading ``streams``
     (``customers``: its customers file, for customer streams)."""
-    import tomllib
-
     name = unique("site")
-    text = site_toml(
+    doc = site_doc(
         bootstrap,
         root,
         streams,
@@ -79,10 +85,9 @@ def make_site(
         tables=tables,
         customers=customers,
     )
-    path = root / "sites.toml"
     root.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return parse_config(tomllib.loads(text), base=root).site(name), path
+    path = write_toml(root / "sites.toml", doc)
+    return parse_config(doc, base=root).site(name), path
 
 
 def create_ingress(bootstrap: str, streams: Iterable[str], partitions: int = 2) -> None:

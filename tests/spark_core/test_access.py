@@ -28,7 +28,7 @@ from spark_core.access import AccessPlan, apply_access, plan_access
 from spark_core.config import SitesConfig
 from spark_core.merge import Merger, start_merge
 from tests.access_helpers import CUSTOMERS, GROUPS, PASSWORDS, reset_access, secure_sites
-from tests.helpers import eventually, unique
+from tests.helpers import eventually, unique, write_toml
 from tests.spark_core.helpers import record
 
 TOPICS = [
@@ -345,19 +345,15 @@ def test_the_merge_runs_as_the_site_application(
 
 def _customer_file(site: Site, root: Path, user: str) -> Path:
     """A customer's own file: its site's Kafka, its principal, its password as ${ENV}."""
-    path = root / f"{user}.toml"
-    path.write_text(
-        f"""
-[sites.tokyo]
-streams = ["containers"]
-[sites.tokyo.kafka]
-bootstrap = "{site.broker.bootstrap}"
-ca_file = "{site.auth(user).ca_file}"
-username = "{user}"
-password = "${{SL_TEST_CUSTOMER_PASSWORD}}"
-"""
+    kafka = {
+        "bootstrap": site.broker.bootstrap,
+        "ca_file": str(site.auth(user).ca_file),
+        "username": user,
+        "password": "${SL_TEST_CUSTOMER_PASSWORD}",
+    }
+    return write_toml(
+        root / f"{user}.toml", {"sites": {"tokyo": {"streams": ["containers"], "kafka": kafka}}}
     )
-    return path
 
 
 def test_shorelink_consume_reads_a_customer_stream_and_is_refused_another(

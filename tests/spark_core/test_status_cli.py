@@ -16,32 +16,33 @@ from click.testing import CliRunner, Result
 
 from spark_core.cli import main
 from spark_core.progress import ProgressReporter
+from tests.helpers import write_toml
 
-SITES = """
-[sites.tokyo]
-streams = ["alerts", "containers"]
-neighbours = ["singapore", "hq"]
-checkpoint_dir = "tokyo/checkpoints"
-table_dir = "tokyo/tables"
-[sites.tokyo.kafka]
-bootstrap = "127.0.0.1:1"
-
-[sites.singapore]
-streams = ["alerts", "containers"]
-neighbours = ["tokyo"]
-checkpoint_dir = "singapore/checkpoints"
-table_dir = "singapore/tables"
-[sites.singapore.kafka]
-bootstrap = "127.0.0.1:2"
-
-[sites.hq]
-streams = ["alerts", "containers"]
-neighbours = ["tokyo"]
-checkpoint_dir = "hq/checkpoints"
-table_dir = "hq/tables"
-[sites.hq.kafka]
-bootstrap = "127.0.0.1:3"
-"""
+SITES = {
+    "sites": {
+        "tokyo": {
+            "streams": ["alerts", "containers"],
+            "neighbours": ["singapore", "hq"],
+            "checkpoint_dir": "tokyo/checkpoints",
+            "table_dir": "tokyo/tables",
+            "kafka": {"bootstrap": "127.0.0.1:1"},
+        },
+        "singapore": {
+            "streams": ["alerts", "containers"],
+            "neighbours": ["tokyo"],
+            "checkpoint_dir": "singapore/checkpoints",
+            "table_dir": "singapore/tables",
+            "kafka": {"bootstrap": "127.0.0.1:2"},
+        },
+        "hq": {
+            "streams": ["alerts", "containers"],
+            "neighbours": ["tokyo"],
+            "checkpoint_dir": "hq/checkpoints",
+            "table_dir": "hq/tables",
+            "kafka": {"bootstrap": "127.0.0.1:3"},
+        },
+    }
+}
 
 PROGRESS = {
     "batchId": 41,
@@ -112,9 +113,7 @@ def _replication(now: float) -> dict[str, object]:
 
 @pytest.fixture
 def sites(tmp_path: Path) -> Path:
-    path = tmp_path / "sites.toml"
-    path.write_text(SITES)
-    return path
+    return write_toml(tmp_path / "sites.toml", SITES)
 
 
 def _status(sites: Path, *extra: str) -> Result:

@@ -10,6 +10,7 @@ import tomllib
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -35,6 +36,7 @@ from spark_core.topics import (
     site_specs,
     stream_specs,
 )
+from tests.helpers import write_toml
 
 DAY_MS = 86_400_000
 
@@ -43,38 +45,34 @@ def _name(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:8]}"
 
 
-def _sites_toml(
+def _sites_doc(
     bootstrap: str,
     root: Path,
     port: str,
     hq: str,
     streams: list[str],
-    policy: str = "",
-) -> str:
+    topics: dict[str, dict[str, object]],
+) -> dict[str, Any]:
     """Two sites pulling from each other (so the port writes relay topics); only the
-    port's topics are applied. ``policy``: the port's ``[topics.*]`` tables."""
-    return f"""
-[sites.{port}]
-streams = {streams!r}
-neighbours = ["{hq}"]
-checkpoint_dir = "{root}/{port}/checkpoints"
-table_dir = "{root}/{port}/tables"
-[sites.{port}.kafka]
-bootstrap = "{bootstrap}"
-timeout = "20s"
-[sites.{port}.merge]
-canonical_partitions = 2
-canonical_retention = "30d"
-{policy}
-
-[sites.{hq}]
-streams = {streams!r}
-neighbours = ["{port}"]
-checkpoint_dir = "{root}/{hq}/checkpoints"
-table_dir = "{root}/{hq}/tables"
-[sites.{hq}.kafka]
-bootstrap = "{bootstrap}"
-"""
+    port's topics are applied. ``topics``: the port's ``[topics.*]`` tables."""
+    port_site: dict[str, Any] = {
+        "streams": streams,
+        "neighbours": [hq],
+        "checkpoint_dir": str(root / port / "checkpoints"),
+        "table_dir": str(root / port / "tables"),
+        "kafka": {"bootstrap": bootstrap, "timeout": "20s"},
+        "merge": {"canonical_partitions": 2, "canonical_retention": "30d"},
+    }
+    if topics:
+        port_site["topics"] = topics
+    hq_site = {
+        "streams": streams,
+        "neighbours": [port],
+        "checkpoint_dir": str(root / hq / "checkpoints"),
+        "table_dir": str(root / hq / "tables"),
+        "kafka": {"bootstrap": bootstrap},
+    }
+    return {"sites": {port: port_site, hq: hq_site}}
 
 
 class Deployment:
@@ -86,18 +84,20 @@ class Deployment:
         self.port, self.hq = _name("port"), _name("hq")
         self.bulk, self.urgent = _name("bulk"), _name("urgent")
         self.path = root / "sites.toml"
-        self.write("")
+        self.write()
 
-    def write(self, policy: str) -> None:
-        self.path.write_text(
-            _sites_toml(
+    def write(self, **bulk: object) -> None:
+        """The sites file; ``bulk``: the port's policy for the bulk stream, none if empty."""
+        write_toml(
+            self.path,
+            _sites_doc(
                 self.bootstrap,
                 self.root,
                 self.port,
                 self.hq,
                 [self.urgent, self.bulk],
-                policy.replace("PORT", self.port).replace("BULK", self.bulk),
-            )
+                {self.bulk: bulk} if bulk else {},
+            ),
         )
 
     def apply(self, *extra: str) -> Result:
@@ -165,14 +165,7 @@ def test_a_policy_change_alters_retention_and_adds_partitions(deployment: Deploy
     """Ports keep a stream briefly, HQ for ever: changing one's mind must reach Kafka."""
     d = deployment
     d.apply_json()
-    d.write(
-        """
-[sites.PORT.topics.BULK]
-partitions = 4
-retention = "3d"
-relay_retention = "1d"
-"""
-    )
+    d.write(partitions=4, retention="3d", relay_retention="1d")
     doc = d.apply_json()
     by = {(c["topic"], c["action"]) for c in _changes(doc)}
     assert (canonical_topic(d.bulk), "partitions") in by
@@ -188,7 +181,7 @@ relay_retention = "1d"
     assert state[inbox_topic(d.hq, d.bulk)].partitions == 4
     assert _changes(d.apply_json()) == []
 
-    d.write('[sites.PORT.topics.BULK]\npartitions = 4\nretention = "forever"\n')
+    d.write(partitions=4, retention="forever")
     doc = d.apply_json()
     assert [c["detail"] for c in _changes(doc) if c["topic"] == canonical_topic(d.bulk)] == [
         "retention.ms 3d -> forever"
@@ -199,9 +192,9 @@ relay_retention = "1d"
 def test_fewer_partitions_are_refused_and_nothing_is_taken_away(deployment: Deployment) -> None:
     """Fewer partitions would move keys: one container's history out of order."""
     d = deployment
-    d.write("[sites.PORT.topics.BULK]\npartitions = 3\n")
+    d.write(partitions=3)
     d.apply_json()
-    d.write('[sites.PORT.topics.BULK]\npartitions = 1\nretention = "2d"\n')
+    d.write(partitions=1, retention="2d")
     doc = d.apply_json(code=1)
     refused = {c["topic"] for c in _changes(doc) if c["action"] == "refused"}
     assert canonical_topic(d.bulk) in refused and relay_topic(d.hq, d.bulk) in refused
@@ -223,7 +216,7 @@ def test_dry_run_reports_and_changes_nothing(deployment: Deployment) -> None:
     assert canonical_topic(d.bulk) in {c["topic"] for c in _changes(doc)}
     assert d.state(canonical_topic(d.bulk)) == {}
     d.apply_json()
-    d.write('[sites.PORT.topics.BULK]\npartitions = 5\nretention = "1d"\n')
+    d.write(partitions=5, retention="1d")
     r = d.apply("--dry-run")
     assert r.exit_code == 0 and "would change" in r.output
     state = d.state(canonical_topic(d.bulk))[canonical_topic(d.bulk)]
