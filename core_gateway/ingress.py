@@ -1,8 +1,8 @@
 """Writing accepted batches into Kafka exactly once, several batches per transaction.
 
 Choice: Kafka transactions with a cursor. A transaction holds the new records of one or
-more batches (to ``sl.ingress.<stream>``, record contract of DESIGN.md) and the updated
-cursor of every ``(origin, stream)`` among them (to the compacted
+more batches (to ``sl.ingress.<stream>``, in the record contract of docs/design.md) and
+the updated cursor of every ``(origin, stream)`` among them (to the compacted
 ``sl.gateway.cursor``). Either all of it becomes visible to read_committed consumers or
 none does, so:
 - a gateway killed mid-write leaves an aborted transaction (invisible) and unchanged

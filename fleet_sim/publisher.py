@@ -39,10 +39,8 @@ __all__ = [
 
 log = logging.getLogger("fleet_sim")
 
-#: the real AIS sample beside the repository (../shared/data/ais)
-DEFAULT_AIS = (
-    Path(__file__).resolve().parents[2] / "shared" / "data" / "ais" / "nmea_data_sample.txt"
-)
+#: the real AIS sample, package data of fleet_sim (its source and licence: data/SOURCE.md)
+DEFAULT_AIS = Path(__file__).resolve().parent / "data" / "nmea_data_sample.txt"
 EVENTS_EVERY_S = 2.0
 #: publishes awaiting their PUBACK at once (aiomqtt warns above 10 pending calls)
 PUBLISH_AT_ONCE = 10

@@ -1,5 +1,5 @@
-"""The Kafka record contract (DESIGN.md, "Kafka records"): a public contract that
-consumers at HQ depend on.
+"""The Kafka record contract (docs/design.md, "The record contract"): a public contract
+that consumers at HQ depend on.
 
 - key: the record's logical key (a container id, ``position``, ...);
 - value: the payload bytes exactly as the sensor published them;

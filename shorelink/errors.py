@@ -30,4 +30,5 @@ class ConfigError(ShorelinkError):
 
 
 class ContractError(ShorelinkError):
-    """A Kafka record or identity does not follow the record contract (DESIGN.md)."""
+    """A Kafka record or identity does not follow the record contract (docs/design.md, "The
+    record contract")."""

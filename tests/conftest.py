@@ -20,14 +20,15 @@ from pathlib import Path
 
 import pytest
 
+from fleet_sim.publisher import DEFAULT_AIS
 from local_stack.kafka import CLIENT_COMPILER, BrokerSecurity, KafkaBroker, start_kafka
 from local_stack.mosquitto import MosquittoBroker, start_mosquitto
 from local_stack.process import stop_procs
 from local_stack.tls import make_authority
 from local_stack.toxiproxy import Toxiproxy, ToxiproxyServer, start_toxiproxy
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-AIS_SAMPLE = SHARED / "data" / "ais" / "nmea_data_sample.txt"
+#: the real AIS sample the tests read: fleet_sim's package data, declared there
+AIS_SAMPLE = DEFAULT_AIS
 
 
 #: the files that start many JVMs of their own, longest first (``pytest --durations`` on

@@ -34,15 +34,17 @@ NOT_IN_GATEWAY = ("pyspark", "pyarrow", "delta")
 
 
 def copy_source(dst: Path) -> Path:
-    """pyproject.toml, README.md and the packages pyproject names, copied to ``dst``:
-    pip builds a wheel in the source tree, and must not leave build/ in the checkout."""
-    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    """pyproject.toml, README.md, the licence files and the packages pyproject names,
+    copied to ``dst``: pip builds a wheel in the source tree, and must not leave build/ in
+    the checkout."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    find = pyproject["tool"]["setuptools"]
     tops = sorted({p.split(".")[0].rstrip("*") for p in find["packages"]["find"]["include"]})
     dst.mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, dst / name)
     for top in tops:
         shutil.copytree(ROOT / top, dst / top, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", *pyproject["project"]["license-files"]):
+        shutil.copy2(ROOT / name, dst / name)
     return dst
 
 
