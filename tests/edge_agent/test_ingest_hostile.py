@@ -26,7 +26,7 @@ from edge_agent.quarantine import Quarantined
 from edge_agent.rules import MAX_EVENT_MS, MIN_EVENT_MS
 from local_stack.mosquitto import MosquittoBroker
 from tests.edge_agent.helpers import Publisher, write_config
-from tests.edge_agent.test_rules import _payloads, _topic_for
+from tests.edge_agent.test_rules import _levels, _payloads, _topic_for
 
 SAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "edge" / "edge.toml"
 
@@ -88,7 +88,7 @@ def test_arbitrary_payloads_on_every_sample_rule_are_stored_or_quarantined() -> 
             st.lists(
                 st.tuples(
                     st.sampled_from([*cfg.rules, None]),
-                    st.text(st.characters(blacklist_characters="/+#\0"), min_size=1, max_size=8),
+                    _levels(8),
                     _payloads,
                 ),
                 min_size=1,

@@ -70,7 +70,9 @@ def _leader(cluster: KafkaCluster, topic: str, partition: int = 0) -> KafkaBroke
 
 
 def _replication(cluster: KafkaCluster, topic: str) -> tuple[set[int], str]:
-    """(replicas per partition, ``min.insync.replicas``) of ``topic``."""
+    """(replicas per partition, ``min.insync.replicas``) of ``topic``, once the broker
+    asked knows the topic (a new topic reaches each broker's metadata in its own time)."""
+    eventually(lambda: topic in cluster.metadata(timeout=10).topics, 30, f"{topic} in metadata")
     md = cluster.metadata(timeout=10)
     factors = {len(p.replicas) for p in md.topics[topic].partitions.values()}
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
