@@ -118,7 +118,8 @@ class Supervisor:
                     r.stop_gracefully(r.query)
                     r.query, r.failures, r.next_start = None, 0, 0.0
                     log.info("event=query_parked query=%s", r.name)
-                elif r.query is None and not wanted:
+                    continue  # parked until wanted again (was restarted at once: a cycle)
+                if r.query is None and not wanted:
                     if until_done:
                         r.done = True  # not routed: nothing to catch up from there
                     continue
