@@ -40,8 +40,8 @@ def spark_submit_argv(
     conf = spark_package_conf(str(ivy_dir))
     conf.pop("spark.jars.packages")  # given as --packages
     conf["spark.sql.streaming.stopTimeout"] = "60s"
-    # urgent streams' queries and merge run in their own pool (spark_core/replication.py)
-    conf["spark.scheduler.mode"] = "FAIR"
+    # urgent streams' queries and merge run in their own pool (spark_core/pools.xml)
+    conf.update(session.SCHEDULER_CONF)
     conf.update(dict(cfg.spark.conf))
     argv = [
         str(spark_submit_bin()),

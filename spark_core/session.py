@@ -26,7 +26,21 @@ from spark_core.packages import SPARK_PACKAGES, spark_package_conf
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["ivy_dir", "local_session", "resolve_packages", "scheduler_pool", "trigger"]
+__all__ = [
+    "SCHEDULER_CONF",
+    "ivy_dir",
+    "local_session",
+    "resolve_packages",
+    "scheduler_pool",
+    "trigger",
+]
+
+#: The FAIR scheduler and its pools (spark_core/pools.xml: urgent served first), for
+#: every Spark session that runs a site's queries
+SCHEDULER_CONF = {
+    "spark.scheduler.mode": "FAIR",
+    "spark.scheduler.allocation.file": str(Path(__file__).resolve().parent / "pools.xml"),
+}
 
 
 def trigger(writer: Any, interval_s: float, available_now: bool) -> Any:

@@ -146,7 +146,7 @@ def toxiproxy(toxiproxy_server: ToxiproxyServer) -> Iterator[Toxiproxy]:
 def spark(stack_root: Path) -> Iterator[object]:
     """A local-mode SparkSession with the Kafka connector and Delta on its classpath
     (resolved from the Ivy cache that scripts/setup filled)."""
-    from spark_core.session import local_session
+    from spark_core.session import SCHEDULER_CONF, local_session
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     session = local_session(
@@ -154,7 +154,7 @@ def spark(stack_root: Path) -> Iterator[object]:
         conf={
             "spark.ui.enabled": "false",
             "spark.sql.shuffle.partitions": "2",
-            "spark.scheduler.mode": "FAIR",
+            **SCHEDULER_CONF,
             "spark.sql.warehouse.dir": str(stack_root / "warehouse"),
             "spark.driver.memory": "1g",
         },

@@ -40,7 +40,7 @@ from spark_core.config import SiteConfig, SitesConfig, load_config
 from spark_core.merge import Merger, start_merge
 from spark_core.progress import ProgressReporter, last_progress, progress_since
 from spark_core.replication import BULK_POOL, URGENT_POOL, InboxQuery, Replicator
-from spark_core.session import scheduler_pool
+from spark_core.session import SCHEDULER_CONF, scheduler_pool
 from spark_core.tables import TABLES, start_table
 
 __all__ = ["QueryRunner", "Supervisor", "build_supervisor", "main"]
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = (
         SparkSession.builder.appName("shorelink-" + "-".join(names))
-        .config("spark.scheduler.mode", "FAIR")
+        .config(map=dict[str, Any](SCHEDULER_CONF))
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
