@@ -7,7 +7,7 @@ script's own, ``Relay``): whatever crosses a site link is counted in the directi
 broker -> reader (fetched records; the requests the other way are small).
 
 Systems:
-- ``shorelink``: each site's application (merge, relay topics, inbox queries, link
+- ``shorelink``: each site's application (merges, relay topics, pullers, link
   probes) as ``shorelink-spark site`` runs it in production: a spark-submit of its own
   per site (local mode); records enter at a site as its gateway writes them (``sl.ingress.<stream>``,
   Kafka transactions); a site reads ``sl.<stream>``.
@@ -627,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--backlog", type=int, default=None, help="containers backlog of the alert phase"
     )
-    p.add_argument("--max-offsets", type=int, default=20_000, help="shorelink inbox batch bound")
+    p.add_argument("--max-offsets", type=int, default=20_000, help="shorelink pulled batch bound")
     p.add_argument(
         "--phase-timeout", type=float, default=None, help="bound of each phase's wait, s"
     )

@@ -2,7 +2,7 @@
 
 The sites file names every principal of a site (docs/access-control.md has the table):
 
-- the site's application (``[sites.S.kafka] username``): reads ingress and inboxes,
+- the site's application (``[sites.S.kafka] username``): reads ingress,
   writes canonical, ledger, markers, dead letters, relays and customer streams;
 - the site's gateway (``[sites.S.access] gateway_username``): writes its ingress topics
   and cursor, reads the ledger;
@@ -221,10 +221,8 @@ def _application(plan: AccessPlan, s: SiteConfig) -> None:
     if not who:
         return
     plan.user(who, s.kafka.auth.password, f"sites.{s.name}.kafka")
-    # what it reads and purges: the gateway's ingress; what replication appends and the
-    # merge reads and purges: the inboxes
+    # what it reads and purges: the gateway's ingress
     plan.allow(who, TOPIC, "sl.ingress.", PREFIXED, (*_READ, "DELETE", "DESCRIBE_CONFIGS"))
-    plan.allow(who, TOPIC, "sl.inbox.", PREFIXED, (*_OWN, "DELETE"))
     # what it alone writes
     for topic in [canonical_topic(st) for st in s.streams] + [LEDGER_TOPIC, MARKER_TOPIC]:
         plan.allow(who, TOPIC, topic, LITERAL, _OWN)

@@ -39,7 +39,7 @@ class MergeConfig:
     #: ``shorelink-merge-<site>``); a second merge with the same id fences the first
     transactional_id: str = ""
     #: Java regex of the topics the merge reads (Spark ``subscribePattern``); empty (the
-    #: default): the ingress and inbox topics of the site's streams, read by two merges
+    #: default): the ingress topics of the site's streams, read by two merges
     #: when some streams are urgent (``replication.urgent``), one for those, one for the rest
     source_pattern: str = ""
     #: partitions of each canonical topic ``sl.<stream>`` when the merge creates it
@@ -55,7 +55,7 @@ class MergeConfig:
     max_offsets_per_trigger: int = field(default=100_000, metadata=key(min=1))
     #: fail the query when ingress records vanished before the merge read them
     fail_on_data_loss: bool = True
-    #: delete from ``sl.ingress.*``/``sl.inbox.*`` what the merge committed past
+    #: delete from ``sl.ingress.*`` what the merge committed past
     #: (spark_core/purge.py); off only if something else must read those topics later
     purge_sources: bool = True
 
@@ -64,10 +64,10 @@ class MergeConfig:
 class ReplicationConfig:
     """How the site pulls from its neighbours (spark_core/replication.py, routing.py)."""
 
-    #: streams replicated and merged ahead of the rest: their own inbox queries, their
+    #: streams replicated and merged ahead of the rest: their own pullers, their
     #: own merge, Spark's FAIR scheduler's ``urgent`` pool
     urgent: tuple[str, ...] = field(default=("alerts",), metadata=key(names="stream"))
-    #: upper bound of one inbox micro-batch, in records
+    #: upper bound of one pulled batch, in records (spark_core/pull.py)
     max_offsets_per_trigger: int = field(default=50_000, metadata=key(min=1))
     #: how often the site checks each neighbour and trades link state with it
     probe_interval_s: float = field(default=2.0, metadata=key("probe_interval", gt=0))
@@ -80,8 +80,6 @@ class ReplicationConfig:
     relay_retention_ms: int = field(
         default=7 * 86400 * 1000, metadata=key("relay_retention", kind="duration_ms", min=60_000)
     )
-    #: fail an inbox query when relay records vanished before it read them
-    fail_on_data_loss: bool = True
     #: how this site reaches a neighbour's Kafka when not at that site's
     #: ``kafka.bootstrap`` (``[sites.S.replication.via]``: neighbour = "host:port")
     via: tuple[tuple[str, str], ...] = ()
@@ -123,7 +121,7 @@ class StreamPolicy:
     ``replication.relay_retention``. ``shorelink-spark topics apply`` brings the
     site's Kafka to it (spark_core/topics.py)."""
 
-    #: partitions of ``sl.<stream>`` and of the stream's ingress, inbox and relay
+    #: partitions of ``sl.<stream>`` and of the stream's ingress and relay
     #: topics; they only grow (fewer would move keys between partitions)
     partitions: int = field(default=6, metadata=key(min=1, max=1000))
     #: retention of ``sl.<stream>`` (``None``, "forever" in the file: keep forever)

@@ -5,8 +5,8 @@ read one contract instead of three SQL copies of it.
 
 - :func:`read_contract`: the contract's columns as ``Record.from_kafka`` reads them
   (``origin``, ``stream``, ``seq``, ``ts_ms``, ``ts``, ``site``, ``mqtt_topic``): the
-  Delta tables' columns (spark_core/tables.py) and the inbox queries' anti-join keys
-  (:data:`IDENTITY_COLUMNS`, spark_core/replication.py);
+  Delta tables' columns (spark_core/tables.py), the identity among them
+  (:data:`IDENTITY_COLUMNS`);
 - :func:`vouch`: the rows Spark can vouch for, with their identity and the other
   headers as flat columns (the merge's hand-over, spark_core/merge_batch.py);
   :func:`rebuild_headers` turns those back into the headers, byte for byte.
@@ -119,7 +119,7 @@ def _read(name: str) -> str:
 #: (``sl.ts`` as a TIMESTAMP; NULL beyond Spark's range, where ``timestamp_millis``
 #: would fail the query on every retry)
 CONTRACT_COLUMNS = (*(_READ[n][0] for n in HEADER_LAYOUT), "ts")
-#: a record's identity among them: the inbox queries' anti-join keys
+#: a record's identity among them
 IDENTITY_COLUMNS = tuple(_READ[n][0] for n in (H_ORIGIN, H_STREAM, H_SEQ))
 _READ_SQL = (
     *(f"{_read(n)} AS {_READ[n][0]}" for n in HEADER_LAYOUT),
@@ -134,9 +134,7 @@ def read_contract(df: Any, *keep: str) -> Any:
 
     On every record ``Record.from_kafka`` accepts the columns equal its fields (but
     for a ``seq`` or ``ts`` beyond a BIGINT: NULL). Of a record it rejects they say
-    nothing: the topics the tables read hold only what the merge accepted, and an
-    inbox query that drops a broken record claiming an identity the site holds loses
-    nothing."""
+    nothing: the topics the tables read hold only what the merge accepted."""
     first = dict.fromkeys([*keep, "headers"])
     return df.selectExpr(*first, f"{_IN_LAYOUT} AS {_LAYOUT}").selectExpr(*keep, *_READ_SQL)
 

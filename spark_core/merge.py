@@ -1,8 +1,10 @@
 """The merge: the only writer of a site's canonical topics ``sl.<stream>`` and ``sl.ledger``.
 
-One streaming query reads ``sl.ingress.*`` and ``sl.inbox.*`` (read_committed, headers
-included). Each micro-batch is handed to the driver as Arrow (``maxOffsetsPerTrigger`` bounds it;
-spark_core/merge_batch.py), checked against the record contract, deduplicated on identity against the ranges
+One streaming query reads ``sl.ingress.*`` (read_committed, headers included); the
+site's pullers hand it what they read from the neighbours' relay topics
+(``write_pulled``, spark_core/pull.py), between its batches. Each micro-batch is handed
+to the driver as Arrow (``maxOffsetsPerTrigger`` bounds it; spark_core/merge_batch.py),
+checked against the record contract, deduplicated on identity against the ranges
 already written, and written in ONE Kafka transaction: the new records in seq order per
 ``(origin, stream)``, the malformed ones to ``sl.dead.<stream>``, the new ranges to
 ``sl.ledger`` and the batch marker to ``sl.merge.marker``. The dedup state is rebuilt from
@@ -77,6 +79,8 @@ class Totals:
     failures: int = 0
     #: records also written to a customer's stream
     customer: int = 0
+    #: batches a puller wrote (records read from a neighbour's relay topics)
+    pulled: int = 0
     #: where the driver's time went, in seconds: Spark computing the batch and handing
     #: it over as Arrow, the plan (dedup, order, fetching the rows written), the
     #: Kafka transaction
@@ -239,20 +243,40 @@ class Merger:
     # -- per batch ----------------------------------------------------------------------
     def process_batch(self, df: Any, batch_id: int) -> None:
         """``foreachBatch``: raise on any failure (Spark then replays the batch)."""
+        if self.stopping.is_set():
+            raise MergeError("merge is stopping; batch left for the next run")
+        t0 = time.monotonic()
+        # Arrow, not collect(): no Row objects; duplicates never leave Arrow buffers.
+        # Outside the lock: the pullers write meanwhile (spark_core/pull.py)
+        batch = ArrowBatch(batch_frame(df).toArrow())
         with self.busy:
             if self.stopping.is_set():
                 raise MergeError("merge is stopping; batch left for the next run")
-            t0 = time.monotonic()
-            # Arrow, not collect(): no Row objects; duplicates never leave Arrow buffers
-            batch = ArrowBatch(batch_frame(df).toArrow())
             self.write_batch(batch_id, batch, t0=t0)
+
+    def write_pulled(self, rows: Sequence[SourceRow]) -> BatchPlan:
+        """Write what a puller read from a neighbour's relay topics (sources named by
+        ``pulled_source``): one transaction with the records, the ledger and the
+        cursors, between the Spark batches (the Spark batch id stays as it was)."""
+        with self.busy:
+            if self.stopping.is_set():
+                raise MergeError("merge is stopping; pulled rows left for the next run")
+            last = self.state.last_batch
+            return self.write_batch(-1 if last is None else last, RowBatch(rows), pulled=True)
+
+    def ready(self) -> MergeState:
+        """The state, loaded (prepared) if it is not: what a puller starts from."""
+        with self.busy:
+            if self._producer is None:
+                self.prepare()
+            return self.state
 
     def write_rows(self, batch_id: int, rows: Sequence[SourceRow]) -> BatchPlan:
         """``write_batch`` for rows already in Python (tests, tools)."""
         return self.write_batch(batch_id, RowBatch(rows))
 
     def write_batch(
-        self, batch_id: int, batch: SourceBatch, *, t0: float | None = None
+        self, batch_id: int, batch: SourceBatch, *, t0: float | None = None, pulled: bool = False
     ) -> BatchPlan:
         t1 = time.monotonic()
         t0 = t1 if t0 is None else t0
@@ -260,7 +284,9 @@ class Merger:
             self.prepare()  # after a failed transaction: new producer, state from Kafka
         if self.ownership is not None and self.ownership.refresh():
             self._ensure_streams(self.streams)  # a new customer's topics
-        replay = self.state.last_batch is not None and batch_id <= self.state.last_batch
+        replay = (
+            not pulled and self.state.last_batch is not None and batch_id <= self.state.last_batch
+        )
         with cyclic_gc_paused():
             plan = plan_batch(batch, self.state)
             self._ensure_streams(plan.streams)
@@ -269,13 +295,15 @@ class Merger:
             customer = 0
             if plan.canonical or plan.dead or plan.offsets:
                 customer = self._commit(batch_id, plan)
-            if not replay and self.site.merge.purge_sources:
+            if not (replay or pulled) and self.site.merge.purge_sources:
                 self._purger.purge(before)  # spark_core/purge.py: why one batch behind
         t3 = time.monotonic()
         self.totals.fetch_s += t1 - t0
         self.totals.plan_s += t2 - t1
         self.totals.txn_s += t3 - t2
-        self._account(batch_id, plan, t3 - t0, replay, (t1 - t0, t2 - t1, t3 - t2), customer)
+        self._account(
+            batch_id, plan, t3 - t0, replay, (t1 - t0, t2 - t1, t3 - t2), customer, pulled
+        )
         return plan
 
     def _commit(self, batch_id: int, plan: BatchPlan) -> int:
@@ -362,9 +390,11 @@ class Merger:
         replay: bool,
         split: tuple[float, float, float],
         customer: int = 0,
+        pulled: bool = False,
     ) -> None:
         t = self.totals
         t.batches += 1
+        t.pulled += pulled
         t.input += plan.input
         t.written += len(plan.canonical)
         t.duplicates += plan.duplicates
@@ -379,14 +409,16 @@ class Merger:
             "skipped": plan.skipped,
             "customer": customer,
             "replay": replay,
+            "pulled": pulled,
             "duration_ms": round(dt * 1000, 1),
         }
         log.info(
-            "event=merge_batch site=%s batch=%d input=%d written=%d duplicates=%d dead=%d "
+            "event=merge_batch site=%s batch=%d pulled=%s input=%d written=%d duplicates=%d dead=%d "
             "skipped=%d customer=%d replay=%s sources=%d ranges=%d duration_ms=%.1f fetch_ms=%.1f "
             "plan_ms=%.1f txn_ms=%.1f",
             self.site.name,
             batch_id,
+            str(pulled).lower(),
             plan.input,
             len(plan.canonical),
             plan.duplicates,
@@ -453,7 +485,8 @@ def start_merge(spark: Any, merger: Merger, *, available_now: bool = False) -> A
     """Start the merge query; returns the StreamingQuery."""
     site = merger.site
     m = site.merge
-    merger.prepare()
+    with merger.busy:  # a puller may be writing through this merger
+        merger.prepare()
     df = (
         spark.readStream.format("kafka")
         .options(**site.kafka.spark_options())

@@ -46,6 +46,8 @@ __all__ = [
     "SourceBatch",
     "SourceRow",
     "plan_batch",
+    "pulled_source",
+    "source_stream",
     "topic_stream",
 ]
 
@@ -223,8 +225,32 @@ class BatchPlan:
     skipped: int = 0
 
 
+def pulled_source(neighbour: str, topic_id: str, topic: str) -> str:
+    """The name under which the merge keeps a neighbour's relay topic as a source:
+    ``<neighbour>/<topic id>/sl.relay.<entry>.<stream>``. Its offsets in the marker are
+    the site's cursor there, tied to the topic's id: a topic deleted and recreated is a
+    new source, read from its start (spark_core/pull.py)."""
+    return f"{neighbour}/{topic_id}/{topic}"
+
+
+def source_stream(source: str) -> str | None:
+    """The stream a source carries: a local topic (:func:`topic_stream`) or a
+    neighbour's relay topic (:func:`pulled_source`)."""
+    if "/" not in source:
+        return topic_stream(source)
+    # the topic is what follows the last "/" (a topic id, base64, may hold some)
+    topic = source.rsplit("/", 1)[1].split(".")
+    if len(topic) != 4 or topic[:2] != ["sl", "relay"]:
+        return None
+    try:
+        return check_name("stream", topic[3])
+    except ContractError:
+        return None
+
+
 def topic_stream(topic: str) -> str | None:
-    """The stream a source topic carries: ``sl.ingress.<s>`` or ``sl.inbox.<site>.<s>``."""
+    """The stream a local source topic carries: ``sl.ingress.<s>`` or
+    ``sl.inbox.<site>.<s>`` (None for anything else: never purged)."""
     parts = topic.split(".")
     if len(parts) == 3 and parts[:2] == ["sl", "ingress"]:
         name = parts[2]
@@ -266,7 +292,7 @@ def plan_batch(batch: SourceBatch | Iterable[SourceRow], state: MergeState) -> B
             tp = (topics[i], partitions[i])
             floor, high = state.offsets.get(tp, 0), plan.offsets.get(tp, 0)
             if tp[0] not in streams:
-                streams[tp[0]] = topic_stream(tp[0])
+                streams[tp[0]] = source_stream(tp[0])
             stream = streams[tp[0]]
         offset = offsets[i]
         if offset < floor:
@@ -274,16 +300,16 @@ def plan_batch(batch: SourceBatch | Iterable[SourceRow], state: MergeState) -> B
             continue
         if offset >= high:
             high = offset + 1
-        origin, seq, source_stream = origins[i], seqs[i], stream
-        if not origin or source_stream is None:  # Spark did not vouch: the full check
+        origin, seq, row_stream = origins[i], seqs[i], stream
+        if not origin or row_stream is None:  # Spark did not vouch: the full check
             row = b.row(i)
             try:
-                origin, source_stream, seq = _checked_identity(row, stream)
+                origin, row_stream, seq = _checked_identity(row, stream)
             except ContractError as exc:
                 plan.streams.update([stream] if stream else [])
                 plan.dead.append(_dead_record(row, stream, str(exc)))
                 continue
-        source = (origin, source_stream)
+        source = (origin, row_stream)
         entry = new.get(source)
         if entry is None:
             held = state.held_for(source)

@@ -3,8 +3,9 @@
 ``sl.ingress.<stream>`` has no time retention (core_gateway/ingress.py): what a gateway
 told a ship it holds must stay in Kafka until it is in the canonical topic, however long
 the merge is stopped. The merge frees it instead: after each batch it deletes
-(``DeleteRecords``, the admin API) every record of ``sl.ingress.*`` and ``sl.inbox.*``
-below the offsets the batch *before* it committed in ``sl.merge.marker``.
+(``DeleteRecords``, the admin API) every record of ``sl.ingress.*`` (never of a
+neighbour's relay topic the pullers read) below the offsets the batch *before* it
+committed in ``sl.merge.marker``.
 
 Why one batch behind: Spark re-reads a batch from its start offsets if the driver dies
 after the Kafka transaction committed but before Spark logged the batch as done (the

@@ -6,7 +6,7 @@ name then renamed (so a reader never sees half of one):
 - ``queries.status.json`` (spark_core/progress.py): every supervised query's state and
   last progress: batch, input rows, Kafka records not processed yet;
 - ``replication.status.json`` (spark_core/replication.py): per neighbour the link's
-  state, and per stream the inbox state (``up``, ``catching_up``, ``down``, ``idle``:
+  state, and per stream the replication state (``up``, ``catching_up``, ``down``, ``idle``:
   the records come by another route), lag in records and seconds, last success; the
   routes (entry site -> the neighbour its records come through).
 

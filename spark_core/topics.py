@@ -41,7 +41,6 @@ from shorelink.contract import (
     canonical_topic,
     customer_topic,
     dead_topic,
-    inbox_topic,
     relay_topic,
 )
 from shorelink.kafka.admin import Admin
@@ -63,7 +62,6 @@ __all__ = [
     "Change",
     "TopicState",
     "apply_topics",
-    "inbox_specs",
     "keyed_topics",
     "plan_changes",
     "read_topics",
@@ -155,26 +153,15 @@ def keyed_topics(site: SiteConfig, cfg: SitesConfig | None) -> set[str]:
     }
 
 
-def inbox_specs(site: SiteConfig) -> list[TopicSpec]:
-    """``sl.inbox.<neighbour>.<stream>`` for each neighbour and stream: no time
-    retention (the merge deletes what it committed, spark_core/purge.py)."""
-    return [
-        TopicSpec(inbox_topic(n, s), partitions=site.policy(s).partitions, retention_ms=-1)
-        for n in site.neighbours
-        for s in site.streams
-    ]
-
-
 def site_specs(cfg: SitesConfig, site: SiteConfig | str) -> list[TopicSpec]:
     """Every topic ``site`` needs: its gateway's (``sl.ingress.<stream>``,
-    ``sl.gateway.cursor``), the inbox topics, the merge's (canonical, dead, relay,
+    ``sl.gateway.cursor``), the merge's (canonical, dead, relay,
     ``sl.ledger``, ``sl.merge.marker``, ``sl.dead.unknown``) and the link reports
     (``sl.links``)."""
     s = cfg.site(site) if isinstance(site, str) else site
     return [
         *(ingress_spec(stream, s.policy(stream).partitions) for stream in s.streams),
         gateway_cursor_spec(),
-        *inbox_specs(s),
         *stream_specs(s, cfg, s.streams),
         *_customer_specs(cfg, s),
         TopicSpec(LEDGER_TOPIC, partitions=1, compacted=True),

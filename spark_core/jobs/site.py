@@ -2,10 +2,10 @@
 --config sites.toml`` (``shorelink-spark site`` builds that line).
 
 A small supervisor runs the site's streaming queries: the merge (two when some streams
-are urgent: one for those, one for the rest), the inbox queries that pull from the
-neighbours (spark_core/replication.py; each runs only while the route of its entry site
-points at its neighbour: spark_core/routing.py) and, with ``tables = true``, one query
-per Delta table. A query that fails is restarted with exponential backoff without
+are urgent: one for those, one for the rest) and, with ``tables = true``, one query per
+Delta table; beside them the replication (spark_core/replication.py): the link probes
+and one puller thread per (neighbour, merge), which writes what it pulls through that
+merge (spark_core/pull.py). A query that fails is restarted with exponential backoff without
 touching the others; SIGTERM/SIGINT stop every query between batches, then Spark. Every
 query's progress (rows, rate, batch duration, Kafka lag) is logged per batch and kept in
 ``<checkpoint_dir>/queries.status.json`` (spark_core/progress.py); the links, routes and
@@ -38,8 +38,8 @@ from shorelink.errors import ShorelinkError
 from shorelink.logs import configure_logging
 from spark_core.config import SiteConfig, SitesConfig, load_config
 from spark_core.merge import Merger, start_merge
-from spark_core.progress import ProgressReporter, last_progress, progress_since
-from spark_core.replication import BULK_POOL, URGENT_POOL, InboxQuery, Replicator
+from spark_core.progress import ProgressReporter, last_progress
+from spark_core.replication import BULK_POOL, URGENT_POOL, Replicator
 from spark_core.session import SCHEDULER_CONF, scheduler_pool
 from spark_core.tables import TABLES, start_table
 
@@ -55,7 +55,7 @@ def _always() -> bool:
 @dataclass
 class QueryRunner:
     """One supervised query: how to start it, how to stop it gracefully, and whether it
-    should run now (an inbox query runs only while its route points at it)."""
+    should run now (a query may be wanted only at times: it is parked meanwhile)."""
 
     name: str
     start: Callable[[], Any]
@@ -140,9 +140,11 @@ class Supervisor:
                 elif r.failures and last_progress(r.query) is not None:
                     r.failures = 0  # healthy again: next failure starts from a short backoff
             self._report()
-            if until_done and all(r.done for r in self.runners):
+            if until_done and all(r.done for r in self.runners) and self._caught_up():
                 break
             self._stop.wait(0.5)
+        if self.replicator is not None:
+            self.replicator.stop_pulling()  # before the merges they write through
         for r in self.runners:
             if r.query is not None:
                 r.stop_gracefully(r.query)
@@ -150,6 +152,9 @@ class Supervisor:
         for close in self.on_exit:
             close()
         return 0
+
+    def _caught_up(self) -> bool:
+        return self.replicator is None or self.replicator.caught_up()
 
     def _report(self, only: QueryRunner | None = None, state: str = "") -> None:
         """Each query's last progress to the log and the status file (see progress.py)."""
@@ -183,27 +188,29 @@ def _state(r: QueryRunner) -> str:
     return "starting" if r.wanted() else "idle"
 
 
-def merge_runners(
-    spark: Any, site: SiteConfig, *, available_now: bool, sites: SitesConfig | None = None
-) -> list[QueryRunner]:
+def mergers(site: SiteConfig, sites: SitesConfig | None = None) -> list[Merger]:
     """The site's merge; two when some of its streams are urgent and others are not
     (``merge-urgent`` for those, in the FAIR scheduler's urgent pool) and the sources
     are the default ones."""
     if site.merge.source_pattern or not site.urgent_streams or not site.bulk_streams:
-        return [merge_runner(spark, Merger(site, sites=sites), available_now=available_now)]
+        return [Merger(site, sites=sites)]
+    return [
+        Merger(site, query="merge-urgent", streams=site.urgent_streams, sites=sites),
+        Merger(site, streams=site.bulk_streams, sites=sites),
+    ]
+
+
+def merge_runners(spark: Any, merges: list[Merger], *, available_now: bool) -> list[QueryRunner]:
+    """One supervised query per merge, the urgent one in the urgent pool."""
+    split = len(merges) > 1
     return [
         merge_runner(
             spark,
-            Merger(site, query="merge-urgent", streams=site.urgent_streams, sites=sites),
+            m,
             available_now=available_now,
-            pool=URGENT_POOL,
-        ),
-        merge_runner(
-            spark,
-            Merger(site, streams=site.bulk_streams, sites=sites),
-            available_now=available_now,
-            pool=BULK_POOL,
-        ),
+            pool=(URGENT_POOL if m.query == "merge-urgent" else BULK_POOL) if split else None,
+        )
+        for m in merges
     ]
 
 
@@ -255,45 +262,20 @@ def table_runners(spark: Any, site: SiteConfig, *, available_now: bool) -> list[
     return [runner(t) for t, stream in TABLES.items() if stream in site.streams]
 
 
-def inbox_runners(spark: Any, replicator: Replicator, *, available_now: bool) -> list[QueryRunner]:
-    """One supervised query per (neighbour, entry site, class of streams), each running
-    only while its entry's route points at its neighbour."""
-
-    def runner(q: InboxQuery) -> QueryRunner:
-        def stop(query: Any) -> None:
-            q.count_read(last_progress(query), lambda after: progress_since(query, after))
-            query.stop()  # between batches; the inbox is at-least-once anyway
-            log.info("event=query_stopped query=%s", q.name)
-
-        return QueryRunner(
-            name=q.name,
-            start=lambda: replicator.start_query(spark, q, available_now=available_now),
-            stop_gracefully=stop,
-            on_failure=lambda error: None,  # logged by the supervisor
-            wanted=lambda: replicator.wanted(q),
-            on_progress=lambda progress, state: replicator.progress(q, progress, state),
-            on_query=lambda query, last: q.count_read(
-                last, lambda after: progress_since(query, after)
-            ),
-        )
-
-    return [runner(q) for q in replicator.queries]
-
-
 def build_supervisor(
     spark: Any, cfg: SitesConfig, site_name: str, *, available_now: bool = False
 ) -> Supervisor:
-    """Everything a site runs (merges, inbox queries, tables), supervised: call
-    ``run()`` (blocks until ``request_stop()`` from another thread or a signal). The
-    link state is probed once here, so the first routes are known before any query
-    starts. Several sites may share one Spark session (tests, benchmarks)."""
+    """Everything a site runs (merges, pullers, tables), supervised: call ``run()``
+    (blocks until ``request_stop()`` from another thread or a signal). The link state is
+    probed once here, so the first routes are known before any puller starts. Several
+    sites may share one Spark session (tests, benchmarks)."""
     site = cfg.site(site_name)
-    replicator = Replicator(cfg, site)
+    merges = mergers(site, cfg)
+    replicator = Replicator(cfg, site, merges)
     replicator.start()
     sup = Supervisor(
         [
-            *merge_runners(spark, site, available_now=available_now, sites=cfg),
-            *inbox_runners(spark, replicator, available_now=available_now),
+            *merge_runners(spark, merges, available_now=available_now),
             *table_runners(spark, site, available_now=available_now),
         ],
         progress=ProgressReporter(site.checkpoint_dir / "queries.status.json"),

@@ -14,11 +14,14 @@ from pathlib import Path
 import pytest
 
 from local_stack.toxiproxy import ToxiproxyServer
-from shorelink.contract import Record
+from shorelink.contract import Record, relay_topic
 from shorelink.identity import Identity
+from shorelink.kafka.admin import Admin
 from shorelink.kafka.consumer import PortableConsumer
 from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import KafkaClientError
 from shorelink.kafka.position import FileStore
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.status import read_status
 from tests.helpers import eventually, kill9, run_process, unique
 from tests.spark_core.replication_helpers import (
@@ -98,10 +101,10 @@ def test_ring_of_three_converges_each_identity_once(
 
 
 def _crossed(run: Running, site: str) -> int:
-    """Records the site's inbox queries read from its neighbours."""
+    """Records the site's pullers read from its neighbours."""
     rep = run.sups[site].replicator
     assert rep is not None
-    return sum(q.read for q in rep.queries)
+    return sum(p.read for p in rep.pullers)
 
 
 def _routes(run: Running, site: str) -> dict[str, str | None]:
@@ -234,6 +237,45 @@ def test_an_alert_overtakes_a_containers_catch_up(
         at_alert = len(identities(topo, b, containers))
         assert at_alert < len(backlog), "the alert waited for the whole backlog"
         eventually(lambda: len(identities(topo, b, containers)) == len(backlog), 240, "b caught up")
+
+
+def _recreate(bootstrap: str, topic: str, partitions: int) -> None:
+    """Delete ``topic`` and create it again, empty (a new topic id)."""
+    admin = Admin(KafkaEndpoint.plaintext(bootstrap))
+    admin.wait(admin.client.delete_topics([topic])[topic], f"delete {topic}")
+
+    def created() -> bool:
+        try:
+            ensure_topics(KafkaEndpoint.plaintext(bootstrap), [TopicSpec(topic, partitions)])
+        except KafkaClientError:  # still marked for deletion
+            return False
+        return True
+
+    eventually(created, 60, f"{topic} created again")
+
+
+def test_a_relay_topic_recreated_under_a_running_neighbour_is_read_from_its_start(
+    spark: object, healed: Mesh, tmp_path: Path
+) -> None:
+    """Review finding 1, scenario B: b's position in a's relay topic is past the end of
+    the topic a recreates. b reads the new topic from its start: nothing of it is
+    skipped (a Spark checkpoint stalled there, then skipped a prefix)."""
+    stream = unique("cont")
+    topo = topology(healed, tmp_path, full_mesh(SLOTS[:2]), [stream])
+    a, _b = topo.slots
+    first = records(a, "s1", stream, range(1, 601))
+    enter(topo, a, first)
+    with Running(spark, topo) as run:
+        run.start()
+        eventually(lambda: not list(converged(topo, {stream: ids(first)})), 180, "b has a's")
+        run.stop(a)  # b keeps running: its puller meets the new topic
+        _recreate(topo.bootstrap(a), relay_topic(a, stream), partitions=3)
+        run.start(a)
+        later = records(a, "s1", stream, range(601, 631))  # far below b's old position
+        enter(topo, a, later)
+        want = {stream: ids(first) | ids(later)}
+        eventually(lambda: not list(converged(topo, want)), 120, "b has a's new records")
+    assert not list(converged(topo, want))
 
 
 class _Feeder(threading.Thread):

@@ -20,7 +20,6 @@ from shorelink.contract import (
     KAFKA_MAX_MESSAGE_BYTES,
     canonical_topic,
     dead_topic,
-    inbox_topic,
     ingress_topic,
     relay_topic,
 )
@@ -139,7 +138,6 @@ def test_apply_creates_every_topic_the_site_needs_and_a_second_run_changes_nothi
     for stream in (d.bulk, d.urgent):
         for topic in (
             ingress_topic(stream),
-            inbox_topic(d.hq, stream),
             canonical_topic(stream),
             dead_topic(stream),
             relay_topic(d.port, stream),
@@ -173,12 +171,11 @@ def test_a_policy_change_alters_retention_and_adds_partitions(deployment: Deploy
     assert (relay_topic(d.port, d.bulk), "config") in by
     assert (ingress_topic(d.bulk), "partitions") in by
     assert not any(d.urgent in str(c["topic"]) for c in _changes(doc))  # untouched stream
-    state = d.state(canonical_topic(d.bulk), relay_topic(d.port, d.bulk), inbox_topic(d.hq, d.bulk))
+    state = d.state(canonical_topic(d.bulk), relay_topic(d.port, d.bulk))
     assert state[canonical_topic(d.bulk)].partitions == 4
     assert state[canonical_topic(d.bulk)].configs["retention.ms"] == str(3 * DAY_MS)
     assert state[relay_topic(d.port, d.bulk)].partitions == 4
     assert state[relay_topic(d.port, d.bulk)].configs["retention.ms"] == str(DAY_MS)
-    assert state[inbox_topic(d.hq, d.bulk)].partitions == 4
     assert _changes(d.apply_json()) == []
 
     d.write(partitions=4, retention="forever")

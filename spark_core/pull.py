@@ -1,0 +1,357 @@
+"""Pullers: a site takes other sites' records straight from its neighbours' relay
+topics into its own merge, one hop in one Kafka transaction.
+
+One puller per (neighbour, merge): the urgent merge's streams and the rest each have
+their own, so an alert never waits behind a containers catch-up. A puller is a thread
+of the site's application with one Kafka consumer at the neighbour (as the site's
+neighbour principal, read_committed). Every round it reads the relay topics
+``sl.relay.<entry>.<stream>`` of the entries whose route points at its neighbour
+(spark_core/routing.py), at most ``replication.max_offsets_per_trigger`` records or
+:data:`PULL_BATCH_BYTES`, and hands them to the merge (``Merger.write_pulled``), which
+drops what the site already holds and writes the rest, the ledger and the cursors in
+one transaction (docs/replication.md, "Why nothing is lost or doubled").
+
+The cursor is not a streaming checkpoint: it is the offset the merge committed, per
+partition, in the marker, under the name ``<neighbour>/<topic id>/<topic>``
+(``spark_core.merge_state.pulled_source``). So it moves only with what the site holds,
+it is reloaded with the merge's state after any failure, and a topic deleted and
+recreated (a new id) is a new source, read from its start: nothing of it is skipped,
+and the merge drops what it already holds. A cursor below what retention kept reads
+from the oldest record left, counted and logged (``event=pull_gap``), instead of
+stalling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicCollection,
+    TopicPartition,
+)
+
+from shorelink.contract import relay_topic
+from shorelink.kafka.admin import Admin
+from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import KafkaClientError, UnknownTopic, classify
+from spark_core.config import SiteConfig
+from spark_core.merge import Merger
+from spark_core.merge_state import Headers, MergeError, SourceRow, pulled_source
+
+__all__ = ["PULL_BATCH_BYTES", "Puller"]
+
+log = logging.getLogger(__name__)
+
+#: upper bound of one pulled batch in bytes (keys, values, headers), beside the record
+#: count ``replication.max_offsets_per_trigger``: what the merge holds on the driver
+PULL_BATCH_BYTES = 64 * 1024 * 1024
+#: how long a round waits for the first record (an alert's latency on an idle link)
+_WAIT_S = 0.2
+#: how often a puller asks the neighbour for its relay topics' ids and partitions
+_DESCRIBE_EVERY_S = 5.0
+
+
+@dataclass
+class Puller:
+    """Pulls ``streams`` from ``neighbour``'s relay topics into ``merger``, for the
+    entries ``routes()`` sends through that neighbour."""
+
+    site: SiteConfig
+    neighbour: str
+    #: the neighbour's Kafka as this site reaches it (its neighbour principal there)
+    kafka: KafkaEndpoint
+    streams: tuple[str, ...]
+    urgent: bool
+    merger: Merger
+    routes: Callable[[], Mapping[str, str | None]]
+    #: records read from the neighbour, batches handed to the merge
+    read: int = 0
+    batches: int = 0
+    #: relay records lost to the neighbour's retention before they were read
+    gaps: int = 0
+    last_success: float | None = None
+    error: str | None = None
+    #: per relay topic: records behind the neighbour's end (None: not known yet)
+    lag: dict[str, int | None] = field(default_factory=dict)
+    #: per relay topic: when it fell behind (None: caught up)
+    behind_since: dict[str, float] = field(default_factory=dict)
+    #: the last round read nothing and every assigned partition is at its end
+    idle: bool = False
+    _consumer: Consumer | None = field(default=None, repr=False)
+    _admin: Admin | None = field(default=None, repr=False)
+    #: relay topic -> its source name at the merge (with the topic id)
+    _sources: dict[str, str] = field(default_factory=dict, repr=False)
+    #: per assigned partition: the next offset to read (negative: its start)
+    _assigned: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
+    #: per partition assigned at a cursor: the cursor, until the first record is read
+    _expected: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
+    _described_at: float = field(default=0.0, repr=False)
+    _wanted: frozenset[str] = field(default=frozenset(), repr=False)
+    #: records read past their partition's share of the last batch, in order
+    _carry: list[Message] = field(default_factory=list, repr=False)
+    _waiting: set[tuple[str, int]] = field(default_factory=set, repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"pull-{self.neighbour}-{'urgent' if self.urgent else 'bulk'}"
+
+    def entries(self) -> list[str]:
+        """The entry sites routed through this neighbour now (never this site)."""
+        return sorted(
+            e for e, n in self.routes().items() if n == self.neighbour and e != self.site.name
+        )
+
+    # -- the loop -------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Pull until ``stop`` (or the merge stops); a failure closes the consumer and
+        is retried with backoff from what the merge committed."""
+        backoff = 0.5
+        while not stop.is_set() and not self.merger.stopping.is_set():
+            try:
+                if not self.round():
+                    stop.wait(_WAIT_S if self._assigned else self.site.replication.probe_interval_s)
+                backoff = 0.5
+                self.error = None
+            except MergeError as exc:
+                if self.merger.stopping.is_set():
+                    break
+                self._failed(exc, backoff)
+                if exc.fatal:
+                    break
+            except (KafkaClientError, KafkaException) as exc:
+                self._failed(exc, backoff)
+            except Exception as exc:  # never let one neighbour's puller die silently
+                log.exception("event=pull_failed site=%s puller=%s", self.site.name, self.name)
+                self._failed(exc, backoff)
+            if self.error is not None:
+                stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+        self.close()
+
+    def _failed(self, exc: BaseException, backoff: float) -> None:
+        self.error = str(exc)[:2000]
+        self.idle = False
+        self.close()  # the next round starts from what the merge committed
+        log.warning(
+            "event=pull_failed site=%s puller=%s retry_in_s=%.1f error=%r",
+            self.site.name,
+            self.name,
+            backoff,
+            self.error,
+        )
+
+    def round(self) -> int:
+        """One batch: read what the relay topics have past the cursors, hand it to the
+        merge. Returns the records read."""
+        wanted = frozenset(relay_topic(e, s) for e in self.entries() for s in self.streams)
+        now = time.monotonic()
+        if wanted != self._wanted or now >= self._described_at + _DESCRIBE_EVERY_S:
+            self._assign(wanted)
+            self._described_at = now
+        if not self._assigned:
+            self.idle = True
+            return 0
+        consumer = self._consumer
+        assert consumer is not None
+        limit = self.site.replication.max_offsets_per_trigger
+        # each partition its share of the batch: one origin's seqs are spread over the
+        # partitions by key, so a batch that took one partition far ahead of the others
+        # would leave holes in the ledger (bounded: MAX_HOLDINGS_RANGES); what a
+        # partition brings beyond its share waits, in order, for the next round
+        share = max(1, limit // len(self._assigned))
+        taken: Counter[tuple[str, int]] = Counter()
+        rows: list[SourceRow] = []
+        size = 0
+        carried, self._carry = self._carry, []
+        paused: list[TopicPartition] = []
+
+        def take(m: Message) -> None:
+            nonlocal size
+            tp = (str(m.topic()), m.partition() or 0)
+            if taken[tp] >= share or tp in self._waiting:  # order kept: after its carry
+                self._carry.append(m)
+                if tp not in self._waiting:
+                    self._waiting.add(tp)
+                    paused.append(TopicPartition(*tp))
+                    consumer.pause([paused[-1]])
+                return
+            taken[tp] += 1
+            offset = m.offset() or 0
+            key, value = m.key(), m.value()
+            headers: Headers = list(m.headers() or [])  # type: ignore[arg-type]
+            rows.append(SourceRow(self._sources[tp[0]], tp[1], offset, key, value, headers))
+            size += len(key or b"") + len(value or b"")
+            size += sum(len(k) + len(v or b"") for k, v in headers)
+            self._note_read(tp[0], tp[1], offset)
+
+        self._waiting = set()
+        for m in carried:
+            take(m)
+        wait = _WAIT_S
+        while len(rows) < limit and size < PULL_BATCH_BYTES and len(self._carry) < limit:
+            msgs = consumer.consume(min(limit - len(rows), 5000), timeout=wait)
+            if not msgs:
+                break
+            wait = 0.0  # what is there now, no more waiting
+            for m in msgs:
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise classify(err, f"pull from {self.neighbour}")
+                take(m)
+        if paused:
+            consumer.resume(paused)
+        if rows:
+            self.merger.write_pulled(rows)
+            self.read += len(rows)
+            self.batches += 1
+            self.last_success = time.time()
+        self._measure_lag(len(rows))
+        return len(rows)
+
+    # -- assignment -------------------------------------------------------------------------
+    def _assign(self, wanted: frozenset[str]) -> None:
+        """Assign the wanted relay topics that exist at the neighbour, each partition at
+        the merge's cursor for the topic's current id (its start when there is none)."""
+        self._wanted = wanted
+        if not wanted:
+            if self._consumer is not None:
+                self._consumer.unassign()
+            self._assigned, self._sources = {}, {}
+            return
+        if self._admin is None:
+            self._admin = Admin(self.kafka.with_timeout(self.site.replication.probe_timeout_s))
+        described = self._admin.client.describe_topics(TopicCollection(sorted(wanted)))
+        sources: dict[str, str] = {}
+        parts: dict[tuple[str, int], str] = {}
+        for topic, future in described.items():
+            try:
+                desc = self._admin.wait(future, f"describe {topic} at {self.neighbour}")
+            except UnknownTopic:
+                continue  # the neighbour's merge creates it with its first record
+            sources[topic] = pulled_source(self.neighbour, str(desc.topic_id), topic)
+            for p in desc.partitions:
+                parts[(topic, p.id)] = sources[topic]
+        if sources == self._sources and set(parts) == set(self._assigned):
+            return  # nothing changed: keep the consumer where it is
+        cursors = self.merger.ready().offsets
+        assignment = []
+        for (topic, part), source in sorted(parts.items()):
+            start = cursors.get((source, part))
+            assignment.append(
+                TopicPartition(topic, part, OFFSET_BEGINNING if start is None else start)
+            )
+        consumer = self._consumer or self._new_consumer()
+        consumer.assign(assignment)
+        self._carry = []  # read again from the cursors
+        changed = {t for t in sources if self._sources.get(t) not in (None, sources[t])}
+        for topic in sorted(changed):
+            log.warning(
+                "event=pull_topic_recreated site=%s neighbour=%s topic=%s",
+                self.site.name,
+                self.neighbour,
+                topic,
+            )
+        self._sources = sources
+        self._assigned = {(tp.topic, tp.partition): tp.offset for tp in assignment}
+        self._expected = {k: v for k, v in self._assigned.items() if v >= 0}
+        log.info(
+            "event=pull_assigned site=%s puller=%s topics=%d partitions=%d",
+            self.site.name,
+            self.name,
+            len(sources),
+            len(assignment),
+        )
+
+    def _new_consumer(self) -> Consumer:
+        self._consumer = Consumer(
+            self.kafka.client_config(
+                {
+                    "group.id": f"shorelink-pull-{self.site.name}",  # never joined or committed
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                    "isolation.level": "read_committed",
+                    "auto.offset.reset": "earliest",
+                    "fetch.wait.max.ms": 50 if self.urgent else 100,
+                    "socket.timeout.ms": int(self.site.replication.probe_timeout_s * 1000),
+                    "client.id": f"shorelink-{self.site.name}-{self.name}",
+                }
+            )
+        )
+        return self._consumer
+
+    def _note_read(self, topic: str, part: int, offset: int) -> None:
+        """Count what retention deleted between the cursor and the first record read."""
+        expected = self._expected.pop((topic, part), None)
+        if expected is not None and offset > expected:
+            # offsets are not dense (transaction markers): only a jump is a suspect
+            lo = self._low(topic, part)
+            if lo is not None and lo > expected:
+                self.gaps += lo - expected
+                log.warning(
+                    "event=pull_gap site=%s neighbour=%s topic=%s partition=%d cursor=%d oldest=%d",
+                    self.site.name,
+                    self.neighbour,
+                    topic,
+                    part,
+                    expected,
+                    lo,
+                )
+        self._assigned[(topic, part)] = offset + 1
+
+    def _low(self, topic: str, part: int) -> int | None:
+        assert self._consumer is not None
+        try:
+            lo, _ = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, part), timeout=self.site.replication.probe_timeout_s
+            )
+        except KafkaException:
+            return None
+        return lo
+
+    def _measure_lag(self, read: int) -> None:
+        """Per relay topic, records between what was read and the neighbour's end (the
+        end the last fetch saw: no request)."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        per_topic: dict[str, int | None] = {}
+        for (topic, part), pos in self._assigned.items():
+            try:
+                _, hi = consumer.get_watermark_offsets(TopicPartition(topic, part), cached=True)
+            except KafkaException:
+                hi = -1
+            if hi < 0 or (pos < 0 and hi > 0):
+                per_topic.setdefault(topic, None)  # not fetched yet
+                continue
+            known = per_topic.get(topic) or 0
+            per_topic[topic] = known + max(0, hi - max(pos, 0))
+        now = time.time()
+        for topic, n in per_topic.items():
+            if n:
+                self.behind_since.setdefault(topic, now)
+            elif n == 0:
+                self.behind_since.pop(topic, None)
+        self.lag = per_topic
+        self.idle = not read and all(not n for n in per_topic.values())
+
+    def close(self) -> None:
+        c, self._consumer = self._consumer, None
+        self._assigned, self._expected, self._sources = {}, {}, {}
+        self._wanted, self._carry = frozenset(), []
+        self._described_at = 0.0
+        if c is not None:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                c.close()
