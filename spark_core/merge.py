@@ -129,6 +129,10 @@ class Merger:
         self.ownership = customer_ownership(site, sites)
         #: set once another merge of this site fenced this one (it never writes again)
         self.fenced: str | None = None
+        #: whether the first load found nothing of this merge in Kafka (no marker): a
+        #: new site, or one whose Kafka was wiped; its pullers then also take back,
+        #: once, what entered here (spark_core/pull.py). None until the first load
+        self.fresh: bool | None = None
 
     @property
     def source_pattern(self) -> str:
@@ -182,6 +186,8 @@ class Merger:
             timeout=self.site.kafka.timeout_s * 2,
             query=self.query,
         )
+        if self.fresh is None:
+            self.fresh = self.state.last_batch is None and not self.state.offsets
         log.info(
             "event=merge_ready site=%s sources=%d ranges=%d last_batch=%s",
             self.site.name,

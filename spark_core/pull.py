@@ -101,16 +101,24 @@ class Puller:
     #: records read past their partition's share of the last batch, in order
     _carry: list[Message] = field(default_factory=list, repr=False)
     _waiting: set[tuple[str, int]] = field(default_factory=set, repr=False)
+    #: taking back what entered here (None: not decided yet, before the merge loaded)
+    _recovering: bool | None = field(default=None, repr=False)
+    #: per partition of this site's own relay topics: (oldest, end) when recovery began
+    _recover_to: dict[tuple[str, int], tuple[int, int]] | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
         return f"pull-{self.neighbour}-{'urgent' if self.urgent else 'bulk'}"
 
     def entries(self) -> list[str]:
-        """The entry sites routed through this neighbour now (never this site)."""
-        return sorted(
+        """The entry sites routed through this neighbour now; this site itself too while
+        it recovers what entered here (its merge started with nothing in Kafka)."""
+        routed = {
             e for e, n in self.routes().items() if n == self.neighbour and e != self.site.name
-        )
+        }
+        if self._recovering:
+            routed.add(self.site.name)
+        return sorted(routed)
 
     # -- the loop -------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -136,7 +144,7 @@ class Puller:
                 self._failed(exc, backoff)
             if self.error is not None:
                 stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                backoff = min(backoff * 2, 10.0)
         self.close()
 
     def _failed(self, exc: BaseException, backoff: float) -> None:
@@ -154,6 +162,9 @@ class Puller:
     def round(self) -> int:
         """One batch: read what the relay topics have past the cursors, hand it to the
         merge. Returns the records read."""
+        if self._recovering is None:
+            self.merger.ready()
+            self._recovering = bool(self.merger.fresh)
         wanted = frozenset(relay_topic(e, s) for e in self.entries() for s in self.streams)
         now = time.monotonic()
         if wanted != self._wanted or now >= self._described_at + _DESCRIBE_EVERY_S:
@@ -219,7 +230,33 @@ class Puller:
             self.batches += 1
             self.last_success = time.time()
         self._measure_lag(len(rows))
+        if self._recovering and self._recovered():
+            self._recovering = False
+            log.info(
+                "event=pull_recovered site=%s neighbour=%s puller=%s",
+                self.site.name,
+                self.neighbour,
+                self.name,
+            )
         return len(rows)
+
+    def _recovered(self) -> bool:
+        """Has the recovery read this site's own relay topics at the neighbour up to
+        where they ended when it began?"""
+        own = {relay_topic(self.site.name, s) for s in self.streams}
+        if self._recover_to is None:
+            consumer = self._consumer
+            assert consumer is not None
+            self._recover_to = {}
+            for topic, part in self._assigned:
+                if topic in own:
+                    self._recover_to[(topic, part)] = consumer.get_watermark_offsets(
+                        TopicPartition(topic, part), timeout=self.site.replication.probe_timeout_s
+                    )
+        return all(
+            hi <= lo or self._assigned.get(tp, -1) >= hi
+            for tp, (lo, hi) in self._recover_to.items()
+        )
 
     # -- assignment -------------------------------------------------------------------------
     def _assign(self, wanted: frozenset[str]) -> None:

@@ -122,6 +122,7 @@ def read_status(
         updated = replication.get("updated_at")
         if isinstance(updated, int | float):
             status.ages["replication"] = now - updated
+        problems += _replication_problems(replication)
     for what, age in status.ages.items():
         if age > max_age_s:
             problems.append(
@@ -129,6 +130,24 @@ def read_status(
                 "application is not running, or is stuck"
             )
     return status
+
+
+def _replication_problems(replication: dict[str, Any]) -> list[str]:
+    """What should carry data and does not: an entry site with no route (its records
+    reach this site from nowhere), a stream routed through a neighbour that fails."""
+    out = []
+    routes = replication.get("routes")
+    for entry, via in sorted(routes.items() if isinstance(routes, dict) else ()):
+        if via is None:
+            out.append(f"no route to {entry}'s records: no neighbour leads there now")
+    neighbours = replication.get("neighbours")
+    for name, nbr in sorted(neighbours.items() if isinstance(neighbours, dict) else ()):
+        streams = nbr.get("streams") if isinstance(nbr, dict) else None
+        for stream, st in sorted(streams.items() if isinstance(streams, dict) else ()):
+            if isinstance(st, dict) and st.get("state") == "down":
+                why = st.get("error") or nbr.get("error") or "the link is down"
+                out.append(f"{stream} routed through {name} is not replicating: {why}")
+    return out
 
 
 # -- layout ----------------------------------------------------------------------------

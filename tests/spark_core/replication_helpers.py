@@ -5,6 +5,7 @@ run in one Spark session, each in a thread."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 import tomllib
 from collections import Counter
@@ -39,6 +40,25 @@ def proxy_name(slot: str, reader: str) -> str:
 class Mesh:
     brokers: dict[str, KafkaBroker]
     toxiproxy: Toxiproxy
+    root: Path
+    logs: Path
+
+    def wipe(self, slot: str) -> None:
+        """``slot``'s Kafka loses everything: stopped, its storage deleted, started
+        again empty (a new cluster) on the same ports, behind the same proxies."""
+        b = self.brokers[slot]
+        b.proc.stop(grace=10)
+        shutil.rmtree(self.root / slot / "data")
+        self.brokers[slot] = start_kafka(
+            slot,
+            self.root / slot,
+            self.logs,
+            port=b.port,
+            controller_port=b.controller_port,
+            heap="384m",
+            links=b.links,
+            jvm_opts=CLIENT_COMPILER,
+        )
 
     def via(self, slot: str, reader: str) -> str:
         return self.brokers[slot].link_bootstrap(reader)
@@ -71,7 +91,7 @@ def start_mesh(root: Path, logs: Path, toxiproxy: Toxiproxy) -> Mesh:
         )
     for b in brokers.values():
         b.proc.wait_ready(b.ready, timeout=90)
-    return Mesh(brokers, toxiproxy)
+    return Mesh(brokers, toxiproxy, root, logs)
 
 
 @dataclass

@@ -33,6 +33,7 @@ from tests.spark_core.replication_helpers import (
     enter,
     full_mesh,
     identities,
+    proxy_name,
     records,
     start_mesh,
     topology,
@@ -230,12 +231,20 @@ def test_an_alert_overtakes_a_containers_catch_up(
             180,
             "a merged its backlog",
         )
-        run.start(b)
-        eventually(lambda: len(identities(topo, b, containers)) > 0, 120, "b's catch-up under way")
-        enter(topo, a, records(a, "s1", alerts, [1]))
-        eventually(lambda: len(identities(topo, b, alerts)) == 1, 60, "the alert reached b")
-        at_alert = len(identities(topo, b, containers))
-        assert at_alert < len(backlog), "the alert waited for the whole backlog"
+        # a link of 400 KB/s per connection: the catch-up takes seconds, not a blink
+        link = proxy_name(topo.slots[a], topo.slots[b])
+        toxic = healed.toxiproxy.add_toxic(link, "bandwidth", rate=400)
+        try:
+            run.start(b)
+            eventually(
+                lambda: len(identities(topo, b, containers)) > 0, 120, "b's catch-up under way"
+            )
+            enter(topo, a, records(a, "s1", alerts, [1]))
+            eventually(lambda: len(identities(topo, b, alerts)) == 1, 60, "the alert reached b")
+            at_alert = len(identities(topo, b, containers))
+            assert at_alert < len(backlog), "the alert waited for the whole backlog"
+        finally:
+            healed.toxiproxy.remove_toxic(link, toxic)
         eventually(lambda: len(identities(topo, b, containers)) == len(backlog), 240, "b caught up")
 
 
@@ -347,4 +356,33 @@ def test_a_site_killed_with_sigkill_and_restarted_without_checkpoints_nothing_lo
         finally:
             feeder.stop.set()
             proc.stop(grace=30)
+    assert not list(converged(topo, want))
+
+
+def test_a_site_whose_kafka_is_wiped_gets_back_everything_that_entered_through_it(
+    spark: object, healed: Mesh, tmp_path: Path
+) -> None:
+    """Review finding 1, scenario A: b's Kafka and checkpoints are lost. b gets back
+    what entered at a and what had entered at b itself (a still holds both), and a
+    gets what enters at b after the rebuild (b's relay topic is new: read from its
+    start). Last in this module: it wipes a broker the other tests use."""
+    stream = unique("cont")
+    topo = topology(healed, tmp_path, full_mesh(SLOTS[:2]), [stream])
+    a, b = topo.slots
+    at_a, at_b = records(a, "s1", stream, range(1, 401)), records(b, "s2", stream, range(1, 401))
+    enter(topo, a, at_a)
+    enter(topo, b, at_b)
+    want = {stream: ids(at_a) | ids(at_b)}
+    with Running(spark, topo) as run:
+        run.start()
+        eventually(lambda: not list(converged(topo, want)), 180, "a and b converged")
+        run.stop(b)
+        healed.wipe(topo.slots[b])
+        shutil.rmtree(topo.cfg.site(b).checkpoint_dir)
+        topo.create_ingress()
+        run.start(b)
+        later = records(b, "s2", stream, range(401, 421))
+        enter(topo, b, later)
+        want[stream] |= ids(later)
+        eventually(lambda: not list(converged(topo, want)), 180, "b rebuilt, both hold all")
     assert not list(converged(topo, want))
