@@ -65,6 +65,7 @@ __all__ = [
     "customer_principal",
     "grant_gateway",
     "plan_access",
+    "pull_group",
 ]
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,11 @@ class AccessError(SparkCoreError):
 
 def customer_principal(customer: str) -> str:
     return f"{CUSTOMER_PREFIX}{customer}"
+
+
+def pull_group(site: str) -> str:
+    """The consumer group ``site``'s pullers name at each of its neighbours."""
+    return f"shorelink-pull-{site}"
 
 
 def customer_group_prefix(customer: str) -> str:
@@ -267,7 +273,9 @@ def _neighbour(plan: AccessPlan, other: SiteConfig) -> None:
     plan.allow(who, TOPIC, "sl.relay.", PREFIXED, _READ)
     plan.allow(who, TOPIC, LINKS_TOPIC, LITERAL, _READ)
     plan.allow(who, GROUP, f"shorelink-links-{other.name}", LITERAL, ("READ", "DESCRIBE"))
-    plan.allow(who, GROUP, "spark-kafka-source-", PREFIXED, ("READ", "DESCRIBE"))
+    # the pullers' consumers name a group (librdkafka looks its coordinator up even
+    # for assigned partitions); it never joins it nor commits there
+    plan.allow(who, GROUP, pull_group(other.name), LITERAL, ("READ", "DESCRIBE"))
 
 
 def apply_access(plan: AccessPlan, admin: KafkaEndpoint, *, dry_run: bool = False) -> AccessChanges:

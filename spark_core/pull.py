@@ -45,6 +45,7 @@ from shorelink.contract import relay_topic
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError, UnknownTopic, classify
+from spark_core.access import pull_group
 from spark_core.config import SiteConfig
 from spark_core.merge import Merger
 from spark_core.merge_state import Headers, MergeError, SourceRow, pulled_source
@@ -316,7 +317,7 @@ class Puller:
         self._consumer = Consumer(
             self.kafka.client_config(
                 {
-                    "group.id": f"shorelink-pull-{self.site.name}",  # never joined or committed
+                    "group.id": pull_group(self.site.name),  # never joined or committed
                     "enable.auto.commit": False,
                     "enable.auto.offset.store": False,
                     "isolation.level": "read_committed",

@@ -35,7 +35,7 @@ CUSTOMERS = {"acme": Secret("acme-pw"), "globex": Secret("globex-pw")}
 GROUPS = {
     "spark-tokyo": "shorelink-test",
     "gateway-tokyo": "shorelink-gateway-test",
-    "site-hq": "spark-kafka-source-test",
+    "site-hq": "shorelink-pull-hq",
     "ops": "ops-anything",
     "customer-acme": "acme.reader",
     "customer-globex": "globex.reader",
