@@ -104,8 +104,12 @@ class Puller:
     _waiting: set[tuple[str, int]] = field(default_factory=set, repr=False)
     #: taking back what entered here (None: not decided yet, before the merge loaded)
     _recovering: bool | None = field(default=None, repr=False)
-    #: per partition of this site's own relay topics: (oldest, end) when recovery began
-    _recover_to: dict[tuple[str, int], tuple[int, int]] | None = field(default=None, repr=False)
+    #: per relay topic: the id it had when last described ("" once it was gone)
+    _ids: dict[str, str] = field(default_factory=dict, repr=False)
+    #: per partition: the offset the consumer last found its end at
+    _at_end: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
+    #: per partition of this site's own relay topics: its end when recovery began
+    _recover_to: dict[tuple[str, int], int] | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -219,7 +223,8 @@ class Puller:
             for m in msgs:
                 err = m.error()
                 if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
+                    if err.code() == KafkaError._PARTITION_EOF:  # past the last record
+                        self._at_end[(str(m.topic()), m.partition() or 0)] = m.offset() or 0
                         continue
                     raise classify(err, f"pull from {self.neighbour}")
                 take(m)
@@ -231,32 +236,37 @@ class Puller:
             self.batches += 1
             self.last_success = time.time()
         self._measure_lag(len(rows))
-        if self._recovering and self._recovered():
-            self._recovering = False
-            log.info(
-                "event=pull_recovered site=%s neighbour=%s puller=%s",
-                self.site.name,
-                self.neighbour,
-                self.name,
-            )
+        if self._recovering and all(
+            max(self._assigned.get(tp, -1), self._at_end.get(tp, -1)) >= end
+            for tp, end in (self._recover_to or {}).items()
+        ):
+            self._recover_done()
         return len(rows)
 
-    def _recovered(self) -> bool:
-        """Has the recovery read this site's own relay topics at the neighbour up to
-        where they ended when it began?"""
+    def _recovery_targets(self, parts: Mapping[tuple[str, int], str]) -> dict[tuple[str, int], int]:
+        """Where this site's own relay topics at the neighbour end now, per partition
+        holding records: what the recovery reads up to (what comes later, the
+        neighbour pulled from here after the restart: nothing to take back)."""
         own = {relay_topic(self.site.name, s) for s in self.streams}
-        if self._recover_to is None:
-            consumer = self._consumer
-            assert consumer is not None
-            self._recover_to = {}
-            for topic, part in self._assigned:
-                if topic in own:
-                    self._recover_to[(topic, part)] = consumer.get_watermark_offsets(
-                        TopicPartition(topic, part), timeout=self.site.replication.probe_timeout_s
-                    )
-        return all(
-            hi <= lo or self._assigned.get(tp, -1) >= hi
-            for tp, (lo, hi) in self._recover_to.items()
+        consumer = self._consumer or self._new_consumer()
+        targets = {}
+        for topic, part in parts:
+            if topic in own:
+                lo, hi = consumer.get_watermark_offsets(
+                    TopicPartition(topic, part), timeout=self.site.replication.probe_timeout_s
+                )
+                if hi > lo:
+                    targets[(topic, part)] = hi
+        return targets
+
+    def _recover_done(self) -> None:
+        self._recovering = False
+        log.info(
+            "event=pull_recovered site=%s neighbour=%s puller=%s partitions=%d",
+            self.site.name,
+            self.neighbour,
+            self.name,
+            len(self._recover_to or {}),
         )
 
     # -- assignment -------------------------------------------------------------------------
@@ -274,14 +284,37 @@ class Puller:
         described = self._admin.client.describe_topics(TopicCollection(sorted(wanted)))
         sources: dict[str, str] = {}
         parts: dict[tuple[str, int], str] = {}
+        renewed = False
         for topic, future in described.items():
             try:
                 desc = self._admin.wait(future, f"describe {topic} at {self.neighbour}")
             except UnknownTopic:
+                if topic in self._ids:
+                    self._ids[topic] = ""  # gone: whatever comes back is a new topic
                 continue  # the neighbour's merge creates it with its first record
-            sources[topic] = pulled_source(self.neighbour, str(desc.topic_id), topic)
+            topic_id = str(desc.topic_id)
+            renewed |= self._ids.get(topic, topic_id) != topic_id
+            self._ids[topic] = topic_id
+            sources[topic] = pulled_source(self.neighbour, topic_id, topic)
             for p in desc.partitions:
                 parts[(topic, p.id)] = sources[topic]
+        if renewed and self._consumer is not None:
+            # a topic deleted and created again (or a neighbour's whole Kafka rebuilt):
+            # the consumer's cached metadata (leader epochs) belongs to the old one and
+            # it would wait for ever; a new consumer starts from what the merge holds
+            log.warning(
+                "event=pull_topic_recreated site=%s neighbour=%s", self.site.name, self.neighbour
+            )
+            self.close()
+            self._wanted = wanted
+        if self._recovering and self._recover_to is None:
+            self._recover_to = self._recovery_targets(parts)
+            if not self._recover_to:  # the neighbour holds nothing that entered here
+                self._recover_done()
+                own = {relay_topic(self.site.name, s) for s in self.streams}
+                parts = {tp: src for tp, src in parts.items() if tp[0] not in own}
+                sources = {t: src for t, src in sources.items() if t not in own}
+                self._wanted = frozenset(wanted - own)
         if sources == self._sources and set(parts) == set(self._assigned):
             return  # nothing changed: keep the consumer where it is
         cursors = self.merger.ready().offsets
@@ -293,15 +326,7 @@ class Puller:
             )
         consumer = self._consumer or self._new_consumer()
         consumer.assign(assignment)
-        self._carry = []  # read again from the cursors
-        changed = {t for t in sources if self._sources.get(t) not in (None, sources[t])}
-        for topic in sorted(changed):
-            log.warning(
-                "event=pull_topic_recreated site=%s neighbour=%s topic=%s",
-                self.site.name,
-                self.neighbour,
-                topic,
-            )
+        self._carry, self._at_end = [], {}  # read again from the cursors
         self._sources = sources
         self._assigned = {(tp.topic, tp.partition): tp.offset for tp in assignment}
         self._expected = {k: v for k, v in self._assigned.items() if v >= 0}
@@ -322,6 +347,8 @@ class Puller:
                     "enable.auto.offset.store": False,
                     "isolation.level": "read_committed",
                     "auto.offset.reset": "earliest",
+                    # where a partition ends (past transaction markers): recovery's end
+                    "enable.partition.eof": True,
                     "fetch.wait.max.ms": 50 if self.urgent else 100,
                     "socket.timeout.ms": int(self.site.replication.probe_timeout_s * 1000),
                     "client.id": f"shorelink-{self.site.name}-{self.name}",
@@ -366,7 +393,9 @@ class Puller:
         if consumer is None:
             return
         per_topic: dict[str, int | None] = {}
-        for (topic, part), pos in self._assigned.items():
+        for (topic, part), read_to in self._assigned.items():
+            # past the last record there may be a transaction marker: the end found counts
+            pos = max(read_to, self._at_end.get((topic, part), -1))
             try:
                 _, hi = consumer.get_watermark_offsets(TopicPartition(topic, part), cached=True)
             except KafkaException:
@@ -388,7 +417,7 @@ class Puller:
     def close(self) -> None:
         c, self._consumer = self._consumer, None
         self._assigned, self._expected, self._sources = {}, {}, {}
-        self._wanted, self._carry = frozenset(), []
+        self._wanted, self._carry, self._at_end = frozenset(), [], {}
         self._described_at = 0.0
         if c is not None:
             with contextlib.suppress(KafkaException, RuntimeError):
