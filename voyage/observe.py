@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, KafkaError, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from shorelink.contract import (
@@ -41,7 +41,7 @@ Ident = tuple[str, str, int]
 
 @dataclass(frozen=True)
 class Arrival:
-    at_s: float  # wall seconds since the run started
+    at_s: float  # wall seconds since the run started, when the site's merge wrote it
     entry: str  # the site the record entered at
     ts_ms: int  # event time
     key: str
@@ -119,8 +119,13 @@ class SiteWatch(threading.Thread):
             self.duplicates[(ident[0], ident[1])] += 1
             return
         key = m.key()  # type: ignore[attr-defined]
+        # when the site's merge wrote it (the canonical record's own timestamp, set at
+        # the merge's produce), not when this watcher's poll came round (up to a second
+        # later, and in a different order at each site)
+        kind, stamp = m.timestamp()  # type: ignore[attr-defined]
+        at = min(now, stamp / 1000 - self.t0) if kind == TIMESTAMP_CREATE_TIME else now
         self.arrivals[ident] = Arrival(
-            now,
+            at,
             headers.get(H_SITE, ""),
             ts,
             key.decode(errors="replace") if key else "",
