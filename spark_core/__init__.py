@@ -20,6 +20,7 @@ __all__ = [
     "ops",
     "packages",
     "progress",
+    "pull",
     "purge",
     "query",
     "replication",
