@@ -115,6 +115,11 @@ class Puller:
     def name(self) -> str:
         return f"pull-{self.neighbour}-{'urgent' if self.urgent else 'bulk'}"
 
+    @property
+    def _own_topics(self) -> set[str]:
+        """This site's own relay topics at the neighbour (what recovery takes back)."""
+        return {relay_topic(self.site.name, s) for s in self.streams}
+
     def entries(self) -> list[str]:
         """The entry sites routed through this neighbour now; this site itself too while
         it recovers what entered here (its merge started with nothing in Kafka)."""
@@ -247,7 +252,7 @@ class Puller:
         """Where this site's own relay topics at the neighbour end now, per partition
         holding records: what the recovery reads up to (what comes later, the
         neighbour pulled from here after the restart: nothing to take back)."""
-        own = {relay_topic(self.site.name, s) for s in self.streams}
+        own = self._own_topics
         consumer = self._consumer or self._new_consumer()
         targets = {}
         for topic, part in parts:
@@ -311,7 +316,7 @@ class Puller:
             self._recover_to = self._recovery_targets(parts)
             if not self._recover_to:  # the neighbour holds nothing that entered here
                 self._recover_done()
-                own = {relay_topic(self.site.name, s) for s in self.streams}
+                own = self._own_topics
                 parts = {tp: src for tp, src in parts.items() if tp[0] not in own}
                 sources = {t: src for t, src in sources.items() if t not in own}
                 self._wanted = frozenset(wanted - own)
