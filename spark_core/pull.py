@@ -355,7 +355,9 @@ class Puller:
                     # where a partition ends (past transaction markers): recovery's end
                     "enable.partition.eof": True,
                     "fetch.wait.max.ms": 50 if self.urgent else 100,
-                    "socket.timeout.ms": int(self.site.replication.probe_timeout_s * 1000),
+                    # no probe timeout here: a fetch of a few MiB over a slow link takes
+                    # seconds, and cut short it would be asked again for ever (the link
+                    # probes of spark_core/routing.py tell a neighbour gone)
                     "client.id": f"shorelink-{self.site.name}-{self.name}",
                 }
             )

@@ -26,6 +26,7 @@ from voyage.security import STAFF, env_var
 from voyage.topology import HQ, PORTS, SATELLITE, SITES, STREAMS, WIFI, neighbours
 
 __all__ = [
+    "REPORT_INTERVAL_S",
     "ShipEndpoints",
     "SiteEndpoints",
     "Tls",
@@ -35,6 +36,9 @@ __all__ = [
     "sites_config",
     "toml_file",
 ]
+
+#: how often a ship's agent looks at its own state for a report (edge_agent/report.py)
+REPORT_INTERVAL_S = 10
 
 
 @dataclass(frozen=True)
@@ -244,7 +248,7 @@ def edge_config(
                 "containers": {"priority": 50},
             },
             # the ship's own state, for the operations page (edge_agent/report.py)
-            "report": {"stream": "agent", "interval": "10s", "heartbeat": "1h"},
+            "report": {"stream": "agent", "interval": f"{REPORT_INTERVAL_S}s", "heartbeat": "1h"},
             "rules": [
                 {
                     "filter": "bigblue/+/containers/+/env",

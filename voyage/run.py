@@ -33,6 +33,7 @@ from shorelink.config import Secret
 from shorelink.contract import canonical_topic
 from shorelink.kafka.auth import KafkaAuth
 from shorelink.kafka.endpoint import KafkaEndpoint
+from voyage.configs import REPORT_INTERVAL_S
 from voyage.customers import READER, CustomerReader
 from voyage.html import write_report
 from voyage.launch import Launched, launch
@@ -49,6 +50,8 @@ __all__ = ["Options", "run_voyage"]
 
 MARKER = ".shorelink-voyage"
 SAMPLE_EVERY_S = 2.0
+# how long every site must hold everything, unchanged, before the voyage counts it done
+SETTLE_S = REPORT_INTERVAL_S + 2 * SAMPLE_EVERY_S
 
 
 @dataclass(frozen=True)
@@ -269,6 +272,7 @@ class Voyage:
         live_on = self.console.is_terminal if self.opts.live is None else self.opts.live
         last_sample = last_line = 0.0
         drain_started: float | None = None
+        settled: tuple[float, int] | None = None  # since when, at which count
         with (
             Live(console=self.console, refresh_per_second=2, transient=False)
             if live_on
@@ -301,10 +305,19 @@ class Voyage:
                     last_line = time.monotonic()
                     self.console.print(progress_line(st), highlight=False, soft_wrap=True)
                 if drain_started is not None:
-                    if self.converged():
+                    if not self.converged():
+                        settled = None
+                    elif settled is None or settled[1] != self.produced():
+                        settled = (time.monotonic(), self.produced())
+                        self.timings.setdefault(
+                            "drain_s", round(time.monotonic() - drain_started, 1)
+                        )
+                    elif time.monotonic() - settled[0] > SETTLE_S:
+                        # each ship writes one more report once its backlog is empty
+                        # (edge_agent/report.py): held still for a report interval, no
+                        # record is on its way
                         self.sample(t)
                         self.converged_at = time.time()
-                        self.timings["drain_s"] = round(time.monotonic() - drain_started, 1)
                         self.say(f"every site holds every record ({self.produced():,})")
                         break
                     if time.monotonic() - drain_started > self.opts.drain_timeout:
