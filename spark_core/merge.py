@@ -50,6 +50,7 @@ from spark_core.merge_state import (
     SourceBatch,
     SourceRow,
     plan_batch,
+    source_entry,
     topic_stream,
 )
 from spark_core.purge import SourcePurger
@@ -110,7 +111,7 @@ class Merger:
         #: ``sl.relay.<entry>.<stream>`` in the same transaction
         self._sites = sites
         self.entries = frozenset(relay_entries(site, sites))
-        self._relays: dict[tuple[str, bytes | str | None], str] = {}
+        self._relays: dict[tuple[str, str, bytes | str | None], str] = {}
         self.transactional_id = (
             site.merge.transactional_id
             if query == "merge"
@@ -232,15 +233,28 @@ class Merger:
             return None
         return customer_topic(owner, stream)
 
-    def _relay(self, stream_topic: str, headers: Sequence[tuple[str, Any]]) -> str:
-        """The relay topic of a canonical record: its entry site (``sl.site``) and
-        stream; a record whose entry is not a site of the file counts as entered here
-        (so it still reaches every site)."""
+    def _relay(self, stream_topic: str, read_from: str, headers: Sequence[tuple[str, Any]]) -> str:
+        """The relay topic of a canonical record: its entry site and stream. The entry
+        is where the record was read from, never what it claims: a pulled record
+        entered where its relay topic says, the rest here; an entry that is not a site
+        of the file counts as entered here (so it still reaches every site). A record
+        of this site's ingress whose ``sl.site`` names another site (a gateway's
+        ``site`` key that is not this site's name) is logged once per name."""
         site = _header(headers, H_SITE)
-        key = (stream_topic, site)
+        key = (stream_topic, read_from, site)
         topic = self._relays.get(key)
         if topic is None:
-            entry = site.decode(errors="replace") if isinstance(site, bytes) else (site or "")
+            entry = source_entry(read_from)
+            if entry is None:
+                claimed = site.decode(errors="replace") if isinstance(site, bytes) else site
+                if claimed != self.site.name:
+                    log.warning(
+                        "event=entry_site_mismatch site=%s topic=%s sl_site=%r "
+                        "(filed as entered here; is the gateway's site key this site's name?)",
+                        self.site.name,
+                        read_from,
+                        claimed,
+                    )
             if entry not in self.entries:
                 entry = self.site.name
             topic = self._relays[key] = relay_topic(entry, stream_topic[len("sl.") :])
@@ -334,10 +348,12 @@ class Merger:
         to_customers = 0
         try:
             with p.transaction():
-                for topic, key, value, headers in plan.canonical:
+                for (topic, key, value, headers), read_from in zip(
+                    plan.canonical, plan.read_from, strict=True
+                ):
                     p.produce(topic, key, value, headers)
                     if relay is not None:
-                        p.produce(relay(topic, headers), key, value, headers)
+                        p.produce(relay(topic, read_from, headers), key, value, headers)
                     if customer is not None and (owned := customer(topic, key, headers)):
                         p.produce(owned, key, value, headers)
                         to_customers += 1

@@ -47,6 +47,7 @@ __all__ = [
     "SourceRow",
     "plan_batch",
     "pulled_source",
+    "source_entry",
     "source_stream",
     "topic_stream",
 ]
@@ -212,6 +213,9 @@ class BatchPlan:
     """What one batch writes, decided before anything is written."""
 
     canonical: list[Out] = field(default_factory=list)
+    #: per canonical record, the source it was read from (its entry site: a pulled
+    #: record entered where its relay topic says, the rest here)
+    read_from: list[str] = field(default_factory=list)
     dead: list[Out] = field(default_factory=list)
     #: full new range sets of the (origin, stream) pairs this batch extends
     ledger: dict[tuple[str, str], RangeSet] = field(default_factory=dict)
@@ -244,6 +248,20 @@ def source_stream(source: str) -> str | None:
         return None
     try:
         return check_name("stream", topic[3])
+    except ContractError:
+        return None
+
+
+def source_entry(source: str) -> str | None:
+    """The entry site of a pulled source (the ``<entry>`` of its relay topic); None for
+    a local topic, whose records entered at this site."""
+    if "/" not in source:
+        return None
+    topic = source.rsplit("/", 1)[1].split(".")
+    if len(topic) != 4 or topic[:2] != ["sl", "relay"]:
+        return None
+    try:
+        return check_name("site", topic[2])
     except ContractError:
         return None
 
@@ -373,7 +391,12 @@ def _order_new(
         plan.streams.add(source[1])
         if held != state.held_for(source):
             plan.ledger[source] = held
-    plan.canonical = [r for j, r in enumerate(records) if j not in big] if big else records
+    read_from = [b.topics[j] for j in order]
+    if big:
+        plan.canonical = [r for j, r in enumerate(records) if j not in big]
+        plan.read_from = [r for j, r in enumerate(read_from) if j not in big]
+    else:
+        plan.canonical, plan.read_from = records, read_from
 
 
 def _splits(held: RangeSet, seq: int) -> bool:

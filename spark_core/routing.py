@@ -18,7 +18,10 @@ seen of every other site, read from its neighbours' ``sl.links``. So reports spr
 along the replication links, and every site sees the same graph within a few probe
 intervals. A report that has not changed for ``report_ttl`` (measured on this site's
 own clock: no clock is compared across sites) counts as gone: no route goes through
-that site until it reports again.
+that site until it reports again. A version starts at the clock but is no clock: a
+site that reads back a report of itself with a version it has not reached (its clock
+was ahead before a restart and stepped back, or a neighbour forged one) continues
+above it, so its own reports win again within a probe interval.
 """
 
 from __future__ import annotations
@@ -41,11 +44,13 @@ from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from shorelink.logs import RateLimitedLog
 from spark_core.config import SiteConfig, SitesConfig
 
-__all__ = ["Edge", "LinkState", "Report", "plan_routes"]
+__all__ = ["MAX_VERSION", "Edge", "LinkState", "Report", "plan_routes"]
 
 log = logging.getLogger(__name__)
 
 Edge = tuple[str, str]  # (site, neighbour it pulls from)
+#: the highest report version (a Kafka long: what any other implementation can hold)
+MAX_VERSION = 2**63 - 1
 
 
 def plan_routes(
@@ -100,6 +105,8 @@ class Report:
             raise ValueError("up is not a list of names")
         if not isinstance(version, int) or isinstance(version, bool):
             raise ValueError("version is not an integer")
+        if not 0 <= version <= MAX_VERSION:
+            raise ValueError(f"version {version} is outside 0..{MAX_VERSION}")
         return cls(site, tuple(up), version)
 
 
@@ -139,7 +146,9 @@ class LinkState:
         r = site.replication
         self.links = {n: NeighbourLink(n, site.reach(cfg.site(n))) for n in site.neighbours}
         self.reports: dict[str, Report] = {}
-        self._version = int(time.time() * 1000)  # grows across restarts too
+        # grows with each report; starts at the clock (above the last run's, unless the
+        # clock stepped back: then the first report of itself read back raises it)
+        self._version = int(time.time() * 1000)
         self._published: dict[str, int] = {}
         self._lock = threading.Lock()
         self._producer: Producer | None = None
@@ -243,7 +252,20 @@ class LinkState:
         now = time.monotonic()
         with self._lock:
             for rep in reports:
-                if rep.site == self.site.name or rep.site not in self.graph:
+                if rep.site == self.site.name:
+                    # a report of this site with a version it has not reached (its clock
+                    # was ahead before a restart, or a neighbour forged one): continue
+                    # above it, or every site would keep that report and ignore ours
+                    if rep.version >= self._version:
+                        log.warning(
+                            "event=links_own_version_ahead site=%s version=%d ours=%d",
+                            self.site.name,
+                            rep.version,
+                            self._version,
+                        )
+                        self._version = rep.version
+                    continue
+                if rep.site not in self.graph:
                     continue
                 old = self.reports.get(rep.site)
                 if old is None or rep.version > old.version:
@@ -253,7 +275,7 @@ class LinkState:
     def _publish(self) -> None:
         """Our own report (always: its version is what keeps it fresh elsewhere) and
         every newer report of another site we learned."""
-        self._version = max(self._version + 1, int(time.time() * 1000))
+        self._version = min(MAX_VERSION, max(self._version + 1, int(time.time() * 1000)))
         own = Report(
             self.site.name, tuple(sorted(n for n, ln in self.links.items() if ln.up)), self._version
         )

@@ -18,7 +18,7 @@ from confluent_kafka import Producer
 from local_stack.kafka import CLIENT_COMPILER, KafkaBroker, LinkListener, start_kafka
 from local_stack.process import free_ports
 from local_stack.toxiproxy import Toxiproxy
-from shorelink.contract import Record, ingress_topic
+from shorelink.contract import KAFKA_MAX_MESSAGE_BYTES, Record, ingress_topic
 from shorelink.identity import Identity
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import UnknownTopic
@@ -191,6 +191,7 @@ def enter(topo: Topology, site: str, records: Iterable[Record]) -> None:
             "bootstrap.servers": topo.bootstrap(site),
             "transactional.id": unique("gw"),
             "linger.ms": 5,
+            "message.max.bytes": KAFKA_MAX_MESSAGE_BYTES,  # as the gateway's
         }
     )
     p.init_transactions(20)

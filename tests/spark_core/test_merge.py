@@ -20,6 +20,7 @@ from shorelink.contract import (
     canonical_topic,
     dead_topic,
     ingress_topic,
+    relay_topic,
 )
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
@@ -28,7 +29,7 @@ from shorelink.ledger import MAX_HOLDINGS_RANGES
 from shorelink.ranges import RangeSet
 from spark_core.merge import Merger, SourceRow, plan_batch, start_merge
 from spark_core.merge_batch import ArrowBatch, batch_frame
-from spark_core.merge_state import DEAD_VALUE_MAX, Headers, MergeState
+from spark_core.merge_state import DEAD_VALUE_MAX, Headers, MergeState, pulled_source
 from tests.helpers import unique
 from tests.spark_core.helpers import (
     assert_exactly_once,
@@ -317,9 +318,12 @@ def test_plan_dead_letters_a_record_over_the_size_limit_and_writes_the_rest() ->
     t = ingress_topic("nav")
     big = record("a", "nav", 2, value=b"v" * (MAX_RECORD_BYTES + 1))
     rows = [_row(t, 0, "a", "nav", 1), SourceRow(t, 0, 1, big.key, big.value, big.headers())]
-    rows.append(_row(t, 2, "a", "nav", 3))
+    pulled = pulled_source("hq", "AAAA", relay_topic("tokyo", "nav"))
+    rows.append(_row(pulled, 2, "a", "nav", 3))
     plan = plan_batch(rows, MergeState())
     assert [int(dict(h)[H_SEQ]) for _, _, _, h in plan.canonical] == [1, 3]
+    # each written record keeps where it was read from (its entry), the big one dropped
+    assert plan.read_from == [t, pulled]
     ((topic, _, value, headers),) = plan.dead
     assert topic == dead_topic("nav") and len(value or b"") == DEAD_VALUE_MAX
     assert b"MAX_RECORD_BYTES" in dict(headers)["sl.dead.reason"]

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shorelink.contract import relay_topic
-from spark_core.merge_state import pulled_source, source_stream, topic_stream
+from spark_core.merge_state import pulled_source, source_entry, source_stream, topic_stream
 
 _NAME = st.from_regex(r"[a-z][a-z0-9-]{0,20}", fullmatch=True)
 
@@ -29,6 +29,8 @@ def test_a_pulled_source_names_its_stream_whatever_its_topic_id_holds(
     topic_id = base64.b64encode(raw_id).decode().rstrip("=")
     source = pulled_source(neighbour, topic_id, relay_topic(entry, stream))
     assert source_stream(source) == stream
+    # the entry a record pulled from it files under: the topic's, never its sl.site
+    assert source_entry(source) == entry
     # never taken for a local topic: the purge deletes only from those
     assert topic_stream(source) is None
 
@@ -38,3 +40,6 @@ def test_local_sources_keep_their_streams_and_other_names_have_none() -> None:
     assert source_stream("sl.ledger") is None
     assert source_stream("hq/AAAA/sl.ledger") is None
     assert source_stream("hq/AAAA/sl.relay.tokyo") is None
+    # what a local topic holds entered here
+    assert source_entry("sl.ingress.alerts") is None
+    assert source_entry("hq/AAAA/sl.ledger") is None

@@ -4,6 +4,7 @@ session's Spark. Each test names its own sites and streams, so tests share broke
 
 from __future__ import annotations
 
+import random
 import shutil
 import sys
 import threading
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from local_stack.toxiproxy import ToxiproxyServer
-from shorelink.contract import Record, relay_topic
+from shorelink.contract import MAX_RECORD_BYTES, Record, record_bytes, relay_topic
 from shorelink.identity import Identity
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.consumer import PortableConsumer
@@ -22,6 +23,8 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError
 from shorelink.kafka.position import FileStore
 from shorelink.kafka.topics import TopicSpec, ensure_topics
+from spark_core import routing
+from spark_core.routing import LinkState
 from spark_core.status import read_status
 from tests.helpers import eventually, kill9, run_process, unique
 from tests.spark_core.replication_helpers import (
@@ -127,6 +130,15 @@ def _routes(run: Running, site: str) -> dict[str, str | None]:
     return dict(rep.routes)
 
 
+def _at_limit(site: str, stream: str) -> Record:
+    """A record of exactly MAX_RECORD_BYTES (key, value and MQTT topic), incompressible."""
+    key, topic = b"big-1", f"ship/big/{stream}"
+    value = random.randbytes(MAX_RECORD_BYTES - len(key) - len(topic))
+    rec = Record(Identity("big", stream, 1), key, value, 1_700_000_000_000, site, topic)
+    assert record_bytes(rec.key, rec.value, topic) == MAX_RECORD_BYTES
+    return rec
+
+
 def test_full_mesh_of_four_each_record_crosses_into_each_site_about_once_and_transit_covers_a_cut(
     spark: object, healed: Mesh, tmp_path: Path
 ) -> None:
@@ -134,9 +146,11 @@ def test_full_mesh_of_four_each_record_crosses_into_each_site_about_once_and_tra
     topo = topology(healed, tmp_path, full_mesh(SLOTS), [stream])
     a, b, c, _d = topo.slots
     entered = {
-        a: records(a, "s1", stream, range(1, 401)),
+        # records name the site they entered at (sl.site), but the merge must not trust
+        # it: a gateway whose site key is another site's name, or no site's (review 5)
+        a: records(a, "s1", stream, range(1, 401)) + records(b, "s4", stream, range(1, 51)),
         b: records(b, "s2", stream, range(1, 401)),
-        c: records(c, "s3", stream, range(1, 401)),
+        c: records(c, "s3", stream, range(1, 401)) + records("zz", "s5", stream, range(1, 51)),
     }
     for site, recs in entered.items():
         enter(topo, site, recs)
@@ -158,12 +172,16 @@ def test_full_mesh_of_four_each_record_crosses_into_each_site_about_once_and_tra
         eventually(
             lambda: _routes(run, b)[a] not in (a, None), 30, "b routes a's records around the cut"
         )
-        more = records(a, "s1", stream, range(401, 601))
+        # with a record at the size limit: it crosses two hops (a, transit site, b)
+        big = _at_limit(a, stream)
+        more = [*records(a, "s1", stream, range(401, 601)), big]
         enter(topo, a, more)
         want[stream] |= ids(more)
         eventually(
             lambda: not list(converged(topo, want)), 180, "a's new records reached b by transit"
         )
+        held = {r.identity: r for _, r in _by_partition(topo.bootstrap(b), stream)}
+        assert held[big.identity].value == big.value
         # heal: the direct route comes back, and nothing doubles
         topo.cut(b, a, False)
         eventually(lambda: _routes(run, b)[a] == a, 30, "b pulls from a again")
@@ -298,6 +316,58 @@ def test_a_relay_topic_recreated_under_a_running_neighbour_is_read_from_its_star
         want = {stream: ids(first) | ids(later)}
         eventually(lambda: not list(converged(topo, want)), 120, "b has a's new records")
     assert not list(converged(topo, want))
+
+
+class _Clock:
+    """``time`` as a host whose wall clock is ``ahead`` seconds fast (monotonic true)."""
+
+    def __init__(self, ahead: float) -> None:
+        self.ahead = ahead
+
+    def time(self) -> float:
+        return time.time() + self.ahead
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+def test_a_site_whose_clock_stepped_back_is_routed_through_again(
+    healed: Mesh, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding 7: b's clock ran an hour fast, then was set right while b was
+    down. Its link reports of the fast hour stay out there, at a higher version than
+    any it writes now; a site keeping them would drop b's links after report_ttl and
+    lose its route to c (a line a-b-c). b reads its old report back and continues
+    above it: a still reaches c through b once report_ttl has passed."""
+    ra, rb, rc = SLOTS[:3]
+    line = {ra: [rb], rb: [ra, rc], rc: [rb]}
+    topo = topology(healed, tmp_path, line, [unique("cont")])
+    a, b, c = topo.slots
+    links = {s: LinkState(topo.cfg, topo.cfg.site(s)) for s in (a, c)}
+
+    def rounds(states: list[LinkState], seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for st in states:
+                st.probe()
+            time.sleep(0.2)
+
+    monkeypatch.setattr(routing, "time", _Clock(3600))
+    fast = LinkState(topo.cfg, topo.cfg.site(b))
+    rounds([fast], 1)
+    fast.close()
+    monkeypatch.undo()
+    rounds([*links.values()], 1)  # a and c hold b's report of the fast hour
+    assert links[a].reports[b].version > time.time() * 1000 + 3000_000
+    restarted = LinkState(topo.cfg, topo.cfg.site(b))
+    ttl = topo.cfg.site(a).replication.report_ttl_s
+    try:
+        rounds([*links.values(), restarted], ttl + 3)
+        assert links[a].routes()[c] == b, links[a].reports
+        assert restarted.routes()[c] == c
+    finally:
+        for st in [*links.values(), restarted]:
+            st.close()
 
 
 class _Feeder(threading.Thread):
