@@ -3,7 +3,7 @@ creation and the batch wire format. edge_agent, core_gateway and spark_core impo
 package; they never import each other, and it imports nothing of the project above it
 (tests/test_layout.py)."""
 
-from shorelink.contract import Record, canonical_topic, dead_topic, inbox_topic, ingress_topic
+from shorelink.contract import Record, canonical_topic, dead_topic, ingress_topic
 from shorelink.errors import ConfigError, ContractError, ShorelinkError
 from shorelink.identity import Identity
 from shorelink.ranges import RangeSet
@@ -23,6 +23,5 @@ __all__ = [
     "dead_topic",
     "decode_batch",
     "encode_batch",
-    "inbox_topic",
     "ingress_topic",
 ]

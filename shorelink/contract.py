@@ -44,7 +44,6 @@ __all__ = [
     "contract_headers",
     "customer_topic",
     "dead_topic",
-    "inbox_topic",
     "ingress_topic",
     "marker_key",
     "oversized_record",
@@ -100,14 +99,9 @@ def ingress_topic(stream: str) -> str:
     return f"sl.ingress.{check_name('stream', stream)}"
 
 
-def inbox_topic(site: str, stream: str) -> str:
-    """Raw copies pulled from neighbour ``site``'s canonical topic."""
-    return f"sl.inbox.{check_name('site', site)}.{check_name('stream', stream)}"
-
-
 def relay_topic(entry: str, stream: str) -> str:
-    """The records of ``stream`` that entered the system at site ``entry`` (their
-    ``sl.site`` header), as this site holds them: what neighbours pull, one topic per
+    """The records of ``stream`` that entered the system at site ``entry`` (where
+    the merge read them: spark_core/merge.py), as this site holds them: what neighbours pull, one topic per
     entry site so that each pulls each record from one place (docs/replication.md)."""
     return f"sl.relay.{check_name('site', entry)}.{check_name('stream', stream)}"
 

@@ -149,14 +149,9 @@ FLAT_COLUMNS = tuple("h_" + n.removeprefix("sl.") for n in FLAT_HEADERS)
 
 def _stream_of_topic(stream: str) -> str:
     """SQL: ``stream`` (the header's text) is the last part of the source topic,
-    ``sl.ingress.<stream>`` or ``sl.inbox.<site>.<stream>`` (spark_core.merge_state.
-    topic_stream). Python checks that it is a valid name, once per topic."""
-    return (
-        f"NOT contains({stream}, '.') AND"
-        f" CASE WHEN topic = concat('sl.ingress.', {stream}) THEN true"  # lazily:
-        rf" ELSE topic RLIKE '^sl\\.inbox\\.[^.]*\\.[^.]*\\z'"  # the regex for inbox only
-        f" AND endswith(topic, concat('.', {stream})) END"
-    )
+    ``sl.ingress.<stream>`` (spark_core.merge_state.topic_stream). Python checks that
+    it is a valid name, once per topic."""
+    return f"NOT contains({stream}, '.') AND topic = concat('sl.ingress.', {stream})"
 
 
 #: what Spark checks of each header's value before it vouches: ``Record.from_kafka``'s

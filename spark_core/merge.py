@@ -15,8 +15,10 @@ explains why that is exactly once.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -62,6 +64,7 @@ __all__ = [
     "Merger",
     "SourceRow",
     "plan_batch",
+    "reset_changed_checkpoints",
     "start_merge",
     "topic_stream",
 ]
@@ -137,8 +140,8 @@ class Merger:
 
     @property
     def source_pattern(self) -> str:
-        """The topics this merge reads: ``merge.source_pattern``, or the ingress and
-        inbox topics of its streams."""
+        """The topics this merge reads: ``merge.source_pattern``, or the ingress
+        topics of its streams."""
         return self.site.merge.source_pattern or source_pattern(self.streams)
 
     @property
@@ -498,9 +501,43 @@ def _header(headers: Sequence[tuple[str, Any]], name: str) -> Any:
 
 
 def source_pattern(streams: Iterable[str]) -> str:
-    """Java regex of the ingress and inbox topics of ``streams``."""
+    """Java regex of the ingress topics of ``streams``."""
     alt = "|".join(sorted(streams))
-    return rf"sl\.ingress\.({alt})|sl\.inbox\.[^.]+\.({alt})"
+    return rf"sl\.ingress\.({alt})"
+
+
+def reset_changed_checkpoints(site: SiteConfig, merges: Sequence[Merger]) -> None:
+    """Start the merges' queries afresh when the way the site's streams are split among
+    its merges changed since the last run (a stream added, removed, or moved between
+    the urgent merge and the other): Spark fails a query whose checkpoint holds
+    partitions its pattern no longer matches ("... are gone. Some data may have been
+    missed"), on every start, and an old checkpoint of a merge that comes back points
+    below what the other merge purged meanwhile. A fresh start is harmless: the
+    marker's offsets, committed with the records, skip what was merged. The split is
+    kept in ``<checkpoint_dir>/merges.json``."""
+    layout = {m.query: m.source_pattern for m in merges}
+    stamp = site.checkpoint_dir / "merges.json"
+    try:
+        old = json.loads(stamp.read_text())
+    except FileNotFoundError:
+        old = None
+    except ValueError:
+        old = {}
+    if old == layout:
+        return
+    if old is not None:
+        for query in sorted(set(old) | set(layout)):
+            path = site.query_checkpoint(query)
+            if path.exists():
+                log.warning(
+                    "event=merge_checkpoint_reset site=%s query=%s sources=%r was=%r",
+                    site.name,
+                    query,
+                    layout.get(query),
+                    old.get(query) if isinstance(old, dict) else None,
+                )
+                shutil.rmtree(path)
+    write_json_atomic(stamp, layout)
 
 
 def start_merge(spark: Any, merger: Merger, *, available_now: bool = False) -> Any:

@@ -267,17 +267,13 @@ def source_entry(source: str) -> str | None:
 
 
 def topic_stream(topic: str) -> str | None:
-    """The stream a local source topic carries: ``sl.ingress.<s>`` or
-    ``sl.inbox.<site>.<s>`` (None for anything else: never purged)."""
+    """The stream a local source topic carries: ``sl.ingress.<s>`` (None for anything
+    else: never purged)."""
     parts = topic.split(".")
-    if len(parts) == 3 and parts[:2] == ["sl", "ingress"]:
-        name = parts[2]
-    elif len(parts) == 4 and parts[:2] == ["sl", "inbox"]:
-        name = parts[3]
-    else:
+    if len(parts) != 3 or parts[:2] != ["sl", "ingress"]:
         return None
     try:
-        return check_name("stream", name)
+        return check_name("stream", parts[2])
     except ContractError:
         return None
 

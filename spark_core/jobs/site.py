@@ -37,7 +37,7 @@ if __package__ in (None, ""):  # run as a file by spark-submit: make the repo im
 from shorelink.errors import ShorelinkError
 from shorelink.logs import configure_logging
 from spark_core.config import SiteConfig, SitesConfig, load_config
-from spark_core.merge import Merger, start_merge
+from spark_core.merge import Merger, reset_changed_checkpoints, start_merge
 from spark_core.progress import ProgressReporter, last_progress
 from spark_core.replication import BULK_POOL, URGENT_POOL, Replicator
 from spark_core.session import SCHEDULER_CONF, scheduler_pool
@@ -271,6 +271,7 @@ def build_supervisor(
     sites may share one Spark session (tests, benchmarks)."""
     site = cfg.site(site_name)
     merges = mergers(site, cfg)
+    reset_changed_checkpoints(site, merges)
     replicator = Replicator(cfg, site, merges)
     replicator.start()
     sup = Supervisor(

@@ -12,7 +12,6 @@ from shorelink.contract import (
     MAX_RECORD_BYTES,
     Record,
     canonical_topic,
-    inbox_topic,
     ingress_topic,
     oversized_record,
     record_bytes,
@@ -113,7 +112,6 @@ def test_records_breaking_the_contract_are_rejected_with_the_reason(
 
 def test_topic_names() -> None:
     assert ingress_topic("alerts") == "sl.ingress.alerts"
-    assert inbox_topic("tokyo", "nav") == "sl.inbox.tokyo.nav"
     assert canonical_topic("containers") == "sl.containers"
     with pytest.raises(ContractError):
         ingress_topic("Bad.Name")

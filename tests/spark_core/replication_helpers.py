@@ -105,6 +105,8 @@ class Topology:
     streams: list[str]
     urgent: list[str]
     max_offsets: int = 50_000
+    #: site name -> its own streams, where not ``streams``
+    only: dict[str, list[str]] = field(default_factory=dict)
     cfg: SitesConfig = field(init=False)
 
     def __post_init__(self) -> None:
@@ -118,7 +120,7 @@ class Topology:
             parts.append(
                 f"""
 [sites.{name}]
-streams = {self.streams!r}
+streams = {self.only.get(name, self.streams)!r}
 neighbours = {self.neighbours[name]!r}
 checkpoint_dir = "{self.root}/{name}/checkpoints"
 table_dir = "{self.root}/{name}/tables"
@@ -162,10 +164,12 @@ def topology(
     edges: Mapping[str, Sequence[str]],
     streams: Sequence[str],
     urgent: Sequence[str] = (),
+    only: Mapping[str, Sequence[str]] | None = None,
     **kw: int,
 ) -> Topology:
-    """``edges``: slot -> the slots it pulls from. Site names are new for each call
-    (``<slot>-<hex>``), so tests on the same brokers never see each other's data."""
+    """``edges``: slot -> the slots it pulls from; ``only``: slot -> its streams, where
+    not ``streams``. Site names are new for each call (``<slot>-<hex>``), so tests on
+    the same brokers never see each other's data."""
     names = {slot: unique(slot) for slot in edges}
     topo = Topology(
         mesh,
@@ -174,6 +178,7 @@ def topology(
         {names[s]: [names[n] for n in ns] for s, ns in edges.items()},
         list(streams),
         list(urgent),
+        only={names[s]: list(ss) for s, ss in (only or {}).items()},
         **kw,
     )
     topo.create_ingress()

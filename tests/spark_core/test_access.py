@@ -36,7 +36,6 @@ TOPICS = [
     "sl.ledger",
     "sl.ingress.containers",
     "sl.relay.tokyo.containers",
-    "sl.inbox.hq.containers",
     "sl.customer.acme.containers",
     "sl.customer.globex.containers",
 ]
@@ -259,7 +258,7 @@ def test_a_neighbour_reads_the_relay_and_writes_nothing(site: Site) -> None:
     hq = site.conf("site-hq")
     assert _read(hq, "sl.relay.tokyo.containers") == [b"first record of sl.relay.tokyo.containers"]
     assert _refused(hq, "sl.containers") == KafkaError.TOPIC_AUTHORIZATION_FAILED
-    for topic in ("sl.relay.tokyo.containers", "sl.inbox.hq.containers", "sl.containers"):
+    for topic in ("sl.relay.tokyo.containers", "sl.ingress.containers", "sl.containers"):
         before = site.count(topic)
         err = _produce(hq, topic)
         assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, topic

@@ -1,8 +1,7 @@
 """Spark reads the record contract as ``Record.from_kafka`` does: on good and hostile
-headers, the merge's vouching, the tables' columns and the inbox queries' anti-join
-keys (spark_core/contract_sql.py) agree with the Python definition. Where they did
-not, a broken record could reach a canonical topic, a good one die, or an inbox drop a
-record the site does not hold."""
+headers, the merge's vouching and the tables' columns (spark_core/contract_sql.py)
+agree with the Python definition. Where they did not, a broken record could reach a
+canonical topic or a good one die."""
 
 from __future__ import annotations
 
@@ -35,7 +34,7 @@ def hdrs(n: int = 1, **change: bytes | None) -> Headers:
 IN, INBOX = "sl.ingress.nav", "sl.inbox.hq.nav"
 FIXED: list[Case] = [
     (IN, hdrs(), True),
-    (INBOX, hdrs(2), True),
+    (INBOX, hdrs(2), False),  # the old inbox topics: not a source any more
     (IN, hdrs(3, site=b"Tokyo Port", mqtt_topic=b""), True),  # any text is a site
     (IN, hdrs(999_999_999_999_999_999), True),  # 18 digits
     # good, left to Python
@@ -256,7 +255,7 @@ def test_spark_reads_the_record_contract_as_record_from_kafka_does(spark: Any) -
             assert rec is not None and rec.identity.stream == stream, why
             assert (batch.origins[i], batch.seqs[i]) == (rec.identity.origin, rec.identity.seq)
             assert rebuilt[i] == hs, why
-        # the tables and the anti-join keys: every record Python accepts, as it reads it
+        # the tables: every record Python accepts, as it reads it
         if rec is None:
             continue
         ident, got = rec.identity, read[i]
