@@ -17,6 +17,7 @@ __all__ = [
     "merge",
     "merge_batch",
     "merge_state",
+    "metrics",
     "ops",
     "packages",
     "progress",

@@ -21,6 +21,7 @@ from shorelink.kafka.sites import SiteKafka
 __all__ = [
     "AccessConfig",
     "MergeConfig",
+    "MetricsConfig",
     "OpsConfig",
     "Principal",
     "ReplicationConfig",
@@ -159,6 +160,16 @@ class OpsConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """The application's Prometheus metrics (``[sites.S.metrics]``, spark_core/
+    metrics.py): replication lag per neighbour and stream, pullers, merges."""
+
+    host: str = field(default="127.0.0.1", metadata=key("listen.host"))
+    #: 0 (the default): not served
+    port: int = field(default=0, metadata=key("listen.port", min=0, max=65535))
+
+
+@dataclass(frozen=True)
 class SparkConfig:
     master: str = "local[*]"
     driver_memory: str = "2g"
@@ -188,6 +199,8 @@ class SiteConfig(SiteKafka):
     topics: dict[str, StreamPolicy] = field(default_factory=dict, metadata=key(names="stream"))
     #: the operations page (``[sites.S.ops]``)
     ops: OpsConfig = field(default_factory=OpsConfig)
+    #: Prometheus metrics (``[sites.S.metrics]``)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def policy(self, stream: str) -> StreamPolicy:
         """``stream``'s policy at this site: its ``[topics.<stream>]`` table, or what

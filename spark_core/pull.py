@@ -41,7 +41,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from shorelink.contract import relay_topic
+from shorelink.contract import ingress_topic, relay_topic
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError, UnknownTopic, classify
@@ -76,6 +76,11 @@ class Puller:
     urgent: bool
     merger: Merger
     routes: Callable[[], Mapping[str, str | None]]
+    #: read this site's own ingress topics instead (``neighbour`` is the site itself):
+    #: the urgent streams' way from the gateway into the merge without waiting for a
+    #: Spark micro-batch (the merge's Spark query still reads them; the cursors are the
+    #: same marker offsets, so whichever reads a record first writes it)
+    local: bool = False
     #: records read from the neighbour, batches handed to the merge
     read: int = 0
     batches: int = 0
@@ -113,7 +118,8 @@ class Puller:
 
     @property
     def name(self) -> str:
-        return f"pull-{self.neighbour}-{'urgent' if self.urgent else 'bulk'}"
+        lane = "urgent" if self.urgent else "bulk"
+        return f"ingest-{lane}" if self.local else f"pull-{self.neighbour}-{lane}"
 
     @property
     def _own_topics(self) -> set[str]:
@@ -174,8 +180,11 @@ class Puller:
         merge. Returns the records read."""
         if self._recovering is None:
             self.merger.ready()
-            self._recovering = bool(self.merger.fresh)
-        wanted = frozenset(relay_topic(e, s) for e in self.entries() for s in self.streams)
+            self._recovering = bool(self.merger.fresh) and not self.local
+        if self.local:
+            wanted = frozenset(ingress_topic(s) for s in self.streams)
+        else:
+            wanted = frozenset(relay_topic(e, s) for e in self.entries() for s in self.streams)
         now = time.monotonic()
         if wanted != self._wanted or now >= self._described_at + _DESCRIBE_EVERY_S:
             self._assign(wanted)
@@ -300,7 +309,7 @@ class Puller:
             topic_id = str(desc.topic_id)
             renewed |= self._ids.get(topic, topic_id) != topic_id
             self._ids[topic] = topic_id
-            sources[topic] = pulled_source(self.neighbour, topic_id, topic)
+            sources[topic] = topic if self.local else pulled_source(self.neighbour, topic_id, topic)
             for p in desc.partitions:
                 parts[(topic, p.id)] = sources[topic]
         if renewed and self._consumer is not None:

@@ -60,6 +60,24 @@ class Replicator:
             for n in site.neighbours
             for m in mergers
         ]
+        #: the urgent merge's own ingress, read as a neighbour's relay is (no Spark batch
+        #: between the gateway and the merge on an alert's way)
+        self.ingest = [
+            Puller(
+                site,
+                site.name,
+                site.kafka,
+                m.streams,
+                urgent=True,
+                merger=m,
+                routes=dict,
+                local=True,
+            )
+            for m in mergers
+            if m.streams
+            and all(s in site.urgent_streams for s in m.streams)
+            and not site.merge.source_pattern
+        ]
         self._stop = threading.Event()
         self._pulling = threading.Event()
         self._thread: threading.Thread | None = None
@@ -70,12 +88,11 @@ class Replicator:
     def start(self) -> None:
         """Probe once (so the first routes are known), then keep probing in a thread,
         and start the pullers."""
-        if not self.site.neighbours:
-            return
-        self.tick()
-        self._thread = threading.Thread(target=self._run, name="replication-links", daemon=True)
-        self._thread.start()
-        for p in self.pullers:
+        if self.site.neighbours:
+            self.tick()
+            self._thread = threading.Thread(target=self._run, name="replication-links", daemon=True)
+            self._thread.start()
+        for p in self.all_pullers:
             t = threading.Thread(
                 target=p.run, args=(self._pulling,), name=f"{p.name}@{self.site.name}", daemon=True
             )
@@ -108,9 +125,14 @@ class Replicator:
             t.join(timeout=self.site.kafka.timeout_s * 2)
         self._threads = []
 
+    @property
+    def all_pullers(self) -> list[Puller]:
+        """The pullers from neighbours and from the site's own ingress."""
+        return [*self.ingest, *self.pullers] if self.site.neighbours else list(self.ingest)
+
     def caught_up(self) -> bool:
         """Every puller's last round read nothing and found its partitions at their end."""
-        return all(p.idle for p in self.pullers)
+        return all(p.idle for p in self.all_pullers)
 
     def stop(self) -> None:
         self.stop_pulling()
@@ -167,7 +189,7 @@ class Replicator:
                     "last_success": p.last_success,
                     "error": p.error,
                 }
-                for p in self.pullers
+                for p in self.all_pullers
             },
         }
 

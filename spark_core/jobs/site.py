@@ -38,6 +38,7 @@ from shorelink.errors import ShorelinkError
 from shorelink.logs import configure_logging
 from spark_core.config import SiteConfig, SitesConfig, load_config
 from spark_core.merge import Merger, reset_changed_checkpoints, start_merge
+from spark_core.metrics import serve_metrics
 from spark_core.progress import ProgressReporter, last_progress
 from spark_core.replication import BULK_POOL, URGENT_POOL, Replicator
 from spark_core.session import SCHEDULER_CONF, scheduler_pool
@@ -274,13 +275,23 @@ def build_supervisor(
     reset_changed_checkpoints(site, merges)
     replicator = Replicator(cfg, site, merges)
     replicator.start()
+    on_exit = [replicator.stop]
+    if site.metrics.port:
+        server = serve_metrics(site.metrics.host, site.metrics.port, replicator, merges)
+        log.info(
+            "event=metrics_listening site=%s address=%s:%d",
+            site.name,
+            site.metrics.host,
+            server.server_port,
+        )
+        on_exit.append(server.shutdown)
     sup = Supervisor(
         [
             *merge_runners(spark, merges, available_now=available_now),
             *table_runners(spark, site, available_now=available_now),
         ],
         progress=ProgressReporter(site.checkpoint_dir / "queries.status.json"),
-        on_exit=[replicator.stop],
+        on_exit=on_exit,
     )
     sup.replicator = replicator
     return sup

@@ -108,8 +108,11 @@ class Topology:
     #: site name -> its own streams, where not ``streams``
     only: dict[str, list[str]] = field(default_factory=dict)
     cfg: SitesConfig = field(init=False)
+    #: site name -> where its application serves Prometheus metrics
+    metrics: dict[str, int] = field(init=False)
 
     def __post_init__(self) -> None:
+        self.metrics = dict(zip(self.slots, free_ports(len(self.slots), "127.0.0.1"), strict=True))
         self.cfg = parse_config(tomllib.loads(self.toml()), base=self.root)
 
     def toml(self) -> str:
@@ -130,6 +133,8 @@ bootstrap = "{self.mesh.brokers[slot].bootstrap}"
 timeout = "20s"
 [sites.{name}.merge]
 canonical_partitions = 3
+[sites.{name}.metrics]
+listen.port = {self.metrics[name]}
 [sites.{name}.replication]
 urgent = {self.urgent!r}
 max_offsets_per_trigger = {self.max_offsets}

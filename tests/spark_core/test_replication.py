@@ -9,12 +9,14 @@ import shutil
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from local_stack.toxiproxy import ToxiproxyServer
 from shorelink.contract import MAX_RECORD_BYTES, Record, record_bytes, relay_topic
@@ -87,6 +89,28 @@ def test_ring_of_three_converges_each_identity_once(
         # caught up reads as caught up: every routed stream "up", 0 records behind
         # (a relay topic ends with a transaction marker, never read as a record)
         eventually(lambda: all(_all_up(run, s) for s in topo.slots), 30, "every status up")
+        # and so say its Prometheus metrics ([sites.S.metrics])
+        m = _scrape(topo.metrics[a])
+        assert m[("shorelink_spark_link_up", (("neighbour", b),))] == 1
+        assert (
+            m[("shorelink_spark_replication_lag_records", (("neighbour", b), ("stream", stream)))]
+            == 0
+        )
+        assert (
+            m[
+                (
+                    "shorelink_spark_replication_state",
+                    (("neighbour", c), ("state", "up"), ("stream", stream)),
+                )
+            ]
+            == 1
+        )
+        pulled = sum(v for (n, _), v in m.items() if n == "shorelink_spark_pulled_records_total")
+        assert pulled >= len(ids(ship2)) + 100  # b's ship2, and c's part of ship3
+        written = m[
+            ("shorelink_spark_merged_records_total", (("merge", "merge"), ("outcome", "written")))
+        ]
+        assert written == len(want[stream])
     assert not list(converged(topo, want))
     # a consumer reads part of the stream at a, then fails over to b with its position
     store = FileStore(tmp_path / "pos.json")
@@ -107,6 +131,17 @@ def test_ring_of_three_converges_each_identity_once(
             second.commit()
     assert len(seen) == len(set(seen)), "the failover repeated records"
     assert set(seen) == want[stream], "the failover missed records"
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A site application's metrics: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def _crossed(run: Running, site: str) -> int:
@@ -276,6 +311,11 @@ def test_an_alert_overtakes_a_containers_catch_up(
             eventually(lambda: len(identities(topo, b, alerts)) == 1, 60, "the alert reached b")
             at_alert = len(identities(topo, b, containers))
             assert at_alert < len(backlog), "the alert waited for the whole backlog"
+            # at a, the alert went from the ingress to the urgent merge without a Spark
+            # batch: the urgent merge's own ingress puller read it
+            rep = run.sups[a].replicator
+            assert rep is not None and [p.name for p in rep.ingest] == ["ingest-urgent"]
+            eventually(lambda: rep.ingest[0].read >= 1, 10, "a's ingest puller read the alert")
         finally:
             healed.toxiproxy.remove_toxic(link, toxic)
         eventually(lambda: len(identities(topo, b, containers)) == len(backlog), 240, "b caught up")

@@ -1,0 +1,124 @@
+"""Prometheus metrics of a site's application (``[sites.S.metrics]``, off unless
+``listen.port`` is set): replication per neighbour and stream (the same figures as
+``replication.status.json``, read from memory at each scrape), the pullers, the merges.
+
+Names start ``shorelink_spark_``; a counter's name gets ``_total`` from the client:
+
+- ``link_up{neighbour}``: 1 while the neighbour's Kafka answers the link probe;
+- ``replication_lag_records{neighbour,stream}`` and ``replication_lag_seconds``: what
+  the site has not read yet of the relay topics routed through the neighbour, and for
+  how long it has been behind (absent while not known);
+- ``replication_state{neighbour,stream,state}``: 1 for the stream's state (``up``,
+  ``catching_up``, ``down``, ``idle``), so an alert rule can say "down for 5 minutes";
+- ``pulled_records_total{puller}``, ``pulled_batches_total``, ``pull_gap_records_total``
+  (records lost to a neighbour's retention before they were read), ``puller_failing``;
+- ``merged_records_total{merge,outcome}`` (written, duplicate, dead, skipped),
+  ``merge_batches_total{merge}``, ``merge_failures_total{merge}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["STATES", "SiteCollector", "serve_metrics"]
+
+P = "shorelink_spark_"
+#: a replicated stream's states (spark_core/replication.py, ``Replicator.status``)
+STATES = ("up", "catching_up", "down", "idle")
+
+
+class SiteCollector(Collector):
+    """Reads the replicator and the merges at each scrape (no state of its own)."""
+
+    def __init__(self, replicator: Any, mergers: Sequence[Any]) -> None:
+        self.replicator = replicator
+        self.mergers = list(mergers)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._replication()
+        yield from self._merges()
+
+    def _replication(self) -> Iterator[Metric]:
+        rep = self.replicator
+        if rep is None:
+            return
+        status = rep.status()
+        up = GaugeMetricFamily(P + "link_up", "Neighbour's Kafka answers", labels=["neighbour"])
+        lag_r = GaugeMetricFamily(
+            P + "replication_lag_records",
+            "Records of the relay topics routed through the neighbour not read yet",
+            labels=["neighbour", "stream"],
+        )
+        lag_s = GaugeMetricFamily(
+            P + "replication_lag_seconds",
+            "Seconds since the site fell behind on what the neighbour offers (0: caught up)",
+            labels=["neighbour", "stream"],
+        )
+        state = GaugeMetricFamily(
+            P + "replication_state",
+            "1 for the stream's replication state from the neighbour",
+            labels=["neighbour", "stream", "state"],
+        )
+        for n, info in sorted(status["neighbours"].items()):
+            up.add_metric([n], 1.0 if info["state"] == "up" else 0.0)
+            for stream, st in sorted(info["streams"].items()):
+                if st["lag_records"] is not None:
+                    lag_r.add_metric([n, stream], float(st["lag_records"]))
+                if st["lag_s"] is not None:
+                    lag_s.add_metric([n, stream], float(st["lag_s"]))
+                for s in STATES:
+                    state.add_metric([n, stream, s], 1.0 if st["state"] == s else 0.0)
+        yield from (up, lag_r, lag_s, state)
+        read = CounterMetricFamily(P + "pulled_records", "Records pulled", labels=["puller"])
+        batches = CounterMetricFamily(
+            P + "pulled_batches", "Batches handed to the merge", labels=["puller"]
+        )
+        gaps = CounterMetricFamily(
+            P + "pull_gap_records",
+            "Records a neighbour's retention deleted before they were read",
+            labels=["puller"],
+        )
+        failing = GaugeMetricFamily(
+            P + "puller_failing", "1 while the puller's last round failed", labels=["puller"]
+        )
+        for name, p in sorted(status["pullers"].items()):
+            read.add_metric([name], float(p["read"]))
+            batches.add_metric([name], float(p["batches"]))
+            gaps.add_metric([name], float(p["gaps"]))
+            failing.add_metric([name], 1.0 if p["error"] else 0.0)
+        yield from (read, batches, gaps, failing)
+
+    def _merges(self) -> Iterator[Metric]:
+        merged = CounterMetricFamily(
+            P + "merged_records", "Records the merge handled", labels=["merge", "outcome"]
+        )
+        batches = CounterMetricFamily(P + "merge_batches", "Merge batches", labels=["merge"])
+        failures = CounterMetricFamily(
+            P + "merge_failures", "Merge batches that failed (retried)", labels=["merge"]
+        )
+        for m in self.mergers:
+            t = m.totals
+            for outcome, n in (
+                ("written", t.written),
+                ("duplicate", t.duplicates),
+                ("dead", t.dead),
+                ("skipped", t.skipped),
+            ):
+                merged.add_metric([m.query, outcome], float(n))
+            batches.add_metric([m.query], float(t.batches))
+            failures.add_metric([m.query], float(t.failures))
+        yield from (merged, batches, failures)
+
+
+def serve_metrics(host: str, port: int, replicator: Any, mergers: Sequence[Any]) -> Any:
+    """Serve the site's metrics on ``host:port`` (0: a free port) in a thread of its
+    own; returns the server (``server_port``, ``shutdown()``)."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(SiteCollector(replicator, mergers))
+    server, _thread = start_http_server(port, host, registry=registry)
+    return server
