@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -139,14 +140,26 @@ def link_name(source: str, reader: str) -> str:
 
 
 # -- records ----------------------------------------------------------------------------
-def make_records(entry: str, stream: str, origin: str, seqs: range, size: int) -> list[Record]:
+def make_records(
+    entry: str, stream: str, origin: str, seqs: range, size: int, payload: str = "padded"
+) -> list[Record]:
+    """``padded``: every record the same body, ``size`` bytes of padding (lz4 takes it
+    several-fold); ``random``: each body's padding is ``size`` random base64 characters,
+    which lz4 cannot shrink (the bytes figure for payloads that do not compress)."""
     now = int(time.time() * 1000)
-    body = b'{"t":4.5,"h":61.2,"door":"closed","battery":88,"pad":"' + b"x" * size + b'"}'
+    head, tail = b'{"t":4.5,"h":61.2,"door":"closed","battery":88,"pad":"', b'"}'
+    fixed = head + b"x" * size + tail
+
+    def body() -> bytes:
+        if payload == "padded":
+            return fixed
+        return head + base64.b64encode(os.urandom(size))[:size] + tail
+
     return [
         Record(
             Identity(origin, stream, q),
             f"MSCU{q % 5000:07d}".encode(),
-            body,
+            body(),
             now,
             entry,
             f"ship/{origin}/c",
@@ -366,6 +379,8 @@ class MM2System:
         lines = [f"clusters = {', '.join(SITES)}"]
         for s in SITES:
             lines.append(f"{s}.bootstrap.servers = {self.b.brokers[s].link_bootstrap(MM2)}")
+            # its remote topics compressed as shorelink's relay topics are (lz4)
+            lines.append(f"{s}.producer.compression.type = lz4")
         for a in SITES:
             for b in SITES:
                 if a != b:
@@ -466,7 +481,9 @@ class ReplicationBench:
             entries = {s: Entry(self.brokers[s].endpoint, system.shorelink) for s in ENTRY}
             # 1. bulk
             bulk = {
-                s: make_records(s, "containers", f"ship-{s}", range(1, a.records + 1), a.size)
+                s: make_records(
+                    s, "containers", f"ship-{s}", range(1, a.records + 1), a.size, a.payload
+                )
                 for s in ENTRY
             }
             want = {(*r.identity.source, r.identity.seq) for recs in bulk.values() for r in recs}
@@ -526,6 +543,7 @@ class ReplicationBench:
                         f"ship-{s}",
                         range(base + tick * a.rate // 2, base + (tick + 1) * a.rate // 2),
                         a.size,
+                        a.payload,
                     )
                     entries[s].write(recs, stamp=True)
                     steady |= {(*r.identity.source, r.identity.seq) for r in recs}
@@ -553,7 +571,7 @@ class ReplicationBench:
             # 3. alert during a containers catch-up
             say(f"{system.name}: alerts during a {a.backlog}-record containers catch-up")
             backlog = make_records(
-                ENTRY[0], "containers", "ship-backlog", range(1, a.backlog + 1), a.size
+                ENTRY[0], "containers", "ship-backlog", range(1, a.backlog + 1), a.size, a.payload
             )
             for i in range(0, len(backlog), 20_000):
                 entries[ENTRY[0]].write(backlog[i : i + 20_000])
@@ -620,6 +638,12 @@ def main(argv: list[str] | None = None) -> int:
     add_run_options(p, "20k records a site, short phases", "brokers' data and logs")
     p.add_argument("--records", type=int, default=None, help="records entering at each of 3 sites")
     p.add_argument("--size", type=int, default=60, help="payload padding, bytes")
+    p.add_argument(
+        "--payload",
+        choices=["padded", "random"],
+        default="padded",
+        help="padding the same in every record (compresses) or random (does not)",
+    )
     p.add_argument(
         "--rate", type=int, default=None, help="records/s per entry site in the steady phase"
     )

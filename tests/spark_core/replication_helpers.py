@@ -76,21 +76,35 @@ class Mesh:
 
 def start_mesh(root: Path, logs: Path, toxiproxy: Toxiproxy) -> Mesh:
     """One broker per slot; for each other slot a listener behind a toxiproxy proxy."""
-    brokers = {}
+    brokers: dict[str, KafkaBroker] = {}
+    # every port at once (each broker's own two as well): none is handed out twice
     free = iter(free_ports(2 * len(SLOTS) * len(SLOTS)))
     ports: dict[str, dict[str, LinkListener]] = {
         s: {r: LinkListener(next(free), next(free)) for r in SLOTS if r != s} for s in SLOTS
     }
-    for s in SLOTS:
-        for r, ln in ports[s].items():
-            toxiproxy.create_proxy(
-                proxy_name(s, r), f"127.0.0.1:{ln.advertised}", f"127.0.0.1:{ln.port}"
+    try:
+        for s in SLOTS:
+            for r, ln in ports[s].items():
+                toxiproxy.create_proxy(
+                    proxy_name(s, r), f"127.0.0.1:{ln.advertised}", f"127.0.0.1:{ln.port}"
+                )
+            brokers[s] = start_kafka(
+                s,
+                root / s,
+                logs,
+                port=next(free),
+                controller_port=next(free),
+                heap="384m",
+                wait=False,
+                links=ports[s],
+                jvm_opts=CLIENT_COMPILER,
             )
-        brokers[s] = start_kafka(
-            s, root / s, logs, heap="384m", wait=False, links=ports[s], jvm_opts=CLIENT_COMPILER
-        )
-    for b in brokers.values():
-        b.proc.wait_ready(b.ready, timeout=90)
+        for b in brokers.values():
+            b.proc.wait_ready(b.ready, timeout=90)
+    except BaseException:
+        for b in brokers.values():  # no broker outlives a mesh that did not start
+            b.proc.stop(grace=5)
+        raise
     return Mesh(brokers, toxiproxy, root, logs)
 
 

@@ -16,16 +16,25 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
 from local_stack.toxiproxy import ToxiproxyServer
-from shorelink.contract import MAX_RECORD_BYTES, Record, record_bytes, relay_topic
+from shorelink.contract import (
+    MAX_RECORD_BYTES,
+    Record,
+    canonical_topic,
+    dead_topic,
+    record_bytes,
+    relay_topic,
+)
 from shorelink.identity import Identity
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.consumer import PortableConsumer
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError
 from shorelink.kafka.position import FileStore
+from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core import routing
 from spark_core.routing import LinkState
@@ -265,9 +274,6 @@ def test_a_ship_half_at_tokyo_half_at_sydney_hq_holds_the_stream_once_in_seq_ord
 
 
 def _by_partition(bootstrap: str, stream: str) -> list[tuple[int, Record]]:
-    from shorelink.contract import canonical_topic
-    from shorelink.kafka.reading import read_to_end
-
     return [
         (m.partition() or 0, Record.from_kafka(m.key(), m.value(), m.headers()))
         for m in read_to_end(KafkaEndpoint.plaintext(bootstrap), [canonical_topic(stream)])
@@ -341,10 +347,12 @@ def test_a_relay_topic_recreated_under_a_running_neighbour_is_read_from_its_star
 ) -> None:
     """Review finding 1, scenario B: b's position in a's relay topic is past the end of
     the topic a recreates. b reads the new topic from its start: nothing of it is
-    skipped (a Spark checkpoint stalled there, then skipped a prefix)."""
+    skipped (a Spark checkpoint stalled there, then skipped a prefix). Then a turns
+    hostile (review 6): what b holds is not replaced, what is malformed is counted in
+    b's dead letters, and b goes on."""
     stream = unique("cont")
     topo = topology(healed, tmp_path, full_mesh(SLOTS[:2]), [stream])
-    a, _b = topo.slots
+    a, b = topo.slots
     first = records(a, "s1", stream, range(1, 601))
     enter(topo, a, first)
     with Running(spark, topo) as run:
@@ -357,6 +365,24 @@ def test_a_relay_topic_recreated_under_a_running_neighbour_is_read_from_its_star
         enter(topo, a, later)
         want = {stream: ids(first) | ids(later)}
         eventually(lambda: not list(converged(topo, want)), 120, "b has a's new records")
+        # a turns hostile: its relay offers a forged copy of a record b holds, garbage,
+        # and a record whose header names another stream; then genuine records again
+        forged = records(a, "s1", stream, [1], size=16)[0]
+        other = records(a, "s1", unique("other"), [1])[0]
+        p = Producer({"bootstrap.servers": topo.bootstrap(a)})
+        relay = relay_topic(a, stream)
+        p.produce(relay, key=forged.key, value=b"forged", headers=forged.headers())
+        p.produce(relay, key=b"k", value=b"not a record")
+        p.produce(relay, key=other.key, value=other.value, headers=other.headers())
+        assert p.flush(20) == 0
+        after = records(a, "s1", stream, range(631, 641))
+        enter(topo, a, after)
+        want[stream] |= ids(after)
+        eventually(lambda: not list(converged(topo, want)), 120, "b goes on after the forgeries")
+        held = {r.identity: r for _, r in _by_partition(topo.bootstrap(b), stream)}
+        assert held[forged.identity].value == first[0].value  # what b held stays
+        dead = list(read_to_end(KafkaEndpoint.plaintext(topo.bootstrap(b)), [dead_topic(stream)]))
+        assert len(dead) == 2  # the garbage and the other stream's record, counted
     assert not list(converged(topo, want))
 
 
