@@ -243,6 +243,44 @@ def test_full_mesh_of_four_each_record_crosses_into_each_site_about_once_and_tra
     assert not list(converged(topo, want))
 
 
+def test_a_route_that_flaps_every_few_seconds_for_a_minute_loses_and_doubles_nothing(
+    spark: object, healed: Mesh, tmp_path: Path
+) -> None:
+    """b's link to a goes down and up every 3 s for a minute while records keep entering
+    at a: b's route for a moves between a and c (transit) twenty times. Every record
+    reaches every site once, and b reads a bounded multiple of what it lacked (a route
+    that comes back resumes from its cursor; only a route's first use reads the
+    neighbour's relay from its start)."""
+    stream = unique("cont")
+    topo = topology(healed, tmp_path, full_mesh(SLOTS[:3]), [stream])
+    a, b, c = topo.slots
+    entered = records(a, "s1", stream, range(1, 301)) + records(c, "s3", stream, range(1, 101))
+    enter(topo, a, entered[:300])
+    enter(topo, c, entered[300:])
+    want = {stream: ids(entered)}
+    with Running(spark, topo) as run:
+        run.start()
+        eventually(lambda: not list(converged(topo, want)), 180, "the mesh converged")
+        seq, cut, routes = 301, False, set()
+        end = time.monotonic() + 60
+        while time.monotonic() < end:  # bounded: a minute
+            cut = not cut
+            topo.cut(b, a, cut)
+            more = records(a, "s1", stream, range(seq, seq + 20))
+            enter(topo, a, more)
+            want[stream] |= ids(more)
+            seq += 20
+            time.sleep(3)
+            routes.add(_routes(run, b)[a])
+        topo.cut(b, a, False)
+        eventually(lambda: not list(converged(topo, want)), 180, "converged after the flapping")
+        assert {a, c} <= routes, routes  # the route did move, both ways
+        lacked = len(want[stream])  # b entered nothing
+        crossed = _crossed(run, b)
+        assert crossed <= 3 * lacked, (crossed, lacked)
+    assert not list(converged(topo, want))
+
+
 def test_a_ship_half_at_tokyo_half_at_sydney_hq_holds_the_stream_once_in_seq_order(
     spark: object, healed: Mesh, tmp_path: Path
 ) -> None:
