@@ -83,6 +83,7 @@ class Replicator:
         self._thread: threading.Thread | None = None
         self._threads: list[threading.Thread] = []
         self.status_path = site.checkpoint_dir / "replication.status.json"
+        self._status_lock = threading.Lock()
 
     # -- the routing loop ---------------------------------------------------------------
     def start(self) -> None:
@@ -157,7 +158,10 @@ class Replicator:
                 topics = [relay_topic(e, stream) for e in entries]
                 lags = [p.lag.get(t) for p in pullers for t in topics]
                 counted = [n for n in lags if n is not None]
-                since = [p.behind_since[t] for p in pullers for t in topics if t in p.behind_since]
+                # .get: a puller thread may drop a topic from behind_since meanwhile
+                since = [
+                    s for p in pullers for t in topics if (s := p.behind_since.get(t)) is not None
+                ]
                 ok = [p.last_success for p in pullers if p.last_success]
                 if not entries:
                     state = "idle"
@@ -194,4 +198,7 @@ class Replicator:
         }
 
     def write_status(self) -> None:
-        write_json_atomic(self.status_path, self.status(), indent=1, sort_keys=True)
+        """Rewrite ``replication.status.json`` (one writer at a time: the routing thread
+        and a caller may both ask, and they share the temporary file)."""
+        with self._status_lock:
+            write_json_atomic(self.status_path, self.status(), indent=1, sort_keys=True)
