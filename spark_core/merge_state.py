@@ -240,28 +240,26 @@ def pulled_source(neighbour: str, topic_id: str, topic: str) -> str:
 def source_stream(source: str) -> str | None:
     """The stream a source carries: a local topic (:func:`topic_stream`) or a
     neighbour's relay topic (:func:`pulled_source`)."""
-    if "/" not in source:
-        return topic_stream(source)
-    # the topic is what follows the last "/" (a topic id, base64, may hold some)
-    topic = source.rsplit("/", 1)[1].split(".")
-    if len(topic) != 4 or topic[:2] != ["sl", "relay"]:
-        return None
-    try:
-        return check_name("stream", topic[3])
-    except ContractError:
-        return None
+    return topic_stream(source) if "/" not in source else _relay_name(source, "stream")
 
 
 def source_entry(source: str) -> str | None:
     """The entry site of a pulled source (the ``<entry>`` of its relay topic); None for
     a local topic, whose records entered at this site."""
+    return _relay_name(source, "site")
+
+
+def _relay_name(source: str, kind: str) -> str | None:
+    """The entry (``kind`` "site") or the stream of a pulled source's relay topic
+    ``sl.relay.<entry>.<stream>``; None when the source is no such topic."""
     if "/" not in source:
         return None
+    # the topic is what follows the last "/" (a topic id, base64, may hold some)
     topic = source.rsplit("/", 1)[1].split(".")
     if len(topic) != 4 or topic[:2] != ["sl", "relay"]:
         return None
     try:
-        return check_name("site", topic[2])
+        return check_name(kind, topic[2 if kind == "site" else 3])
     except ContractError:
         return None
 
