@@ -3,12 +3,14 @@
 Kafka brokers and Spark are session-scoped (a JVM start costs seconds); tests keep apart
 by using unique topic names. Mosquitto is cheap and starts fresh per test.
 
-With ``SHORELINK_TEST_WORKERS=N scripts/test`` the suite runs on N pytest-xdist workers,
-in two lanes: the files in ``HEAVY`` (each starts a dozen JVMs of its own: a voyage, a
-mesh of sites, Spark applications killed and restarted) run one after another on one
-worker, never two at once; every other file is a unit of its own, handed to whichever
-worker is free. Each worker is a pytest session with its own brokers and Spark session.
-The default is one process, the heavy files first (scripts/test says why).
+``scripts/test`` runs the suite in two lanes, one after the other, chosen by
+``SHORELINK_TEST_LANE``: ``heavy``, the files in ``HEAVY`` (each starts a dozen JVMs of
+its own: a voyage, a mesh of sites, Spark applications killed and restarted), in one
+process, since they keep both cores busy; then ``light``, every other file, on
+``SHORELINK_TEST_WORKERS`` pytest-xdist workers (default 3), since those mostly wait on
+brokers, links and timers. Each file is a unit handed to whichever worker is free, and
+each worker is a pytest session with its own brokers and Spark session. Plain
+``pytest -n N`` (no lane) keeps the ``HEAVY`` files on one worker, one after another.
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ from pathlib import Path
 import pytest
 
 from fleet_sim.publisher import DEFAULT_AIS
-from local_stack.kafka import CLIENT_COMPILER, BrokerSecurity, KafkaBroker, start_kafka
+from local_stack.kafka import (
+    CLIENT_COMPILER,
+    SPARK_CLIENT_COMPILER,
+    BrokerSecurity,
+    KafkaBroker,
+    start_kafka,
+)
 from local_stack.mosquitto import MosquittoBroker, start_mosquitto
 from local_stack.process import stop_procs
 from local_stack.tls import make_authority
@@ -41,11 +49,42 @@ HEAVY = (
 )
 HEAVY_LANE = "heavy"
 
+#: the light lane's longest files (``--durations`` on three workers), handed out first,
+#: so that no worker is left running a long file while the others have finished
+SLOW_LIGHT = (
+    "tests/edge_agent/test_ingest.py",
+    "tests/spark_core/test_tables.py",
+    "tests/spark_core/test_standalone.py",
+    "tests/edge_agent/test_power_cut.py",
+    "tests/core_gateway/test_upload.py",
+    "tests/test_ship_to_shore.py",
+    "tests/spark_core/test_access.py",
+    "tests/core_gateway/test_memory_bound.py",
+    "tests/test_install.py",
+    "tests/core_gateway/test_transactions.py",
+)
+
+
+#: ``SHORELINK_TEST_LANE=heavy`` keeps only the ``HEAVY`` files, ``light`` every other
+#: file (scripts/test runs the two one after the other: the module's docstring)
+LANE = os.environ.get("SHORELINK_TEST_LANE", "")
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The heavy files first (see the module's docstring); the rest keep their order."""
-    rank = {path: i for i, path in enumerate(HEAVY)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+    """The heavy files first, then the light lane's longest (see the module's
+    docstring); the rest keep their order. With ``SHORELINK_TEST_LANE`` set, only that
+    lane's tests are kept."""
+    if LANE not in ("", "heavy", "light"):
+        raise pytest.UsageError(f"SHORELINK_TEST_LANE={LANE!r}: heavy, light or unset")
+    order = {path: i for i, path in enumerate(HEAVY + SLOW_LIGHT)}
+    if LANE:
+        lanes: dict[bool, list[pytest.Item]] = {True: [], False: []}
+        for item in items:
+            lanes[item.nodeid.split("::")[0] in HEAVY].append(item)
+        if lanes[LANE != "heavy"]:
+            config.hook.pytest_deselected(items=lanes[LANE != "heavy"])
+        items[:] = lanes[LANE == "heavy"]
+    items.sort(key=lambda item: order.get(item.nodeid.split("::")[0], len(order)))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
@@ -157,6 +196,7 @@ def spark(stack_root: Path) -> Iterator[object]:
             **SCHEDULER_CONF,
             "spark.sql.warehouse.dir": str(stack_root / "warehouse"),
             "spark.driver.memory": "1g",
+            **SPARK_CLIENT_COMPILER,
         },
     )
     yield session

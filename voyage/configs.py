@@ -22,6 +22,7 @@ from typing import Any
 
 import tomli_w
 
+from local_stack.kafka import SPARK_CLIENT_COMPILER
 from voyage.security import STAFF, env_var
 from voyage.topology import HQ, PORTS, SATELLITE, SITES, STREAMS, WIFI, neighbours
 
@@ -130,7 +131,11 @@ def sites_config(
             "spark": {
                 "master": "local[2]",
                 "driver_memory": driver_memory,
-                "conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1"},
+                "conf": {
+                    "spark.ui.enabled": "false",
+                    "spark.sql.shuffle.partitions": "1",
+                    **SPARK_CLIENT_COMPILER,
+                },
             },
             "staff": [{"username": STAFF, "password": secret_ref("staff", STAFF)}],
             "sites": {name: _site(root, sites[name], ca_file) for name in SITES},

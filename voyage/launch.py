@@ -11,6 +11,7 @@ started.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import ssl
@@ -26,7 +27,7 @@ from local_stack.errors import StackError
 from local_stack.kafka import CLIENT_COMPILER, KafkaBroker, LinkListener, start_kafka
 from local_stack.mosquitto import start_mosquitto
 from local_stack.process import Proc, free_ports, port_open, stop_procs
-from local_stack.stack import HOST, StackInfo
+from local_stack.stack import HOST, StackInfo, down
 from local_stack.toxiproxy import Toxiproxy, start_toxiproxy
 from voyage.configs import (
     ShipEndpoints,
@@ -375,4 +376,7 @@ def launch(
         stop_procs(started, grace=5)
         if "launched" in locals():
             launched.stop(grace=5)
+        # stack.json -> stack.stopped.json: nothing of a start cut short is left running
+        with contextlib.suppress(StackError, OSError):
+            down(dir)
         raise

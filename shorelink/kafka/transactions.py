@@ -118,10 +118,16 @@ class TransactionalProducer:
         return True
 
     def close(self, flush_timeout: float = 5.0) -> None:
-        """Deliver what is queued (up to ``flush_timeout`` s) and drop the producer."""
+        """Deliver what is queued (up to ``flush_timeout`` s) and drop the producer. Never
+        raises: a fenced or broken producer has nothing it could still deliver (librdkafka
+        raises its fatal error from ``flush`` then), and close runs in clean-ups."""
         p, self._producer = self._producer, None
-        if p is not None:
+        if p is None:
+            return
+        try:
             p.flush(flush_timeout)
+        except KafkaException as exc:
+            log.info("event=producer_closed_unflushed error=%r", str(exc))
 
     # -- a transaction ----------------------------------------------------------------------
     @contextmanager

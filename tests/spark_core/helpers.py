@@ -11,6 +11,7 @@ from typing import Any
 import tomli_w
 from confluent_kafka import Producer
 
+from local_stack.kafka import SPARK_CLIENT_COMPILER
 from shorelink.contract import LEDGER_TOPIC, Record, canonical_topic, ingress_topic
 from shorelink.identity import Identity
 from shorelink.kafka.endpoint import KafkaEndpoint
@@ -39,7 +40,11 @@ def site_doc(
         "spark": {
             "master": "local[2]",
             "driver_memory": "1g",
-            "conf": {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
+            "conf": {
+                "spark.sql.shuffle.partitions": "2",
+                "spark.ui.enabled": "false",
+                **SPARK_CLIENT_COMPILER,
+            },
         },
         "sites": {
             name: {

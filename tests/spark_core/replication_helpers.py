@@ -15,7 +15,13 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from local_stack.kafka import CLIENT_COMPILER, KafkaBroker, LinkListener, start_kafka
+from local_stack.kafka import (
+    CLIENT_COMPILER,
+    SPARK_CLIENT_COMPILER,
+    KafkaBroker,
+    LinkListener,
+    start_kafka,
+)
 from local_stack.process import free_ports
 from local_stack.toxiproxy import Toxiproxy
 from shorelink.contract import KAFKA_MAX_MESSAGE_BYTES, Record, ingress_topic
@@ -131,7 +137,8 @@ class Topology:
 
     def toml(self) -> str:
         parts = [
-            '[spark]\nmaster = "local[2]"\n',
+            '[spark]\nmaster = "local[2]"\n[spark.conf]\n'
+            + "".join(f'"{k}" = "{v}"\n' for k, v in SPARK_CLIENT_COMPILER.items()),
         ]
         for name, slot in self.slots.items():
             parts.append(

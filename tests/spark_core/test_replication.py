@@ -243,11 +243,11 @@ def test_full_mesh_of_four_each_record_crosses_into_each_site_about_once_and_tra
     assert not list(converged(topo, want))
 
 
-def test_a_route_that_flaps_every_few_seconds_for_a_minute_loses_and_doubles_nothing(
+def test_a_route_that_flaps_every_few_seconds_for_half_a_minute_loses_and_doubles_nothing(
     spark: object, healed: Mesh, tmp_path: Path
 ) -> None:
-    """b's link to a goes down and up every 3 s for a minute while records keep entering
-    at a: b's route for a moves between a and c (transit) twenty times. Every record
+    """b's link to a goes down and up every 3 s for half a minute while records keep
+    entering at a: b's route for a moves between a and c (transit) ten times. Every record
     reaches every site once, and b reads a bounded multiple of what it lacked (a route
     that comes back resumes from its cursor; only a route's first use reads the
     neighbour's relay from its start)."""
@@ -262,8 +262,8 @@ def test_a_route_that_flaps_every_few_seconds_for_a_minute_loses_and_doubles_not
         run.start()
         eventually(lambda: not list(converged(topo, want)), 180, "the mesh converged")
         seq, cut, routes = 301, False, set()
-        end = time.monotonic() + 60
-        while time.monotonic() < end:  # bounded: a minute
+        end = time.monotonic() + 30
+        while time.monotonic() < end:  # bounded: half a minute
             cut = not cut
             topo.cut(b, a, cut)
             more = records(a, "s1", stream, range(seq, seq + 20))
