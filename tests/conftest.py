@@ -4,13 +4,15 @@ Kafka brokers and Spark are session-scoped (a JVM start costs seconds); tests ke
 by using unique topic names. Mosquitto is cheap and starts fresh per test.
 
 ``scripts/test`` runs the suite in two lanes, one after the other, chosen by
-``SHORELINK_TEST_LANE``: ``heavy``, the files in ``HEAVY`` (each starts a dozen JVMs of
-its own: a voyage, a mesh of sites, Spark applications killed and restarted), in one
-process, since they keep both cores busy; then ``light``, every other file, on
-``SHORELINK_TEST_WORKERS`` pytest-xdist workers (default 3), since those mostly wait on
-brokers, links and timers. Each file is a unit handed to whichever worker is free, and
-each worker is a pytest session with its own brokers and Spark session. Plain
-``pytest -n N`` (no lane) keeps the ``HEAVY`` files on one worker, one after another.
+``SHORELINK_TEST_LANE``: ``alone``, the files in ``ALONE`` (the short voyage: four
+sites, a dozen JVMs, both cores busy for four minutes), in one process with nothing
+beside it; then ``shared``, every other file, on ``SHORELINK_TEST_WORKERS`` pytest-xdist
+workers (default 3). There the ``HEAVY`` files (a mesh of sites, Spark applications
+killed and restarted, a three-node cluster: several JVMs each, but waiting on them half
+the time) are one unit of work, run one after another on one worker, never two at once;
+every other file is a unit of its own, handed to whichever worker is free, the longest
+(``SLOW_LIGHT``) first. Each worker is a pytest session with its own brokers and Spark
+session. Plain ``pytest`` runs everything in one process, ``ALONE`` and ``HEAVY`` first.
 """
 
 from __future__ import annotations
@@ -39,18 +41,20 @@ from local_stack.toxiproxy import Toxiproxy, ToxiproxyServer, start_toxiproxy
 AIS_SAMPLE = DEFAULT_AIS
 
 
-#: the files that start many JVMs of their own, longest first (``pytest --durations`` on
-#: the 2-core machine): one lane, run one after another (the module's docstring)
+#: the files that keep both cores busy by themselves: first, with nothing beside them
+ALONE = ("tests/voyage/test_voyage.py",)
+
+#: the files that start several JVMs of their own, longest first (``pytest --durations``
+#: on the 2-core machine): one unit of work, one file after another (the docstring)
 HEAVY = (
-    "tests/voyage/test_voyage.py",
     "tests/spark_core/test_replication.py",
     "tests/spark_core/test_crash.py",
     "tests/local_stack/test_cluster.py",
 )
-HEAVY_LANE = "heavy"
+HEAVY_UNIT = "heavy"
 
-#: the light lane's longest files (``--durations`` on three workers), handed out first,
-#: so that no worker is left running a long file while the others have finished
+#: the other files' longest (``--durations`` on three workers), handed out first, so
+#: that no worker is left running a long file while the others have finished
 SLOW_LIGHT = (
     "tests/edge_agent/test_ingest.py",
     "tests/spark_core/test_tables.py",
@@ -65,37 +69,37 @@ SLOW_LIGHT = (
 )
 
 
-#: ``SHORELINK_TEST_LANE=heavy`` keeps only the ``HEAVY`` files, ``light`` every other
+#: ``SHORELINK_TEST_LANE=alone`` keeps only the ``ALONE`` files, ``shared`` every other
 #: file (scripts/test runs the two one after the other: the module's docstring)
 LANE = os.environ.get("SHORELINK_TEST_LANE", "")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The heavy files first, then the light lane's longest (see the module's
-    docstring); the rest keep their order. With ``SHORELINK_TEST_LANE`` set, only that
-    lane's tests are kept."""
-    if LANE not in ("", "heavy", "light"):
-        raise pytest.UsageError(f"SHORELINK_TEST_LANE={LANE!r}: heavy, light or unset")
-    order = {path: i for i, path in enumerate(HEAVY + SLOW_LIGHT)}
+    """``ALONE``, ``HEAVY``, then ``SLOW_LIGHT`` first (see the module's docstring); the
+    rest keep their order. With ``SHORELINK_TEST_LANE`` set, only that lane's tests are
+    kept."""
+    if LANE not in ("", "alone", "shared"):
+        raise pytest.UsageError(f"SHORELINK_TEST_LANE={LANE!r}: alone, shared or unset")
+    order = {path: i for i, path in enumerate(ALONE + HEAVY + SLOW_LIGHT)}
     if LANE:
         lanes: dict[bool, list[pytest.Item]] = {True: [], False: []}
         for item in items:
-            lanes[item.nodeid.split("::")[0] in HEAVY].append(item)
-        if lanes[LANE != "heavy"]:
-            config.hook.pytest_deselected(items=lanes[LANE != "heavy"])
-        items[:] = lanes[LANE == "heavy"]
+            lanes[item.nodeid.split("::")[0] in ALONE].append(item)
+        if lanes[LANE != "alone"]:
+            config.hook.pytest_deselected(items=lanes[LANE != "alone"])
+        items[:] = lanes[LANE == "alone"]
     items.sort(key=lambda item: order.get(item.nodeid.split("::")[0], len(order)))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """The two lanes: every ``HEAVY`` file in one unit of work, each other file a unit,
+    """Every ``HEAVY`` (and ``ALONE``) file in one unit of work, each other file a unit,
     in collection order (the heavy unit first, so it starts at once)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class Lanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::")[0]
-            return HEAVY_LANE if path in HEAVY else path
+            return HEAVY_UNIT if path in ALONE + HEAVY else path
 
     config.option.loadscopereorder = False
     return Lanes(config, log)
