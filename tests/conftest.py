@@ -57,13 +57,15 @@ HEAVY_UNIT = "heavy"
 #: that no worker is left running a long file while the others have finished
 SLOW_LIGHT = (
     "tests/edge_agent/test_ingest.py",
-    "tests/spark_core/test_tables.py",
-    "tests/spark_core/test_standalone.py",
-    "tests/edge_agent/test_power_cut.py",
-    "tests/core_gateway/test_upload.py",
-    "tests/test_ship_to_shore.py",
-    "tests/spark_core/test_access.py",
     "tests/core_gateway/test_memory_bound.py",
+    "tests/spark_core/test_tables.py",
+    "tests/core_gateway/test_api.py",
+    "tests/test_ship_to_shore.py",
+    "tests/edge_agent/test_power_cut.py",
+    "tests/spark_core/test_standalone.py",
+    "tests/local_stack/test_stack.py",
+    "tests/core_gateway/test_upload.py",
+    "tests/spark_core/test_access.py",
     "tests/test_install.py",
     "tests/core_gateway/test_transactions.py",
 )
