@@ -25,7 +25,7 @@ persistence true
 persistence_location {data}/
 # as deploy/mosquitto/ship.conf: save whenever something was queued
 autosave_on_changes true
-autosave_interval 1
+autosave_interval {autosave_interval}
 # 0 = unlimited: the default of 1000 silently drops QoS 1 messages for a stopped agent
 max_queued_messages 0
 max_queued_bytes 0
@@ -54,8 +54,17 @@ class MosquittoBroker:
 
 
 def start_mosquitto(
-    ship: str, root: Path, logs: Path, *, port: int | None = None, wait: bool = True
+    ship: str,
+    root: Path,
+    logs: Path,
+    *,
+    port: int | None = None,
+    wait: bool = True,
+    autosave_interval: int = 1,
 ) -> MosquittoBroker:
+    """Start the ship's broker. ``autosave_interval`` is the messages queued between two
+    saves of its whole persistence file (1, as shipped: a save per loop turn that queued
+    something, which makes each acknowledgement cost a rewrite of the whole backlog)."""
     port = port or free_port(HOST)
     data = root / "data"
     data.mkdir(parents=True, exist_ok=True)
@@ -69,6 +78,7 @@ def start_mosquitto(
             data=data,
             user=getpass.getuser(),
             log=logs / f"mosquitto-{ship}.log",
+            autosave_interval=autosave_interval,
         )
     )
     proc = Proc.start(

@@ -166,8 +166,15 @@ def secure_kafka(stack_root: Path) -> Iterator[KafkaBroker]:
 
 
 @pytest.fixture
-def mosquitto(tmp_path: Path) -> Iterator[MosquittoBroker]:
-    broker = start_mosquitto("ship", tmp_path / "mosquitto", tmp_path / "logs")
+def mosquitto(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MosquittoBroker]:
+    """The ship's broker as shipped; a test about the agent rather than the broker's own
+    power cuts may pass another ``autosave_interval`` (indirect parametrization)."""
+    broker = start_mosquitto(
+        "ship",
+        tmp_path / "mosquitto",
+        tmp_path / "logs",
+        autosave_interval=getattr(request, "param", 1),
+    )
     yield broker
     broker.proc.stop(grace=5)
 

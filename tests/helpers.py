@@ -22,6 +22,7 @@ from local_stack.process import Proc
 __all__ = [
     "eventually",
     "eventually_async",
+    "grows_to",
     "kill9",
     "run_process",
     "unique",
@@ -84,6 +85,24 @@ async def eventually_async(
     while it waits."""
     for _ in _polls(check, within, what, proc):
         await asyncio.sleep(interval)
+
+
+def grows_to(
+    count: Callable[[], int], target: int, what: str, *, stall: float = 30, proc: Proc | None = None
+) -> None:
+    """Poll ``count`` until it reaches ``target``; fail only when it has not grown for
+    ``stall`` s (work slowed by a busy machine is not stuck work), saying how far it got,
+    or as soon as ``proc`` has exited."""
+    reached, grown_at = -1, time.monotonic()
+    while (now := count()) < target:
+        if now > reached:
+            reached, grown_at = now, time.monotonic()
+        elif proc is not None and not proc.alive():
+            raise AssertionError(f"{proc.name} exited at {now} of {target} {what}:\n{proc.tail()}")
+        elif time.monotonic() - grown_at > stall:
+            tail = f"; see {proc.log}:\n{proc.tail()}" if proc is not None else ""
+            raise AssertionError(f"{what} stopped at {reached} of {target} for {stall:g}s{tail}")
+        time.sleep(0.2)
 
 
 def run_process(

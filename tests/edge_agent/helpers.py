@@ -16,7 +16,7 @@ from paho.mqtt.properties import Properties
 
 from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import Proc
-from tests.helpers import eventually, kill9, run_process, write_toml
+from tests.helpers import grows_to, kill9, run_process, write_toml
 
 
 def edge_config_doc(tmp_path: Path, broker: MosquittoBroker, **overrides: Any) -> dict[str, Any]:
@@ -125,11 +125,13 @@ class Publisher:
     def acked(self) -> list[bytes]:
         return [p for p, info in self._sent if info.is_published()]
 
-    def wait_all_acked(self, timeout: float = 30) -> None:
-        eventually(
-            lambda: all(info.is_published() for _, info in self._sent),
-            within=timeout,
-            what="the broker to acknowledge every message",
+    def wait_all_acked(self) -> None:
+        """Wait until the broker acknowledged every message published (failing when no
+        acknowledgement came for 30 s)."""
+        grows_to(
+            lambda: sum(info.is_published() for _, info in self._sent),
+            len(self._sent),
+            "messages acknowledged by the broker",
         )
 
     def close(self) -> None:

@@ -12,13 +12,14 @@ from collections import Counter
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
+import pytest
 
 from edge_agent.agent import Agent
 from edge_agent.config import load_config
 from local_stack.mosquitto import MosquittoBroker
 from tests.conftest import AIS_SAMPLE
 from tests.edge_agent.helpers import AgentProcess, Publisher, write_config
-from tests.helpers import eventually
+from tests.helpers import eventually, grows_to
 
 
 def _rows(db: Path, stream: str) -> list[tuple[int, str, bytes]]:
@@ -41,6 +42,11 @@ def wait_for_subscription(publisher: Publisher, db: Path) -> None:
     eventually(probed, within=20, what="the agent to subscribe", interval=0.2)
 
 
+# The broker never dies here, so when it saves its file does not matter to the claim;
+# saving once per loop turn (as shipped) rewrites the whole backlog for each few
+# messages: beside the suite's other workers the broker then acknowledged ~95 messages
+# a second and the test took 230 s instead of 17.
+@pytest.mark.parametrize("mosquitto", [1000], indirect=True, ids=["saves_per_1000"])
 def test_every_acked_message_is_stored_exactly_once_across_20_kill9(
     tmp_path: Path,
     mosquitto: MosquittoBroker,
@@ -80,15 +86,11 @@ def test_every_acked_message_is_stored_exactly_once_across_20_kill9(
     agent.kill9()
     stop_publishing = True
     t.join(10)
-    # up to 40,000 messages in flight: on a machine busy with other tests (the suite's
-    # workers) the broker takes longer than the helper's 30 s to acknowledge them all
-    publisher.wait_all_acked(timeout=120)
+    publisher.wait_all_acked()
     agent.start()  # final run drains what the broker kept for us
     acked = {p for p in publisher.acked if p.startswith(b'{"id"')}
     assert len(acked) == sent > 1000
-    eventually(
-        lambda: len(_rows(db, "containers")) >= len(acked), within=60, what="backlog drained"
-    )
+    grows_to(lambda: len(_rows(db, "containers")), len(acked), "rows drained", proc=agent.proc)
     rows = _rows(db, "containers")
     counts = Counter(p for _, _, p in rows)
     assert [p for p, n in counts.items() if n > 1] == [], "a message was stored twice"
