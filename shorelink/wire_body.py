@@ -72,6 +72,10 @@ _MAX_VALUE = 10**_MAX_DIGITS - 1  # numeric column values (after prediction), ei
 _FLOAT_EXACT = 10**15  # |m| below this: b"%.{d}f" % (m / 10**d) renders m exactly
 _EXPONENTS = range(-6, 7)  # time-predicted columns: value ~ ts_ms * 10**e
 _PEEL_ROUNDS = 4  # templates found by a whole-batch regex pass; the rest one by one
+#: a template with more literal bytes than this is not made a regex (compiling one costs
+#: about 1.5 us of CPU per byte: 1.5 s for a record at the size limit); its payloads
+#: take the one-by-one path, which gives the same templates
+_PEEL_MAX_BYTES = 4096
 
 # Integer columns: one code byte, then n fixed-width little-endian signed integers.
 _WIDTH_BITS = 0x03  # width = 1 << (code & 3): 1, 2, 4 or 8 bytes
@@ -309,6 +313,8 @@ def _templated_payloads(
         if not remaining:
             break
         segs, _nums = _split_numbers(payloads[remaining[0]])
+        if sum(map(len, segs)) > _PEEL_MAX_BYTES:
+            break
         tid = templates.setdefault(segs, len(templates))
         if len(templates) > most:
             return None
