@@ -5,6 +5,8 @@
 Names start ``shorelink_spark_``; a counter's name gets ``_total`` from the client:
 
 - ``link_up{neighbour}``: 1 while the neighbour's Kafka answers the link probe;
+- ``link_failing{neighbour}``: 1 while the site routes around the neighbour because its
+  pullers from it kept failing (spark_core/routing.py, ``LinkState.note_pulls``);
 - ``replication_lag_records{neighbour,stream}`` and ``replication_lag_seconds``: what
   the site has not read yet of the relay topics routed through the neighbour, and for
   how long it has been behind (absent while not known);
@@ -49,6 +51,11 @@ class SiteCollector(Collector):
             return
         status = rep.status()
         up = GaugeMetricFamily(P + "link_up", "Neighbour's Kafka answers", labels=["neighbour"])
+        failing = GaugeMetricFamily(
+            P + "link_failing",
+            "Routed around: the pullers from the neighbour kept failing",
+            labels=["neighbour"],
+        )
         lag_r = GaugeMetricFamily(
             P + "replication_lag_records",
             "Records of the relay topics routed through the neighbour not read yet",
@@ -66,6 +73,7 @@ class SiteCollector(Collector):
         )
         for n, info in sorted(status["neighbours"].items()):
             up.add_metric([n], 1.0 if info["state"] == "up" else 0.0)
+            failing.add_metric([n], 0.0 if info.get("failing_until") is None else 1.0)
             for stream, st in sorted(info["streams"].items()):
                 if st["lag_records"] is not None:
                     lag_r.add_metric([n, stream], float(st["lag_records"]))
@@ -73,7 +81,7 @@ class SiteCollector(Collector):
                     lag_s.add_metric([n, stream], float(st["lag_s"]))
                 for s in STATES:
                     state.add_metric([n, stream, s], 1.0 if st["state"] == s else 0.0)
-        yield from (up, lag_r, lag_s, state)
+        yield from (up, failing, lag_r, lag_s, state)
         read = CounterMetricFamily(P + "pulled_records", "Records pulled", labels=["puller"])
         batches = CounterMetricFamily(
             P + "pulled_batches", "Batches handed to the merge", labels=["puller"]

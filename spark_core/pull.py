@@ -88,6 +88,8 @@ class Puller:
     gaps: int = 0
     last_success: float | None = None
     error: str | None = None
+    #: since when (monotonic) every round has failed (None: the last round did not)
+    failing_since: float | None = None
     #: per relay topic: records behind the neighbour's end (None: not known yet)
     lag: dict[str, int | None] = field(default_factory=dict)
     #: per relay topic: when it fell behind (None: caught up)
@@ -146,7 +148,7 @@ class Puller:
                 if not self.round():
                     stop.wait(_WAIT_S if self._assigned else self.site.replication.probe_interval_s)
                 backoff = 0.5
-                self.error = None
+                self.error = self.failing_since = None
             except MergeError as exc:
                 if self.merger.stopping.is_set():
                     break
@@ -165,6 +167,8 @@ class Puller:
 
     def _failed(self, exc: BaseException, backoff: float) -> None:
         self.error = str(exc)[:2000]
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
         self.idle = False
         self.close()  # the next round starts from what the merge committed
         log.warning(

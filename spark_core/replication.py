@@ -102,6 +102,7 @@ class Replicator:
 
     def tick(self) -> None:
         self.links.probe()
+        self.links.note_pulls(self.failing())
         routes = self.links.routes()
         if routes != self.routes:
             log.info(
@@ -118,6 +119,17 @@ class Replicator:
                 self.tick()
             except Exception:  # never let the routing thread die: log and go on
                 log.exception("event=replication_tick_failed site=%s", self.site.name)
+
+    def failing(self) -> dict[str, tuple[float, str]]:
+        """Per neighbour with a failing puller: since when the earliest has failed, and
+        its error (routing.LinkState.note_pulls holds such a link)."""
+        out: dict[str, tuple[float, str]] = {}
+        for p in self.pullers:
+            if p.failing_since is not None and (
+                p.neighbour not in out or p.failing_since < out[p.neighbour][0]
+            ):
+                out[p.neighbour] = (p.failing_since, p.error or "")
+        return out
 
     def stop_pulling(self) -> None:
         """Stop the pullers (each ends its round: a batch in flight commits or fails)."""

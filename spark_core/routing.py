@@ -22,6 +22,13 @@ that site until it reports again. A version starts at the clock but is no clock:
 site that reads back a report of itself with a version it has not reached (its clock
 was ahead before a restart and stepped back, or a neighbour forged one) continues
 above it, so its own reports win again within a probe interval.
+
+A link that answers is not yet a link that carries data: a site whose pullers from a
+neighbour keep failing (its merge cannot write what they read, the neighbour refuses
+its relay topics, ...) holds that link for a while (:meth:`LinkState.note_pulls`) and
+reports it ``failing``; every site then routes around it where another path exists and
+uses it only as a last resort (:func:`plan_routes`). After the hold the link is tried
+again; each hold in a row is twice as long, up to ``MAX_HOLD_TTLS`` report TTLs.
 """
 
 from __future__ import annotations
@@ -44,23 +51,50 @@ from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from shorelink.logs import RateLimitedLog
 from spark_core.config import SiteConfig, SitesConfig
 
-__all__ = ["MAX_VERSION", "Edge", "LinkState", "Report", "plan_routes"]
+__all__ = [
+    "FAIL_GRACE_PROBES",
+    "MAX_HOLD_TTLS",
+    "MAX_VERSION",
+    "Edge",
+    "LinkState",
+    "Report",
+    "plan_routes",
+]
 
 log = logging.getLogger(__name__)
 
 Edge = tuple[str, str]  # (site, neighbour it pulls from)
 #: the highest report version (a Kafka long: what any other implementation can hold)
 MAX_VERSION = 2**63 - 1
+#: a neighbour whose pullers have failed for this many probe intervals in a row is held
+FAIL_GRACE_PROBES = 3
+#: the longest hold of a failing link, in report TTLs (the first is one TTL, then 2, 4...)
+MAX_HOLD_TTLS = 8
 
 
 def plan_routes(
-    site: str, graph: Mapping[str, Sequence[str]], up: Iterable[Edge]
+    site: str,
+    graph: Mapping[str, Sequence[str]],
+    up: Iterable[Edge],
+    failing: Iterable[Edge] = (),
 ) -> dict[str, str | None]:
     """For every other site E of ``graph`` (site -> the sites it pulls from): the
     neighbour ``site`` pulls E's relay from, the first hop of a shortest path over the
-    ``up`` edges (ties: the first hop whose name sorts first), or None if E cannot be
-    reached now. Pure: the same inputs give the same routes at every site."""
+    ``up`` edges that are not ``failing`` (ties: the first hop whose name sorts first);
+    for an E reachable only through failing edges, a shortest path over all of them;
+    None if E cannot be reached now. Pure: the same inputs give the same routes at
+    every site. No route loops: a site on a path without failing edges has such a path
+    itself, and along a last-resort path the distance over all edges falls."""
     live = set(up)
+    healthy = _first_hops(site, graph, live - set(failing))
+    last_resort = _first_hops(site, graph, live) if None in healthy.values() else healthy
+    return {e: n if n is not None else last_resort[e] for e, n in healthy.items()}
+
+
+def _first_hops(
+    site: str, graph: Mapping[str, Sequence[str]], live: set[Edge]
+) -> dict[str, str | None]:
+    """Breadth-first over ``live``: each other site's first hop (None: unreachable)."""
     first: dict[str, str] = {}
     seen = {site}
     queue: deque[str] = deque()
@@ -81,33 +115,42 @@ def plan_routes(
 
 @dataclass
 class Report:
-    """One site's report: the neighbours it could read at its last probe."""
+    """One site's report: the neighbours it could read at its last probe, and those of
+    them its pullers keep failing to pull from."""
 
     site: str
     up: tuple[str, ...]
     #: grows with every report of that site (its own counter, not a clock)
     version: int
+    #: neighbours in ``up`` held as failing (:meth:`LinkState.note_pulls`)
+    failing: tuple[str, ...] = ()
     #: when this site last saw ``version`` change (its monotonic clock)
     seen_at: float = field(default=0.0, compare=False)
 
     def encode(self) -> bytes:
-        return json.dumps({"up": list(self.up), "version": self.version}).encode()
+        doc: dict[str, object] = {"up": list(self.up), "version": self.version}
+        if self.failing:  # absent when empty: what a site without this field wrote
+            doc["failing"] = list(self.failing)
+        return json.dumps(doc).encode()
 
     @classmethod
     def decode(cls, site: str, value: bytes) -> Report:
-        """Raises ValueError for anything but ``{"up": [names], "version": int}``."""
+        """Raises ValueError for anything but ``{"up": [names], "version": int}`` with
+        an optional ``"failing": [names]``."""
         try:
             data = json.loads(value)
             up, version = data["up"], data["version"]
-        except (ValueError, KeyError, TypeError) as exc:
+            failing = data.get("failing", [])
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a link report: {exc}") from None
-        if not isinstance(up, list) or not all(isinstance(u, str) for u in up):
-            raise ValueError("up is not a list of names")
+        for name, names in (("up", up), ("failing", failing)):
+            if not isinstance(names, list) or not all(isinstance(u, str) for u in names):
+                raise ValueError(f"{name} is not a list of names")
         if not isinstance(version, int) or isinstance(version, bool):
             raise ValueError("version is not an integer")
         if not 0 <= version <= MAX_VERSION:
             raise ValueError(f"version {version} is outside 0..{MAX_VERSION}")
-        return cls(site, tuple(up), version)
+        return cls(site, tuple(up), version, tuple(failing))
 
 
 @dataclass
@@ -123,14 +166,27 @@ class NeighbourLink:
     error: str | None = None
     admin: Admin | None = None
     consumer: Consumer | None = None
+    #: held as failing until then (monotonic; 0: not held), and holds in a row
+    held_until: float = 0.0
+    strikes: int = 0
+    #: the failing pullers' error that caused the hold
+    pull_error: str | None = None
+
+    def failing(self, now: float) -> bool:
+        return now < self.held_until
 
     def status(self) -> dict[str, object]:
+        now = time.monotonic()
+        held = self.failing(now)
         return {
             "state": "up" if self.up else "down",
             "since": self.since,
             "last_ok": self.last_ok,
             "error": self.error,
             "bootstrap": self.kafka.bootstrap,
+            # routed around until then (wall clock), the pullers' error
+            "failing_until": time.time() + self.held_until - now if held else None,
+            "pull_error": self.pull_error if held else None,
         }
 
 
@@ -161,17 +217,57 @@ class LinkState:
     def up_edges(self, now: float | None = None) -> set[Edge]:
         """This site's own links from its probes; every other site's from its report,
         while that report is fresh."""
+        return self.edges(now)[0]
+
+    def edges(self, now: float | None = None) -> tuple[set[Edge], set[Edge]]:
+        """The edges up (as :meth:`up_edges`) and those of them held as failing."""
         now = time.monotonic() if now is None else now
+        me = self.site.name
         with self._lock:
-            edges = {(self.site.name, n) for n, link in self.links.items() if link.up}
+            up = {(me, n) for n, link in self.links.items() if link.up}
+            failing = {(me, n) for n, link in self.links.items() if link.failing(now)}
             for name, rep in self.reports.items():
-                if name == self.site.name or now - rep.seen_at > self._ttl:
+                if name == me or now - rep.seen_at > self._ttl:
                     continue
-                edges.update((name, n) for n in rep.up if n in self.graph.get(name, ()))
-        return edges
+                known = self.graph.get(name, ())
+                up.update((name, n) for n in rep.up if n in known)
+                failing.update((name, n) for n in rep.failing if n in known)
+        return up, failing & up
 
     def routes(self) -> dict[str, str | None]:
-        return plan_routes(self.site.name, self.graph, self.up_edges())
+        up, failing = self.edges()
+        return plan_routes(self.site.name, self.graph, up, failing)
+
+    def note_pulls(
+        self, failing: Mapping[str, tuple[float, str]], now: float | None = None
+    ) -> None:
+        """``failing``: for each neighbour some puller from which is failing, since when
+        (monotonic) and its error. A neighbour failing ``FAIL_GRACE_PROBES`` probe
+        intervals in a row (counted from the end of its last hold) is held: reported
+        failing and routed around for one report TTL, twice that if it fails again
+        right after, up to ``MAX_HOLD_TTLS``. A neighbour that then pulls without
+        failing for a TTL starts again from one."""
+        now = time.monotonic() if now is None else now
+        grace = FAIL_GRACE_PROBES * self.site.replication.probe_interval_s
+        with self._lock:
+            for name, link in self.links.items():
+                if link.failing(now):
+                    continue
+                since, error = failing.get(name, (None, None))
+                if since is not None and now - max(since, link.held_until) >= grace:
+                    hold = self._ttl * min(2**link.strikes, MAX_HOLD_TTLS)
+                    link.strikes += 1
+                    link.held_until, link.pull_error = now + hold, error
+                    log.warning(
+                        "event=link_failing site=%s neighbour=%s hold_s=%.1f error=%r",
+                        self.site.name,
+                        name,
+                        hold,
+                        error,
+                    )
+                elif since is None and link.strikes and now - link.held_until >= self._ttl:
+                    log.info("event=link_pulls_again site=%s neighbour=%s", self.site.name, name)
+                    link.strikes = 0
 
     # -- probing -----------------------------------------------------------------------
     def probe(self) -> None:
@@ -276,8 +372,12 @@ class LinkState:
         """Our own report (always: its version is what keeps it fresh elsewhere) and
         every newer report of another site we learned."""
         self._version = min(MAX_VERSION, max(self._version + 1, int(time.time() * 1000)))
+        now = time.monotonic()
         own = Report(
-            self.site.name, tuple(sorted(n for n, ln in self.links.items() if ln.up)), self._version
+            self.site.name,
+            tuple(sorted(n for n, ln in self.links.items() if ln.up)),
+            self._version,
+            tuple(sorted(n for n, ln in self.links.items() if ln.up and ln.failing(now))),
         )
         with self._lock:
             todo = [own] + [

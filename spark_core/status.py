@@ -142,6 +142,11 @@ def _replication_problems(replication: dict[str, Any]) -> list[str]:
             out.append(f"no route to {entry}'s records: no neighbour leads there now")
     neighbours = replication.get("neighbours")
     for name, nbr in sorted(neighbours.items() if isinstance(neighbours, dict) else ()):
+        if isinstance(nbr, dict) and nbr.get("failing_until") is not None:
+            out.append(
+                f"pulls from {name} keep failing (routed around it where another path "
+                f"exists): {nbr.get('pull_error') or '?'}"
+            )
         streams = nbr.get("streams") if isinstance(nbr, dict) else None
         for stream, st in sorted(streams.items() if isinstance(streams, dict) else ()):
             if isinstance(st, dict) and st.get("state") == "down":
@@ -223,6 +228,8 @@ def render(status: SiteStatus, now: float | None = None, width: int | None = Non
             link = str(n.get("state", "?"))
             if n.get("since") is not None:
                 link += f" since {_ago(n.get('since'), now)}"
+            if n.get("failing_until") is not None:
+                link += ", pulls failing"
             rows.append([name, "(link)", link, "-", "-", _ago(n.get("last_ok"), now)])
             if n.get("error"):
                 errors += wrap(f"{name}: link error: {n['error']}", width, "", "  ")

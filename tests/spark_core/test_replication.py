@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from prometheus_client.parser import text_string_to_metric_families
 
 from local_stack.toxiproxy import ToxiproxyServer
 from shorelink.contract import (
+    KAFKA_MAX_MESSAGE_BYTES,
     MAX_RECORD_BYTES,
     Record,
     canonical_topic,
@@ -514,6 +516,75 @@ def test_a_site_whose_clock_stepped_back_is_routed_through_again(
     finally:
         for st in [*links.values(), restarted]:
             st.close()
+
+
+def _set_max_message_bytes(bootstrap: str, topic: str, value: int) -> None:
+    admin = Admin(KafkaEndpoint.plaintext(bootstrap))
+    res = ConfigResource(
+        ResourceType.TOPIC,
+        topic,
+        incremental_configs=[
+            ConfigEntry(
+                "max.message.bytes", str(value), incremental_operation=AlterConfigOpType.SET
+            )
+        ],
+    )
+    for f in admin.client.incremental_alter_configs([res], request_timeout=20).values():
+        admin.wait(f, f"max.message.bytes of {topic}", timeout=30)
+
+
+def test_a_transit_site_whose_merge_keeps_failing_on_what_it_pulls_is_routed_around(
+    spark: object, healed: Mesh, tmp_path: Path
+) -> None:
+    """Review finding 11: a ring a-b-c-d-a where a takes c's records through b (the name
+    tie-break). b's Kafka refuses c's large records (its canonical topic's
+    max.message.bytes set below them), so b's merge fails every batch pulled from c
+    while b's link probes and reports go on as before. b holds the link, reports it
+    failing, and says so in its status and metrics; a takes c's records through d.
+    Once b's topic takes them again, b retries after its hold and every site converges."""
+    stream = unique("cont")
+    ra, rb, rc, rd = SLOTS
+    ring = {ra: [rb, rd], rb: [ra, rc], rc: [rb, rd], rd: [ra, rc]}
+    topo = topology(healed, tmp_path, ring, [stream])
+    a, b, c, d = topo.slots
+    first = records(c, "s3", stream, range(1, 101)) + records(a, "s1", stream, range(1, 101))
+    enter(topo, c, first[:100])
+    enter(topo, a, first[100:])
+    want = {stream: ids(first)}
+    with Running(spark, topo) as run:
+        run.start()
+        eventually(lambda: not list(converged(topo, want)), 180, "the ring converged")
+        assert _routes(run, a)[c] == b
+        _set_max_message_bytes(topo.bootstrap(b), canonical_topic(stream), 100_000)
+        big = [
+            Record(Identity("big", stream, q), b"big-%d" % q, random.randbytes(200_000), 0, c, "t")
+            for q in range(1, 4)
+        ]
+        more = big + records(c, "s3", stream, range(101, 201))
+        enter(topo, c, more)
+        want[stream] |= ids(more)
+
+        def b_says_so() -> bool:
+            m = _scrape(topo.metrics[b])
+            rep = run.sups[b].replicator
+            assert rep is not None
+            rep.write_status()
+            problems = read_status(topo.cfg.site(b)).problems
+            return m.get(("shorelink_spark_link_failing", (("neighbour", c),))) == 1 and any(
+                f"pulls from {c} keep failing" in p for p in problems
+            )
+
+        # a (and c, d) hold everything; b lacks the batches its Kafka refuses
+        eventually(
+            lambda: all(want[stream] <= set(identities(topo, s, stream)) for s in (a, c, d)),
+            90,
+            "a took c's records through d",
+        )
+        eventually(b_says_so, 60, "b's metrics and status name its failing pulls from c")
+        assert ids(big) & set(identities(topo, b, stream)) == set()
+        _set_max_message_bytes(topo.bootstrap(b), canonical_topic(stream), KAFKA_MAX_MESSAGE_BYTES)
+        eventually(lambda: not list(converged(topo, want)), 180, "b converged after the fix")
+    assert not list(converged(topo, want))
 
 
 class _Feeder(threading.Thread):

@@ -6,12 +6,16 @@ entry from the entry itself (each record crosses into each site once)."""
 from __future__ import annotations
 
 import json
+import time
+import tomllib
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_core.routing import Report, plan_routes
+from spark_core.config import parse_config
+from spark_core.routing import FAIL_GRACE_PROBES, MAX_HOLD_TTLS, LinkState, Report, plan_routes
 
 NAMES = ["hq", "sgp", "syd", "tyo", "bus", "ldn"]
 
@@ -24,6 +28,15 @@ def graphs(draw: st.DrawFn) -> tuple[dict[str, list[str]], set[tuple[str, str]]]
     edges = [(s, x) for s, xs in graph.items() for x in xs]
     up = draw(st.sets(st.sampled_from(edges))) if edges else set()
     return graph, up
+
+
+@st.composite
+def graphs_with_failing(
+    draw: st.DrawFn,
+) -> tuple[dict[str, list[str]], set[tuple[str, str]], set[tuple[str, str]]]:
+    graph, up = draw(graphs())
+    failing = draw(st.sets(st.sampled_from(sorted(up)))) if up else set()
+    return graph, up, failing
 
 
 def reachable(graph: dict[str, list[str]], up: set[tuple[str, str]], start: str) -> set[str]:
@@ -60,6 +73,107 @@ def test_routes_follow_up_links_to_the_entry_without_loops(
                 assert steps <= len(graph), f"routes loop for {entry} from {s}"
 
 
+@settings(max_examples=300, deadline=None)
+@given(graphs_with_failing())
+def test_failing_links_are_a_last_resort_and_routes_still_never_loop(
+    g: tuple[dict[str, list[str]], set[tuple[str, str]], set[tuple[str, str]]],
+) -> None:
+    """Finding 11: a route avoids an edge whose puller keeps failing wherever a path of
+    healthy edges exists, still reaches every entry reachable at all, and never loops."""
+    graph, up, failing = g
+    healthy = up - failing
+    routes = {s: plan_routes(s, graph, up, failing) for s in graph}
+    for s in graph:
+        can = reachable(graph, up, s)
+        can_healthily = reachable(graph, healthy, s)
+        for entry, hop in routes[s].items():
+            assert (hop is not None) == (entry in can), (s, entry, hop)
+            if hop is None:
+                continue
+            at, steps, path = s, 0, []
+            while at != entry:
+                nxt = routes[at][entry]
+                assert nxt is not None and (at, nxt) in up, (s, entry, at)
+                path.append((at, nxt))
+                at, steps = nxt, steps + 1
+                assert steps <= len(graph), f"routes loop for {entry} from {s}"
+            if entry in can_healthily:
+                assert not set(path) & failing, (s, entry, path)
+
+
+def test_a_failing_transit_is_routed_around_and_used_when_nothing_else_leads_there() -> None:
+    ring = {"a": ["b", "d"], "b": ["a", "c"], "c": ["b", "d"], "d": ["a", "c"]}
+    up = {(s, x) for s in ring for x in ring[s]}
+    assert plan_routes("a", ring, up)["c"] == "b"  # the name tie-break
+    assert plan_routes("a", ring, up, {("b", "c")})["c"] == "d"
+    assert plan_routes("b", ring, up, {("b", "c")})["c"] == "a"
+    # d cannot reach c either: the failing edge is all there is
+    assert plan_routes("a", ring, up - {("d", "c")}, {("b", "c")})["c"] == "b"
+
+
+def _link_state(tmp_path: Path) -> LinkState:
+    cfg = parse_config(
+        tomllib.loads(
+            f"""
+[sites.a]
+streams = ["containers"]
+neighbours = ["b", "c"]
+checkpoint_dir = "{tmp_path}/a"
+table_dir = "{tmp_path}/a-tables"
+kafka.bootstrap = "127.0.0.1:1"
+replication.probe_interval = "1s"
+replication.report_ttl = "10s"
+[sites.b]
+streams = ["containers"]
+neighbours = ["a"]
+checkpoint_dir = "{tmp_path}/b"
+table_dir = "{tmp_path}/b-tables"
+kafka.bootstrap = "127.0.0.1:2"
+[sites.c]
+streams = ["containers"]
+neighbours = ["a"]
+checkpoint_dir = "{tmp_path}/c"
+table_dir = "{tmp_path}/c-tables"
+kafka.bootstrap = "127.0.0.1:3"
+"""
+        ),
+        base=tmp_path,
+    )
+    links = LinkState(cfg, cfg.site("a"))
+    for link in links.links.values():
+        link.up = True
+    return links
+
+
+def test_a_neighbour_whose_pullers_keep_failing_is_held_for_longer_each_time(
+    tmp_path: Path,
+) -> None:
+    """Held after FAIL_GRACE_PROBES probe intervals of failure, for a report TTL, then
+    twice that if it fails again at once, up to MAX_HOLD_TTLS; a TTL of pulling without
+    failure starts again from one. Only the failing neighbour is held."""
+    links = _link_state(tmp_path)
+    t = time.monotonic()
+    links.note_pulls({"b": (t, "denied")}, now=t + FAIL_GRACE_PROBES - 0.5)
+    assert links.edges(t + 3)[1] == set()  # not yet: failing for less than the grace
+    t += FAIL_GRACE_PROBES
+    holds = []
+    for _ in range(6):
+        links.note_pulls({"b": (t - FAIL_GRACE_PROBES, "denied")}, now=t)
+        link = links.links["b"]
+        holds.append(link.held_until - t)
+        assert links.edges(t)[1] == {("a", "b")}
+        assert link.status()["pull_error"] == "denied"
+        t = link.held_until
+        assert links.edges(t)[1] == set()  # the hold is over: tried again
+        t += FAIL_GRACE_PROBES  # ... and failing again, for the grace
+    assert holds == [10, 20, 40, 80, 80, 80]
+    assert MAX_HOLD_TTLS == 8
+    links.note_pulls({}, now=t + 10)  # a TTL without failure
+    links.note_pulls({"b": (t + 10, "denied")}, now=t + 10 + FAIL_GRACE_PROBES)
+    assert links.links["b"].held_until - (t + 10 + FAIL_GRACE_PROBES) == 10
+    assert links.links["c"].held_until == 0.0
+
+
 def test_full_mesh_every_link_up_pulls_each_entry_from_itself() -> None:
     graph = {s: [x for x in NAMES if x != s] for s in NAMES}
     up = {(s, x) for s in graph for x in graph[s]}
@@ -90,7 +204,7 @@ def test_a_line_routes_through_the_middle() -> None:
             st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=5),
             lambda c: (
                 st.lists(c, max_size=3)
-                | st.dictionaries(st.sampled_from(["up", "version", "x"]), c, max_size=3)
+                | st.dictionaries(st.sampled_from(["up", "version", "failing", "x"]), c, max_size=4)
             ),
             max_leaves=8,
         ).map(lambda v: json.dumps(v).encode()),
@@ -101,7 +215,7 @@ def test_a_hostile_link_report_is_a_value_error_or_a_well_formed_report(raw: byt
         r = Report.decode("x", raw)
     except ValueError:
         return
-    assert isinstance(r.version, int) and all(isinstance(u, str) for u in r.up)
+    assert isinstance(r.version, int) and all(isinstance(u, str) for u in r.up + r.failing)
 
 
 @pytest.mark.parametrize(
@@ -117,3 +231,6 @@ def test_a_report_round_trips() -> None:
     r = Report("tyo", ("hq", "sgp"), 17)
     assert Report.decode("tyo", r.encode()) == r
     assert json.loads(r.encode()) == {"up": ["hq", "sgp"], "version": 17}
+    failing = Report("tyo", ("hq", "sgp"), 18, ("sgp",))
+    assert Report.decode("tyo", failing.encode()) == failing
+    assert json.loads(failing.encode())["failing"] == ["sgp"]
