@@ -17,6 +17,13 @@ with the old owner even when it arrives after the lease was added. The merge re-
 the file when it changes (checked once per micro-batch, :meth:`Ownership.refresh`), so
 changes take effect without a restart; a file that no longer reads keeps the last good
 ownership, logged and counted.
+
+A lease that would reach into the past when the file is read again (added with a
+``from`` before now, removed or shortened after it began) is refused the same way
+(:func:`retroactive_leases`): records of that period were merged already, at this site
+and at others that read the file at other times, and a customer stream would then hold
+them at one site and not at another (review finding 15). Give a new lease a ``from``
+after every site will have the file.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import datetime as dt
 import logging
 import os
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +49,7 @@ __all__ = [
     "Ownership",
     "load_customers",
     "parse_customers",
+    "retroactive_leases",
 ]
 
 log = logging.getLogger(__name__)
@@ -236,6 +245,25 @@ def load_customers(path: Path) -> Customers:
     return parse_customers(load_toml(path), str(path))
 
 
+def retroactive_leases(old: Customers, new: Customers, now_ms: int) -> list[str]:
+    """The containers whose leases in ``new`` give some time before ``now_ms`` another
+    owner than in ``old`` (a lease added with a past ``from``, one removed, moved or
+    shortened after it began); ending a lease later than now changes nothing past."""
+
+    def past(c: Customers, container: str) -> list[tuple[str, int, int]]:
+        return sorted(
+            (name, lease.from_ms, min(now_ms, lease.to_ms if lease.to_ms is not None else now_ms))
+            for name, lease in c._leases.get(container, ())
+            if lease.from_ms < now_ms
+        )
+
+    return [
+        container
+        for container in sorted(set(old._leases) | set(new._leases))
+        if past(old, container) != past(new, container)
+    ]
+
+
 class Ownership:
     """The customers file as the merge sees it: re-read when it changes."""
 
@@ -268,6 +296,17 @@ class Ownership:
             # fault just as much
             self.reload_errors += 1
             log.error("event=customers_reload_failed path=%s error=%r", self.path, str(exc))
+            return False
+        moved = retroactive_leases(self.customers, new, int(time.time() * 1000))
+        if moved:
+            self.reload_errors += 1
+            log.error(
+                "event=customers_reload_refused path=%s containers=%s error=%r",
+                self.path,
+                ",".join(moved[:10]),
+                "leases would give records from before now another owner (merged already, "
+                "here and at other sites): give a changed lease a from/to after now",
+            )
             return False
         self.reloads += 1
         changed = new != self.customers

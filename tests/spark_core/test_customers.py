@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 from fleet_sim.iso6346 import container_number
 from shorelink.errors import ConfigError
 from spark_core.config import parse_config
-from spark_core.customers import Ownership, parse_customers
+from spark_core.customers import (
+    Customer,
+    Customers,
+    Lease,
+    Ownership,
+    parse_customers,
+    retroactive_leases,
+)
 from spark_core.topics import customer_ownership, site_specs
 
 DAY = 86_400_000
@@ -269,3 +276,87 @@ def test_a_leased_container_needs_its_check_digit(
         parse_customers(_customers([{"container": typo, "from": _iso(T0)}]))
     assert info.value.field == "customers.globex.leases[0].container"
     assert f"check digit is {number[10]}" in str(info.value)
+
+
+def iso(t: dt.datetime) -> str:
+    return t.isoformat().replace("+00:00", "Z")
+
+
+def _leases_file(leases: list[tuple[str, str, str | None]]) -> str:
+    out = []
+    for name in sorted({n for n, _f, _t in leases}):
+        out.append(f"[customers.{name}]\n")
+        for n, frm, to in leases:
+            if n == name:
+                out.append(
+                    f'[[customers.{name}.leases]]\ncontainer = "ACMU1234562"\nfrom = {frm}\n'
+                )
+                if to is not None:
+                    out.append(f"to = {to}\n")
+    return "".join(out)
+
+
+def test_a_lease_reaching_into_the_past_is_refused_on_reload_and_one_from_now_on_is_taken(
+    tmp_path: Path,
+) -> None:
+    """Review finding 15: a lease added at one site with a ``from`` in the past would give
+    readings this site merged already to the old owner and later ones to the new, and
+    another site reading the file at another time splits them elsewhere. The reload is
+    refused, counted and logged (the last good ownership stays); a lease starting after
+    now, or ending an open one after now, is taken."""
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    past, future = now - dt.timedelta(days=1), now + dt.timedelta(hours=1)
+    path = tmp_path / "customers.toml"
+    path.write_text(_leases_file([("acme", iso(now - dt.timedelta(days=30)), None)]))
+    own = Ownership(path)
+
+    def rewrite(leases: list[tuple[str, str, str | None]], n: int) -> bool:
+        path.write_text(_leases_file(leases))
+        os.utime(path, ns=(time.time_ns(), time.time_ns() + n * 1_000_000_000))
+        return own.refresh()
+
+    base = ("acme", iso(now - dt.timedelta(days=30)), None)
+    yesterday = int(past.timestamp() * 1000)
+    # globex leases it from yesterday: refused
+    ended = ("acme", base[1], iso(past))
+    assert not rewrite([ended, ("globex", iso(past), None)], 1)
+    assert own.reload_errors == 1 and own.customers.owner("ACMU1234562", yesterday) == "acme"
+    # from an hour from now on: taken, and the past stays acme's
+    assert rewrite([("acme", base[1], iso(future)), ("globex", iso(future), None)], 2)
+    assert own.customers.owner("ACMU1234562", yesterday) == "acme"
+    assert own.customers.owner("ACMU1234562", int(future.timestamp() * 1000)) == "globex"
+    # removing acme's lease, which began a month ago: refused
+    assert not rewrite([("globex", iso(future), None)], 3)
+    assert own.reload_errors == 2
+
+
+@st.composite
+def lease_sets(draw: st.DrawFn) -> list[tuple[str, Lease]]:
+    out: list[tuple[str, Lease]] = []
+    for _ in range(draw(st.integers(0, 3))):
+        start = draw(st.integers(0, 100))
+        end = draw(st.none() | st.integers(start + 1, 120))
+        lease = Lease("ACMU1234562", start, end)
+        if not any(lease.overlaps(other) for _n, other in out):
+            out.append((draw(st.sampled_from(["a", "b"])), lease))
+    return out
+
+
+def _leased(leases: list[tuple[str, Lease]]) -> Customers:
+    by: dict[str, list[Lease]] = {}
+    for name, lease in leases:
+        by.setdefault(name, []).append(lease)
+    return Customers({n: Customer(n, leases=tuple(ls)) for n, ls in by.items()})
+
+
+@given(lease_sets(), lease_sets(), st.integers(0, 130))
+def test_a_change_not_refused_never_gives_the_past_another_owner(
+    old: list[tuple[str, Lease]], new: list[tuple[str, Lease]], now: int
+) -> None:
+    """Whatever the change of leases, when retroactive_leases lets it through every
+    instant before now has the same owner before and after; a change of owner of some
+    past instant is always refused."""
+    a, b = _leased(old), _leased(new)
+    same_past = all(a.owner("ACMU1234562", t) == b.owner("ACMU1234562", t) for t in range(0, now))
+    if not retroactive_leases(a, b, now):
+        assert same_past

@@ -31,7 +31,7 @@ def voyage(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, Path, str]:
             Options(
                 dir=root / "run",
                 ships=2,
-                minutes=2.0,
+                minutes=1.5,
                 containers=12,
                 drain_timeout=240,
                 live=False,
