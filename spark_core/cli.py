@@ -364,8 +364,8 @@ def render_access_changes(
 def status_cmd(site_name: str, config_path: Path, as_json: bool, max_age: float | None) -> None:
     """The site application's queries and replication: per query and per neighbour and
     stream, state, lag (records, seconds), last success; the routes. Reads the status
-    files in the site's checkpoint_dir. Exit 1 when they are missing or stale, or a
-    query failed."""
+    files in the site's checkpoint_dir. Exit 1 when they are missing or stale, a query
+    failed, or the sites file leaves the site without some other site's records."""
     import json
 
     from spark_core.status import DEFAULT_MAX_AGE_S, read_status, render
@@ -373,6 +373,11 @@ def status_cmd(site_name: str, config_path: Path, as_json: bool, max_age: float 
     cfg = load_or_exit(load_config, config_path)
     site = load_or_exit(lambda _: cfg.site(site_name), config_path)
     status = read_status(site, max_age_s=DEFAULT_MAX_AGE_S if max_age is None else max_age)
+    if missing := cfg.unreached().get(site.name):
+        status.problems.append(
+            f"the records of {', '.join(missing)} never reach {site.name}: no chain of "
+            "neighbours in the sites file leads there"
+        )
     if as_json:
         click.echo(json.dumps(status.as_json(), indent=1))
     else:

@@ -258,6 +258,26 @@ class SitesConfig:
         """The replication graph: each site -> the sites it pulls from."""
         return {name: s.neighbours for name, s in self.sites.items()}
 
+    def unreached(self) -> dict[str, list[str]]:
+        """Once any site pulls from a neighbour: each site -> the sites whose records it
+        never gets, no chain of neighbours leading there (empty when every site reaches
+        every other). A site nobody reaches keeps what entered through it to itself
+        (review finding 18); the site application warns of it at start."""
+        graph = self.neighbours_of()
+        if not any(graph.values()):
+            return {}  # no replication: each site on its own
+        out = {}
+        for reader in sorted(graph):
+            seen, todo = {reader}, [reader]
+            while todo:
+                for n in graph[todo.pop()]:
+                    if n not in seen:
+                        seen.add(n)
+                        todo.append(n)
+            if missing := sorted(set(graph) - seen):
+                out[reader] = missing
+        return out
+
     def site(self, name: str) -> SiteConfig:
         try:
             return self.sites[name]

@@ -345,6 +345,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, stop_all)
     for s in sites:
         log.info("event=site_started site=%s pid=%s", s.name, os.getpid())
+    for reader, missing in cfg.unreached().items():
+        log.warning(
+            "event=topology_unreached site=%s never_gets=%s error=%r",
+            reader,
+            ",".join(missing),
+            "no chain of neighbours leads there: those sites' records never reach it",
+        )
     codes = [0] * len(sups)
 
     def run(i: int) -> None:

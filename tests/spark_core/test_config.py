@@ -104,3 +104,53 @@ def test_site_command_dry_run_prints_the_spark_submit_line() -> None:
     ).stdout
     assert "spark-submit" in out and "spark-sql-kafka-0-10_2.13:4.0.0" in out
     assert "spark.jars.ivySettings=" in out and "spark_core/jobs/site.py --site tokyo" in out
+
+
+def _graph(edges: dict[str, list[str]]) -> dict[str, object]:
+    return {
+        "sites": {
+            s: {
+                "streams": ["nav"],
+                "neighbours": ns,
+                "checkpoint_dir": f"/tmp/{s}",
+                "table_dir": f"/tmp/{s}-t",
+                "kafka": {"bootstrap": "127.0.0.1:9092"},
+            }
+            for s, ns in edges.items()
+        }
+    }
+
+
+def test_a_site_whose_records_reach_no_one_is_named(tmp_path: Path) -> None:
+    """Review finding 18: a sites file where no chain of neighbours leads from a site to
+    another leaves it without that site's records, silently; the config says which,
+    the application warns at start and `status` counts it a problem."""
+    line = parse_config(_graph({"tokyo": ["hq"], "hq": ["tokyo", "sydney"], "sydney": ["hq"]}))
+    assert line.unreached() == {}
+    assert parse_config(_graph({"tokyo": [], "hq": []})).unreached() == {}  # no replication
+    one_way = parse_config(_graph({"tokyo": [], "hq": ["tokyo"], "sydney": ["hq"]}))
+    assert one_way.unreached() == {"tokyo": ["hq", "sydney"], "hq": ["sydney"]}
+    path = tmp_path / "sites.toml"
+    path.write_text(
+        '[sites.tokyo]\nstreams = ["nav"]\nneighbours = []\ncheckpoint_dir = "c1"\n'
+        'table_dir = "t1"\nkafka.bootstrap = "127.0.0.1:1"\n'
+        '[sites.hq]\nstreams = ["nav"]\nneighbours = ["tokyo"]\ncheckpoint_dir = "c2"\n'
+        'table_dir = "t2"\nkafka.bootstrap = "127.0.0.1:1"\n'
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spark_core.cli",
+            "status",
+            "--site",
+            "tokyo",
+            "--config",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1
+    assert "the records of hq never reach tokyo" in out.stdout
