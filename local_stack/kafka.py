@@ -30,7 +30,7 @@ from confluent_kafka.admin import ClusterMetadata
 from local_stack.errors import StackError
 from local_stack.process import Proc, free_ports, port_open, stop_procs
 from local_stack.tls import Authority
-from local_stack.tools import kafka_classpath, kafka_log4j_config
+from local_stack.tools import cds_flags, kafka_cds_archive, kafka_classpath, kafka_log4j_config
 from shorelink.config import Secret
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.auth import KafkaAuth
@@ -275,10 +275,18 @@ SPARK_CLIENT_COMPILER = {"spark.driver.extraJavaOptions": " ".join(CLIENT_COMPIL
 
 
 def _java_argv(
-    main: str, *args: str, logs: Path, heap: str, jvm_opts: tuple[str, ...] = ()
+    main: str,
+    *args: str,
+    logs: Path,
+    heap: str,
+    jvm_opts: tuple[str, ...] = (),
+    cds: bool = True,
 ) -> list[str]:
+    """A Kafka JVM's command line; with ``cds``, mapping the class-data archive when
+    scripts/setup made one (local_stack/tools.py ``install_kafka_cds``, ``cds_flags``)."""
     return [
         "java",
+        *(cds_flags(kafka_cds_archive()) if cds else ()),
         *jvm_opts,
         f"-Xmx{heap}",
         "-Xms64m",
@@ -409,12 +417,14 @@ def start_kafka(
     links: dict[str, LinkListener] | None = None,
     jvm_opts: tuple[str, ...] = (),
     security: BrokerSecurity | None = None,
+    cds: bool = True,
 ) -> KafkaBroker:
     """Format (first time only) and start a broker for ``site`` under ``root``;
     ``security``: SASL/SCRAM over TLS with ACLs (:class:`BrokerSecurity`);
     ``properties`` add to (or override) the broker's server.properties; ``links``:
     one more listener per name (:class:`LinkListener`); ``jvm_opts``: more JVM flags
-    (e.g. the quick-start JIT of a short demo). A caller that reserves other
+    (e.g. the quick-start JIT of a short demo; ``cds=False``: without the class-data
+    archive, as when making it). A caller that reserves other
     ports at once (:func:`free_ports`) passes ``port`` and ``controller_port`` too, so
     that none of them is handed out twice."""
     taken = ({port, controller_port} - {None}) | {
@@ -429,7 +439,9 @@ def start_kafka(
     site_logs.mkdir(parents=True, exist_ok=True)
     if _stored_cluster_id(root) is None:
         _formatted(_start_format(site, props, _new_cluster_id(), security, site_logs))
-    argv = _java_argv("kafka.Kafka", str(props), logs=site_logs, heap=heap, jvm_opts=jvm_opts)
+    argv = _java_argv(
+        "kafka.Kafka", str(props), logs=site_logs, heap=heap, jvm_opts=jvm_opts, cds=cds
+    )
     proc = Proc.start(f"kafka:{site}", argv, site_logs / "stdout.log")
     broker = KafkaBroker(site, port, cport, proc, dict(links or {}), security, 1, argv)
     if wait:

@@ -21,7 +21,9 @@ from local_stack.errors import StackError
 __all__ = [
     "KAFKA_VERSION",
     "TOXIPROXY_VERSION",
+    "cds_flags",
     "install_all",
+    "kafka_cds_archive",
     "kafka_classpath",
     "kafka_log4j_config",
     "mosquitto_bin",
@@ -57,6 +59,25 @@ def kafka_classpath() -> str:
     if not (_kafka_dir() / ".complete").exists():
         raise _missing(f"Kafka {KAFKA_VERSION}")
     return str(libs / "*")
+
+
+def kafka_cds_archive() -> Path:
+    """Where the Kafka JVMs' class-data-sharing archive lives (made by
+    :func:`install_kafka_cds`; absent: the JVMs load their classes from the jars)."""
+    return _kafka_dir() / "kafka-classes.jsa"
+
+
+def cds_flags(archive: Path) -> list[str]:
+    """The JVM flags that map ``archive``, or none when it is missing or not the file
+    :func:`install_kafka_cds` checked (its size is in ``<archive>.ok``): the JVM ignores
+    a stale or bit-flipped archive (with ``VerifySharedSpaces``) but crashes on a
+    truncated one."""
+    try:
+        if int(archive.with_name(archive.name + ".ok").read_text()) != archive.stat().st_size:
+            return []
+    except (OSError, ValueError):
+        return []
+    return [f"-XX:SharedArchiveFile={archive}", "-XX:+VerifySharedSpaces"]
 
 
 def kafka_log4j_config() -> Path:
@@ -119,6 +140,59 @@ def install_kafka() -> None:
     (target / ".complete").write_text(KAFKA_VERSION + "\n")
 
 
+def install_kafka_cds() -> None:
+    """A class-data-sharing archive of the classes a broker loads up to serving
+    (``-XX:ArchiveClassesAtExit``: one broker started and stopped here): each broker and
+    storage format then maps them instead of loading them from the jars, about 1.5 s of
+    CPU less per start on two cores (a test run starts dozens). Best effort: without it
+    the JVMs start as before."""
+    archive = kafka_cds_archive()
+    if archive.exists():
+        _say("kafka class-data archive: present")
+        return
+    import tempfile
+
+    from local_stack.kafka import CLIENT_COMPILER, start_kafka  # tools is imported by kafka
+
+    _say("kafka class-data archive: one broker started and stopped")
+    partial = archive.with_name(f"{archive.name}.{os.getpid()}.tmp")
+    with tempfile.TemporaryDirectory(prefix="shorelink-cds-") as tmp:
+        try:
+            b = start_kafka(
+                "cds",
+                Path(tmp),
+                Path(tmp) / "logs",
+                heap="384m",
+                jvm_opts=(*CLIENT_COMPILER, f"-XX:ArchiveClassesAtExit={partial}"),
+                cds=False,
+            )
+            b.proc.stop(grace=30)
+        except StackError as exc:
+            _say(f"kafka class-data archive: not made ({exc}); brokers start without it")
+            partial.unlink(missing_ok=True)
+            return
+    if not partial.exists() or partial.stat().st_size == 0:
+        _say("kafka class-data archive: the broker wrote none; brokers start without it")
+        return
+    check = subprocess.run(  # -Xshare:on fails rather than run without the archive
+        [
+            *("java", "-Xshare:on", f"-XX:SharedArchiveFile={partial}", "-XX:+VerifySharedSpaces"),
+            *("-cp", kafka_classpath(), "kafka.tools.StorageTool", "random-uuid"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if check.returncode != 0:
+        _say(f"kafka class-data archive: unusable ({check.stdout[-200:]}); not kept")
+        partial.unlink(missing_ok=True)
+        return
+    size = partial.stat().st_size
+    partial.replace(archive)
+    archive.with_name(archive.name + ".ok").write_text(f"{size}\n")
+
+
 def install_toxiproxy() -> None:
     target = _toxiproxy_dir()
     if (target / "toxiproxy-server").exists():
@@ -145,6 +219,7 @@ def install_spark_packages() -> None:
 
 def install_all() -> None:
     install_kafka()
+    install_kafka_cds()
     install_toxiproxy()
     mosquitto_bin()  # apt installs it (scripts/setup); fail early with a clear message
     install_spark_packages()

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from local_stack.kafka import KafkaBroker
+from local_stack.tools import cds_flags, kafka_cds_archive, kafka_classpath
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics
@@ -70,3 +74,34 @@ def test_ensure_topics_creates_with_partitions_and_retention_once(kafka: KafkaBr
     res = ConfigResource(ConfigResource.Type.TOPIC, topic)
     cfg = admin.describe_configs([res])[res].result(timeout=10)
     assert cfg["retention.ms"].value == "3600000"
+
+
+def test_brokers_map_the_class_data_archive_setup_made_and_a_damaged_one_is_not_used(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """scripts/setup makes and checks the archive (local_stack/tools.py
+    ``install_kafka_cds``); every broker maps it. A truncated copy (the JVM would crash
+    on it) is not mapped; a bit-flipped one the JVM itself ignores (VerifySharedSpaces)
+    and the tool runs."""
+    archive = kafka_cds_archive()
+    assert archive.exists() and archive.stat().st_size > 1_000_000
+    assert cds_flags(archive) and all(f in kafka.argv for f in cds_flags(archive))
+    data = archive.read_bytes()
+    truncated = tmp_path / "truncated.jsa"
+    truncated.write_bytes(data[: len(data) // 2])
+    (tmp_path / "truncated.jsa.ok").write_text(f"{len(data)}\n")
+    assert cds_flags(truncated) == []
+    assert cds_flags(tmp_path / "none.jsa") == []
+    flipped = tmp_path / "flipped.jsa"
+    flipped.write_bytes(data[: len(data) // 2] + b"\xff" * 64 + data[len(data) // 2 + 64 :])
+    (tmp_path / "flipped.jsa.ok").write_text(f"{len(data)}\n")
+    out = subprocess.run(
+        [
+            *("java", *cds_flags(flipped), "-cp", kafka_classpath()),
+            *("kafka.tools.StorageTool", "random-uuid"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0 and len(out.stdout.strip().splitlines()[-1]) == 22, out
