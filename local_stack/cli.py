@@ -12,6 +12,7 @@ import click
 from local_stack import stack as stack_mod
 from local_stack import tools
 from local_stack.errors import StackError
+from local_stack.kafka import install_kafka_cds
 from local_stack.stack import Component
 from shorelink.cli_support import BOOTSTRAP_LOCATOR
 from shorelink.kafka.endpoint import KafkaEndpoint
@@ -35,10 +36,12 @@ def stack() -> None:
 
 @stack.command()
 def install() -> None:
-    """Install Kafka (Maven Central), toxiproxy (Go proxy) and the Spark packages (Ivy
-    cache) into ~/.cache/shorelink (or $SHORELINK_TOOLS). Idempotent."""
+    """Install Kafka (Maven Central) and its class-data archive, toxiproxy (Go proxy) and
+    the Spark packages (Ivy cache) into ~/.cache/shorelink (or $SHORELINK_TOOLS).
+    Idempotent."""
     try:
         tools.install_all()
+        install_kafka_cds()
     except StackError as exc:
         _fail(exc)
 

@@ -21,6 +21,9 @@ shorelink creates the same 3 and 2 once it sees three brokers.
 from __future__ import annotations
 
 import base64
+import os
+import subprocess
+import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +33,13 @@ from confluent_kafka.admin import ClusterMetadata
 from local_stack.errors import StackError
 from local_stack.process import Proc, free_ports, port_open, stop_procs
 from local_stack.tls import Authority
-from local_stack.tools import cds_flags, kafka_cds_archive, kafka_classpath, kafka_log4j_config
+from local_stack.tools import (
+    cds_flags,
+    kafka_cds_archive,
+    kafka_classpath,
+    kafka_log4j_config,
+    say,
+)
 from shorelink.config import Secret
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.auth import KafkaAuth
@@ -44,6 +53,7 @@ __all__ = [
     "KafkaBroker",
     "KafkaCluster",
     "LinkListener",
+    "install_kafka_cds",
     "link_listener_properties",
     "start_kafka",
     "start_kafka_cluster",
@@ -508,3 +518,52 @@ def start_kafka_cluster(
         stop_procs([n.proc for n in started], grace=5)
         raise
     return cluster
+
+
+def install_kafka_cds() -> None:
+    """A class-data-sharing archive of the classes a broker loads up to serving
+    (``-XX:ArchiveClassesAtExit``: one broker started and stopped here): each broker and
+    storage format then maps them instead of loading them from the jars, about 1.5 s of
+    CPU less per start on two cores (a test run starts dozens). Best effort: without it
+    the JVMs start as before."""
+    archive = kafka_cds_archive()
+    if archive.exists():
+        say("kafka class-data archive: present")
+        return
+    say("kafka class-data archive: one broker started and stopped")
+    partial = archive.with_name(f"{archive.name}.{os.getpid()}.tmp")
+    with tempfile.TemporaryDirectory(prefix="shorelink-cds-") as tmp:
+        try:
+            b = start_kafka(
+                "cds",
+                Path(tmp),
+                Path(tmp) / "logs",
+                heap="384m",
+                jvm_opts=(*CLIENT_COMPILER, f"-XX:ArchiveClassesAtExit={partial}"),
+                cds=False,
+            )
+            b.proc.stop(grace=30)
+        except StackError as exc:
+            say(f"kafka class-data archive: not made ({exc}); brokers start without it")
+            partial.unlink(missing_ok=True)
+            return
+    if not partial.exists() or partial.stat().st_size == 0:
+        say("kafka class-data archive: the broker wrote none; brokers start without it")
+        return
+    check = subprocess.run(  # -Xshare:on fails rather than run without the archive
+        [
+            *("java", "-Xshare:on", f"-XX:SharedArchiveFile={partial}", "-XX:+VerifySharedSpaces"),
+            *("-cp", kafka_classpath(), "kafka.tools.StorageTool", "random-uuid"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if check.returncode != 0:
+        say(f"kafka class-data archive: unusable ({check.stdout[-200:]}); not kept")
+        partial.unlink(missing_ok=True)
+        return
+    size = partial.stat().st_size
+    partial.replace(archive)
+    archive.with_name(archive.name + ".ok").write_text(f"{size}\n")

@@ -27,6 +27,7 @@ __all__ = [
     "kafka_classpath",
     "kafka_log4j_config",
     "mosquitto_bin",
+    "say",
     "tools_dir",
     "toxiproxy_bin",
 ]
@@ -63,13 +64,14 @@ def kafka_classpath() -> str:
 
 def kafka_cds_archive() -> Path:
     """Where the Kafka JVMs' class-data-sharing archive lives (made by
-    :func:`install_kafka_cds`; absent: the JVMs load their classes from the jars)."""
+    ``local_stack.kafka.install_kafka_cds``; absent: the JVMs load their classes from
+    the jars)."""
     return _kafka_dir() / "kafka-classes.jsa"
 
 
 def cds_flags(archive: Path) -> list[str]:
     """The JVM flags that map ``archive``, or none when it is missing or not the file
-    :func:`install_kafka_cds` checked (its size is in ``<archive>.ok``): the JVM ignores
+    ``local_stack.kafka.install_kafka_cds`` checked (its size is in ``<archive>.ok``): the JVM ignores
     a stale or bit-flipped archive (with ``VerifySharedSpaces``) but crashes on a
     truncated one."""
     try:
@@ -103,7 +105,8 @@ def mosquitto_bin() -> str:
 # -- installers ---------------------------------------------------------------------------
 
 
-def _say(msg: str) -> None:
+def say(msg: str) -> None:
+    """One line of the installers' progress, on stderr."""
     print(f"[setup] {msg}", file=sys.stderr, flush=True)
 
 
@@ -119,9 +122,9 @@ def _run(cmd: list[str], **kw: object) -> None:
 def install_kafka() -> None:
     target = _kafka_dir()
     if (target / ".complete").exists():
-        _say(f"kafka {KAFKA_VERSION}: present")
+        say(f"kafka {KAFKA_VERSION}: present")
         return
-    _say(f"kafka {KAFKA_VERSION}: resolving broker jars from Maven Central")
+    say(f"kafka {KAFKA_VERSION}: resolving broker jars from Maven Central")
     libs = target / "libs"
     shutil.rmtree(target, ignore_errors=True)
     libs.mkdir(parents=True)
@@ -140,65 +143,12 @@ def install_kafka() -> None:
     (target / ".complete").write_text(KAFKA_VERSION + "\n")
 
 
-def install_kafka_cds() -> None:
-    """A class-data-sharing archive of the classes a broker loads up to serving
-    (``-XX:ArchiveClassesAtExit``: one broker started and stopped here): each broker and
-    storage format then maps them instead of loading them from the jars, about 1.5 s of
-    CPU less per start on two cores (a test run starts dozens). Best effort: without it
-    the JVMs start as before."""
-    archive = kafka_cds_archive()
-    if archive.exists():
-        _say("kafka class-data archive: present")
-        return
-    import tempfile
-
-    from local_stack.kafka import CLIENT_COMPILER, start_kafka  # tools is imported by kafka
-
-    _say("kafka class-data archive: one broker started and stopped")
-    partial = archive.with_name(f"{archive.name}.{os.getpid()}.tmp")
-    with tempfile.TemporaryDirectory(prefix="shorelink-cds-") as tmp:
-        try:
-            b = start_kafka(
-                "cds",
-                Path(tmp),
-                Path(tmp) / "logs",
-                heap="384m",
-                jvm_opts=(*CLIENT_COMPILER, f"-XX:ArchiveClassesAtExit={partial}"),
-                cds=False,
-            )
-            b.proc.stop(grace=30)
-        except StackError as exc:
-            _say(f"kafka class-data archive: not made ({exc}); brokers start without it")
-            partial.unlink(missing_ok=True)
-            return
-    if not partial.exists() or partial.stat().st_size == 0:
-        _say("kafka class-data archive: the broker wrote none; brokers start without it")
-        return
-    check = subprocess.run(  # -Xshare:on fails rather than run without the archive
-        [
-            *("java", "-Xshare:on", f"-XX:SharedArchiveFile={partial}", "-XX:+VerifySharedSpaces"),
-            *("-cp", kafka_classpath(), "kafka.tools.StorageTool", "random-uuid"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if check.returncode != 0:
-        _say(f"kafka class-data archive: unusable ({check.stdout[-200:]}); not kept")
-        partial.unlink(missing_ok=True)
-        return
-    size = partial.stat().st_size
-    partial.replace(archive)
-    archive.with_name(archive.name + ".ok").write_text(f"{size}\n")
-
-
 def install_toxiproxy() -> None:
     target = _toxiproxy_dir()
     if (target / "toxiproxy-server").exists():
-        _say(f"toxiproxy {TOXIPROXY_VERSION}: present")
+        say(f"toxiproxy {TOXIPROXY_VERSION}: present")
         return
-    _say(f"toxiproxy {TOXIPROXY_VERSION}: go install")
+    say(f"toxiproxy {TOXIPROXY_VERSION}: go install")
     target.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, GOBIN=str(target / "bin"), GOFLAGS="-mod=mod")
     _run(
@@ -213,13 +163,12 @@ def install_spark_packages() -> None:
     jobs start without touching the network. The Spark application owns its packages and
     their cache: the tooling runs its command (``shorelink-spark install``), never imports
     it."""
-    _say("spark packages: shorelink-spark install")
+    say("spark packages: shorelink-spark install")
     _run([sys.executable, "-m", "spark_core.cli", "install"])
 
 
 def install_all() -> None:
     install_kafka()
-    install_kafka_cds()
     install_toxiproxy()
     mosquitto_bin()  # apt installs it (scripts/setup); fail early with a clear message
     install_spark_packages()
