@@ -169,6 +169,8 @@ class NeighbourLink:
     #: held as failing until then (monotonic; 0: not held), and holds in a row
     held_until: float = 0.0
     strikes: int = 0
+    #: failing pulls count from then on (the end of the last hold or of an outage)
+    counted_from: float = 0.0
     #: the failing pullers' error that caused the hold
     pull_error: str | None = None
 
@@ -243,7 +245,8 @@ class LinkState:
     ) -> None:
         """``failing``: for each neighbour some puller from which is failing, since when
         (monotonic) and its error. A neighbour failing ``FAIL_GRACE_PROBES`` probe
-        intervals in a row (counted from the end of its last hold) is held: reported
+        intervals in a row (counted from the end of its last hold or of the last outage
+        its probe found; failures while it is down count for nothing) is held: reported
         failing and routed around for one report TTL, twice that if it fails again
         right after, up to ``MAX_HOLD_TTLS``. A neighbour that then pulls without
         failing for a TTL starts again from one."""
@@ -251,13 +254,17 @@ class LinkState:
         grace = FAIL_GRACE_PROBES * self.site.replication.probe_interval_s
         with self._lock:
             for name, link in self.links.items():
+                if not link.up:  # routed around already: no strike, and the grace
+                    link.counted_from = now  # starts again when it is back up
+                    continue
                 if link.failing(now):
                     continue
                 since, error = failing.get(name, (None, None))
-                if since is not None and now - max(since, link.held_until) >= grace:
+                if since is not None and now - max(since, link.counted_from) >= grace:
                     hold = self._ttl * min(2**link.strikes, MAX_HOLD_TTLS)
                     link.strikes += 1
                     link.held_until, link.pull_error = now + hold, error
+                    link.counted_from = link.held_until
                     log.warning(
                         "event=link_failing site=%s neighbour=%s hold_s=%.1f error=%r",
                         self.site.name,

@@ -172,6 +172,17 @@ def test_a_neighbour_whose_pullers_keep_failing_is_held_for_longer_each_time(
     links.note_pulls({"b": (t + 10, "denied")}, now=t + 10 + FAIL_GRACE_PROBES)
     assert links.links["b"].held_until - (t + 10 + FAIL_GRACE_PROBES) == 10
     assert links.links["c"].held_until == 0.0
+    # pullers failing while the probe finds the link down: no hold, no strike (the
+    # link is routed around already; an outage must not lengthen the next hold)
+    links.links["c"].up = False
+    links.note_pulls({"c": (t, "connection refused")}, now=t + 100)
+    assert links.links["c"].held_until == 0.0 and links.links["c"].strikes == 0
+    # ... nor right after it is back up: the grace starts then
+    links.links["c"].up = True
+    links.note_pulls({"c": (t, "connection refused")}, now=t + 101)
+    assert links.links["c"].held_until == 0.0
+    links.note_pulls({"c": (t, "connection refused")}, now=t + 100 + FAIL_GRACE_PROBES)
+    assert links.links["c"].held_until == t + 100 + FAIL_GRACE_PROBES + 10
 
 
 def test_full_mesh_every_link_up_pulls_each_entry_from_itself() -> None:
