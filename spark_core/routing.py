@@ -216,13 +216,9 @@ class LinkState:
         self.probes = 0
 
     # -- the graph ----------------------------------------------------------------------
-    def up_edges(self, now: float | None = None) -> set[Edge]:
-        """This site's own links from its probes; every other site's from its report,
-        while that report is fresh."""
-        return self.edges(now)[0]
-
     def edges(self, now: float | None = None) -> tuple[set[Edge], set[Edge]]:
-        """The edges up (as :meth:`up_edges`) and those of them held as failing."""
+        """The edges up (this site's own from its probes, every other site's from its
+        report while that report is fresh) and those of them held as failing."""
         now = time.monotonic() if now is None else now
         me = self.site.name
         with self._lock:

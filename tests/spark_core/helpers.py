@@ -64,6 +64,27 @@ def site_doc(
     }
 
 
+def graph_doc(
+    edges: dict[str, list[str]], root: Path, replication: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A sites file of several sites, each pulling from ``edges[site]`` (a replication
+    graph for the config and routing checks; no Kafka behind it), each with
+    ``replication`` settings."""
+    return {
+        "sites": {
+            s: {
+                "streams": ["containers"],
+                "neighbours": ns,
+                "checkpoint_dir": str(root / s),
+                "table_dir": str(root / f"{s}-tables"),
+                "kafka": {"bootstrap": "127.0.0.1:9092"},
+                "replication": dict(replication or {}),
+            }
+            for s, ns in edges.items()
+        }
+    }
+
+
 def site_toml(bootstrap: str, root: Path, streams: list[str], **kw: Any) -> str:
     """:func:`site_doc` as text, for a test that edits it (test_standalone)."""
     return tomli_w.dumps(site_doc(bootstrap, root, streams, **kw))

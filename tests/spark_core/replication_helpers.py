@@ -232,6 +232,13 @@ def enter(topo: Topology, site: str, records: Iterable[Record]) -> None:
     p.commit_transaction(30)
 
 
+def enter_each(topo: Topology, entered: Mapping[str, Sequence[Record]]) -> set[Identity]:
+    """``entered[site]`` entering at each site (:func:`enter`); their identities."""
+    for site, recs in entered.items():
+        enter(topo, site, recs)
+    return {r.identity for recs in entered.values() for r in recs}
+
+
 def records(
     site: str, origin: str, stream: str, seqs: Iterable[int], size: int = 60
 ) -> list[Record]:

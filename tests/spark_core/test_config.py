@@ -12,6 +12,7 @@ import pytest
 
 from shorelink.errors import ConfigError
 from spark_core.config import load_config, parse_config
+from tests.spark_core.helpers import graph_doc
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "deploy" / "spark" / "sites.toml"
@@ -106,29 +107,18 @@ def test_site_command_dry_run_prints_the_spark_submit_line() -> None:
     assert "spark.jars.ivySettings=" in out and "spark_core/jobs/site.py --site tokyo" in out
 
 
-def _graph(edges: dict[str, list[str]]) -> dict[str, object]:
-    return {
-        "sites": {
-            s: {
-                "streams": ["nav"],
-                "neighbours": ns,
-                "checkpoint_dir": f"/tmp/{s}",
-                "table_dir": f"/tmp/{s}-t",
-                "kafka": {"bootstrap": "127.0.0.1:9092"},
-            }
-            for s, ns in edges.items()
-        }
-    }
-
-
 def test_a_site_whose_records_reach_no_one_is_named(tmp_path: Path) -> None:
     """Review finding 18: a sites file where no chain of neighbours leads from a site to
     another leaves it without that site's records, silently; the config says which,
     the application warns at start and `status` counts it a problem."""
-    line = parse_config(_graph({"tokyo": ["hq"], "hq": ["tokyo", "sydney"], "sydney": ["hq"]}))
+    line = parse_config(
+        graph_doc({"tokyo": ["hq"], "hq": ["tokyo", "sydney"], "sydney": ["hq"]}, tmp_path)
+    )
     assert line.unreached() == {}
-    assert parse_config(_graph({"tokyo": [], "hq": []})).unreached() == {}  # no replication
-    one_way = parse_config(_graph({"tokyo": [], "hq": ["tokyo"], "sydney": ["hq"]}))
+    assert (
+        parse_config(graph_doc({"tokyo": [], "hq": []}, tmp_path)).unreached() == {}
+    )  # no replication
+    one_way = parse_config(graph_doc({"tokyo": [], "hq": ["tokyo"], "sydney": ["hq"]}, tmp_path))
     assert one_way.unreached() == {"tokyo": ["hq", "sydney"], "hq": ["sydney"]}
     path = tmp_path / "sites.toml"
     path.write_text(

@@ -49,6 +49,7 @@ from tests.spark_core.replication_helpers import (
     Topology,
     converged,
     enter,
+    enter_each,
     full_mesh,
     identities,
     proxy_name,
@@ -200,9 +201,7 @@ def test_full_mesh_of_four_each_record_crosses_into_each_site_about_once_and_tra
         b: records(b, "s2", stream, range(1, 401)),
         c: records(c, "s3", stream, range(1, 401)) + records("zz", "s5", stream, range(1, 51)),
     }
-    for site, recs in entered.items():
-        enter(topo, site, recs)
-    want = {stream: set().union(*(ids(r) for r in entered.values()))}
+    want = {stream: enter_each(topo, entered)}
     with Running(spark, topo) as run:
         run.start()
         eventually(lambda: not list(converged(topo, want)), 240, "the mesh converged")
@@ -256,10 +255,15 @@ def test_a_route_that_flaps_every_few_seconds_for_half_a_minute_loses_and_double
     stream = unique("cont")
     topo = topology(healed, tmp_path, full_mesh(SLOTS[:3]), [stream])
     a, b, c = topo.slots
-    entered = records(a, "s1", stream, range(1, 301)) + records(c, "s3", stream, range(1, 101))
-    enter(topo, a, entered[:300])
-    enter(topo, c, entered[300:])
-    want = {stream: ids(entered)}
+    want = {
+        stream: enter_each(
+            topo,
+            {
+                a: records(a, "s1", stream, range(1, 301)),
+                c: records(c, "s3", stream, range(1, 101)),
+            },
+        )
+    }
     with Running(spark, topo) as run:
         run.start()
         eventually(lambda: not list(converged(topo, want)), 180, "the mesh converged")
@@ -549,10 +553,15 @@ def test_a_transit_site_whose_merge_keeps_failing_on_what_it_pulls_is_routed_aro
     ring = {ra: [rb, rd], rb: [ra, rc], rc: [rb, rd], rd: [ra, rc]}
     topo = topology(healed, tmp_path, ring, [stream])
     a, b, c, d = topo.slots
-    first = records(c, "s3", stream, range(1, 101)) + records(a, "s1", stream, range(1, 101))
-    enter(topo, c, first[:100])
-    enter(topo, a, first[100:])
-    want = {stream: ids(first)}
+    want = {
+        stream: enter_each(
+            topo,
+            {
+                c: records(c, "s3", stream, range(1, 101)),
+                a: records(a, "s1", stream, range(1, 101)),
+            },
+        )
+    }
     with Running(spark, topo) as run:
         run.start()
         eventually(lambda: not list(converged(topo, want)), 180, "the ring converged")

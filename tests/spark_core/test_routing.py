@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 
 from spark_core.config import parse_config
 from spark_core.routing import FAIL_GRACE_PROBES, MAX_HOLD_TTLS, LinkState, Report, plan_routes
+from tests.spark_core.helpers import graph_doc
 
 NAMES = ["hq", "sgp", "syd", "tyo", "bus", "ldn"]
 
@@ -112,33 +112,12 @@ def test_a_failing_transit_is_routed_around_and_used_when_nothing_else_leads_the
 
 
 def _link_state(tmp_path: Path) -> LinkState:
-    cfg = parse_config(
-        tomllib.loads(
-            f"""
-[sites.a]
-streams = ["containers"]
-neighbours = ["b", "c"]
-checkpoint_dir = "{tmp_path}/a"
-table_dir = "{tmp_path}/a-tables"
-kafka.bootstrap = "127.0.0.1:1"
-replication.probe_interval = "1s"
-replication.report_ttl = "10s"
-[sites.b]
-streams = ["containers"]
-neighbours = ["a"]
-checkpoint_dir = "{tmp_path}/b"
-table_dir = "{tmp_path}/b-tables"
-kafka.bootstrap = "127.0.0.1:2"
-[sites.c]
-streams = ["containers"]
-neighbours = ["a"]
-checkpoint_dir = "{tmp_path}/c"
-table_dir = "{tmp_path}/c-tables"
-kafka.bootstrap = "127.0.0.1:3"
-"""
-        ),
-        base=tmp_path,
+    doc = graph_doc(
+        {"a": ["b", "c"], "b": ["a"], "c": ["a"]},
+        tmp_path,
+        {"probe_interval": "1s", "report_ttl": "10s"},
     )
+    cfg = parse_config(doc, base=tmp_path)
     links = LinkState(cfg, cfg.site("a"))
     for link in links.links.values():
         link.up = True
