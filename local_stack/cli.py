@@ -13,6 +13,7 @@ from local_stack import stack as stack_mod
 from local_stack import tools
 from local_stack.errors import StackError
 from local_stack.kafka import install_kafka_cds
+from local_stack.spark import install_spark_cds
 from local_stack.stack import Component
 from shorelink.cli_support import BOOTSTRAP_LOCATOR
 from shorelink.kafka.endpoint import KafkaEndpoint
@@ -36,12 +37,13 @@ def stack() -> None:
 
 @stack.command()
 def install() -> None:
-    """Install Kafka (Maven Central) and its class-data archive, toxiproxy (Go proxy) and
-    the Spark packages (Ivy cache) into ~/.cache/shorelink (or $SHORELINK_TOOLS).
-    Idempotent."""
+    """Install Kafka (Maven Central) and its class-data archive, toxiproxy (Go proxy),
+    the Spark packages (Ivy cache) and a local Spark driver's class-data archive into
+    ~/.cache/shorelink (or $SHORELINK_TOOLS). Idempotent."""
     try:
         tools.install_all()
         install_kafka_cds()
+        install_spark_cds()
     except StackError as exc:
         _fail(exc)
 

@@ -38,6 +38,7 @@ from local_stack.tools import (
     kafka_cds_archive,
     kafka_classpath,
     kafka_log4j_config,
+    mark_cds_archive,
     say,
 )
 from shorelink.config import Secret
@@ -48,7 +49,6 @@ from shorelink.kafka.errors import KafkaClientError
 
 __all__ = [
     "CLIENT_COMPILER",
-    "SPARK_CLIENT_COMPILER",
     "BrokerSecurity",
     "KafkaBroker",
     "KafkaCluster",
@@ -277,11 +277,6 @@ def link_listener_properties(
 #: JVM options for a small, short-lived broker (the voyage's, the tests'): the client
 #: compiler only; C2's compiling costs a 2-core machine more CPU than it wins back
 CLIENT_COMPILER = ("-XX:TieredStopAtLevel=1",)
-
-#: the same for a local-mode Spark driver of the voyage or the tests (its executors run
-#: in the driver's JVM): a Spark session doing ten small aggregations and Delta writes
-#: took 46 s of JVM CPU with it, 65 s without, and no longer (``[spark.conf]``)
-SPARK_CLIENT_COMPILER = {"spark.driver.extraJavaOptions": " ".join(CLIENT_COMPILER)}
 
 
 def _java_argv(
@@ -564,6 +559,4 @@ def install_kafka_cds() -> None:
         say(f"kafka class-data archive: unusable ({check.stdout[-200:]}); not kept")
         partial.unlink(missing_ok=True)
         return
-    size = partial.stat().st_size
-    partial.replace(archive)
-    archive.with_name(archive.name + ".ok").write_text(f"{size}\n")
+    mark_cds_archive(partial, archive)

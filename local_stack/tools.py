@@ -26,6 +26,7 @@ __all__ = [
     "kafka_cds_archive",
     "kafka_classpath",
     "kafka_log4j_config",
+    "mark_cds_archive",
     "mosquitto_bin",
     "say",
     "tools_dir",
@@ -80,6 +81,13 @@ def cds_flags(archive: Path) -> list[str]:
     except (OSError, ValueError):
         return []
     return [f"-XX:SharedArchiveFile={archive}", "-XX:+VerifySharedSpaces"]
+
+
+def mark_cds_archive(partial: Path, archive: Path) -> None:
+    """Put a checked archive in place, its size beside it for :func:`cds_flags`."""
+    size = partial.stat().st_size
+    partial.replace(archive)
+    archive.with_name(archive.name + ".ok").write_text(f"{size}\n")
 
 
 def kafka_log4j_config() -> Path:

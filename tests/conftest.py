@@ -27,13 +27,13 @@ import pytest
 from fleet_sim.publisher import DEFAULT_AIS
 from local_stack.kafka import (
     CLIENT_COMPILER,
-    SPARK_CLIENT_COMPILER,
     BrokerSecurity,
     KafkaBroker,
     start_kafka,
 )
 from local_stack.mosquitto import MosquittoBroker, start_mosquitto
 from local_stack.process import stop_procs
+from local_stack.spark import spark_driver_conf
 from local_stack.tls import make_authority
 from local_stack.toxiproxy import Toxiproxy, ToxiproxyServer, start_toxiproxy
 
@@ -209,7 +209,7 @@ def spark(stack_root: Path) -> Iterator[object]:
             **SCHEDULER_CONF,
             "spark.sql.warehouse.dir": str(stack_root / "warehouse"),
             "spark.driver.memory": "1g",
-            **SPARK_CLIENT_COMPILER,
+            **spark_driver_conf(),
         },
     )
     yield session

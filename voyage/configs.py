@@ -22,7 +22,7 @@ from typing import Any
 
 import tomli_w
 
-from local_stack.kafka import SPARK_CLIENT_COMPILER
+from local_stack.spark import spark_driver_conf
 from voyage.security import STAFF, env_var
 from voyage.topology import HQ, PORTS, SATELLITE, SITES, STREAMS, WIFI, neighbours
 
@@ -134,7 +134,7 @@ def sites_config(
                 "conf": {
                     "spark.ui.enabled": "false",
                     "spark.sql.shuffle.partitions": "1",
-                    **SPARK_CLIENT_COMPILER,
+                    **spark_driver_conf(),
                 },
             },
             "staff": [{"username": STAFF, "password": secret_ref("staff", STAFF)}],

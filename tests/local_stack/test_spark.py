@@ -3,6 +3,7 @@ job depends on exactly this (identity travels in headers)."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,11 @@ import pytest
 from confluent_kafka import Producer
 
 from local_stack.kafka import KafkaBroker
+from local_stack.spark import spark_cds_archive, spark_driver_conf
+from local_stack.tools import cds_flags
 from shorelink.contract import H_ORIGIN, H_SEQ
 from shorelink.kafka.topics import TopicSpec, ensure_topics
+from spark_core.cli import spark_submit_bin
 from tests.helpers import unique
 
 pytestmark = pytest.mark.spark
@@ -95,3 +99,34 @@ def test_spark_streaming_available_now_reads_everything_then_stops(
     )
     q2.awaitTermination(120)
     assert sorted(seen) == [1, 2]
+
+
+def test_local_drivers_map_the_class_data_archive_setup_made(spark: Any, tmp_path: Path) -> None:
+    """scripts/setup made this environment's archive (``install_spark_cds``); every
+    local driver (the tests' session, the voyage's and the tests' site applications) is
+    given it, and a driver that must map it (``-Xshare:on``) starts with it. A truncated
+    copy is not given (the JVM would crash on it)."""
+    archive = spark_cds_archive()
+    assert archive is not None and archive.stat().st_size > 10_000_000
+    flags = cds_flags(archive)
+    options = spark_driver_conf()["spark.driver.extraJavaOptions"].split()
+    assert flags and all(f in options for f in flags)
+    jvm = spark.sparkContext._jvm
+    args = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert all(f in args for f in flags), args
+    out = subprocess.run(
+        [
+            str(spark_submit_bin()),
+            *("--conf", "spark.driver.extraJavaOptions=-Xshare:on " + " ".join(flags)),
+            "--version",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0 and "version 4." in out.stderr, out.stderr[-500:]
+    truncated = tmp_path / "truncated.jsa"
+    with archive.open("rb") as f:
+        truncated.write_bytes(f.read(1_000_000))
+    (tmp_path / "truncated.jsa.ok").write_text(f"{archive.stat().st_size}\n")
+    assert cds_flags(truncated) == []

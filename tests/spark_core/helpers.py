@@ -11,7 +11,7 @@ from typing import Any
 import tomli_w
 from confluent_kafka import Producer
 
-from local_stack.kafka import SPARK_CLIENT_COMPILER
+from local_stack.spark import spark_driver_conf
 from shorelink.contract import LEDGER_TOPIC, Record, canonical_topic, ingress_topic
 from shorelink.identity import Identity
 from shorelink.kafka.endpoint import KafkaEndpoint
@@ -43,7 +43,7 @@ def site_doc(
             "conf": {
                 "spark.sql.shuffle.partitions": "2",
                 "spark.ui.enabled": "false",
-                **SPARK_CLIENT_COMPILER,
+                **spark_driver_conf(),
             },
         },
         "sites": {

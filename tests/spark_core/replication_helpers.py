@@ -17,12 +17,12 @@ from confluent_kafka import Producer
 
 from local_stack.kafka import (
     CLIENT_COMPILER,
-    SPARK_CLIENT_COMPILER,
     KafkaBroker,
     LinkListener,
     start_kafka,
 )
 from local_stack.process import free_ports
+from local_stack.spark import spark_driver_conf
 from local_stack.toxiproxy import Toxiproxy
 from shorelink.contract import KAFKA_MAX_MESSAGE_BYTES, Record, ingress_topic
 from shorelink.identity import Identity
@@ -138,7 +138,7 @@ class Topology:
     def toml(self) -> str:
         parts = [
             '[spark]\nmaster = "local[2]"\n[spark.conf]\n'
-            + "".join(f'"{k}" = "{v}"\n' for k, v in SPARK_CLIENT_COMPILER.items()),
+            + "".join(f'"{k}" = "{v}"\n' for k, v in spark_driver_conf().items()),
         ]
         for name, slot in self.slots.items():
             parts.append(
