@@ -367,7 +367,10 @@ class Puller:
                     "auto.offset.reset": "earliest",
                     # where a partition ends (past transaction markers): recovery's end
                     "enable.partition.eof": True,
-                    "fetch.wait.max.ms": 50 if self.urgent else 100,
+                    # fetch.wait.max.ms stays Kafka's 500 ms: a fetch parked at the
+                    # end of a relay returns as soon as a record commits there, so a
+                    # shorter wait brings nothing sooner; it only has the neighbour
+                    # answer empty fetches 10-20 times a second per puller
                     # no probe timeout here: a fetch of a few MiB over a slow link takes
                     # seconds, and cut short it would be asked again for ever (the link
                     # probes of spark_core/routing.py tell a neighbour gone)

@@ -319,7 +319,10 @@ class LinkState:
                     "enable.auto.commit": False,
                     "auto.offset.reset": "earliest",
                     "isolation.level": "read_committed",
-                    "fetch.wait.max.ms": 10,
+                    # Kafka's 500 ms fetch wait: the consumer fetches in the background
+                    # between probes, and a fetch parked at the end returns as soon as
+                    # a report arrives; 10 ms had each link ask its neighbour about 100
+                    # times a second (the sites' brokers' busiest work in the voyage)
                     "enable.partition.eof": True,
                     "socket.timeout.ms": int(self._timeout * 1000),
                 }
