@@ -146,6 +146,11 @@ class Session:
                         out, ahead = await ahead, None
                         if out is not None and out.epoch != out.cursor.epoch:
                             continue  # built before its stream was rewound: stale
+                        if out is None:
+                            # it looked while batches were in flight, and a stream
+                            # rewound by a 409 waits for those; they may have settled
+                            # since (a slow link), so look again before giving up
+                            out = await self._next()
                     else:
                         out = await self._next()
                     if out is None:

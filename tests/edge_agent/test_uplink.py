@@ -203,7 +203,9 @@ async def test_daily_budget_holds_within_2_percent_and_survives_restart(tmp_path
 
 async def test_409_adopts_the_sites_holdings_and_resends_from_there(tmp_path: Path) -> None:
     """A site whose view we had wrong (restored from an older state) tells us what it
-    holds; the uplink fills exactly the difference instead of giving up or looping."""
+    holds; the uplink fills exactly the difference, in the same round (the link is slow
+    enough that the batch after the window is looked for before the 409s come back),
+    instead of giving up or looping."""
     cfg = uplink_config(
         tmp_path,
         gateways=[("tokyo", "port_wifi")],
@@ -212,7 +214,7 @@ async def test_409_adopts_the_sites_holdings_and_resends_from_there(tmp_path: Pa
     log = open_log(cfg)
     fill(log, "containers", 300)
     log.note_sent("containers", 100)  # the history: 1-100 went out before
-    gw = MemoryGateway("tokyo", "port_wifi")
+    gw = MemoryGateway("tokyo", "port_wifi", latency=0.05)
     gw.written["containers"] = _all(50)
     gw.stale_holdings = {"containers": _all(100)}
     up = _uplink(cfg, log, [gw])
