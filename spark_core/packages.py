@@ -1,10 +1,14 @@
 """Maven coordinates Spark needs on its classpath, matched to the installed pyspark.
 
-Spark 4.0.0 with Delta 4.0.0, both Scala 2.13. Newer pairs look tempting (delta-spark
-4.4.1 on PyPI supports pyspark <= 4.2.0) but their JVM halves are not complete on Maven
-Central: ``spark-sql-kafka-0-10`` depends on ``spark-token-provider-kafka-0-10`` of the
-same version, which Central serves for 4.0.0 only, and ``delta-spark_2.13`` stops at
-4.4.0. Bump these together with the pins in pyproject.toml.
+Spark 4.0.0 with Delta 4.0.0, both Scala 2.13. Newer complete sets exist: Maven Central
+serves ``spark-sql-kafka-0-10_2.13`` and ``spark-token-provider-kafka-0-10_2.13`` for
+4.1.1 and 4.2.0 too, and ``delta-spark_2.13`` up to 4.4.0 (its PyPI half asks for
+pyspark >= 4.0.1, <= 4.2.0). They are not taken because nothing here needs them:
+replication no longer runs Spark streaming queries between sites (spark_core/pull.py),
+so Real-time Mode (4.1+) has no hop to speed up, and the alert and steady-lag goals
+are met on 4.0.0 (docs/replication.md). Bump these together with the pins in
+pyproject.toml, and run ``shorelink stack install`` again (the drivers' class-data
+archive is made from the installed pyspark).
 """
 
 from __future__ import annotations
