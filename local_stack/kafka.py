@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import os
-import subprocess
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -34,11 +33,12 @@ from local_stack.errors import StackError
 from local_stack.process import Proc, free_ports, port_open, stop_procs
 from local_stack.tls import Authority
 from local_stack.tools import (
+    archive_flags,
     cds_flags,
     kafka_cds_archive,
     kafka_classpath,
     kafka_log4j_config,
-    mark_cds_archive,
+    keep_cds_archive,
     say,
 )
 from shorelink.config import Secret
@@ -542,21 +542,8 @@ def install_kafka_cds() -> None:
             say(f"kafka class-data archive: not made ({exc}); brokers start without it")
             partial.unlink(missing_ok=True)
             return
-    if not partial.exists() or partial.stat().st_size == 0:
-        say("kafka class-data archive: the broker wrote none; brokers start without it")
-        return
-    check = subprocess.run(  # -Xshare:on fails rather than run without the archive
-        [
-            *("java", "-Xshare:on", f"-XX:SharedArchiveFile={partial}", "-XX:+VerifySharedSpaces"),
-            *("-cp", kafka_classpath(), "kafka.tools.StorageTool", "random-uuid"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if check.returncode != 0:
-        say(f"kafka class-data archive: unusable ({check.stdout[-200:]}); not kept")
-        partial.unlink(missing_ok=True)
-        return
-    mark_cds_archive(partial, archive)
+    check = [  # -Xshare:on fails rather than run without the archive
+        *("java", "-Xshare:on", *archive_flags(partial)),
+        *("-cp", kafka_classpath(), "kafka.tools.StorageTool", "random-uuid"),
+    ]
+    keep_cds_archive("kafka", partial, archive, check)

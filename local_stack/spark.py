@@ -30,7 +30,7 @@ from confluent_kafka import Producer
 
 from local_stack.errors import StackError
 from local_stack.kafka import CLIENT_COMPILER, start_kafka
-from local_stack.tools import cds_flags, mark_cds_archive, say, tools_dir
+from local_stack.tools import archive_flags, cds_flags, keep_cds_archive, say, tools_dir
 from shorelink.contract import Record, ingress_topic
 from shorelink.identity import Identity
 from shorelink.kafka.endpoint import KafkaEndpoint
@@ -92,29 +92,12 @@ def install_spark_cds() -> None:
             say(f"spark class-data archive: not made ({exc}); drivers start without it")
             partial.unlink(missing_ok=True)
             return
-    if not partial.exists() or partial.stat().st_size == 0:
-        say("spark class-data archive: the driver wrote none; drivers start without it")
-        return
-    check = subprocess.run(  # -Xshare:on fails rather than run without the archive
-        [
-            str(_spark_submit()),
-            *("--conf", f"{_OPTIONS}=-Xshare:on {' '.join(_archive_flags(partial))}"),
-            "--version",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if check.returncode != 0:
-        say(f"spark class-data archive: unusable ({check.stderr[-200:]}); not kept")
-        partial.unlink(missing_ok=True)
-        return
-    mark_cds_archive(partial, archive)
-
-
-def _archive_flags(archive: Path) -> list[str]:
-    return [f"-XX:SharedArchiveFile={archive}", "-XX:+VerifySharedSpaces"]
+    check = [  # -Xshare:on fails rather than run without the archive
+        *(str(_spark_submit()), "--conf"),
+        f"{_OPTIONS}=-Xshare:on {' '.join(archive_flags(partial))}",
+        "--version",
+    ]
+    keep_cds_archive("spark", partial, archive, check)
 
 
 def _spark_submit() -> Path:

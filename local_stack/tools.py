@@ -21,12 +21,13 @@ from local_stack.errors import StackError
 __all__ = [
     "KAFKA_VERSION",
     "TOXIPROXY_VERSION",
+    "archive_flags",
     "cds_flags",
     "install_all",
     "kafka_cds_archive",
     "kafka_classpath",
     "kafka_log4j_config",
-    "mark_cds_archive",
+    "keep_cds_archive",
     "mosquitto_bin",
     "say",
     "tools_dir",
@@ -80,11 +81,26 @@ def cds_flags(archive: Path) -> list[str]:
             return []
     except (OSError, ValueError):
         return []
+    return archive_flags(archive)
+
+
+def archive_flags(archive: Path) -> list[str]:
+    """The JVM flags that map ``archive``, unchecked (:func:`cds_flags` checks first)."""
     return [f"-XX:SharedArchiveFile={archive}", "-XX:+VerifySharedSpaces"]
 
 
-def mark_cds_archive(partial: Path, archive: Path) -> None:
-    """Put a checked archive in place, its size beside it for :func:`cds_flags`."""
+def keep_cds_archive(what: str, partial: Path, archive: Path, check: list[str]) -> None:
+    """Put the archive a JVM just dumped at ``partial`` in place as ``archive``, its size
+    beside it for :func:`cds_flags`, if ``check`` (a JVM run that maps ``partial`` with
+    ``-Xshare:on``, so it fails rather than run without it) succeeds; else drop it."""
+    if not partial.exists() or partial.stat().st_size == 0:
+        say(f"{what} class-data archive: none written; they start without it")
+        return
+    run = subprocess.run(check, capture_output=True, text=True, timeout=120, check=False)
+    if run.returncode != 0:
+        say(f"{what} class-data archive: unusable ({(run.stdout + run.stderr)[-200:]}); not kept")
+        partial.unlink(missing_ok=True)
+        return
     size = partial.stat().st_size
     partial.replace(archive)
     archive.with_name(archive.name + ".ok").write_text(f"{size}\n")
