@@ -61,22 +61,27 @@ def clean_env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def lean_venv(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """Factory: ``lean_venv("edge")`` -> a fresh venv with ``shorelink[edge]``, made once
-    per module (pip's cache is the user's, shared)."""
+    per module from one wheel built once (pip's cache is the user's, shared). The venvs
+    have no pip of their own: this environment's pip installs into them (``--python``)."""
     root = tmp_path_factory.mktemp("install")
     src = copy_source(root / "src")
+
+    def pip(*args: str) -> None:
+        cmd = [sys.executable, "-m", "pip", *args]
+        subprocess.run(cmd, check=True, timeout=300, env=clean_env(), cwd=root)
+
+    pip("wheel", "-q", "--no-deps", "-w", str(root), str(src))
+    (wheel,) = root.glob("shorelink-*.whl")
     made: dict[str, Path] = {}
 
     def get(extra: str) -> Path:
         if extra not in made:
             venv = root / extra
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
             subprocess.run(
-                [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"{src}[{extra}]"],
-                check=True,
-                timeout=300,
-                env=clean_env(),
-                cwd=root,
+                [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
             )
+            python = str(venv / "bin" / "python")
+            pip("--python", python, "install", "-q", "--no-compile", f"{wheel}[{extra}]")
             made[extra] = venv
         return made[extra]
 

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from shorelink.errors import ContractError
 from shorelink.ship_report import MAX_REPORT_BYTES, ShipReport, decode_report, encode_report
+from tests.strategies import DIGITS, LOWER, words
 
-names = st.from_regex(r"[a-z0-9][a-z0-9_-]{0,62}", fullmatch=True)
+names = words(LOWER + DIGITS, LOWER + DIGITS + "_-", 62)
 counts = st.integers(0, 2**63 - 1)
 pairs = st.tuples(counts, counts)
 

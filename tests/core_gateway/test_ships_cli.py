@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from core_gateway.auth import Credentials, ShipCredential
 from core_gateway.cli import main, render_ships
+from tests.strategies import DIGITS, LOWER, words
 
 SAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "gateway" / "gateway.toml"
-names = st.from_regex(r"[a-z0-9][a-z0-9_-]{0,62}", fullmatch=True)
+names = words(LOWER + DIGITS, LOWER + DIGITS + "_-", 62)
 
 
 def _config(tmp_path: Path) -> Path:

@@ -173,6 +173,8 @@ class PowerCutResult:
     #: stored twice because the sensor sent them twice: the broker had them (saved)
     #: but its PUBACK had not reached the sensor when the power went (QoS 1)
     doubled_by_sensor: int
+    #: messages the broker acknowledged per second of the steady publish
+    rate: float
 
 
 def run_power_cuts(
@@ -202,6 +204,7 @@ def run_power_cuts(
         _wait_subscribed(db, sensor)
         t = threading.Thread(target=publish_steadily, daemon=True)
         t.start()
+        began = time.monotonic()
         for _ in range(kills):
             time.sleep(rng.uniform(0.8, 2.0))
             # the power cut: both at once
@@ -213,6 +216,7 @@ def run_power_cuts(
         time.sleep(1.0)
         stop.set()
         t.join(10)
+        published_s = time.monotonic() - began
         sensor.settle()
         acked = sensor.acked_seqs()
         # drain: the agent takes what the broker kept until nothing more arrives
@@ -237,6 +241,7 @@ def run_power_cuts(
         lost=len(acked - set(stored)),
         doubled=sum(c - 1 for n, c in stored.items() if c > 1 and n not in resent),
         doubled_by_sensor=sum(c - 1 for n, c in stored.items() if c > 1 and n in resent),
+        rate=len(acked) / published_s,
     )
 
 
@@ -259,17 +264,24 @@ def _table_ready(db: Path) -> bool:
         )
 
 
+#: what a power cut may lose, in seconds of the sensor's rate: what the broker had passed
+#: straight to the agent and the agent had not committed yet, a commit's latency (a few
+#: ms on an idle machine; 25 ms with both cores busy, seen). ship.conf's former 30 s
+#: autosave lost 0.3 s of it per cut (docs/edge-agent.md, "Power cuts").
+LOSS_WINDOW_S = 0.1
+
+
 def test_power_cut_of_broker_and_agent_together_measured_with_ship_conf(tmp_path: Path) -> None:
     """15 power cuts (kill -9 of Mosquitto and the agent at once) during a steady
-    publish lose no more than the window docs/edge-agent.md ("Power cuts") states, a
-    few messages per cut (with ship.conf's former 30 s autosave: thousands), and the
-    agent stores nothing twice that the sensor sent once."""
+    publish lose no more than the window docs/edge-agent.md ("Power cuts") states, what
+    the agent had not committed yet (:data:`LOSS_WINDOW_S`; with ship.conf's former 30 s
+    autosave: thousands), and the agent stores nothing twice that the sensor sent once."""
     extra = os.environ.get("SHORELINK_POWER_CUT_CONF", "")  # measuring: "key value;key value"
     overrides = dict(kv.strip().split(" ", 1) for kv in extra.split(";") if kv.strip())
     r = run_power_cuts(tmp_path, kills=15, overrides=overrides)
     print(f"power cut: {r}")
     assert r.acked > 5000
-    assert r.lost <= 3 * r.kills, r
+    assert r.lost <= r.kills * r.rate * LOSS_WINDOW_S, r
     assert r.doubled == 0, r
 
 

@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge_agent.status import render
+from tests.strategies import DIGITS, LOWER, words
 
-names = st.from_regex(r"[a-z][a-z0-9_-]{0,62}", fullmatch=True)
+names = words(LOWER, LOWER + DIGITS + "_-", 62)
 counts = st.integers(0, 10**15)
 
 

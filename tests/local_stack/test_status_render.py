@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from local_stack.cli import render_status, stack
 from local_stack.stack import Component, StackInfo
 from tests.helpers import run_process
+from tests.strategies import DIGITS, LOWER, words
 
-names = st.from_regex(r"[a-z][a-z0-9:_-]{0,40}", fullmatch=True)
+names = words(LOWER, LOWER + DIGITS + ":_-", 40)
 
 
 def _fits_and_whole(lines: list[str], figures: list[str], words: list[str]) -> None:

@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shorelink.textout import INDENT, block, table, terminal_width, wrap
+from tests.strategies import DIGITS, LOWER, words
 
-names = st.from_regex(r"[a-z][a-z0-9_:.-]{0,62}", fullmatch=True)
+names = words(LOWER, LOWER + DIGITS + "_:.-", 62)
 figures = st.integers(0, 10**15).map(str)
 labels = st.from_regex(r"[a-z][a-z ]{0,14}[a-z]", fullmatch=True)
 

@@ -15,8 +15,9 @@ from spark_core.access import AccessChanges, plan_access
 from spark_core.cli import render_access_changes, render_topic_changes
 from spark_core.config import SitesConfig, parse_config
 from spark_core.topics import TopicState, plan_changes, site_specs
+from tests.strategies import DIGITS, LOWER, words
 
-names = st.from_regex(r"[a-z][a-z0-9-]{0,40}", fullmatch=True)
+names = words(LOWER, LOWER + DIGITS + "-", 40)
 
 
 def _sites(site: str, neighbour: str, streams: list[str], partitions: int) -> SitesConfig:

@@ -124,7 +124,7 @@ class Feeder(threading.Thread):
                 continue
             failed = 0
             self.last = hi
-            self.stop.wait(0.5)
+            self.stop.wait(2.0)  # ~10 new records a second: the table keeps up
 
 
 # four spark-submit start-ups (three killed, one to finish: each kill lands after a merge

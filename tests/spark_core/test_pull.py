@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from shorelink.contract import relay_topic
 from spark_core.merge_state import pulled_source, source_entry, source_stream, topic_stream
+from tests.strategies import DIGITS, LOWER, words
 
-_NAME = st.from_regex(r"[a-z][a-z0-9-]{0,20}", fullmatch=True)
+_NAME = words(LOWER, LOWER + DIGITS + "-", 20)
 
 
 @given(

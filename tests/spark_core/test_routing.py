@@ -131,7 +131,9 @@ def test_a_neighbour_whose_pullers_keep_failing_is_held_for_longer_each_time(
     twice that if it fails again at once, up to MAX_HOLD_TTLS; a TTL of pulling without
     failure starts again from one. Only the failing neighbour is held."""
     links = _link_state(tmp_path)
-    t = time.monotonic()
+    # a whole second, so that its sums with the holds are exact (a raw monotonic reading
+    # is not: 40.00000000000023 on a machine up for 20 minutes); status() reads the clock
+    t = float(int(time.monotonic()))
     links.note_pulls({"b": (t, "denied")}, now=t + FAIL_GRACE_PROBES - 0.5)
     assert links.edges(t + 3)[1] == set()  # not yet: failing for less than the grace
     t += FAIL_GRACE_PROBES

@@ -78,9 +78,12 @@ def _json(url: str) -> dict[str, Any]:
 
 
 def _alive_workers(ui: str) -> int:
+    """Workers the master counts alive; 0 while its page does not answer yet (three JVMs
+    starting at once on a loaded machine: over 30 s, seen)."""
     try:
-        return int(_json(ui)["aliveworkers"])
-    except OSError:
+        with urllib.request.urlopen(f"{ui}/json/", timeout=5) as r:
+            return int(json.loads(r.read())["aliveworkers"])
+    except (OSError, http.client.HTTPException):
         return 0
 
 
