@@ -42,13 +42,25 @@ def write_toml(path: Path, doc: dict[str, Any]) -> Path:
     return path
 
 
+#: a check that costs time (reading whole topics, a Spark job) is asked again only after
+#: this many times its own duration: the waiting test takes at most a third of a core
+#: (and of the brokers it reads from), and notices the condition at most that much later
+POLL_COST_FACTOR = 2.0
+
+
 def _polls(
-    check: Callable[[], object], within: float, what: str, proc: Proc | None
-) -> Iterator[None]:
-    """Yield (the caller sleeps) until ``check()`` holds; fail naming ``what`` after
-    ``within`` s, or as soon as ``proc`` has exited, with the tail of its log."""
+    check: Callable[[], object], within: float, what: str, proc: Proc | None, interval: float
+) -> Iterator[float]:
+    """Yield how long the caller sleeps until ``check()`` holds: ``interval``, or
+    :data:`POLL_COST_FACTOR` times what the last check took if longer; fail naming
+    ``what`` after ``within`` s, or as soon as ``proc`` has exited, with the tail of its
+    log."""
     deadline = time.monotonic() + within
-    while not check():
+    while True:
+        began = time.monotonic()
+        if check():
+            return
+        spent = time.monotonic() - began
         if proc is not None and not proc.alive():
             raise AssertionError(
                 f"{proc.name} exited before {what}; see {proc.log}:\n{proc.tail()}"
@@ -56,7 +68,7 @@ def _polls(
         if time.monotonic() > deadline:
             tail = f"; see {proc.log}:\n{proc.tail()}" if proc is not None else ""
             raise AssertionError(f"timed out after {within:g}s waiting for {what}{tail}")
-        yield
+        yield min(max(interval, POLL_COST_FACTOR * spent), max(0.0, deadline - time.monotonic()))
 
 
 def eventually(
@@ -67,10 +79,11 @@ def eventually(
     proc: Proc | None = None,
     interval: float = 0.05,
 ) -> None:
-    """Poll ``check`` until it is true; fail naming ``what`` after ``within`` s, or as
+    """Poll ``check`` until it is true (every ``interval`` s, or less often when the check
+    itself takes long: :func:`_polls`); fail naming ``what`` after ``within`` s, or as
     soon as ``proc`` (the process that should make it true) has exited."""
-    for _ in _polls(check, within, what, proc):
-        time.sleep(interval)
+    for delay in _polls(check, within, what, proc, interval):
+        time.sleep(delay)
 
 
 async def eventually_async(
@@ -83,8 +96,8 @@ async def eventually_async(
 ) -> None:
     """:func:`eventually` on the event loop: servers and agents in the test keep running
     while it waits."""
-    for _ in _polls(check, within, what, proc):
-        await asyncio.sleep(interval)
+    for delay in _polls(check, within, what, proc, interval):
+        await asyncio.sleep(delay)
 
 
 def grows_to(
