@@ -65,7 +65,7 @@ HOST = "127.0.0.1"
 # and the first consumer group on a fresh broker take seconds. An idle broker writes a
 # no-op metadata record every 5 s, not every 0.5 s (Kafka's default): with its
 # heartbeats (:data:`SINGLE_NODE_PROPERTIES`), that halves what a dozen idle local
-# brokers cost a 2-core machine (1.4-1.9 CPU-s a minute each, 0.8-0.9 after).
+# brokers cost a 2-core machine (1.4-1.9 CPU-s a minute each, 0.8-1.0 after).
 SERVER_PROPERTIES = """\
 process.roles=broker,controller
 node.id={node_id}

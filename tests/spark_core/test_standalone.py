@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -59,32 +58,37 @@ class Standalone:
     procs: list[Proc]
 
 
+def _ask(url: str) -> dict[str, Any] | None:
+    """A master's or worker's JSON page, or None while it does not answer (not up yet,
+    or its Jetty closed the connection without an answer, as on a loaded machine)."""
+    try:
+        with urllib.request.urlopen(f"{url}/json/", timeout=5) as r:
+            got = json.loads(r.read())
+    except (OSError, http.client.HTTPException):
+        return None
+    assert isinstance(got, dict)
+    return got
+
+
 def _json(url: str) -> dict[str, Any]:
-    """A master's or worker's JSON page. Its Jetty sometimes closes a connection without
-    an answer on a loaded machine: asked again, up to a bound."""
-    got: list[dict[str, Any]] = []
+    """:func:`_ask`, asked again until it answers, up to a bound."""
+    pages: list[dict[str, Any]] = []
 
-    def ask() -> bool:
-        try:
-            with urllib.request.urlopen(f"{url}/json/", timeout=5) as r:
-                got.append(json.loads(r.read()))
-        except (ConnectionError, http.client.HTTPException, urllib.error.URLError):
-            return False
-        return True
+    def answered() -> bool:
+        page = _ask(url)
+        if page is not None:
+            pages.append(page)
+        return bool(pages)
 
-    eventually(ask, within=30, what=f"an answer from {url}/json/", interval=0.5)
-    assert isinstance(got[0], dict)
-    return got[0]
+    eventually(answered, within=30, what=f"an answer from {url}/json/", interval=0.5)
+    return pages[0]
 
 
 def _alive_workers(ui: str) -> int:
     """Workers the master counts alive; 0 while its page does not answer yet (three JVMs
     starting at once on a loaded machine: over 30 s, seen)."""
-    try:
-        with urllib.request.urlopen(f"{ui}/json/", timeout=5) as r:
-            return int(json.loads(r.read())["aliveworkers"])
-    except (OSError, http.client.HTTPException):
-        return 0
+    page = _ask(ui)
+    return 0 if page is None else int(page["aliveworkers"])
 
 
 @pytest.fixture(scope="module")
