@@ -4,7 +4,9 @@ that consumers at HQ depend on.
 - key: the record's logical key (a container id, ``position``, ...);
 - value: the payload bytes exactly as the sensor published them;
 - headers: ``sl.origin``, ``sl.stream``, ``sl.seq`` (decimal ASCII), ``sl.ts`` (event
-  time, epoch ms), ``sl.site`` (site whose gateway took it in), ``sl.mqtt_topic``.
+  time, epoch ms), ``sl.site`` (site whose gateway took it in), ``sl.mqtt_topic``; in
+  a canonical or relay topic also ``sl.entered`` (when the entry site's gateway wrote
+  it into Kafka, epoch ms on that site's clock), after them.
 
 Readers of a canonical topic ``sl.<stream>`` must read with
 ``isolation.level=read_committed``: the merge writes in Kafka transactions, and a
@@ -28,6 +30,7 @@ __all__ = [
     "DEAD_UNKNOWN_TOPIC",
     "GATEWAY_CURSOR_TOPIC",
     "HEADER_LAYOUT",
+    "H_ENTERED",
     "H_MQTT_TOPIC",
     "H_ORIGIN",
     "H_SEQ",
@@ -39,11 +42,13 @@ __all__ = [
     "LINKS_TOPIC",
     "MARKER_TOPIC",
     "MAX_RECORD_BYTES",
+    "RELAYED_TOPIC",
     "Record",
     "canonical_topic",
     "contract_headers",
     "customer_topic",
     "dead_topic",
+    "entered_ms",
     "ingress_topic",
     "marker_key",
     "oversized_record",
@@ -59,6 +64,12 @@ H_SITE = "sl.site"
 H_MQTT_TOPIC = "sl.mqtt_topic"
 #: the headers, in the order every shorelink writer puts them
 HEADER_LAYOUT = (H_ORIGIN, H_STREAM, H_SEQ, H_TS, H_SITE, H_MQTT_TOPIC)
+#: After :data:`HEADER_LAYOUT` in a canonical or relay topic: when the entry site's
+#: gateway wrote the record into ``sl.ingress.<stream>`` (that record's Kafka timestamp,
+#: epoch ms on the entry site's clock). The entry site's merge adds it; every other site
+#: carries it unchanged, so a record's own timestamp at each site (when that site's merge
+#: wrote it) and this header give its timeline hop by hop (docs/replication.md).
+H_ENTERED = "sl.entered"
 
 #: The largest record shorelink carries anywhere, counted by :func:`record_bytes`
 #: (payload + key + MQTT topic, UTF-8). Defined once and checked at every hop: the ship
@@ -81,6 +92,10 @@ GATEWAY_CURSOR_TOPIC = "sl.gateway.cursor"
 #: compacted; key :func:`marker_key`, value JSON of the merge's last committed batch
 #: (spark_core/merge_state.py)
 MARKER_TOPIC = "sl.merge.marker"
+#: compacted; key ``<entry>/<origin>/<stream>``, value the seqs (ranges) this site wrote
+#: to ``sl.relay.<entry>.<stream>``: so a record that reaches the site again through
+#: another entry is relayed under that entry too, once (spark_core/merge_state.py)
+RELAYED_TOPIC = "sl.merge.relayed"
 #: malformed records whose source topic names no valid stream (the merge's dead letters)
 DEAD_UNKNOWN_TOPIC = "sl.dead.unknown"
 #: compacted; key: a site's name, value JSON: which of its neighbours that site could
@@ -203,6 +218,15 @@ class Record:
         except KeyError as exc:
             raise ContractError(f"record lacks header {exc.args[0]}") from None
         return cls(identity, key or b"", value or b"", ts, site, topic)
+
+
+def entered_ms(headers: HeaderList | None) -> int | None:
+    """The :data:`H_ENTERED` header's value (epoch ms), None where a record has none
+    (an ingress record) or one that is no decimal number: it only informs."""
+    items = (headers.items() if isinstance(headers, dict) else headers) or ()
+    raw = next((v for k, v in reversed(list(items)) if k == H_ENTERED and v is not None), None)
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    return int(text) if text and text.isascii() and text.isdigit() and len(text) < 19 else None
 
 
 def _header_map(headers: HeaderList) -> dict[str, str]:

@@ -46,6 +46,7 @@ from shorelink.contract import (
     LEDGER_TOPIC,
     LINKS_TOPIC,
     MARKER_TOPIC,
+    RELAYED_TOPIC,
     canonical_topic,
 )
 from shorelink.kafka.admin import Admin
@@ -230,7 +231,8 @@ def _application(plan: AccessPlan, s: SiteConfig) -> None:
     # what it reads and purges: the gateway's ingress
     plan.allow(who, TOPIC, "sl.ingress.", PREFIXED, (*_READ, "DELETE", "DESCRIBE_CONFIGS"))
     # what it alone writes
-    for topic in [canonical_topic(st) for st in s.streams] + [LEDGER_TOPIC, MARKER_TOPIC]:
+    own = [LEDGER_TOPIC, MARKER_TOPIC, RELAYED_TOPIC]
+    for topic in [canonical_topic(st) for st in s.streams] + own:
         plan.allow(who, TOPIC, topic, LITERAL, _OWN)
     plan.allow(who, TOPIC, LINKS_TOPIC, LITERAL, _OWN)
     for prefix in ("sl.dead.", "sl.relay.", "sl.customer."):

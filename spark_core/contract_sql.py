@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from shorelink.contract import (
+    H_ENTERED,
     H_MQTT_TOPIC,
     H_ORIGIN,
     H_SEQ,
@@ -92,7 +93,14 @@ _LAYOUT_HOLDS = " AND ".join(
         *(f"try_element_at(headers, {i + 1}).key = '{n}'" for i, n in enumerate(HEADER_LAYOUT)),
     ]
 )
-_IN_LAYOUT = f"coalesce({_LAYOUT_HOLDS}, false)"
+#: SQL: the same, or :data:`HEADER_LAYOUT` then ``sl.entered`` (what the merge writes
+#: to a canonical or relay topic): the contract's headers are still at their places
+_READ_LAYOUT_HOLDS = _LAYOUT_HOLDS.replace(
+    f"size(headers) = {len(HEADER_LAYOUT)}",
+    f"(size(headers) = {len(HEADER_LAYOUT)} OR (size(headers) = {len(HEADER_LAYOUT) + 1}"
+    f" AND try_element_at(headers, {len(HEADER_LAYOUT) + 1}).key = '{H_ENTERED}'))",
+)
+_IN_LAYOUT = f"coalesce({_READ_LAYOUT_HOLDS}, false)"
 _LAYOUT = "sl_layout"  # the flag's column between the two projections
 
 # -- read: what Record.from_kafka reads ----------------------------------------------------

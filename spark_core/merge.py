@@ -33,6 +33,7 @@ from shorelink.contract import (
     HEADER_LAYOUT,
     LEDGER_TOPIC,
     MARKER_TOPIC,
+    RELAYED_TOPIC,
     customer_topic,
     marker_key,
     relay_topic,
@@ -51,6 +52,7 @@ from spark_core.merge_state import (
     RowBatch,
     SourceBatch,
     SourceRow,
+    encode_relayed,
     plan_batch,
     source_entry,
     topic_stream,
@@ -85,6 +87,9 @@ class Totals:
     customer: int = 0
     #: batches a puller wrote (records read from a neighbour's relay topics)
     pulled: int = 0
+    #: records the site held already, written to the relay topic of the other entry
+    #: they came through (merge_state.plan_batch)
+    relayed_again: int = 0
     #: where the driver's time went, in seconds: Spark computing the batch and handing
     #: it over as Arrow, the plan (dedup, order, fetching the rows written), the
     #: Kafka transaction
@@ -115,6 +120,7 @@ class Merger:
         self._sites = sites
         self.entries = frozenset(relay_entries(site, sites))
         self._relays: dict[tuple[str, str, bytes | str | None], str] = {}
+        self._entries: dict[str, str] = {}
         self.transactional_id = (
             site.merge.transactional_id
             if query == "merge"
@@ -159,6 +165,7 @@ class Merger:
         specs = [
             TopicSpec(LEDGER_TOPIC, partitions=1, compacted=True),
             TopicSpec(MARKER_TOPIC, partitions=1, compacted=True),
+            TopicSpec(RELAYED_TOPIC, partitions=1, compacted=True),
             TopicSpec(DEAD_UNKNOWN_TOPIC, retention_ms=m.dead_retention_ms),
         ]
         self._ensure([*specs, *self._stream_specs(self.site.streams)])  # one admin round
@@ -236,19 +243,28 @@ class Merger:
             return None
         return customer_topic(owner, stream)
 
+    def _entry(self, read_from: str) -> str:
+        """The entry site of what was read from ``read_from``: where the record was
+        read from, never what it claims. A pulled record entered where its relay topic
+        says, the rest here; an entry that is not a site of the file counts as entered
+        here (so it still reaches every site)."""
+        entry = self._entries.get(read_from)
+        if entry is None:
+            entry = source_entry(read_from)
+            if entry not in self.entries:
+                entry = self.site.name
+            self._entries[read_from] = entry
+        return entry
+
     def _relay(self, stream_topic: str, read_from: str, headers: Sequence[tuple[str, Any]]) -> str:
-        """The relay topic of a canonical record: its entry site and stream. The entry
-        is where the record was read from, never what it claims: a pulled record
-        entered where its relay topic says, the rest here; an entry that is not a site
-        of the file counts as entered here (so it still reaches every site). A record
-        of this site's ingress whose ``sl.site`` names another site (a gateway's
-        ``site`` key that is not this site's name) is logged once per name."""
+        """The relay topic of a canonical record: its entry site (:meth:`_entry`) and
+        stream. A record of this site's ingress whose ``sl.site`` names another site (a
+        gateway's ``site`` key that is not this site's name) is logged once per name."""
         site = _header(headers, H_SITE)
         key = (stream_topic, read_from, site)
         topic = self._relays.get(key)
         if topic is None:
-            entry = source_entry(read_from)
-            if entry is None:
+            if source_entry(read_from) is None:
                 claimed = site.decode(errors="replace") if isinstance(site, bytes) else site
                 if claimed != self.site.name:
                     log.warning(
@@ -258,8 +274,7 @@ class Merger:
                         read_from,
                         claimed,
                     )
-            if entry not in self.entries:
-                entry = self.site.name
+            entry = self._entry(read_from)
             topic = self._relays[key] = relay_topic(entry, stream_topic[len("sl.") :])
         return topic
 
@@ -311,12 +326,12 @@ class Merger:
             not pulled and self.state.last_batch is not None and batch_id <= self.state.last_batch
         )
         with cyclic_gc_paused():
-            plan = plan_batch(batch, self.state)
+            plan = plan_batch(batch, self.state, self._entry if self.entries else None)
             self._ensure_streams(plan.streams)
             t2 = time.monotonic()
             before = dict(self.state.offsets)  # what the batch before this one committed
             customer = 0
-            if plan.canonical or plan.dead or plan.offsets:
+            if plan.canonical or plan.again or plan.dead or plan.offsets:
                 customer = self._commit(batch_id, plan)
             if not (replay or pulled) and self.site.merge.purge_sources:
                 self._purger.purge(before)  # spark_core/purge.py: why one batch behind
@@ -360,17 +375,25 @@ class Merger:
                     if customer is not None and (owned := customer(topic, key, headers)):
                         p.produce(owned, key, value, headers)
                         to_customers += 1
+                if relay is not None:
+                    for (topic, key, value, headers), read_from in zip(
+                        plan.again, plan.again_from, strict=True
+                    ):
+                        p.produce(relay(topic, read_from, headers), key, value, headers)
                 for topic, key, value, headers in plan.dead:
                     p.produce(topic, key, value, headers)
                 for (origin, stream), held in plan.ledger.items():
                     k, v = encode_entry(origin, stream, held)
                     p.produce(LEDGER_TOPIC, k, v, None)
+                for relayed, seqs in plan.relayed.items():
+                    p.produce(RELAYED_TOPIC, *encode_relayed(relayed, seqs), None)
                 p.produce(MARKER_TOPIC, marker_key(self.site.name, self.query), marker, None)
         except KafkaTransactionError as exc:
             self._fail(exc)
         # committed: the in-memory state follows what Kafka now holds
         self.totals.customer += to_customers
         self.state.held.update(plan.ledger)
+        self.state.relayed.update(plan.relayed)
         self.state.offsets = offsets
         self.state.last_batch = batch_id
         return to_customers
@@ -425,6 +448,7 @@ class Merger:
         t.duplicates += plan.duplicates
         t.dead += len(plan.dead)
         t.skipped += plan.skipped
+        t.relayed_again += len(plan.again)
         self.last = {
             "batch_id": batch_id,
             "input": plan.input,
@@ -432,6 +456,7 @@ class Merger:
             "duplicates": plan.duplicates,
             "dead": len(plan.dead),
             "skipped": plan.skipped,
+            "relayed_again": len(plan.again),
             "customer": customer,
             "replay": replay,
             "pulled": pulled,
@@ -439,8 +464,8 @@ class Merger:
         }
         log.info(
             "event=merge_batch site=%s batch=%d pulled=%s input=%d written=%d duplicates=%d dead=%d "
-            "skipped=%d customer=%d replay=%s sources=%d ranges=%d duration_ms=%.1f fetch_ms=%.1f "
-            "plan_ms=%.1f txn_ms=%.1f",
+            "skipped=%d relayed_again=%d customer=%d replay=%s sources=%d ranges=%d "
+            "duration_ms=%.1f fetch_ms=%.1f plan_ms=%.1f txn_ms=%.1f",
             self.site.name,
             batch_id,
             str(pulled).lower(),
@@ -449,6 +474,7 @@ class Merger:
             plan.duplicates,
             len(plan.dead),
             plan.skipped,
+            len(plan.again),
             customer,
             str(replay).lower(),
             len(self.state.held),

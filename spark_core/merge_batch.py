@@ -37,8 +37,9 @@ def batch_frame(df: Any) -> Any:
     test_merge.py`` and ``test_contract_sql.py`` hold it to that). A vouched row travels
     without its ``headers`` list: three flat columns (``h_ts``, ``h_site``,
     ``h_mqtt_topic``) carry what origin, seq and topic do not say, which is far cheaper
-    to turn into Arrow and back (see ``ArrowBatch``)."""
-    return vouch(df, *_KAFKA)
+    to turn into Arrow and back (see ``ArrowBatch``). ``written_ms`` is the Kafka
+    timestamp in epoch ms (for ``sl.ingress.*``, when the gateway wrote the record)."""
+    return vouch(df.selectExpr("*", "unix_millis(timestamp) AS written_ms"), *_KAFKA, "written_ms")
 
 
 class ArrowBatch:
@@ -83,6 +84,11 @@ class ArrowBatch:
             for j, h in enumerate(rebuilt)
         ]
         return list(zip(topics, keys, values, headers, strict=True))
+
+    def written_ms(self, rows: Sequence[int]) -> Sequence[int | None]:
+        if not rows:
+            return []
+        return _ints(pc.take(self._col("written_ms"), pa.array(rows, pa.int64())))
 
 
 def _column(table: pa.Table, name: str) -> pa.Array:

@@ -1,10 +1,12 @@
 """What the merge has already written, rebuilt from Kafka (the source of truth), and
 the pure decision of what a batch adds to it (:func:`plan_batch`).
 
-Two compacted topics, both written only inside the merge's Kafka transactions:
+Three compacted topics, all written only inside the merge's Kafka transactions:
 - ``sl.ledger``: ``origin/stream`` -> the seqs in the canonical topic (the dedup state);
 - ``sl.merge.marker``: ``<site>/merge`` -> the last committed batch: Spark batch id and,
-  per source topic-partition, the next offset not yet handled.
+  per source topic-partition, the next offset not yet handled;
+- ``sl.merge.relayed``: ``entry/origin/stream`` -> the seqs written to
+  ``sl.relay.<entry>.<stream>`` (at a site some other site pulls from).
 
 Both are read with ``read_committed`` at start-up (and after any failed transaction), so
 the state is exactly what committed transactions wrote, whatever Spark's checkpoint says.
@@ -12,17 +14,20 @@ the state is exactly what committed transactions wrote, whatever Spark's checkpo
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from shorelink.contract import (
     DEAD_UNKNOWN_TOPIC,
+    H_ENTERED,
     H_MQTT_TOPIC,
     LEDGER_TOPIC,
     MARKER_TOPIC,
     MAX_RECORD_BYTES,
+    RELAYED_TOPIC,
     Record,
     canonical_topic,
     dead_topic,
@@ -45,6 +50,8 @@ __all__ = [
     "RowBatch",
     "SourceBatch",
     "SourceRow",
+    "decode_relayed",
+    "encode_relayed",
     "plan_batch",
     "pulled_source",
     "source_entry",
@@ -54,6 +61,7 @@ __all__ = [
 
 Source = tuple[str, str]  # (origin, stream)
 TopicPart = tuple[str, int]  # (topic, partition)
+Relayed = tuple[str, str, str]  # (entry, origin, stream)
 
 
 class MergeError(SparkCoreError):
@@ -74,9 +82,14 @@ class MergeState:
     held: dict[Source, RangeSet] = field(default_factory=dict)
     offsets: dict[TopicPart, int] = field(default_factory=dict)
     last_batch: int | None = None
+    #: per (entry, origin, stream) the seqs written to ``sl.relay.<entry>.<stream>``
+    relayed: dict[Relayed, RangeSet] = field(default_factory=dict)
 
     def held_for(self, source: Source) -> RangeSet:
         return self.held.get(source) or RangeSet()
+
+    def relayed_for(self, key: Relayed) -> RangeSet:
+        return self.relayed.get(key) or RangeSet()
 
     def ranges(self) -> int:
         """Size of the state, in ranges (a few per ship and stream)."""
@@ -105,14 +118,14 @@ class MergeState:
     def load(
         cls, kafka: KafkaEndpoint, site: str, timeout: float = 60.0, *, query: str = "merge"
     ) -> MergeState:
-        """Read ``sl.ledger`` and this site query's marker at ``kafka`` to their
-        committed end (within ``timeout``)."""
+        """Read ``sl.ledger``, ``sl.merge.relayed`` and this site query's marker at
+        ``kafka`` to their committed end (within ``timeout``)."""
         state = cls()
         key = marker_key(site, query)
         try:
             # one consumer for both, and no fetch parked at the end of a small topic
             # waiting for data (fetch.wait.max.ms, 500 ms by default): start-up is quick
-            topics = [LEDGER_TOPIC, MARKER_TOPIC]
+            topics = [LEDGER_TOPIC, MARKER_TOPIC, RELAYED_TOPIC]
             quick: dict[str, object] = {"fetch.wait.max.ms": 10}
             for msg in read_to_end(kafka, topics, timeout=timeout, extra=quick):
                 value = msg.value()
@@ -122,6 +135,11 @@ class MergeState:
                     continue
                 if value is None:
                     continue
+                if msg.topic() == RELAYED_TOPIC:
+                    with contextlib.suppress(ContractError):  # the merge writes none such
+                        relay, seqs = decode_relayed(msg.key(), value)
+                        state.relayed[relay] = seqs
+                    continue
                 try:
                     origin, stream, held = decode_entry(msg.key(), value)
                 except ContractError:
@@ -130,6 +148,25 @@ class MergeState:
         except (KafkaClientError, ValueError, KeyError) as exc:
             raise MergeError(f"cannot load merge state from {kafka.bootstrap}: {exc}") from exc
         return state
+
+
+def encode_relayed(key: Relayed, seqs: RangeSet) -> tuple[bytes, bytes]:
+    """A record of :data:`RELAYED_TOPIC`: ``entry/origin/stream`` -> ranges."""
+    return "/".join(key).encode(), str(seqs).encode()
+
+
+def decode_relayed(key: bytes | None, value: bytes | None) -> tuple[Relayed, RangeSet]:
+    """Parse one record of :data:`RELAYED_TOPIC`; raises ContractError if it is not one."""
+    try:
+        entry, origin, stream = (key or b"").decode().split("/")
+        names = (
+            check_name("site", entry),
+            check_name("origin", origin),
+            check_name("stream", stream),
+        )
+        return names, RangeSet.parse((value or b"").decode())
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ContractError(f"bad relayed entry {key!r}: {exc}") from exc
 
 
 #: headers added to a dead-lettered record (the original ones are kept as they were)
@@ -152,10 +189,13 @@ class SourceRow:
     key: bytes | None
     value: bytes | None
     headers: Headers
+    #: the record's Kafka timestamp (epoch ms): for a record of ``sl.ingress.*``, when the
+    #: gateway wrote it (None when the reader did not ask)
+    written_ms: int | None = None
 
     @classmethod
     def from_spark(cls, row: Any) -> SourceRow:
-        """From a Spark ``Row`` or the dict ``pyarrow`` gives for one row."""
+        """From the dict ``pyarrow`` gives for one row of :func:`batch_frame`."""
         hs = row["headers"] or []
         return cls(
             row["topic"],
@@ -164,6 +204,7 @@ class SourceRow:
             None if row["key"] is None else bytes(row["key"]),
             None if row["value"] is None else bytes(row["value"]),
             [(h["key"], None if h["value"] is None else bytes(h["value"])) for h in hs],
+            row.get("written_ms"),
         )
 
 
@@ -187,6 +228,10 @@ class SourceBatch(Protocol):
         """``(topics[i], key, value, headers)`` of row ``rows[i]``, in that order."""
         ...
 
+    def written_ms(self, rows: Sequence[int]) -> Sequence[int | None]:
+        """The Kafka timestamp (epoch ms) of each row of ``rows``, in that order."""
+        ...
+
 
 class RowBatch:
     """A batch of :class:`SourceRow` (tests, tools): every row gets the full check."""
@@ -207,6 +252,9 @@ class RowBatch:
             (t, r.key, r.value, r.headers) for t, r in zip(topics, map(self.row, rows), strict=True)
         ]
 
+    def written_ms(self, rows: Sequence[int]) -> Sequence[int | None]:
+        return [self._rows[i].written_ms for i in rows]
+
 
 @dataclass
 class BatchPlan:
@@ -219,6 +267,13 @@ class BatchPlan:
     dead: list[Out] = field(default_factory=list)
     #: full new range sets of the (origin, stream) pairs this batch extends
     ledger: dict[tuple[str, str], RangeSet] = field(default_factory=dict)
+    #: records the site holds already that came again through another entry, and that
+    #: entry's relay topic lacks: written to that relay topic only (``again_from``: the
+    #: source each was read from, as ``read_from``)
+    again: list[Out] = field(default_factory=list)
+    again_from: list[str] = field(default_factory=list)
+    #: full new range sets of the (entry, origin, stream) this batch relays
+    relayed: dict[Relayed, RangeSet] = field(default_factory=dict)
     #: next offset per source partition once this batch commits
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     #: streams whose canonical or dead-letter topic this batch writes
@@ -276,9 +331,21 @@ def topic_stream(topic: str) -> str | None:
         return None
 
 
-def plan_batch(batch: SourceBatch | Iterable[SourceRow], state: MergeState) -> BatchPlan:
+def plan_batch(
+    batch: SourceBatch | Iterable[SourceRow],
+    state: MergeState,
+    entry_of: Callable[[str], str] | None = None,
+) -> BatchPlan:
     """Pure: dedup ``batch`` against ``state`` and within itself (the first copy of an
     identity wins), order the new identities by seq per ``(origin, stream)``.
+
+    With ``entry_of`` (a source topic's entry site: the merge relays), each record
+    written is also relayed under its entry, and a record the site holds already that
+    came through another entry whose relay topic lacks it is relayed there too
+    (``plan.again``): so a site's ``sl.relay.<E>.*`` holds every record of E that
+    reached it through E, whichever entry's copy came first. Without that, one
+    identity entered at two sites could miss a site for good in a graph that is not a
+    full mesh (docs/replication.md, "One identity entered at two sites").
 
     The loop runs once per record on the driver, so it keeps per-partition and
     per-source lookups out of the common path: rows come grouped by source partition,
@@ -287,6 +354,9 @@ def plan_batch(batch: SourceBatch | Iterable[SourceRow], state: MergeState) -> B
     plan = BatchPlan(input=len(b.offsets))
     new: dict[Source, tuple[dict[int, int], RangeSet, int]] = {}  # seen seq -> row, held
     streams: dict[str, str | None] = {}
+    again: list[tuple[int, Relayed, int]] = []  # rows relayed again: (entry, source), seq
+    again_seen: dict[Relayed, set[int]] = {}
+    entry_site: str | None = None  # of partition tp, when the merge relays
     topics, partitions, offsets, origins, seqs = (
         b.topics,
         b.partitions,
@@ -306,6 +376,7 @@ def plan_batch(batch: SourceBatch | Iterable[SourceRow], state: MergeState) -> B
             if tp[0] not in streams:
                 streams[tp[0]] = source_stream(tp[0])
             stream = streams[tp[0]]
+            entry_site = None if entry_of is None else entry_of(tp[0])
         offset = offsets[i]
         if offset < floor:
             plan.skipped += 1
@@ -329,12 +400,59 @@ def plan_batch(batch: SourceBatch | Iterable[SourceRow], state: MergeState) -> B
         seen, held, top = entry
         if seq in seen or (seq <= top and seq in held):
             plan.duplicates += 1
+            if entry_site is not None and entry_of is not None:
+                first = seen.get(seq)
+                key = (entry_site, *source)
+                if (first is None or entry_of(topics[first]) != entry_site) and _relay_again(
+                    key, seq, state, again_seen
+                ):
+                    again.append((i, key, seq))
             continue
         seen[seq] = i
     if tp is not None and high:
         plan.offsets[tp] = high
-    _order_new(b, {source: seen for source, (seen, _, _) in new.items()}, state, plan)
+    _order_new(b, {source: seen for source, (seen, _, _) in new.items()}, state, plan, entry_of)
+    if again:
+        _plan_again(b, again, state, plan)
+    for key, relayed in plan.relayed.items():
+        if len(relayed) > MAX_HOLDINGS_RANGES:  # kept small: forgetting only relays again
+            plan.relayed[key] = RangeSet(list(relayed)[-MAX_HOLDINGS_RANGES:])
     return plan
+
+
+def _relay_again(key: Relayed, seq: int, state: MergeState, seen: dict[Relayed, set[int]]) -> bool:
+    """Does a copy of ``seq`` (held, or written by this batch) that came through the
+    entry of ``key`` still have to go to that entry's relay topic? Once per batch."""
+    marks = seen.setdefault(key, set())
+    if seq in marks or seq in state.relayed_for(key):
+        return False
+    marks.add(seq)
+    return True
+
+
+def _plan_again(
+    b: SourceBatch, again: list[tuple[int, Relayed, int]], state: MergeState, plan: BatchPlan
+) -> None:
+    """The relay-only copies and their relayed ranges. One over the size limit is not
+    relayed (the copy the site holds was within it)."""
+    rows = [i for i, _, _ in again]
+    records = b.records([canonical_topic(key[2]) for _, key, _ in again], rows)
+    read_from = [b.topics[i] for i in rows]
+    _stamp_entered(records, read_from, b.written_ms(rows))
+    big = _oversized(records)
+    for j, (_, key, seq) in enumerate(again):
+        if j not in big:
+            plan.again.append(records[j])
+            plan.again_from.append(read_from[j])
+            _relayed(plan, state, key, seq)
+
+
+def _relayed(plan: BatchPlan, state: MergeState, key: Relayed, seq: int) -> None:
+    """``seq`` goes to the relay topic of ``key``'s entry in this batch."""
+    seqs = plan.relayed.get(key)
+    if seqs is None:
+        seqs = plan.relayed[key] = state.relayed_for(key).copy()
+    seqs.add(seq)
 
 
 def _checked_identity(row: SourceRow, stream: str | None) -> tuple[str, str, int]:
@@ -348,7 +466,11 @@ def _checked_identity(row: SourceRow, stream: str | None) -> tuple[str, str, int
 
 
 def _order_new(
-    b: SourceBatch, new: dict[Source, dict[int, int]], state: MergeState, plan: BatchPlan
+    b: SourceBatch,
+    new: dict[Source, dict[int, int]],
+    state: MergeState,
+    plan: BatchPlan,
+    entry_of: Callable[[str], str] | None = None,
 ) -> None:
     """Seq order per source; the new ledger entries; fetch the written rows at once.
 
@@ -381,16 +503,33 @@ def _order_new(
                 plan.dead.append(_dead_record(b.row(order[i]), source[1], reason))
             else:
                 held.add(seq)
+                if entry_of is not None:
+                    _relayed(plan, state, (entry_of(b.topics[order[i]]), *source), seq)
             i += 1
         plan.streams.add(source[1])
         if held != state.held_for(source):
             plan.ledger[source] = held
     read_from = [b.topics[j] for j in order]
+    _stamp_entered(records, read_from, b.written_ms(order))
     if big:
         plan.canonical = [r for j, r in enumerate(records) if j not in big]
         plan.read_from = [r for j, r in enumerate(read_from) if j not in big]
     else:
         plan.canonical, plan.read_from = records, read_from
+
+
+def _stamp_entered(
+    records: list[Out], read_from: Sequence[str], written: Sequence[int | None]
+) -> None:
+    """A record that entered here (read from ``sl.ingress.*``) gets :data:`H_ENTERED`:
+    when the gateway wrote it, its ingress record's timestamp. One that a writer other
+    than the merge stamped already has it replaced; a pulled record keeps its own."""
+    for i, (source, ms) in enumerate(zip(read_from, written, strict=True)):
+        if ms is None or topic_stream(source) is None:
+            continue
+        topic, key, value, headers = records[i]
+        kept = [h for h in headers if h[0] != H_ENTERED]
+        records[i] = (topic, key, value, [*kept, (H_ENTERED, b"%d" % ms)])
 
 
 def _splits(held: RangeSet, seq: int) -> bool:

@@ -224,7 +224,9 @@ class Puller:
             offset = m.offset() or 0
             key, value = m.key(), m.value()
             headers: Headers = list(m.headers() or [])  # type: ignore[arg-type]
-            rows.append(SourceRow(self._sources[tp[0]], tp[1], offset, key, value, headers))
+            kind, ms = m.timestamp()  # kind 0: the record has no timestamp
+            source = self._sources[tp[0]]
+            rows.append(SourceRow(source, tp[1], offset, key, value, headers, ms if kind else None))
             size += len(key or b"") + len(value or b"")
             size += sum(len(k) + len(v or b"") for k, v in headers)
             self._note_read(tp[0], tp[1], offset)

@@ -38,6 +38,7 @@ from shorelink.contract import (
     LEDGER_TOPIC,
     LINKS_TOPIC,
     MARKER_TOPIC,
+    RELAYED_TOPIC,
     canonical_topic,
     customer_topic,
     dead_topic,
@@ -156,7 +157,7 @@ def keyed_topics(site: SiteConfig, cfg: SitesConfig | None) -> set[str]:
 def site_specs(cfg: SitesConfig, site: SiteConfig | str) -> list[TopicSpec]:
     """Every topic ``site`` needs: its gateway's (``sl.ingress.<stream>``,
     ``sl.gateway.cursor``), the merge's (canonical, dead, relay,
-    ``sl.ledger``, ``sl.merge.marker``, ``sl.dead.unknown``) and the link reports
+    ``sl.ledger``, ``sl.merge.marker``, ``sl.merge.relayed``, ``sl.dead.unknown``) and the link reports
     (``sl.links``)."""
     s = cfg.site(site) if isinstance(site, str) else site
     return [
@@ -166,6 +167,7 @@ def site_specs(cfg: SitesConfig, site: SiteConfig | str) -> list[TopicSpec]:
         *_customer_specs(cfg, s),
         TopicSpec(LEDGER_TOPIC, partitions=1, compacted=True),
         TopicSpec(MARKER_TOPIC, partitions=1, compacted=True),
+        TopicSpec(RELAYED_TOPIC, partitions=1, compacted=True),
         TopicSpec(DEAD_UNKNOWN_TOPIC, retention_ms=s.merge.dead_retention_ms),
         TopicSpec(LINKS_TOPIC, partitions=1, compacted=True),
     ]

@@ -336,6 +336,22 @@ def render_html(report: dict[str, Any]) -> str:
             for k, v in (alert.get("sites") or {}).items()
         ]
         parts.append(_table(["site", "first alert after", "all alerts after", "alerts"], rows))
+        hops = [h for h in alert.get("timeline") or [] if isinstance(h, dict)]
+        if hops:
+            parts.append("<p>The first alert to arrive anywhere, hop by hop:</p>")
+            parts.append(
+                _table(
+                    ["hop", "after the event", "this hop took"],
+                    [
+                        [
+                            _e(h.get("hop")),
+                            _num(h.get("after_s"), 1, " s"),
+                            _num(h.get("took_s"), 1, " s"),
+                        ]
+                        for h in hops
+                    ],
+                )
+            )
         parts.append(_chart(_alert_chart, alert))
     else:
         parts.append("<p class='muted'>no overboard event in this run</p>")

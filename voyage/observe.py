@@ -29,6 +29,7 @@ from shorelink.contract import (
     H_STREAM,
     H_TS,
     canonical_topic,
+    entered_ms,
 )
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError, UnknownTopic, classify, kafka_errors
@@ -47,6 +48,9 @@ class Arrival:
     key: str
     mqtt_topic: str
     payload: bytes
+    #: wall seconds since the run started, when the gateway of its entry site wrote it
+    #: (``sl.entered``; None for a record without it)
+    entered_s: float | None = None
 
 
 class SiteWatch(threading.Thread):
@@ -131,6 +135,7 @@ class SiteWatch(threading.Thread):
             key.decode(errors="replace") if key else "",
             headers.get(H_MQTT_TOPIC, ""),
             (m.value() or b"") if ident[1] in self.payloads_of else b"",  # type: ignore[attr-defined]
+            None if (entered := entered_ms(m.headers())) is None else entered / 1000 - self.t0,  # type: ignore[attr-defined]
         )
 
     def count(self) -> int:

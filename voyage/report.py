@@ -223,17 +223,16 @@ def _alert(o: Observed) -> tuple[dict[str, Any] | None, list[str], list[str]]:
     problems = []
     slow = []
     raised = None
+    first_alert: tuple[float, Ident, Arrival] | None = None  # the first at any site
     for site in SITES:
         arrived = []
-        for (origin, stream, _seq), a in o.arrivals.get(site, {}).items():
-            if origin != ship or stream != "alerts" or a.key not in boxes:
+        for ident, a in o.arrivals.get(site, {}).items():
+            if ident[0] != ship or ident[1] != "alerts" or a.key not in boxes:
                 continue
-            try:
-                body = json.loads(a.payload)
-            except ValueError:
-                continue
-            if isinstance(body, dict) and body.get("alarm") == "overboard":
+            if _overboard_body(a) is not None:
                 arrived.append(a.at_s)
+                if first_alert is None or a.at_s < first_alert[0]:
+                    first_alert = (a.at_s, ident, a)
         first = min(arrived) if arrived else None
         sites[site] = {
             "latency_s": round(first - event_s, 2) if first is not None else None,
@@ -259,11 +258,52 @@ def _alert(o: Observed) -> tuple[dict[str, Any] | None, list[str], list[str]]:
             "first_site_s": raised and round(raised, 2),
             "position": ev.get("position"),
             "sites": sites,
+            "timeline": first_alert and _hops(o, first_alert[1], first_alert[2], event_s),
             "goal_s": ALERT_GOAL_S,
         },
         problems,
         slow,
     )
+
+
+def _overboard_body(a: Arrival) -> dict[str, Any] | None:
+    try:
+        body = json.loads(a.payload)
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) and body.get("alarm") == "overboard" else None
+
+
+def _hops(o: Observed, ident: Ident, a: Arrival, event_s: float) -> list[dict[str, Any]]:
+    """One overboard alert's way, hop by hop, in seconds from the overboard event: the
+    shock and the silence that raised it on the ship (the alert's own event time and
+    ``silence_s`` in voyage time: the earliest the agent could raise it), when the
+    gateway of its entry site wrote it into Kafka (``sl.entered``), when each site's
+    merge wrote it (the entry site's first). Each hop with its own cost (``took_s``). The clocks are
+    one machine's in the voyage; at sea they are the ship's and each site's."""
+    body = _overboard_body(a) or {}
+    hops: list[tuple[str, float | None]] = [("overboard", event_s)]
+    ts, silence = body.get("ts"), body.get("silence_s")
+    if isinstance(ts, int | float) and isinstance(silence, int | float):
+        # event times are voyage time, which runs `speed` times faster than the wall
+        raised = o.plan.wall_offset(ts / 1000 + silence)
+        hops.append(("raised on the ship (shock + silence)", raised))
+    hops.append((f"written at {a.entry}'s gateway", a.entered_s))
+    merged = sorted(
+        (site, got.at_s)
+        for site in SITES
+        if (got := o.arrivals.get(site, {}).get(ident)) is not None
+    )
+    merged.sort(key=lambda sa: (sa[0] != a.entry, sa[1]))
+    hops += [(f"merged at {site}", at) for site, at in merged]
+    out: list[dict[str, Any]] = []
+    before: float | None = None
+    for what, at in hops:
+        since = None if at is None else round(at - event_s, 2)
+        took = None if at is None or before is None else round(at - before, 2)
+        out.append({"hop": what, "after_s": since, "took_s": took})
+        before = at if at is not None else before
+    return out
 
 
 def _links(o: Observed) -> dict[str, Any]:

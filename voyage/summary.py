@@ -71,6 +71,13 @@ def summary_text(report: dict[str, Any]) -> str:
             f"{k} {_s((v or {}).get('latency_s'))}" for k, v in (alert.get("sites") or {}).items()
         )
         lines += textwrap.wrap(f"alert after: {per}", 80, subsequent_indent="  ")
+        hops = "  ".join(
+            f"{h.get('hop')} +{_s(h.get('took_s'))}"
+            for h in (alert.get("timeline") or [])[1:]
+            if isinstance(h, dict)
+        )
+        if hops:
+            lines += textwrap.wrap(f"hop by hop: {hops}", 80, subsequent_indent="  ")
     cust = report.get("customer")
     if cust:
         lines.append("")

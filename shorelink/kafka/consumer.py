@@ -51,7 +51,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from shorelink.contract import Record, canonical_topic, customer_topic
+from shorelink.contract import Record, canonical_topic, customer_topic, entered_ms
 from shorelink.errors import ContractError, ShorelinkError
 from shorelink.identity import Identity
 from shorelink.kafka.admin import Admin
@@ -82,6 +82,10 @@ class Consumed:
     topic: str
     partition: int
     offset: int
+    #: when this site's merge wrote it (the record's Kafka timestamp, epoch ms)
+    merged_ms: int | None = None
+    #: when the gateway of the site it entered at wrote it (``sl.entered``, epoch ms)
+    entered_ms: int | None = None
 
     @property
     def identity(self) -> Identity:
@@ -102,6 +106,8 @@ class Consumed:
             ts=r.ts_ms,
             site=r.site,
             mqtt_topic=r.mqtt_topic,
+            entered_ms=self.entered_ms,
+            merged_ms=self.merged_ms,
             topic=self.topic,
             partition=self.partition,
             offset=self.offset,
@@ -386,7 +392,9 @@ class PortableConsumer:
             self.skipped += 1
             return
         self._pending.add(i)
-        out.append(Consumed(rec, topic, part, offset))
+        kind, ms = msg.timestamp()  # kind 0: the record has no timestamp
+        entered = entered_ms(msg.headers())
+        out.append(Consumed(rec, topic, part, offset, ms if kind else None, entered))
 
     # -- position ------------------------------------------------------------------------
     def commit(self) -> None:

@@ -41,6 +41,7 @@ from shorelink.contract import (
     Record,
     canonical_topic,
     dead_topic,
+    entered_ms,
 )
 from shorelink.errors import ContractError
 from shorelink.kafka.endpoint import KafkaEndpoint
@@ -253,7 +254,8 @@ class SiteFollower:
             if last is None or report.at_ms >= last[0].at_ms:
                 f.reports[origin] = (report, rec.ts_ms, rec.site)
         elif topic == self.alerts_topic:
-            f.alerts.append(_alert(rec))
+            kind, merged = msg.timestamp()  # kind 0: the record has no timestamp
+            f.alerts.append(_alert(rec, entered_ms(msg.headers()), merged if kind else None))
         elif topic == self.nav_topic:
             text = rec.value.decode("utf-8", "replace").strip()
             # AIS sentences are other vessels, not the ship's own track
@@ -270,7 +272,9 @@ class SiteFollower:
             f.heard[origin] = Heard(kafka_ts, rec.site)
 
 
-def _alert(rec: Record) -> dict[str, Any]:
+def _alert(rec: Record, entered: int | None, merged: int | None) -> dict[str, Any]:
+    """An alert as the page lists it, with its way here: when its entry site's gateway
+    wrote it (``entered_ms``) and when this site's merge did (``merged_ms``)."""
     text = rec.value.decode("utf-8", "replace")
     body: Any = text[:MAX_ALERT_TEXT]
     try:
@@ -285,5 +289,7 @@ def _alert(rec: Record) -> dict[str, Any]:
         "key": rec.key.decode("utf-8", "replace")[:64],
         "ts_ms": rec.ts_ms,
         "site": rec.site,
+        "entered_ms": entered,
+        "merged_ms": merged,
         "body": body,
     }

@@ -5,13 +5,14 @@ canonical topic or a good one die."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shorelink.contract import H_SEQ, HEADER_LAYOUT, Record
+from shorelink.contract import H_ENTERED, H_SEQ, HEADER_LAYOUT, Record
 from shorelink.errors import ContractError
 from shorelink.identity import NAME_RE, Identity
 from spark_core.contract_sql import CONTRACT_COLUMNS, IDENTITY_COLUMNS, read_contract
@@ -37,6 +38,9 @@ FIXED: list[Case] = [
     (INBOX, hdrs(2), False),  # the old inbox topics: not a source any more
     (IN, hdrs(3, site=b"Tokyo Port", mqtt_topic=b""), True),  # any text is a site
     (IN, hdrs(999_999_999_999_999_999), True),  # 18 digits
+    # as a canonical or relay topic has it: read at its places, not vouched at ingress
+    (IN, [*hdrs(4), (H_ENTERED, b"1700000000912")], False),
+    (IN, [*hdrs(5), (H_ENTERED, b"1"), ("sl.seq", b"6")], False),  # the last sl.seq: 6
     # good, left to Python
     (IN, hdrs(BIGINT_MAX), False),
     (IN, hdrs(4, seq=b"0004"), False),  # leading zeros
@@ -136,7 +140,7 @@ _tweaks = st.sampled_from(
     ]
 )
 _text = st.text(st.characters(codec="ascii"), max_size=8) | st.text(max_size=8)
-_keys = st.sampled_from([*HEADER_LAYOUT, "x-extra", "SL.SEQ", "sl.seq "])
+_keys = st.sampled_from([*HEADER_LAYOUT, H_ENTERED, "x-extra", "SL.SEQ", "sl.seq "])
 
 
 @st.composite
@@ -163,7 +167,8 @@ def _case(draw: st.DrawFn) -> Case:
     )
     hs: Headers = list(rec.headers())
     # mostly one change, and mostly a small one: a record a little off the contract
-    for change in draw(st.lists(st.sampled_from([0, 1, 2, 3, 4, 5, 5, 5, 6, 7]), max_size=2)):
+    changes = st.sampled_from([0, 1, 2, 3, 4, 5, 5, 5, 6, 7, 8, 8])
+    for change in draw(st.lists(changes, max_size=2)):
         i = draw(st.integers(0, max(len(hs) - 1, 0)))
         if not hs and change != 4:
             continue
@@ -179,6 +184,8 @@ def _case(draw: st.DrawFn) -> Case:
             hs.insert(draw(st.integers(0, len(hs))), (draw(_keys), draw(_values)))
         elif change == 5:  # a value bent a little
             hs[i] = (hs[i][0], draw(_tweaks)(hs[i][1] or b""))
+        elif change == 8:  # as the merge writes it to a canonical or relay topic
+            hs.append((H_ENTERED, draw(st.integers(0, 2**45).map(b"%d".__mod__) | _values)))
         elif change == 6:
             j = draw(st.integers(0, len(hs) - 1))
             hs[i], hs[j] = hs[j], hs[i]
@@ -223,14 +230,15 @@ def _python(hs: Headers | None) -> Record | None:
 #: the Kafka source's schema, as the merge's and the tables' batches have it
 KAFKA_SCHEMA = (
     "topic STRING, partition INT, offset BIGINT, key BINARY, value BINARY,"
-    " headers ARRAY<STRUCT<key: STRING, value: BINARY>>"
+    " headers ARRAY<STRUCT<key: STRING, value: BINARY>>, timestamp TIMESTAMP"
 )
 
 
 @pytest.mark.spark
 def test_spark_reads_the_record_contract_as_record_from_kafka_does(spark: Any) -> None:
     cases = FIXED + _generated(600)
-    rows = [(t, 0, i, b"k", b"v", hs) for i, (t, hs, _) in enumerate(cases)]
+    written = datetime.now(UTC)
+    rows = [(t, 0, i, b"k", b"v", hs, written) for i, (t, hs, _) in enumerate(cases)]
     frame = spark.createDataFrame(rows, KAFKA_SCHEMA).coalesce(1).cache()
     batch = ArrowBatch(batch_frame(frame).toArrow())
     read = {

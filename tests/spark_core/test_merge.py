@@ -5,6 +5,7 @@ consumer and every other site relies on this."""
 from __future__ import annotations
 
 import shutil
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,13 @@ from confluent_kafka import Producer
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import (
     DEAD_UNKNOWN_TOPIC,
+    H_ENTERED,
     H_SEQ,
     H_SITE,
     MAX_RECORD_BYTES,
     canonical_topic,
     dead_topic,
+    entered_ms,
     ingress_topic,
     relay_topic,
 )
@@ -29,7 +32,13 @@ from shorelink.ledger import MAX_HOLDINGS_RANGES
 from shorelink.ranges import RangeSet
 from spark_core.merge import Merger, SourceRow, plan_batch, start_merge
 from spark_core.merge_batch import ArrowBatch, batch_frame
-from spark_core.merge_state import DEAD_VALUE_MAX, Headers, MergeState, pulled_source
+from spark_core.merge_state import (
+    DEAD_VALUE_MAX,
+    Headers,
+    MergeState,
+    pulled_source,
+    source_entry,
+)
 from tests.helpers import unique
 from tests.spark_core.helpers import (
     assert_exactly_once,
@@ -61,6 +70,72 @@ def test_plan_drops_known_and_repeated_identities_and_orders_by_seq() -> None:
     # rows below a committed batch's offsets were handled already (replay, lost checkpoint)
     state.offsets[(t, 0)] = 6
     assert plan_batch(rows, state).skipped == 6
+
+
+def test_a_record_that_entered_here_carries_when_the_gateway_wrote_it() -> None:
+    """``sl.entered``: the ingress record's Kafka timestamp, added by the entry site's
+    merge (a stamp some other writer put there is replaced); a pulled record keeps the
+    one its entry site gave it."""
+    t = ingress_topic("nav")
+    pulled = pulled_source("hq", "id1", relay_topic("hq", "nav"))
+    forged = [*record("a", "nav", 2).headers(), (H_ENTERED, b"1")]
+    from_hq = [*record("b", "nav", 1).headers(), (H_ENTERED, b"1700000000500")]
+    rows = [
+        SourceRow(t, 0, 0, b"k", b"v", list(record("a", "nav", 1).headers()), 1_700_000_000_100),
+        SourceRow(t, 0, 1, b"k", b"v", forged, 1_700_000_000_200),
+        SourceRow(pulled, 0, 0, b"k", b"v", from_hq, 1_700_000_000_900),
+    ]
+    plan = plan_batch(rows, MergeState())
+    entered = {_origin_seq(h): [v for k, v in h if k == H_ENTERED] for _, _, _, h in plan.canonical}
+    assert entered == {
+        ("a", "1"): [b"1700000000100"],
+        ("a", "2"): [b"1700000000200"],
+        ("b", "1"): [b"1700000000500"],
+    }
+    assert [h[-1][0] for _, _, _, h in plan.canonical] == [H_ENTERED] * 3  # after the layout
+    assert rows[1].headers == forged  # the source row itself is left as it came
+
+
+def test_a_held_record_that_comes_again_through_another_entry_is_relayed_under_it_once() -> None:
+    """A site's ``sl.relay.<E>.*`` holds every record that reached it through E, whichever
+    entry's copy came first (review finding 4; tests/spark_core/test_relay_model.py)."""
+    t = ingress_topic("nav")
+    hq = pulled_source("hq", "id1", relay_topic("hq", "nav"))
+    syd = pulled_source("syd", "id2", relay_topic("syd", "nav"))
+
+    def entry_of(topic: str) -> str:
+        return source_entry(topic) or "tokyo"
+
+    state = MergeState(
+        held={("a", "nav"): RangeSet.parse("1-3")},
+        relayed={("hq", "a", "nav"): RangeSet.parse("1-3")},
+    )
+    rows = [
+        _row(t, 0, "a", "nav", 2),  # held (came through hq): tokyo's own relay lacks it
+        _row(t, 1, "a", "nav", 4),  # new
+        _row(hq, 0, "a", "nav", 3),  # held, and in the hq relay already: nothing
+        _row(syd, 0, "a", "nav", 4),  # written by this batch through tokyo: syd's relay too
+        _row(syd, 1, "a", "nav", 4),  # the same again: once
+        _row(t, 2, "a", "nav", 4),  # through the entry of its first copy: nothing
+    ]
+    plan = plan_batch(rows, state, entry_of)
+    assert [int(dict(h)[H_SEQ]) for _, _, _, h in plan.canonical] == [4] and plan.read_from == [t]
+    again = [
+        (entry_of(src), int(dict(h)[H_SEQ]))
+        for (_, _, _, h), src in zip(plan.again, plan.again_from, strict=True)
+    ]
+    assert again == [("tokyo", 2), ("syd", 4)] and plan.duplicates == 5
+    assert {k: str(v) for k, v in plan.relayed.items()} == {
+        ("tokyo", "a", "nav"): "2,4",
+        ("syd", "a", "nav"): "4",
+    }
+    # committed, the same rows read again (a replay) relay nothing more
+    state.held.update(plan.ledger)
+    state.relayed.update(plan.relayed)
+    replay = plan_batch(rows, state, entry_of)
+    assert (replay.again, replay.relayed, replay.duplicates) == ([], {}, 6)
+    # a site nobody pulls from keeps no relays
+    assert plan_batch(rows, MergeState()).relayed == {}
 
 
 def test_plan_dead_letters_what_breaks_the_contract() -> None:
@@ -118,6 +193,17 @@ def test_duplicates_and_out_of_order_are_written_once_in_seq_order(
         record("ship2", s, q, key="c2") for q in (1, 2)
     }
     assert {r.site for r in got} == {"tokyo"}
+    # each carries when the gateway wrote it: the Kafka timestamp of one of its copies
+    # in sl.ingress (the copy the merge took)
+    ep = KafkaEndpoint.plaintext(b)
+    written: dict[tuple[str, str], set[int]] = {}
+    for m in read_to_end(ep, [ingress_topic(s)]):
+        written.setdefault(_origin_seq(m.headers()), set()).add(m.timestamp()[1])
+    stamped = {
+        _origin_seq(m.headers()): entered_ms(m.headers())
+        for m in read_to_end(ep, [canonical_topic(s)])
+    }
+    assert len(stamped) == 8 and all(ms in written[i] for i, ms in stamped.items())
     held = ledger(b)
     assert str(held[("ship1", s)]) == "1-6" and str(held[("ship2", s)]) == "1-2"
     assert merger.totals.duplicates == 3 and merger.totals.written == 8
@@ -234,6 +320,15 @@ def test_replayed_batch_after_a_crash_writes_nothing_twice(
     assert b"zombie" not in {r.value for r in got}
 
 
+def _origin_seq(headers: Any) -> tuple[str, str]:
+    h = dict(headers)
+    return h["sl.origin"].decode(), h[H_SEQ].decode()
+
+
+def _when(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+
+
 def _kafka_frame(spark: Any, rows: list[SourceRow]) -> Any:
     """Rows with the Kafka source's schema, as the merge's micro-batch has them."""
     from pyspark.sql.types import (
@@ -244,6 +339,7 @@ def _kafka_frame(spark: Any, rows: list[SourceRow]) -> Any:
         StringType,
         StructField,
         StructType,
+        TimestampType,
     )
 
     header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
@@ -255,9 +351,13 @@ def _kafka_frame(spark: Any, rows: list[SourceRow]) -> Any:
             StructField("key", BinaryType()),
             StructField("value", BinaryType()),
             StructField("headers", ArrayType(header)),
+            StructField("timestamp", TimestampType()),
         ]
     )
-    data = [(r.topic, r.partition, r.offset, r.key, r.value, r.headers or None) for r in rows]
+    data = [
+        (r.topic, r.partition, r.offset, r.key, r.value, r.headers or None, _when(r.written_ms))
+        for r in rows
+    ]
     return spark.createDataFrame(data, schema).coalesce(1)
 
 
@@ -301,7 +401,10 @@ def test_spark_vouching_never_changes_what_the_plan_decides(spark: Any) -> None:
         (t, hdrs(23, mqtt_topic=b"\xc3"), False),  # not UTF-8
         (f"sl.ingress.{s}.x", hdrs(24, stream=f"{s}.x".encode()), False),
     ]
-    rows = [SourceRow(topic, 0, i, b"k", b"v%d" % i, hs) for i, (topic, hs, _) in enumerate(cases)]
+    rows = [
+        SourceRow(topic, 0, i, b"k", b"v%d" % i, hs, 1_700_000_000_000 + i)
+        for i, (topic, hs, _) in enumerate(cases)
+    ]
     frame = _kafka_frame(spark, rows)
     assert plan_batch(ArrowBatch(batch_frame(frame.limit(0)).toArrow()), MergeState()).input == 0
     batch = ArrowBatch(batch_frame(frame).toArrow())
@@ -309,6 +412,11 @@ def test_spark_vouching_never_changes_what_the_plan_decides(spark: Any) -> None:
     by_spark, by_python = plan_batch(batch, MergeState()), plan_batch(rows, MergeState())
     assert by_spark == by_python
     assert len(by_spark.canonical) == 8 and len(by_spark.dead) == 16
+    # each written record entered here: stamped with its ingress record's timestamp
+    stamps = [h[-1] for _, _, _, h in by_spark.canonical]
+    assert stamps == [
+        (H_ENTERED, b"%d" % (1_700_000_000_000 + int(v[1:]))) for _, _, v, _ in by_spark.canonical
+    ]
     assert by_spark.duplicates == 1
 
 

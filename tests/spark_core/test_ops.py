@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import sys
 import time
 import urllib.error
@@ -28,7 +29,7 @@ from confluent_kafka import Producer
 from core_gateway.auth import Credentials
 from local_stack.kafka import KafkaBroker
 from local_stack.process import Proc, free_port
-from shorelink.contract import LEDGER_TOPIC, Record, canonical_topic, dead_topic
+from shorelink.contract import H_ENTERED, LEDGER_TOPIC, Record, canonical_topic, dead_topic
 from shorelink.identity import Identity
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.ledger import encode_entry
@@ -67,6 +68,7 @@ class Site:
         value: bytes,
         ts_ms: int,
         topic: str = "",
+        entered_ms: int | None = None,
     ) -> None:
         rec = Record(
             Identity(origin, stream, seq),
@@ -76,8 +78,11 @@ class Site:
             "tokyo",
             topic or f"{origin}/{stream}",
         )
+        headers = rec.headers()
+        if entered_ms is not None:  # as the entry site's merge adds it
+            headers.append((H_ENTERED, b"%d" % entered_ms))
         self.producer.produce(
-            canonical_topic(stream), key=rec.key, value=rec.value, headers=rec.headers()
+            canonical_topic(stream), key=rec.key, value=rec.value, headers=headers
         )
         assert self.producer.flush(20) == 0
 
@@ -305,7 +310,8 @@ def test_the_api_shows_the_sites_facts(site: Site) -> None:
             log_budget=10**9,
         ),
     )
-    site.put("alerts", ship, 1, "MSCU1234565", b'{"alarm": "overboard", "value": 1}', now - 10)
+    overboard = b'{"alarm": "overboard", "value": 1}'
+    site.put("alerts", ship, 1, "MSCU1234565", overboard, now - 10, entered_ms=now - 8000)
     site.put("alerts", ship, 2, "MSCU7654323", b'{"alarm": "door_open"}', now - 5)
     site.raw(dead_topic("nav"), b"x", b"broken")
     # hostile: a report that is not one, a ledger key that names no stream; the page
@@ -357,6 +363,10 @@ def test_the_api_shows_the_sites_facts(site: Site) -> None:
     alerts = [a for a in site.get("/api/alerts") if a["origin"] == ship]
     assert [a["key"] for a in alerts] == ["MSCU7654323", "MSCU1234565"]  # newest first
     assert alerts[1]["body"] == {"alarm": "overboard", "value": 1}
+    # its way here: when the entry site's gateway wrote it, when this site's merge did
+    # (here: when the test wrote it into the canonical topic, after the gateway's time)
+    assert alerts[1]["entered_ms"] == now - 8000
+    assert alerts[1]["merged_ms"] >= now - 8000 and alerts[0]["entered_ms"] is None
     track = site.get("/api/map")["tracks"][ship]
     assert [p[1:] for p in track] == [[35.0, 140.0], [33.1, 137.2], [31.0, 134.5]]
     index = site.get("/api")
@@ -443,10 +453,18 @@ def test_the_page_in_a_real_browser(site: Site) -> None:
             expect(lag).to_have_text("7", timeout=10_000)
 
             # an alert comes in
-            site.put("alerts", ship, 1, "CMAU1234563", b'{"alarm": "overboard"}', now)
+            site.put(
+                "alerts", ship, 1, "CMAU1234563", b'{"alarm": "overboard"}', now, entered_ms=now
+            )
             alert = page.locator('#alerts li.alert[data-key="CMAU1234563"]')
             expect(alert).to_be_visible(timeout=10_000)
             expect(alert).to_contain_text("overboard")
+            # and its way here, hop by hop
+            expect(alert.locator(".hops")).to_have_text(
+                re.compile(
+                    r"written at tokyo's gateway \d\d:\d\d:\d\d UTC, merged here \d+\.\d s later"
+                )
+            )
             expect(page.locator("#alerts li").first).to_have_attribute("data-key", "CMAU1234563")
 
             # the map has drawn the land and the ship (its note counts the ships)

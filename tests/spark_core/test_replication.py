@@ -27,6 +27,7 @@ from shorelink.contract import (
     Record,
     canonical_topic,
     dead_topic,
+    entered_ms,
     record_bytes,
     relay_topic,
 )
@@ -88,16 +89,24 @@ def test_ring_of_three_converges_each_identity_once(
     a, b, c = topo.slots
     ship1 = records(a, "ship1", stream, range(1, 301))
     ship2 = records(b, "ship2", stream, range(1, 301))
-    # one ship uploads parts of one stream at two sites, with an overlap
+    # one ship uploads parts of one stream at two sites, with an overlap; at c the
+    # overlap arrives from a first, then through c's own gateway (a resend)
     ship3_a = records(a, "ship3", stream, range(1, 201))
     ship3_c = records(c, "ship3", stream, range(150, 301))
     enter(topo, a, ship1 + ship3_a)
     enter(topo, b, ship2)
-    enter(topo, c, ship3_c)
     want = {stream: ids(ship1) | ids(ship2) | ids(ship3_a) | ids(ship3_c)}
     with Running(spark, topo) as run:
         run.start()
+        eventually(lambda: ids(ship3_a) <= set(identities(topo, c, stream)), 180, "c has a's")
+        enter(topo, c, ship3_c)
         eventually(lambda: not list(converged(topo, want)), 180, "the ring converged")
+        # every site's relay topic of an entry holds every record that entered there,
+        # whichever entry's copy reached the site first (review finding 4): c's own
+        # relay has the overlap it held from a already, and so has b's relay of c
+        for site in topo.slots:
+            assert _relayed(topo, site, a, stream) >= ids(ship3_a), f"{site}'s relay of a"
+            assert _relayed(topo, site, c, stream) >= ids(ship3_c), f"{site}'s relay of c"
         # caught up reads as caught up: every routed stream "up", 0 records behind
         # (a relay topic ends with a transaction marker, never read as a record)
         eventually(lambda: all(_all_up(run, s) for s in topo.slots), 30, "every status up")
@@ -153,6 +162,15 @@ def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for fam in text_string_to_metric_families(text)
         for s in fam.samples
+    }
+
+
+def _relayed(topo: Topology, site: str, entry: str, stream: str) -> set[Identity]:
+    """The identities in ``site``'s relay topic of ``entry``."""
+    ep = KafkaEndpoint.plaintext(topo.bootstrap(site))
+    return {
+        Record.from_kafka(m.key(), m.value(), m.headers()).identity
+        for m in read_to_end(ep, [relay_topic(entry, stream)])
     }
 
 
@@ -359,7 +377,9 @@ def test_an_alert_overtakes_a_containers_catch_up(
             eventually(
                 lambda: len(identities(topo, b, containers)) > 0, 120, "b's catch-up under way"
             )
+            before = int(time.time() * 1000)
             enter(topo, a, records(a, "s1", alerts, [1]))
+            after = int(time.time() * 1000)
             eventually(lambda: len(identities(topo, b, alerts)) == 1, 60, "the alert reached b")
             at_alert = len(identities(topo, b, containers))
             assert at_alert < len(backlog), "the alert waited for the whole backlog"
@@ -368,9 +388,22 @@ def test_an_alert_overtakes_a_containers_catch_up(
             rep = run.sups[a].replicator
             assert rep is not None and [p.name for p in rep.ingest] == ["ingest-urgent"]
             eventually(lambda: rep.ingest[0].read >= 1, 10, "a's ingest puller read the alert")
+            # its way, hop by hop: the "gateway" (this test) wrote it, a's merge wrote
+            # it, then b's; both sites' copies carry when it was written at a
+            ((at_a, entered),) = _stamps(topo, a, canonical_topic(alerts))
+            ((at_b, entered_b),) = _stamps(topo, b, canonical_topic(alerts))
+            assert entered is not None and before <= entered <= after and entered <= at_a <= at_b
+            assert entered_b == entered
         finally:
             healed.toxiproxy.remove_toxic(link, toxic)
         eventually(lambda: len(identities(topo, b, containers)) == len(backlog), 240, "b caught up")
+
+
+def _stamps(topo: Topology, site: str, topic: str) -> list[tuple[int, int | None]]:
+    """Per record of ``topic`` at ``site``: when it was written there (its Kafka
+    timestamp) and its ``sl.entered``."""
+    ep = KafkaEndpoint.plaintext(topo.bootstrap(site))
+    return [(m.timestamp()[1], entered_ms(m.headers())) for m in read_to_end(ep, [topic])]
 
 
 def _recreate(bootstrap: str, topic: str, partitions: int) -> None:

@@ -92,6 +92,14 @@ def sample_report() -> dict[str, Any]:
                 "sydney": {"latency_s": None, "all_s": None, "alerts": 0},
                 "hq": {"latency_s": 3.1, "all_s": 3.3, "alerts": 2},
             },
+            "timeline": [
+                {"hop": "overboard", "after_s": 0.0, "took_s": None},
+                {"hop": "raised on the ship (shock + silence)", "after_s": 1.6, "took_s": 1.6},
+                {"hop": "written at hq's gateway", "after_s": 2.4, "took_s": 0.8},
+                {"hop": "merged at hq", "after_s": 3.1, "took_s": 0.7},
+                {"hop": "merged at tokyo", "after_s": 8.2, "took_s": 5.1},
+                {"hop": "merged at singapore", "after_s": 9.0, "took_s": 0.8},
+            ],
         },
         "links": {
             ship: {

@@ -6,6 +6,7 @@ because the voyage failed."""
 from __future__ import annotations
 
 import base64
+import html
 import re
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,9 @@ def test_pass_verdict_and_every_sites_figures_are_shown() -> None:
         assert f"{s['latency_s']['p99']:.1f} s" in page
     assert "BBLU1234565" in page and "40.1 s" in page and "-3.5 s" in page
     assert "20,000,000" in page  # satellite budget
+    # the overboard alert hop by hop
+    for hop in r["alert"]["timeline"]:
+        assert f"<td>{html.escape(hop['hop'])}</td><td>{hop['after_s']:.1f} s</td>" in page
 
 
 def test_fail_verdict_lists_every_problem() -> None:

@@ -18,7 +18,7 @@ from rich.console import Console
 from local_stack.process import pid_alive
 from tests.helpers import eventually, kill9, run_process
 from voyage.run import Options, prepare_dir, run_voyage
-from voyage.topology import SITES
+from voyage.topology import PORTS, SITES
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +80,19 @@ def test_the_overboard_alert_reaches_every_site_and_ports_know_the_cargo_first(
     assert alert["sites"]["hq"]["latency_s"] <= min(
         alert["sites"][p]["latency_s"] for p in ("tokyo", "singapore", "sydney")
     )
+    # hop by hop: the event, raised on the ship, written at HQ's gateway, merged at HQ
+    # first, then at each port, each hop after the one before (one machine's clock)
+    hops = alert["timeline"]
+    assert [h["hop"] for h in hops[:4]] == [
+        "overboard",
+        "raised on the ship (shock + silence)",
+        "written at hq's gateway",
+        "merged at hq",
+    ]
+    assert sorted(h["hop"] for h in hops[4:]) == [f"merged at {p}" for p in sorted(PORTS)]
+    after = [h["after_s"] for h in hops]
+    assert None not in after and after[2:] == sorted(after[2:]) and after[2] > after[1] > 0
+    assert hops[-1]["after_s"] == max(alert["sites"][s]["latency_s"] for s in SITES)
     singapore = [c for c in report["port_calls"] if c["port"] == "singapore"]
     assert len(singapore) == 2
     for call in singapore:

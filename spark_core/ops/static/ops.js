@@ -90,8 +90,22 @@ function renderAlerts(alerts) {
       : String(a.body);
     return el("li", { class: "alert", "data-origin": a.origin, "data-key": a.key },
       el("strong", {}, a.key), ` ${what} `,
-      el("span", { class: "muted" }, `${a.origin} · ${when} UTC · entered at ${a.site}`));
+      el("span", { class: "muted" }, `${a.origin} · ${when} UTC · entered at ${a.site}`),
+      el("span", { class: "muted hops" }, hops(a)));
   }));
+}
+
+// an alert's way here in wall time: when its entry site's gateway wrote it, then how
+// long until this site's merge did (two sites' clocks apart from the entry site)
+function hops(a) {
+  if (!Number.isFinite(a.entered_ms)) return "";
+  const written = new Date(a.entered_ms);
+  if (Number.isNaN(written.getTime())) return "";
+  let text = ` · written at ${a.site}'s gateway ${written.toISOString().slice(11, 19)} UTC`;
+  if (Number.isFinite(a.merged_ms)) {
+    text += `, merged here ${((a.merged_ms - a.entered_ms) / 1000).toFixed(1)} s later`;
+  }
+  return text;
 }
 
 function renderReplication(rep) {
