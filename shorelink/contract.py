@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shorelink.errors import ContractError
-from shorelink.identity import Identity, check_name
+from shorelink.identity import NOT_STREAMS, Identity, check_name
 
 __all__ = [
     "DEAD_UNKNOWN_TOPIC",
@@ -102,6 +102,8 @@ DEAD_UNKNOWN_TOPIC = "sl.dead.unknown"
 #: read last, and when (spark_core/routing.py). Each site keeps the latest report of
 #: every site it heard of, so the link state spreads along the replication links.
 LINKS_TOPIC = "sl.links"
+if {LEDGER_TOPIC, LINKS_TOPIC} != {f"sl.{n}" for n in NOT_STREAMS}:
+    raise ImportError("identity.NOT_STREAMS must name the sl.<x> topics that are no stream's")
 
 
 def marker_key(site: str, query: str = "merge") -> bytes:

@@ -19,6 +19,9 @@ __all__ = ["NAME_RE", "Identity", "check_name"]
 #: whole (``NAME_RE.fullmatch``): with ``match`` and ``$``, ``"nav\n"`` would pass. The
 #: Spark SQL form (``^…\z``) is generated from this pattern (spark_core/contract_sql.py).
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+#: names no stream may take: ``sl.<name>`` is a topic of every site that is not a
+#: stream's canonical topic (the ledger, the link reports: shorelink/contract.py)
+NOT_STREAMS = frozenset({"ledger", "links"})
 
 
 def check_name(kind: str, value: str) -> str:
@@ -27,6 +30,8 @@ def check_name(kind: str, value: str) -> str:
         raise ContractError(
             f"bad {kind} name {value!r}: use 1-63 of a-z 0-9 _ - (starting with a letter or digit)"
         )
+    if kind == "stream" and value in NOT_STREAMS:
+        raise ContractError(f"bad stream name {value!r}: sl.{value} is not a stream's topic")
     return value
 
 

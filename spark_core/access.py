@@ -210,7 +210,7 @@ def plan_access(
     _gateway(plan, s)
     for other in sites.sites.values():
         if site in other.neighbours and other.replication.username:
-            _neighbour(plan, other)
+            _neighbour(plan, s, other)
     for name, password in sorted((customers or {}).items()):
         who = customer_principal(name)
         plan.user(who, password, f"customers.{name}")
@@ -269,10 +269,14 @@ def grant_gateway(
     plan.allow(who, GROUP, "shorelink-gateway-", PREFIXED, ("READ", "DESCRIBE"))
 
 
-def _neighbour(plan: AccessPlan, other: SiteConfig) -> None:
+def _neighbour(plan: AccessPlan, site: SiteConfig, other: SiteConfig) -> None:
     who = other.replication.username
     plan.user(who, other.replication.password, f"sites.{other.name}.replication")
     plan.allow(who, TOPIC, "sl.relay.", PREFIXED, _READ)
+    # history: what a relay topic no longer has, for a site that lost its data or
+    # was away longer than the relay retention (spark_core/pull.py)
+    for stream in site.streams:
+        plan.allow(who, TOPIC, canonical_topic(stream), LITERAL, _READ)
     plan.allow(who, TOPIC, LINKS_TOPIC, LITERAL, _READ)
     plan.allow(who, GROUP, f"shorelink-links-{other.name}", LITERAL, ("READ", "DESCRIBE"))
     # the pullers' consumers name a group (librdkafka looks its coordinator up even

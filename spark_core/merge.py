@@ -53,6 +53,7 @@ from spark_core.merge_state import (
     SourceBatch,
     SourceRow,
     encode_relayed,
+    history_stream,
     plan_batch,
     source_entry,
     topic_stream,
@@ -119,8 +120,8 @@ class Merger:
         #: ``sl.relay.<entry>.<stream>`` in the same transaction
         self._sites = sites
         self.entries = frozenset(relay_entries(site, sites))
-        self._relays: dict[tuple[str, str, bytes | str | None], str] = {}
-        self._entries: dict[str, str] = {}
+        self._relays: dict[tuple[str, str, bytes | str | None], str | None] = {}
+        self._entries: dict[str, str | None] = {}
         self.transactional_id = (
             site.merge.transactional_id
             if query == "merge"
@@ -243,28 +244,34 @@ class Merger:
             return None
         return customer_topic(owner, stream)
 
-    def _entry(self, read_from: str) -> str:
+    def _entry(self, read_from: str) -> str | None:
         """The entry site of what was read from ``read_from``: where the record was
         read from, never what it claims. A pulled record entered where its relay topic
         says, the rest here; an entry that is not a site of the file counts as entered
-        here (so it still reaches every site)."""
-        entry = self._entries.get(read_from)
-        if entry is None:
+        here (so it still reaches every site). None for a neighbour's canonical topic
+        (history: it came through no entry's relay, so it is relayed nowhere)."""
+        if read_from in self._entries:
+            return self._entries[read_from]
+        entry: str | None = None
+        if history_stream(read_from) is None:
             entry = source_entry(read_from)
             if entry not in self.entries:
                 entry = self.site.name
-            self._entries[read_from] = entry
+        self._entries[read_from] = entry
         return entry
 
-    def _relay(self, stream_topic: str, read_from: str, headers: Sequence[tuple[str, Any]]) -> str:
+    def _relay(
+        self, stream_topic: str, read_from: str, headers: Sequence[tuple[str, Any]]
+    ) -> str | None:
         """The relay topic of a canonical record: its entry site (:meth:`_entry`) and
-        stream. A record of this site's ingress whose ``sl.site`` names another site (a
-        gateway's ``site`` key that is not this site's name) is logged once per name."""
+        stream; None for history. A record of this site's ingress whose ``sl.site``
+        names another site (a gateway's ``site`` key that is not this site's name) is
+        logged once per name."""
         site = _header(headers, H_SITE)
         key = (stream_topic, read_from, site)
         topic = self._relays.get(key)
-        if topic is None:
-            if source_entry(read_from) is None:
+        if key not in self._relays:
+            if "/" not in read_from:
                 claimed = site.decode(errors="replace") if isinstance(site, bytes) else site
                 if claimed != self.site.name:
                     log.warning(
@@ -275,7 +282,8 @@ class Merger:
                         claimed,
                     )
             entry = self._entry(read_from)
-            topic = self._relays[key] = relay_topic(entry, stream_topic[len("sl.") :])
+            topic = None if entry is None else relay_topic(entry, stream_topic[len("sl.") :])
+            self._relays[key] = topic
         return topic
 
     # -- per batch ----------------------------------------------------------------------
@@ -370,8 +378,8 @@ class Merger:
                     plan.canonical, plan.read_from, strict=True
                 ):
                     p.produce(topic, key, value, headers)
-                    if relay is not None:
-                        p.produce(relay(topic, read_from, headers), key, value, headers)
+                    if relay is not None and (into := relay(topic, read_from, headers)):
+                        p.produce(into, key, value, headers)
                     if customer is not None and (owned := customer(topic, key, headers)):
                         p.produce(owned, key, value, headers)
                         to_customers += 1
@@ -379,7 +387,8 @@ class Merger:
                     for (topic, key, value, headers), read_from in zip(
                         plan.again, plan.again_from, strict=True
                     ):
-                        p.produce(relay(topic, read_from, headers), key, value, headers)
+                        if into := relay(topic, read_from, headers):
+                            p.produce(into, key, value, headers)
                 for topic, key, value, headers in plan.dead:
                     p.produce(topic, key, value, headers)
                 for (origin, stream), held in plan.ledger.items():

@@ -52,6 +52,7 @@ __all__ = [
     "SourceRow",
     "decode_relayed",
     "encode_relayed",
+    "history_stream",
     "plan_batch",
     "pulled_source",
     "source_entry",
@@ -285,7 +286,8 @@ class BatchPlan:
 
 
 def pulled_source(neighbour: str, topic_id: str, topic: str) -> str:
-    """The name under which the merge keeps a neighbour's relay topic as a source:
+    """The name under which the merge keeps a neighbour's relay topic (or its canonical
+    topic, read for history: :func:`history_stream`) as a source:
     ``<neighbour>/<topic id>/sl.relay.<entry>.<stream>``. Its offsets in the marker are
     the site's cursor there, tied to the topic's id: a topic deleted and recreated is a
     new source, read from its start (spark_core/pull.py)."""
@@ -293,9 +295,26 @@ def pulled_source(neighbour: str, topic_id: str, topic: str) -> str:
 
 
 def source_stream(source: str) -> str | None:
-    """The stream a source carries: a local topic (:func:`topic_stream`) or a
-    neighbour's relay topic (:func:`pulled_source`)."""
-    return topic_stream(source) if "/" not in source else _relay_name(source, "stream")
+    """The stream a source carries: a local topic (:func:`topic_stream`), a
+    neighbour's relay topic or its canonical topic (:func:`pulled_source`)."""
+    if "/" not in source:
+        return topic_stream(source)
+    return history_stream(source) or _relay_name(source, "stream")
+
+
+def history_stream(source: str) -> str | None:
+    """The stream of a pulled source that is a neighbour's canonical topic ``sl.<s>``
+    (what a site that lost its data, or a relay's retention, no longer has: read for
+    history, spark_core/pull.py); None for any other source."""
+    if "/" not in source:
+        return None
+    topic = source.rsplit("/", 1)[1].split(".")
+    if len(topic) != 2 or topic[0] != "sl":
+        return None
+    try:
+        return check_name("stream", topic[1])
+    except ContractError:
+        return None
 
 
 def source_entry(source: str) -> str | None:
@@ -334,13 +353,14 @@ def topic_stream(topic: str) -> str | None:
 def plan_batch(
     batch: SourceBatch | Iterable[SourceRow],
     state: MergeState,
-    entry_of: Callable[[str], str] | None = None,
+    entry_of: Callable[[str], str | None] | None = None,
 ) -> BatchPlan:
     """Pure: dedup ``batch`` against ``state`` and within itself (the first copy of an
     identity wins), order the new identities by seq per ``(origin, stream)``.
 
-    With ``entry_of`` (a source topic's entry site: the merge relays), each record
-    written is also relayed under its entry, and a record the site holds already that
+    With ``entry_of`` (a source topic's entry site, None for a source whose records
+    are not relayed: the merge relays), each record written is also relayed under its
+    entry, and a record the site holds already that
     came through another entry whose relay topic lacks it is relayed there too
     (``plan.again``): so a site's ``sl.relay.<E>.*`` holds every record of E that
     reached it through E, whichever entry's copy came first. Without that, one
@@ -470,7 +490,7 @@ def _order_new(
     new: dict[Source, dict[int, int]],
     state: MergeState,
     plan: BatchPlan,
-    entry_of: Callable[[str], str] | None = None,
+    entry_of: Callable[[str], str | None] | None = None,
 ) -> None:
     """Seq order per source; the new ledger entries; fetch the written rows at once.
 
@@ -503,8 +523,8 @@ def _order_new(
                 plan.dead.append(_dead_record(b.row(order[i]), source[1], reason))
             else:
                 held.add(seq)
-                if entry_of is not None:
-                    _relayed(plan, state, (entry_of(b.topics[order[i]]), *source), seq)
+                if entry_of is not None and (into := entry_of(b.topics[order[i]])):
+                    _relayed(plan, state, (into, *source), seq)
             i += 1
         plan.streams.add(source[1])
         if held != state.held_for(source):

@@ -19,6 +19,19 @@ recreated (a new id) is a new source, read from its start: nothing of it is skip
 and the merge drops what it already holds. A cursor below what retention kept reads
 from the oldest record left, counted and logged (``event=pull_gap``), instead of
 stalling.
+
+History: what no relay topic has any more (a site that lost everything, or a gap) is
+read once from a neighbour's canonical topic ``sl.<stream>``, which keeps a stream
+longer (at headquarters: for ever): the records older than what the neighbour's relay
+topics of the stream reach back to (``_history_ends``: the rest is in those relays),
+as they stood when the reading began. The merge drops what the site holds and relays
+none of it (it came through no entry). A site whose merge starts with nothing in
+Kafka reads each stream's history from the neighbour that keeps it longest
+(``Puller.history``, chosen by the replicator), and treats a relay it reads from its
+start that retention already cut as a gap; a puller that meets a gap in a relay topic
+reads that stream's history from the same neighbour, from its cursor there
+(``event=pull_history``, ``pull_history_done``). In a system whose relays have lost
+nothing, history is empty and costs a few offset requests.
 """
 
 from __future__ import annotations
@@ -28,20 +41,22 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
+    IsolationLevel,
     KafkaError,
     KafkaException,
     Message,
     TopicCollection,
     TopicPartition,
 )
+from confluent_kafka.admin import OffsetSpec
 
-from shorelink.contract import ingress_topic, relay_topic
+from shorelink.contract import canonical_topic, ingress_topic, relay_topic
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError, UnknownTopic, classify
@@ -81,6 +96,11 @@ class Puller:
     #: Spark micro-batch (the merge's Spark query still reads them; the cursors are the
     #: same marker offsets, so whichever reads a record first writes it)
     local: bool = False
+    #: streams whose history (canonical topic) a site that starts with nothing reads
+    #: from this neighbour, once: the neighbour that keeps them longest
+    history: tuple[str, ...] = ()
+    #: every site of the file (the entries of the neighbour's relay topics)
+    sites: tuple[str, ...] = ()
     #: records read from the neighbour, batches handed to the merge
     read: int = 0
     batches: int = 0
@@ -117,6 +137,9 @@ class Puller:
     _at_end: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
     #: per partition of this site's own relay topics: its end when recovery began
     _recover_to: dict[tuple[str, int], int] | None = field(default=None, repr=False)
+    #: streams whose history is being read: per partition of the canonical topic, its
+    #: end when the reading began (None: not described yet)
+    _history: dict[str, dict[tuple[str, int], int] | None] = field(default_factory=dict, repr=False)
 
     @property
     def name(self) -> str:
@@ -127,6 +150,11 @@ class Puller:
     def _own_topics(self) -> set[str]:
         """This site's own relay topics at the neighbour (what recovery takes back)."""
         return {relay_topic(self.site.name, s) for s in self.streams}
+
+    @property
+    def reading_history(self) -> list[str]:
+        """The streams whose history this puller reads now."""
+        return sorted(self._history)
 
     def entries(self) -> list[str]:
         """The entry sites routed through this neighbour now; this site itself too while
@@ -185,10 +213,13 @@ class Puller:
         if self._recovering is None:
             self.merger.ready()
             self._recovering = bool(self.merger.fresh) and not self.local
+            if self._recovering:
+                self._read_history(self.history, "fresh")
         if self.local:
             wanted = frozenset(ingress_topic(s) for s in self.streams)
         else:
             wanted = frozenset(relay_topic(e, s) for e in self.entries() for s in self.streams)
+            wanted |= {canonical_topic(s) for s in self._history}
         now = time.monotonic()
         if wanted != self._wanted or now >= self._described_at + _DESCRIBE_EVERY_S:
             self._assign(wanted)
@@ -244,7 +275,10 @@ class Puller:
                 err = m.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:  # past the last record
-                        self._at_end[(str(m.topic()), m.partition() or 0)] = m.offset() or 0
+                        end = (str(m.topic()), m.partition() or 0)
+                        self._at_end[end] = m.offset() or 0
+                        # a cursor below a relay that retention emptied reads nothing
+                        self._check_gap(*end, m.offset() or 0)
                         continue
                     raise classify(err, f"pull from {self.neighbour}")
                 take(m)
@@ -256,28 +290,118 @@ class Puller:
             self.batches += 1
             self.last_success = time.time()
         self._measure_lag(len(rows))
-        if self._recovering and all(
-            max(self._assigned.get(tp, -1), self._at_end.get(tp, -1)) >= end
-            for tp, end in (self._recover_to or {}).items()
-        ):
+        if self._recovering and self._reached(self._recover_to or {}):
             self._recover_done()
+        for stream, ends in list(self._history.items()):
+            if ends is not None and self._reached(ends):
+                self._history_done(stream)
         return len(rows)
+
+    def _reached(self, ends: Mapping[tuple[str, int], int]) -> bool:
+        """Has every partition of ``ends`` been read (or found at its end) up to there?"""
+        return all(
+            max(self._assigned.get(tp, -1), self._at_end.get(tp, -1)) >= end
+            for tp, end in ends.items()
+        )
+
+    def _read_history(self, streams: Iterable[str], why: str) -> None:
+        for stream in streams:
+            if stream in self.streams and stream not in self._history:
+                self._history[stream] = None
+                log.info(
+                    "event=pull_history site=%s neighbour=%s stream=%s reason=%s",
+                    self.site.name,
+                    self.neighbour,
+                    stream,
+                    why,
+                )
+
+    def _history_done(self, stream: str) -> None:
+        ends = self._history.pop(stream, None) or {}
+        log.info(
+            "event=pull_history_done site=%s neighbour=%s stream=%s partitions=%d",
+            self.site.name,
+            self.neighbour,
+            stream,
+            len(ends),
+        )
+
+    def _history_ends(self, stream: str, parts: list[int]) -> dict[tuple[str, int], int]:
+        """Per partition of the neighbour's canonical topic of ``stream`` holding
+        history: the offset of its first record not older than the neighbour's relay
+        topics of the stream reach back to (its end when they have nothing)."""
+        topic = canonical_topic(stream)
+        ends = self._ends((topic, p) for p in parts)
+        horizon = self._relay_horizon(stream)
+        if horizon is None or not ends:
+            return ends
+        assert self._admin is not None
+        spec = OffsetSpec.for_timestamp(horizon)
+        found = self._admin.client.list_offsets(
+            {TopicPartition(*tp): spec for tp in ends},
+            isolation_level=IsolationLevel.READ_COMMITTED,
+        )
+        out = {}
+        for tp, future in found.items():
+            first = self._admin.wait(future, f"offsets of {tp.topic} at {self.neighbour}").offset
+            end = ends[(tp.topic, tp.partition)] if first < 0 else first
+            lo = self._low(tp.topic, tp.partition) or 0
+            if end > lo:
+                out[(tp.topic, tp.partition)] = end
+        return out
+
+    def _relay_horizon(self, stream: str) -> int | None:
+        """How far back (epoch ms) the neighbour's relay topics of ``stream`` hold
+        every record it merged: the first record of a relay that retention cut (a cut
+        relay that is empty: nothing is held, None), else the oldest relay record
+        (before it the neighbour wrote no relays); None when no relay holds a record."""
+        assert self._admin is not None
+        relays = [relay_topic(e, stream) for e in self.sites]
+        tps = []
+        for topic, future in self._admin.client.describe_topics(TopicCollection(relays)).items():
+            with contextlib.suppress(UnknownTopic):
+                desc = self._admin.wait(future, f"describe {topic} at {self.neighbour}")
+                tps += [TopicPartition(topic, p.id) for p in desc.partitions]
+        if not tps:
+            return None
+        client, committed = self._admin.client, IsolationLevel.READ_COMMITTED
+        first = client.list_offsets(
+            {tp: OffsetSpec.for_timestamp(0) for tp in tps}, isolation_level=committed
+        )
+        start = client.list_offsets({tp: OffsetSpec.earliest() for tp in tps})
+        cut: list[int] = []
+        begun: list[int] = []
+        for tp in tps:
+            got = self._admin.wait(first[tp], f"offsets of {tp.topic} at {self.neighbour}")
+            lo = self._admin.wait(start[tp], f"offsets of {tp.topic} at {self.neighbour}").offset
+            if lo > 0 and got.offset < 0:
+                return None  # cut to nothing: every record of the canonical topic counts
+            if lo > 0:
+                cut.append(got.timestamp)
+            elif got.offset >= 0:
+                begun.append(got.timestamp)
+        if not cut and not begun:
+            return None
+        return max([*cut, min(begun, default=0)])
+
+    def _ends(self, parts: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Where each partition of ``parts`` that holds records ends now."""
+        consumer = self._consumer or self._new_consumer()
+        ends = {}
+        for topic, part in parts:
+            lo, hi = consumer.get_watermark_offsets(
+                TopicPartition(topic, part), timeout=self.site.replication.probe_timeout_s
+            )
+            if hi > lo:
+                ends[(topic, part)] = hi
+        return ends
 
     def _recovery_targets(self, parts: Mapping[tuple[str, int], str]) -> dict[tuple[str, int], int]:
         """Where this site's own relay topics at the neighbour end now, per partition
         holding records: what the recovery reads up to (what comes later, the
         neighbour pulled from here after the restart: nothing to take back)."""
         own = self._own_topics
-        consumer = self._consumer or self._new_consumer()
-        targets = {}
-        for topic, part in parts:
-            if topic in own:
-                lo, hi = consumer.get_watermark_offsets(
-                    TopicPartition(topic, part), timeout=self.site.replication.probe_timeout_s
-                )
-                if hi > lo:
-                    targets[(topic, part)] = hi
-        return targets
+        return self._ends(tp for tp in parts if tp[0] in own)
 
     def _recover_done(self) -> None:
         self._recovering = False
@@ -327,6 +451,17 @@ class Puller:
             )
             self.close()
             self._wanted = wanted
+        for stream, ends in list(self._history.items()):
+            topic = canonical_topic(stream)
+            if ends is None and topic in sources:
+                self._history[stream] = self._history_ends(
+                    stream, [p for t, p in parts if t == topic]
+                )
+                if not self._history[stream]:  # nothing there: nothing to read
+                    self._history_done(stream)
+                    parts = {tp: src for tp, src in parts.items() if tp[0] != topic}
+                    del sources[topic]
+                    self._wanted = frozenset(self._wanted - {topic})
         if self._recovering and self._recover_to is None:
             self._recover_to = self._recovery_targets(parts)
             if not self._recover_to:  # the neighbour holds nothing that entered here
@@ -349,7 +484,10 @@ class Puller:
         self._carry, self._at_end = [], {}  # read again from the cursors
         self._sources = sources
         self._assigned = {(tp.topic, tp.partition): tp.offset for tp in assignment}
-        self._expected = {k: v for k, v in self._assigned.items() if v >= 0}
+        # a site that starts with nothing reads relays from their start: one that
+        # retention already cut is a gap too (what it lost comes from history)
+        fresh = bool(self._recovering)
+        self._expected = {k: max(v, 0) for k, v in self._assigned.items() if v >= 0 or fresh}
         log.info(
             "event=pull_assigned site=%s puller=%s topics=%d partitions=%d",
             self.site.name,
@@ -384,22 +522,35 @@ class Puller:
 
     def _note_read(self, topic: str, part: int, offset: int) -> None:
         """Count what retention deleted between the cursor and the first record read."""
+        self._check_gap(topic, part, offset)
+        self._assigned[(topic, part)] = offset + 1
+
+    def _check_gap(self, topic: str, part: int, offset: int) -> None:
+        """The first record read, or the end found, at ``offset`` past the cursor: did
+        retention delete what lay between? (Offsets are not dense, transaction markers
+        take some: only a jump is a suspect, asked once.)"""
         expected = self._expected.pop((topic, part), None)
         if expected is not None and offset > expected:
-            # offsets are not dense (transaction markers): only a jump is a suspect
             lo = self._low(topic, part)
             if lo is not None and lo > expected:
-                self.gaps += lo - expected
-                log.warning(
-                    "event=pull_gap site=%s neighbour=%s topic=%s partition=%d cursor=%d oldest=%d",
-                    self.site.name,
-                    self.neighbour,
-                    topic,
-                    part,
-                    expected,
-                    lo,
-                )
-        self._assigned[(topic, part)] = offset + 1
+                self._gap(topic, part, expected, lo)
+
+    def _gap(self, topic: str, part: int, cursor: int, oldest: int) -> None:
+        """Retention deleted records of ``topic`` past the cursor: counted, logged, and
+        for a relay topic its stream's history is read from this neighbour."""
+        self.gaps += oldest - cursor
+        log.warning(
+            "event=pull_gap site=%s neighbour=%s topic=%s partition=%d cursor=%d oldest=%d",
+            self.site.name,
+            self.neighbour,
+            topic,
+            part,
+            cursor,
+            oldest,
+        )
+        relay = topic.split(".")
+        if len(relay) == 4 and relay[:2] == ["sl", "relay"] and not self.local:
+            self._read_history([relay[3]], "gap")
 
     def _low(self, topic: str, part: int) -> int | None:
         assert self._consumer is not None
@@ -443,6 +594,8 @@ class Puller:
         c, self._consumer = self._consumer, None
         self._assigned, self._expected, self._sources = {}, {}, {}
         self._wanted, self._carry, self._at_end = frozenset(), [], {}
+        # history being read is read again from the cursors, to a new end
+        self._history = dict.fromkeys(self._history)
         self._described_at = 0.0
         if c is not None:
             with contextlib.suppress(KafkaException, RuntimeError):

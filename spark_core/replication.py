@@ -27,7 +27,7 @@ from spark_core.merge import Merger
 from spark_core.pull import Puller
 from spark_core.routing import LinkState
 
-__all__ = ["BULK_POOL", "URGENT_POOL", "Replicator"]
+__all__ = ["BULK_POOL", "URGENT_POOL", "Replicator", "history_sources"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,19 @@ log = logging.getLogger(__name__)
 #: merge in one, everything else in the other, so neither waits for the other's jobs
 URGENT_POOL = "urgent"
 BULK_POOL = "bulk"
+
+
+def history_sources(cfg: Any, site: SiteConfig) -> dict[str, str]:
+    """Per stream of ``site``: the neighbour a site that starts with nothing reads the
+    stream's history from (spark_core/pull.py), the one whose canonical topic keeps it
+    longest (for ever first; ties: by name). A stream no neighbour carries has none."""
+    out = {}
+    for stream in site.streams:
+        carriers = [cfg.site(n) for n in site.neighbours if stream in cfg.site(n).streams]
+        if carriers:
+            kept = min(carriers, key=lambda s: (-(s.policy(stream).retention_ms or 2**63), s.name))
+            out[stream] = kept.name
+    return out
 
 
 class Replicator:
@@ -47,6 +60,7 @@ class Replicator:
         self.site = site
         self.links = LinkState(cfg, site)
         self.routes: dict[str, str | None] = {}
+        history = history_sources(cfg, site)
         self.pullers = [
             Puller(
                 site,
@@ -56,6 +70,8 @@ class Replicator:
                 urgent=bool(m.streams) and all(s in site.urgent_streams for s in m.streams),
                 merger=m,
                 routes=lambda: self.routes,
+                history=tuple(s for s, n2 in history.items() if n2 == n and s in m.streams),
+                sites=tuple(cfg.sites),
             )
             for n in site.neighbours
             for m in mergers
@@ -202,6 +218,7 @@ class Replicator:
                     "read": p.read,
                     "batches": p.batches,
                     "gaps": p.gaps,
+                    "history": p.reading_history,
                     "last_success": p.last_success,
                     "error": p.error,
                 }

@@ -20,9 +20,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from shorelink.contract import LEDGER_TOPIC, LINKS_TOPIC, Record, canonical_topic
+from shorelink.contract import Record, canonical_topic
 from shorelink.errors import ContractError, ShorelinkError
-from shorelink.identity import NAME_RE
+from shorelink.identity import NAME_RE, NOT_STREAMS
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError
@@ -41,8 +41,6 @@ __all__ = [
 
 #: canonical topics are ``sl.<stream>``: one dot, a valid stream name
 _CANONICAL = re.compile(rf"sl\.({NAME_RE.pattern})")
-#: topics of that shape that are not a stream's
-_NOT_STREAMS = {t.removeprefix("sl.") for t in (LEDGER_TOPIC, LINKS_TOPIC)}
 
 
 class AuditError(ShorelinkError):
@@ -100,7 +98,7 @@ def canonical_topics(kafka: KafkaEndpoint, streams: Iterable[str] | None = None)
     out = []
     for t in sorted(names):
         m = _CANONICAL.fullmatch(t)
-        if m and m.group(1) not in _NOT_STREAMS and (streams is None or m.group(1) in streams):
+        if m and m.group(1) not in NOT_STREAMS and (streams is None or m.group(1) in streams):
             out.append(t)
     return out
 

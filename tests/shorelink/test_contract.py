@@ -115,6 +115,13 @@ def test_topic_names() -> None:
     assert canonical_topic("containers") == "sl.containers"
     with pytest.raises(ContractError):
         ingress_topic("Bad.Name")
+    # sl.ledger and sl.links are no stream's: no stream takes those names anywhere (a
+    # config, a record, a neighbour's topic read for history)
+    for name in ("ledger", "links"):
+        with pytest.raises(ContractError, match="is not a stream's topic"):
+            canonical_topic(name)
+        with pytest.raises(ContractError, match="is not a stream's topic"):
+            Identity("ship1", name, 1)
 
 
 # -- one record size limit, checked at every hop (MAX_RECORD_BYTES) -------------------------

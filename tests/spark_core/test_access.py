@@ -254,10 +254,14 @@ def test_the_gateway_writes_its_ingress_and_not_the_canonical_topics(site: Site)
     assert info.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
 
-def test_a_neighbour_reads_the_relay_and_writes_nothing(site: Site) -> None:
+def test_a_neighbour_reads_the_relay_and_canonical_topics_and_writes_nothing(site: Site) -> None:
+    """A neighbour reads the relay topics and, for history (what a relay no longer has:
+    spark_core/pull.py), the canonical topics; nothing else, and writes nothing."""
     hq = site.conf("site-hq")
     assert _read(hq, "sl.relay.tokyo.containers") == [b"first record of sl.relay.tokyo.containers"]
-    assert _refused(hq, "sl.containers") == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert _read(hq, "sl.containers") == [b"first record of sl.containers"]
+    for topic in ("sl.ledger", "sl.ingress.containers", "sl.customer.acme.containers"):
+        assert _refused(hq, topic) == KafkaError.TOPIC_AUTHORIZATION_FAILED, topic
     for topic in ("sl.relay.tokyo.containers", "sl.ingress.containers", "sl.containers"):
         before = site.count(topic)
         err = _produce(hq, topic)

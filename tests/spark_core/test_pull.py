@@ -1,16 +1,28 @@
 """How the merge names a neighbour's relay topic as a source (spark_core/pull.py): the
 name carries the topic's id, so a recreated topic is a new source, and it must always
-lead back to the stream, whatever characters the id (base64) holds."""
+lead back to the stream, whatever characters the id (base64) holds. A neighbour's
+canonical topic, read for history, names its stream and no entry. Which neighbour a
+site takes each stream's history from."""
 
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shorelink.contract import relay_topic
-from spark_core.merge_state import pulled_source, source_entry, source_stream, topic_stream
+from shorelink.contract import canonical_topic, relay_topic
+from spark_core.config import parse_config
+from spark_core.merge_state import (
+    history_stream,
+    pulled_source,
+    source_entry,
+    source_stream,
+    topic_stream,
+)
+from spark_core.replication import history_sources
+from tests.spark_core.helpers import graph_doc
 from tests.strategies import DIGITS, LOWER, words
 
 _NAME = words(LOWER, LOWER + DIGITS + "-", 20)
@@ -34,6 +46,11 @@ def test_a_pulled_source_names_its_stream_whatever_its_topic_id_holds(
     assert source_entry(source) == entry
     # never taken for a local topic: the purge deletes only from those
     assert topic_stream(source) is None
+    assert history_stream(source) is None
+    # the neighbour's canonical topic (history): its stream, no entry, never purged
+    history = pulled_source(neighbour, topic_id, canonical_topic(stream))
+    assert (source_stream(history), history_stream(history)) == (stream, stream)
+    assert source_entry(history) is None and topic_stream(history) is None
 
 
 def test_local_sources_keep_their_streams_and_other_names_have_none() -> None:
@@ -44,3 +61,18 @@ def test_local_sources_keep_their_streams_and_other_names_have_none() -> None:
     # what a local topic holds entered here
     assert source_entry("sl.ingress.alerts") is None
     assert source_entry("hq/AAAA/sl.ledger") is None
+
+
+def test_history_comes_from_the_neighbour_that_keeps_the_stream_longest(tmp_path: Path) -> None:
+    doc = graph_doc({"hq": ["tyo", "syd"], "tyo": ["hq", "syd"], "syd": ["hq", "tyo"]}, tmp_path)
+    for site in doc["sites"].values():
+        site["streams"] = ["containers", "nav"]
+        site["topics"] = {"containers": {"retention": "14d"}, "nav": {"retention": "14d"}}
+    doc["sites"]["hq"]["topics"] = {"containers": {"retention": "forever"}}
+    doc["sites"]["hq"]["streams"] = ["containers"]  # hq does not carry nav
+    doc["sites"]["tyo"]["topics"]["nav"] = {"retention": "30d"}
+    cfg = parse_config(doc)
+    assert history_sources(cfg, cfg.site("syd")) == {"containers": "hq", "nav": "tyo"}
+    # ties: by name
+    assert history_sources(cfg, cfg.site("hq")) == {"containers": "syd"}
+    assert history_sources(cfg, cfg.site("tyo")) == {"containers": "hq", "nav": "syd"}

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import OFFSET_END, Producer, TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -406,6 +406,16 @@ def _stamps(topo: Topology, site: str, topic: str) -> list[tuple[int, int | None
     return [(m.timestamp()[1], entered_ms(m.headers())) for m in read_to_end(ep, [topic])]
 
 
+def _expire(bootstrap: str, topics: list[str]) -> None:
+    """Delete every record of ``topics`` as retention would (the log start moves to
+    the end)."""
+    admin = Admin(KafkaEndpoint.plaintext(bootstrap))
+    meta = admin.client.list_topics(timeout=20).topics
+    parts = [TopicPartition(t, p, OFFSET_END) for t in topics for p in meta[t].partitions]
+    for tp, future in admin.client.delete_records(parts).items():
+        admin.wait(future, f"delete the records of {tp.topic} [{tp.partition}]")
+
+
 def _recreate(bootstrap: str, topic: str, partitions: int) -> None:
     """Delete ``topic`` and create it again, empty (a new topic id)."""
     admin = Admin(KafkaEndpoint.plaintext(bootstrap))
@@ -706,10 +716,12 @@ def test_a_site_killed_with_sigkill_and_restarted_without_checkpoints_nothing_lo
 def test_a_site_whose_kafka_is_wiped_gets_back_everything_that_entered_through_it(
     spark: object, healed: Mesh, tmp_path: Path
 ) -> None:
-    """Review finding 1, scenario A: b's Kafka and checkpoints are lost. b gets back
-    what entered at a and what had entered at b itself (a still holds both), and a
-    gets what enters at b after the rebuild (b's relay topic is new: read from its
-    start). Last in this module: it wipes a broker the other tests use."""
+    """Review findings 1 (scenario A) and 12. b is away longer than a's relay retention:
+    what a's relay topics held expired, and b takes what it lacks from a's canonical
+    topic. Then b's Kafka and checkpoints are lost: b gets back what entered at a and
+    what had entered at b itself from a's canonical topic (a's relays no longer have
+    them), and a gets what enters at b after the rebuild (b's relay topic is new: read
+    from its start). Last in this module: it wipes a broker the other tests use."""
     stream = unique("cont")
     topo = topology(healed, tmp_path, full_mesh(SLOTS[:2]), [stream])
     a, b = topo.slots
@@ -720,7 +732,24 @@ def test_a_site_whose_kafka_is_wiped_gets_back_everything_that_entered_through_i
     with Running(spark, topo) as run:
         run.start()
         eventually(lambda: not list(converged(topo, want)), 180, "a and b converged")
+        # b away; a takes more in, and its relay topics' retention passes
         run.stop(b)
+        while_away = records(a, "s1", stream, range(401, 501))
+        enter(topo, a, while_away)
+        want[stream] |= ids(while_away)
+        eventually(lambda: ids(while_away) <= set(identities(topo, a, stream)), 60, "a merged")
+        _expire(topo.bootstrap(a), [relay_topic(a, stream), relay_topic(b, stream)])
+        after = records(a, "s1", stream, range(501, 511))  # a's relay holds only these
+        enter(topo, a, after)
+        want[stream] |= ids(after)
+        eventually(lambda: ids(after) <= set(identities(topo, a, stream)), 60, "a merged")
+        run.start(b)
+        eventually(lambda: not list(converged(topo, want)), 180, "b took the gap from a")
+        rep = run.sups[b].replicator
+        assert rep is not None and sum(p.gaps for p in rep.pullers) >= len(while_away)
+        # b's Kafka lost; a's relays hold none of what b had
+        run.stop(b)
+        _expire(topo.bootstrap(a), [relay_topic(a, stream), relay_topic(b, stream)])
         healed.wipe(topo.slots[b])
         shutil.rmtree(topo.cfg.site(b).checkpoint_dir)
         topo.create_ingress()
