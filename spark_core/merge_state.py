@@ -360,9 +360,8 @@ def plan_batch(
 
     With ``entry_of`` (a source topic's entry site, None for a source whose records
     are not relayed: the merge relays), each record written is also relayed under its
-    entry, and a record the site holds already that
-    came through another entry whose relay topic lacks it is relayed there too
-    (``plan.again``): so a site's ``sl.relay.<E>.*`` holds every record of E that
+    entry, and a record the site holds already that came through another entry whose
+    relay topic lacks it is relayed there too (``plan.again``): so a site's ``sl.relay.<E>.*`` holds every record of E that
     reached it through E, whichever entry's copy came first. Without that, one
     identity entered at two sites could miss a site for good in a graph that is not a
     full mesh (docs/replication.md, "One identity entered at two sites").
