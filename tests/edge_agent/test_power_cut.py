@@ -266,9 +266,10 @@ def _table_ready(db: Path) -> bool:
 
 #: what a power cut may lose, in seconds of the sensor's rate: what the broker had passed
 #: straight to the agent and the agent had not committed yet, a commit's latency (a few
-#: ms on an idle machine; 25 ms with both cores busy, seen). ship.conf's former 30 s
+#: ms on an idle machine; 25 ms with both cores busy; 130 ms under a whole CI run's
+#: load, seen: 538 messages in 15 cuts at 275 a second). ship.conf's former 30 s
 #: autosave lost 0.3 s of it per cut (docs/edge-agent.md, "Power cuts").
-LOSS_WINDOW_S = 0.1
+LOSS_WINDOW_S = 0.2
 
 
 def test_power_cut_of_broker_and_agent_together_measured_with_ship_conf(tmp_path: Path) -> None:
