@@ -52,12 +52,15 @@ def _pyspark_home() -> Path | None:
 
 def spark_cds_archive() -> Path | None:
     """Where this environment's Spark class-data archive lives (None without pyspark):
-    under the tools directory, named after the pyspark it was made from."""
+    under the tools directory, named after the pyspark it was made from, its place and
+    its install (the jars directory's time: a venv made again at the same path has new
+    jars, which an older archive does not match, and ``-Xshare:on`` refuses it)."""
     home = _pyspark_home()
     if home is None:
         return None
     version = importlib.metadata.version("pyspark")
-    digest = hashlib.sha256(str(home).encode()).hexdigest()[:12]
+    installed = (home / "jars").stat().st_mtime_ns if (home / "jars").is_dir() else 0
+    digest = hashlib.sha256(f"{home}:{installed}".encode()).hexdigest()[:12]
     return tools_dir() / f"spark-{version}" / f"classes-{digest}.jsa"
 
 
