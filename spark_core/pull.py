@@ -331,21 +331,21 @@ class Puller:
         history: the offset of its first record not older than the neighbour's relay
         topics of the stream reach back to (its end when they have nothing)."""
         topic = canonical_topic(stream)
-        ends = self._ends((topic, p) for p in parts)
+        marks = self._marks((topic, p) for p in parts)
         horizon = self._relay_horizon(stream)
-        if horizon is None or not ends:
-            return ends
+        if horizon is None or not marks:
+            return {tp: hi for tp, (_, hi) in marks.items()}
         assert self._admin is not None
         spec = OffsetSpec.for_timestamp(horizon)
         found = self._admin.client.list_offsets(
-            {TopicPartition(*tp): spec for tp in ends},
+            {TopicPartition(*tp): spec for tp in marks},
             isolation_level=IsolationLevel.READ_COMMITTED,
         )
         out = {}
         for tp, future in found.items():
             first = self._admin.wait(future, f"offsets of {tp.topic} at {self.neighbour}").offset
-            end = ends[(tp.topic, tp.partition)] if first < 0 else first
-            lo = self._low(tp.topic, tp.partition) or 0
+            lo, hi = marks[(tp.topic, tp.partition)]
+            end = hi if first < 0 else first
             if end > lo:
                 out[(tp.topic, tp.partition)] = end
         return out
@@ -386,15 +386,19 @@ class Puller:
 
     def _ends(self, parts: Iterable[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """Where each partition of ``parts`` that holds records ends now."""
+        return {tp: hi for tp, (_, hi) in self._marks(parts).items()}
+
+    def _marks(self, parts: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
+        """Where each partition of ``parts`` that holds records starts and ends now."""
         consumer = self._consumer or self._new_consumer()
-        ends = {}
+        marks = {}
         for topic, part in parts:
             lo, hi = consumer.get_watermark_offsets(
                 TopicPartition(topic, part), timeout=self.site.replication.probe_timeout_s
             )
             if hi > lo:
-                ends[(topic, part)] = hi
-        return ends
+                marks[(topic, part)] = (lo, hi)
+        return marks
 
     def _recovery_targets(self, parts: Mapping[tuple[str, int], str]) -> dict[tuple[str, int], int]:
         """Where this site's own relay topics at the neighbour end now, per partition
