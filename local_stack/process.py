@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -32,25 +33,53 @@ __all__ = [
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free on ``host`` a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port that was free on ``host`` a moment ago (see :func:`free_ports`)."""
+    return free_ports(1, host)[0]
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports that were free a moment ago: all bound at once, so the OS
-    cannot hand out the same port twice (one :func:`free_port` after another can)."""
-    socks = []
+    """``n`` distinct ports that were free a moment ago, below the range the OS hands
+    to outgoing connections: a port from that range (what ``bind(host, 0)`` gives) can
+    become some client's local port before the server that was meant to listen on it
+    binds it (a broker of a test run failed so, "Address already in use"). Picked at
+    random, so that parallel test workers rarely try the same one, each bound while
+    the others are picked, and never one this process handed out before."""
+    low, high = _LISTEN_PORTS
+    socks: list[socket.socket] = []
+    picked: list[int] = []
     try:
-        for _ in range(n):
+        for _ in range(50 * n):
+            if len(picked) == n:
+                return picked
+            port = _RANDOM.randint(low, high)
+            if port in _handed or port in picked:
+                continue
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             socks.append(s)
-            s.bind((host, 0))
-        return [int(s.getsockname()[1]) for s in socks]
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            picked.append(port)
+        raise StackError(f"no {n} free ports between {low} and {high} on {host}")
     finally:
         for s in socks:
             s.close()
+        _handed.update(picked)
+
+
+def _listen_ports() -> tuple[int, int]:
+    """Ports for the stack's servers: from 20000 to below the OS's ephemeral range."""
+    try:
+        ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    return (20000, ephemeral - 1) if ephemeral > 22000 else (ephemeral // 2, ephemeral - 1)
+
+
+_LISTEN_PORTS = _listen_ports()
+_handed: set[int] = set()
+_RANDOM = random.SystemRandom()  # not the seeded module state a test may have set
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:

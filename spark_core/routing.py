@@ -52,6 +52,7 @@ from shorelink.logs import RateLimitedLog
 from spark_core.config import SiteConfig, SitesConfig
 
 __all__ = [
+    "DOWN_AFTER_PROBES",
     "FAIL_GRACE_PROBES",
     "MAX_HOLD_TTLS",
     "MAX_VERSION",
@@ -68,6 +69,10 @@ Edge = tuple[str, str]  # (site, neighbour it pulls from)
 MAX_VERSION = 2**63 - 1
 #: a neighbour whose pullers have failed for this many probe intervals in a row is held
 FAIL_GRACE_PROBES = 3
+#: a neighbour is routed around once this many probes in a row found it down: one slow
+#: answer of a loaded broker (or a neighbour starting a moment after this site) is no
+#: outage, and a route moved for nothing costs the new route's first read
+DOWN_AFTER_PROBES = 2
 #: the longest hold of a failing link, in report TTLs (the first is one TTL, then 2, 4...)
 MAX_HOLD_TTLS = 8
 
@@ -173,9 +178,16 @@ class NeighbourLink:
     counted_from: float = 0.0
     #: the failing pullers' error that caused the hold
     pull_error: str | None = None
+    #: probes in a row that found the neighbour down
+    missed: int = 0
 
     def failing(self, now: float) -> bool:
         return now < self.held_until
+
+    @property
+    def routable(self) -> bool:
+        """Up, or down for fewer than :data:`DOWN_AFTER_PROBES` probes in a row."""
+        return self.up or 0 < self.missed < DOWN_AFTER_PROBES
 
     def status(self) -> dict[str, object]:
         now = time.monotonic()
@@ -217,12 +229,13 @@ class LinkState:
 
     # -- the graph ----------------------------------------------------------------------
     def edges(self, now: float | None = None) -> tuple[set[Edge], set[Edge]]:
-        """The edges up (this site's own from its probes, every other site's from its
-        report while that report is fresh) and those of them held as failing."""
+        """The edges up (this site's own from its probes, routable ones, every other
+        site's from its report while that report is fresh) and those of them held as
+        failing."""
         now = time.monotonic() if now is None else now
         me = self.site.name
         with self._lock:
-            up = {(me, n) for n, link in self.links.items() if link.up}
+            up = {(me, n) for n, link in self.links.items() if link.routable}
             failing = {(me, n) for n, link in self.links.items() if link.failing(now)}
             for name, rep in self.reports.items():
                 if name == me or now - rep.seen_at > self._ttl:
@@ -301,11 +314,12 @@ class LinkState:
                 link.since = now
             link.up = False
             link.error = str(exc)[:500]
+            link.missed += 1
             return
         if not link.up:
             log.info("event=link_up site=%s neighbour=%s", self.site.name, link.name)
             link.since = now
-        link.up, link.last_ok, link.error = True, now, None
+        link.up, link.last_ok, link.error, link.missed = True, now, None, 0
         self._learn(reports)
 
     def _read_reports(self, link: NeighbourLink) -> list[Report]:

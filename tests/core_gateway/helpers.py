@@ -112,7 +112,7 @@ def batch(
 def ingress_seqs(kafka: KafkaBroker, ship: str, stream: str = "containers") -> Counter[int]:
     """How often each seq of ``ship`` is in sl.ingress.<stream> (read_committed)."""
     out: Counter[int] = Counter()
-    for m in read_to_end(kafka.endpoint, [ingress_topic(stream)]):
+    for m in read_to_end(kafka.endpoint, [ingress_topic(stream)], settled=True):
         h = dict(m.headers() or [])
         if h.get(H_ORIGIN) == ship.encode():
             out[int(h[H_SEQ])] += 1

@@ -67,7 +67,7 @@ async def test_batches_are_written_once_with_the_record_contract(
     assert sorted(seqs) == list(range(1, 151)) and set(seqs.values()) == {1}
     msg = next(
         m
-        for m in read_to_end(kafka.endpoint, [ingress_topic("containers")])
+        for m in read_to_end(kafka.endpoint, [ingress_topic("containers")], settled=True)
         if dict(m.headers() or []).get("sl.origin") == gateway.ship.encode()
         and dict(m.headers() or [])["sl.seq"] == b"1"
     )

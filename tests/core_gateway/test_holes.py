@@ -66,7 +66,7 @@ async def test_a_ship_that_keeps_abandoning_is_refused_past_the_bound(
         await task
     cursor = [
         m.value() or b""
-        for m in read_to_end(kafka.endpoint, [GATEWAY_CURSOR_TOPIC])
+        for m in read_to_end(kafka.endpoint, [GATEWAY_CURSOR_TOPIC], settled=True)
         if m.key() == ledger_key(ship, "containers")
     ][-1]
     value = json.loads(cursor)

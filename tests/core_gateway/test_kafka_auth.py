@@ -39,7 +39,7 @@ def _config(tmp_path: Path, broker: KafkaBroker, password: str | None = None) ->
 
 def _seqs(broker: KafkaBroker, ship: str) -> Counter[int]:
     out: Counter[int] = Counter()
-    for m in read_to_end(broker.endpoint, [ingress_topic("containers")]):
+    for m in read_to_end(broker.endpoint, [ingress_topic("containers")], settled=True):
         h = dict(m.headers() or [])
         if h.get(H_ORIGIN) == ship.encode():
             out[int(h[H_SEQ])] += 1

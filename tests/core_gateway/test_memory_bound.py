@@ -207,7 +207,7 @@ def test_ships_sending_max_size_batches_at_once_keep_the_gateway_under_its_bound
     assert refused_busy > 0 and busy > 0, "the memory budget never refused a batch"
     # every batch written exactly once (read sl.ingress once, read_committed)
     counts: Counter[tuple[bytes, int]] = Counter()
-    for m in read_to_end(kafka.endpoint, [ingress_topic("containers")], timeout=120):
+    for m in read_to_end(kafka.endpoint, [ingress_topic("containers")], timeout=120, settled=True):
         h = dict(m.headers() or [])
         counts[(h[H_ORIGIN], int(h[H_SEQ]))] += 1
     for ship in ships:

@@ -87,7 +87,7 @@ async def test_an_oversized_record_is_refused_alone_while_other_ships_upload(
     assert_exactly_once(kafka, bad, 4)
     sizes = [
         len(m.value() or b"")
-        for m in read_to_end(kafka.endpoint, [ingress_topic("containers")])
+        for m in read_to_end(kafka.endpoint, [ingress_topic("containers")], settled=True)
         if dict(m.headers() or [])[H_ORIGIN] == bad.encode() and m.key() == b"C4"
     ]
     assert sizes == [MAX_RECORD_BYTES - len("C4") - len("bigblue/d1/containers/C4/image")]

@@ -187,7 +187,7 @@ def _zombie(cfg: GatewayConfig, ship: str, committed: list[int], stop: threading
 
 def _committed_cursor(cfg: GatewayConfig, ship: str) -> RangeSet:
     value = b'{"written": ""}'
-    for m in read_to_end(cfg.kafka, [GATEWAY_CURSOR_TOPIC]):
+    for m in read_to_end(cfg.kafka, [GATEWAY_CURSOR_TOPIC], settled=True):
         if m.key() == ledger_key(ship, "containers"):
             value = m.value() or value
     return RangeSet.parse(json.loads(value)["written"])

@@ -135,7 +135,7 @@ def _request(
 
 def _ingress_seqs(cluster: KafkaCluster, ship: str) -> Counter[int]:
     out: Counter[int] = Counter()
-    for m in read_to_end(cluster.endpoint, [ingress_topic("containers")]):
+    for m in read_to_end(cluster.endpoint, [ingress_topic("containers")], settled=True):
         h = dict(m.headers() or [])
         seq = h.get(H_SEQ)
         if h.get(H_ORIGIN) == ship.encode() and isinstance(seq, bytes):

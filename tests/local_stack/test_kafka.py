@@ -19,7 +19,9 @@ from tests.helpers import unique
 def _values(bootstrap: str, topic: str, isolation: str) -> list[bytes]:
     return [
         m.value()
-        for m in read_to_end(KafkaEndpoint.plaintext(bootstrap), [topic], isolation=isolation)
+        for m in read_to_end(
+            KafkaEndpoint.plaintext(bootstrap), [topic], isolation=isolation, settled=True
+        )
     ]
 
 

@@ -60,7 +60,10 @@ def _topic(bootstrap: str, **config: str) -> str:
 
 def _committed(bootstrap: str, topic: str) -> list[bytes]:
     """The values read_committed consumers see in ``topic``."""
-    return [m.value() or b"" for m in read_to_end(KafkaEndpoint.plaintext(bootstrap), [topic])]
+    return [
+        m.value() or b""
+        for m in read_to_end(KafkaEndpoint.plaintext(bootstrap), [topic], settled=True)
+    ]
 
 
 def _producer(bootstrap: str, timeout: float = 5.0, **extra: object) -> TransactionalProducer:

@@ -167,7 +167,9 @@ def canonical(bootstrap: str, stream: str) -> list[Record]:
     """Every record of sl.<stream> (read_committed), in partition order."""
     return [
         Record.from_kafka(m.key(), m.value(), m.headers())
-        for m in read_to_end(KafkaEndpoint.plaintext(bootstrap), [canonical_topic(stream)])
+        for m in read_to_end(
+            KafkaEndpoint.plaintext(bootstrap), [canonical_topic(stream)], settled=True
+        )
     ]
 
 
@@ -183,7 +185,7 @@ def assert_exactly_once(records: list[Record], expected: dict[tuple[str, str], i
 
 def ledger(bootstrap: str) -> dict[tuple[str, str], RangeSet]:
     out: dict[tuple[str, str], RangeSet] = {}
-    for m in read_to_end(KafkaEndpoint.plaintext(bootstrap), [LEDGER_TOPIC]):
+    for m in read_to_end(KafkaEndpoint.plaintext(bootstrap), [LEDGER_TOPIC], settled=True):
         origin, stream, held = decode_entry(m.key(), m.value())
         out[(origin, stream)] = held
     return out

@@ -339,7 +339,7 @@ def test_the_merge_runs_as_the_site_application(
     finally:
         merger.close()
     mine = []
-    for m in read_to_end(site.broker.endpoint, [canonical_topic("containers")]):
+    for m in read_to_end(site.broker.endpoint, [canonical_topic("containers")], settled=True):
         h = dict(m.headers() or [])
         if h.get(H_ORIGIN) == ship.encode():
             mine.append(int(h[H_SEQ]))

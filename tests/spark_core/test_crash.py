@@ -218,7 +218,9 @@ def test_driver_killed_three_times_canonical_and_table_exactly_once(
     assert_exactly_once(records, expected)
     owned = [
         Record.from_kafka(m.key(), m.value(), m.headers())
-        for m in read_to_end(KafkaEndpoint.plaintext(b), [customer_topic(customer, s)])
+        for m in read_to_end(
+            KafkaEndpoint.plaintext(b), [customer_topic(customer, s)], settled=True
+        )
     ]
     assert_exactly_once(owned, {(ship2, s): 200})
     assert {r.identity.origin for r in owned} == {ship2}, "only the customer's container"

@@ -50,7 +50,9 @@ def _reading(origin: str, seq: int, stream: str = S) -> Record:
 
 def _held(bootstrap: str, customer: str, origin: str, stream: str = S) -> Counter[int]:
     out: Counter[int] = Counter()
-    for m in read_to_end(KafkaEndpoint.plaintext(bootstrap), [customer_topic(customer, stream)]):
+    for m in read_to_end(
+        KafkaEndpoint.plaintext(bootstrap), [customer_topic(customer, stream)], settled=True
+    ):
         r = Record.from_kafka(m.key(), m.value(), m.headers())
         if r.identity.origin == origin:
             out[r.identity.seq] += 1

@@ -197,11 +197,11 @@ def test_duplicates_and_out_of_order_are_written_once_in_seq_order(
     # in sl.ingress (the copy the merge took)
     ep = KafkaEndpoint.plaintext(b)
     written: dict[tuple[str, str], set[int]] = {}
-    for m in read_to_end(ep, [ingress_topic(s)]):
+    for m in read_to_end(ep, [ingress_topic(s)], settled=True):
         written.setdefault(_origin_seq(m.headers()), set()).add(m.timestamp()[1])
     stamped = {
         _origin_seq(m.headers()): entered_ms(m.headers())
-        for m in read_to_end(ep, [canonical_topic(s)])
+        for m in read_to_end(ep, [canonical_topic(s)], settled=True)
     }
     assert len(stamped) == 8 and all(ms in written[i] for i, ms in stamped.items())
     held = ledger(b)
@@ -271,7 +271,7 @@ def test_malformed_records_go_to_dead_letter_and_the_query_goes_on(
     q.awaitTermination(120)
     assert q.exception() is None
     assert merger.totals.dead == 4
-    dead = list(read_to_end(KafkaEndpoint.plaintext(b), [dead_topic(s)]))
+    dead = list(read_to_end(KafkaEndpoint.plaintext(b), [dead_topic(s)], settled=True))
     assert sorted(bytes(m.value()) for m in dead) == sorted(
         [b"no headers", b"bad seq", b"seq 0", b"not utf-8"]
     )
@@ -464,7 +464,7 @@ def test_a_record_at_the_limit_is_merged_and_one_over_is_dead_lettered(
     got = canonical(b, s)
     assert [r.identity.seq for r in got] == [1, 3]
     assert got[0].value == at_limit.value
-    (dead,) = list(read_to_end(KafkaEndpoint.plaintext(b), [dead_topic(s)]))
+    (dead,) = list(read_to_end(KafkaEndpoint.plaintext(b), [dead_topic(s)], settled=True))
     assert len(dead.value() or b"") == DEAD_VALUE_MAX
     merger.close()
 

@@ -170,7 +170,7 @@ def _relayed(topo: Topology, site: str, entry: str, stream: str) -> set[Identity
     ep = KafkaEndpoint.plaintext(topo.bootstrap(site))
     return {
         Record.from_kafka(m.key(), m.value(), m.headers()).identity
-        for m in read_to_end(ep, [relay_topic(entry, stream)])
+        for m in read_to_end(ep, [relay_topic(entry, stream)], settled=True)
     }
 
 
@@ -340,7 +340,9 @@ def test_a_ship_half_at_tokyo_half_at_sydney_hq_holds_the_stream_once_in_key_ord
 def _by_partition(bootstrap: str, stream: str) -> list[tuple[int, Record]]:
     return [
         (m.partition() or 0, Record.from_kafka(m.key(), m.value(), m.headers()))
-        for m in read_to_end(KafkaEndpoint.plaintext(bootstrap), [canonical_topic(stream)])
+        for m in read_to_end(
+            KafkaEndpoint.plaintext(bootstrap), [canonical_topic(stream)], settled=True
+        )
     ]
 
 
@@ -403,7 +405,9 @@ def _stamps(topo: Topology, site: str, topic: str) -> list[tuple[int, int | None
     """Per record of ``topic`` at ``site``: when it was written there (its Kafka
     timestamp) and its ``sl.entered``."""
     ep = KafkaEndpoint.plaintext(topo.bootstrap(site))
-    return [(m.timestamp()[1], entered_ms(m.headers())) for m in read_to_end(ep, [topic])]
+    return [
+        (m.timestamp()[1], entered_ms(m.headers())) for m in read_to_end(ep, [topic], settled=True)
+    ]
 
 
 def _expire(bootstrap: str, topics: list[str]) -> None:
@@ -470,7 +474,11 @@ def test_a_relay_topic_recreated_under_a_running_neighbour_is_read_from_its_star
         eventually(lambda: not list(converged(topo, want)), 120, "b goes on after the forgeries")
         held = {r.identity: r for _, r in _by_partition(topo.bootstrap(b), stream)}
         assert held[forged.identity].value == first[0].value  # what b held stays
-        dead = list(read_to_end(KafkaEndpoint.plaintext(topo.bootstrap(b)), [dead_topic(stream)]))
+        dead = list(
+            read_to_end(
+                KafkaEndpoint.plaintext(topo.bootstrap(b)), [dead_topic(stream)], settled=True
+            )
+        )
         assert len(dead) == 2  # the garbage and the other stream's record, counted
     assert not list(converged(topo, want))
 

@@ -13,8 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from local_stack.process import free_port
 from spark_core.config import parse_config
-from spark_core.routing import FAIL_GRACE_PROBES, MAX_HOLD_TTLS, LinkState, Report, plan_routes
+from spark_core.routing import (
+    DOWN_AFTER_PROBES,
+    FAIL_GRACE_PROBES,
+    MAX_HOLD_TTLS,
+    LinkState,
+    Report,
+    plan_routes,
+)
 from tests.spark_core.helpers import graph_doc
 
 NAMES = ["hq", "sgp", "syd", "tyo", "bus", "ldn"]
@@ -122,6 +130,31 @@ def _link_state(tmp_path: Path) -> LinkState:
     for link in links.links.values():
         link.up = True
     return links
+
+
+def test_a_neighbour_is_routed_around_only_after_two_probes_in_a_row_found_it_down(
+    tmp_path: Path,
+) -> None:
+    """A real probe of a Kafka that does not answer (nothing listens on the neighbour's
+    port): the first miss keeps the link in the routes (a slow answer or a neighbour
+    starting a moment later is no outage), the second takes it out; an answer (here:
+    the probe's state as an answer leaves it) puts it back at once."""
+    doc = graph_doc({"a": ["b"], "b": ["a"]}, tmp_path, {"probe_timeout": "300ms"})
+    doc["sites"]["b"]["kafka"]["bootstrap"] = f"127.0.0.1:{free_port()}"
+    cfg = parse_config(doc, base=tmp_path)
+    links = LinkState(cfg, cfg.site("a"))
+    b = links.links["b"]
+    assert links.edges()[0] == set()  # never probed: not a route
+    try:
+        for miss in range(1, DOWN_AFTER_PROBES + 1):
+            links._probe(b)
+            assert not b.up and b.missed == miss and b.status()["state"] == "down"
+            assert (("a", "b") in links.edges()[0]) == (miss < DOWN_AFTER_PROBES), miss
+        assert links.routes() == {"b": None}
+        b.up, b.missed = True, 0  # what a probe that is answered sets
+        assert links.routes() == {"b": "b"}
+    finally:
+        links.close()
 
 
 def test_a_neighbour_whose_pullers_keep_failing_is_held_for_longer_each_time(
