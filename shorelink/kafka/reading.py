@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from shorelink.kafka.endpoint import KafkaEndpoint
-from shorelink.kafka.errors import kafka_errors
+from shorelink.kafka.errors import classify, kafka_errors
 
 __all__ = ["Headers", "read_to_end"]
 
@@ -73,10 +73,12 @@ def _read_to_end(
             parts += [TopicPartition(t, p, 0) for p in sorted(tmd.partitions)]
         if not parts:
             return
-        ends = _high_watermarks(conf, parts) if settled else dict.fromkeys(_keys(parts), 0)
+        deadline = time.monotonic() + timeout
+        ends = (
+            _high_watermarks(conf, parts, deadline) if settled else dict.fromkeys(_keys(parts), 0)
+        )
         consumer.assign(parts)
         pending = set(ends)
-        deadline = time.monotonic() + timeout
         while pending:
             if time.monotonic() > deadline:
                 raise KafkaException(
@@ -101,14 +103,23 @@ def _keys(parts: list[TopicPartition]) -> list[tuple[str, int]]:
 
 
 def _high_watermarks(
-    conf: dict[str, object], parts: list[TopicPartition]
+    conf: dict[str, object], parts: list[TopicPartition], deadline: float
 ) -> dict[tuple[str, int], int]:
     """Each partition's high watermark (a read_committed consumer is told the last
-    stable offset instead: asked as read_uncommitted)."""
+    stable offset instead: asked as read_uncommitted), asked again while the answer is
+    a retriable error (a partition between leaders) and ``deadline`` is not past."""
     probe = Consumer({**conf, "isolation.level": "read_uncommitted"})
     try:
-        return {
-            (p.topic, p.partition): probe.get_watermark_offsets(p, timeout=10)[1] for p in parts
-        }
+        out = {}
+        for p in parts:
+            while True:
+                try:
+                    out[(p.topic, p.partition)] = probe.get_watermark_offsets(p, timeout=10)[1]
+                    break
+                except KafkaException as exc:
+                    if not classify(exc).retryable or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+        return out
     finally:
         probe.close()
