@@ -289,12 +289,15 @@ def _hops(o: Observed, ident: Ident, a: Arrival, event_s: float) -> list[dict[st
         raised = o.plan.wall_offset(ts / 1000 + silence)
         hops.append(("raised on the ship (shock + silence)", raised))
     hops.append((f"written at {a.entry}'s gateway", a.entered_s))
+    # the entry site's merge first, then the others in the order they merged it
     merged = sorted(
-        (site, got.at_s)
-        for site in SITES
-        if (got := o.arrivals.get(site, {}).get(ident)) is not None
+        (
+            (site, got.at_s)
+            for site in SITES
+            if (got := o.arrivals.get(site, {}).get(ident)) is not None
+        ),
+        key=lambda sa: (sa[0] != a.entry, sa[1], sa[0]),
     )
-    merged.sort(key=lambda sa: (sa[0] != a.entry, sa[1]))
     hops += [(f"merged at {site}", at) for site, at in merged]
     out: list[dict[str, Any]] = []
     before: float | None = None

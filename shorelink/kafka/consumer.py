@@ -58,6 +58,7 @@ from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError, KafkaNotAuthorized, classify, kafka_errors
 from shorelink.kafka.position import Position, PositionStore
+from shorelink.kafka.reading import written_ms
 from shorelink.logs import RateLimitedLog
 
 __all__ = ["Consumed", "ConsumerError", "PortableConsumer"]
@@ -392,9 +393,7 @@ class PortableConsumer:
             self.skipped += 1
             return
         self._pending.add(i)
-        kind, ms = msg.timestamp()  # kind 0: the record has no timestamp
-        entered = entered_ms(msg.headers())
-        out.append(Consumed(rec, topic, part, offset, ms if kind else None, entered))
+        out.append(Consumed(rec, topic, part, offset, written_ms(msg), entered_ms(msg.headers())))
 
     # -- position ------------------------------------------------------------------------
     def commit(self) -> None:

@@ -10,9 +10,15 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import classify, kafka_errors
 
-__all__ = ["Headers", "read_to_end"]
+__all__ = ["Headers", "read_to_end", "written_ms"]
 
 Headers = list[tuple[str, str | bytes | None]]
+
+
+def written_ms(msg: Message) -> int | None:
+    """A record's Kafka timestamp (epoch ms), None when it has none."""
+    kind, ms = msg.timestamp()  # kind 0: TIMESTAMP_NOT_AVAILABLE
+    return ms if kind else None
 
 
 def read_to_end(
@@ -90,8 +96,9 @@ def _read_to_end(
                 if err is None:
                     yield msg
                 elif err.code() == KafkaError._PARTITION_EOF:
-                    if msg.offset() >= ends[(msg.topic(), msg.partition())]:
-                        pending.discard((msg.topic(), msg.partition()))
+                    tp = (msg.topic() or "", msg.partition() or 0)
+                    if (msg.offset() or 0) >= ends[tp]:
+                        pending.discard(tp)
                 else:
                     raise KafkaException(err)
     finally:

@@ -46,6 +46,7 @@ from shorelink.contract import (
 from shorelink.errors import ContractError
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError, kafka_errors
+from shorelink.kafka.reading import written_ms
 from shorelink.ledger import decode_entry
 from shorelink.logs import RateLimitedLog
 from shorelink.ranges import RangeSet
@@ -254,8 +255,7 @@ class SiteFollower:
             if last is None or report.at_ms >= last[0].at_ms:
                 f.reports[origin] = (report, rec.ts_ms, rec.site)
         elif topic == self.alerts_topic:
-            kind, merged = msg.timestamp()  # kind 0: the record has no timestamp
-            f.alerts.append(_alert(rec, entered_ms(msg.headers()), merged if kind else None))
+            f.alerts.append(_alert(rec, entered_ms(msg.headers()), written_ms(msg)))
         elif topic == self.nav_topic:
             text = rec.value.decode("utf-8", "replace").strip()
             # AIS sentences are other vessels, not the ship's own track
