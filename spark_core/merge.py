@@ -44,7 +44,7 @@ from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from shorelink.kafka.transactions import TransactionalProducer
 from shorelink.ledger import encode_entry
 from spark_core.config import SiteConfig, SitesConfig
-from spark_core.merge_batch import ArrowBatch, batch_frame, cyclic_gc_paused
+from spark_core.merge_batch import ArrowBatch, batch_frame, cyclic_gc_paused, unwritten
 from spark_core.merge_state import (
     BatchPlan,
     MergeError,
@@ -293,8 +293,10 @@ class Merger:
             raise MergeError("merge is stopping; batch left for the next run")
         t0 = time.monotonic()
         # Arrow, not collect(): no Row objects; duplicates never leave Arrow buffers.
-        # Outside the lock: the pullers write meanwhile (spark_core/pull.py)
-        batch = ArrowBatch(batch_frame(df).toArrow())
+        # Outside the lock: the pullers write meanwhile (spark_core/pull.py); what the
+        # ingest puller wrote already stays on the executors
+        done = dict(self.state.offsets)
+        batch = ArrowBatch(batch_frame(unwritten(df, done)).toArrow())
         with self.busy:
             if self.stopping.is_set():
                 raise MergeError("merge is stopping; batch left for the next run")

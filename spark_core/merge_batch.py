@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from spark_core.contract_sql import FLAT_COLUMNS, rebuild_headers, vouch
 from spark_core.merge_state import Out, SourceRow
 
-__all__ = ["ArrowBatch", "batch_frame", "cyclic_gc_paused"]
+__all__ = ["ArrowBatch", "batch_frame", "cyclic_gc_paused", "unwritten"]
 
 _KAFKA = ("topic", "partition", "offset", "key", "value")
 
@@ -40,6 +40,21 @@ def batch_frame(df: Any) -> Any:
     to turn into Arrow and back (see ``ArrowBatch``). ``written_ms`` is the Kafka
     timestamp in epoch ms (for ``sl.ingress.*``, when the gateway wrote the record)."""
     return vouch(df.selectExpr("*", "unix_millis(timestamp) AS written_ms"), *_KAFKA, "written_ms")
+
+
+def unwritten(df: Any, committed: dict[tuple[str, int], int]) -> Any:
+    """The rows of a Kafka batch at or above their partition's ``committed`` offset
+    (the merge state's, per source topic and partition): the rows below it another
+    reader of the same topics wrote already (the ingest puller, spark_core/pull.py),
+    and the planner would skip them anyway; so they stay on the executors instead of
+    crossing to the driver. ``committed`` may be older than what the merge holds when
+    the batch is planned (the planner skips the rest)."""
+    below = [
+        f"(topic = '{t}' AND partition = {p} AND offset < {o})"
+        for (t, p), o in sorted(committed.items())
+        if t.startswith("sl.") and "'" not in t and "/" not in t  # ingress topics only
+    ]
+    return df.where(f"NOT ({' OR '.join(below)})") if below else df
 
 
 class ArrowBatch:

@@ -60,6 +60,7 @@ from shorelink.contract import canonical_topic, ingress_topic, relay_topic
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError, UnknownTopic, classify
+from shorelink.kafka.reading import written_ms
 from spark_core.access import pull_group
 from spark_core.config import SiteConfig
 from spark_core.merge import Merger
@@ -92,9 +93,9 @@ class Puller:
     merger: Merger
     routes: Callable[[], Mapping[str, str | None]]
     #: read this site's own ingress topics instead (``neighbour`` is the site itself):
-    #: the urgent streams' way from the gateway into the merge without waiting for a
-    #: Spark micro-batch (the merge's Spark query still reads them; the cursors are the
-    #: same marker offsets, so whichever reads a record first writes it)
+    #: a record's way from the gateway into the merge without waiting for a Spark
+    #: micro-batch (the merge's Spark query still reads them; the cursors are the same
+    #: marker offsets, so whichever reads a record first writes it)
     local: bool = False
     #: streams whose history (canonical topic) a site that starts with nothing reads
     #: from this neighbour, once: the neighbour that keeps them longest
@@ -255,9 +256,8 @@ class Puller:
             offset = m.offset() or 0
             key, value = m.key(), m.value()
             headers: Headers = list(m.headers() or [])  # type: ignore[arg-type]
-            kind, ms = m.timestamp()  # kind 0: the record has no timestamp
             source = self._sources[tp[0]]
-            rows.append(SourceRow(source, tp[1], offset, key, value, headers, ms if kind else None))
+            rows.append(SourceRow(source, tp[1], offset, key, value, headers, written_ms(m)))
             size += len(key or b"") + len(value or b"")
             size += sum(len(k) + len(v or b"") for k, v in headers)
             self._note_read(tp[0], tp[1], offset)

@@ -76,23 +76,22 @@ class Replicator:
             for n in site.neighbours
             for m in mergers
         ]
-        #: the urgent merge's own ingress, read as a neighbour's relay is (no Spark batch
-        #: between the gateway and the merge on an alert's way)
+        #: each merge's own ingress, read as a neighbour's relay is: no Spark batch
+        #: between the gateway and the merge on a record's way (the merge's Spark query
+        #: reads the same topics and writes what this has not, spark_core/merge.py)
         self.ingest = [
             Puller(
                 site,
                 site.name,
                 site.kafka,
                 m.streams,
-                urgent=True,
+                urgent=all(s in site.urgent_streams for s in m.streams),
                 merger=m,
                 routes=dict,
                 local=True,
             )
             for m in mergers
-            if m.streams
-            and all(s in site.urgent_streams for s in m.streams)
-            and not site.merge.source_pattern
+            if m.streams and not site.merge.source_pattern
         ]
         self._stop = threading.Event()
         self._pulling = threading.Event()

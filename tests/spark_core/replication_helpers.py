@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Producer
 
@@ -125,6 +126,8 @@ class Topology:
     streams: list[str]
     urgent: list[str]
     max_offsets: int = 50_000
+    #: the Spark queries' trigger interval
+    trigger: str = "300ms"
     #: site name -> its own streams, where not ``streams``
     only: dict[str, list[str]] = field(default_factory=dict)
     cfg: SitesConfig = field(init=False)
@@ -148,7 +151,7 @@ streams = {self.only.get(name, self.streams)!r}
 neighbours = {self.neighbours[name]!r}
 checkpoint_dir = "{self.root}/{name}/checkpoints"
 table_dir = "{self.root}/{name}/tables"
-trigger_interval = "300ms"
+trigger_interval = "{self.trigger}"
 [sites.{name}.kafka]
 bootstrap = "{self.mesh.brokers[slot].bootstrap}"
 timeout = "20s"
@@ -191,7 +194,7 @@ def topology(
     streams: Sequence[str],
     urgent: Sequence[str] = (),
     only: Mapping[str, Sequence[str]] | None = None,
-    **kw: int,
+    **kw: Any,
 ) -> Topology:
     """``edges``: slot -> the slots it pulls from; ``only``: slot -> its streams, where
     not ``streams``. Site names are new for each call (``<slot>-<hex>``), so tests on

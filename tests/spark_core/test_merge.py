@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import (
@@ -31,7 +33,7 @@ from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from shorelink.ledger import MAX_HOLDINGS_RANGES
 from shorelink.ranges import RangeSet
 from spark_core.merge import Merger, SourceRow, plan_batch, start_merge
-from spark_core.merge_batch import ArrowBatch, batch_frame
+from spark_core.merge_batch import ArrowBatch, batch_frame, unwritten
 from spark_core.merge_state import (
     DEAD_VALUE_MAX,
     Headers,
@@ -237,7 +239,9 @@ def test_checkpoint_deleted_state_comes_from_the_ledger(
     q = start_merge(spark, m2, available_now=True)
     q.awaitTermination(120)
     assert q.exception() is None
-    assert m2.totals.skipped == 40  # handled by a committed batch (the marker's offsets)
+    # the 40 below the marker's offsets (a committed batch handled them) stayed on the
+    # executors (merge_batch.unwritten): only the 16 sent again reached the driver
+    assert m2.totals.input == 16 and m2.totals.skipped == 0
     assert m2.totals.duplicates == 11 and m2.totals.written == 5
     assert_exactly_once(canonical(b, s), {("ship1", s): 45})
     m2.close()
@@ -492,3 +496,40 @@ def test_plan_keeps_a_ledger_entry_within_the_range_bound() -> None:
     assert len(plan.dead) == 2
     assert all(b"ranges already" in dict(h)["sl.dead.reason"] for _, _, _, h in plan.dead)
     assert len(plan.ledger[("a", "nav")]) == MAX_HOLDINGS_RANGES
+
+
+@pytest.mark.spark
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.dictionaries(
+        st.tuples(
+            st.sampled_from(["sl.ingress.a", "sl.ingress.b", "n/id/sl.relay.x.a"]),
+            st.integers(0, 1),
+        ),
+        st.integers(0, 12),
+        max_size=6,
+    )
+)
+def test_a_spark_batch_keeps_only_the_rows_at_or_above_their_committed_offset(
+    spark: Any, committed: dict[tuple[str, int], int]
+) -> None:
+    """What the ingest puller wrote first (below the merge's committed offset of its
+    partition) stays on the executors; every other row reaches the driver, and a pulled
+    source's cursor (a name with slashes) filters nothing."""
+    rows = [
+        SourceRow(t, p, o, b"k", b"v", [], 1_700_000_000_000)
+        for t in ("sl.ingress.a", "sl.ingress.b")
+        for p in (0, 1)
+        for o in range(10)
+    ]
+    frame = _kafka_frame(spark, rows)
+    kept = ArrowBatch(batch_frame(unwritten(frame, committed)).toArrow())
+    got = sorted(zip(kept.topics, kept.partitions, kept.offsets, strict=True))
+    want = sorted(
+        (r.topic, r.partition, r.offset)
+        for r in rows
+        if r.offset >= committed.get((r.topic, r.partition), 0)
+    )
+    assert got == want
