@@ -58,7 +58,7 @@ from spark_core.merge_state import (
     source_entry,
     topic_stream,
 )
-from spark_core.purge import SourcePurger
+from spark_core.purge import SourcePurger, below, spark_position
 from spark_core.session import trigger
 from spark_core.topics import customer_ownership, customer_specs, relay_entries, stream_specs
 
@@ -344,7 +344,10 @@ class Merger:
             if plan.canonical or plan.again or plan.dead or plan.offsets:
                 customer = self._commit(batch_id, plan)
             if not (replay or pulled) and self.site.merge.purge_sources:
-                self._purger.purge(before)  # spark_core/purge.py: why one batch behind
+                # spark_core/purge.py: why one batch behind, and never past the Spark
+                # query's own position (the ingest puller commits ahead of it)
+                at = spark_position(self.site.query_checkpoint(self.query), batch_id)
+                self._purger.purge(below(before, at))
         t3 = time.monotonic()
         self.totals.fetch_s += t1 - t0
         self.totals.plan_s += t2 - t1

@@ -13,14 +13,21 @@ replay the merge recognises by its batch id). Once batch N+1 runs, Spark has log
 N, so nothing below N's end offsets is read again: not by a replay, not after a lost
 checkpoint (the query then starts from the earliest offset still there, and the marker
 skips what was handled). A replayed batch purges nothing.
+
+And never past the Spark query's own position (:func:`spark_position`, where its
+current batch starts): the merge's ingest puller (spark_core/pull.py) reads the same
+topics and commits ahead of the Spark query, and a record deleted below a Spark batch's
+planned range fails that batch (Spark's ``failOnDataLoss``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from concurrent.futures import Future
 from functools import partial
+from pathlib import Path
 
 from confluent_kafka import TopicPartition
 
@@ -30,9 +37,33 @@ from shorelink.kafka.errors import KafkaClientError, kafka_errors
 from shorelink.logs import RateLimitedLog
 from spark_core.merge_state import topic_stream
 
-__all__ = ["SourcePurger"]
+__all__ = ["SourcePurger", "below", "spark_position"]
 
 log = logging.getLogger(__name__)
+
+
+def spark_position(checkpoint: Path, batch_id: int) -> dict[tuple[str, int], int]:
+    """Where Spark batch ``batch_id`` of the query checkpointed at ``checkpoint`` starts,
+    per source partition: the end of the batch before it, in the query's offset log
+    (``offsets/<id>``: a version line, the batch's metadata, then each source's offsets
+    as ``{"topic": {"partition": offset}}``). Nothing below it is read by the query
+    again. Empty when that entry is missing or unreadable (purge nothing then)."""
+    try:
+        lines = (checkpoint / "offsets" / str(batch_id - 1)).read_text().splitlines()
+        out = {}
+        for line in lines[2:]:
+            for topic, parts in json.loads(line).items():
+                out.update({(topic, int(p)): int(o) for p, o in parts.items()})
+        return out
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
+
+
+def below(
+    committed: Mapping[tuple[str, int], int], position: Mapping[tuple[str, int], int]
+) -> dict[tuple[str, int], int]:
+    """Per source partition in both: the lower of the two offsets."""
+    return {tp: min(o, position[tp]) for tp, o in committed.items() if tp in position}
 
 
 class SourcePurger:

@@ -16,9 +16,18 @@ from core_gateway.config import parse_config as gateway_config
 from core_gateway.ingress import IngressWriter
 from local_stack.kafka import KafkaBroker, start_kafka
 from shorelink.contract import ingress_topic
-from spark_core.merge import Merger, start_merge
+from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.reading import read_to_end, written_ms
+from spark_core.merge import Merger, SourceRow, start_merge
 from tests.helpers import eventually, unique
-from tests.spark_core.helpers import assert_exactly_once, canonical, make_site, produce, record
+from tests.spark_core.helpers import (
+    assert_exactly_once,
+    canonical,
+    create_ingress,
+    make_site,
+    produce,
+    record,
+)
 
 #: the broker expires anything without a retention of its own after one second
 SHORT_RETENTION = {
@@ -94,3 +103,57 @@ def test_ingress_outlives_a_stopped_merge_and_is_purged_once_merged(
         interval=0.2,
     )
     assert second._purger.requested == sum(merged) and second._purger.failures == 0
+
+
+@pytest.mark.spark
+def test_the_purge_never_passes_the_spark_querys_own_position(
+    spark: Any, kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """The ingest puller (here: its rows handed to the merge as it does) commits ahead
+    of the Spark query; the next Spark batches (40 records each) still find every
+    record of their planned ranges, so the query neither fails (``failOnDataLoss``)
+    nor writes anything twice, and the ingress topic is freed only below where the
+    query has passed."""
+    b = kafka.bootstrap
+    s = unique("s")
+    create_ingress(b, [s], partitions=1)
+    site, _ = make_site(b, tmp_path, [s], max_offsets=40)
+    produce(b, [record("ship1", s, q) for q in range(1, 11)])
+    first = Merger(site)
+    start_merge(spark, first, available_now=True).awaitTermination(120)  # batch 0: 1-10
+    produce(b, [record("ship1", s, q) for q in range(11, 111)])
+    ahead = [
+        SourceRow(
+            m.topic() or "",
+            m.partition() or 0,
+            m.offset() or 0,
+            m.key(),
+            m.value(),
+            list(m.headers() or []),
+            written_ms(m),
+        )
+        for m in read_to_end(KafkaEndpoint.plaintext(b), [ingress_topic(s)], settled=True)
+    ]
+    first.write_pulled(ahead)  # as the ingest puller does: 11-110, cursor past them
+    first.close()
+    # the Spark query goes on from batch 0's end, 40 at a time; stopped after a batch,
+    # then started again: a new consumer reads the next range from Kafka itself
+    second = Merger(site)
+    q = start_merge(spark, second, available_now=False)
+    eventually(lambda: second.totals.batches >= 1, within=60, what="a Spark batch", interval=0.1)
+    q.stop()
+    second.close()
+    third = Merger(site)
+    q = start_merge(spark, third, available_now=True)
+    q.awaitTermination(120)
+    third.close()
+    assert q.exception() is None
+    assert second.totals.written == third.totals.written == 0
+    assert_exactly_once(canonical(b, s), {("ship1", s): 110})
+    # what was purged is below where the Spark query had got to, not the cursor (110+)
+    eventually(
+        lambda: 0 < _watermarks(b, ingress_topic(s))[0][0] < 110,
+        within=20,
+        what="ingress purged below the Spark query's position",
+        interval=0.2,
+    )
