@@ -5,8 +5,17 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+from confluent_kafka.admin import OffsetSpec
 
+from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import classify, kafka_errors
 
@@ -81,7 +90,7 @@ def _read_to_end(
             return
         deadline = time.monotonic() + timeout
         ends = (
-            _high_watermarks(conf, parts, deadline) if settled else dict.fromkeys(_keys(parts), 0)
+            _high_watermarks(kafka, parts, deadline) if settled else dict.fromkeys(_keys(parts), 0)
         )
         consumer.assign(parts)
         pending = set(ends)
@@ -110,23 +119,23 @@ def _keys(parts: list[TopicPartition]) -> list[tuple[str, int]]:
 
 
 def _high_watermarks(
-    conf: dict[str, object], parts: list[TopicPartition], deadline: float
+    kafka: KafkaEndpoint, parts: list[TopicPartition], deadline: float
 ) -> dict[tuple[str, int], int]:
     """Each partition's high watermark (a read_committed consumer is told the last
-    stable offset instead: asked as read_uncommitted), asked again while the answer is
-    a retriable error (a partition between leaders) and ``deadline`` is not past."""
-    probe = Consumer({**conf, "isolation.level": "read_uncommitted"})
-    try:
-        out = {}
-        for p in parts:
-            while True:
-                try:
-                    out[(p.topic, p.partition)] = probe.get_watermark_offsets(p, timeout=10)[1]
-                    break
-                except KafkaException as exc:
-                    if not classify(exc).retryable or time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
-        return out
-    finally:
-        probe.close()
+    stable offset instead: asked as read_uncommitted), by the admin client, which finds
+    a partition's new leader itself (a consumer's watermark request kept asking a
+    broker that had lost it for a minute after a broker was killed), asked again while
+    the answer is a retriable error and ``deadline`` is not past."""
+    admin = Admin(kafka).client
+    while True:
+        found = admin.list_offsets(
+            {p: OffsetSpec.latest() for p in parts},
+            isolation_level=IsolationLevel.READ_UNCOMMITTED,
+            request_timeout=max(1.0, min(10.0, deadline - time.monotonic())),
+        )
+        try:
+            return {(tp.topic, tp.partition): f.result().offset for tp, f in found.items()}
+        except KafkaException as exc:
+            if not classify(exc).retryable or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
