@@ -1,11 +1,12 @@
 """The merge: the only writer of a site's canonical topics ``sl.<stream>`` and ``sl.ledger``.
 
 One streaming query reads ``sl.ingress.*`` (read_committed, headers included); the
-site's pullers hand it what they read from the neighbours' relay topics
-(``write_pulled``, spark_core/pull.py), between its batches. Each micro-batch is handed
-to the driver as Arrow (``maxOffsetsPerTrigger`` bounds it; spark_core/merge_batch.py),
-checked against the record contract, deduplicated on identity against the ranges
-already written, and written in ONE Kafka transaction: the new records in seq order per
+site's pullers hand it what they read from the neighbours' relay topics and its ingest
+puller what it read from the same ``sl.ingress.*`` first (``write_pulled``,
+spark_core/pull.py), between its batches. Each micro-batch is handed to the driver as
+Arrow, without the rows already written (``maxOffsetsPerTrigger`` bounds it;
+spark_core/merge_batch.py), checked against the record contract, deduplicated on
+identity against the ranges already written, and written in ONE Kafka transaction: the new records in seq order per
 ``(origin, stream)``, the malformed ones to ``sl.dead.<stream>``, the new ranges to
 ``sl.ledger`` and the batch marker to ``sl.merge.marker``. The dedup state is rebuilt from
 the ledger (read_committed) at start-up and after any failed transaction, so a batch that
