@@ -667,8 +667,14 @@ async def test_backlog_sealed_at_sea_arrives_in_kafka_exactly_once_in_port(
         )
         assert agent.log.segments.totals()["containers"][:2] == (3, 1500)
         assert agent.log.holdings() == {}  # nothing crossed yet
+        # the sealer counts a segment once its write (in a thread) is back on the loop:
+        # a moment after the log shows it
         sealed_records = "shorelink_edge_sealed_records_total"
-        assert _sample(agent.metrics, sealed_records, stream="containers") == 1500
+        await eventually_async(
+            lambda: _sample(agent.metrics, sealed_records, stream="containers") == 1500,
+            10,
+            "the sealed records counted",
+        )
 
         toxiproxy.set_enabled(proxy, True)  # in port
         await eventually_async(lambda: agent.log.backlog("containers")[0] == 0, 30, "upload")
