@@ -76,10 +76,12 @@ async def test_agent_with_gateways_sends_on_new_data_and_stops_cleanly(
     await eventually_async(lambda: gw.held("containers") == RangeSet([(1, 40)]), within=10)
     await asyncio.to_thread(_publish, publisher, 41, 50)
     await eventually_async(lambda: gw.held("containers") == RangeSet([(1, 50)]), within=10)
-    metrics = generate_latest(agent.metrics.registry).decode()
-    assert (
-        'shorelink_edge_uplink_records_sent_total{site="tokyo",stream="containers"} 50.0' in metrics
+    # the uplink counts a batch once the gateway's answer is back: a moment after it holds it
+    sent = 'shorelink_edge_uplink_records_sent_total{site="tokyo",stream="containers"} 50.0'
+    await eventually_async(
+        lambda: sent in generate_latest(agent.metrics.registry).decode(), within=10
     )
+    metrics = generate_latest(agent.metrics.registry).decode()
     assert 'shorelink_edge_link_up{link="port_wifi",site="tokyo"} 1.0' in metrics
     assert 'shorelink_edge_uplink_bytes_sent_total{link="port_wifi"}' in metrics
     agent.stop.set()
