@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spark_core.contract_sql import FLAT_COLUMNS, rebuild_headers, vouch
-from spark_core.merge_state import Out, SourceRow
+from spark_core.merge_state import Out, SourceRow, topic_stream
 
 __all__ = ["ArrowBatch", "batch_frame", "cyclic_gc_paused", "unwritten"]
 
@@ -52,7 +52,7 @@ def unwritten(df: Any, committed: dict[tuple[str, int], int]) -> Any:
     below = [
         f"(topic = '{t}' AND partition = {p} AND offset < {o})"
         for (t, p), o in sorted(committed.items())
-        if t.startswith("sl.") and "'" not in t and "/" not in t  # ingress topics only
+        if topic_stream(t) is not None  # the site's ingress topics (names checked)
     ]
     return df.where(f"NOT ({' OR '.join(below)})") if below else df
 
