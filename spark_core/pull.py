@@ -24,8 +24,9 @@ History: what no relay topic has any more (a site that lost everything, or a gap
 read once from a neighbour's canonical topic ``sl.<stream>``, which keeps a stream
 longer (at headquarters: for ever): the records older than what the neighbour's relay
 topics of the stream reach back to (``_history_ends``: the rest is in those relays),
-as they stood when the reading began. The merge drops what the site holds and relays
-none of it (it came through no entry). A site whose merge starts with nothing in
+as they stood when the reading began (for a site that starts with nothing: when it
+started, before its merge wrote a record, ``Puller.begin``). The merge drops what
+the site holds and relays none of it (it came through no entry). A site whose merge starts with nothing in
 Kafka reads each stream's history from the neighbour that keeps it longest
 (``Puller.history``, chosen by the replicator), and treats a relay it reads from its
 start that retention already cut as a gap; a puller that meets a gap in a relay topic
@@ -64,7 +65,7 @@ from shorelink.kafka.reading import written_ms
 from spark_core.access import pull_group
 from spark_core.config import SiteConfig
 from spark_core.merge import Merger
-from spark_core.merge_state import Headers, MergeError, SourceRow, pulled_source
+from spark_core.merge_state import Headers, MergeError, SourceRow, history_stream, pulled_source
 
 __all__ = ["PULL_BATCH_BYTES", "Puller"]
 
@@ -104,6 +105,10 @@ class Puller:
     sites: tuple[str, ...] = ()
     #: records read from the neighbour, batches handed to the merge
     read: int = 0
+    #: of ``read``: from the neighbour's canonical topics (history), and from this
+    #: site's own relay topics there (taking back what entered here)
+    read_history: int = 0
+    read_back: int = 0
     batches: int = 0
     #: relay records lost to the neighbour's retention before they were read
     gaps: int = 0
@@ -151,6 +156,10 @@ class Puller:
     def _own_topics(self) -> set[str]:
         """This site's own relay topics at the neighbour (what recovery takes back)."""
         return {relay_topic(self.site.name, s) for s in self.streams}
+
+    @property
+    def _own_suffixes(self) -> tuple[str, ...]:
+        return tuple(f"/{t}" for t in self._own_topics)
 
     @property
     def reading_history(self) -> list[str]:
@@ -211,11 +220,7 @@ class Puller:
     def round(self) -> int:
         """One batch: read what the relay topics have past the cursors, hand it to the
         merge. Returns the records read."""
-        if self._recovering is None:
-            self.merger.ready()
-            self._recovering = bool(self.merger.fresh) and not self.local
-            if self._recovering:
-                self._read_history(self.history, "fresh")
+        self._decide()
         if self.local:
             wanted = frozenset(ingress_topic(s) for s in self.streams)
         else:
@@ -242,9 +247,20 @@ class Puller:
         carried, self._carry = self._carry, []
         paused: list[TopicPartition] = []
 
+        history_ends = {
+            tp: end for ends in self._history.values() if ends for tp, end in ends.items()
+        }
+
         def take(m: Message) -> None:
             nonlocal size
             tp = (str(m.topic()), m.partition() or 0)
+            end = history_ends.get(tp)
+            if end is not None and (m.offset() or 0) >= end:
+                # history is read up to where it ended: the rest of the neighbour's
+                # canonical topic comes through its relays (pause: no more is fetched)
+                self._assigned[tp] = max(self._assigned.get(tp, 0), end)
+                consumer.pause([TopicPartition(*tp)])
+                return
             if taken[tp] >= share or tp in self._waiting:  # order kept: after its carry
                 self._carry.append(m)
                 if tp not in self._waiting:
@@ -287,6 +303,11 @@ class Puller:
         if rows:
             self.merger.write_pulled(rows)
             self.read += len(rows)
+            for row in rows:  # the kinds of read beside a relay's: history, recovery
+                if history_stream(row.topic) is not None:
+                    self.read_history += 1
+                elif row.topic.endswith(self._own_suffixes):
+                    self.read_back += 1
             self.batches += 1
             self.last_success = time.time()
         self._measure_lag(len(rows))
@@ -296,6 +317,61 @@ class Puller:
             if ends is not None and self._reached(ends):
                 self._history_done(stream)
         return len(rows)
+
+    def _decide(self) -> None:
+        """Once, with the merge's state loaded: does this run take back what entered
+        here (its merge started with nothing in Kafka) and read history?"""
+        if self._recovering is None:
+            self.merger.ready()
+            self._recovering = bool(self.merger.fresh) and not self.local
+            if self._recovering:
+                self._read_history(self.history, "fresh")
+
+    def begin(self) -> None:
+        """Before any puller of the site runs (so before its merge writes a record), if
+        the site starts with nothing: where this site's own relay topics at the
+        neighbour end (recovery reads up to there) and which history it holds. What the
+        neighbour writes later, it pulled from this run's merge (or from sites that
+        did): a site that starts with records waiting in its ingress, or beside other
+        sites starting, would otherwise read its own new records back from every
+        neighbour, and its neighbours' new records twice. A neighbour that does not
+        answer now is asked at its first round (what it wrote of this run by then is
+        read once more and dropped as held)."""
+        self._decide()
+        history = [s for s, ends in self._history.items() if ends is None]
+        recover = bool(self._recovering) and self._recover_to is None
+        if not (history or recover):
+            return
+        try:
+            topics = [canonical_topic(s) for s in history]
+            parts = self._partitions([*topics, *(self._own_topics if recover else ())])
+            for stream, topic in zip(history, topics, strict=True):
+                ends = self._history_ends(stream, [p for t, p in parts if t == topic])
+                self._history[stream] = ends
+                if not ends:  # the neighbour holds no history (yet): nothing to read
+                    self._history_done(stream)
+            if recover:
+                self._recover_to = self._recovery_targets(parts)
+        except (KafkaClientError, KafkaException) as exc:
+            log.info(
+                "event=pull_begin_deferred site=%s neighbour=%s error=%r",
+                self.site.name,
+                self.neighbour,
+                str(exc),
+            )
+            return
+        if recover and not self._recover_to:  # the neighbour holds nothing that entered here
+            self._recover_done()
+
+    def _partitions(self, topics: Iterable[str]) -> dict[tuple[str, int], str]:
+        """The partitions of those of ``topics`` that exist at the neighbour."""
+        admin = self._admin_client()
+        parts: dict[tuple[str, int], str] = {}
+        for topic, future in admin.client.describe_topics(TopicCollection(sorted(topics))).items():
+            with contextlib.suppress(UnknownTopic):
+                desc = admin.wait(future, f"describe {topic} at {self.neighbour}")
+                parts.update(((topic, p.id), topic) for p in desc.partitions)
+        return parts
 
     def _reached(self, ends: Mapping[tuple[str, int], int]) -> bool:
         """Has every partition of ``ends`` been read (or found at its end) up to there?"""
@@ -365,8 +441,11 @@ class Puller:
         if not tps:
             return None
         client, committed = self._admin.client, IsolationLevel.READ_COMMITTED
+        # the first record at or after timestamp 1: to timestamp 0 Kafka answers a
+        # read_committed ListOffsets with no offset at all (4.1, measured), and the
+        # horizon was never found (docs/replication.md, "A site that lost everything")
         first = client.list_offsets(
-            {tp: OffsetSpec.for_timestamp(0) for tp in tps}, isolation_level=committed
+            {tp: OffsetSpec.for_timestamp(1) for tp in tps}, isolation_level=committed
         )
         start = client.list_offsets({tp: OffsetSpec.earliest() for tp in tps})
         cut: list[int] = []
@@ -389,16 +468,30 @@ class Puller:
         return {tp: hi for tp, (_, hi) in self._marks(parts).items()}
 
     def _marks(self, parts: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
-        """Where each partition of ``parts`` that holds records starts and ends now."""
-        consumer = self._consumer or self._new_consumer()
+        """Where each partition of ``parts`` that holds committed records starts and
+        ends now: its last stable offset, so a transaction still open there (records
+        the neighbour is writing now, in its relay topics too) is not counted."""
+        tps = [TopicPartition(t, p) for t, p in parts]
+        if not tps:
+            return {}
+        admin = self._admin_client()
+        first = admin.client.list_offsets({tp: OffsetSpec.earliest() for tp in tps})
+        stable = admin.client.list_offsets(
+            {tp: OffsetSpec.latest() for tp in tps}, isolation_level=IsolationLevel.READ_COMMITTED
+        )
         marks = {}
-        for topic, part in parts:
-            lo, hi = consumer.get_watermark_offsets(
-                TopicPartition(topic, part), timeout=self.site.replication.probe_timeout_s
-            )
+        for tp in tps:
+            what = f"offsets of {tp.topic} at {self.neighbour}"
+            lo = admin.wait(first[tp], what).offset
+            hi = admin.wait(stable[tp], what).offset
             if hi > lo:
-                marks[(topic, part)] = (lo, hi)
+                marks[(tp.topic, tp.partition)] = (lo, hi)
         return marks
+
+    def _admin_client(self) -> Admin:
+        if self._admin is None:
+            self._admin = Admin(self.kafka.with_timeout(self.site.replication.probe_timeout_s))
+        return self._admin
 
     def _recovery_targets(self, parts: Mapping[tuple[str, int], str]) -> dict[tuple[str, int], int]:
         """Where this site's own relay topics at the neighbour end now, per partition
@@ -427,15 +520,14 @@ class Puller:
                 self._consumer.unassign()
             self._assigned, self._sources = {}, {}
             return
-        if self._admin is None:
-            self._admin = Admin(self.kafka.with_timeout(self.site.replication.probe_timeout_s))
-        described = self._admin.client.describe_topics(TopicCollection(sorted(wanted)))
+        admin = self._admin_client()
+        described = admin.client.describe_topics(TopicCollection(sorted(wanted)))
         sources: dict[str, str] = {}
         parts: dict[tuple[str, int], str] = {}
         renewed = False
         for topic, future in described.items():
             try:
-                desc = self._admin.wait(future, f"describe {topic} at {self.neighbour}")
+                desc = admin.wait(future, f"describe {topic} at {self.neighbour}")
             except UnknownTopic:
                 if topic in self._ids:
                     self._ids[topic] = ""  # gone: whatever comes back is a new topic
@@ -466,6 +558,12 @@ class Puller:
                     parts = {tp: src for tp, src in parts.items() if tp[0] != topic}
                     del sources[topic]
                     self._wanted = frozenset(self._wanted - {topic})
+        # only the partitions of a canonical topic that hold history are read
+        history = {tp for ends in self._history.values() if ends for tp in ends}
+        parts = {
+            tp: src for tp, src in parts.items() if history_stream(src) is None or tp in history
+        }
+        sources = {t: src for t, src in sources.items() if t in {tp[0] for tp in parts}}
         if self._recovering and self._recover_to is None:
             self._recover_to = self._recovery_targets(parts)
             if not self._recover_to:  # the neighbour holds nothing that entered here

@@ -20,10 +20,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from confluent_kafka import KafkaException
+
 from shorelink.contract import relay_topic
 from shorelink.files import write_json_atomic
+from shorelink.kafka.errors import KafkaClientError
 from spark_core.config import SiteConfig
 from spark_core.merge import Merger
+from spark_core.merge_state import MergeError
 from spark_core.pull import Puller
 from spark_core.routing import LinkState
 
@@ -60,6 +64,8 @@ class Replicator:
         self.site = site
         self.links = LinkState(cfg, site)
         self.routes: dict[str, str | None] = {}
+        #: how often the routes changed (the first routes count)
+        self.route_changes = 0
         history = history_sources(cfg, site)
         self.pullers = [
             Puller(
@@ -102,12 +108,19 @@ class Replicator:
 
     # -- the routing loop ---------------------------------------------------------------
     def start(self) -> None:
-        """Probe once (so the first routes are known), then keep probing in a thread,
-        and start the pullers."""
+        """Probe once (so the first routes are known), then keep probing in a thread;
+        a fresh site's pullers note where its own relay topics at each neighbour that
+        answers end (:meth:`Puller.begin`); then start the pullers."""
         if self.site.neighbours:
             self.tick()
             self._thread = threading.Thread(target=self._run, name="replication-links", daemon=True)
             self._thread.start()
+        for p in self.pullers:  # before the merges write: what recovery reads up to
+            if self.links.links[p.neighbour].up:
+                try:
+                    p.begin()
+                except (MergeError, KafkaClientError, KafkaException) as exc:  # its thread retries
+                    log.warning("event=pull_begin_failed puller=%s error=%r", p.name, str(exc))
         for p in self.all_pullers:
             t = threading.Thread(
                 target=p.run, args=(self._pulling,), name=f"{p.name}@{self.site.name}", daemon=True
@@ -126,6 +139,7 @@ class Replicator:
                 ",".join(f"{e}<-{n or '-'}" for e, n in sorted(routes.items())),
             )
             self.routes = routes
+            self.route_changes += 1
         self.write_status()
 
     def _run(self) -> None:
@@ -215,6 +229,8 @@ class Replicator:
             "pullers": {
                 p.name: {
                     "read": p.read,
+                    "read_history": p.read_history,
+                    "read_back": p.read_back,
                     "batches": p.batches,
                     "gaps": p.gaps,
                     "history": p.reading_history,

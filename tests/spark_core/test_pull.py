@@ -2,18 +2,24 @@
 name carries the topic's id, so a recreated topic is a new source, and it must always
 lead back to the stream, whatever characters the id (base64) holds. A neighbour's
 canonical topic, read for history, names its stream and no entry. Which neighbour a
-site takes each stream's history from."""
+site takes each stream's history from, and what it reads there."""
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from pathlib import Path
 
+from confluent_kafka import Producer
 from hypothesis import given
 from hypothesis import strategies as st
 
+from local_stack.kafka import KafkaBroker
 from shorelink.contract import canonical_topic, relay_topic
+from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.config import parse_config
+from spark_core.merge import Merger
 from spark_core.merge_state import (
     history_stream,
     pulled_source,
@@ -21,8 +27,10 @@ from spark_core.merge_state import (
     source_stream,
     topic_stream,
 )
+from spark_core.pull import Puller
 from spark_core.replication import history_sources
-from tests.spark_core.helpers import graph_doc
+from tests.helpers import unique
+from tests.spark_core.helpers import canonical, graph_doc, make_site, record
 from tests.strategies import DIGITS, LOWER, words
 
 _NAME = words(LOWER, LOWER + DIGITS + "-", 20)
@@ -76,3 +84,56 @@ def test_history_comes_from_the_neighbour_that_keeps_the_stream_longest(tmp_path
     # ties: by name
     assert history_sources(cfg, cfg.site("hq")) == {"containers": "syd"}
     assert history_sources(cfg, cfg.site("tyo")) == {"containers": "hq", "nav": "syd"}
+
+
+def test_a_site_that_starts_with_nothing_takes_as_history_only_what_no_relay_holds(
+    kafka: KafkaBroker, kafka_sites: Callable[..., dict[str, KafkaBroker]], tmp_path: Path
+) -> None:
+    """The neighbour's canonical records from before its relay topics began are history;
+    the rest come through the relays. So the sites of a new deployment, whose relays
+    hold everything, read no history twice (Kafka answers no offset for timestamp 0 to a
+    read_committed ListOffsets: the oldest relay record was never found, and every
+    fresh site read its neighbour's whole canonical topic)."""
+    s = unique("s")
+    neighbour = kafka_sites("tokyo")["tokyo"]
+    ep = KafkaEndpoint.plaintext(neighbour.bootstrap)
+    ensure_topics(ep, [TopicSpec(canonical_topic(s), 1), TopicSpec(relay_topic("e1", s), 1)])
+    before = [record("ship1", s, q) for q in range(1, 6)]
+    relayed = [record("ship1", s, q) for q in range(6, 9)]
+    p = Producer({"bootstrap.servers": neighbour.bootstrap, "transactional.id": unique("m")})
+    p.init_transactions(20)
+    for batch, topics in (
+        (before, [canonical_topic(s)]),
+        (relayed, [canonical_topic(s), relay_topic("e1", s)]),
+    ):
+        p.begin_transaction()
+        for r in batch:
+            for t in topics:  # the merge writes both copies in one transaction
+                p.produce(t, key=r.key, value=r.value, headers=r.headers())
+        p.commit_transaction(20)
+    site, _ = make_site(kafka.bootstrap, tmp_path, [s])
+    merger = Merger(site)
+    puller = Puller(
+        site,
+        "tokyo",
+        ep,
+        (s,),
+        urgent=False,
+        merger=merger,
+        routes=dict,
+        history=(s,),
+        sites=("e1",),
+    )
+    try:
+        puller.begin()
+        assert puller.reading_history == [s]
+        for _ in range(50):  # bounded: a round reads what is there and returns
+            if not puller.reading_history:
+                break
+            puller.round()
+        assert puller.reading_history == []
+        assert (puller.read, puller.read_history) == (5, 5)
+        assert {r.identity.seq for r in canonical(kafka.bootstrap, s)} == set(range(1, 6))
+    finally:
+        puller.close()
+        merger.close()
