@@ -26,6 +26,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from shorelink import strict_json
 from shorelink.errors import ContractError
 from shorelink.identity import check_name
 
@@ -101,8 +102,8 @@ def decode_report(payload: bytes) -> ShipReport:
     if len(payload) > MAX_REPORT_BYTES:
         raise ContractError(f"ship report of {len(payload)} bytes (at most {MAX_REPORT_BYTES})")
     try:
-        doc = json.loads(payload)
-    except (ValueError, UnicodeDecodeError) as exc:
+        doc = strict_json.loads(payload)
+    except ValueError as exc:  # NaN, nesting too deep, invalid UTF-8 too
         raise ContractError(f"ship report is not JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise ContractError("ship report is not a JSON object")

@@ -10,13 +10,14 @@ from the fragment store (``lookup``) that the table writer keeps.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from pyais import decode as ais_decode
+
+from shorelink import strict_json
 
 __all__ = ["WINDOW", "Fragment", "NavRecord", "Position", "assemble", "decode_nav", "fragment_info"]
 
@@ -183,8 +184,8 @@ def decode_nav(
         if not text.startswith("{"):
             continue
         try:
-            d = json.loads(text)
-        except ValueError:
+            d = strict_json.loads(text)
+        except ValueError:  # NaN, nesting too deep too: counted, never raised
             errors += 1
             continue
         if isinstance(d, dict):

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from shorelink import strict_json
 from shorelink.contract import LINKS_TOPIC
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
@@ -143,7 +144,7 @@ class Report:
         """Raises ValueError for anything but ``{"up": [names], "version": int}`` with
         an optional ``"failing": [names]``."""
         try:
-            data = json.loads(value)
+            data = strict_json.loads(value)  # a neighbour's: nesting too deep is a ValueError
             up, version = data["up"], data["version"]
             failing = data.get("failing", [])
         except (ValueError, KeyError, TypeError, AttributeError) as exc:

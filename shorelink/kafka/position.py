@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import Producer
 
+from shorelink import strict_json
 from shorelink.errors import ContractError, ShorelinkError
 from shorelink.files import write_atomic
 from shorelink.identity import Identity, check_name
@@ -188,8 +189,8 @@ class Position:
         if len(raw) > MAX_POSITION_BYTES:
             raise PositionError(f"larger than {MAX_POSITION_BYTES} bytes")
         try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+            data = strict_json.loads(raw)
+        except ValueError as exc:  # invalid UTF-8, NaN, nesting too deep too
             raise PositionError(f"not JSON: {exc}") from None
         return cls.from_json(data)
 

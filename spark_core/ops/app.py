@@ -23,7 +23,6 @@ import binascii
 import contextlib
 import hmac
 import importlib.resources
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -32,6 +31,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from shorelink import strict_json
 from shorelink.tls import TlsFile, client_context
 from spark_core.config import SitesConfig
 from spark_core.ops.coast import coastlines
@@ -91,7 +91,7 @@ class Ops:
         if _facts(snap) == _facts(self.snapshot):
             return False
         self.snapshot = snap
-        self.snapshot_json = json.dumps(snap, separators=(",", ":"))
+        self.snapshot_json = strict_json.dumps(snap)
         self.version += 1
         self._changed.set()
         self._changed = asyncio.Event()
@@ -232,7 +232,7 @@ def _basic_user(header: str, staff: dict[str, str]) -> str | None:
 
 def _json(get: Callable[[Ops], Any]) -> Handler:
     async def handler(request: web.Request) -> web.StreamResponse:
-        return web.json_response(get(request.app[OPS]))
+        return web.json_response(get(request.app[OPS]), dumps=strict_json.dumps)
 
     return handler
 
@@ -277,12 +277,8 @@ async def _static(request: web.Request) -> web.Response:
 
 async def _coastlines(_request: web.Request) -> web.Response:
     return web.json_response(
-        coastlines(), headers={"Cache-Control": "max-age=86400"}, dumps=_compact
+        coastlines(), headers={"Cache-Control": "max-age=86400"}, dumps=strict_json.dumps
     )
-
-
-def _compact(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"))
 
 
 async def _events(request: web.Request) -> web.StreamResponse:

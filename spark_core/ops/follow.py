@@ -19,7 +19,6 @@ topic that does not exist yet is looked for again every ``rescan_s``.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -35,6 +34,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from shorelink import strict_json
 from shorelink.contract import (
     DEAD_UNKNOWN_TOPIC,
     LEDGER_TOPIC,
@@ -226,7 +226,7 @@ class SiteFollower:
             with self.facts.lock:
                 self._apply_locked(topic, msg)
                 self.facts.version += 1
-        except (ContractError, ValueError) as exc:
+        except Exception as exc:  # whatever a record does, the follower goes on: counted
             with self.facts.lock:
                 self.facts.bad[topic] = self.facts.bad.get(topic, 0) + 1
                 self.facts.version += 1
@@ -260,7 +260,11 @@ class SiteFollower:
             text = rec.value.decode("utf-8", "replace").strip()
             # AIS sentences are other vessels, not the ship's own track
             if text.startswith("{"):
-                positions, _ = decode_nav([NavRecord(origin, rec.identity.seq, rec.ts_ms, text)])
+                positions, broken = decode_nav(
+                    [NavRecord(origin, rec.identity.seq, rec.ts_ms, text)]
+                )
+                if broken:  # not JSON a browser reads (NaN, nesting too deep, ...)
+                    raise ContractError("a nav record's JSON is not strict JSON")
                 if positions:
                     track = f.tracks.setdefault(origin, deque(maxlen=MAX_TRACK))
                     track.extend((p.ts_ms, round(p.lat, 4), round(p.lon, 4)) for p in positions)
@@ -278,10 +282,10 @@ def _alert(rec: Record, entered: int | None, merged: int | None) -> dict[str, An
     text = rec.value.decode("utf-8", "replace")
     body: Any = text[:MAX_ALERT_TEXT]
     try:
-        doc = json.loads(text)
+        doc = strict_json.loads(text)
         if isinstance(doc, dict) and len(text) <= MAX_ALERT_TEXT:
             body = doc
-    except ValueError:
+    except ValueError:  # not JSON, or JSON no browser reads (NaN, too deep): its text
         pass
     return {
         "origin": rec.identity.origin,

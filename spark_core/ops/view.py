@@ -15,10 +15,13 @@ from shorelink.ranges import RangeSet
 from spark_core.ops.follow import Facts
 from spark_core.status import SiteStatus
 
-__all__ = ["alerts_view", "gateway_view", "map_view", "ships_view", "site_view"]
+__all__ = ["FOLLOWER_STALE_S", "alerts_view", "gateway_view", "map_view", "ships_view", "site_view"]
 
 #: the link class whose spend the page sets against its budget
 SATELLITE = "satellite"
+#: the follower polls Kafka every half second: this long without a poll is a problem
+#: (its thread stopped, or a call hangs), and every figure from Kafka is that old
+FOLLOWER_STALE_S = 30.0
 _GATEWAY = "shorelink_gateway_"
 
 
@@ -92,6 +95,9 @@ def site_view(
         problems.append(f"kafka: {error}")
     if gateway is not None and gateway.get("error"):
         problems.append(f"gateway: {gateway['error']}")
+    if polled_at and time.time() - polled_at > FOLLOWER_STALE_S:
+        # the figures below are as they stood then (its log says why)
+        problems.append(f"kafka: not read for over {FOLLOWER_STALE_S:.0f} s")
     problems += [
         f"{n} record{'s' if n != 1 else ''} of {t} broke the contract (logged)"
         for t, n in sorted(bad.items())

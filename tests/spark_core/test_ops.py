@@ -11,6 +11,7 @@ refuses one.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -157,7 +158,7 @@ class Site:
                 "Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode()
             )
         with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read())
+            return json.loads(r.read(), parse_constant=_refuse)  # as a browser reads it
 
 
 def _sites_toml(tmp: Path, bootstrap: str, port: int, gateway: str) -> Path:
@@ -415,13 +416,11 @@ def test_coastlines_come_from_the_installed_package() -> None:
     ]
 
 
-def test_the_page_in_a_real_browser(site: Site) -> None:
-    """What a person sees: a new ship's row appears, a lag figure changes, an alert
-    shows up, each within seconds, without reloading."""
-    from playwright.sync_api import expect, sync_playwright
+@contextlib.contextmanager
+def _page(site: Site) -> Iterator[Any]:
+    """The page as staff see it, in Debian's Chromium (no browser downloaded)."""
+    from playwright.sync_api import sync_playwright
 
-    ship = unique("borealis")
-    site.status(lag_records=120)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=list(CHROMIUM_ARGS))
         try:
@@ -431,52 +430,109 @@ def test_the_page_in_a_real_browser(site: Site) -> None:
             )
             page = ctx.new_page()
             page.goto(site.url + "/")
-            expect(page.locator("#live")).to_have_text("live", timeout=15_000)
-            expect(page.locator("#site")).to_have_text(SITE)
-            lag = page.locator('td.lag-records[data-neighbour="hq2"][data-stream="nav"]')
-            expect(lag).to_have_text("120", timeout=10_000)
-
-            # a ship reports: its row appears
-            now = int(time.time() * 1000)
-            site.ledger(ship, "containers", "1-100")
-            site.put("nav", ship, 1, "position", b'{"lat": 1.2, "lon": 103.8}', now)
-            site.report(
-                ship,
-                1,
-                ShipReport(
-                    now, "satellite", {"containers": (130, 30)}, {"satellite": (18000, 20000)}
-                ),
-            )
-            row = page.locator(f'#ships tr[data-ship="{ship}"]')
-            expect(row).to_be_visible(timeout=10_000)
-            expect(row.locator("td.backlog")).to_have_text("30")
-            expect(row).to_contain_text("satellite")
-            expect(row).to_contain_text("18.0 KB of 20.0 KB")
-
-            # replication catches up: the lag figure changes
-            site.status(lag_records=7)
-            expect(lag).to_have_text("7", timeout=10_000)
-
-            # an alert comes in
-            site.put(
-                "alerts", ship, 1, "CMAU1234563", b'{"alarm": "overboard"}', now, entered_ms=now
-            )
-            alert = page.locator('#alerts li.alert[data-key="CMAU1234563"]')
-            expect(alert).to_be_visible(timeout=10_000)
-            expect(alert).to_contain_text("overboard")
-            # and its way here, hop by hop
-            expect(alert.locator(".hops")).to_have_text(
-                re.compile(
-                    r"written at tokyo's gateway \d\d:\d\d:\d\d UTC, merged here \d+\.\d s later"
-                )
-            )
-            expect(page.locator("#alerts li").first).to_have_attribute("data-key", "CMAU1234563")
-
-            # the map has drawn the land and the ship (its note counts the ships)
-            expect(page.locator("#map-note")).to_contain_text("GSHHS", timeout=10_000)
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            shot = ARTIFACTS / "ops-page.png"
-            page.screenshot(path=str(shot), full_page=True)
-            assert shot.stat().st_size > 20_000
+            yield page
         finally:
             browser.close()
+
+
+def test_the_page_in_a_real_browser(site: Site) -> None:
+    """What a person sees: a new ship's row appears, a lag figure changes, an alert
+    shows up, each within seconds, without reloading."""
+    from playwright.sync_api import expect
+
+    ship = unique("borealis")
+    site.status(lag_records=120)
+    with _page(site) as page:
+        expect(page.locator("#live")).to_have_text("live", timeout=15_000)
+        expect(page.locator("#site")).to_have_text(SITE)
+        lag = page.locator('td.lag-records[data-neighbour="hq2"][data-stream="nav"]')
+        expect(lag).to_have_text("120", timeout=10_000)
+
+        # a ship reports: its row appears
+        now = int(time.time() * 1000)
+        site.ledger(ship, "containers", "1-100")
+        site.put("nav", ship, 1, "position", b'{"lat": 1.2, "lon": 103.8}', now)
+        site.report(
+            ship,
+            1,
+            ShipReport(now, "satellite", {"containers": (130, 30)}, {"satellite": (18000, 20000)}),
+        )
+        row = page.locator(f'#ships tr[data-ship="{ship}"]')
+        expect(row).to_be_visible(timeout=10_000)
+        expect(row.locator("td.backlog")).to_have_text("30")
+        expect(row).to_contain_text("satellite")
+        expect(row).to_contain_text("18.0 KB of 20.0 KB")
+
+        # replication catches up: the lag figure changes
+        site.status(lag_records=7)
+        expect(lag).to_have_text("7", timeout=10_000)
+
+        # an alert comes in
+        site.put("alerts", ship, 1, "CMAU1234563", b'{"alarm": "overboard"}', now, entered_ms=now)
+        alert = page.locator('#alerts li.alert[data-key="CMAU1234563"]')
+        expect(alert).to_be_visible(timeout=10_000)
+        expect(alert).to_contain_text("overboard")
+        # and its way here, hop by hop
+        expect(alert.locator(".hops")).to_have_text(
+            re.compile(
+                r"written at tokyo's gateway \d\d:\d\d:\d\d UTC, merged here \d+\.\d s later"
+            )
+        )
+        expect(page.locator("#alerts li").first).to_have_attribute("data-key", "CMAU1234563")
+
+        # the map has drawn the land and the ship (its note counts the ships)
+        expect(page.locator("#map-note")).to_contain_text("GSHHS", timeout=10_000)
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shot = ARTIFACTS / "ops-page.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 20_000
+
+
+def test_hostile_records_neither_freeze_the_page_nor_stop_its_follower(site: Site) -> None:
+    """Review H2, in the real browser: an alert with NaN, records nested far beyond the
+    parser's recursion limit on the alerts, nav and report topics, an alert time no
+    JavaScript date holds. The page keeps showing new figures within seconds, lists
+    what broke the contract as a problem, and every API answer is strict JSON."""
+    from playwright.sync_api import expect
+
+    ship = unique("hostile")
+    now = int(time.time() * 1000)
+    deep = b'{"a":' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+    site.put("alerts", ship, 1, "NAN0000001", b'{"alarm": "overboard", "temp": NaN}', now)
+    site.put("alerts", ship, 2, "DEEP000001", deep, now)
+    site.put("alerts", ship, 3, "FAR0000001", b'{"alarm": "door_open"}', 9 * 10**15)
+    site.put("nav", ship, 1, "position", deep, now)
+    site.put("nav", ship, 2, "position", b'{"lat": NaN, "lon": 1e999}', now)
+    site.put("agent", ship, 1, ship, deep, now, REPORT_MQTT_TOPIC)
+
+    def counted() -> bool:
+        problems = site.get("/api/site")["problems"]
+        return any("of sl.agent broke the contract" in p for p in problems) and any(
+            "of sl.nav broke the contract" in p for p in problems
+        )
+
+    eventually(counted, within=30, what="the hostile report and nav records counted")
+    keys = {a["key"] for a in site.get("/api/alerts")}
+    assert {"NAN0000001", "DEEP000001", "FAR0000001"} <= keys
+    site.get("/api/snapshot")
+    site.get("/api/map")
+    site.status(lag_records=321)
+    with _page(site) as page:
+        expect(page.locator("#live")).to_have_text("live", timeout=15_000)
+        lag = page.locator('td.lag-records[data-neighbour="hq2"][data-stream="nav"]')
+        expect(lag).to_have_text("321", timeout=10_000)
+        expect(page.locator("#alerts li.alert[data-key='FAR0000001']")).to_contain_text("?")
+        expect(page.locator("#problems")).to_contain_text("sl.agent broke the contract")
+        expect(page.locator("#problems")).not_to_contain_text("could not be shown")
+        # after all of it, the page still follows: a new figure and a new alert
+        site.status(lag_records=654)
+        expect(lag).to_have_text("654", timeout=10_000)
+        site.put("alerts", ship, 4, "GOOD000001", b'{"alarm": "overboard"}', now + 1)
+        expect(page.locator("#alerts li.alert[data-key='GOOD000001']")).to_be_visible(
+            timeout=10_000
+        )
+        expect(page.locator("#live")).to_have_text("live")
+
+
+def _refuse(name: str) -> Any:
+    raise AssertionError(f"{name}: not JSON a browser reads")

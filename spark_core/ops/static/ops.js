@@ -84,7 +84,7 @@ function renderShips(ships) {
 function renderAlerts(alerts) {
   $("#alerts-empty").hidden = alerts.length > 0;
   $("#alerts").replaceChildren(...alerts.map((a) => {
-    const when = new Date(a.ts_ms).toISOString().replace("T", " ").slice(0, 19);
+    const when = utc(a.ts_ms);
     const what = typeof a.body === "object" && a.body
       ? (a.body.alarm || a.body.kind || a.body.type || JSON.stringify(a.body))
       : String(a.body);
@@ -93,6 +93,14 @@ function renderAlerts(alerts) {
       el("span", { class: "muted" }, `${a.origin} · ${when} UTC · entered at ${a.site}`),
       el("span", { class: "muted hops" }, hops(a)));
   }));
+}
+
+// a time (epoch ms) as "YYYY-MM-DD hh:mm:ss"; one no Date can hold (a sensor's clock,
+// a hostile record) as "?" instead of an exception that would stop the page
+function utc(ms) {
+  const d = new Date(ms);
+  return Number.isFinite(ms) && !Number.isNaN(d.getTime())
+    ? d.toISOString().replace("T", " ").slice(0, 19) : "?";
 }
 
 // an alert's way here in wall time: when its entry site's gateway wrote it, then how
@@ -182,16 +190,25 @@ function render(snap) {
   $("#site").textContent = site.site;
   document.title = `shorelink ops: ${site.site}`;
   $("#updated").textContent = `updated ${new Date(site.generated_at * 1000).toLocaleTimeString()}`;
-  $("#problems").replaceChildren(...site.problems.map((p) => el("li", {}, p)));
-  renderShips(snap.ships);
-  renderAlerts(snap.alerts);
-  renderReplication(site.replication);
-  renderGateway(site.gateway);
-  renderQueries(site.queries);
-  renderRecords(site.streams);
-  renderDead(site.dead_letters);
-  positions = Object.fromEntries(snap.ships.filter((s) => s.position).map((s) => [s.ship, s.position]));
-  drawMap();
+  const failed = [];
+  // each section on its own: one that cannot show what it got leaves the others live
+  const sections = [
+    ["ships", () => renderShips(snap.ships)],
+    ["alerts", () => renderAlerts(snap.alerts)],
+    ["replication", () => renderReplication(site.replication)],
+    ["gateway", () => renderGateway(site.gateway)],
+    ["queries", () => renderQueries(site.queries)],
+    ["records", () => renderRecords(site.streams)],
+    ["dead letters", () => renderDead(site.dead_letters)],
+    ["map", () => {
+      positions = Object.fromEntries(snap.ships.filter((s) => s.position).map((s) => [s.ship, s.position]));
+      drawMap();
+    }],
+  ];
+  for (const [name, draw] of sections) {
+    try { draw(); } catch (err) { failed.push(`page: the ${name} section could not be shown (${err})`); }
+  }
+  $("#problems").replaceChildren(...[...site.problems, ...failed].map((p) => el("li", {}, p)));
 }
 
 // -- the map ---------------------------------------------------------------------------
@@ -292,7 +309,15 @@ function connect() {
     $("#live").textContent = "reconnecting";
     $("#live").className = "badge off";
   });
-  source.addEventListener("snapshot", (ev) => render(JSON.parse(ev.data)));
+  source.addEventListener("snapshot", (ev) => {
+    try {
+      render(JSON.parse(ev.data));
+    } catch (err) {  // never "live" over figures that stopped changing
+      $("#live").textContent = "not updating";
+      $("#live").className = "badge off";
+      console.error(err);
+    }
+  });
 }
 
 loadCoast();
