@@ -11,7 +11,8 @@
 
 Read-only: every route is a GET. Who may look: the ``[[staff]]`` principals, with the
 passwords they have at the site's Kafka (HTTP Basic, compared in constant time); with
-no ``[[staff]]`` the page is open, and says so in its log at start. With
+no ``[[staff]]`` the page is open, and says so in its log at start. Staff whose
+passwords resolve empty leave it closed (nobody can log in as them), never open. With
 ``listen.tls_cert_file`` it is served over HTTPS.
 """
 
@@ -64,6 +65,17 @@ class Ops:
             tail=c.ops.tail,
         )
         self.staff = {p.username: p.password.value for p in sites.staff if p.password}
+        #: open to whoever reaches it only when the file names no staff at all: staff
+        #: whose passwords resolved empty (an unset ``${VAR:-}``) can log in as no one
+        self.open = not sites.staff
+        for p in sites.staff:
+            if not p.password:
+                log.warning(
+                    "event=ops_staff_without_password site=%s staff=%s message=%r",
+                    site,
+                    p.username,
+                    "its password is empty: it cannot log in (the page stays closed)",
+                )
         self.gateway: dict[str, Any] | None = (
             gateway_view(c.ops.gateway, None, "not read yet") if c.ops.gateway else None
         )
@@ -178,7 +190,7 @@ def make_app(ops: Ops, *, follow: bool = True) -> web.Application:
 
     app.on_startup.append(start)
     app.on_shutdown.append(stop)
-    if not ops.staff:
+    if ops.open:
         log.warning(
             "event=ops_open site=%s message=%r",
             ops.site,
@@ -197,7 +209,7 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         return web.json_response(
             {"error": "read_only", "message": "the operations page is read-only"}, status=405
         )
-    if not ops.staff or request.path == "/healthz":
+    if ops.open or request.path == "/healthz":
         return await handler(request)
     user = _basic_user(request.headers.get("Authorization", ""), ops.staff)
     if user is None:

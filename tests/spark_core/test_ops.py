@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -161,13 +162,15 @@ class Site:
             return json.loads(r.read(), parse_constant=_refuse)  # as a browser reads it
 
 
-def _sites_toml(tmp: Path, bootstrap: str, port: int, gateway: str) -> Path:
+def _sites_toml(
+    tmp: Path, bootstrap: str, port: int, gateway: str, password: str = STAFF[1]
+) -> Path:
     path = tmp / "sites.toml"
     path.write_text(
         f"""\
 [[staff]]
 username = "{STAFF[0]}"
-password = "{STAFF[1]}"
+password = "{password}"
 
 [sites.{SITE}]
 streams = {json.dumps(list(STREAMS))}
@@ -389,6 +392,46 @@ def test_only_staff_may_look_and_nothing_can_be_changed(site: Site) -> None:
         site.get("/api/ships", method="POST")
     assert err.value.code == 405
     assert site.get("/healthz", auth=None) == {"status": "ok"}
+
+
+def test_staff_whose_passwords_resolve_empty_leave_the_page_closed(
+    site: Site, tmp_path: Path
+) -> None:
+    """Review L2: a password from an unset variable (``${VAR:-}``) is empty; the page
+    did take that for "no staff" and opened itself to whoever reached it."""
+    (tmp_path / "checkpoints").mkdir()
+    port = free_port()
+    unset = unique("SL_UNSET_PASSWORD").upper().replace("-", "_")
+    os.environ.pop(unset, None)
+    config = _sites_toml(tmp_path, site.bootstrap, port, site.gateway_url, f"${{{unset}:-}}")
+    log = tmp_path / "ops.log"
+    page = run_process(
+        "ops",
+        [sys.executable, "-m", "spark_core.ops.cli", "--site", SITE, "--config", str(config)],
+        log,
+    )
+    try:
+        closed = dataclasses.replace(site, url=f"http://127.0.0.1:{port}")
+
+        def up() -> bool:
+            try:
+                return closed.get("/healthz", auth=None)["status"] == "ok"
+            except OSError:
+                return False
+
+        eventually(up, within=30, what="the page answers", proc=page)
+        for path in ("/api/site", "/api/snapshot", "/"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                closed.get(path, auth=None)
+            assert refused.value.code == 401, path
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            closed.get("/api/site", auth=(STAFF[0], ""))
+        assert refused.value.code == 401
+        text = log.read_text()
+        assert "event=ops_staff_without_password" in text
+        assert "event=ops_open" not in text
+    finally:
+        page.stop(grace=10)
 
 
 def test_events_stream_a_snapshot(site: Site) -> None:
