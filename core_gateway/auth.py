@@ -13,11 +13,14 @@ gateway's ``listen.client_ca_file``).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -115,36 +118,46 @@ class Credentials:
         ``require_client_cert`` None: as the credential it replaces said (a new token
         does not drop a ship's mutual TLS), False for a new ship."""
         check_name("ship", ship)
-        if require_client_cert is None:
-            require_client_cert = self.requires_client_cert(ship)
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        cred = ShipCredential(
-            ship,
-            hash_token(token),
-            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            require_client_cert=require_client_cert,
-        )
-        self._by_ship[ship] = cred
-        self._save()
+
+        def change(ships: dict[str, ShipCredential]) -> bool:
+            mtls = require_client_cert
+            if mtls is None:
+                old = ships.get(ship)
+                mtls = old is not None and old.require_client_cert
+            now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            ships[ship] = ShipCredential(ship, hash_token(token), now, require_client_cert=mtls)
+            return True
+
+        self._modify(change)
         return token
 
     def require_client_cert(self, ship: str, required: bool) -> bool:
         """Set whether ``ship`` must present a client certificate; False if it has no
         credential. Its token is unchanged."""
-        cred = self._by_ship.get(ship)
-        if cred is None:
-            return False
-        self._by_ship[ship] = replace(cred, require_client_cert=required)
-        self._save()
-        return True
+        return self._modify(
+            lambda ships: _set(ships, ship, lambda c: replace(c, require_client_cert=required))
+        )
 
     def revoke(self, ship: str) -> bool:
-        cred = self._by_ship.get(ship)
-        if cred is None:
-            return False
-        self._by_ship[ship] = replace(cred, revoked=True)
-        self._save()
-        return True
+        return self._modify(lambda ships: _set(ships, ship, lambda c: replace(c, revoked=True)))
+
+    def _modify(self, change: Callable[[dict[str, ShipCredential]], bool]) -> bool:
+        """Read the file, apply ``change`` to its ships, write it back if it says so:
+        under an exclusive lock on ``<file>.lock``, so two ``ships`` commands at once
+        neither undo each other (a revocation stays revoked) nor lose a ship. Not
+        the gateway's reads: they see the old file or the new one, never half."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self.reload()  # what the last writer left, not what this object read before
+            changed = change(self._by_ship)
+            if changed:
+                self._save()
+            return changed
+        finally:
+            os.close(fd)  # and the lock with it
 
     def _save(self) -> None:
         data = {
@@ -160,6 +173,19 @@ class Credentials:
         }
         write_json_atomic(self.path, data, indent=2, mode=0o600)
         self.reload()
+
+
+def _set(
+    ships: dict[str, ShipCredential],
+    ship: str,
+    change: Callable[[ShipCredential], ShipCredential],
+) -> bool:
+    """Change ``ship``'s credential; False if it has none."""
+    cred = ships.get(ship)
+    if cred is None:
+        return False
+    ships[ship] = change(cred)
+    return True
 
 
 def _flag(entry: dict[str, object], name: str) -> bool:

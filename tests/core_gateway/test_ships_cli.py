@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -79,3 +81,47 @@ def test_the_command_piped_fits_80_columns_and_json_says_the_same(tmp_path: Path
 def test_no_ships_says_so(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["ships", "list", "--config", str(_config(tmp_path))])
     assert r.exit_code == 0 and "no ship has a credential in" in r.output
+
+
+def test_a_revocation_stays_when_another_command_changed_the_file_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """Review L3: two ``ships`` commands each read the file, one revokes a stolen
+    token, the other adds a ship; the second wrote back what it had read, and the
+    stolen token was accepted again."""
+    path = tmp_path / "ships.json"
+    token = Credentials(path).add("stolen")
+    first, second = Credentials(path), Credentials(path)  # both loaded: "stolen" valid
+    assert first.revoke("stolen")
+    new = second.add("newship")
+    second.require_client_cert("newship", True)
+    now = Credentials(path)
+    assert now.ship_for_token(token) is None
+    assert now.ship_for_token(new) == "newship"
+    assert now.requires_client_cert("newship")
+    assert {c.ship for c in now.list()} == {"stolen", "newship"}
+
+
+def test_ships_added_by_commands_running_at_once_are_all_kept(tmp_path: Path) -> None:
+    """Real processes, as an operator's scripts would run them: every ship added by
+    eight ``shorelink-gateway ships add`` at once is in the file, with a token that
+    works."""
+    config = _config(tmp_path)
+    ships = [f"ship{i}" for i in range(8)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "core_gateway.cli", "ships", "add", s, "--config", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for s in ships
+    ]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0] * len(ships), outs
+    creds = Credentials(tmp_path / "ships.json")
+    assert sorted(c.ship for c in creds.list()) == ships
+    for ship, (out, _) in zip(ships, outs, strict=True):
+        token = re.search(r"slk_[A-Za-z0-9_-]+", out)
+        assert token is not None, out
+        assert creds.ship_for_token(token.group(0)) == ship
