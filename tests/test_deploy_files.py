@@ -248,3 +248,30 @@ def test_gateway_image_builds_with_only_the_gateway_extra(tmp_path: Path) -> Non
         assert user.stdout.strip() == "shorelink"
     finally:
         _podman("rmi", "-f", tag)
+
+
+#: the first aiohttp without the server- and client-side advisories published up to it
+#: (request smuggling, decompression bombs, pipelining without limit, the C parser's
+#: out-of-bounds read), which the gateway, the agent and the ops page all meet
+AIOHTTP_FLOOR = "3.14.3"
+
+
+def test_no_extra_admits_an_aiohttp_with_known_advisories() -> None:
+    """Review M9: every extra the gateway, the ship and the ops page install from
+    resolves aiohttp at or above the floor, wherever pip finds it."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = [
+        Requirement(r)
+        for reqs in [project["dependencies"], *project["optional-dependencies"].values()]
+        for r in reqs
+        if Requirement(r).name == "aiohttp"
+    ]
+    assert pins
+    for pin in pins:
+        older = [v for v in ("3.10.0", "3.13.3", "3.14.2") if pin.specifier.contains(v)]
+        assert not older, f"{pin} admits {older}"
+        assert pin.specifier.contains(AIOHTTP_FLOOR), pin
+    assert Version(AIOHTTP_FLOOR) <= Version(__import__("aiohttp").__version__)
