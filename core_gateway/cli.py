@@ -4,7 +4,6 @@ the ship-credential tools."""
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import signal
@@ -19,6 +18,7 @@ from shorelink.cli_support import config_option, fail, load_or_exit
 from shorelink.errors import ShorelinkError
 from shorelink.logs import configure_logging
 from shorelink.textout import table
+from shorelink.tls import is_loopback
 
 __all__ = ["main", "render_ships"]
 
@@ -46,6 +46,21 @@ def check_config(config_file: Path) -> None:
         f"ok: site={cfg.site} listen={cfg.host}:{cfg.port} kafka={cfg.kafka.bootstrap} "
         f"streams={','.join(cfg.streams)} tls={_tls_mode(cfg)}"
     )
+    for warning in _in_clear(cfg):
+        click.echo(f"warning: {warning}", err=True)
+
+
+def _in_clear(cfg: GatewayConfig) -> list[str]:
+    """Where this gateway's traffic would cross a network in clear text."""
+    out = []
+    if cfg.tls_cert_file is None and not is_loopback(cfg.host):
+        out.append(
+            f"listening on {cfg.host}:{cfg.port} without TLS: ships' bearer tokens and data "
+            "cross the network in clear text (set listen.tls_cert_file and tls_key_file)"
+        )
+    if (kafka := cfg.kafka.in_clear()) is not None:
+        out.append(kafka)
+    return out
 
 
 def _tls_mode(cfg: GatewayConfig) -> str:
@@ -107,6 +122,8 @@ async def serve(
             "data cross the network in clear text. Set listen.tls_cert_file and "
             "listen.tls_key_file, or listen on 127.0.0.1 behind a TLS proxy.",
         )
+    if (kafka := cfg.kafka.in_clear()) is not None:
+        log.warning("event=kafka_without_tls site=%s message=%r", cfg.site, kafka)
     if started is not None:
         started.set()
     try:
@@ -118,16 +135,6 @@ async def serve(
         starter.cancel()
         await runner.cleanup()
         await service.stop()
-
-
-def is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 or localhost (an address only this machine reaches)."""
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 @main.group()

@@ -8,7 +8,6 @@ every table from those declarations. The fully commented sample is
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import ssl
 import stat
@@ -30,7 +29,7 @@ from shorelink.config import (
 from shorelink.config import load_config as load_file
 from shorelink.contract import MAX_RECORD_BYTES
 from shorelink.errors import ConfigError
-from shorelink.tls import TlsFile, client_context
+from shorelink.tls import TlsFile, client_context, is_loopback
 from shorelink.wire import DEFAULT_LIMITS
 
 log = logging.getLogger(__name__)
@@ -377,7 +376,7 @@ def _gateway(s: Section, links: dict[str, LinkConfig], base: Path | None) -> Gat
         raise ConfigError(s.field("url"), f"expected http(s)://host:port, got {url!r}")
     if parts.query or parts.fragment:
         raise ConfigError(s.field("url"), "no query or fragment")
-    if parts.scheme == "http" and not _loopback(parts.hostname):
+    if parts.scheme == "http" and not is_loopback(parts.hostname):
         if not out.allow_plaintext:
             raise ConfigError(
                 s.field("url"),
@@ -408,16 +407,6 @@ def _gateway(s: Section, links: dict[str, LinkConfig], base: Path | None) -> Gat
     out = replace(out, url=url)
     out.ssl_context(s.path)  # the files load, the key is the certificate's: else fail now
     return out
-
-
-def _loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 or localhost: the link never leaves this machine."""
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfig:

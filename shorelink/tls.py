@@ -10,10 +10,12 @@ process at start-up with the key at fault, instead of failing the first handshak
 
 :func:`common_name` reads who a verified peer certificate names: the gateway matches a
 ship's client certificate against the ship (``docs/gateway-api.md``, "TLS").
+:func:`is_loopback` tells an address where clear text never leaves the machine.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +23,7 @@ from typing import Any
 
 from shorelink.errors import ConfigError
 
-__all__ = ["TlsFile", "client_context", "common_name", "server_context"]
+__all__ = ["TlsFile", "client_context", "common_name", "is_loopback", "server_context"]
 
 _CERT_MARK = b"-----BEGIN CERTIFICATE-----"
 _KEY_MARK = b"PRIVATE KEY-----"
@@ -78,6 +80,17 @@ def common_name(peercert: dict[str, Any] | None) -> str | None:
             if name == "commonName":
                 return str(value)
     return None
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: an address only this machine reaches, where a
+    link needs no TLS (anywhere else, clear text is a warning at every start)."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _read(f: TlsFile, mark: bytes, what: str) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 
 from shorelink.config import Secret, key
 from shorelink.kafka.auth import KafkaAuth
+from shorelink.tls import is_loopback
 
 __all__ = ["ClientConfig", "KafkaEndpoint"]
 
@@ -87,3 +88,21 @@ class KafkaEndpoint:
 
     def with_timeout(self, timeout_s: float) -> KafkaEndpoint:
         return replace(self, timeout_s=timeout_s)
+
+    def in_clear(self) -> str | None:
+        """Why this client's traffic crosses a network in clear text (a broker beyond
+        loopback without ``ca_file``), or None: every process that reaches a Kafka
+        logs it at start (``event=kafka_without_tls``) and ``check-config`` prints it.
+        A SASL password without TLS is the worse case (SCRAM hides the password, not
+        the records, and PLAIN hides neither)."""
+        if self.auth.ca_file is not None:
+            return None
+        hosts = [a.strip().rsplit(":", 1)[0] for a in self.bootstrap.split(",") if a.strip()]
+        remote = [h for h in hosts if not is_loopback(h)]
+        if not remote:
+            return None
+        what = "records and SASL login" if self.auth.username else "records"
+        return (
+            f"Kafka at {','.join(remote)} without TLS: {what} cross the network in clear "
+            "text (set ca_file)"
+        )

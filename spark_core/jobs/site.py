@@ -271,6 +271,10 @@ def build_supervisor(
     probed once here, so the first routes are known before any puller starts. Several
     sites may share one Spark session (tests, benchmarks)."""
     site = cfg.site(site_name)
+    reached = [("kafka", site.kafka), *((n, site.reach(cfg.site(n))) for n in site.neighbours)]
+    for link, kafka in reached:
+        if (why := kafka.in_clear()) is not None:
+            log.warning("event=kafka_without_tls site=%s link=%s message=%r", site.name, link, why)
     merges = mergers(site, cfg)
     reset_changed_checkpoints(site, merges)
     replicator = Replicator(cfg, site, merges)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -125,3 +126,43 @@ def test_ships_added_by_commands_running_at_once_are_all_kept(tmp_path: Path) ->
         token = re.search(r"slk_[A-Za-z0-9_-]+", out)
         assert token is not None, out
         assert creds.ship_for_token(token.group(0)) == ship
+
+
+@pytest.mark.parametrize(
+    ("kafka", "warned"),
+    [
+        ('bootstrap = "127.0.0.1:9092"', []),
+        ('bootstrap = "localhost:9092,[::1]:9093"', []),
+        ('bootstrap = "kafka-1.port.example:9093"', ["kafka-1.port.example", "records cross"]),
+        (
+            'bootstrap = "127.0.0.1:9092,10.0.0.7:9093"\nusername = "gw"\npassword = "pw"',
+            ["10.0.0.7", "records and SASL login"],
+        ),
+    ],
+)
+def test_check_config_warns_where_kafka_is_reached_without_tls(
+    tmp_path: Path, kafka: str, warned: list[str]
+) -> None:
+    """Review L7: a username without ``ca_file`` is SASL_PLAINTEXT, every ship's
+    records in clear text, and nothing said so. Loopback is the one place it may be."""
+    config = _config(tmp_path)
+    text = re.sub(
+        r'bootstrap = "[^"]*"', kafka.replace("\\", "\\\\"), config.read_text(), count=1
+    ).replace('host = "0.0.0.0"', 'host = "127.0.0.1"')
+    config.write_text(text)
+    result = CliRunner().invoke(main, ["check-config", str(config)])
+    assert result.exit_code == 0, result.output
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("warning: Kafka")]
+    if not warned:
+        assert lines == [], result.stderr
+    else:
+        assert len(lines) == 1, result.stderr
+        assert all(w in lines[0] for w in warned), lines
+
+
+def test_check_config_warns_of_the_sample_listening_in_clear_beyond_loopback(
+    tmp_path: Path,
+) -> None:
+    result = CliRunner().invoke(main, ["check-config", str(_config(tmp_path))])
+    assert result.exit_code == 0, result.output
+    assert "warning: listening on 0.0.0.0:" in result.stderr
