@@ -16,7 +16,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import hmac
-import json
+import logging
 import os
 import secrets
 import time
@@ -25,12 +25,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from core_gateway.errors import GatewayError
+from shorelink import strict_json
 from shorelink.files import write_json_atomic
 from shorelink.identity import check_name
 
 __all__ = ["Credentials", "ShipCredential", "hash_token"]
 
 TOKEN_PREFIX = "slk_"
+
+
+log = logging.getLogger(__name__)
 
 
 def hash_token(token: str) -> str:
@@ -54,33 +58,47 @@ class Credentials:
         self.path = path
         self._by_ship: dict[str, ShipCredential] = {}
         self._by_hash: dict[str, ShipCredential] = {}
-        self._mtime = 0.0
+        self._stamp = (0, 0, 0)
         self._checked = 0.0
         self.reload()
 
     def maybe_reload(self) -> None:
-        """Pick up `ships add/revoke` made by another process (checked once a second)."""
+        """Pick up `ships add/revoke` made by another process (checked once a second).
+        A file that does not parse (a hand edit's typo) keeps the credentials the
+        gateway has: logged at every check until it is mended, never a 500, and never
+        forgotten (a changed file is told by its inode, size and mtime, and remembered
+        only once it has been read)."""
         now = time.monotonic()
         if now - self._checked < 1.0:
             return
         self._checked = now
-        try:
-            mtime = self.path.stat().st_mtime
-        except OSError:
-            mtime = 0.0
-        if mtime != self._mtime:
-            self.reload()
-
-    def reload(self) -> None:
-        try:
-            self._mtime = self.path.stat().st_mtime
-        except OSError:
-            self._mtime = 0.0
-        if not self.path.exists():
-            self._by_ship, self._by_hash = {}, {}
+        if self._stamp_now() == self._stamp:
             return
         try:
-            data = json.loads(self.path.read_text())
+            self.reload()
+        except GatewayError as exc:
+            log.error(
+                "event=credentials_unreadable path=%s ships_kept=%d error=%r",
+                self.path,
+                len(self._by_ship),
+                str(exc),
+            )
+
+    def _stamp_now(self) -> tuple[int, int, int]:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return (0, 0, 0)
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def reload(self) -> None:
+        """Read the file (raises :class:`GatewayError` if it does not parse)."""
+        stamp = self._stamp_now()
+        if not self.path.exists():
+            self._by_ship, self._by_hash, self._stamp = {}, {}, stamp
+            return
+        try:
+            data = strict_json.loads(self.path.read_bytes())
             ships = {
                 name: ShipCredential(
                     name,
@@ -95,6 +113,7 @@ class Credentials:
             raise GatewayError(f"credentials file {self.path} is unreadable: {exc}") from exc
         self._by_ship = ships
         self._by_hash = {c.token_hash: c for c in ships.values() if not c.revoked}
+        self._stamp = stamp
 
     def ship_for_token(self, token: str) -> str | None:
         """The ship this token belongs to, or None (unknown or revoked)."""

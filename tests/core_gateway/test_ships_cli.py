@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from core_gateway.auth import Credentials, ShipCredential
 from core_gateway.cli import main, render_ships
+from tests.helpers import eventually
 from tests.strategies import DIGITS, LOWER, words
 
 SAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "gateway" / "gateway.toml"
@@ -166,3 +167,31 @@ def test_check_config_warns_of_the_sample_listening_in_clear_beyond_loopback(
     result = CliRunner().invoke(main, ["check-config", str(_config(tmp_path))])
     assert result.exit_code == 0, result.output
     assert "warning: listening on 0.0.0.0:" in result.stderr
+
+
+def test_a_credentials_file_that_does_not_parse_keeps_the_ships_and_its_mend_applies(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review L4: a hand edit with a typo made the next request a 500 and then left
+    the old credentials for good (the file's mtime was taken before it was read), so
+    the revocation the edit meant never applied."""
+    path = tmp_path / "ships.json"
+    token = Credentials(path).add("stolen")
+    gateway = Credentials(path)  # as the running gateway holds it
+    good = path.read_text()
+    assert '"revoked": false' in good
+    path.write_text(good.replace('"revoked": false', '"revoked": true,,'))  # the typo
+
+    def refused_and_kept() -> bool:
+        gateway.maybe_reload()  # never raises: no 500
+        assert gateway.ship_for_token(token) == "stolen"
+        return "event=credentials_unreadable" in caplog.text
+
+    eventually(refused_and_kept, within=10, what="the broken file noticed")
+    path.write_text(good.replace('"revoked": false', '"revoked": true'))  # mended
+
+    def revoked() -> bool:
+        gateway.maybe_reload()
+        return gateway.ship_for_token(token) is None
+
+    eventually(revoked, within=10, what="the mended revocation applied")
