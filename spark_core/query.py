@@ -37,11 +37,13 @@ POSITION_COLUMNS = ("mmsi", "ts", "lat", "lon", "sog", "cog", "heading", "origin
 def container_history(spark: Any, site: SiteConfig, container: str) -> list[Any]:
     """Every reading of ``container`` at this site, from every ship and port it was on,
     in event-time order (ties: origin, seq)."""
+    from pyspark.sql import functions as F
+
     path = table_path(site, "container_readings")
     return (
         spark.read.format("delta")
         .load(str(path))
-        .where(f"container = '{container.replace(chr(39), chr(39) * 2)}'")
+        .where(F.col("container") == F.lit(container))  # a value, never SQL text
         .orderBy("ts", "origin", "seq")
         .select(*HISTORY_COLUMNS)
         .collect()

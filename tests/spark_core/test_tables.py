@@ -260,3 +260,6 @@ def test_tables_exactly_once_across_restarts(
         ("port-sg", 2),
     ]
     assert [h.ts for h in history] == sorted(h.ts for h in history)
+    # an id is a value, never SQL: quotes and backslashes read no other container
+    for hostile in ("C1' OR 1=1 --", "\\' OR 1=1 --", "C1\\", "%"):
+        assert container_history(spark, site, hostile) == [], hostile
