@@ -152,6 +152,17 @@ class Site:
             tmp.replace(self.checkpoints / name)
 
     # -- as a person reads ----------------------------------------------------------------
+    def wait_up(self, page: Proc) -> None:
+        """Until the page process answers its health check (or it exits)."""
+
+        def up() -> bool:
+            try:
+                return self.get("/healthz", auth=None)["status"] == "ok"
+            except OSError:
+                return False
+
+        eventually(up, within=30, what="the page answers", proc=page)
+
     def get(self, path: str, auth: tuple[str, str] | None = STAFF, method: str = "GET") -> Any:
         req = urllib.request.Request(self.url + path, method=method)
         if auth is not None:
@@ -250,14 +261,7 @@ def site(kafka_sites: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             gw_config,
             Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True}),
         )
-
-        def up() -> bool:
-            try:
-                return s.get("/healthz", auth=None)["status"] == "ok"
-            except OSError:
-                return False
-
-        eventually(up, within=30, what="the page answers", proc=page)
+        s.wait_up(page)
         yield s
     finally:
         if page is not None:
@@ -412,14 +416,7 @@ def test_staff_whose_passwords_resolve_empty_leave_the_page_closed(
     )
     try:
         closed = dataclasses.replace(site, url=f"http://127.0.0.1:{port}")
-
-        def up() -> bool:
-            try:
-                return closed.get("/healthz", auth=None)["status"] == "ok"
-            except OSError:
-                return False
-
-        eventually(up, within=30, what="the page answers", proc=page)
+        closed.wait_up(page)
         for path in ("/api/site", "/api/snapshot", "/"):
             with pytest.raises(urllib.error.HTTPError) as refused:
                 closed.get(path, auth=None)
