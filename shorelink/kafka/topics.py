@@ -19,7 +19,9 @@ whatever the broker's default (1 MiB), so a record of
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -204,4 +206,30 @@ def ensure_topics(
             raise TopicError(str(exc), code=exc.code) from exc
         created.append(name)
         log.info("event=topic_created topic=%s bootstrap=%s", name, bootstrap)
+    _await_visible(admin, [s.name for s in todo], timeout)
     return created
+
+
+def _await_visible(admin: Admin, names: list[str], timeout: float) -> None:
+    """Until the broker's metadata shows each of ``names`` with a leader for every
+    partition: a created topic is known to the controller first and to the brokers a
+    moment later (longer on a loaded machine), and a reader that comes in between is
+    told the topic does not exist. Past ``timeout`` the caller goes on and its own
+    reads say what is missing."""
+    deadline = time.monotonic() + timeout
+    pending = set(names)
+    while pending and time.monotonic() < deadline:
+        with contextlib.suppress(KafkaClientError):
+            topics = admin.metadata(timeout=max(0.1, deadline - time.monotonic())).topics
+            pending = {n for n in pending if not _led(topics.get(n))}
+        if pending:
+            time.sleep(0.05)
+
+
+def _led(tmd: Any) -> bool:
+    return (
+        tmd is not None
+        and tmd.error is None
+        and bool(tmd.partitions)
+        and all(p.leader >= 0 for p in tmd.partitions.values())
+    )

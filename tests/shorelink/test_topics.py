@@ -12,6 +12,7 @@ from local_stack.kafka import KafkaBroker
 from shorelink.config import Section
 from shorelink.contract import KAFKA_MAX_MESSAGE_BYTES
 from shorelink.errors import ConfigError
+from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import Durability, TopicError, TopicSpec, ensure_topics
 from tests.helpers import unique
 
@@ -52,3 +53,15 @@ def test_topics_carry_the_size_limit_and_min_insync(kafka: KafkaBroker) -> None:
     assert cfg["retention.ms"] == "-1"
     with pytest.raises(TopicError, match="broker"):
         ensure_topics(kafka.endpoint, [TopicSpec(unique("t"))], durability=Durability(3))
+
+
+def test_created_topics_can_be_read_as_soon_as_ensure_topics_returns(
+    kafka: KafkaBroker,
+) -> None:
+    """The controller knows a new topic before the broker's metadata does; a reader in
+    between was told "no topic" (the merge's first load, under a loaded CI). Twenty
+    topics in one round, then a read of all of them at once, with no wait between."""
+    names = [unique("fresh") for _ in range(20)]
+    specs = [TopicSpec(n, partitions=3) for n in names]
+    assert sorted(ensure_topics(kafka.endpoint, specs)) == sorted(names)
+    assert list(read_to_end(kafka.endpoint, names, timeout=30)) == []

@@ -370,6 +370,14 @@ def test_the_api_shows_the_sites_facts(site: Site) -> None:
         what="hostile records counted",
     )
     assert liar not in {r["ship"] for r in site.get("/api/ships")}
+    # the status files are read on the page's own clock: the figures written above come
+    # with the page's next read of them
+    eventually(
+        lambda: site.get("/api/site")["replication"]["neighbours"],
+        within=20,
+        what="the replication status on /api/site",
+    )
+    info = site.get("/api/site")
     (n,) = info["replication"]["neighbours"]
     assert (n["neighbour"], n["streams"][0]["lag_records"]) == ("hq2", 120)
     assert {q["query"] for q in info["queries"]} == {"merge", "inbox-hq2-nav"}
