@@ -10,6 +10,12 @@ processes, which hand back plain columns (keys, times, topics, payloads: pickled
 milliseconds, far cheaper than the decode); the gateway process only rebuilds the
 records. ``decode_workers = 0`` decodes in a thread of the gateway (one process).
 
+No batch is decoded on the event loop: what a batch costs to decode is bounded by its
+bytes and decompressed bytes (``decode_cost_bound`` in :mod:`shorelink.wire`), not by
+its size on the wire (a few hundred bytes can decompress to 64 MiB), so the choice
+between a thread and a worker process is made on both (:data:`PROCESS_DECODE_BYTES`),
+and a small batch goes to a thread, never decoded in place.
+
 A worker that dies is replaced; the batch it was decoding is decoded again in a thread,
 so no request fails for it. Where no worker can be started (no writable /dev/shm, a
 process limit, workers that die again and again) the gateway logs it once and decodes in
@@ -21,13 +27,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from shorelink.wire import Batch, Limits, WireError, decode_batch, decode_columns
+from shorelink.wire import Batch, Limits, WireError, decode_batch, decode_columns, peek_header
 from shorelink.workers import WorkerDied, WorkerPool, WorkersUnavailable
 
 __all__ = ["PROCESS_DECODE_BYTES", "BatchDecoder"]
 
-#: batches larger than this leave the event loop: to a worker process (or a thread);
-#: smaller ones decode in place (a hand-over would cost more than it saves)
+#: batches whose bytes and decompressed bytes together pass this are decoded in a worker
+#: process (or, without one, a thread); smaller ones in a thread (a hand-over to a
+#: process would cost more than it saves)
 PROCESS_DECODE_BYTES = 64 * 1024
 
 _Columns = tuple[Any, ...]
@@ -60,10 +67,10 @@ class BatchDecoder:
         return self.pool.workers
 
     async def decode(self, body: bytes) -> Batch:
-        """Decode and check ``body`` (raises :class:`WireError` as ``decode_batch``)."""
-        if len(body) <= PROCESS_DECODE_BYTES:
-            return decode_batch(body, self.limits)
-        if self.pool.workers:
+        """Decode and check ``body`` (raises :class:`WireError` as ``decode_batch``), off
+        the event loop."""
+        header = peek_header(body, self.limits)
+        if len(body) + header.raw_len > PROCESS_DECODE_BYTES and self.pool.workers:
             try:
                 return _from_columns(await self.pool.run(_decode_columns, body, self.limits))
             except (WorkerDied, WorkersUnavailable):

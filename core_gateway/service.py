@@ -274,6 +274,12 @@ class GatewayService:
                 batch = await self.decoder.decode(body)
             except WireError as exc:
                 raise _refusal(exc) from None
+            # templated payloads decode to more than their decompressed bytes: the batch
+            # holds what it decoded to from now on, or is answered busy
+            more = batch.decoded_size - header.raw_len
+            if more > 0:
+                self.reserve(more, held=cost)
+                cost += more
             answer = self.admit(ship, batch)
         except BaseException:
             self.release(cost)
@@ -304,9 +310,11 @@ class GatewayService:
             self.inflight_bytes + nbytes <= self.cfg.max_inflight_bytes
         )
 
-    def reserve(self, nbytes: int) -> None:
-        """Take ``nbytes`` of the memory budget, or raise 503 busy (retry later)."""
-        if not self.has_room(nbytes):
+    def reserve(self, nbytes: int, *, held: int = 0) -> None:
+        """Take ``nbytes`` of the memory budget, or raise 503 busy (retry later); ``held``
+        of what is in progress is the same batch's (it alone always fits)."""
+        alone = self.inflight_bytes == held
+        if not alone and not self.has_room(nbytes):
             raise busy(
                 f"gateway busy: {self.inflight_bytes} bytes of batches in progress "
                 f"(limits.max_inflight_bytes {self.cfg.max_inflight_bytes}); retry later"

@@ -53,6 +53,7 @@ __all__ = [
     "WireRecord",
     "decode_batch",
     "decode_columns",
+    "decode_cost_bound",
     "encode_batch",
     "encode_body",
     "frame_batch",
@@ -60,6 +61,7 @@ __all__ = [
 ]
 
 CONTENT_TYPE = "application/x-shorelink-batch"
+_SIZED = ("key", "topic", "payload")
 MAGIC = b"SLKB"
 VERSION = 2
 _KNOWN_FLAGS = FLAG_TEMPLATED
@@ -129,6 +131,12 @@ class Batch:
     def count(self) -> int:
         return len(self.records)
 
+    @property
+    def decoded_size(self) -> int:
+        """Key, topic and payload lengths over the records: about what a decoder charged
+        for them (keys and topics counted in characters)."""
+        return sum(sum(map(len, map(attrgetter(f), self.records))) for f in _SIZED)
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -148,6 +156,27 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+
+#: What decoding one batch may allocate at its peak, besides the decoded records' own
+#: bytes (keys, topics, payloads: what the decoder charges to its budget): a multiple of
+#: the bytes it arrived as and decompressed to, a cost per record (the columns and
+#: objects every record needs) and a fixed working set (a stretch of numbers decoded at
+#: once). Asserted on hostile bodies by tests/shorelink/test_wire_cost.py, stated in
+#: docs/wire-format.md ("What decoding costs").
+DECODE_BYTES_FACTOR = 2
+DECODE_RECORD_BYTES = 320
+DECODE_WORKING_BYTES = 8 * 1024 * 1024
+
+
+def decode_cost_bound(batch_len: int, raw_len: int, count: int, decoded: int) -> int:
+    """The most decoding a batch of ``batch_len`` bytes, ``raw_len`` decompressed and
+    ``count`` records whose records decode to ``decoded`` bytes may allocate."""
+    return (
+        decoded
+        + DECODE_BYTES_FACTOR * (batch_len + raw_len)
+        + DECODE_RECORD_BYTES * count
+        + DECODE_WORKING_BYTES
+    )
 
 
 @dataclass(frozen=True, slots=True)

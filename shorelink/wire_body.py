@@ -16,6 +16,7 @@ import; it re-exports the small types defined here (:class:`WireRecord`,
 
 from __future__ import annotations
 
+import copy
 import re
 import sys
 from array import array
@@ -91,6 +92,12 @@ _MAX_RENDERED = {_FIXED: 21, _REPR: 24}  # bytes one value can render to, at mos
 _PLAIN, _RUNS = 0, 1  # numeric column layouts: one integer column, or heads and steps
 _SAMPLE = 512  # values the encoder looks at to choose a column's layout
 _WIDE = 0x100  # decoded column flag: some |value| >= _FLOAT_EXACT
+#: number slots in one template, at most: a payload with more numbers keeps the rest in
+#: its literal text (a decoder refuses a template with more)
+_MAX_SLOTS = 4096
+#: numbers a decoder turns into Python ints at once (each about 40 bytes while it lives);
+#: a template's records are decoded a stretch of about this many numbers at a time
+_CHUNK_VALUES = 65536
 
 
 class WireError(ShorelinkError):
@@ -283,8 +290,9 @@ def _split_numbers(payload: bytes) -> tuple[tuple[bytes, ...], tuple[bytes, ...]
         tok = parts[j]
         negative = tok[:1] == b"-"
         digits = len(tok) - negative - (b"." in tok)
-        if digits > _MAX_DIGITS or (negative and not tok.strip(b"-0.")):
-            segs[-1] += tok + parts[j + 1]  # stays literal: too long for a column, or "-0"
+        if digits > _MAX_DIGITS or (negative and not tok.strip(b"-0.")) or len(nums) == _MAX_SLOTS:
+            # stays literal: too long for a column, "-0", or past the template's slots
+            segs[-1] += tok + parts[j + 1]
         else:
             nums.append(tok)
             segs.append(parts[j + 1])
@@ -405,12 +413,6 @@ class _Runs:
         steps = list(map(mul, map(sub, values, chain((0,), values)), self.not_head))
         return list(map(values.__getitem__, self.heads)), steps
 
-    def join(self, heads: list[int], steps: list[int]) -> list[int]:
-        """The inverse of :meth:`split` (steps at a run's first position are ignored)."""
-        sums = list(accumulate(steps))
-        offsets = list(map(sub, heads, map(sums.__getitem__, self.heads)))
-        return list(map(add, sums, map(offsets.__getitem__, self.run_of)))
-
 
 def _put_column(out: bytearray, column: tuple[bytes, ...], times: list[int], runs: _Runs) -> None:
     """One number slot over its template's records (column order): fixed decimals,
@@ -517,39 +519,7 @@ class _Reader:
 
     def ints(self, n: int, what: str, lo: int = I64_MIN, hi: int = I64_MAX) -> list[int]:
         """An integer column of ``n`` values, each checked to be in ``lo..hi``."""
-        code = self.u8(f"{what} column code", 0xFF)
-        if code & ~_CODE_BITS:
-            raise WireError("malformed", f"{what}: unknown column code {code:#04x}")
-        w = 1 << (code & _WIDTH_BITS)
-        base = 0
-        if code & _DELTA:
-            if self.end - self.pos < 8:
-                raise WireError("malformed", f"body ends before the {what} base")
-            base = int.from_bytes(self.buf[self.pos : self.pos + 8], "little", signed=True)
-            self.pos += 8
-        size = n * w
-        if size > self.end - self.pos:
-            raise WireError("malformed", f"{what}: {n} values overrun the body")
-        raw = self.buf[self.pos : self.pos + size]
-        self.pos += size
-        if code & _PLANES and w > 1:
-            interleaved = bytearray(size)
-            for k in range(w):
-                interleaved[k::w] = raw[k * n : (k + 1) * n]
-            raw = bytes(interleaved)
-        data = array(_TYPECODE[w])
-        data.frombytes(raw)
-        if _BIG_ENDIAN:
-            data.byteswap()
-        values = data.tolist()
-        if code & _DELTA:
-            values = list(accumulate(values, initial=base))
-            del values[0]
-        half = 1 << (8 * w - 1)
-        checked = code & _DELTA or lo > -half or hi < half - 1  # else the width is the range
-        if checked and values and (min(values) < lo or max(values) > hi):
-            raise WireError("malformed", f"{what}: a value is not in {lo}..{hi}")
-        return values
+        return _Ints(self, n, what, lo, hi).take(n)
 
     def pieces(self, lengths: list[int], what: str) -> list[bytes]:
         """Consecutive byte strings of the given (already non-negative) lengths."""
@@ -559,6 +529,82 @@ class _Reader:
         offsets = list(accumulate(lengths, initial=self.pos))
         self.pos += total
         return list(map(self.buf.__getitem__, map(slice, offsets, offsets[1:])))
+
+    def skip(self, total: int, what: str) -> int:
+        """Step over ``total`` bytes (read later); return where they start."""
+        if total > self.end - self.pos:
+            raise WireError("malformed", f"{what} of {total} bytes overrun the body")
+        at = self.pos
+        self.pos += total
+        return at
+
+
+class _Ints:
+    """An integer column of the body, read in order a stretch at a time
+    (:meth:`take`): only the stretch becomes Python ints. The column's place is checked
+    and stepped over when it is opened."""
+
+    __slots__ = (
+        "buf", "carry", "checked", "delta", "done", "hi", "lo", "n", "planes", "pos", "w", "what",
+    )  # fmt: skip
+
+    def __init__(
+        self, rd: _Reader, n: int, what: str, lo: int = I64_MIN, hi: int = I64_MAX
+    ) -> None:
+        code = rd.u8(f"{what} column code", 0xFF)
+        if code & ~_CODE_BITS:
+            raise WireError("malformed", f"{what}: unknown column code {code:#04x}")
+        self.w = w = 1 << (code & _WIDTH_BITS)
+        self.delta = bool(code & _DELTA)
+        self.planes = bool(code & _PLANES) and w > 1
+        self.carry = 0
+        if self.delta:
+            if rd.end - rd.pos < 8:
+                raise WireError("malformed", f"body ends before the {what} base")
+            self.carry = int.from_bytes(rd.buf[rd.pos : rd.pos + 8], "little", signed=True)
+            rd.pos += 8
+        if n * w > rd.end - rd.pos:
+            raise WireError("malformed", f"{what}: {n} values overrun the body")
+        self.buf, self.pos, self.n, self.done, self.what = rd.buf, rd.pos, n, 0, what
+        half = 1 << (8 * w - 1)
+        # a column not coded as differences is in range by its width, unless told less
+        self.checked = self.delta or lo > -half or hi < half - 1
+        self.lo, self.hi = lo, hi
+        rd.pos += n * w
+
+    def take(self, k: int) -> list[int]:
+        """The next ``k`` values."""
+        a, b, w = self.done, self.done + k, self.w
+        self.done = b
+        data = array(_TYPECODE[w])
+        if self.planes:
+            raw = bytearray(k * w)
+            for plane in range(w):
+                at = self.pos + plane * self.n
+                raw[plane::w] = self.buf[at + a : at + b]
+            data.frombytes(raw)
+        else:
+            data.frombytes(self.buf[self.pos + a * w : self.pos + b * w])
+        if _BIG_ENDIAN:
+            data.byteswap()
+        values = data.tolist()
+        if self.delta and values:
+            values = list(accumulate(values, initial=self.carry))
+            del values[0]
+            self.carry = values[-1]
+        if self.checked and values and (min(values) < self.lo or max(values) > self.hi):
+            raise WireError("malformed", f"{self.what}: a value is not in {self.lo}..{self.hi}")
+        return values
+
+    def total(self) -> int:
+        """The sum of the values not yet taken (a stretch at a time; takes none)."""
+        probe = copy.copy(self)
+        left, out = probe.n - probe.done, 0
+        while left:
+            k = min(left, _CHUNK_VALUES)
+            out += sum(probe.take(k))
+            left -= k
+        return out
 
 
 def _text(what: str, raw: bytes) -> str:
@@ -646,82 +692,133 @@ def parse_columns(
     )
 
 
-#: A decoded numeric column: kind, decimals or scale (text: 0; plus _WIDE when a value
-#: is beyond the float path's exact range), values (text: bytes).
+#: A stretch of a decoded numeric column: kind, decimals or scale (text: 0; plus _WIDE
+#: when a value is beyond the float path's exact range), values (text: bytes).
 _Column = tuple[int, int, list[Any]]
 
 
 def _parse_templated(
     rd: _Reader, key_of: list[int], n_keys: int, times: list[int], budget: _Budget
 ) -> list[bytes]:
+    """Templated payloads, a template and then a stretch of its records at a time: at
+    most about :data:`_CHUNK_VALUES` numbers are Python ints at once, and what a stretch
+    renders is charged to ``budget`` before the next is read. Whatever the body, the
+    decoder holds the records it built plus a bounded working set (docs/wire-format.md,
+    "What decoding costs")."""
     count = len(key_of)
     n_templates = rd.u32("templates", count)
-    slots = rd.ints(n_templates, "slots", 0, rd.end - rd.pos)
-    seg_lens = rd.ints(sum(slots) + n_templates, "segment lengths", 0)
-    flat = rd.pieces(seg_lens, "segments")
-    templates: list[list[bytes]] = []
-    at = 0
-    for s in slots:
-        templates.append(flat[at : at + s + 1])
-        at += s + 1
+    slots = rd.ints(n_templates, "slots", 0, _MAX_SLOTS)
+    seg_lens = _Ints(rd, sum(slots) + n_templates, "segment lengths", 0)
+    segs_at = copy.copy(seg_lens)  # read again, template by template, to render
+    literal = [sum(seg_lens.take(s + 1)) for s in slots]
+    segments = rd.skip(sum(literal), "segments")
     template_of = rd.ints(count, "template per record", 0, n_templates - 1)
-    literal = [sum(map(len, segs)) for segs in templates]
     budget.spend(sum(map(literal.__getitem__, template_of)))
     order, sizes = _column_order(template_of, key_of, n_keys, n_templates)
-    columns: list[list[_Column]] = []
-    bound = 0  # the most the numbers can render to
+    plans: list[tuple[list[int], list[_Numbers]]] = []
     start = 0
     for s, size in zip(slots, sizes, strict=True):
         members = order[start : start + size]
         start += size
-        cols: list[_Column] = []
+        cols: list[_Numbers] = []
         if s and members:
-            ts = list(map(times.__getitem__, members))
             runs = _Runs(list(map(key_of.__getitem__, members)))
-            for _ in range(s):
-                col = _read_column(rd, size, ts, runs)
-                bound += sum(map(len, col[2])) if col[0] == _TEXT else size * _MAX_RENDERED[col[0]]
-                cols.append(col)
-        columns.append(cols)
+            cols = [_Numbers(rd, size, runs) for _ in range(s)]
+        plans.append((members, cols))
     if rd.pos != rd.end:
         raise WireError("malformed", f"{rd.end - rd.pos} unread bytes at the end of the body")
     payloads: list[bytes] = [b""] * count
-    fast = budget.used + bound <= budget.cap
-    start = 0
-    for segs, cols, size in zip(templates, columns, sizes, strict=True):
-        members = order[start : start + size]
-        start += size
+    for s, lit, (members, cols) in zip(slots, literal, plans, strict=True):
+        lengths = segs_at.take(s + 1)
+        offsets = list(accumulate(lengths, initial=segments))
+        segments = offsets[-1]
         if not members:
             continue
-        if fast:
-            rendered = _render_template(segs, cols, size)
-        else:
-            rendered = _render_template_charged(segs, cols, size, budget)
-        for i, p in zip(members, rendered, strict=True):
-            payloads[i] = p
-    if fast:
-        budget.spend(sum(map(len, payloads)) - sum(map(literal.__getitem__, template_of)))
+        segs = list(map(rd.buf.__getitem__, map(slice, offsets, offsets[1:])))
+        if not cols:
+            for i in members:
+                payloads[i] = segs[0]
+            continue
+        step = max(1, _CHUNK_VALUES // s)
+        for a in range(0, len(members), step):
+            part = members[a : a + step]
+            ts = list(map(times.__getitem__, part))
+            stretch = [c.take(a, len(part), ts) for c in cols]
+            bound = sum(_bound(c, len(part)) for c in stretch)
+            if budget.used + bound <= budget.cap:
+                rendered = _render_template(segs, stretch, len(part))
+                budget.spend(sum(map(len, rendered)) - lit * len(part))
+            else:
+                rendered = _render_template_charged(segs, stretch, len(part), budget)
+            for i, p in zip(part, rendered, strict=True):
+                payloads[i] = p
     return payloads
 
 
-def _read_column(rd: _Reader, size: int, times: list[int], runs: _Runs) -> _Column:
-    kind = rd.u8("column kind", _TEXT)
-    if kind == _TEXT:
-        return kind, 0, rd.pieces(rd.ints(size, "number lengths", 0), "numbers")
-    param = rd.u8("decimals", _MAX_DIGITS)
-    pred = rd.u8("time exponent", len(_EXPONENTS))
-    layout = rd.u8("column layout", _RUNS)
-    if layout == _RUNS:
-        heads = rd.ints(len(runs.heads), "number heads")
-        values = runs.join(heads, rd.ints(size, "number steps"))
-    else:
-        values = rd.ints(size, "numbers")
-    if pred:
-        values = list(map(add, values, _predictions(times, pred - 7)))
-    lo, hi = min(values), max(values)
-    if lo < -_MAX_VALUE or hi > _MAX_VALUE:
-        raise WireError("malformed", "a number has more than 18 digits")
-    return kind, param if hi < _FLOAT_EXACT and lo > -_FLOAT_EXACT else param | _WIDE, values
+def _bound(col: _Column, n: int) -> int:
+    """The most ``n`` values of ``col`` can render to."""
+    kind, _, values = col
+    return sum(map(len, values)) if kind == _TEXT else n * _MAX_RENDERED[kind]
+
+
+class _Numbers:
+    """One number slot of a template over its records (column order), opened where it
+    lies in the body and decoded a stretch at a time (:meth:`take`)."""
+
+    __slots__ = ("acc", "buf", "heads", "kind", "off", "param", "pred", "runs", "text_at", "values")
+
+    def __init__(self, rd: _Reader, size: int, runs: _Runs) -> None:
+        self.kind = rd.u8("column kind", _TEXT)
+        self.buf, self.runs = rd.buf, runs
+        self.param = self.pred = self.acc = self.off = self.text_at = 0
+        self.heads: _Ints | None = None
+        if self.kind == _TEXT:
+            self.values = _Ints(rd, size, "number lengths", 1)
+            self.text_at = rd.skip(self.values.total(), "numbers")
+            return
+        self.param = rd.u8("decimals", _MAX_DIGITS)
+        self.pred = rd.u8("time exponent", len(_EXPONENTS))
+        if rd.u8("column layout", _RUNS) == _RUNS:
+            self.heads = _Ints(rd, len(runs.heads), "number heads")
+            self.values = _Ints(rd, size, "number steps")
+        else:
+            self.values = _Ints(rd, size, "numbers")
+
+    def take(self, a: int, k: int, times: list[int]) -> _Column:
+        """Positions ``a`` to ``a + k`` (the next ones), whose records' times are
+        ``times``."""
+        if self.kind == _TEXT:
+            offsets = list(accumulate(self.values.take(k), initial=self.text_at))
+            self.text_at = offsets[-1]
+            return _TEXT, 0, list(map(self.buf.__getitem__, map(slice, offsets, offsets[1:])))
+        values = self.values.take(k)
+        if self.heads is not None:
+            values = self._join(a, values)
+        if self.pred:
+            values = list(map(add, values, _predictions(times, self.pred - 7)))
+        lo, hi = min(values), max(values)
+        if lo < -_MAX_VALUE or hi > _MAX_VALUE:
+            raise WireError("malformed", "a number has more than 18 digits")
+        wide = 0 if hi < _FLOAT_EXACT and lo > -_FLOAT_EXACT else _WIDE
+        return self.kind, self.param | wide, values
+
+    def _join(self, a: int, steps: list[int]) -> list[int]:
+        """Values from steps and the heads of the runs that start among them: each run's
+        first value is its head, each next one the value before it plus its step. The
+        running sum and the last run's offset carry over to the next stretch."""
+        assert self.heads is not None
+        b = a + len(steps)
+        sums = list(accumulate(steps, initial=self.acc))
+        del sums[0]
+        self.acc = sums[-1]
+        starts = self.runs.head_mask[a:b]
+        offs = list(map(sub, self.heads.take(sum(starts)), compress(sums, starts)))
+        if not starts[0]:
+            offs.insert(0, self.off)  # the run that began in an earlier stretch
+        self.off = offs[-1]
+        run_of = self.runs.run_of
+        first = run_of[a]
+        return list(map(add, sums, map(offs.__getitem__, map(sub, run_of[a:b], repeat(first)))))
 
 
 def _render_template(segs: list[bytes], cols: list[_Column], size: int) -> list[bytes]:

@@ -28,7 +28,13 @@ from shorelink.wire import (
     encode_batch,
 )
 from shorelink.workers import MAX_BROKEN
-from tests.core_gateway.helpers import assert_exactly_once, gateway_config, start_gateway
+from tests import wire_bombs
+from tests.core_gateway.helpers import (
+    assert_exactly_once,
+    batch,
+    gateway_config,
+    start_gateway,
+)
 from tests.helpers import unique
 
 
@@ -172,3 +178,47 @@ async def test_large_batches_through_the_gateway_exactly_once(
         stop.set()
         await task
     assert_exactly_once(kafka, ship, 800)
+
+
+async def test_a_batch_that_decompresses_to_the_limit_is_refused_while_other_ships_write(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """The security review's H1 batch at full size: a body of a few KiB whose 1,300
+    number columns decompress to 64 MiB. It is decoded away from the event loop (it
+    used to be decoded in place, stalling every ship for tens of seconds while it took
+    gigabytes), refused as too large, and another ship's batches are answered, and
+    written once, while it decodes."""
+    cfg = gateway_config(tmp_path, kafka)
+    bomber, ship = unique("bomber"), unique("ship")
+    credentials = Credentials(cfg.credentials_file)
+    tokens = {bomber: credentials.add(bomber), ship: credentials.add(ship)}
+    raw = wire_bombs.number_columns(1300)
+    bomb = wire_bombs.batch(raw, 50_000, origin=bomber)
+    assert len(bomb) < 16 * 1024 and len(raw) <= DEFAULT_LIMITS.max_decompressed_bytes
+    stop = asyncio.Event()
+    task = await start_gateway(cfg, stop)
+    base = f"http://127.0.0.1:{cfg.port}/v1/ships"
+    seq = 1
+    try:
+        async with aiohttp.ClientSession() as s:
+
+            async def post(who: str, body: bytes) -> tuple[int, dict[str, object]]:
+                url = f"{base}/{who}/streams/containers/batches"
+                headers = {"Authorization": f"Bearer {tokens[who]}"}
+                async with s.post(url, data=io.BytesIO(body), headers=headers) as r:
+                    return r.status, await r.json()
+
+            refused = asyncio.create_task(post(bomber, bomb))
+            answered = 0
+            while not refused.done() and seq < 5000:  # bounded: 500 batches at most
+                st, out = await post(ship, batch(ship, seq, seq + 9))
+                assert (st, out["held"]) == (200, f"1-{seq + 9}")
+                seq += 10
+                answered += 0 if refused.done() else 1
+            st, out = await refused
+            assert (st, out["error"]) == (413, "decompressed_too_large")
+            assert answered >= 3, f"only {answered} answers to another ship while it decoded"
+    finally:
+        stop.set()
+        await task
+    assert_exactly_once(kafka, ship, seq - 1)

@@ -34,6 +34,7 @@ from shorelink.ranges import RangeSet
 from shorelink.wire import Body, WireRecord, encode_body, frame_batch
 from tests.core_gateway.helpers import (
     STREAMS,
+    assert_exactly_once,
     gateway_config,
     run_gateway,
     start_gateway,
@@ -241,6 +242,57 @@ async def test_uploads_beyond_max_uploads_are_answered_busy_with_retry_after(
     finally:
         stop.set()
         await task
+
+
+async def test_a_batch_holds_what_it_decodes_to_not_what_it_decompressed_to(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """A templated body decompresses to a few KiB and decodes to 1.5 MB: the budget
+    holds the 1.5 MB from the moment it is decoded. Four such batches at once against a
+    1 MiB budget: each goes only alone, the others are answered busy and sent again,
+    and every one is written once (charged by their decompressed bytes, all four went
+    at once)."""
+    limits = {"max_batch_bytes": "256KiB", "max_inflight_bytes": "1MiB"}
+    cfg = replace(gateway_config(tmp_path, kafka, **limits), decode_workers=0)
+    credentials = Credentials(cfg.credentials_file)
+    ships = [unique("ship") for _ in range(4)]
+    tokens = {ship: credentials.add(ship) for ship in ships}
+    pad = "x" * 3000
+
+    def body(ship: str) -> bytes:
+        recs = tuple(
+            WireRecord(q, "C1", 1_700_000_000_000 + q, "t", f'{{"q":{q},"p":"{pad}"}}'.encode())
+            for q in range(1, 501)
+        )
+        return frame_batch(ship, "containers", encode_body(recs), 1)
+
+    bodies = {ship: body(ship) for ship in ships}
+    stop = asyncio.Event()
+    task = await start_gateway(cfg, stop)
+    busy = 0
+    try:
+        async with aiohttp.ClientSession() as s:
+
+            async def send(ship: str) -> None:
+                nonlocal busy
+                url = f"http://127.0.0.1:{cfg.port}/v1/ships/{ship}/streams/containers/batches"
+                headers = {"Authorization": f"Bearer {tokens[ship]}"}
+                for _ in range(200):  # bounded
+                    async with s.post(url, data=bodies[ship], headers=headers) as r:
+                        if r.status == 200:
+                            return
+                        assert (r.status, (await r.json())["error"]) == (503, "busy")
+                        busy += 1
+                    await asyncio.sleep(0.05)
+                raise AssertionError(f"{ship}: busy 200 times")
+
+            await asyncio.gather(*map(send, ships))
+    finally:
+        stop.set()
+        await task
+    assert busy >= 1, "four batches of 1.5 MB each went at once into a 1 MiB budget"
+    for ship in ships:
+        assert_exactly_once(kafka, ship, 500)
 
 
 def test_max_inflight_bytes_below_one_batch_names_the_field() -> None:

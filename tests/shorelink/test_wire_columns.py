@@ -8,6 +8,7 @@ import json
 import random
 import struct
 import zlib
+from unittest import mock
 
 import pytest
 import zstandard
@@ -36,6 +37,10 @@ def batch_of(records: list[WireRecord]) -> Batch:
 def round_trip(records: list[WireRecord]) -> bytes:
     data = encode_batch(batch_of(records))
     assert decode_batch(data).records == tuple(records)
+    # and decoded a few numbers at a time: every stretch boundary (a run of one key
+    # carried over, a difference column's running value) inside the batch
+    with mock.patch.object(wb, "_CHUNK_VALUES", 3):
+        assert decode_batch(data).records == tuple(records)
     return data
 
 
@@ -316,3 +321,18 @@ def test_edited_v2_bodies_only_ever_raise_wire_error(data: st.DataObject) -> Non
     except WireError:
         return
     assert got.count == count
+
+
+def test_a_payload_with_more_numbers_than_a_template_holds_keeps_the_rest_as_text() -> None:
+    """A template has at most ``_MAX_SLOTS`` number slots (a decoder refuses more):
+    the numbers after them stay in the template's literal text, and the payloads come
+    back byte for byte."""
+    head = wb._MAX_SLOTS
+
+    def payload(i: int) -> bytes:
+        return ",".join([*map(str, range(i, i + head)), *["7"] * 50]).encode()
+
+    records = [WireRecord(i + 1, "c1", 1_700_000_000_000 + i, "t", payload(i)) for i in range(4)]
+    data = round_trip(records)
+    assert peek_header(data).flags & FLAG_TEMPLATED
+    assert body_of(data).count(b",7" * 50) == 1  # the numbers past the slots: literal, once

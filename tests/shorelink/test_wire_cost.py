@@ -1,0 +1,83 @@
+"""What decoding a batch costs is bounded by what it is charged for
+(``../shared/reviews/security.md``, H1): bodies of a few hundred bytes built so that
+a naive decoder makes one Python int per body byte (the review's batch made the old
+decoder allocate 57 times the bytes it was charged) stay within
+:func:`shorelink.wire.decode_cost_bound`, measured with tracemalloc (deterministic),
+whether the decoder takes them or refuses them."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shorelink.wire import Limits, WireError, decode_columns, decode_cost_bound, peek_header
+from tests import wire_bombs
+
+#: a lower cap than the default, so that a refused body's bound is not mostly the cap
+LIMITS = Limits(max_decompressed_bytes=8 * 1024 * 1024)
+
+
+def _peak_within_bound(data: bytes, limits: Limits = LIMITS) -> tuple[str, int, int]:
+    """Decode ``data`` under tracemalloc: (outcome, peak bytes, the bound)."""
+    h = peek_header(data, limits)
+    tracemalloc.start()
+    try:
+        _, (keys, _, topics, payloads) = decode_columns(data, limits)
+        decoded = sum(map(len, payloads)) + sum(map(len, keys)) + sum(map(len, topics))
+        outcome = "ok"
+    except WireError as exc:
+        decoded, outcome = limits.max_decompressed_bytes, exc.reason
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    bound = decode_cost_bound(len(data), h.raw_len, h.count, decoded)
+    assert peak <= bound, f"{outcome}: peak {peak} > bound {bound} ({h.raw_len} raw bytes)"
+    return outcome, peak, bound
+
+
+def test_the_reviews_batch_costs_what_it_is_charged() -> None:
+    """The review's shape at a fifth of its records: 40 number slots of width-1 zeros
+    predicted by the record's time. The old decoder peaked at about 26 MiB here."""
+    raw = wire_bombs.number_columns(40, 10_000)
+    data = wire_bombs.batch(raw, 10_000)
+    assert len(data) < 1024 and len(raw) > 400_000
+    outcome, peak, _ = _peak_within_bound(data)
+    assert outcome == "ok" and peak < 16 * 1024 * 1024
+
+
+def test_a_template_with_more_slots_than_any_payload_has_is_refused_before_reading() -> None:
+    raw = wire_bombs.segment_lengths(4_000_000)
+    outcome, peak, _ = _peak_within_bound(wire_bombs.batch(raw, 1))
+    assert outcome == "malformed" and peak < len(raw) + 1024 * 1024
+
+
+def test_numbers_beyond_the_cap_are_refused_within_the_bound() -> None:
+    """Every number renders as a 13-digit time: more than the cap; refused after
+    rendering at most the cap, never holding every column at once."""
+    raw = wire_bombs.number_columns(120, 6_000)
+    outcome, _, _ = _peak_within_bound(wire_bombs.batch(raw, 6_000))
+    assert outcome == "decompressed_too_large"
+
+
+_COLUMNS = st.tuples(
+    st.integers(0, 2),  # fixed, repr, text
+    st.integers(0, 1),  # plain, runs
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([b"", b"\x01", b"\x7f", b"\xff", b"\x80\x00", b"\x01\x00\x00\x00"]),
+)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    count=st.integers(1, 1500),
+    n_keys=st.integers(1, 40),
+    slots=st.lists(st.integers(0, 120), min_size=1, max_size=4),
+    columns=st.lists(_COLUMNS, min_size=1, max_size=4),
+)
+def test_any_templated_body_costs_at_most_its_bound(
+    count: int, n_keys: int, slots: list[int], columns: list[tuple[int, int, int, bytes]]
+) -> None:
+    raw = wire_bombs.templated(count, n_keys, slots, columns)
+    _peak_within_bound(wire_bombs.batch(raw, count))
