@@ -168,16 +168,22 @@ async def _batch(request: web.Request) -> web.Response:
             "too_large",
             f"batch of {request.content_length} bytes > {cfg.limits.max_compressed_bytes}",
         )
-    if not service.has_room(request.content_length or cfg.limits.max_compressed_bytes):
-        raise busy(f"gateway busy: {service.inflight_bytes} bytes of batches in progress")
+    # the body is charged to the budget before it is read (the most it may be, when
+    # chunked), and its charge held until the batch's own is taken
+    reading = request.content_length or cfg.limits.max_compressed_bytes
+    service.reserve(reading)
     try:
-        async with asyncio.timeout(cfg.body_timeout_s):
-            body = await request.read()
-    except TimeoutError:
-        raise ApiError(
-            408, "body_timeout", f"request body not received within {cfg.body_timeout_s:.0f}s"
-        ) from None
-    return web.json_response(await (await service.receive(ship, stream, body)))
+        try:
+            async with asyncio.timeout(cfg.body_timeout_s):
+                body = await request.read()
+        except TimeoutError:
+            raise ApiError(
+                408, "body_timeout", f"request body not received within {cfg.body_timeout_s:.0f}s"
+            ) from None
+        answer = await service.receive(ship, stream, body, held=reading)
+    finally:
+        service.release(reading)
+    return web.json_response(await answer)
 
 
 async def _upload(request: web.Request) -> web.StreamResponse:

@@ -242,11 +242,13 @@ class GatewayService:
         }
 
     async def receive(
-        self, ship: str, stream: str | None, body: bytes
+        self, ship: str, stream: str | None, body: bytes, *, held: int = 0
     ) -> asyncio.Future[dict[str, Any]]:
         """One encoded batch from ``ship``: checked, decoded and admitted (see
         :meth:`admit`); returns the future of its reply. ``stream`` is the one the URL
-        names (None: the batch's own). Raises ApiError when the batch is refused."""
+        names (None: the batch's own); ``held`` of the budget in progress is the
+        caller's for this same batch (its body while it was read). Raises ApiError when
+        the batch is refused."""
         cfg = self.cfg
         self.metrics.bytes_in.inc(len(body))
         self.check_ready()
@@ -268,7 +270,7 @@ class GatewayService:
         except WireError as exc:
             raise _refusal(exc) from None
         cost = len(body) + header.raw_len
-        self.reserve(cost)
+        self.reserve(cost, held=held)
         try:
             try:
                 batch = await self.decoder.decode(body)
@@ -278,7 +280,7 @@ class GatewayService:
             # holds what it decoded to from now on, or is answered busy
             more = batch.decoded_size - header.raw_len
             if more > 0:
-                self.reserve(more, held=cost)
+                self.reserve(more, held=held + cost)
                 cost += more
             answer = self.admit(ship, batch)
         except BaseException:

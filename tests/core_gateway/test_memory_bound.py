@@ -35,6 +35,7 @@ from shorelink.wire import Body, WireRecord, encode_body, frame_batch
 from tests.core_gateway.helpers import (
     STREAMS,
     assert_exactly_once,
+    batch,
     gateway_config,
     run_gateway,
     start_gateway,
@@ -293,6 +294,48 @@ async def test_a_batch_holds_what_it_decodes_to_not_what_it_decompressed_to(
     assert busy >= 1, "four batches of 1.5 MB each went at once into a 1 MiB budget"
     for ship in ships:
         assert_exactly_once(kafka, ship, 500)
+
+
+async def test_post_bodies_are_charged_to_the_budget_before_they_are_read(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """Ten POSTs of the largest batch, their bodies never sent (a slow sender's), into a
+    budget that holds four: four are read (and cut at body_timeout), six are answered
+    busy at once, before a byte of their body is read (review M1: every one was read,
+    however many). Then the budget is whole again: a batch goes."""
+    limits = {"max_batch_bytes": "256KiB", "max_inflight_bytes": "1MiB"}
+    cfg = replace(gateway_config(tmp_path, kafka, **limits), decode_workers=0)
+    ship = unique("ship")
+    token = Credentials(cfg.credentials_file).add(ship)
+    path = f"/v1/ships/{ship}/streams/containers/batches"
+    stop = asyncio.Event()
+    task = await start_gateway(cfg, stop)
+
+    async def headers_only() -> int:
+        reader, writer = await asyncio.open_connection("127.0.0.1", cfg.port)
+        writer.write(
+            f"POST {path} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/x-shorelink-batch\r\n"
+            f"Content-Length: {256 * 1024}\r\n\r\n".encode()
+        )
+        await writer.drain()
+        status = int((await reader.readline()).split()[1])
+        writer.close()
+        return status
+
+    try:
+        statuses = Counter(await asyncio.gather(*(headers_only() for _ in range(10))))
+        assert statuses == Counter({503: 6, 408: 4})
+        async with aiohttp.ClientSession() as s:
+            body = batch(ship, 1, 10)
+            headers = {"Authorization": f"Bearer {token}"}
+            async with s.post(
+                f"http://127.0.0.1:{cfg.port}{path}", data=body, headers=headers
+            ) as r:
+                assert r.status == 200
+    finally:
+        stop.set()
+        await task
 
 
 def test_max_inflight_bytes_below_one_batch_names_the_field() -> None:
