@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from core_gateway import upload
 from core_gateway.errors import ApiError
-from core_gateway.service import GatewayService, busy
+from core_gateway.service import GatewayService
 from shorelink.tls import common_name
 
 __all__ = ["create_app"]
@@ -171,7 +171,7 @@ async def _batch(request: web.Request) -> web.Response:
     # the body is charged to the budget before it is read (the most it may be, when
     # chunked), and its charge held until the batch's own is taken
     reading = request.content_length or cfg.limits.max_compressed_bytes
-    service.reserve(reading)
+    service.reserve(ship, reading)
     try:
         try:
             async with asyncio.timeout(cfg.body_timeout_s):
@@ -182,20 +182,15 @@ async def _batch(request: web.Request) -> web.Response:
             ) from None
         answer = await service.receive(ship, stream, body, held=reading)
     finally:
-        service.release(reading)
+        service.release(ship, reading)
     return web.json_response(await answer)
 
 
 async def _upload(request: web.Request) -> web.StreamResponse:
     service: GatewayService = request.app[SERVICE]
     ship, token = _authenticate(request)
-    if service.upload_slots >= service.cfg.max_uploads:
-        raise busy(
-            f"gateway busy: {service.upload_slots} upload connections open "
-            f"(limits.max_uploads); retry later"
-        )
-    service.upload_slots += 1
+    service.open_upload(ship)
     try:
         return await upload.serve_upload(service, request, ship, token)
     finally:
-        service.upload_slots -= 1
+        service.close_upload(ship)

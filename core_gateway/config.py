@@ -64,6 +64,11 @@ class GatewayConfig:
     )
     #: open WebSocket uploads at most; more are refused (503 busy) before the upgrade
     max_uploads: int = field(default=32, metadata=key("limits.max_uploads", min=1, max=100_000))
+    #: open WebSocket uploads of one ship at most (a reconnect may overlap the old
+    #: connection until its heartbeat finds it dead); more are refused (503 busy)
+    max_uploads_per_ship: int = field(
+        default=4, metadata=key("limits.max_uploads_per_ship", min=1, max=100_000)
+    )
     ingress_partitions: int = field(
         default=6, metadata=key("kafka.ingress_partitions", min=1, max=1000)
     )

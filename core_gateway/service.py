@@ -9,14 +9,17 @@ counter); nothing is written. A batch is answered only after Kafka committed it.
 
 Memory is bounded globally: a batch holds ``len(body) + declared decoded size`` of
 ``limits.max_inflight_bytes`` from the moment its body is in hand until its write is
-done; one that does not fit is answered ``503 busy`` with ``Retry-After`` (the ship
-retries later), and at most ``limits.max_uploads`` upload connections are open.
+done (what it decodes to, once decoded, when that is more); one that does not fit is
+answered ``503 busy`` with ``Retry-After`` (the ship retries later), and at most
+``limits.max_uploads`` upload connections are open. No one ship holds more than its
+share: :data:`SHIP_SHARE` of the budget, ``limits.max_uploads_per_ship`` connections.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from typing import Any
 
 from core_gateway.admission import plan_admission
@@ -32,9 +35,12 @@ from shorelink.errors import ShorelinkError
 from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, WireError, peek_header
 
-__all__ = ["RETRY_AFTER_S", "GatewayService", "busy"]
+__all__ = ["RETRY_AFTER_S", "SHIP_SHARE", "GatewayService", "busy"]
 
 log = logging.getLogger(__name__)
+
+#: the most of ``limits.max_inflight_bytes`` one ship holds besides the batch at hand
+SHIP_SHARE = 0.5
 
 _WIRE_STATUS = {
     "too_large": 413,
@@ -67,6 +73,10 @@ class GatewayService:
         self.inflight_bytes = 0
         #: upload connections open or being opened (limits.max_uploads)
         self.upload_slots = 0
+        #: the same per ship (limits.max_uploads_per_ship), and each ship's bytes of
+        #: the budget (at most SHIP_SHARE of it)
+        self.uploads_by_ship: Counter[str] = Counter()
+        self.inflight_by_ship: Counter[str] = Counter()
         self._recovering: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -270,7 +280,7 @@ class GatewayService:
         except WireError as exc:
             raise _refusal(exc) from None
         cost = len(body) + header.raw_len
-        self.reserve(cost, held=held)
+        self.reserve(ship, cost, held=held)
         try:
             try:
                 batch = await self.decoder.decode(body)
@@ -280,13 +290,13 @@ class GatewayService:
             # holds what it decoded to from now on, or is answered busy
             more = batch.decoded_size - header.raw_len
             if more > 0:
-                self.reserve(more, held=held + cost)
+                self.reserve(ship, more, held=held + cost)
                 cost += more
             answer = self.admit(ship, batch)
         except BaseException:
-            self.release(cost)
+            self.release(ship, cost)
             raise
-        answer.add_done_callback(lambda _f: self.release(cost))
+        answer.add_done_callback(lambda _f: self.release(ship, cost))
         return answer
 
     def authorize(self, ship: str, token: str) -> None:
@@ -312,21 +322,56 @@ class GatewayService:
             self.inflight_bytes + nbytes <= self.cfg.max_inflight_bytes
         )
 
-    def reserve(self, nbytes: int, *, held: int = 0) -> None:
-        """Take ``nbytes`` of the memory budget, or raise 503 busy (retry later); ``held``
-        of what is in progress is the same batch's (it alone always fits)."""
+    def reserve(self, ship: str, nbytes: int, *, held: int = 0) -> None:
+        """Take ``nbytes`` of the memory budget for ``ship``, or raise 503 busy (retry
+        later); ``held`` of what is in progress is the same batch's (alone, a batch
+        always fits). A ship holds at most :data:`SHIP_SHARE` of the budget besides the
+        batch at hand, so no one ship, however many batches it sends at once, keeps
+        the others out."""
         alone = self.inflight_bytes == held
         if not alone and not self.has_room(nbytes):
             raise busy(
                 f"gateway busy: {self.inflight_bytes} bytes of batches in progress "
                 f"(limits.max_inflight_bytes {self.cfg.max_inflight_bytes}); retry later"
             )
+        mine = self.inflight_by_ship[ship]
+        if mine > held and mine + nbytes > self.cfg.max_inflight_bytes * SHIP_SHARE:
+            raise busy(
+                f"gateway busy: ship {ship} holds {mine} bytes of batches in progress, its "
+                f"share ({SHIP_SHARE:.0%} of limits.max_inflight_bytes); retry later"
+            )
         self.inflight_bytes += nbytes
+        self.inflight_by_ship[ship] += nbytes
         self.metrics.inflight_bytes.set(self.inflight_bytes)
 
-    def release(self, nbytes: int) -> None:
+    def release(self, ship: str, nbytes: int) -> None:
         self.inflight_bytes -= nbytes
+        self.inflight_by_ship[ship] -= nbytes
+        if not self.inflight_by_ship[ship]:
+            del self.inflight_by_ship[ship]
         self.metrics.inflight_bytes.set(self.inflight_bytes)
+
+    def open_upload(self, ship: str) -> None:
+        """Take an upload connection for ``ship``, or raise 503 busy: at most
+        ``limits.max_uploads`` in all and ``limits.max_uploads_per_ship`` a ship."""
+        if self.upload_slots >= self.cfg.max_uploads:
+            raise busy(
+                f"gateway busy: {self.upload_slots} upload connections open "
+                f"(limits.max_uploads); retry later"
+            )
+        if self.uploads_by_ship[ship] >= self.cfg.max_uploads_per_ship:
+            raise busy(
+                f"gateway busy: ship {ship} has {self.uploads_by_ship[ship]} upload "
+                f"connections open (limits.max_uploads_per_ship); retry later"
+            )
+        self.upload_slots += 1
+        self.uploads_by_ship[ship] += 1
+
+    def close_upload(self, ship: str) -> None:
+        self.upload_slots -= 1
+        self.uploads_by_ship[ship] -= 1
+        if not self.uploads_by_ship[ship]:
+            del self.uploads_by_ship[ship]
 
     def refused(self, exc: ApiError, route: str) -> None:
         """Count and log a refused request or batch (409s are routine: not logged;

@@ -20,7 +20,8 @@ The gateway admits batches in the order they arrive (a batch may build on the on
 before it that are still being written, see ``GatewayService.admit``) and keeps at most
 :data:`UPLOAD_WINDOW` of them in progress per connection (then it stops reading: TCP
 flow control holds the ship back). A batch received whole is written even if the
-connection breaks before its answer leaves: the ship finds it in the holdings.
+connection breaks before its answer leaves: the ship finds it in the holdings. A
+connection whose token is revoked is closed within a second (1008), batch or none.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 ROUTE = "/v1/ships/{ship}/upload"
 #: batches in progress (received, not answered yet) per connection
 UPLOAD_WINDOW = 16
+#: seconds between checks that an open upload's token still holds
+CREDENTIALS_CHECK_S = 1.0
 #: an app's open upload connections (closed on shutdown)
 UPLOADS: web.AppKey[set[web.WebSocketResponse]] = web.AppKey("uploads")
 
@@ -74,6 +77,7 @@ async def serve_upload(
     service.metrics.uploads.inc()
     replies: asyncio.Queue[asyncio.Future[dict[str, Any]] | None] = asyncio.Queue(UPLOAD_WINDOW)
     answering = asyncio.create_task(_answer(service, ws, replies), name=f"upload:{ship}")
+    watching = asyncio.create_task(_watch(service, ws, ship, token), name=f"revoked:{ship}")
     batches = 0
     log.info("event=upload_open ship=%s peer=%s", ship, request.remote)
     try:
@@ -88,6 +92,7 @@ async def serve_upload(
                 )
                 break
     finally:
+        watching.cancel()
         await replies.put(None)
         await answering
         open_uploads.discard(ws)
@@ -99,6 +104,20 @@ async def serve_upload(
             ws.close_code,
         )
     return ws
+
+
+async def _watch(service: GatewayService, ws: web.WebSocketResponse, ship: str, token: str) -> None:
+    """Close the connection (1008, policy violation) once its token is revoked or
+    given to another ship: checked every :data:`CREDENTIALS_CHECK_S`, batch or none,
+    so a revoked ship keeps no upload slot (each batch is also checked on its own)."""
+    while not ws.closed:
+        await asyncio.sleep(CREDENTIALS_CHECK_S)
+        try:
+            service.authorize(ship, token)
+        except ApiError as exc:
+            log.warning("event=upload_closed_revoked ship=%s reason=%s", ship, exc.code)
+            await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"credential revoked")
+            return
 
 
 async def _receive(

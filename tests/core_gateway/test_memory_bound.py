@@ -296,43 +296,92 @@ async def test_a_batch_holds_what_it_decodes_to_not_what_it_decompressed_to(
         assert_exactly_once(kafka, ship, 500)
 
 
+async def _headers_only(port: int, ship: str, token: str, size: int = 256 * 1024) -> int:
+    """A POST of a ``size``-byte batch whose body never comes (a slow sender's): the
+    status of the answer it gets, busy at once or cut at body_timeout once read."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        f"POST /v1/ships/{ship}/streams/containers/batches HTTP/1.1\r\nHost: gw\r\n"
+        f"Authorization: Bearer {token}\r\nContent-Length: {size}\r\n\r\n".encode()
+    )
+    await writer.drain()
+    status = int((await reader.readline()).split()[1])
+    writer.close()
+    return status
+
+
 async def test_post_bodies_are_charged_to_the_budget_before_they_are_read(
     tmp_path: Path, kafka: KafkaBroker
 ) -> None:
-    """Ten POSTs of the largest batch, their bodies never sent (a slow sender's), into a
+    """Ten POSTs of the largest batch from ten ships, their bodies never sent, into a
     budget that holds four: four are read (and cut at body_timeout), six are answered
     busy at once, before a byte of their body is read (review M1: every one was read,
     however many). Then the budget is whole again: a batch goes."""
     limits = {"max_batch_bytes": "256KiB", "max_inflight_bytes": "1MiB"}
     cfg = replace(gateway_config(tmp_path, kafka, **limits), decode_workers=0)
-    ship = unique("ship")
-    token = Credentials(cfg.credentials_file).add(ship)
-    path = f"/v1/ships/{ship}/streams/containers/batches"
+    credentials = Credentials(cfg.credentials_file)
+    tokens = {ship: credentials.add(ship) for ship in [unique("ship") for _ in range(10)]}
     stop = asyncio.Event()
     task = await start_gateway(cfg, stop)
-
-    async def headers_only() -> int:
-        reader, writer = await asyncio.open_connection("127.0.0.1", cfg.port)
-        writer.write(
-            f"POST {path} HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {token}\r\n"
-            f"Content-Type: application/x-shorelink-batch\r\n"
-            f"Content-Length: {256 * 1024}\r\n\r\n".encode()
-        )
-        await writer.drain()
-        status = int((await reader.readline()).split()[1])
-        writer.close()
-        return status
-
     try:
-        statuses = Counter(await asyncio.gather(*(headers_only() for _ in range(10))))
-        assert statuses == Counter({503: 6, 408: 4})
+        answers = await asyncio.gather(*(_headers_only(cfg.port, *t) for t in tokens.items()))
+        assert Counter(answers) == Counter({503: 6, 408: 4})
+        ship, token = next(iter(tokens.items()))
+        url = f"http://127.0.0.1:{cfg.port}/v1/ships/{ship}/streams/containers/batches"
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(url, data=batch(ship, 1, 10), headers={"Authorization": f"Bearer {token}"}) as r,
+        ):
+            assert r.status == 200
+    finally:
+        stop.set()
+        await task
+
+
+async def test_one_ship_holds_at_most_its_share_of_uploads_and_memory(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """Review M2: one ship (a stolen token, a buggy client) could hold every upload
+    slot and the whole budget. Now it holds at most ``max_uploads_per_ship``
+    connections and half the budget besides the batch at hand, and another ship still
+    connects and is read."""
+    limits = {"max_batch_bytes": "256KiB", "max_inflight_bytes": "1MiB"}
+    cfg = replace(
+        gateway_config(tmp_path, kafka, **limits), max_uploads_per_ship=2, decode_workers=0
+    )
+    credentials = Credentials(cfg.credentials_file)
+    greedy, other = unique("greedy"), unique("other")
+    tokens = {greedy: credentials.add(greedy), other: credentials.add(other)}
+    stop = asyncio.Event()
+    task = await start_gateway(cfg, stop)
+    try:
         async with aiohttp.ClientSession() as s:
-            body = batch(ship, 1, 10)
-            headers = {"Authorization": f"Bearer {token}"}
-            async with s.post(
-                f"http://127.0.0.1:{cfg.port}{path}", data=body, headers=headers
-            ) as r:
-                assert r.status == 200
+
+            def upload(ship: str) -> tuple[str, dict[str, str]]:
+                url = f"http://127.0.0.1:{cfg.port}/v1/ships/{ship}/upload"
+                return url, {"Authorization": f"Bearer {tokens[ship]}"}
+
+            async def connect(ship: str) -> aiohttp.ClientWebSocketResponse:
+                url, headers = upload(ship)
+                return await s.ws_connect(url, headers=headers)
+
+            held = [await connect(greedy) for _ in range(2)]
+            url, headers = upload(greedy)
+            async with s.get(url, headers={**headers, "Upgrade": "websocket"}) as r:
+                assert (r.status, (await r.json())["error"]) == (503, "busy")
+            theirs = await connect(other)
+            assert (await theirs.receive_json())["type"] == "holdings"
+            await theirs.send_bytes(batch(other, 1, 10))
+            assert (await theirs.receive_json(timeout=30))["status"] == 200
+            for ws in [*held, theirs]:
+                await ws.close()
+        # four bodies of the greedy ship and one of the other at once: the budget holds
+        # four, the greedy ship half of it (two); the other is read
+        greedy_answers = [_headers_only(cfg.port, greedy, tokens[greedy]) for _ in range(4)]
+        answers = await asyncio.gather(
+            *greedy_answers, _headers_only(cfg.port, other, tokens[other])
+        )
+        assert Counter(answers[:4]) == Counter({408: 2, 503: 2}) and answers[4] == 408
     finally:
         stop.set()
         await task
