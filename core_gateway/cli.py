@@ -96,7 +96,9 @@ async def serve(
 
     ctx = cfg.ssl_context()  # first: a bad certificate is a ConfigError before anything
     service = GatewayService(cfg)
-    runner = web.AppRunner(create_app(service), access_log=None)
+    runner = web.AppRunner(
+        create_app(service), access_log=None, keepalive_timeout=cfg.idle_timeout_s
+    )
     await runner.setup()
     site = web.TCPSite(runner, cfg.host, cfg.port, ssl_context=ctx)
     await site.start()

@@ -43,6 +43,12 @@ class GatewayConfig:
     client_ca_file: Path | None = field(default=None, metadata=key("listen.client_ca_file"))
     #: a whole request body must arrive within this (slow or endless uploads are cut)
     body_timeout_s: float = field(default=60.0, metadata=key("listen.body_timeout"))
+    #: a connection is closed when it has not completed a request this long after it
+    #: opened or after its last answer (aiohttp's keep-alive timeout, an hour by
+    #: default: a peer that dribbles header bytes held a socket that long)
+    idle_timeout_s: float = field(
+        default=30.0, metadata=key("listen.idle_timeout", gt=0, why="must be > 0")
+    )
     #: WebSocket uploads: ping this often; a peer that does not answer is dropped
     upload_heartbeat_s: float = field(
         default=20.0, metadata=key("listen.upload_heartbeat", gt=0, why="must be > 0")

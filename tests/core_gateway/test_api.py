@@ -4,8 +4,11 @@ write nothing, holdings that include replication."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import zlib
+from dataclasses import replace
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -23,9 +26,11 @@ from tests.core_gateway.helpers import (
     RunningGateway,
     assert_exactly_once,
     batch,
+    gateway_config,
     ingress_seqs,
     records,
     settled_ingress_seqs,
+    start_gateway,
 )
 from tests.helpers import unique
 from tests.shorelink.test_contract import crafted_batch
@@ -167,6 +172,39 @@ async def test_slow_body_is_cut_with_408(gateway: RunningGateway) -> None:
     status_line = await asyncio.wait_for(reader.readline(), 10)  # body_timeout is 2 s
     assert b" 408 " in status_line
     writer.close()
+
+
+async def test_a_peer_that_dribbles_header_bytes_is_cut_at_the_idle_timeout(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """Review M3: a connection that never completes its headers (a byte now and then,
+    a slowloris) was held for aiohttp's default hour; now for ``listen.idle_timeout``
+    from when it opened, however it dribbles. A ship is served meanwhile."""
+    cfg = replace(gateway_config(tmp_path, kafka), idle_timeout_s=1.0)
+    ship = unique("ship")
+    token = Credentials(cfg.credentials_file).add(ship)
+    stop = asyncio.Event()
+    task = await start_gateway(cfg, stop)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", cfg.port)
+        writer.write(b"POST /v1/ships/")
+        cut = False
+        for _ in range(100):  # a byte every 0.1 s, for ten seconds at most
+            with contextlib.suppress(ConnectionError):
+                writer.write(b"x")
+                await writer.drain()
+            with contextlib.suppress(TimeoutError):
+                if await asyncio.wait_for(reader.read(1024), 0.1) == b"":
+                    cut = True
+                    break
+        writer.close()
+        assert cut, "a connection dribbling header bytes was still open after 10 s"
+        gw = RunningGateway(cfg, f"http://127.0.0.1:{cfg.port}", ship, token)
+        async with aiohttp.ClientSession() as s:
+            assert (await _post(s, gw, batch(ship, 1, 5)))[0] == 200
+    finally:
+        stop.set()
+        await task
 
 
 async def test_holdings_include_the_ledger_and_first_available_abandons_dropped_seqs(
