@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from pathlib import Path
 
@@ -12,13 +13,15 @@ import click
 from aiohttp import web
 
 from shorelink.cli_support import fail, load_or_exit
-from shorelink.errors import ShorelinkError
+from shorelink.errors import ConfigError, ShorelinkError
 from shorelink.logs import configure_logging
-from shorelink.tls import TlsFile, server_context
+from shorelink.tls import TlsFile, is_loopback, server_context
 from spark_core.config import load_config
 from spark_core.ops.app import Ops, make_app
 
 __all__ = ["ops"]
+
+log = logging.getLogger(__name__)
 
 
 @click.command("ops")
@@ -38,9 +41,20 @@ __all__ = ["ops"]
     default=None,
     help="Listen port (default: [sites.S.ops.listen] port; 0: any free).",
 )
+@click.option(
+    "--plain-http",
+    is_flag=True,
+    help="Serve plain HTTP on a non-loopback address (behind a TLS proxy); refused "
+    "without it, since staff passwords travel with every request.",
+)
 @click.option("--json-logs", is_flag=True, help="Log JSON lines instead of key=value.")
 def ops(
-    site_name: str, config_path: Path, host: str | None, port: int | None, json_logs: bool
+    site_name: str,
+    config_path: Path,
+    host: str | None,
+    port: int | None,
+    plain_http: bool,
+    json_logs: bool,
 ) -> None:
     """Serve the site's operations page: ships, replication, queries, gateway, alerts
     and a map, updated live; the same facts as JSON under /api (docs/operations.md).
@@ -58,10 +72,27 @@ def ops(
             if o.tls_cert_file is not None and o.tls_key_file is not None
             else None
         )
+        listen = host or o.host
+        if ssl is None and not is_loopback(listen):
+            if not plain_http:
+                raise ConfigError(
+                    f"sites.{site_name}.ops.listen",
+                    f"plain HTTP on {listen}, a non-loopback address: staff passwords and "
+                    "every customer's data would cross the network in clear text. Set "
+                    "tls_cert_file and tls_key_file, listen on 127.0.0.1, or (behind a TLS "
+                    "proxy) pass --plain-http",
+                )
+            log.warning(
+                "event=plaintext_listen site=%s address=%s message=%r",
+                site_name,
+                listen,
+                "SERVING WITHOUT TLS on a non-loopback address (--plain-http): staff "
+                "passwords cross the network in clear text unless a TLS proxy is in front",
+            )
         page = Ops(sites, site_name)
     except ShorelinkError as exc:
         fail(exc)
-    asyncio.run(_serve(page, host or o.host, o.port if port is None else port, ssl))
+    asyncio.run(_serve(page, listen, o.port if port is None else port, ssl))
 
 
 async def _serve(page: Ops, host: str, port: int, ssl: object) -> None:
