@@ -42,6 +42,7 @@ from local_stack.tools import (
     say,
 )
 from shorelink.config import Secret
+from shorelink.files import write_atomic
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.auth import KafkaAuth
 from shorelink.kafka.endpoint import KafkaEndpoint
@@ -347,7 +348,9 @@ def _write_properties(
         names = [client] + [ln.split("://")[0] for ln in listeners["links"].split(",")[1:]]
         secure = _secure_properties(security, site, names)
     rf, isr = node.replication
-    props.write_text(
+    # the admin's password is in it (its JAAS line): readable by its owner only
+    write_atomic(
+        props,
         SERVER_PROPERTIES.format(
             host=HOST,
             node_id=node.node_id,
@@ -363,7 +366,8 @@ def _write_properties(
         )
         + (CLUSTER_PROPERTIES.format(rf=rf, isr=isr) if node.cluster else SINGLE_NODE_PROPERTIES)
         + secure
-        + extra
+        + extra,
+        mode=0o600,
     )
     return props
 

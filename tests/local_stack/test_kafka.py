@@ -107,3 +107,19 @@ def test_brokers_map_the_class_data_archive_setup_made_and_a_damaged_one_is_not_
         timeout=60,
     )
     assert out.returncode == 0 and len(out.stdout.strip().splitlines()[-1]) == 22, out
+
+
+def test_the_admin_password_is_in_no_file_others_can_read(secure_kafka: KafkaBroker) -> None:
+    """Review L1: server.properties holds the super user's password (its JAAS line) and
+    was written with the umask (0644)."""
+    props = Path(secure_kafka.argv[-1])
+    assert props.name == "server.properties"
+    assert secure_kafka.security is not None
+    password = secure_kafka.security.admin_password.encode()
+    assert password in props.read_bytes()
+    readable = [
+        p
+        for p in props.parent.rglob("*")
+        if p.is_file() and p.stat().st_mode & 0o077 and password in p.read_bytes()
+    ]
+    assert not readable, f"the admin password in files others can read: {readable}"
