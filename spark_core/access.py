@@ -37,6 +37,7 @@ from confluent_kafka.admin import (
     ScramCredentialInfo,
     ScramMechanism,
     UserScramCredentialAlteration,
+    UserScramCredentialDeletion,
     UserScramCredentialUpsertion,
 )
 
@@ -105,6 +106,14 @@ def customer_topic_prefix(customer: str) -> str:
     return f"sl.customer.{customer}."
 
 
+#: every user ``access apply`` makes holds DESCRIBE on this topic name (no such topic
+#: exists: the grant gives nothing). It is how a later apply knows a user it made when
+#: the file no longer names it (a staff member who left, a neighbour taken out): that
+#: user's password and every ACL of it are removed. Users made elsewhere have no marker
+#: and are left alone.
+MANAGED_MARKER = "sl.access.managed"
+
+
 @dataclass(frozen=True, order=True)
 class Grant:
     """One ALLOW ACL: ``principal`` may ``operation`` on a resource."""
@@ -159,12 +168,15 @@ class AccessPlan:
         self.grants |= {Grant(principal, resource, name, pattern, op) for op in ops}
 
     def user(self, name: str, password: Secret, what: str) -> None:
+        """A user of the plan, marked as one ``access apply`` manages
+        (:data:`MANAGED_MARKER`)."""
         if not password:
             raise AccessError(f"{what}: no password for {name} (write it as ${{ENV}})")
         old = self.users.get(name)
         if old is not None and old != password:
             raise AccessError(f"{what}: user {name} is named twice with different passwords")
         self.users[name] = password
+        self.allow(name, TOPIC, MANAGED_MARKER, LITERAL, ("DESCRIBE",))
 
 
 @dataclass
@@ -172,18 +184,26 @@ class AccessChanges:
     site: str
     users_created: list[str] = field(default_factory=list)
     passwords_set: list[str] = field(default_factory=list)
+    users_deleted: list[str] = field(default_factory=list)
     added: list[Grant] = field(default_factory=list)
     removed: list[Grant] = field(default_factory=list)
     unchanged: int = 0
 
     @property
     def changed(self) -> bool:
-        return bool(self.users_created or self.passwords_set or self.added or self.removed)
+        return bool(
+            self.users_created
+            or self.passwords_set
+            or self.users_deleted
+            or self.added
+            or self.removed
+        )
 
     def lines(self) -> list[str]:
         return (
             [f"+ user {u}" for u in self.users_created]
             + [f"~ password {u}" for u in self.passwords_set]
+            + [f"- user {u}" for u in self.users_deleted]
             + [f"+ allow {g}" for g in self.added]
             + [f"- allow {g}" for g in self.removed]
         )
@@ -193,6 +213,7 @@ class AccessChanges:
             "site": self.site,
             "users_created": self.users_created,
             "passwords_set": self.passwords_set,
+            "users_deleted": self.users_deleted,
             "added": [str(g) for g in self.added],
             "removed": [str(g) for g in self.removed],
             "unchanged": self.unchanged,
@@ -290,8 +311,10 @@ def apply_access(plan: AccessPlan, admin: KafkaEndpoint, *, dry_run: bool = Fals
     changes = AccessChanges(plan.site)
     try:
         client = Admin(admin)
-        _users(client, plan, admin, changes, dry_run)
-        _acls(client, plan, changes, dry_run)
+        existing = _existing_grants(client)
+        marked = {g.principal for g in existing if g.name == MANAGED_MARKER}
+        _users(client, plan, admin, marked - set(plan.users), changes, dry_run)
+        _acls(client, plan, existing, marked, changes, dry_run)
     except KafkaClientError as exc:
         raise AccessError(
             f"access at {admin.bootstrap} (as {admin.auth.username}): {exc}",
@@ -306,12 +329,19 @@ def _users(
     client: Admin,
     plan: AccessPlan,
     admin: KafkaEndpoint,
+    gone: set[str],
     changes: AccessChanges,
     dry_run: bool,
 ) -> None:
+    """Create or reset the plan's users; delete ``gone`` (made by an earlier apply,
+    no longer in the plan)."""
     described = cast(Future, client.client.describe_user_scram_credentials(None))
     existing = set(client.wait(described, "describing users"))
-    upserts: list[UserScramCredentialAlteration] = []
+    changes.users_deleted = sorted(gone & existing)
+    upserts: list[UserScramCredentialAlteration] = [
+        UserScramCredentialDeletion(user, ScramMechanism.SCRAM_SHA_512)
+        for user in changes.users_deleted
+    ]
     for user, password in sorted(plan.users.items()):
         if user in existing:
             if _password_works(admin.as_user(user, password)):
@@ -340,7 +370,8 @@ def _password_works(kafka: KafkaEndpoint) -> bool:
     return True
 
 
-def _acls(client: Admin, plan: AccessPlan, changes: AccessChanges, dry_run: bool) -> None:
+def _existing_grants(client: Admin) -> set[Grant]:
+    """The ALLOW grants on the Kafka this module could have made."""
     # None: any name, principal, host (the stubs say str; the client takes None)
     anything = AclBindingFilter(
         ResourceType.ANY,
@@ -356,9 +387,22 @@ def _acls(client: Admin, plan: AccessPlan, changes: AccessChanges, dry_run: bool
         grant = _grant_of(b)
         if grant is not None:
             existing.add(grant)
-    managed = set(plan.users) | {
-        g.principal for g in existing if g.principal.startswith(CUSTOMER_PREFIX)
-    }
+    return existing
+
+
+def _acls(
+    client: Admin,
+    plan: AccessPlan,
+    existing: set[Grant],
+    marked: set[str],
+    changes: AccessChanges,
+    dry_run: bool,
+) -> None:
+    managed = (
+        set(plan.users)
+        | marked
+        | {g.principal for g in existing if g.principal.startswith(CUSTOMER_PREFIX)}
+    )
     changes.added = sorted(plan.grants - existing)
     changes.removed = sorted(g for g in existing - plan.grants if g.principal in managed)
     changes.unchanged = len(plan.grants & existing)

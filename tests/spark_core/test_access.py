@@ -25,7 +25,7 @@ from shorelink.contract import H_ORIGIN, H_SEQ, canonical_topic, ingress_topic
 from shorelink.kafka.auth import KafkaAuth
 from shorelink.kafka.reading import read_to_end
 from spark_core.access import AccessPlan, apply_access, plan_access
-from spark_core.config import SitesConfig
+from spark_core.config import Principal, SitesConfig
 from spark_core.merge import Merger, start_merge
 from tests.access_helpers import CUSTOMERS, GROUPS, PASSWORDS, reset_access, secure_sites
 from tests.helpers import eventually, unique, write_toml
@@ -133,6 +133,11 @@ def _read(conf: dict[str, Any], topic: str) -> list[bytes]:
         c.close()
 
 
+#: how the broker refuses a user that no longer exists: its SCRAM handshake fails
+#: (librdkafka reports it as an authentication or a transport error)
+GONE = (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._TRANSPORT)
+
+
 def _refused(conf: dict[str, Any], topic: str) -> int:
     with pytest.raises(KafkaException) as info:
         _read(conf, topic)
@@ -164,20 +169,41 @@ def test_apply_takes_back_what_the_file_no_longer_grants_and_resets_a_password(
     without = plan_access(site.sites, "tokyo", {"acme": CUSTOMERS["acme"]})
     dry = site.apply(without, dry_run=True)
     assert dry.removed and {g.principal for g in dry.removed} == {"customer-globex"}
+    assert dry.users_deleted == ["customer-globex"]
     assert site.apply().unchanged == len(site.plan.grants), "a dry run changes nothing"
     site.apply(without)
-    # its group and its topics are taken back: whichever the broker checks first refuses
-    assert _refused(site.conf("customer-globex"), "sl.customer.globex.containers") in (
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.GROUP_AUTHORIZATION_FAILED,
-    )
+    # the user and its grants are gone: it cannot even log in
+    assert _refused(site.conf("customer-globex"), "sl.customer.globex.containers") in GONE
     new_pw = plan_access(site.sites, "tokyo", {**CUSTOMERS, "acme": Secret("acme-new")})
     changed = site.apply(new_pw)
     assert changed.passwords_set == ["customer-acme"]
+    assert changed.users_created == ["customer-globex"]
     assert {g.principal for g in changed.added} == {"customer-globex"}
     assert _read(site.conf("customer-acme", "acme-new"), "sl.customer.acme.containers")
     restored = site.apply()
     assert restored.passwords_set == ["customer-acme"] and not restored.added
+
+
+def test_a_staff_member_taken_out_of_the_file_loses_the_password_and_every_grant(
+    site: Site,
+) -> None:
+    """Review M7: deleting a ``[[staff]]`` entry (someone who left) left the user and
+    its READ on every topic in place after the next apply, silently. Now the next apply
+    deletes the user it made and every ACL of it; a user made by hand is left alone."""
+    bob = Principal("bob", Secret("bob-pw"))
+    with_bob = dataclasses.replace(site.sites, staff=(*site.sites.staff, bob))
+    added = site.apply(plan_access(with_bob, "tokyo", CUSTOMERS))
+    assert added.users_created == ["bob"]
+    bob_conf = site.broker.endpoint.as_user("bob", bob.password).client_config()
+    bob_conf["group.id"] = unique("bob")
+    assert _read(bob_conf, "sl.customer.acme.containers")
+    dry = site.apply(dry_run=True)
+    assert dry.users_deleted == ["bob"] and {g.principal for g in dry.removed} == {"bob"}
+    gone = site.apply()
+    assert gone.users_deleted == ["bob"]
+    assert {g.principal for g in gone.removed} == {"bob"} and not gone.added
+    assert _refused(bob_conf, "sl.customer.acme.containers") in GONE
+    assert not site.apply().changed, "nothing left to take back"
 
 
 def test_a_customer_reads_its_own_stream_and_nothing_else(site: Site) -> None:
