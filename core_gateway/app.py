@@ -79,7 +79,7 @@ async def _healthz(_request: web.Request) -> web.Response:
 
 async def _readyz(request: web.Request) -> web.Response:
     service: GatewayService = request.app[SERVICE]
-    ok = service.ready.is_set() and await asyncio.to_thread(service.writer.ping)
+    ok = service.ready.is_set() and await service.kafka_reachable()
     body = {"ready": ok, "site": service.cfg.site}
     if service.startup_error:
         body["error"] = service.startup_error

@@ -61,6 +61,11 @@ class GatewayMetrics:
         self.ready = Gauge(
             p + "ready", "1 when holdings are loaded and Kafka reachable", registry=r
         )
+        self.readiness_checks = Counter(
+            p + "readiness_checks",
+            "Kafka asked whether it is reachable, for /readyz (at most one a second)",
+            registry=r,
+        )
 
     def committed(self, batches: int, records: int, seconds: float) -> None:
         """One Kafka transaction committed (called from the writer thread)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
 from typing import Any
 
@@ -41,6 +42,8 @@ log = logging.getLogger(__name__)
 
 #: the most of ``limits.max_inflight_bytes`` one ship holds besides the batch at hand
 SHIP_SHARE = 0.5
+#: /readyz asks Kafka at most this often (seconds)
+READINESS_EVERY_S = 1.0
 
 _WIRE_STATUS = {
     "too_large": 413,
@@ -77,6 +80,10 @@ class GatewayService:
         #: the budget (at most SHIP_SHARE of it)
         self.uploads_by_ship: Counter[str] = Counter()
         self.inflight_by_ship: Counter[str] = Counter()
+        #: the last answer to "is Kafka reachable" (when, whether), and the question
+        #: in flight (kafka_reachable)
+        self._readiness: tuple[float, bool] | None = None
+        self._asking: asyncio.Future[bool] | None = None
         self._recovering: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -307,6 +314,23 @@ class GatewayService:
             raise ApiError(401, "unauthorized", "unknown or revoked token")
         if owner != ship:
             raise ApiError(403, "forbidden", f"this token belongs to ship {owner!r}, not {ship!r}")
+
+    async def kafka_reachable(self) -> bool:
+        """Is Kafka reachable, for ``/readyz``: asked of Kafka at most once every
+        :data:`READINESS_EVERY_S` however many probes come (one question in flight at
+        a time, its answer shared), so an unauthenticated flood of probes loads neither
+        the brokers nor the thread pool."""
+        if (
+            self._readiness is not None
+            and time.monotonic() - self._readiness[0] < READINESS_EVERY_S
+        ):
+            return self._readiness[1]
+        if self._asking is None or self._asking.done():
+            self.metrics.readiness_checks.inc()
+            self._asking = asyncio.ensure_future(asyncio.to_thread(self.writer.ping))
+        ok = await asyncio.shield(self._asking)
+        self._readiness = (time.monotonic(), ok)
+        return ok
 
     def check_ready(self) -> None:
         """503 not_ready while starting, recovering the producer or fenced."""

@@ -207,6 +207,35 @@ async def test_a_peer_that_dribbles_header_bytes_is_cut_at_the_idle_timeout(
         await task
 
 
+async def test_a_flood_of_readiness_probes_asks_kafka_about_once_a_second(
+    gateway: RunningGateway,
+) -> None:
+    """Review L6: every ``/readyz`` (unauthenticated) was a Kafka metadata call in the
+    thread pool. 200 probes at once are all answered, and Kafka is asked once or twice
+    (once a second at most, one question in flight, its answer shared)."""
+
+    async def checks(s: aiohttp.ClientSession) -> float:
+        async with s.get(f"{gateway.url}/metrics") as r:
+            text = await r.text()
+        (line,) = [ln for ln in text.splitlines() if ln.startswith(READINESS_CHECKS)]
+        return float(line.split()[1])
+
+    async with aiohttp.ClientSession() as s:
+        before = await checks(s)
+
+        async def probe() -> int:
+            async with s.get(f"{gateway.url}/readyz") as r:
+                return r.status
+
+        statuses = await asyncio.gather(*(probe() for _ in range(200)))
+        after = await checks(s)
+    assert statuses == [200] * 200
+    assert 0 <= after - before <= 2, f"{after - before:.0f} Kafka checks for 200 probes"
+
+
+READINESS_CHECKS = "shorelink_gateway_readiness_checks_total "
+
+
 async def test_holdings_include_the_ledger_and_first_available_abandons_dropped_seqs(
     gateway: RunningGateway, kafka: KafkaBroker
 ) -> None:
