@@ -7,6 +7,9 @@ import asyncio
 import json
 import logging
 import signal
+import ssl
+import sys
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,6 +28,9 @@ __all__ = ["main", "render_ships"]
 CONFIG = config_option("Gateway", "SHORELINK_GATEWAY_CONFIG")
 
 log = logging.getLogger(__name__)
+
+#: the health check's whole request (the container's HEALTHCHECK gives it 3 s)
+HEALTH_TIMEOUT_S = 2.0
 
 
 def _load(path: Path) -> GatewayConfig:
@@ -67,6 +73,31 @@ def _tls_mode(cfg: GatewayConfig) -> str:
     if cfg.tls_cert_file is None:
         return "off"
     return "mutual" if cfg.client_ca_file is not None else "on"
+
+
+@main.command()
+@CONFIG
+def health(config_path: Path) -> None:
+    """Exit 0 when this host's gateway answers /healthz, 1 when it does not (the
+    container's health check). Over HTTPS when the config has TLS; the gateway's own
+    certificate is not verified there: the probe goes to this host, carries nothing
+    secret and asks only whether the server answers."""
+    cfg = _load(config_path)
+    host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
+    scheme, context = "http", None
+    if cfg.tls_cert_file is not None:
+        scheme, context = "https", ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    netloc = f"[{host}]" if ":" in host else host
+    url = f"{scheme}://{netloc}:{cfg.port}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S, context=context) as r:
+            status = r.status
+    except (OSError, ValueError) as exc:
+        click.echo(f"unhealthy: {url}: {exc}", err=True)
+        sys.exit(1)
+    click.echo(f"ok: {url} answered {status}")
 
 
 @main.command()

@@ -30,12 +30,13 @@ from core_gateway.cli import serve
 from core_gateway.config import GatewayConfig, parse_config
 from core_gateway.errors import GatewayError
 from local_stack.kafka import KafkaBroker
+from local_stack.process import free_port
 from local_stack.tls import Authority, Issued, make_authority
 from shorelink.config import load_toml
 from shorelink.errors import ConfigError
 from shorelink.tls import TlsFile, client_context
 from tests.core_gateway.helpers import batch, gateway_config, ingress_seqs
-from tests.helpers import unique
+from tests.helpers import unique, write_toml
 from tests.tls_helpers import start_tls_gateway, tls_gateway_config
 
 #: one HTTPS gateway for the module: its fixture and the tests that use it share a loop
@@ -185,6 +186,49 @@ async def test_a_ship_that_does_not_trust_the_ports_certificate_is_refused_at_th
     with pytest.raises(aiohttp.ClientConnectorCertificateError):
         await _post(port, port.refused, 1, 5, port.client(ca=port.other.ca_cert))
     assert _written(kafka, port.refused) == []
+
+
+@ON_PORT
+async def test_the_containers_health_check_speaks_tls_to_a_tls_gateway(
+    port: Port, tmp_path: Path
+) -> None:
+    """Review M4: the image's health check asked the TLS port in plain HTTP, so a
+    gateway with TLS was unhealthy forever. ``shorelink-gateway health`` (the image's
+    HEALTHCHECK) reads the config and asks over HTTPS; nothing listening is unhealthy."""
+    cfg = port.cfg
+    assert cfg.tls_cert_file is not None and cfg.tls_key_file is not None
+    listen = {
+        "host": "0.0.0.0",
+        "port": cfg.port,
+        "tls_cert_file": str(cfg.tls_cert_file),
+        "tls_key_file": str(cfg.tls_key_file),
+    }
+    doc = {
+        "site": "tokyo",
+        "credentials_file": str(cfg.credentials_file),
+        "streams": list(cfg.streams),
+        "listen": listen,
+        "kafka": {"bootstrap": cfg.kafka.bootstrap},
+    }
+
+    async def health(listening: dict[str, object]) -> tuple[int | None, str]:
+        path = write_toml(tmp_path / "gateway.toml", {**doc, "listen": listening})
+        argv = [sys.executable, "-m", "core_gateway.cli", "health", "--config", str(path)]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode, out.decode()
+
+    rc, out = await health(listen)
+    assert rc == 0 and f"ok: https://127.0.0.1:{cfg.port}/healthz answered 200" in out, out
+    rc, out = await health({**listen, "port": free_port()})
+    assert rc == 1 and "unhealthy" in out, out
+    containerfile = (SAMPLE.parent / "Containerfile").read_text()
+    assert (
+        'HEALTHCHECK --interval=15s --timeout=3s CMD ["shorelink-gateway", "health"]'
+        in containerfile
+    )
 
 
 @ON_PORT
