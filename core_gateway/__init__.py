@@ -16,6 +16,7 @@ __all__ = [
     "holdings",
     "ingress",
     "ledger",
+    "listen",
     "metrics",
     "service",
     "upload",

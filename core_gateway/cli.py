@@ -123,6 +123,7 @@ async def serve(
     from aiohttp import web
 
     from core_gateway.app import create_app
+    from core_gateway.listen import CappedSite
     from core_gateway.service import GatewayService
 
     ctx = cfg.ssl_context()  # first: a bad certificate is a ConfigError before anything
@@ -131,7 +132,14 @@ async def serve(
         create_app(service), access_log=None, keepalive_timeout=cfg.idle_timeout_s
     )
     await runner.setup()
-    site = web.TCPSite(runner, cfg.host, cfg.port, ssl_context=ctx)
+    site = CappedSite(
+        runner,
+        cfg.host,
+        cfg.port,
+        limit=cfg.max_connections,
+        refused=service.metrics.connections_refused.inc,
+        ssl_context=ctx,
+    )
     await site.start()
     stop = stop or asyncio.Event()
     if install_signals:

@@ -49,6 +49,11 @@ class GatewayConfig:
     idle_timeout_s: float = field(
         default=30.0, metadata=key("listen.idle_timeout", gt=0, why="must be > 0")
     )
+    #: connections open at once, at most (each holds a file descriptor: keep the
+    #: process's limit above it); one more is closed as soon as it is accepted
+    max_connections: int = field(
+        default=1000, metadata=key("listen.max_connections", min=1, max=1_000_000)
+    )
     #: WebSocket uploads: ping this often; a peer that does not answer is dropped
     upload_heartbeat_s: float = field(
         default=20.0, metadata=key("listen.upload_heartbeat", gt=0, why="must be > 0")

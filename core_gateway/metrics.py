@@ -61,6 +61,11 @@ class GatewayMetrics:
         self.ready = Gauge(
             p + "ready", "1 when holdings are loaded and Kafka reachable", registry=r
         )
+        self.connections_refused = Counter(
+            p + "connections_refused",
+            "Connections closed at once: listen.max_connections were open",
+            registry=r,
+        )
         self.readiness_checks = Counter(
             p + "readiness_checks",
             "Kafka asked whether it is reachable, for /readyz (at most one a second)",

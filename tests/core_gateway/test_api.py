@@ -207,6 +207,45 @@ async def test_a_peer_that_dribbles_header_bytes_is_cut_at_the_idle_timeout(
         await task
 
 
+async def test_connections_past_the_limit_are_closed_and_a_freed_one_is_taken(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """Review M3: no bound on open connections (each a file descriptor). With
+    ``listen.max_connections`` 4, four silent connections are held, a fifth is closed
+    at once (counted), and once one of the four goes a ship is served."""
+    cfg = replace(gateway_config(tmp_path, kafka), max_connections=4, idle_timeout_s=60.0)
+    ship = unique("ship")
+    token = Credentials(cfg.credentials_file).add(ship)
+    stop = asyncio.Event()
+    task = await start_gateway(cfg, stop)
+    held: list[asyncio.StreamWriter] = []
+    try:
+        for _ in range(4):
+            held.append((await asyncio.open_connection("127.0.0.1", cfg.port))[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", cfg.port)
+        assert await asyncio.wait_for(reader.read(1024), 10) == b"", "not closed at once"
+        writer.close()
+        held.pop().close()
+        gw = RunningGateway(cfg, f"http://127.0.0.1:{cfg.port}", ship, token)
+        async with aiohttp.ClientSession() as s:
+            status = 0
+            for _ in range(100):  # until the server has seen the freed one go
+                with contextlib.suppress(aiohttp.ClientConnectionError):
+                    status = (await _post(s, gw, batch(ship, 1, 5)))[0]
+                    break
+                await asyncio.sleep(0.1)
+            assert status == 200
+            async with s.get(f"{gw.url}/metrics") as r:
+                text = await r.text()
+        (line,) = [ln for ln in text.splitlines() if ln.startswith(REFUSED)]
+        assert float(line.split()[1]) >= 1
+    finally:
+        for w in held:
+            w.close()
+        stop.set()
+        await task
+
+
 async def test_a_flood_of_readiness_probes_asks_kafka_about_once_a_second(
     gateway: RunningGateway,
 ) -> None:
@@ -234,6 +273,7 @@ async def test_a_flood_of_readiness_probes_asks_kafka_about_once_a_second(
 
 
 READINESS_CHECKS = "shorelink_gateway_readiness_checks_total "
+REFUSED = "shorelink_gateway_connections_refused_total "
 
 
 async def test_holdings_include_the_ledger_and_first_available_abandons_dropped_seqs(
