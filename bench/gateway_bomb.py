@@ -1,6 +1,5 @@
 """Benchmark: the real gateway's memory and its answers to honest ships while one ship
-sends the security review's decompression bomb (``../shared/reviews/security.md``,
-H1), beside the same gateway with no bomb.
+sends the security review's decompression bomb (finding H1), beside the same gateway with no bomb.
 
 All real, on loopback: a single-node Kafka and ``shorelink-gateway``'s server as a
 process of its own (``bench/_stack.py``). ``--ships`` honest ships upload container

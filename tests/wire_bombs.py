@@ -1,5 +1,5 @@
 """Hostile batch bodies built to make a decoder allocate as much as it can for the
-bytes it is charged (``../shared/reviews/security.md``, H1): small zstd frames of
+bytes it is charged (the security review's finding H1): small zstd frames of
 honest length whose columns a naive decoder turns into one Python object per byte.
 Used by the decoder's cost tests and by ``bench/gateway_bomb.py``."""
 

@@ -265,8 +265,11 @@ def test_broker_killed_during_the_merge_canonical_exactly_once(
             assert len(mergers) <= 3, f"the merge failed again and again: {q.exception()}"
             mergers.append(Merger(site))
             q = start_merge(spark, mergers[-1], available_now=True)
-        # most of the backlog was merged while the node was dead, on the other two
-        assert sum(m.totals.written for m in mergers) - written_before >= 1000
+        # the backlog left at the kill was merged while the node was dead, on the other
+        # two: at least half of it (the kill waits for the node to die, and on a loaded
+        # machine the merge is some batches further on by then), up to 1000
+        after = sum(m.totals.written for m in mergers) - written_before
+        assert after >= min(1000, (2100 - written_before) // 2), (written_before, after)
         assert _leader(cluster, canonical_topic(s)) is not victim
     finally:
         if q.isActive:

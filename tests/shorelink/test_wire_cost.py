@@ -1,5 +1,5 @@
 """What decoding a batch costs is bounded by what it is charged for
-(``../shared/reviews/security.md``, H1): bodies of a few hundred bytes built so that
+(the security review's finding H1): bodies of a few hundred bytes built so that
 a naive decoder makes one Python int per body byte (the review's batch made the old
 decoder allocate 57 times the bytes it was charged) stay within
 :func:`shorelink.wire.decode_cost_bound`, measured with tracemalloc (deterministic),
