@@ -22,7 +22,8 @@ from tests.helpers import grows_to, kill9, run_process, write_toml
 def edge_config_doc(tmp_path: Path, broker: MosquittoBroker, **overrides: Any) -> dict[str, Any]:
     """The agent's config on ``broker``, its log in ``tmp_path``: three streams and their
     rules. ``overrides`` replace ``port``, ``client_id``, ``log_path``, ``max_bytes``,
-    ``reserve``, ``max_payload``, ``containers_policy`` or ``synchronous``."""
+    ``reserve``, ``max_payload``, ``containers_policy`` or ``synchronous``, or add the
+    agent's MQTT ``username`` and ``password``."""
     values: dict[str, Any] = {
         "port": broker.port,
         "client_id": f"edge-{tmp_path.name}"[:60],
@@ -34,6 +35,7 @@ def edge_config_doc(tmp_path: Path, broker: MosquittoBroker, **overrides: Any) -
         "synchronous": "full",
     }
     values.update(overrides)
+    login = {k: values[k] for k in ("username", "password") if k in values}
     return {
         "ship": "bigblue",
         "log_level": "info",
@@ -42,6 +44,7 @@ def edge_config_doc(tmp_path: Path, broker: MosquittoBroker, **overrides: Any) -
             "port": values["port"],
             "client_id": values["client_id"],
             "max_payload_bytes": values["max_payload"],
+            **login,
         },
         "log": {
             "path": str(values["log_path"]),

@@ -14,6 +14,7 @@ import random
 import re
 import signal
 import sqlite3
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -31,8 +32,17 @@ from tests.edge_agent.helpers import AgentProcess, write_config
 from tests.helpers import eventually, kill9, run_process
 
 SHIP_CONF = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto" / "ship.conf"
+SHIP_ACL = SHIP_CONF.with_name("shorelink.acl")
 #: the lines of ship.conf that only say where things are on a real ship
-_LOCAL = re.compile(r"^(listener|persistence_location|log_dest|log_type|user)\b")
+_LOCAL = re.compile(
+    r"^(listener|persistence_location|log_dest|log_type|user|password_file|acl_file)\b"
+)
+#: the logins of the sample: the agent (its username is its client id, as the sample's
+#: edge.toml and ACL name it) and a sensor gateway (any other user)
+AGENT = ("shorelink-edge-bigblue", "agent-pw")
+SENSOR = ("logger-deck1", "sensor-pw")
+#: another device on the ship's network, with a login of its own
+INTRUDER = ("logger-deck2", "intruder-pw")
 
 
 class ShipBroker:
@@ -50,6 +60,17 @@ class ShipBroker:
             if not _LOCAL.match(ln) and ln.split(" ")[0] not in overrides
         ]
         kept += [f"{k} {v}" for k, v in overrides.items()]
+        # the sample's logins and its ACL as shipped, the password file made as the
+        # sample says (mosquitto_passwd), readable by its owner only
+        passwd = root / "shorelink.passwd"
+        for i, (user, password) in enumerate((AGENT, SENSOR, INTRUDER)):
+            create = ["-c"] if i == 0 else []
+            subprocess.run(
+                ["mosquitto_passwd", *create, "-b", str(passwd), user, password], check=True
+            )
+        passwd.chmod(0o600)
+        acl = root / "shorelink.acl"
+        acl.write_text(SHIP_ACL.read_text())
         self.conf = root / "mosquitto.conf"
         self.conf.write_text(
             "\n".join(
@@ -57,6 +78,8 @@ class ShipBroker:
                     f"listener {self.port} {self.host}",
                     f"user {getpass.getuser()}",
                     f"persistence_location {data}/",
+                    f"password_file {passwd}",
+                    f"acl_file {acl}",
                     f"log_dest file {root / 'mosquitto.log'}",
                     "log_type error",
                     "log_type warning",
@@ -97,6 +120,18 @@ class ShipBroker:
             self.proc.stop(grace=5)
 
 
+def _agent_config(tmp_path: Path, broker: ShipBroker) -> Path:
+    """The agent as the samples have it: its username its client id."""
+    user, password = AGENT
+    return write_config(
+        tmp_path,
+        broker,  # type: ignore[arg-type]
+        client_id=user,
+        username=user,
+        password=password,
+    )
+
+
 @dataclass
 class CountingSensor:
     """A QoS 1 sensor gateway that numbers its messages and counts the ones the broker
@@ -104,6 +139,7 @@ class CountingSensor:
 
     broker: ShipBroker
     client_id: str
+    login: tuple[str, str] = SENSOR
     acked: set[int] = field(default_factory=set)
     sent: int = 0
 
@@ -115,6 +151,7 @@ class CountingSensor:
             client_id=self.client_id,
             protocol=MQTTProtocolVersion.MQTTv5,
         )
+        c.username_pw_set(*self.login)
         c.max_inflight_messages_set(50)
         c.max_queued_messages_set(0)
         # paho types the delays as int; fractions of a second work
@@ -182,7 +219,7 @@ def run_power_cuts(
 ) -> PowerCutResult:
     broker = ShipBroker(tmp_path / "mosquitto", overrides)
     broker.start()
-    cfg = write_config(tmp_path, broker)  # type: ignore[arg-type]
+    cfg = _agent_config(tmp_path, broker)
     db = tmp_path / "edge.db"
     agent = AgentProcess(cfg, tmp_path / "agent.log")
     sensor = CountingSensor(broker, f"sensor-{tmp_path.name}"[:60])
@@ -297,7 +334,7 @@ def test_broker_restored_from_an_older_file_redelivers_nothing_the_agent_stores_
         tmp_path / "mosquitto", {"autosave_interval": "0", "autosave_on_changes": "false"}
     )
     broker.start()
-    cfg = write_config(tmp_path, broker)  # type: ignore[arg-type]
+    cfg = _agent_config(tmp_path, broker)
     db = tmp_path / "edge.db"
     agent = AgentProcess(cfg, tmp_path / "agent.log")
     sensor = CountingSensor(broker, f"sensor-{tmp_path.name}"[:60])
@@ -338,3 +375,68 @@ def test_broker_restored_from_an_older_file_redelivers_nothing_the_agent_stores_
     assert sensor.sent == first + 60
     assert [n for n, c in stored.items() if c > 1] == [], "stored twice"
     assert set(range(first, sensor.sent)) <= set(stored)
+
+
+def _client(broker: ShipBroker, client_id: str, login: tuple[str, str] | None) -> mqtt.Client:
+    """A device on the ship's network: connects (reconnecting by itself), keeps a
+    session, and records every CONNACK's reason and every message it is given."""
+    c = mqtt.Client(
+        CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5
+    )
+    if login is not None:
+        c.username_pw_set(*login)
+    c.user_data_set({"connacks": [], "got": []})
+    c.on_connect = lambda cl, ud, fl, rc, pr: (
+        ud["connacks"].append(str(rc)),
+        rc.is_failure or cl.subscribe("#", qos=1),
+    )
+    c.on_message = lambda cl, ud, msg: ud["got"].append(msg.payload)
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 3600
+    c.connect(broker.host, broker.port, clean_start=False, properties=props)
+    c.loop_start()
+    return c
+
+
+def test_no_device_on_the_ships_network_takes_the_agents_session(tmp_path: Path) -> None:
+    """Review M8: with the former sample (anonymous clients, any client id) a device
+    connecting with the agent's client id took over its persistent session, and the
+    readings it was given were acknowledged away from the agent's log. With the
+    sample now: an anonymous client is refused; a device with a login of its own gets
+    its username as client id (no takeover) and may not read; the agent stores every
+    reading published meanwhile."""
+    broker = ShipBroker(tmp_path / "mosquitto")
+    broker.start()
+    db = tmp_path / "edge.db"
+    agent = AgentProcess(_agent_config(tmp_path, broker), tmp_path / "agent.log")
+    sensor = CountingSensor(broker, "sensor")
+    devices: list[mqtt.Client] = []
+    try:
+        agent.start()
+        _wait_subscribed(db, sensor)
+        first = sensor.sent
+        devices += [_client(broker, AGENT[0], None), _client(broker, AGENT[0], INTRUDER)]
+        anonymous, intruder = (d.user_data_get() for d in devices)
+        eventually(
+            lambda: anonymous["connacks"] and intruder["connacks"],
+            within=10,
+            what="both devices answered",
+        )
+        assert anonymous["connacks"][0] == "Not authorized"
+        assert intruder["connacks"][0] == "Success"
+        for _ in range(200):
+            sensor.publish()
+        assert sensor.settle() == sensor.sent
+        eventually(
+            lambda: set(range(first, sensor.sent)) <= set(_stored_seqs(db)),
+            within=30,
+            what="every reading in the agent's log",
+        )
+        assert intruder["got"] == [], "a device read the ship's readings"
+    finally:
+        for d in devices:
+            d.loop_stop()
+            d.disconnect()
+        sensor.client.loop_stop()
+        agent.terminate()
+        broker.stop()
