@@ -20,12 +20,31 @@ from core_gateway.cli import serve
 from core_gateway.config import GatewayConfig, parse_config
 from local_stack.kafka import KafkaBroker
 from local_stack.process import Proc, free_port
+from local_stack.tls import make_authority
 from shorelink.contract import H_ORIGIN, H_SEQ, ingress_topic
 from shorelink.kafka.reading import read_to_end
 from shorelink.wire import Batch, WireRecord, encode_batch
 from tests.helpers import eventually, run_process, unique
 
 STREAMS = ("alerts", "nav", "containers")
+#: the shipped sample config
+SAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "gateway" / "gateway.toml"
+
+
+def sample_config(tmp_path: Path) -> Path:
+    """The shipped sample, as an operator installs it: its TLS certificate and key made
+    (by a CA of the test's own) where it names them, its ships file beside it."""
+    authority = make_authority(tmp_path / "tls")
+    server = authority.issue("gateway")
+    text = (
+        SAMPLE.read_text()
+        .replace("/etc/shorelink/tls/gateway.crt", str(server.cert))
+        .replace("/etc/shorelink/tls/gateway.key", str(server.key))
+        .replace("/var/lib/shorelink/ships.json", "ships.json")
+    )
+    config = tmp_path / "gateway.toml"
+    config.write_text(text)
+    return config
 
 
 def gateway_config(

@@ -18,17 +18,15 @@ from hypothesis import strategies as st
 
 from core_gateway.auth import Credentials, ShipCredential
 from core_gateway.cli import main, render_ships
+from tests.core_gateway.helpers import sample_config
 from tests.helpers import eventually
 from tests.strategies import DIGITS, LOWER, words
 
-SAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "gateway" / "gateway.toml"
 names = words(LOWER + DIGITS, LOWER + DIGITS + "_-", 62)
 
 
 def _config(tmp_path: Path) -> Path:
-    config = tmp_path / "gateway.toml"
-    config.write_text(SAMPLE.read_text().replace("/var/lib/shorelink/ships.json", "ships.json"))
-    return config
+    return sample_config(tmp_path)
 
 
 @settings(max_examples=200, deadline=None)
@@ -161,10 +159,16 @@ def test_check_config_warns_where_kafka_is_reached_without_tls(
         assert all(w in lines[0] for w in warned), lines
 
 
-def test_check_config_warns_of_the_sample_listening_in_clear_beyond_loopback(
-    tmp_path: Path,
-) -> None:
-    result = CliRunner().invoke(main, ["check-config", str(_config(tmp_path))])
+def test_check_config_warns_when_the_sample_is_taken_off_tls(tmp_path: Path) -> None:
+    """The sample serves HTTPS on every address (review M4): no warning. Without its
+    TLS files it would serve ships' tokens in clear text beyond loopback: a warning."""
+    config = _config(tmp_path)
+    result = CliRunner().invoke(main, ["check-config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "tls=on" in result.stdout and "warning" not in result.stderr
+    text = config.read_text()
+    config.write_text("\n".join(ln for ln in text.splitlines() if not ln.startswith("tls_")))
+    result = CliRunner().invoke(main, ["check-config", str(config)])
     assert result.exit_code == 0, result.output
     assert "warning: listening on 0.0.0.0:" in result.stderr
 

@@ -35,14 +35,13 @@ from local_stack.tls import Authority, Issued, make_authority
 from shorelink.config import load_toml
 from shorelink.errors import ConfigError
 from shorelink.tls import TlsFile, client_context
-from tests.core_gateway.helpers import batch, gateway_config, ingress_seqs
+from tests.core_gateway.helpers import SAMPLE, batch, gateway_config, ingress_seqs, sample_config
 from tests.helpers import unique, write_toml
-from tests.tls_helpers import start_tls_gateway, tls_gateway_config
+from tests.tls_helpers import start_tls_gateway, tls_gateway_config, trusting
 
 #: one HTTPS gateway for the module: its fixture and the tests that use it share a loop
 ON_PORT = pytest.mark.asyncio(loop_scope="module")
 
-SAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "gateway" / "gateway.toml"
 #: the tests' batches go to this stream (a small topic to read back)
 STREAM = "alerts"
 
@@ -308,6 +307,37 @@ async def test_a_certificate_never_vouches_for_another_ship(port: Port, kafka: K
     assert _written(kafka, port.refused) == []
 
 
+async def test_the_documented_certificate_script_makes_files_a_ship_verifies(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """``deploy/gateway/make-tls.sh`` (docs/gateway-api.md, "TLS"): its files load as
+    the gateway's, a ship trusting only its ``ca.crt`` verifies the gateway by the host
+    it was made for, and the keys are its owner's alone."""
+    script = SAMPLE.with_name("make-tls.sh")
+    made = await asyncio.create_subprocess_exec(
+        str(script), "127.0.0.1", str(tmp_path / "tls"), stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await asyncio.wait_for(made.communicate(), 60)
+    assert made.returncode == 0, err.decode()
+    tls = tmp_path / "tls"
+    assert all((tls / f).stat().st_mode & 0o077 == 0 for f in ("ca.key", "gateway.key"))
+    cfg = replace(
+        gateway_config(tmp_path, kafka),
+        tls_cert_file=tls / "gateway.crt",
+        tls_key_file=tls / "gateway.key",
+        decode_workers=0,
+    )
+    stop = asyncio.Event()
+    task = await start_tls_gateway(cfg, tls / "ca.crt", stop)  # /readyz over verified TLS
+    try:
+        url = f"https://127.0.0.1:{cfg.port}/healthz"
+        async with aiohttp.ClientSession() as s, s.get(url, ssl=trusting(tls / "ca.crt")) as r:
+            assert r.status == 200
+    finally:
+        stop.set()
+        await task
+
+
 # -- configuration ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def authority(tmp_path_factory: pytest.TempPathFactory) -> Authority:
@@ -367,12 +397,12 @@ def test_check_config_names_the_bad_key_and_fails(authority: Authority, tmp_path
     text = (
         SAMPLE.read_text()
         .replace(
-            '# tls_cert_file = "/etc/shorelink/tls/gateway.crt"',
-            f'tls_cert_file = "{server.cert}"',
+            '"/etc/shorelink/tls/gateway.crt"',
+            f'"{server.cert}"',
         )
         .replace(
-            '# tls_key_file = "/etc/shorelink/tls/gateway.key"',
-            f'tls_key_file = "{authority.issue("other").key}"',
+            '"/etc/shorelink/tls/gateway.key"',
+            f'"{authority.issue("other").key}"',
         )
     )
     config = tmp_path / "gateway.toml"
@@ -410,8 +440,7 @@ def test_a_hand_edited_requirement_that_is_not_a_boolean_is_refused(tmp_path: Pa
 
 
 def test_ships_client_cert_sets_the_requirement_and_keeps_the_token(tmp_path: Path) -> None:
-    config = tmp_path / "gateway.toml"
-    config.write_text(SAMPLE.read_text().replace("/var/lib/shorelink/ships.json", "ships.json"))
+    config = sample_config(tmp_path)
     creds = Credentials(tmp_path / "ships.json")
     token = creds.add("bigblue")
     runner = CliRunner()
