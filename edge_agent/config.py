@@ -9,6 +9,7 @@ every table from those declarations. The fully commented sample is
 from __future__ import annotations
 
 import logging
+import os
 import ssl
 import stat
 from dataclasses import dataclass, field, replace
@@ -337,11 +338,19 @@ def _uplink(s: Section, base: Path | None) -> UplinkConfig:
 
 def _read_token(path: Path, field_name: str) -> Secret:
     try:
-        mode = path.stat().st_mode
+        st = path.stat()
+        mode = st.st_mode
         if mode & stat.S_IROTH:
             raise ConfigError(
                 field_name,
                 f"{path} is world-readable (mode {stat.S_IMODE(mode):o}): chmod o-r it first",
+            )
+        # group-readable only by the agent's own group (the unit's Group=)
+        if mode & stat.S_IRGRP and st.st_gid != os.getegid():
+            raise ConfigError(
+                field_name,
+                f"{path} is readable by group {st.st_gid}, not the agent's own "
+                f"({os.getegid()}; mode {stat.S_IMODE(mode):o}): chmod g-r it or chgrp it",
             )
         token = path.read_text().strip()
     except OSError as exc:

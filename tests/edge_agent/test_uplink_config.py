@@ -107,9 +107,14 @@ def test_token_file_must_not_be_world_readable(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="world-readable") as exc:
         parse_config(data)
     assert exc.value.field == "uplink.token_file"
-    os.chmod(token, 0o640)
+    os.chmod(token, 0o640)  # its group: the agent's own
     cfg = parse_config(data)
     assert cfg.uplink.token.value == "tok-123" and "tok-123" not in repr(cfg)
+    # review L10: readable by a group that is not the agent's (here: another gid)
+    os.chown(token, -1, os.getegid() + 1)
+    with pytest.raises(ConfigError, match="readable by group") as exc:
+        parse_config(data)
+    assert exc.value.field == "uplink.token_file"
 
 
 def test_token_file_relative_to_config_and_exclusive_with_token(tmp_path: Path) -> None:
