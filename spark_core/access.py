@@ -237,6 +237,12 @@ def plan_access(
         plan.user(who, password, f"customers.{name}")
         plan.allow(who, TOPIC, customer_topic_prefix(name), PREFIXED, _READ)
         plan.allow(who, GROUP, customer_group_prefix(name), PREFIXED, ("READ", "DESCRIBE"))
+    if s.ops.kafka_username:
+        # the operations page: reads, never writes (its group: the follower's name)
+        who = s.ops.kafka_username
+        plan.user(who, s.ops.kafka_password, f"sites.{site}.ops.kafka")
+        plan.allow(who, TOPIC, "sl.", PREFIXED, (*_READ, "DESCRIBE_CONFIGS"))
+        plan.allow(who, GROUP, f"shorelink-ops-{site}", LITERAL, ("READ", "DESCRIBE"))
     for i, p in enumerate(sites.staff):
         plan.user(p.username, p.password, f"staff[{i}]")
         plan.allow(p.username, TOPIC, "*", LITERAL, (*_READ, "DESCRIBE_CONFIGS"))

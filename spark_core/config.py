@@ -157,6 +157,13 @@ class OpsConfig:
     refresh_s: float = field(default=1.0, metadata=key("refresh", min=0.1, max=60))
     #: the newest records of ``sl.alerts`` and ``sl.nav`` read at start, per partition
     tail: int = field(default=2000, metadata=key(min=1, max=1_000_000))
+    #: the page's own Kafka principal, read-only (``access apply`` makes it: READ on
+    #: ``sl.*``); "": the page reads as the site application, which may also write
+    #: (said at start)
+    kafka_username: str = field(default="", metadata=key("kafka.username"))
+    kafka_password: Secret = field(
+        default=Secret(""), metadata=key("kafka.password", kind="secret")
+    )
 
 
 @dataclass(frozen=True)

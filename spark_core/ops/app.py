@@ -33,6 +33,7 @@ import aiohttp
 from aiohttp import web
 
 from shorelink import strict_json
+from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.tls import TlsFile, client_context
 from spark_core.config import SitesConfig
 from spark_core.ops.coast import coastlines
@@ -59,7 +60,7 @@ class Ops:
         c = self.cfg
         self.follower = follower or SiteFollower(
             site,
-            c.kafka,
+            self.kafka_endpoint(),
             c.streams,
             report_stream=c.ops.report_stream,
             tail=c.ops.tail,
@@ -84,6 +85,22 @@ class Ops:
         #: grows whenever the snapshot's facts change
         self.version = 0
         self._changed = asyncio.Event()
+
+    def kafka_endpoint(self) -> KafkaEndpoint:
+        """How the page reads Kafka: as its own read-only principal (``[sites.S.ops.kafka]``),
+        else as the site application (said at start: the web-facing process then holds
+        a password that may write)."""
+        o, c = self.cfg.ops, self.cfg
+        if o.kafka_username:
+            return c.kafka.as_user(o.kafka_username, o.kafka_password)
+        log.warning(
+            "event=ops_reads_as_the_application site=%s message=%r",
+            self.site,
+            "the page reads Kafka as the site application, a principal that may write: "
+            "give it its own read-only one ([sites.S.ops.kafka] username and password, "
+            "then access apply)",
+        )
+        return c.kafka
 
     # -- building ----------------------------------------------------------------------
     def build(self) -> dict[str, Any]:

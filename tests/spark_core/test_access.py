@@ -27,6 +27,7 @@ from shorelink.kafka.reading import read_to_end
 from spark_core.access import AccessPlan, apply_access, plan_access
 from spark_core.config import Principal, SitesConfig
 from spark_core.merge import Merger, start_merge
+from spark_core.ops.app import Ops
 from tests.access_helpers import CUSTOMERS, GROUPS, PASSWORDS, reset_access, secure_sites
 from tests.helpers import eventually, unique, write_toml
 from tests.spark_core.helpers import record
@@ -204,6 +205,34 @@ def test_a_staff_member_taken_out_of_the_file_loses_the_password_and_every_grant
     assert {g.principal for g in gone.removed} == {"bob"} and not gone.added
     assert _refused(bob_conf, "sl.customer.acme.containers") in GONE
     assert not site.apply().changed, "nothing left to take back"
+
+
+def test_the_operations_page_reads_as_its_own_principal_which_cannot_write(
+    site: Site,
+) -> None:
+    """Review M6: the web-facing page read Kafka as the site application, a principal
+    that may write and delete the canonical topics. With ``[sites.S.ops.kafka]`` it
+    reads as its own, which ``access apply`` makes read-only: it reads the canonical
+    topics and writes nothing."""
+    tokyo = site.sites.site("tokyo")
+    ops_cfg = dataclasses.replace(
+        tokyo.ops, kafka_username="ops-tokyo", kafka_password=Secret("ops-tokyo-pw")
+    )
+    sites = dataclasses.replace(
+        site.sites,
+        sites={**site.sites.sites, "tokyo": dataclasses.replace(tokyo, ops=ops_cfg)},
+    )
+    added = site.apply(plan_access(sites, "tokyo", CUSTOMERS))
+    assert added.users_created == ["ops-tokyo"]
+    try:
+        page = Ops(sites, "tokyo").kafka_endpoint()
+        assert page.auth.username == "ops-tokyo"
+        conf = {**page.client_config(), "group.id": "shorelink-ops-tokyo"}
+        topic = canonical_topic("containers")
+        assert _read(conf, topic)
+        assert _produce(conf, topic).code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    finally:
+        assert site.apply().users_deleted == ["ops-tokyo"]
 
 
 def test_a_customer_reads_its_own_stream_and_nothing_else(site: Site) -> None:
