@@ -139,6 +139,23 @@ def _read(conf: dict[str, Any], topic: str) -> list[bytes]:
 GONE = (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED, KafkaError._TRANSPORT)
 
 
+def _login_refused(conf: dict[str, Any]) -> bool:
+    """Whether the broker refuses ``conf``'s login (asked as it happens, by the client's
+    error callback: a metadata request of a client that cannot log in only times out)."""
+    errors: list[KafkaError] = []
+    c = Consumer({**conf, "error_cb": errors.append, "group.id": unique("login")})
+    try:
+        eventually(
+            lambda: c.poll(0.2) is None and any(e.code() in GONE for e in errors),
+            within=30,
+            what="the login refused",
+            interval=0,
+        )
+        return True
+    finally:
+        c.close()
+
+
 def _refused(conf: dict[str, Any], topic: str) -> int:
     with pytest.raises(KafkaException) as info:
         _read(conf, topic)
@@ -174,7 +191,7 @@ def test_apply_takes_back_what_the_file_no_longer_grants_and_resets_a_password(
     assert site.apply().unchanged == len(site.plan.grants), "a dry run changes nothing"
     site.apply(without)
     # the user and its grants are gone: it cannot even log in
-    assert _refused(site.conf("customer-globex"), "sl.customer.globex.containers") in GONE
+    assert _login_refused(site.conf("customer-globex"))
     new_pw = plan_access(site.sites, "tokyo", {**CUSTOMERS, "acme": Secret("acme-new")})
     changed = site.apply(new_pw)
     assert changed.passwords_set == ["customer-acme"]
@@ -203,7 +220,7 @@ def test_a_staff_member_taken_out_of_the_file_loses_the_password_and_every_grant
     gone = site.apply()
     assert gone.users_deleted == ["bob"]
     assert {g.principal for g in gone.removed} == {"bob"} and not gone.added
-    assert _refused(bob_conf, "sl.customer.acme.containers") in GONE
+    assert _login_refused(bob_conf)
     assert not site.apply().changed, "nothing left to take back"
 
 
