@@ -61,17 +61,26 @@ async def test_every_counted_message_reaches_the_broker_once_with_qos1(
     plan = plan_voyage(["s1", "s2"], speed=300_000, containers=4, start_wall=time.time() + 1.5)
     events = tmp_path / "events.jsonl"
     got: list[aiomqtt.Message] = []
+    end = asyncio.Event()
     async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="test-sub") as sub:
         await sub.subscribe("bigblue/#", qos=1)
 
         async def collect() -> None:
             async for m in sub.messages:
-                got.append(m)
+                if str(m.topic) == "bigblue/test/end":
+                    end.set()
+                else:
+                    got.append(m)
 
         reader = asyncio.create_task(collect())
         brokers = {"s1": ("127.0.0.1", mosquitto.port), "s2": ("127.0.0.1", mosquitto.port)}
         stats = await asyncio.wait_for(run_fleet(plan, brokers, events=events), timeout=60)
-        await asyncio.sleep(1.0)
+        # the broker delivers to one subscriber in order: once a marker published after
+        # the fleet is done arrives, everything the fleet sent (and any duplicate) is here,
+        # however far behind a loaded machine keeps the subscriber
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port, identifier="test-end") as pub:
+            await pub.publish("bigblue/test/end", b"", qos=1)
+        await asyncio.wait_for(end.wait(), timeout=60)
         reader.cancel()
     sent = sum(s.messages for s in stats.ships.values())
     assert sent > 100 and len(got) == sent
