@@ -47,6 +47,7 @@ from _stack import Stack, start_role
 
 from local_stack.mosquitto import start_mosquitto
 from local_stack.process import Proc
+from shorelink.files import write_atomic
 
 SHIP = "bigblue"
 DAY_START = 1_767_268_800.0  # 2026-01-01T12:00:00Z: the day crosses one UTC midnight
@@ -168,16 +169,15 @@ class Bench:
         broker = start_mosquitto(SHIP, self.work / "mosquitto", self.work / "logs")
         self.procs.append(broker.proc)
         config = self.work / "edge.toml"
-        config.write_text(
-            edge_toml(
-                self.work,
-                broker.port,
-                self.stack.gw_url,
-                self.stack.tokens[SHIP],
-                a.budget,
-                a.log_bytes,
-            )
+        text = edge_toml(
+            self.work,
+            broker.port,
+            self.stack.gw_url,
+            self.stack.tokens[SHIP],
+            a.budget,
+            a.log_bytes,
         )
+        write_atomic(config, text, mode=0o600)  # it holds the ship's token
         agent = start_role(
             __file__, "agent", "agent", config, self.work / "logs", "--speed", str(a.speed)
         )

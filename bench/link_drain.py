@@ -94,6 +94,7 @@ from edge_agent.gateway import SendResult
 from edge_agent.log import EdgeLog, Incoming
 from local_stack.process import Proc, free_port
 from shorelink.errors import ShorelinkError
+from shorelink.files import write_atomic
 from shorelink.ranges import RangeSet
 from shorelink.wire import peek_header
 
@@ -337,7 +338,7 @@ class Bench:
         }
         path = self.work / ship / "edge.toml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(tomli_w.dumps(config))
+        write_atomic(path, tomli_w.dumps(config), mode=0o600)  # it holds the ship's token
         return path
 
     def prefill(self, config: Path, n: int) -> None:

@@ -9,9 +9,7 @@ every table from those declarations. The fully commented sample is
 from __future__ import annotations
 
 import logging
-import os
 import ssl
-import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -30,6 +28,7 @@ from shorelink.config import (
 from shorelink.config import load_config as load_file
 from shorelink.contract import MAX_RECORD_BYTES
 from shorelink.errors import ConfigError
+from shorelink.files import read_private
 from shorelink.tls import TlsFile, client_context, is_loopback
 from shorelink.wire import DEFAULT_LIMITS
 
@@ -327,6 +326,7 @@ def _log(s: Section, base: Path | None) -> LogConfig:
 
 def _uplink(s: Section, base: Path | None) -> UplinkConfig:
     out = read(UplinkConfig, s, base=base)
+    bool(out.token)  # resolved now: the agent uses it (an unset variable is named here)
     if out.token_file is not None:
         if out.token:
             raise ConfigError(s.field("token"), "set token or token_file, not both")
@@ -337,24 +337,7 @@ def _uplink(s: Section, base: Path | None) -> UplinkConfig:
 
 
 def _read_token(path: Path, field_name: str) -> Secret:
-    try:
-        st = path.stat()
-        mode = st.st_mode
-        if mode & stat.S_IROTH:
-            raise ConfigError(
-                field_name,
-                f"{path} is world-readable (mode {stat.S_IMODE(mode):o}): chmod o-r it first",
-            )
-        # group-readable only by the agent's own group (the unit's Group=)
-        if mode & stat.S_IRGRP and st.st_gid != os.getegid():
-            raise ConfigError(
-                field_name,
-                f"{path} is readable by group {st.st_gid}, not the agent's own "
-                f"({os.getegid()}; mode {stat.S_IMODE(mode):o}): chmod g-r it or chgrp it",
-            )
-        token = path.read_text().strip()
-    except OSError as exc:
-        raise ConfigError(field_name, f"cannot read {path}: {exc.strerror or exc}") from None
+    token = read_private(path, field_name).decode(errors="replace").strip()
     if not token:
         raise ConfigError(field_name, f"{path} is empty")
     return Secret(token)
@@ -468,5 +451,10 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
 
 
 def load_config(path: str | Path) -> EdgeConfig:
-    """Load and validate; relative paths in the file are relative to the file."""
-    return load_file(path, parse_config)
+    """Load and validate; relative paths in the file are relative to the file. A file
+    that holds the token itself (``uplink.token`` without ``${ENV}``) must be as private
+    as a token file (review L10)."""
+    cfg = load_file(path, parse_config)
+    if cfg.uplink.token.in_file:
+        read_private(Path(path), "uplink.token")
+    return cfg

@@ -57,19 +57,50 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-@dataclass(frozen=True)
 class Secret:
-    """A credential: compares and hashes normally, prints as ``Secret('***')``."""
+    """A credential: prints as ``Secret('***')``, never as its value.
 
-    value: str
+    ``Secret(text)`` holds a literal. One read from a config file
+    (:meth:`Section.secret`) keeps its ``${ENV}`` references unresolved until
+    :attr:`value` is read: a process resolves only the secrets it uses, so the
+    operations page or a customer's consumer loads the whole sites file without the
+    admin's or a neighbour's password in its environment (review M6). A variable that
+    is not set is then a :class:`~shorelink.errors.ConfigError` naming the field, at
+    the first use. Equal secrets have equal values."""
+
+    __slots__ = ("_field", "_text")
+
+    def __init__(self, text: str, *, field: str | None = None) -> None:
+        #: as written; with ``field`` set, ``${ENV}`` references are resolved at use
+        self._text = text
+        self._field = field
+
+    @property
+    def value(self) -> str:
+        if self._field is None:
+            return self._text
+        return expand_env(self._text, self._field)
+
+    @property
+    def in_file(self) -> bool:
+        """Read from a config file that holds the value itself (no ``${ENV}``): that
+        file is then as secret as the value."""
+        return self._field is not None and bool(self._text) and not _ENV_RE.search(self._text)
 
     def __repr__(self) -> str:
-        return "Secret('***')" if self.value else "Secret('')"
+        return "Secret('***')" if self._text else "Secret('')"
 
     __str__ = __repr__
 
     def __bool__(self) -> bool:
+        """Whether the value is not empty (an unset ``${VAR:-}`` is empty)."""
         return bool(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
 
 
 def expand_env(value: str, field: str) -> str:
@@ -184,7 +215,7 @@ class Section:
 
     def secret(self, key: str) -> Secret:
         v = self._get(key, "", str, "a string")
-        return Secret(expand_env(v, self.field(key)))
+        return Secret(v, field=self.field(key))
 
     def integer(
         self, key: str, default: Any = None, *, min: int | None = None, max: int | None = None

@@ -11,10 +11,37 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_atomic", "write_json_atomic"]
+from shorelink.errors import ConfigError
+
+__all__ = ["read_private", "write_atomic", "write_json_atomic"]
+
+
+def read_private(path: Path, field: str) -> bytes:
+    """The bytes of a file that holds a secret (a token, password hashes), refused with
+    a :class:`ConfigError` naming ``field`` when others may read it: world-readable, or
+    group-readable by a group other than this process's own (a unit's ``Group=``)."""
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            mode = st.st_mode
+            if mode & stat.S_IROTH:
+                raise ConfigError(
+                    field,
+                    f"{path} is world-readable (mode {stat.S_IMODE(mode):o}): chmod o-r it first",
+                )
+            if mode & stat.S_IRGRP and st.st_gid != os.getegid():
+                raise ConfigError(
+                    field,
+                    f"{path} is readable by group {st.st_gid}, not this process's own "
+                    f"({os.getegid()}; mode {stat.S_IMODE(mode):o}): chmod g-r it or chgrp it",
+                )
+            return f.read()
+    except OSError as exc:
+        raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o666) -> None:

@@ -139,8 +139,8 @@ class StreamPolicy:
 @dataclass(frozen=True)
 class OpsConfig:
     """The site's operations page (``[sites.S.ops]``; ``shorelink ops``,
-    docs/operations.md). Who may see it: the ``[[staff]]`` principals, with their Kafka
-    passwords (HTTP Basic; over TLS when ``tls_cert_file`` is set)."""
+    docs/operations.md). Who may see it: the logins of ``users_file`` (its own, made by
+    ``shorelink ops-users``; HTTP Basic, over TLS when ``tls_cert_file`` is set)."""
 
     host: str = field(default="127.0.0.1", metadata=key("listen.host"))
     port: int = field(default=8090, metadata=key("listen.port", min=0, max=65535))
@@ -151,6 +151,9 @@ class OpsConfig:
     #: ``/metrics`` the page reads; its certificate verified against ``gateway_ca_file``
     gateway: str = ""
     gateway_ca_file: Path | None = None
+    #: the page's own logins, hashed (``shorelink ops-users add NAME``; never Kafka
+    #: passwords); unset: the page is open, which it allows on a loopback address only
+    users_file: Path | None = None
     #: the ships' report stream (edge ``[report] stream``)
     report_stream: str = "agent"
     #: how often the page is brought up to date

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shorelink.config import Secret, check_name_field, expand_env, load_toml
+from shorelink.config import Secret, check_name_field, load_toml
 from shorelink.errors import ConfigError
 
 __all__ = [
@@ -235,7 +235,7 @@ def parse_customers(data: Mapping[str, Any], source: str = "customers") -> Custo
             tuple(codes),
             tuple(leases),
             tuple(streams),
-            Secret(expand_env(password, f"{where}.password")),
+            Secret(password, field=f"{where}.password"),
         )
     return Customers(out)
 

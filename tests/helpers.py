@@ -18,6 +18,7 @@ from typing import Any
 import tomli_w
 
 from local_stack.process import Proc
+from shorelink.files import write_atomic
 
 __all__ = [
     "eventually",
@@ -37,8 +38,10 @@ def unique(prefix: str) -> str:
 
 def write_toml(path: Path, doc: dict[str, Any]) -> Path:
     """Write a deployable's config file from ``doc`` (tomli-w quotes and escapes every
-    value, as voyage/configs.py does); tests about particular TOML text write it as text."""
-    path.write_text(tomli_w.dumps(doc))
+    value, as voyage/configs.py does), mode 0600 as a config that holds a secret must be
+    (``edge_agent`` refuses a token in a file others may read); tests about particular
+    TOML text write it as text."""
+    write_atomic(path, tomli_w.dumps(doc), mode=0o600)
     return path
 
 

@@ -167,6 +167,8 @@ def _site(root: Path, s: SiteEndpoints, ca_file: Path) -> dict[str, Any]:
     }
     if s.ops_port:
         site["ops"] = {
+            # its logins: `shorelink ops-users add` at launch (voyage/launch.py)
+            "users_file": str(root / name / "ops-users"),
             "gateway": f"https://127.0.0.1:{s.gateway_port}",
             "gateway_ca_file": str(ca_file),
             "refresh": "1s",

@@ -29,6 +29,7 @@ from local_stack.mosquitto import start_mosquitto
 from local_stack.process import Proc, free_ports, port_open, stop_procs
 from local_stack.stack import HOST, StackInfo, down
 from local_stack.toxiproxy import Toxiproxy, start_toxiproxy
+from shorelink.files import write_atomic
 from voyage.configs import (
     ShipEndpoints,
     SiteEndpoints,
@@ -38,7 +39,7 @@ from voyage.configs import (
     sites_config,
 )
 from voyage.customers import CUSTOMERS, READER, client_config, customers_config
-from voyage.security import VoyageSecurity, env_var
+from voyage.security import STAFF, VoyageSecurity, env_var
 from voyage.topology import HQ, PORTS, SITES, neighbours, ship_link, site_link
 
 __all__ = ["Launched", "launch"]
@@ -319,6 +320,15 @@ def launch(
             )
 
         say(f"starting {HQ}'s operations page: {launched.ops_url}")
+        login = _python("shorelink.cli", "ops-users", "add", STAFF, "--password-stdin")
+        subprocess.run(
+            [*login, "--site", HQ, "--config", str(launched.sites_toml)],
+            input=sec.password("ops_login", STAFF) + "\n",
+            text=True,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
         launched.record(
             Proc.start(
                 f"ops:{HQ}",
@@ -333,16 +343,14 @@ def launch(
             root = dir / "ships" / ship
             cert = sec.authority.issue(ship, client=True)  # the ship's, for mutual TLS
             path = root / "edge.toml"
-            path.write_text(
-                edge_config(
-                    launched.ships[ship],
-                    root,
-                    tokens[ship],
-                    Tls(sec.ca_file, cert.cert, cert.key),
-                    satellite_budget=SATELLITE_BUDGET,
-                )
+            text = edge_config(
+                launched.ships[ship],
+                root,
+                tokens[ship],
+                Tls(sec.ca_file, cert.cert, cert.key),
+                satellite_budget=SATELLITE_BUDGET,
             )
-            path.chmod(0o600)  # it holds the ship's token
+            write_atomic(path, text, mode=0o600)  # it holds the ship's token: never 0644
             launched.edge_toml[ship] = path
             launched.record(
                 Proc.start(

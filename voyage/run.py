@@ -42,7 +42,7 @@ from voyage.live import LiveState, ShipRow, progress_line, render
 from voyage.observe import EdgeSample, SiteWatch, edge_metrics, query_level_with
 from voyage.ops import OpsReader
 from voyage.report import Observed, build_report
-from voyage.security import STAFF
+from voyage.security import STAFF, env_var
 from voyage.summary import summary_text
 from voyage.topology import HQ, OUTAGE, SITES
 
@@ -470,7 +470,7 @@ class Voyage:
         assert self.launched is not None and self.launched.security is not None
         self.say(f"reading {HQ}'s operations page {self.launched.ops_url}")
         page = OpsReader(
-            self.launched.ops_url, STAFF, self.launched.security.password("staff", STAFF)
+            self.launched.ops_url, STAFF, self.launched.security.password("ops_login", STAFF)
         )
         summary = page.summary(self.ships)
         shot = self.dir / "ops.png"
@@ -568,8 +568,8 @@ def keep_help(launched: Launched, ships: list[str]) -> str:
             f"  shorelink audit --all-sites --config {cfg}",
             f"  shorelink-edge status --config {launched.edge_toml[ships[0]]}",
             f"  shorelink-spark status --site hq --config {cfg}",
-            f"  open {launched.ops_url} (HQ's operations page; staff: {STAFF}, password in"
-            " secrets.env)",
+            f"  open {launched.ops_url} (HQ's operations page; login: {STAFF}, password"
+            f" {env_var('ops_login', STAFF)} in secrets.env)",
             f"  shorelink-spark query container-history --site hq --config {cfg} --container ID",
         ]
     )

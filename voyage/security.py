@@ -21,7 +21,8 @@ from local_stack.tls import Authority, Issued, make_authority
 
 __all__ = ["STAFF", "VoyageSecurity", "env_var"]
 
-#: the staff principal the voyage's observers read as
+#: the staff principal the voyage's observers read as, and their login to the
+#: operations page (its own password: ``env_var("ops_login", STAFF)``)
 STAFF = "ops"
 
 
@@ -40,7 +41,8 @@ class VoyageSecurity:
     @classmethod
     def create(cls, dir: Path, variables: list[str]) -> VoyageSecurity:
         sec = cls(make_authority(dir / "tls", "shorelink voyage CA"))
-        for var in [env_var("kafka_admin"), env_var("staff", STAFF), *variables]:
+        own = [env_var("kafka_admin"), env_var("staff", STAFF), env_var("ops_login", STAFF)]
+        for var in [*own, *variables]:
             sec.passwords[var] = secrets.token_urlsafe(18)
         os.environ.update(sec.passwords)
         write_secrets(dir, sec.passwords)  # the stack's secrets file, as `stack up` keeps it

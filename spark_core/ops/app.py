@@ -9,11 +9,11 @@
   change (at most every ``ops.refresh``) and a comment every 15 s to keep proxies open;
 - ``/healthz``: the process answers (no credentials needed).
 
-Read-only: every route is a GET. Who may look: the ``[[staff]]`` principals, with the
-passwords they have at the site's Kafka (HTTP Basic, compared in constant time); with
-no ``[[staff]]`` the page is open, and says so in its log at start. Staff whose
-passwords resolve empty leave it closed (nobody can log in as them), never open. With
-``listen.tls_cert_file`` it is served over HTTPS.
+Read-only: every route is a GET. Who may look: the logins of ``ops.users_file``, the
+page's own (spark_core/ops/users.py: scrypt hashes, never Kafka passwords; HTTP Basic).
+Without a users file the page is open, says so in its log at start, and ``shorelink
+ops`` allows that on a loopback address only; a users file that names no one leaves it
+closed, never open. With ``listen.tls_cert_file`` it is served over HTTPS.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import hmac
 import importlib.resources
 import logging
 import time
@@ -38,6 +37,7 @@ from shorelink.tls import TlsFile, client_context
 from spark_core.config import SitesConfig
 from spark_core.ops.coast import coastlines
 from spark_core.ops.follow import SiteFollower
+from spark_core.ops.users import OpsUsers
 from spark_core.ops.view import alerts_view, gateway_view, map_view, ships_view, site_view
 from spark_core.status import read_status
 
@@ -65,18 +65,18 @@ class Ops:
             report_stream=c.ops.report_stream,
             tail=c.ops.tail,
         )
-        self.staff = {p.username: p.password.value for p in sites.staff if p.password}
-        #: open to whoever reaches it only when the file names no staff at all: staff
-        #: whose passwords resolved empty (an unset ``${VAR:-}``) can log in as no one
-        self.open = not sites.staff
-        for p in sites.staff:
-            if not p.password:
-                log.warning(
-                    "event=ops_staff_without_password site=%s staff=%s message=%r",
-                    site,
-                    p.username,
-                    "its password is empty: it cannot log in (the page stays closed)",
-                )
+        f = c.ops.users_file
+        self.users = OpsUsers(f, f"sites.{site}.ops.users_file") if f is not None else None
+        #: open to whoever reaches it only without a users file: one that names no one
+        #: lets no one in
+        self.open = self.users is None
+        if self.users is not None and not self.users.names:
+            log.warning(
+                "event=ops_no_users site=%s path=%s message=%r",
+                site,
+                f,
+                "the users file names no one: nobody can log in (shorelink ops-users add)",
+            )
         self.gateway: dict[str, Any] | None = (
             gateway_view(c.ops.gateway, None, "not read yet") if c.ops.gateway else None
         )
@@ -211,7 +211,7 @@ def make_app(ops: Ops, *, follow: bool = True) -> web.Application:
         log.warning(
             "event=ops_open site=%s message=%r",
             ops.site,
-            "no [[staff]] in the sites file: the page is open to whoever reaches it",
+            "no ops.users_file: the page is open to whoever reaches it",
         )
     return app
 
@@ -228,10 +228,10 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         )
     if ops.open or request.path == "/healthz":
         return await handler(request)
-    user = _basic_user(request.headers.get("Authorization", ""), ops.staff)
-    if user is None:
+    login = _basic_login(request.headers.get("Authorization", ""))
+    if login is None or ops.users is None or not await ops.users.check(*login):
         return web.json_response(
-            {"error": "unauthorized", "message": "a staff principal's name and password"},
+            {"error": "unauthorized", "message": "a login of the page (shorelink ops-users)"},
             status=401,
             headers={
                 "WWW-Authenticate": f'Basic realm="shorelink ops {ops.site}", charset="UTF-8"'
@@ -240,23 +240,16 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     return await handler(request)
 
 
-def _basic_user(header: str, staff: dict[str, str]) -> str | None:
+def _basic_login(header: str) -> tuple[str, str] | None:
+    """(name, password) of an HTTP Basic ``Authorization`` header."""
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "basic":
+    if scheme.lower() != "basic" or len(token) > 4096:
         return None
     try:
         user, sep, password = base64.b64decode(token.strip(), validate=True).decode().partition(":")
     except (binascii.Error, UnicodeDecodeError):
         return None
-    if not sep:
-        return None
-    ok = False
-    for name, secret in staff.items():
-        # every entry compared, each in constant time: the answer's time says nothing
-        ok |= hmac.compare_digest(name.encode(), user.encode()) & hmac.compare_digest(
-            secret.encode(), password.encode()
-        )
-    return user if ok else None
+    return (user, password) if sep else None
 
 
 def _json(get: Callable[[Ops], Any]) -> Handler:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from pathlib import Path
 
 import click
@@ -18,8 +19,16 @@ from shorelink.logs import configure_logging
 from shorelink.tls import TlsFile, is_loopback, server_context
 from spark_core.config import load_config
 from spark_core.ops.app import Ops, make_app
+from spark_core.ops.users import (
+    MAX_PASSWORD_BYTES,
+    MIN_PASSWORD_CHARS,
+    OpsUsers,
+    change_users,
+    check_login_name,
+    hash_password,
+)
 
-__all__ = ["ops"]
+__all__ = ["ops", "ops_users"]
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +54,7 @@ log = logging.getLogger(__name__)
     "--plain-http",
     is_flag=True,
     help="Serve plain HTTP on a non-loopback address (behind a TLS proxy); refused "
-    "without it, since staff passwords travel with every request.",
+    "without it, since the logins' passwords travel with every request.",
 )
 @click.option("--json-logs", is_flag=True, help="Log JSON lines instead of key=value.")
 def ops(
@@ -58,7 +67,8 @@ def ops(
 ) -> None:
     """Serve the site's operations page: ships, replication, queries, gateway, alerts
     and a map, updated live; the same facts as JSON under /api (docs/operations.md).
-    Read-only; the sites file's [[staff]] may look (HTTP Basic)."""
+    Read-only; the logins of [sites.S.ops] users_file may look (HTTP Basic; made with
+    `shorelink ops-users add`)."""
     sites = load_or_exit(load_config, config_path)
     configure_logging(sites.log_level, as_json=json_logs)
     try:
@@ -73,11 +83,19 @@ def ops(
             else None
         )
         listen = host or o.host
+        if o.users_file is None and not is_loopback(listen):
+            raise ConfigError(
+                f"sites.{site_name}.ops.users_file",
+                f"not set, and {listen} is a non-loopback address: the page would be open "
+                "to whoever reaches it. Make logins with `shorelink ops-users add NAME "
+                f"--site {site_name} --config {config_path}` and name their file here, "
+                "or listen on 127.0.0.1",
+            )
         if ssl is None and not is_loopback(listen):
             if not plain_http:
                 raise ConfigError(
                     f"sites.{site_name}.ops.listen",
-                    f"plain HTTP on {listen}, a non-loopback address: staff passwords and "
+                    f"plain HTTP on {listen}, a non-loopback address: logins' passwords and "
                     "every customer's data would cross the network in clear text. Set "
                     "tls_cert_file and tls_key_file, listen on 127.0.0.1, or (behind a TLS "
                     "proxy) pass --plain-http",
@@ -86,7 +104,7 @@ def ops(
                 "event=plaintext_listen site=%s address=%s message=%r",
                 site_name,
                 listen,
-                "SERVING WITHOUT TLS on a non-loopback address (--plain-http): staff "
+                "SERVING WITHOUT TLS on a non-loopback address (--plain-http): logins' "
                 "passwords cross the network in clear text unless a TLS proxy is in front",
             )
         page = Ops(sites, site_name)
@@ -113,6 +131,98 @@ async def _serve(page: Ops, host: str, port: int, ssl: object) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await runner.cleanup()
+
+
+def _users_file(site_name: str, config_path: Path) -> Path:
+    sites = load_or_exit(load_config, config_path)
+    try:
+        path = sites.site(site_name).ops.users_file
+    except ShorelinkError as exc:
+        fail(exc)
+    if path is None:
+        fail(ConfigError(f"sites.{site_name}.ops.users_file", "not set: name the logins' file"))
+    return path
+
+
+_site_opt = click.option("--site", "site_name", required=True, help="The page's site.")
+_config_opt = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    required=True,
+    envvar="SHORELINK_SPARK_CONFIG",
+    help="sites.toml (env SHORELINK_SPARK_CONFIG); its [sites.S.ops] users_file is changed.",
+)
+
+
+@click.group("ops-users", context_settings={"help_option_names": ["-h", "--help"]})
+def ops_users() -> None:
+    """The operations page's logins: its own, never Kafka passwords. Stored as scrypt
+    hashes in [sites.S.ops] users_file (mode 0600); a running page picks up a change
+    within a second."""
+
+
+@ops_users.command("add")
+@click.argument("name")
+@_site_opt
+@_config_opt
+@click.option("--password-stdin", is_flag=True, help="Read the password from stdin (first line).")
+def users_add(name: str, site_name: str, config_path: Path, password_stdin: bool) -> None:
+    """Add NAME, or give NAME a new password (asked twice, not echoed)."""
+    path = _users_file(site_name, config_path)
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = click.prompt(f"password for {name}", hide_input=True, confirmation_prompt=True)
+    if not (len(password) >= MIN_PASSWORD_CHARS and len(password.encode()) <= MAX_PASSWORD_BYTES):
+        fail(
+            ShorelinkError(
+                f"a password of {MIN_PASSWORD_CHARS} characters to {MAX_PASSWORD_BYTES} "
+                "bytes, please"
+            )
+        )
+    try:
+        check_login_name(name, "NAME")
+        stored = hash_password(password)
+
+        def put(users: dict[str, str]) -> bool:
+            users[name] = stored
+            return True
+
+        change_users(path, put)
+    except ShorelinkError as exc:
+        fail(exc)
+    click.echo(f"event=ops_user_added name={name} file={path}", err=True)
+
+
+@ops_users.command("remove")
+@click.argument("name")
+@_site_opt
+@_config_opt
+def users_remove(name: str, site_name: str, config_path: Path) -> None:
+    """Remove NAME: a page that has it open is refused within a second."""
+    path = _users_file(site_name, config_path)
+    try:
+        removed = change_users(path, lambda users: users.pop(name, None) is not None)
+    except ShorelinkError as exc:
+        fail(exc)
+    if not removed:
+        fail(ShorelinkError(f"no login {name} in {path}"))
+    click.echo(f"event=ops_user_removed name={name} file={path}", err=True)
+
+
+@ops_users.command("list")
+@_site_opt
+@_config_opt
+def users_list(site_name: str, config_path: Path) -> None:
+    """The logins' names, one per line."""
+    path = _users_file(site_name, config_path)
+    try:
+        names = OpsUsers(path, str(path)).names if path.exists() else []
+    except ShorelinkError as exc:
+        fail(exc)
+    for n in names:
+        click.echo(n)
 
 
 if __name__ == "__main__":

@@ -117,6 +117,29 @@ def test_token_file_must_not_be_world_readable(tmp_path: Path) -> None:
     assert exc.value.field == "uplink.token_file"
 
 
+def test_a_config_that_holds_the_token_itself_must_be_as_private_as_a_token_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review L10: a literal ``uplink.token`` in an ``edge.toml`` anyone may read passed
+    unchecked. Now that file is held to the token file's rule; a token from the
+    environment (``${ENV}``) leaves the file free to be read."""
+    literal = SAMPLE.read_text().replace(
+        'token = "${SHORELINK_GATEWAY_TOKEN:-}"', 'token = "slk_literal"'
+    )
+    path = tmp_path / "edge.toml"
+    path.write_text(literal)
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match="world-readable") as exc:
+        load_config(path)
+    assert exc.value.field == "uplink.token"
+    path.chmod(0o600)
+    assert load_config(path).uplink.token.value == "slk_literal"
+    monkeypatch.setenv("SHORELINK_GATEWAY_TOKEN", "slk_from_env")
+    path.write_text(SAMPLE.read_text())
+    path.chmod(0o644)
+    assert load_config(path).uplink.token.value == "slk_from_env"
+
+
 def test_token_file_relative_to_config_and_exclusive_with_token(tmp_path: Path) -> None:
     (tmp_path / "gw.token").write_text("abc")
     os.chmod(tmp_path / "gw.token", 0o600)

@@ -47,6 +47,29 @@ def test_sample_sites_file_loads_with_its_defaults() -> None:
     assert cfg.site("singapore").kafka.auth.protocol == "PLAINTEXT"
 
 
+def test_a_process_resolves_only_the_secrets_it_uses(
+    monkeypatch: pytest.MonkeyPatch, sample_secrets: dict[str, str]
+) -> None:
+    """Review M6: the operations page loads the sites file with only its own password in
+    its environment (the admin's, the gateway's and the neighbours' stay with the
+    commands that use them); a secret that is not set is named, field and variable,
+    where it is used."""
+    for name in sample_secrets:
+        if name != "SL_OPS_TOKYO_PASSWORD":
+            monkeypatch.delenv(name)
+    cfg = load_config(SAMPLE)
+    tokyo = cfg.site("tokyo")
+    ops = tokyo.kafka.as_user(tokyo.ops.kafka_username, tokyo.ops.kafka_password)
+    assert ops.auth.client_config()["sasl.password"] == "pw-sl_ops_tokyo_password"
+    with pytest.raises(ConfigError) as exc:
+        tokyo.admin_kafka().auth.client_config()
+    assert exc.value.field == "sites.tokyo.access.admin_password"
+    assert "SL_KAFKA_ADMIN_TOKYO_PASSWORD is not set" in str(exc.value)
+    with pytest.raises(ConfigError, match="SL_SPARK_TOKYO_PASSWORD"):
+        tokyo.kafka.auth.java_config()
+    assert "pw-" not in repr(tokyo) and "***" in repr(tokyo.access.admin_password)
+
+
 def _site(extra: str = "", merge: str = "", name: str = "tokyo") -> dict[str, object]:
     import tomllib
 

@@ -174,15 +174,28 @@ class Site:
             return json.loads(r.read(), parse_constant=_refuse)  # as a browser reads it
 
 
-def _sites_toml(
-    tmp: Path, bootstrap: str, port: int, gateway: str, password: str = STAFF[1]
-) -> Path:
+def _ops_users(config: Path, *args: str, password: str = "") -> subprocess.CompletedProcess[str]:
+    """``shorelink ops-users ARGS --site SITE --config CONFIG``, as an operator runs it."""
+    command = [sys.executable, "-m", "shorelink.cli", "ops-users", *args]
+    command += ["--site", SITE, "--config", str(config)]
+    return subprocess.run(
+        command + (["--password-stdin"] if password else []),
+        input=password + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _sites_toml(tmp: Path, bootstrap: str, port: int, gateway: str) -> Path:
+    """The page's site (its logins in ``ops-users``, made with :func:`_ops_users`) and a
+    Big Blue staff principal whose Kafka password is *not* a login of the page."""
     path = tmp / "sites.toml"
     path.write_text(
         f"""\
 [[staff]]
 username = "{STAFF[0]}"
-password = "{password}"
+password = "kafka-password-not-a-login"
 
 [sites.{SITE}]
 streams = {json.dumps(list(STREAMS))}
@@ -196,6 +209,7 @@ bootstrap = "{bootstrap}"
 [sites.{SITE}.ops]
 gateway = "{gateway}"
 refresh = "200ms"
+users_file = "ops-users"
 
 [sites.{SITE}.ops.listen]
 port = {port}
@@ -245,6 +259,8 @@ def site(kafka_sites: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     gw_config = _gateway_toml(tmp, broker.bootstrap, gw_port)
     gateway = run_gateway(gw_config, tmp / "gateway.log")
     config = _sites_toml(tmp, broker.bootstrap, port, f"http://127.0.0.1:{gw_port}")
+    made = _ops_users(config, "add", STAFF[0], password=STAFF[1])
+    assert made.returncode == 0, made.stderr
     page: Proc | None = None
     try:
         wait_ready(gateway, gw_port)
@@ -430,37 +446,77 @@ def test_only_staff_may_look_and_nothing_can_be_changed(site: Site) -> None:
     assert site.get("/healthz", auth=None) == {"status": "ok"}
 
 
-def test_staff_whose_passwords_resolve_empty_leave_the_page_closed(
+def test_the_pages_logins_are_its_own_and_a_removal_applies_at_once(site: Site) -> None:
+    """Review M6: the page's logins are its own (scrypt hashes in a 0600 file), not the
+    staff's Kafka passwords; ``ops-users remove`` shuts a login out of the running page
+    within a second, and ``add`` lets a new one in, without a restart."""
+    users = site.config.parent / "ops-users"
+    assert users.stat().st_mode & 0o777 == 0o600
+    assert STAFF[1] not in users.read_text() and "scrypt$" in users.read_text()
+    with pytest.raises(urllib.error.HTTPError) as err:
+        site.get("/api/site", auth=(STAFF[0], "kafka-password-not-a-login"))
+    assert err.value.code == 401
+    name, password = unique("deckhand"), "barnacle-and-brine-3"
+    short = _ops_users(site.config, "add", name, password="short")
+    assert short.returncode != 0 and "12 characters" in short.stderr
+    assert _ops_users(site.config, "add", name, password=password).returncode == 0
+    eventually(lambda: _status(site, (name, password)) == 200, 10, "the new login let in")
+    listed = _ops_users(site.config, "list")
+    assert listed.stdout.split() == sorted([STAFF[0], name])
+    assert _ops_users(site.config, "remove", name).returncode == 0
+    eventually(lambda: _status(site, (name, password)) == 401, 10, "the removed login shut out")
+    again = _ops_users(site.config, "remove", name)
+    assert again.returncode != 0 and f"no login {name}" in again.stderr
+    assert _status(site, STAFF) == 200
+
+
+def _status(site: Site, auth: tuple[str, str]) -> int:
+    try:
+        site.get("/api/site", auth=auth)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    return 200
+
+
+def test_a_users_file_that_names_no_one_or_others_may_read_leaves_the_page_closed(
     site: Site, tmp_path: Path
 ) -> None:
-    """Review L2: a password from an unset variable (``${VAR:-}``) is empty; the page
-    did take that for "no staff" and opened itself to whoever reached it."""
+    """Review L2: the page opened itself to whoever reached it when every staff
+    password resolved empty. Now only a site without a users file is open (and only on
+    loopback: beyond it ``shorelink ops`` refuses to start); a users file that names no
+    one lets no one in, and one that others may read is refused at start."""
     (tmp_path / "checkpoints").mkdir()
     port = free_port()
-    unset = unique("SL_UNSET_PASSWORD").upper().replace("-", "_")
-    os.environ.pop(unset, None)
-    config = _sites_toml(tmp_path, site.bootstrap, port, site.gateway_url, f"${{{unset}:-}}")
+    config = _sites_toml(tmp_path, site.bootstrap, port, site.gateway_url)
+    users = tmp_path / "ops-users"
+    users.write_text("# nobody yet\n")
+    users.chmod(0o644)
+    command = [sys.executable, "-m", "spark_core.ops.cli", "--site", SITE, "--config", str(config)]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "world-readable" in refused.stderr
+    assert "sites.ops.ops.users_file" in refused.stderr
+    users.chmod(0o600)
     log = tmp_path / "ops.log"
-    page = run_process(
-        "ops",
-        [sys.executable, "-m", "spark_core.ops.cli", "--site", SITE, "--config", str(config)],
-        log,
-    )
+    page = run_process("ops", command, log)
     try:
         closed = dataclasses.replace(site, url=f"http://127.0.0.1:{port}")
         closed.wait_up(page)
         for path in ("/api/site", "/api/snapshot", "/"):
-            with pytest.raises(urllib.error.HTTPError) as refused:
+            with pytest.raises(urllib.error.HTTPError) as err:
                 closed.get(path, auth=None)
-            assert refused.value.code == 401, path
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            closed.get("/api/site", auth=(STAFF[0], ""))
-        assert refused.value.code == 401
+            assert err.value.code == 401, path
+        assert _status(closed, (STAFF[0], "")) == 401
         text = log.read_text()
-        assert "event=ops_staff_without_password" in text
-        assert "event=ops_open" not in text
+        assert "event=ops_no_users" in text and "event=ops_open" not in text
     finally:
         page.stop(grace=10)
+    # without a users file: open on loopback (said), refused beyond it
+    config.write_text(config.read_text().replace('users_file = "ops-users"\n', ""))
+    beyond = subprocess.run(
+        [*command, "--host", "0.0.0.0", "--plain-http"], capture_output=True, text=True, timeout=60
+    )
+    assert beyond.returncode != 0
+    assert "users_file" in beyond.stderr and "open to whoever reaches it" in beyond.stderr
 
 
 def test_events_stream_a_snapshot(site: Site) -> None:

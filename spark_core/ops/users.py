@@ -1,0 +1,193 @@
+"""Who may look at the operations page: its own logins, not Kafka passwords (review M6).
+
+``[sites.S.ops] users_file`` names a file of one login per line, ``name scrypt$...``:
+the name, then an scrypt hash of the password with its parameters and salt. Only
+``shorelink ops-users`` writes it (atomically, mode 0600, under a lock so two commands
+at once lose nothing); the page reads it again within a second of a change, so adding
+or removing a person needs no restart. A leaked file gives no password and no access to
+Kafka; the page itself reads Kafka as its own read-only principal.
+
+Checking a password costs an scrypt (about 16 MiB and tens of milliseconds): one at a
+time, off the event loop, and a name and password that passed are remembered (as a
+SHA-256 of the pair) until the file changes, so a page that polls pays it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import fcntl
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from shorelink.errors import ConfigError
+from shorelink.files import read_private, write_atomic
+
+__all__ = [
+    "MAX_PASSWORD_BYTES",
+    "MIN_PASSWORD_CHARS",
+    "OpsUsers",
+    "change_users",
+    "check_login_name",
+    "hash_password",
+    "verify_password",
+]
+
+log = logging.getLogger(__name__)
+
+#: scrypt's cost (N, r, p): 16 MiB of memory per check
+SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
+_MAXMEM = 64 * 1024 * 1024
+#: a password longer than this is refused before it is hashed (what a check may cost)
+MAX_PASSWORD_BYTES = 1024
+#: ``shorelink ops-users add`` refuses a shorter one
+MIN_PASSWORD_CHARS = 12
+_HEADER = "# shorelink ops-users: name scrypt$N$r$p$salt$hash (written by `shorelink ops-users`)\n"
+
+
+def hash_password(password: str) -> str:
+    """``scrypt$N$r$p$salt$hash`` (salt and hash in unpadded base64)."""
+    salt = secrets.token_bytes(16)
+    key = _scrypt(password.encode(), salt, SCRYPT_N, SCRYPT_R, SCRYPT_P)
+    return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${_b64(salt)}${_b64(key)}"
+
+
+def verify_password(stored: str, password: str) -> bool:
+    """Whether ``password`` is the one ``stored`` (a :func:`hash_password`) was made of."""
+    raw = password.encode()
+    if len(raw) > MAX_PASSWORD_BYTES:
+        return False
+    _, n, r, p, salt, key = stored.split("$")
+    want = _unb64(key)
+    got = _scrypt(raw, _unb64(salt), int(n), int(r), int(p), len(want))
+    return hmac.compare_digest(got, want)
+
+
+def _scrypt(raw: bytes, salt: bytes, n: int, r: int, p: int, length: int = 32) -> bytes:
+    return hashlib.scrypt(raw, salt=salt, n=n, r=r, p=p, maxmem=_MAXMEM, dklen=length)
+
+
+def _b64(b: bytes) -> str:
+    return base64.b64encode(b).decode().rstrip("=")
+
+
+def check_login_name(name: str, where: str) -> str:
+    """A login name: 1-64 printable characters, no space and no ``:`` (HTTP Basic's
+    separator)."""
+    if not (0 < len(name) <= 64 and name.isprintable() and " " not in name and ":" not in name):
+        raise ConfigError(where, f"{name!r} is not a login name (1-64 characters, no space or :)")
+    return name
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+
+
+def _parse(text: str, where: str) -> dict[str, str]:
+    users: dict[str, str] = {}
+    for i, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, stored = line.partition(" ")
+        parts = stored.split("$")
+        if len(parts) != 6 or parts[0] != "scrypt" or not all(x.isdigit() for x in parts[1:4]):
+            raise ConfigError(where, f"line {i}: expected `name scrypt$N$r$p$salt$hash`")
+        if not (1 < int(parts[1]) <= 2**16 and 0 < int(parts[2]) <= 16 and 0 < int(parts[3]) <= 4):
+            raise ConfigError(where, f"line {i}: scrypt parameters out of range")
+        try:
+            if len(_unb64(parts[5])) < 16:
+                raise ValueError("short")
+            _unb64(parts[4])
+        except ValueError:
+            raise ConfigError(where, f"line {i}: salt or hash is not base64") from None
+        check_login_name(name, f"{where}: line {i}")
+        users[name] = stored
+    return users
+
+
+class OpsUsers:
+    """The page's logins, read from ``path`` (refused when readable by others)."""
+
+    def __init__(self, path: Path, field: str) -> None:
+        self.path = path
+        self.field = field
+        self._users: dict[str, str] = {}
+        #: SHA-256 of (name, password) pairs that passed, until the file changes
+        self._passed: set[bytes] = set()
+        self._stamp: tuple[int, int, int] = (0, 0, 0)
+        self._checked = 0.0
+        self._one_at_a_time = asyncio.Semaphore(1)
+        self.reload()
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._users)
+
+    def reload(self) -> None:
+        """Read the file (a :class:`ConfigError` naming the field if it cannot be)."""
+        stamp = self._stamp_now()
+        self._users = _parse(read_private(self.path, self.field).decode(), self.field)
+        self._passed = set()
+        self._stamp = stamp
+
+    def maybe_reload(self) -> None:
+        """Pick up ``shorelink ops-users`` changes (checked once a second). A file that
+        cannot be read keeps the logins the page has, logged at every check."""
+        now = time.monotonic()
+        if now - self._checked < 1.0:
+            return
+        self._checked = now
+        if self._stamp_now() == self._stamp:
+            return
+        try:
+            self.reload()
+        except ConfigError as exc:
+            log.error(
+                "event=ops_users_unreadable users_kept=%d error=%r", len(self._users), str(exc)
+            )
+
+    def _stamp_now(self) -> tuple[int, int, int]:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return (0, 0, 0)
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    async def check(self, name: str, password: str) -> bool:
+        """Whether ``name`` may look with ``password``."""
+        self.maybe_reload()
+        stored = self._users.get(name)
+        if stored is None:
+            return False
+        pair = hashlib.sha256(f"{len(name)}:{name}:{password}".encode()).digest()
+        if pair in self._passed:
+            return True
+        async with self._one_at_a_time:
+            ok = await asyncio.to_thread(verify_password, stored, password)
+        if ok and self._users.get(name) == stored:
+            self._passed.add(pair)
+        return ok
+
+
+def change_users(path: Path, change: Callable[[dict[str, str]], bool]) -> bool:
+    """Read ``path``'s logins (none if it does not exist), apply ``change``, write them
+    back if it says so: under an exclusive lock on ``<file>.lock``, mode 0600."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        users = _parse(read_private(path, str(path)).decode(), str(path)) if path.exists() else {}
+        changed = change(users)
+        if changed:
+            lines = "".join(f"{n} {users[n]}\n" for n in sorted(users))
+            write_atomic(path, _HEADER + lines, mode=0o600)
+        return changed
+    finally:
+        os.close(fd)
