@@ -297,9 +297,18 @@ def _java_argv(
     heap: str,
     jvm_opts: tuple[str, ...] = (),
     cds: bool = True,
+    argfile: Path | None = None,
 ) -> list[str]:
     """A Kafka JVM's command line; with ``cds``, mapping the class-data archive when
-    scripts/setup made one (local_stack/tools.py ``install_kafka_cds``, ``cds_flags``)."""
+    scripts/setup made one (local_stack/tools.py ``install_kafka_cds``, ``cds_flags``).
+    With ``argfile``, the main class and its arguments are written there (mode 0600)
+    and the command line names only ``@argfile``: what it holds (a password) is not
+    shown by ``ps``."""
+    tail = [main, *args]
+    if argfile is not None:
+        quoted = ('"' + a.replace("\\", "\\\\").replace('"', '\\"') + '"' for a in tail)
+        write_atomic(argfile, "".join(q + "\n" for q in quoted), mode=0o600)
+        tail = [f"@{argfile}"]
     return [
         "java",
         *(cds_flags(kafka_cds_archive()) if cds else ()),
@@ -312,8 +321,7 @@ def _java_argv(
         f"-Dkafka.logs.dir={logs}",
         "-cp",
         kafka_classpath(),
-        main,
-        *args,
+        *tail,
     ]
 
 
@@ -411,6 +419,8 @@ def _start_format(
             ),
             logs=logs,
             heap="256m",
+            # the admin's password is among the arguments: kept off the command line
+            argfile=props.with_name("format.args") if security else None,
         ),
         logs / "format.out",
     )
@@ -418,7 +428,11 @@ def _start_format(
 
 def _formatted(fmt: Proc) -> None:
     assert fmt.popen is not None
-    if fmt.popen.wait(timeout=120) != 0:
+    code = fmt.popen.wait(timeout=120)
+    for a in fmt.popen.args:  # type: ignore[union-attr]
+        if isinstance(a, str) and a.startswith("@"):
+            Path(a[1:]).unlink(missing_ok=True)  # read: the password need not stay on disk
+    if code != 0:
         name = fmt.name.removeprefix("kafka-format:")
         raise StackError(f"kafka:{name}: storage format failed; see {fmt.log}:\n{fmt.tail()}")
 

@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from shorelink.cli_support import load_or_exit
+from shorelink.cli_support import fail, load_or_exit
+from shorelink.errors import ShorelinkError
+from shorelink.files import write_atomic
 from shorelink.textout import table, wrap
 from spark_core import session
 from spark_core.config import SitesConfig, load_config
@@ -22,7 +24,14 @@ if TYPE_CHECKING:
     from spark_core.access import AccessChanges
     from spark_core.topics import Change
 
-__all__ = ["main", "render_access_changes", "render_topic_changes", "spark_submit_argv"]
+__all__ = [
+    "main",
+    "render_access_changes",
+    "render_topic_changes",
+    "spark_properties_path",
+    "spark_submit_argv",
+    "write_spark_properties",
+]
 
 SITE_JOB = Path(__file__).resolve().parent / "jobs" / "site.py"
 
@@ -35,14 +44,22 @@ def spark_submit_bin() -> Path:
 
 
 def spark_submit_argv(
-    cfg: SitesConfig, site: str, config_path: Path, ivy_dir: Path, extra: list[str]
+    cfg: SitesConfig,
+    site: str,
+    config_path: Path,
+    ivy_dir: Path,
+    extra: list[str],
+    properties: Path | None = None,
 ) -> list[str]:
+    """spark-submit's command line. The packages' and scheduler's settings are on it;
+    ``[spark.conf]``, whose values may be secrets (``${ENV}``: an object store's keys),
+    is not: it goes in the 0600 ``properties`` file (:func:`write_spark_properties`),
+    which ``ps`` and ``--dry-run`` do not show (review L9)."""
     conf = spark_package_conf(str(ivy_dir))
     conf.pop("spark.jars.packages")  # given as --packages
     conf["spark.sql.streaming.stopTimeout"] = "60s"
     # urgent streams' queries and merge run in their own pool (spark_core/pools.xml)
     conf.update(session.SCHEDULER_CONF)
-    conf.update(dict(cfg.spark.conf))
     argv = [
         str(spark_submit_bin()),
         "--master",
@@ -54,9 +71,41 @@ def spark_submit_argv(
         "--packages",
         ",".join(SPARK_PACKAGES),
     ]
+    if properties is not None:
+        argv += ["--properties-file", str(properties)]
     for k, v in conf.items():
-        argv += ["--conf", f"{k}={v}"]
+        if k not in dict(cfg.spark.conf):
+            argv += ["--conf", f"{k}={v}"]
     return [*argv, str(SITE_JOB), "--site", site, "--config", str(config_path.resolve()), *extra]
+
+
+def spark_properties_path(cfg: SitesConfig, site: str) -> Path:
+    """Where ``shorelink-spark site`` keeps ``[spark.conf]`` for spark-submit: beside the
+    (first) site's checkpoints."""
+    return cfg.site(site.split(",")[0].strip()).checkpoint_dir / "spark-submit.properties"
+
+
+def write_spark_properties(path: Path, conf: Sequence[tuple[str, str]]) -> None:
+    """``conf`` as a Java properties file (spark-submit ``--properties-file``), mode 0600."""
+    lines = [
+        "# [spark.conf] of the sites file, written by shorelink-spark site (mode 0600)\n",
+        *(f"{_prop(k, key=True)}={_prop(v)}\n" for k, v in conf),
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, "".join(lines), mode=0o600)
+
+
+def _prop(text: str, *, key: bool = False) -> str:
+    """``text`` escaped for java.util.Properties (read as UTF-8 by spark-submit)."""
+    out = text.replace("\\", "\\\\")
+    for a, b in (("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"), ("\f", "\\f")):
+        out = out.replace(a, b)
+    if key:
+        for c in "=: #!":
+            out = out.replace(c, "\\" + c)
+    elif out.startswith(" "):
+        out = "\\" + out
+    return out
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -96,12 +145,22 @@ def site_cmd(
     for name in [n.strip() for n in site_name.split(",")]:
         load_or_exit(functools.partial(lambda n, _: cfg.site(n), name), config_path)
     extra = ["--available-now"] if available_now else []
-    argv = spark_submit_argv(cfg, site_name, config_path, ivy_dir or session.ivy_dir(), extra)
+    properties = spark_properties_path(cfg, site_name) if cfg.spark.conf else None
+    ivy = ivy_dir or session.ivy_dir()
+    argv = spark_submit_argv(cfg, site_name, config_path, ivy, extra, properties)
     # the driver and executors run this interpreter (where shorelink is installed)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     if dry_run:
         click.echo(f"PYSPARK_PYTHON={shlex.quote(sys.executable)} " + shlex.join(argv))
+        if properties is not None:
+            keys = ", ".join(k for k, _ in cfg.spark.conf)
+            click.echo(f"# {properties} (mode 0600, written at start) holds: {keys}", err=True)
         return
+    if properties is not None:
+        try:
+            write_spark_properties(properties, cfg.spark.conf)
+        except OSError as exc:
+            fail(ShorelinkError(f"cannot write {properties}: {exc.strerror or exc}"))
     os.execve(argv[0], argv, env)
 
 

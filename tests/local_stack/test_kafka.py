@@ -8,7 +8,7 @@ from pathlib import Path
 from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from local_stack.kafka import KafkaBroker
+from local_stack.kafka import KafkaBroker, _formatted, _new_cluster_id, _start_format
 from local_stack.tools import cds_flags, kafka_cds_archive, kafka_classpath
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
@@ -123,3 +123,26 @@ def test_the_admin_password_is_in_no_file_others_can_read(secure_kafka: KafkaBro
         if p.is_file() and p.stat().st_mode & 0o077 and password in p.read_bytes()
     ]
     assert not readable, f"the admin password in files others can read: {readable}"
+
+
+def test_the_admin_password_is_on_no_command_line_when_storage_is_formatted(
+    secure_kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """Review L1 (the rest): the storage tool took the super user's SCRAM credentials as
+    an argument, which ``ps`` shows while it formats. Now they are in a 0600 argument
+    file the JVM reads (``java @file``), removed once the format is done; the secured
+    broker of the fixture was formatted so and its admin logs in."""
+    props = Path(secure_kafka.argv[-1])
+    security = secure_kafka.security
+    assert security is not None
+    copy = tmp_path / "server.properties"
+    copy.write_text(props.read_text().replace(str(props.parent / "data"), str(tmp_path / "data")))
+    fmt = _start_format("l1", copy, _new_cluster_id(), security, tmp_path / "logs")
+    assert fmt.popen is not None
+    argv = [str(a) for a in fmt.popen.args]  # type: ignore[union-attr]
+    assert security.admin_password not in " ".join(argv)
+    argfile = tmp_path / "format.args"
+    assert f"@{argfile}" in argv
+    _formatted(fmt)
+    assert not argfile.exists()
+    assert "cluster.id=" in (tmp_path / "data" / "meta.properties").read_text()

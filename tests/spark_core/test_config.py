@@ -130,6 +130,66 @@ def test_site_command_dry_run_prints_the_spark_submit_line() -> None:
     assert "spark.jars.ivySettings=" in out and "spark_core/jobs/site.py --site tokyo" in out
 
 
+#: prints a properties file as Java (and so spark-submit) reads it: key TAB value lines
+_READ_PROPERTIES = """
+import java.io.*; import java.nio.charset.StandardCharsets; import java.util.*;
+public class ReadProperties { public static void main(String[] a) throws Exception {
+  Properties p = new Properties();
+  try (Reader r = new InputStreamReader(new FileInputStream(a[0]), StandardCharsets.UTF_8)) {
+    p.load(r); }
+  PrintStream out = new PrintStream(System.out, true, "UTF-8");
+  for (String k : new TreeSet<>(p.stringPropertyNames()))
+    out.print(k + "\\u0000" + p.getProperty(k) + "\\u0001"); } }
+"""
+
+
+def test_spark_conf_reaches_spark_submit_in_a_private_file_not_on_its_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review L9: ``[spark.conf]`` values (an object store's keys written as ``${ENV}``)
+    were on spark-submit's command line, seen by ``ps`` and printed by ``--dry-run``.
+    Now they are in a 0600 properties file that Java reads back exactly, whatever the
+    characters."""
+    from spark_core.cli import spark_properties_path, spark_submit_argv, write_spark_properties
+
+    monkeypatch.setenv("SL_TEST_S3_SECRET", "s3cr3t value")
+    text = SAMPLE.read_text().replace(
+        "[spark.conf]\n",
+        '[spark.conf]\n"spark.hadoop.fs.s3a.secret.key" = "${SL_TEST_S3_SECRET}"\n',
+    )
+    config = tmp_path / "sites.toml"
+    config.write_text(text)
+    command = [sys.executable, "-m", "spark_core.cli", "site", "--site", "tokyo"]
+    dry = subprocess.run(
+        [*command, "--config", str(config), "--dry-run"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert "s3cr3t" not in dry.stdout + dry.stderr and "--properties-file" in dry.stdout
+    assert "spark.hadoop.fs.s3a.secret.key" in dry.stderr
+    cfg = load_config(config)
+    path = spark_properties_path(cfg, "tokyo")
+    assert path.name == "spark-submit.properties"
+    odd = (" lead", "a=b:c #!x", "back\\slash", "new\nline\ttab", "ünï 漢字", "", "end ")
+    conf = (*cfg.spark.conf, *((f"k{i} {v}=:", v) for i, v in enumerate(odd)))
+    target = tmp_path / "private" / "spark-submit.properties"
+    write_spark_properties(target, conf)
+    assert target.stat().st_mode & 0o777 == 0o600
+    argv = spark_submit_argv(cfg, "tokyo", config, tmp_path / "ivy", [], target)
+    assert "s3cr3t" not in " ".join(argv) and argv[argv.index("--properties-file") + 1] == str(
+        target
+    )
+    source = tmp_path / "ReadProperties.java"
+    source.write_text(_READ_PROPERTIES)
+    out = subprocess.run(
+        ["java", str(source), str(target)], check=True, capture_output=True, timeout=120
+    ).stdout.decode()
+    read = dict(item.split("\0", 1) for item in out.split("\1") if item)
+    assert read == dict(conf)
+    assert read["spark.hadoop.fs.s3a.secret.key"] == "s3cr3t value"
+
+
 def test_a_site_whose_records_reach_no_one_is_named(tmp_path: Path) -> None:
     """Review finding 18: a sites file where no chain of neighbours leads from a site to
     another leaves it without that site's records, silently; the config says which,
