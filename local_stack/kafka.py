@@ -31,7 +31,7 @@ from confluent_kafka.admin import ClusterMetadata
 
 from local_stack.errors import StackError
 from local_stack.process import Proc, free_ports, port_open, stop_procs
-from local_stack.tls import Authority
+from local_stack.tls import BROKER_UNIT, Authority
 from local_stack.tools import (
     archive_flags,
     cds_flags,
@@ -131,7 +131,7 @@ ssl.keystore.location={keystore}
 ssl.truststore.type=PEM
 ssl.truststore.location={ca}
 listener.name.controller.ssl.client.auth=required
-ssl.principal.mapping.rules=RULE:^CN=([^,]+)$/$1/,DEFAULT
+ssl.principal.mapping.rules=RULE:^CN=([^,]+),OU={unit}$/$1/,DEFAULT
 authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
 allow.everyone.if.no.acl.found=false
 super.users=User:{admin};User:{broker}
@@ -141,13 +141,17 @@ super.users=User:{admin};User:{broker}
 def _secure_properties(sec: BrokerSecurity, site: str, listeners: list[str]) -> str:
     """The security part of server.properties; ``listeners``: the SASL ones' names."""
     broker = f"kafka-{site}"
-    issued = sec.authority.issue(broker)
+    issued = sec.authority.issue(broker, broker=True)
     jaas = (
         "org.apache.kafka.common.security.scram.ScramLoginModule required "
         f'username="{sec.admin_user}" password="{sec.admin_password}";'
     )
     text = SECURE_PROPERTIES.format(
-        keystore=issued.bundle, ca=sec.authority.ca_cert, admin=sec.admin_user, broker=broker
+        keystore=issued.bundle,
+        ca=sec.authority.ca_cert,
+        admin=sec.admin_user,
+        broker=broker,
+        unit=BROKER_UNIT,
     ) + "".join(
         f"listener.name.{name.lower()}.scram-sha-512.sasl.jaas.config={jaas}\n"
         for name in listeners

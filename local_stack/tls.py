@@ -26,8 +26,11 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from local_stack.errors import StackError
 from shorelink.files import write_atomic
 
-__all__ = ["Authority", "Issued", "make_authority"]
+__all__ = ["BROKER_UNIT", "Authority", "Issued", "make_authority"]
 
+#: the organisational unit of a Kafka broker's certificate: only such a certificate maps
+#: to a broker's principal (local_stack/kafka.py ``ssl.principal.mapping.rules``)
+BROKER_UNIT = "shorelink-kafka-brokers"
 #: how long the stack's certificates stay valid
 VALID_DAYS = 825
 HOSTS = ("localhost",)
@@ -56,28 +59,34 @@ class Authority:
     def ca_key(self) -> Path:
         return self.dir / "ca.key"
 
-    def issue(self, name: str, *, client: bool = False) -> Issued:
-        """A certificate for ``name`` (its common name; also the file names), for a
-        server on the stack's addresses (which may also present it as a client), or
-        with ``client`` for a client only (mutual TLS).
-        Issued once: an existing one is returned."""
+    def issue(self, name: str, *, client: bool = False, broker: bool = False) -> Issued:
+        """A certificate for ``name`` (its common name; also the file names): for a
+        server on the stack's addresses; with ``client``, for a client only (mutual
+        TLS); with ``broker``, for a Kafka broker, which is also a client of its
+        controllers and is told from every other holder of this CA's certificates by
+        its organisational unit, :data:`BROKER_UNIT` (a ship named ``kafka-hq`` is no
+        broker: review L11). Issued once: an existing one is returned while it is
+        still of that kind."""
         if not name or not all(c.isalnum() or c in "-_." for c in name):
             raise StackError(f"certificate name {name!r}: letters, digits, - _ . only")
         out = Issued(
             self.dir / f"{name}.pem", self.dir / f"{name}.key", self.dir / f"{name}.bundle.pem"
         )
+        subject = _subject(name, BROKER_UNIT if broker else None)
+        usage = [ExtendedKeyUsageOID.CLIENT_AUTH] if client or broker else []
+        if not client:
+            usage.append(ExtendedKeyUsageOID.SERVER_AUTH)
         if out.cert.exists() and out.key.exists() and out.bundle.exists():
-            return out
+            old = x509.load_pem_x509_certificate(out.cert.read_bytes())
+            kind = old.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+            if old.subject == subject and list(kind) == usage:
+                return out
         ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), None)
         ca_cert = x509.load_pem_x509_certificate(self.ca_cert.read_bytes())
         assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
         key = ec.generate_private_key(ec.SECP256R1())
-        # a server is a client too (a broker of its controller, over mutual TLS)
-        usage = [ExtendedKeyUsageOID.CLIENT_AUTH]
-        if not client:
-            usage.append(ExtendedKeyUsageOID.SERVER_AUTH)
         builder = (
-            _builder(name, ca_cert.subject, key)
+            _builder(subject, ca_cert.subject, key)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage(usage), critical=False)
             .add_extension(
@@ -110,7 +119,7 @@ def make_authority(dir: Path, name: str = "shorelink local stack CA") -> Authori
     auth.dir.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
-        _builder(name, None, key)
+        _builder(_subject(name), None, key)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -133,10 +142,17 @@ def make_authority(dir: Path, name: str = "shorelink local stack CA") -> Authori
     return auth
 
 
+def _subject(name: str, unit: str | None = None) -> x509.Name:
+    """``CN=name`` (``CN=name,OU=unit`` as Kafka's principal mapping reads it)."""
+    cn = x509.NameAttribute(NameOID.COMMON_NAME, name)
+    if unit is None:
+        return x509.Name([cn])
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, unit), cn])
+
+
 def _builder(
-    name: str, issuer: x509.Name | None, key: ec.EllipticCurvePrivateKey
+    subject: x509.Name, issuer: x509.Name | None, key: ec.EllipticCurvePrivateKey
 ) -> x509.CertificateBuilder:
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     now = dt.datetime.now(dt.UTC)
     return (
         x509.CertificateBuilder()

@@ -9,6 +9,7 @@ from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from local_stack.kafka import KafkaBroker, _formatted, _new_cluster_id, _start_format
+from local_stack.tls import make_authority
 from local_stack.tools import cds_flags, kafka_cds_archive, kafka_classpath
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
@@ -146,3 +147,59 @@ def test_the_admin_password_is_on_no_command_line_when_storage_is_formatted(
     _formatted(fmt)
     assert not argfile.exists()
     assert "cluster.id=" in (tmp_path / "data" / "meta.properties").read_text()
+
+
+#: the controllers' quorum as a client with a certificate sees it (Kafka's Admin API with
+#: ``bootstrap.controllers``: the controller listener, mutual TLS)
+_DESCRIBE_QUORUM = """
+import java.util.Properties; import org.apache.kafka.clients.admin.Admin;
+public class DescribeQuorum { public static void main(String[] a) throws Exception {
+  Properties p = new Properties();
+  p.put("bootstrap.controllers", a[0]); p.put("security.protocol", "SSL");
+  p.put("ssl.keystore.type", "PEM"); p.put("ssl.keystore.location", a[1]);
+  p.put("ssl.truststore.type", "PEM"); p.put("ssl.truststore.location", a[2]);
+  p.put("request.timeout.ms", "20000"); p.put("default.api.timeout.ms", "30000");
+  try (Admin admin = Admin.create(p)) {
+    System.out.println("leader " + admin.describeMetadataQuorum().quorumInfo().get().leaderId());
+  } } }
+"""
+
+
+def test_a_certificate_named_like_a_broker_is_no_broker(
+    secure_kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """Review L11: the controller listener took any certificate of the stack's CA and
+    made its common name the principal, so a ship's certificate named ``kafka-<site>``
+    (same CA, mutual TLS to gateways) was the broker: a super user. Now only a
+    certificate of the brokers' unit maps to a broker; the same name from a ship's
+    certificate is a stranger the controller refuses."""
+    security = secure_kafka.security
+    assert security is not None
+    authority = security.authority
+    broker_name = f"kafka-{secure_kafka.site}"
+
+    probe = tmp_path / "DescribeQuorum.java"
+    probe.write_text(_DESCRIBE_QUORUM)
+
+    def describe_quorum(bundle: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                *("java", "-cp", kafka_classpath(), str(probe)),
+                *(f"127.0.0.1:{secure_kafka.controller_port}", str(bundle), str(authority.ca_cert)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    real = describe_quorum(authority.issue(broker_name, broker=True).bundle)
+    assert real.returncode == 0 and "leader" in real.stdout, real.stderr
+    ship = make_authority(authority.dir)  # the same CA, as the voyage issues ships' from
+    impostor = Path(tmp_path / "impostor")
+    impostor.mkdir()
+    (impostor / "ca.pem").write_bytes(ship.ca_cert.read_bytes())
+    (impostor / "ca.key").write_bytes(ship.ca_key.read_bytes())
+    forged = make_authority(impostor).issue(broker_name, client=True)
+    refused = describe_quorum(forged.bundle)
+    assert refused.returncode != 0
+    assert "ClusterAuthorization" in refused.stderr + refused.stdout, refused.stderr
