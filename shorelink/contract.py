@@ -42,6 +42,7 @@ __all__ = [
     "LINKS_TOPIC",
     "MARKER_TOPIC",
     "MAX_RECORD_BYTES",
+    "MAX_TS_MS",
     "RELAYED_TOPIC",
     "Record",
     "canonical_topic",
@@ -83,6 +84,11 @@ MAX_RECORD_BYTES = 1024 * 1024
 #: :data:`MAX_RECORD_BYTES` with its ``sl.*`` headers (names of at most 63 bytes, seq and
 #: time in decimal) and Kafka's record-batch framing, with a wide margin.
 KAFKA_MAX_MESSAGE_BYTES = MAX_RECORD_BYTES + 64 * 1024
+#: The latest event time (``sl.ts``) shown as a time: the last millisecond of the year
+#: 9999, the most Python's ``datetime``, Delta's readers and most date libraries hold.
+#: ``sl.ts`` is the ship's word (up to 18 digits); beyond this a table's ``ts`` column
+#: is NULL (the header kept as it came), where it would break every reader of the row.
+MAX_TS_MS = 253_402_300_799_999
 
 LEDGER_TOPIC = "sl.ledger"
 #: compacted; key ``origin/stream``, value JSON ``{"written": ranges, "abandoned": ranges}``:

@@ -37,6 +37,7 @@ from shorelink.contract import (
     H_STREAM,
     H_TS,
     HEADER_LAYOUT,
+    MAX_TS_MS,
 )
 from shorelink.identity import NAME_RE
 
@@ -124,14 +125,15 @@ def _read(name: str) -> str:
 
 
 #: the columns :func:`read_contract` adds, in :data:`HEADER_LAYOUT` order, then ``ts``
-#: (``sl.ts`` as a TIMESTAMP; NULL beyond Spark's range, where ``timestamp_millis``
-#: would fail the query on every retry)
+#: (``sl.ts`` as a TIMESTAMP; NULL beyond :data:`~shorelink.contract.MAX_TS_MS`, where
+#: ``timestamp_millis`` would fail the query on every retry past Spark's range, and a
+#: Python reader of the row (``collect``) fails past the year 9999)
 CONTRACT_COLUMNS = (*(_READ[n][0] for n in HEADER_LAYOUT), "ts")
 #: a record's identity among them
 IDENTITY_COLUMNS = tuple(_READ[n][0] for n in (H_ORIGIN, H_STREAM, H_SEQ))
 _READ_SQL = (
     *(f"{_read(n)} AS {_READ[n][0]}" for n in HEADER_LAYOUT),
-    f"timestamp_micros(try_multiply({_read(H_TS)}, 1000)) AS ts",
+    f"CASE WHEN {_read(H_TS)} <= {MAX_TS_MS} THEN timestamp_millis({_read(H_TS)}) END AS ts",
 )
 
 

@@ -42,7 +42,23 @@ log = logging.getLogger("spark_core.tables")
 TABLES = {"container_readings": "containers", "alerts": "alerts", "ship_positions": "nav"}
 FRAGMENTS = "ais_fragments"
 
-CONTAINER_FIELDS = "temperature DOUBLE, humidity DOUBLE, door STRING, shock DOUBLE, battery DOUBLE"
+#: a reading's fields, read from its JSON payload (null where the payload is not JSON, a
+#: field is missing or of another type)
+CONTAINER_FIELDS = (
+    ("temperature", "DOUBLE"),
+    ("humidity", "DOUBLE"),
+    ("door", "STRING"),
+    ("shock", "DOUBLE"),
+    ("battery", "DOUBLE"),
+)
+_CONTAINER_SCHEMA = ", ".join(f"{n} {t}" for n, t in CONTAINER_FIELDS)
+#: strict JSON, as shorelink/strict_json.py reads it: no NaN or Infinity tokens, and a
+#: number beyond a double (``1e999``) is no number either: every field null, never a
+#: non-finite value a reader of the table would have to guard against
+_CONTAINER_COLUMNS = tuple(
+    f"IF(abs(p.{n}) < double('Infinity'), p.{n}, NULL) AS {n}" if t == "DOUBLE" else f"p.{n}"
+    for n, t in CONTAINER_FIELDS
+)
 
 TopicFor = Callable[[str], str]
 
@@ -217,9 +233,10 @@ def start_table(
                 *cols[:3],
                 "key AS container",
                 *cols[4:],
-                f"from_json(payload, '{CONTAINER_FIELDS}') AS p",
+                f"from_json(payload, '{_CONTAINER_SCHEMA}',"
+                " map('allowNonNumericNumbers', 'false')) AS p",
             )
-            .selectExpr("*", "p.*")
+            .selectExpr("*", *_CONTAINER_COLUMNS)
             .drop("p")
         )
     else:

@@ -263,3 +263,67 @@ def test_tables_exactly_once_across_restarts(
     # an id is a value, never SQL: quotes and backslashes read no other container
     for hostile in ("C1' OR 1=1 --", "\\' OR 1=1 --", "C1\\", "%"):
         assert container_history(spark, site, hostile) == [], hostile
+
+
+#: payloads a ship (or a device on its network) can put in any stream: non-finite
+#: numbers, nesting deeper than any parser's limit, wrong types, invalid UTF-8, no JSON
+HOSTILE_PAYLOADS = (
+    b'{"temperature": NaN, "humidity": Infinity, "shock": -Infinity, "battery": 1e999}',
+    b"[" * 50_000 + b"]" * 50_000,
+    b'{"temperature": ' + b'{"a": ' * 5_000 + b"1" + b"}" * 5_001,
+    b'{"temperature": "hot", "door": 5, "battery": [1], "shock": {"x": null}}',
+    b'\xff\xfe{"temperature": 1, "door": "\xc3"}',
+    b'{"lat": NaN, "lon": 1e999, "mmsi": "x", "sog": -Infinity}',
+    b'{"lat": 91, "lon": -181, "mmsi": -1}',
+    b"!AIVDM,1,1,,A,\xff\xff,0*00",
+    b"!AIVDM,9,1,7,A,13u?etPv2;0n:dDPwUM1U1Cb069D,0*24",
+    b"",
+    b"null",
+    b'"just a string"',
+    b"\x00" * 64,
+)
+#: event times from the epoch to far beyond what a Spark timestamp holds (18 digits: the
+#: most the contract takes)
+HOSTILE_TIMES = (0, 1, T0, 253_402_300_799_999, 9_223_372_036_854_775, 999_999_999_999_999_999)
+
+
+def test_hostile_records_are_kept_and_never_stop_a_table(
+    kafka: KafkaBroker, small_delta: Any, tmp_path: Path
+) -> None:
+    """Review H2, the tables' part (issue item 3): every record of the canonical topics
+    passed the contract, but its payload and event time are the ship's word. Each
+    table's query ends without an error on every hostile payload at every extreme time;
+    container_readings and alerts keep every record (a field that does not parse is
+    null, the payload kept), ship_positions decodes none of them and stops for none,
+    and a good record after them is still there."""
+    spark = small_delta
+    bs = kafka.bootstrap
+    site, _ = make_site(bs, tmp_path, ["containers", "nav", "alerts"])
+    prefix = unique("hostile")
+    ensure_topics(
+        KafkaEndpoint.plaintext(bs),
+        [TopicSpec(f"{prefix}.{s}", partitions=1) for s in ("containers", "nav", "alerts")],
+    )
+    records: list[Record] = []
+    for stream in ("containers", "nav", "alerts"):
+        seq = 0
+        for payload in HOSTILE_PAYLOADS:
+            for ts in HOSTILE_TIMES:
+                seq += 1
+                records.append(
+                    Record(Identity("ship-h", stream, seq), b"C1", payload, ts, "tokyo", "ship/h")
+                )
+        good = {"temperature": 4.0, "lat": 35.0, "lon": 139.0, "mmsi": 431000001}
+        records.append(_rec("ship-h", stream, seq + 1, "C1", T0, json.dumps(good)))
+    _produce(bs, prefix, records)
+    _run(spark, site, prefix)
+    each = len(HOSTILE_PAYLOADS) * len(HOSTILE_TIMES) + 1
+    readings = _rows(spark, site, "container_readings")
+    assert len(readings) == each and len(_rows(spark, site, "alerts")) == each
+    last = max(readings, key=lambda r: r.seq)
+    assert (last.temperature, str(last.day)) == (4.0, "2023-11-14")
+    assert all(r.temperature is None for r in readings if r.seq < each)
+    beyond = [r for r in readings if r.seq % len(HOSTILE_TIMES) == 0 and r.seq < each]
+    assert beyond and all(r.ts is None and r.day is None for r in beyond)
+    positions = _rows(spark, site, "ship_positions")
+    assert [(p.seq, p.mmsi) for p in positions] == [(each, 431000001)]
