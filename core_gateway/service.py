@@ -313,7 +313,8 @@ class GatewayService:
         if owner is None:
             raise ApiError(401, "unauthorized", "unknown or revoked token")
         if owner != ship:
-            raise ApiError(403, "forbidden", f"this token belongs to ship {owner!r}, not {ship!r}")
+            # the answer names no ship: a stolen token does not say whose it is
+            raise ApiError(403, "forbidden", f"this token is not ship {ship!r}'s")
 
     async def kafka_reachable(self) -> bool:
         """Is Kafka reachable, for ``/readyz``: asked of Kafka at most once every

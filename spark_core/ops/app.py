@@ -176,7 +176,7 @@ _TASK = web.AppKey("ops_task", asyncio.Task)
 def make_app(ops: Ops, *, follow: bool = True) -> web.Application:
     """The page's application. ``follow``: start the Kafka follower with the app (and
     stop it with the app)."""
-    app = web.Application(middlewares=[_auth])
+    app = web.Application(middlewares=[_headers, _auth])
     app[OPS] = ops
     app.router.add_get("/", _index)
     app.router.add_get("/static/{name}", _static)
@@ -219,6 +219,41 @@ def make_app(ops: Ops, *, follow: bool = True) -> web.Application:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+#: what every answer says to the browser: nothing but this page's own files runs or
+#: loads, no other site may frame it, no type is guessed, no address leaks onward
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+#: the names an open page (no users file, loopback only) answers to: another name is a
+#: web site's page that had its own name resolve to 127.0.0.1 (DNS rebinding)
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+
+
+def _host_name(host: str) -> str:
+    """The name of a ``Host`` header, without its port (``[::1]:8090`` -> ``[::1]``)."""
+    if host.startswith("["):
+        return host[: host.find("]") + 1]
+    return host.rsplit(":", 1)[0].lower()
+
+
+@web.middleware
+async def _headers(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        exc.headers.update(SECURITY_HEADERS)
+        raise
+    if not response.prepared:
+        response.headers.update(SECURITY_HEADERS)
+    return response
+
+
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     ops = request.app[OPS]
@@ -226,7 +261,14 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         return web.json_response(
             {"error": "read_only", "message": "the operations page is read-only"}, status=405
         )
-    if ops.open or request.path == "/healthz":
+    if request.path == "/healthz":
+        return await handler(request)
+    if ops.open:
+        if _host_name(request.host) not in _LOOPBACK_NAMES:
+            return web.json_response(
+                {"error": "wrong_host", "message": "an open page answers to loopback names only"},
+                status=421,
+            )
         return await handler(request)
     login = _basic_login(request.headers.get("Authorization", ""))
     if login is None or ops.users is None or not await ops.users.check(*login):
@@ -313,6 +355,7 @@ async def _events(request: web.Request) -> web.StreamResponse:
             "X-Accel-Buffering": "no",
         }
     )
+    resp.headers.update(SECURITY_HEADERS)
     await resp.prepare(request)
     sent = -1
     last_write = time.monotonic()

@@ -510,8 +510,21 @@ def test_a_users_file_that_names_no_one_or_others_may_read_leaves_the_page_close
         assert "event=ops_no_users" in text and "event=ops_open" not in text
     finally:
         page.stop(grace=10)
-    # without a users file: open on loopback (said), refused beyond it
+    # without a users file: open on loopback (said) to loopback names only (a web site
+    # whose name resolves to 127.0.0.1 reads nothing: DNS rebinding), refused beyond it
     config.write_text(config.read_text().replace('users_file = "ops-users"\n', ""))
+    page = run_process("ops", command, log)
+    try:
+        opened = dataclasses.replace(site, url=f"http://127.0.0.1:{port}")
+        opened.wait_up(page)
+        assert opened.get("/api/site", auth=None)["site"] == SITE
+        rebound = urllib.request.Request(opened.url + "/api/site", headers={"Host": "evil.example"})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(rebound, timeout=10)
+        assert err.value.code == 421
+        assert "event=ops_open" in log.read_text()
+    finally:
+        page.stop(grace=10)
     beyond = subprocess.run(
         [*command, "--host", "0.0.0.0", "--plain-http"], capture_output=True, text=True, timeout=60
     )
@@ -557,8 +570,18 @@ def _page(site: Site) -> Iterator[Any]:
                 viewport={"width": 1400, "height": 1100},
             )
             page = ctx.new_page()
-            page.goto(site.url + "/")
+            refused: list[str] = []
+            page.on(
+                "console",
+                lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None,
+            )
+            response = page.goto(site.url + "/")
+            assert response is not None and "frame-ancestors 'none'" in (
+                response.headers.get("content-security-policy", "")
+            )
             yield page
+            # the page's own script and styles run under its policy: nothing was refused
+            assert not refused, refused
         finally:
             browser.close()
 
