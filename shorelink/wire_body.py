@@ -34,6 +34,7 @@ __all__ = [
     "I64_MAX",
     "I64_MIN",
     "REASONS",
+    "STRETCH_VALUES",
     "WireError",
     "WireRecord",
     "build_body",
@@ -97,7 +98,8 @@ _WIDE = 0x100  # decoded column flag: some |value| >= _FLOAT_EXACT
 _MAX_SLOTS = 4096
 #: numbers a decoder turns into Python ints at once (each about 40 bytes while it lives);
 #: a template's records are decoded a stretch of about this many numbers at a time
-_CHUNK_VALUES = 65536
+#: (:func:`parse_columns` ``stretch``)
+STRETCH_VALUES = 65536
 
 
 class WireError(ShorelinkError):
@@ -492,12 +494,14 @@ def _runs_cost(values: list[int], head_mask: list[int]) -> int:
 class _Reader:
     """Bounds-checked reads over the decompressed body."""
 
-    __slots__ = ("buf", "end", "pos")
+    __slots__ = ("buf", "end", "pos", "stretch")
 
-    def __init__(self, buf: bytes) -> None:
+    def __init__(self, buf: bytes, stretch: int = STRETCH_VALUES) -> None:
         self.buf = buf
         self.pos = 0
         self.end = len(buf)
+        #: numbers decoded at once (:data:`STRETCH_VALUES`)
+        self.stretch = stretch
 
     def u8(self, what: str, most: int) -> int:
         if self.pos >= self.end:
@@ -545,7 +549,8 @@ class _Ints:
     and stepped over when it is opened."""
 
     __slots__ = (
-        "buf", "carry", "checked", "delta", "done", "hi", "lo", "n", "planes", "pos", "w", "what",
+        "buf", "carry", "checked", "delta", "done", "hi", "lo", "n", "planes", "pos", "stretch",
+        "w", "what",
     )  # fmt: skip
 
     def __init__(
@@ -566,6 +571,7 @@ class _Ints:
         if n * w > rd.end - rd.pos:
             raise WireError("malformed", f"{what}: {n} values overrun the body")
         self.buf, self.pos, self.n, self.done, self.what = rd.buf, rd.pos, n, 0, what
+        self.stretch = rd.stretch
         half = 1 << (8 * w - 1)
         # a column not coded as differences is in range by its width, unless told less
         self.checked = self.delta or lo > -half or hi < half - 1
@@ -601,7 +607,7 @@ class _Ints:
         probe = copy.copy(self)
         left, out = probe.n - probe.done, 0
         while left:
-            k = min(left, _CHUNK_VALUES)
+            k = min(left, probe.stretch)
             out += sum(probe.take(k))
             left -= k
         return out
@@ -633,15 +639,16 @@ class _Budget:
 
 
 def parse_columns(
-    raw: bytes, *, flags: int, count: int, max_decoded: int
+    raw: bytes, *, flags: int, count: int, max_decoded: int, stretch: int = STRETCH_VALUES
 ) -> tuple[list[str], list[int], list[str], list[bytes]]:
     """The ``count`` records in ``raw``, a decompressed body written with header
     ``flags``, as columns: keys, event times, topics, payloads (their seqs follow from the
     header). Keys, topics and payloads together may take at most ``max_decoded`` bytes.
     Anything wrong raises :class:`WireError`. Columns, not records: building a tuple per
     record is a quarter of the decoding time, which a caller that hands the columns on
-    (the gateway's decode workers) does not pay."""
-    rd = _Reader(raw)
+    (the gateway's decode workers) does not pay. ``stretch``: how many numbers become
+    Python ints at once (what decoding holds; any value decodes the same records)."""
+    rd = _Reader(raw, stretch)
     budget = _Budget(max_decoded)
     n_keys = rd.u32("keys", count)
     key_bytes = rd.pieces(rd.ints(n_keys, "key lengths", 0), "keys")
@@ -701,7 +708,7 @@ def _parse_templated(
     rd: _Reader, key_of: list[int], n_keys: int, times: list[int], budget: _Budget
 ) -> list[bytes]:
     """Templated payloads, a template and then a stretch of its records at a time: at
-    most about :data:`_CHUNK_VALUES` numbers are Python ints at once, and what a stretch
+    most about ``rd.stretch`` numbers (:data:`STRETCH_VALUES`) are Python ints at once, and what a stretch
     renders is charged to ``budget`` before the next is read. Whatever the body, the
     decoder holds the records it built plus a bounded working set (docs/wire-format.md,
     "What decoding costs")."""
@@ -739,7 +746,7 @@ def _parse_templated(
             for i in members:
                 payloads[i] = segs[0]
             continue
-        step = max(1, _CHUNK_VALUES // s)
+        step = max(1, rd.stretch // s)
         for a in range(0, len(members), step):
             part = members[a : a + step]
             ts = list(map(times.__getitem__, part))
