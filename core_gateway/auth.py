@@ -13,11 +13,9 @@ gateway's ``listen.client_ca_file``).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import hmac
 import logging
-import os
 import secrets
 import time
 from collections.abc import Callable
@@ -26,7 +24,7 @@ from pathlib import Path
 
 from core_gateway.errors import GatewayError
 from shorelink import strict_json
-from shorelink.files import write_json_atomic
+from shorelink.files import FileWatch, locked, write_json_atomic
 from shorelink.identity import check_name
 
 __all__ = ["Credentials", "ShipCredential", "hash_token"]
@@ -58,8 +56,7 @@ class Credentials:
         self.path = path
         self._by_ship: dict[str, ShipCredential] = {}
         self._by_hash: dict[str, ShipCredential] = {}
-        self._stamp = (0, 0, 0)
-        self._checked = 0.0
+        self._watch = FileWatch(path)
         self.reload()
 
     def maybe_reload(self) -> None:
@@ -68,11 +65,7 @@ class Credentials:
         gateway has: logged at every check until it is mended, never a 500, and never
         forgotten (a changed file is told by its inode, size and mtime, and remembered
         only once it has been read)."""
-        now = time.monotonic()
-        if now - self._checked < 1.0:
-            return
-        self._checked = now
-        if self._stamp_now() == self._stamp:
+        if not self._watch.due():
             return
         try:
             self.reload()
@@ -84,18 +77,12 @@ class Credentials:
                 str(exc),
             )
 
-    def _stamp_now(self) -> tuple[int, int, int]:
-        try:
-            st = self.path.stat()
-        except OSError:
-            return (0, 0, 0)
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
-
     def reload(self) -> None:
         """Read the file (raises :class:`GatewayError` if it does not parse)."""
-        stamp = self._stamp_now()
+        stamp = self._watch.stamp()
         if not self.path.exists():
-            self._by_ship, self._by_hash, self._stamp = {}, {}, stamp
+            self._by_ship, self._by_hash = {}, {}
+            self._watch.read_at(stamp)
             return
         try:
             data = strict_json.loads(self.path.read_bytes())
@@ -113,7 +100,7 @@ class Credentials:
             raise GatewayError(f"credentials file {self.path} is unreadable: {exc}") from exc
         self._by_ship = ships
         self._by_hash = {c.token_hash: c for c in ships.values() if not c.revoked}
-        self._stamp = stamp
+        self._watch.read_at(stamp)
 
     def ship_for_token(self, token: str) -> str | None:
         """The ship this token belongs to, or None (unknown or revoked)."""
@@ -166,17 +153,12 @@ class Credentials:
         under an exclusive lock on ``<file>.lock``, so two ``ships`` commands at once
         neither undo each other (a revocation stays revoked) nor lose a ship. Not
         the gateway's reads: they see the old file or the new one, never half."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with locked(self.path):
             self.reload()  # what the last writer left, not what this object read before
             changed = change(self._by_ship)
             if changed:
                 self._save()
             return changed
-        finally:
-            os.close(fd)  # and the lock with it
 
     def _save(self) -> None:
         data = {

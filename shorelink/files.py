@@ -9,15 +9,19 @@ no writer forgets a step).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import stat
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from shorelink.errors import ConfigError
 
-__all__ = ["read_private", "write_atomic", "write_json_atomic"]
+__all__ = ["FileWatch", "locked", "read_private", "write_atomic", "write_json_atomic"]
 
 
 def read_private(path: Path, field: str) -> bytes:
@@ -80,3 +84,52 @@ def write_json_atomic(
     text = json.dumps(obj, indent=indent, sort_keys=sort_keys) + ("\n" if newline else "")
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, text, mode=mode)
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``<path>.lock`` (mode 0600) for a read-modify-write of
+    ``path``: two commands at once neither undo each other nor lose a change. Readers
+    need none (they see the old file or the new one, never half)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # and the lock with it
+
+
+class FileWatch:
+    """Tells a reader when a file another process rewrites has changed: looked at no
+    more than once every ``every`` seconds; a change is told by the file's inode, size
+    and mtime (an atomic rename is a new inode, so a same-tick rewrite is seen), and is
+    remembered only once the reader says it has read the file (:meth:`read_at`): a
+    file that did not parse is tried again at the next look."""
+
+    def __init__(self, path: Path, every: float = 1.0) -> None:
+        self.path = path
+        self.every = every
+        self._read: tuple[int, int, int] = (0, 0, 0)
+        self._looked = 0.0
+
+    def stamp(self) -> tuple[int, int, int]:
+        """The file's (inode, size, mtime in ns) now; zeros when it is missing."""
+        try:
+            st = self.path.stat()
+        except OSError:
+            return (0, 0, 0)
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def due(self) -> bool:
+        """Whether the file should be read again: it is time to look, and it changed
+        since the read last told to :meth:`read_at`."""
+        now = time.monotonic()
+        if now - self._looked < self.every:
+            return False
+        self._looked = now
+        return self.stamp() != self._read
+
+    def read_at(self, stamp: tuple[int, int, int]) -> None:
+        """The file as it was at ``stamp`` (taken before reading it) has been read."""
+        self._read = stamp

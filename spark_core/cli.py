@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from spark_core.topics import Change
 
 __all__ = [
+    "config_option",
     "main",
     "render_access_changes",
     "render_topic_changes",
@@ -192,7 +193,8 @@ def _query_session(cfg: SitesConfig, ivy_dir: Path | None) -> Any:
 
 
 _site_opt = click.option("--site", "site_name", required=True, help="Site whose tables to read.")
-_config_opt = click.option(
+#: ``--config sites.toml`` (or ``SHORELINK_SPARK_CONFIG``) of every command of the site
+config_option = click.option(
     "--config",
     "config_path",
     type=click.Path(path_type=Path),
@@ -215,7 +217,7 @@ def query_group() -> None:
 
 @query_group.command("container-history")
 @_site_opt
-@_config_opt
+@config_option
 @_ivy_opt
 @_rows_json_opt
 @click.option("--container", required=True, help="Container id (the records' key).")
@@ -238,7 +240,7 @@ def container_history_cmd(
 
 @query_group.command("latest-positions")
 @_site_opt
-@_config_opt
+@config_option
 @_ivy_opt
 @_rows_json_opt
 def latest_positions_cmd(
@@ -265,7 +267,7 @@ def topics_group() -> None:
 
 @topics_group.command("apply")
 @click.option("--site", "site_name", required=True, help="Site whose topics to apply.")
-@_config_opt
+@config_option
 @click.option("--dry-run", is_flag=True, help="Show what would change, change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of a table.")
 @click.option(
@@ -329,7 +331,7 @@ def access_group() -> None:
 
 @access_group.command("apply")
 @click.option("--site", "site_name", required=True, help="Site whose principals and ACLs to apply.")
-@_config_opt
+@config_option
 @click.option("--dry-run", is_flag=True, help="Show what would change, change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of lines.")
 @click.option(
@@ -412,7 +414,7 @@ def render_access_changes(
 
 @main.command("status")
 @click.option("--site", "site_name", required=True, help="Site whose application to show.")
-@_config_opt
+@config_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of tables.")
 @click.option(
     "--max-age",

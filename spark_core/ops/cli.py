@@ -17,6 +17,7 @@ from shorelink.cli_support import fail, load_or_exit
 from shorelink.errors import ConfigError, ShorelinkError
 from shorelink.logs import configure_logging
 from shorelink.tls import TlsFile, is_loopback, server_context
+from spark_core.cli import config_option
 from spark_core.config import load_config
 from spark_core.ops.app import Ops, make_app
 from spark_core.ops.users import (
@@ -35,14 +36,7 @@ log = logging.getLogger(__name__)
 
 @click.command("ops")
 @click.option("--site", "site_name", required=True, help="The site whose page this is.")
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(path_type=Path),
-    required=True,
-    envvar="SHORELINK_SPARK_CONFIG",
-    help="sites.toml (env SHORELINK_SPARK_CONFIG).",
-)
+@config_option
 @click.option("--host", default=None, help="Listen address (default: [sites.S.ops.listen] host).")
 @click.option(
     "--port",
@@ -145,14 +139,6 @@ def _users_file(site_name: str, config_path: Path) -> Path:
 
 
 _site_opt = click.option("--site", "site_name", required=True, help="The page's site.")
-_config_opt = click.option(
-    "--config",
-    "config_path",
-    type=click.Path(path_type=Path),
-    required=True,
-    envvar="SHORELINK_SPARK_CONFIG",
-    help="sites.toml (env SHORELINK_SPARK_CONFIG); its [sites.S.ops] users_file is changed.",
-)
 
 
 @click.group("ops-users", context_settings={"help_option_names": ["-h", "--help"]})
@@ -165,7 +151,7 @@ def ops_users() -> None:
 @ops_users.command("add")
 @click.argument("name")
 @_site_opt
-@_config_opt
+@config_option
 @click.option("--password-stdin", is_flag=True, help="Read the password from stdin (first line).")
 def users_add(name: str, site_name: str, config_path: Path, password_stdin: bool) -> None:
     """Add NAME, or give NAME a new password (asked twice, not echoed)."""
@@ -198,7 +184,7 @@ def users_add(name: str, site_name: str, config_path: Path, password_stdin: bool
 @ops_users.command("remove")
 @click.argument("name")
 @_site_opt
-@_config_opt
+@config_option
 def users_remove(name: str, site_name: str, config_path: Path) -> None:
     """Remove NAME: a page that has it open is refused within a second."""
     path = _users_file(site_name, config_path)
@@ -213,7 +199,7 @@ def users_remove(name: str, site_name: str, config_path: Path) -> None:
 
 @ops_users.command("list")
 @_site_opt
-@_config_opt
+@config_option
 def users_list(site_name: str, config_path: Path) -> None:
     """The logins' names, one per line."""
     path = _users_file(site_name, config_path)

@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import fcntl
 import hashlib
 import hmac
 import logging
-import os
 import secrets
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from shorelink.errors import ConfigError
-from shorelink.files import read_private, write_atomic
+from shorelink.files import FileWatch, locked, read_private, write_atomic
 
 __all__ = [
     "MAX_PASSWORD_BYTES",
@@ -121,8 +118,7 @@ class OpsUsers:
         self._users: dict[str, str] = {}
         #: SHA-256 of (name, password) pairs that passed, until the file changes
         self._passed: set[bytes] = set()
-        self._stamp: tuple[int, int, int] = (0, 0, 0)
-        self._checked = 0.0
+        self._watch = FileWatch(path)
         self._one_at_a_time = asyncio.Semaphore(1)
         self.reload()
 
@@ -132,19 +128,15 @@ class OpsUsers:
 
     def reload(self) -> None:
         """Read the file (a :class:`ConfigError` naming the field if it cannot be)."""
-        stamp = self._stamp_now()
+        stamp = self._watch.stamp()
         self._users = _parse(read_private(self.path, self.field).decode(), self.field)
         self._passed = set()
-        self._stamp = stamp
+        self._watch.read_at(stamp)
 
     def maybe_reload(self) -> None:
         """Pick up ``shorelink ops-users`` changes (checked once a second). A file that
         cannot be read keeps the logins the page has, logged at every check."""
-        now = time.monotonic()
-        if now - self._checked < 1.0:
-            return
-        self._checked = now
-        if self._stamp_now() == self._stamp:
+        if not self._watch.due():
             return
         try:
             self.reload()
@@ -152,13 +144,6 @@ class OpsUsers:
             log.error(
                 "event=ops_users_unreadable users_kept=%d error=%r", len(self._users), str(exc)
             )
-
-    def _stamp_now(self) -> tuple[int, int, int]:
-        try:
-            st = self.path.stat()
-        except OSError:
-            return (0, 0, 0)
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
 
     async def check(self, name: str, password: str) -> bool:
         """Whether ``name`` may look with ``password``."""
@@ -178,16 +163,12 @@ class OpsUsers:
 
 def change_users(path: Path, change: Callable[[dict[str, str]], bool]) -> bool:
     """Read ``path``'s logins (none if it does not exist), apply ``change``, write them
-    back if it says so: under an exclusive lock on ``<file>.lock``, mode 0600."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    back if it says so: under the file's lock (:func:`~shorelink.files.locked`), mode
+    0600."""
+    with locked(path):
         users = _parse(read_private(path, str(path)).decode(), str(path)) if path.exists() else {}
         changed = change(users)
         if changed:
             lines = "".join(f"{n} {users[n]}\n" for n in sorted(users))
             write_atomic(path, _HEADER + lines, mode=0o600)
         return changed
-    finally:
-        os.close(fd)
