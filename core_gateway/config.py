@@ -11,7 +11,7 @@ import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shorelink.config import LOG_LEVELS, Section, key, read, read_key
+from shorelink.config import LOG_LEVELS, Section, key, read, read_key, resolve_secrets
 from shorelink.config import load_config as load_file
 from shorelink.errors import ConfigError
 from shorelink.kafka.endpoint import KafkaEndpoint
@@ -138,6 +138,7 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayCo
         raise ConfigError("limits.max_inflight_bytes", "must be at least limits.max_batch_bytes")
     if not cfg.streams:
         raise ConfigError("streams", "list at least one stream")
+    resolve_secrets(cfg)  # the gateway uses every secret of its file: an unset one fails now
     return cfg
 
 

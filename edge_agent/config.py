@@ -24,6 +24,7 @@ from shorelink.config import (
     key,
     read,
     read_key,
+    resolve_secrets,
 )
 from shorelink.config import load_config as load_file
 from shorelink.contract import MAX_RECORD_BYTES
@@ -326,7 +327,6 @@ def _log(s: Section, base: Path | None) -> LogConfig:
 
 def _uplink(s: Section, base: Path | None) -> UplinkConfig:
     out = read(UplinkConfig, s, base=base)
-    bool(out.token)  # resolved now: the agent uses it (an unset variable is named here)
     if out.token_file is not None:
         if out.token:
             raise ConfigError(s.field("token"), "set token or token_file, not both")
@@ -433,7 +433,7 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
         if (g.site, g.url) in seen:
             raise ConfigError(f"gateways[{i}].url", f"gateway {g.url} of {g.site} listed twice")
         seen.add((g.site, g.url))
-    return read(
+    cfg = read(
         EdgeConfig,
         top,
         base=base,
@@ -448,6 +448,8 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
         mqtt=_mqtt(top.section("mqtt"), ship),
         uplink=_uplink(top.section("uplink"), base),
     )
+    resolve_secrets(cfg)  # the agent uses every secret of its file: an unset one fails now
+    return cfg
 
 
 def load_config(path: str | Path) -> EdgeConfig:

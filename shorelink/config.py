@@ -46,6 +46,7 @@ __all__ = [
     "read",
     "read_key",
     "relative",
+    "resolve_secrets",
     "walk",
 ]
 
@@ -101,6 +102,25 @@ class Secret:
 
     def __hash__(self) -> int:
         return hash(self.value)
+
+
+def resolve_secrets(cfg: Any) -> None:
+    """Resolve every :class:`Secret` in the dataclass ``cfg`` (nested dataclasses,
+    tuples and dicts of them): a ``ConfigError`` naming the first whose variable is
+    not set. A deployable that uses every secret of its file (the edge agent, the
+    gateway) calls it at load, so ``check-config`` and the start fail at once; the sites
+    file, read by many commands each with its own secrets, does not."""
+    if isinstance(cfg, Secret):
+        bool(cfg)
+    elif dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        for f in dataclasses.fields(cfg):
+            resolve_secrets(getattr(cfg, f.name))
+    elif isinstance(cfg, (tuple, list)):
+        for x in cfg:
+            resolve_secrets(x)
+    elif isinstance(cfg, dict):
+        for x in cfg.values():
+            resolve_secrets(x)
 
 
 def expand_env(value: str, field: str) -> str:
