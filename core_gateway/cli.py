@@ -102,7 +102,7 @@ def health(config_path: Path) -> None:
 
 @main.command()
 @CONFIG
-@click.option("--log-json", is_flag=True, help="Log JSON lines instead of key=value.")
+@click.option("--log-json", is_flag=True, help="Log JSON lines instead of logfmt.")
 def run(config_path: Path, log_json: bool) -> None:
     """Serve the API until SIGTERM or SIGINT."""
     cfg = _load(config_path)

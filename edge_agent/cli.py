@@ -50,7 +50,7 @@ def check_config(config_file: Path) -> None:
 
 @main.command()
 @CONFIG
-@click.option("--log-json", is_flag=True, help="Log JSON lines instead of key=value.")
+@click.option("--log-json", is_flag=True, help="Log JSON lines instead of logfmt.")
 def run(config_path: Path, log_json: bool) -> None:
     """Run the agent (systemd: Type=notify) until SIGTERM or SIGINT."""
     from edge_agent.agent import Agent

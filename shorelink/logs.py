@@ -1,47 +1,130 @@
-"""Structured logs: one event per line, ``key=value`` (or JSON with ``--log-json``).
+"""Structured logs: one event per line, logfmt (or JSON lines with ``--log-json``).
 
-Call sites log ``log.info("event=batch_sent stream=%s seqs=%s", ...)``; the formatter
-prefixes time, level and logger, so every line greps and parses the same way.
+Call sites log ``log.info("event=batch_sent stream=%s seqs=%s error=%r", ...)``: each
+field ``key=value``, a value that may hold spaces written with ``%r`` (Python's quotes).
+The formatter reads the fields back (:func:`fields`: a quoted value exactly as it was,
+spaces, quotes and all) and writes them with time, level and logger in front: logfmt
+(a value with a space, a quote, ``=`` or a control character in double quotes, JSON
+escapes) or one JSON object per line. Under systemd (``JOURNAL_STREAM`` names stderr)
+each line starts with its syslog priority (``<4>`` for a warning), so ``journalctl -p
+warning`` finds it.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
+import os
+import re
 import sys
 import time
 
-__all__ = ["RateLimitedLog", "configure_logging"]
+__all__ = ["RateLimitedLog", "configure_logging", "fields", "logfmt"]
+
+_KEY = re.compile(r"([A-Za-z_][\w.\-]*)=")
+_QUOTED = re.compile(r"'(?:[^'\\\n]|\\.)*'" + r'|"(?:[^"\\\n]|\\.)*"')
+_BARE = re.compile(r"\S*")
+_PLAIN = re.compile(r"[^\s\"=\\\x00-\x1f\x7f]+")
+#: syslog priorities of the levels (sd-daemon's ``<N>`` prefix)
+_PRIORITY = {"CRITICAL": 2, "ERROR": 3, "WARNING": 4, "INFO": 6, "DEBUG": 7}
 
 
-class _KeyValueFormatter(logging.Formatter):
+def fields(message: str) -> dict[str, str]:
+    """The ``key=value`` fields of a call site's message, in order. A value in Python's
+    quotes (``%r`` of a string) is read back exactly; any other runs to the next space.
+    Words that are no field are kept under ``msg``."""
+    out: dict[str, str] = {}
+    rest: list[str] = []
+    pos, n = 0, len(message)
+    while pos < n:
+        if message[pos] == " ":
+            pos += 1
+            continue
+        key = _KEY.match(message, pos)
+        if key is None:
+            word = _BARE.match(message, pos)
+            assert word is not None
+            rest.append(word.group())
+            pos = word.end()
+            continue
+        pos = key.end()
+        value = _quoted(message, pos)
+        if value is None:
+            bare = _BARE.match(message, pos)
+            assert bare is not None
+            out[key.group(1)] = bare.group()
+            pos = bare.end()
+        else:
+            out[key.group(1)], pos = value
+    if rest:
+        out["msg"] = " ".join(rest)
+    return out
+
+
+def _quoted(message: str, pos: int) -> tuple[str, int] | None:
+    m = _QUOTED.match(message, pos)
+    if m is None or (m.end() < len(message) and message[m.end()] != " "):
+        return None
+    try:
+        value = ast.literal_eval(m.group())
+    except (ValueError, SyntaxError):
+        return None
+    return (value, m.end()) if isinstance(value, str) else None
+
+
+def logfmt(pairs: dict[str, str]) -> str:
+    """``key=value`` pairs, a value quoted (JSON's escapes) unless it is one plain word."""
+    return " ".join(
+        f"{k}={v}" if _PLAIN.fullmatch(v) else f"{k}={json.dumps(v, ensure_ascii=False)}"
+        for k, v in pairs.items()
+    )
+
+
+def _head(record: logging.LogRecord) -> dict[str, str]:
+    ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+    return {
+        "ts": f"{ts}.{int(record.msecs):03d}Z",
+        "level": record.levelname.lower(),
+        "logger": record.name,
+    }
+
+
+class _LogfmtFormatter(logging.Formatter):
+    def __init__(self, priority: bool = False) -> None:
+        super().__init__()
+        self.priority = priority
+
     def format(self, record: logging.LogRecord) -> str:
-        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        line = f"ts={ts}.{int(record.msecs):03d}Z level={record.levelname.lower()} logger={record.name} {record.getMessage()}"
+        out = _head(record) | fields(record.getMessage())
         if record.exc_info:
-            line += " exc=" + json.dumps(self.formatException(record.exc_info))
+            out["exc"] = self.formatException(record.exc_info)
+        line = logfmt(out)
+        if self.priority:
+            line = f"<{_PRIORITY.get(record.levelname, 6)}>{line}"
         return line
 
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, object] = {
-            "ts": record.created,
-            "level": record.levelname.lower(),
-            "logger": record.name,
-        }
-        for part in record.getMessage().split(" "):
-            k, sep, v = part.partition("=")
-            if sep:
-                out[k] = v
+        out = _head(record) | fields(record.getMessage())
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out)
+        return json.dumps(out, ensure_ascii=False)
+
+
+def _to_journal() -> bool:
+    """Whether stderr is systemd's journal (``JOURNAL_STREAM`` is its device:inode)."""
+    try:
+        st = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError):
+        return False
+    return os.environ.get("JOURNAL_STREAM", "") == f"{st.st_dev}:{st.st_ino}"
 
 
 def configure_logging(level: str = "info", *, as_json: bool = False) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter() if as_json else _KeyValueFormatter())
+    handler.setFormatter(_JsonFormatter() if as_json else _LogfmtFormatter(_to_journal()))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

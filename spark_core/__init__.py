@@ -8,6 +8,7 @@ Its modules, one concept each, are listed in docs/ARCHITECTURE.md; it imports on
 __all__ = [
     "access",
     "ais",
+    "check",
     "cli",
     "config",
     "contract_sql",

@@ -412,6 +412,30 @@ def render_access_changes(
     return out
 
 
+@main.command("check-config")
+@click.argument("config_file", type=click.Path(path_type=Path))
+@click.option("--site", "site_name", default=None, help="Check this site only.")
+def check_config_cmd(config_file: Path, site_name: str | None) -> None:
+    """Validate CONFIG_FILE (a sites file) and the customers file it names: every site's
+    files there and private where they must be, the variables this shell lacks, where
+    traffic would cross a network in clear text. Exit 2 if it does not parse, 1 on a
+    problem (warnings alone pass)."""
+    from spark_core.check import check_sites
+
+    cfg = load_or_exit(load_config, config_file)
+    if site_name is not None:
+        load_or_exit(lambda _: cfg.site(site_name), config_file)
+    report = check_sites(cfg, site_name)
+    for line in report.summary:
+        click.echo(line)
+    for line in report.warnings:
+        click.echo(f"warning: {line}", err=True)
+    for line in report.problems:
+        click.echo(f"error: {line}", err=True)
+    if not report.ok:
+        sys.exit(1)
+
+
 @main.command("status")
 @click.option("--site", "site_name", required=True, help="Site whose application to show.")
 @config_option

@@ -180,6 +180,20 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class TableMaintenanceConfig:
+    """Delta's own OPTIMIZE and VACUUM over the site's tables, on a schedule
+    (``[sites.S.table_maintenance]``, spark_core/tables.py ``TableKeeper``): the tables
+    are written every trigger, a few small files each time, without end otherwise."""
+
+    #: how often the tables are compacted and vacuumed; 0: never
+    interval_s: float = field(default=3600.0, metadata=key("interval", min=0))
+    #: files a compaction replaced are deleted once older than this (Delta's own
+    #: default, 7 days: a reader of an older version finds its files until then). Less
+    #: than 7 days turns Delta's retention check off for the site's session (said at start)
+    retention_s: float = field(default=7 * 86400.0, metadata=key("retention", min=0))
+
+
+@dataclass(frozen=True)
 class SparkConfig:
     master: str = "local[*]"
     driver_memory: str = "2g"
@@ -211,6 +225,8 @@ class SiteConfig(SiteKafka):
     ops: OpsConfig = field(default_factory=OpsConfig)
     #: Prometheus metrics (``[sites.S.metrics]``)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    #: compaction and vacuum of the Delta tables (``[sites.S.table_maintenance]``)
+    table_maintenance: TableMaintenanceConfig = field(default_factory=TableMaintenanceConfig)
 
     def policy(self, stream: str) -> StreamPolicy:
         """``stream``'s policy at this site: its ``[topics.<stream>]`` table, or what

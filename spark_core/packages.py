@@ -27,8 +27,9 @@ SPARK_PACKAGES = (
 )
 
 
-#: Resolve from Maven Central only (see the comment in the file).
-IVY_SETTINGS = Path(__file__).resolve().parents[1] / "deploy" / "spark" / "ivysettings.xml"
+#: Resolve from Maven Central only (see the comment in the file): package data, so an
+#: installed wheel finds it as a checkout does.
+IVY_SETTINGS = Path(__file__).resolve().parent / "ivysettings.xml"
 
 
 def spark_package_conf(ivy_dir: str | None) -> dict[str, str]:

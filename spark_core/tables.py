@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,7 @@ __all__ = [
     "FRAGMENTS",
     "TABLES",
     "PositionsWriter",
+    "TableKeeper",
     "start_table",
     "start_tables",
     "table_path",
@@ -265,3 +267,86 @@ def start_tables(
         for t, s in TABLES.items()
         if s in site.streams
     }
+
+
+#: Delta's own shortest retention without its check (``retentionDurationCheck``)
+_DELTA_MIN_RETENTION_S = 7 * 86400
+
+
+class TableKeeper:
+    """Compacts and vacuums the site's Delta tables every ``table_maintenance.interval``
+    on a thread of its own, beside the queries that write them: Delta's own ``OPTIMIZE``
+    (small files into few, a commit that conflicts with no append) then ``VACUUM`` (the
+    files no version newer than ``retention`` needs). A table that fails (a conflict, a
+    full disk) is logged and tried again next time; the queries never wait for it."""
+
+    def __init__(self, spark: Any, site: SiteConfig) -> None:
+        self.spark, self.site = spark, site
+        self.config = site.table_maintenance
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if self.config.retention_s < _DELTA_MIN_RETENTION_S:
+            spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+            log.warning(
+                "event=table_retention_short site=%s retention_s=%d message=%r",
+                site.name,
+                self.config.retention_s,
+                "below Delta's 7 days: a reader of an older table version may lose its files",
+            )
+
+    def tables(self) -> list[Path]:
+        """The site's tables that exist (a Delta log), fragments included."""
+        names = [*TABLES, FRAGMENTS]
+        return [p for p in (table_path(self.site, t) for t in names) if (p / "_delta_log").is_dir()]
+
+    def run_once(self) -> dict[str, tuple[int, int]]:
+        """Compact and vacuum each table now: table -> (files before, files after)."""
+        from delta.tables import DeltaTable
+
+        out: dict[str, tuple[int, int]] = {}
+        hours = self.config.retention_s / 3600
+        for path in self.tables():
+            start = time.monotonic()
+            try:
+                table = DeltaTable.forPath(self.spark, str(path))
+                before = int(table.detail().collect()[0]["numFiles"])
+                table.optimize().executeCompaction()
+                table.vacuum(hours)
+                after = int(table.detail().collect()[0]["numFiles"])
+            except Exception as exc:  # a conflict, a full disk: next time
+                log.warning(
+                    "event=table_maintenance_failed site=%s table=%s error=%r",
+                    self.site.name,
+                    path.name,
+                    str(exc)[:500],
+                )
+                continue
+            out[path.name] = (before, after)
+            log.info(
+                "event=table_maintained site=%s table=%s files_before=%d files_after=%d"
+                " duration_ms=%d",
+                self.site.name,
+                path.name,
+                before,
+                after,
+                (time.monotonic() - start) * 1000,
+            )
+        return out
+
+    def start(self) -> None:
+        """Every ``interval`` until :meth:`stop` (not at all when it is 0)."""
+        if not self.config.interval_s:
+            return
+        self._thread = threading.Thread(
+            target=self._loop, name=f"table-keeper-{self.site.name}", daemon=True
+        )
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.config.interval_s):
+            self.run_once()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)

@@ -6,6 +6,7 @@ in a port's data centre otherwise."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -187,24 +188,17 @@ def _runtime(base: str) -> list[str]:
 
 @pytest.mark.timeout(900)
 def test_gateway_image_builds_with_only_the_gateway_extra(tmp_path: Path) -> None:
-    """The Containerfile builds from a copy of this checkout, its entry point answers
-    --help, every gateway module imports in it, and it holds no Spark, Arrow or edge
-    agent: a port's gateway image carries what the gateway runs."""
+    """The Containerfile builds from this checkout as its context (.containerignore
+    keeps .venv, the voyage's runs and .git out), its entry point answers --help, every
+    gateway module imports in it, and it holds no Spark, Arrow or edge agent: a port's
+    gateway image carries what the gateway runs. It runs as a numeric user (Kubernetes'
+    runAsNonRoot) and carries the OCI labels."""
     assert PODMAN is not None, "podman is not installed: scripts/setup installs it"
     base = _base_image()
     if base == LOCAL_BASE and _podman("image", "exists", LOCAL_BASE).returncode != 0:
         _make_local_base(tmp_path)
     runtime = _runtime(base)
 
-    context = tmp_path / "context"
-    (context / "deploy" / "gateway").mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, context / name)
-    for package in ("shorelink", "core_gateway"):
-        shutil.copytree(
-            ROOT / package, context / package, ignore=shutil.ignore_patterns("__pycache__")
-        )
-    shutil.copy2(CONTAINERFILE, context / "deploy" / "gateway" / "Containerfile")
     # pip in the build trusts what the host's pip trusts (a proxy's CA, a pip.conf)
     mounts = [
         f"--volume={p}:{p}:ro"
@@ -219,11 +213,12 @@ def test_gateway_image_builds_with_only_the_gateway_extra(tmp_path: Path) -> Non
         *ULIMITS,
         *mounts,
         f"--build-arg=BASE={base}",
+        "--build-arg=VERSION=test",
         "-f",
-        str(context / "deploy" / "gateway" / "Containerfile"),
+        str(CONTAINERFILE),
         "-t",
         tag,
-        str(context),
+        str(ROOT),
         timeout=600,
     )
     try:
@@ -244,10 +239,33 @@ def test_gateway_image_builds_with_only_the_gateway_extra(tmp_path: Path) -> Non
         present, where = res.stdout.strip().splitlines()
         assert present == "[]"
         assert where.startswith("/opt/shorelink/.venv/"), where
-        user = _podman(*runtime, "run", "--rm", *ULIMITS, "--entrypoint=id", tag, "-un")
-        assert user.stdout.strip() == "shorelink"
+        user = _podman(*runtime, "run", "--rm", *ULIMITS, "--entrypoint=id", tag)
+        assert user.stdout.split()[:2] == ["uid=10001(shorelink)", "gid=10001(shorelink)"]
+        inspect = _podman("image", "inspect", tag)
+        config = json.loads(inspect.stdout)[0]["Config"]
+        assert config["User"] == "10001:10001"
+        labels = config["Labels"]
+        assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+        assert labels["org.opencontainers.image.version"] == "test"
+        assert labels["org.opencontainers.image.title"] == "shorelink-gateway"
+        # the context the checkout gives a build: only what the Containerfile copies
+        probe_file = tmp_path / "Containerfile.context"
+        probe_file.write_text(f"FROM {base}\nCOPY . /context\n")
+        seen = _podman(
+            *runtime, "build", *ULIMITS, "-f", str(probe_file), "-t", f"{tag}-context", str(ROOT)
+        )
+        assert seen.returncode == 0, seen.stderr[-3000:]
+        listing = _podman(
+            *runtime, "run", "--rm", *ULIMITS, "--entrypoint=ls", f"{tag}-context", "-A", "/context"
+        )
+        assert sorted(listing.stdout.split()) == [
+            "README.md",
+            "core_gateway",
+            "pyproject.toml",
+            "shorelink",
+        ], listing.stdout
     finally:
-        _podman("rmi", "-f", tag)
+        _podman("rmi", "-f", tag, f"{tag}-context")
 
 
 #: the first aiohttp without the server- and client-side advisories published up to it

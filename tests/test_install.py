@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
+from local_stack.kafka import KafkaBroker
 from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import free_port
 from tests.edge_agent.helpers import Publisher, write_config
-from tests.helpers import eventually, run_process
+from tests.helpers import eventually, run_process, unique
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -231,3 +232,50 @@ def test_edge_agent_ingests_from_its_lean_install(
     streams = status()
     assert (streams["containers"]["records"], streams["containers"]["last_seq"]) == (20, 20)
     assert (streams["alerts"]["records"], streams["alerts"]["last_seq"]) == (1, 1)
+
+
+@pytest.mark.timeout(600)
+def test_the_site_application_runs_from_its_wheel_install(
+    lean_venv: Callable[[str], Path], kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """Review (ecosystem): installed from a wheel, ``shorelink-spark site`` named
+    ``site-packages/deploy/spark/ivysettings.xml``, which no wheel has, and the job edited
+    ``sys.path`` to reach a checkout. Now a clean venv with ``shorelink[spark]`` (no
+    checkout on its path) runs the site application over a few records, and the merge
+    writes each once."""
+    from tests.spark_core.helpers import (
+        assert_exactly_once,
+        canonical,
+        create_ingress,
+        produce,
+        record,
+        site_toml,
+    )
+
+    venv = lean_venv("spark")
+    b = kafka.bootstrap
+    s = unique("wheel")
+    create_ingress(b, [s], partitions=1)
+    produce(b, [record("ship1", s, q) for q in range(1, 51)])
+    name = unique("site")
+    config = tmp_path / "sites.toml"
+    config.write_text(site_toml(b, tmp_path, [s], name=name))
+    command = [str(venv / "bin" / "shorelink-spark"), "site", "--site", name]
+    command += ["--config", str(config)]
+    dry = subprocess.run(
+        [*command, "--dry-run"], capture_output=True, text=True, env=clean_env(), cwd=tmp_path
+    )
+    assert dry.returncode == 0, dry.stderr
+    settings = dry.stdout.split("spark.jars.ivySettings=")[1].split()[0]
+    assert settings.startswith(str(venv)) and Path(settings).is_file(), settings
+    assert str(ROOT) not in dry.stdout.replace(str(config), "")
+    done = subprocess.run(
+        [*command, "--available-now"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=tmp_path,  # not the checkout
+        timeout=420,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert_exactly_once(canonical(b, s), {("ship1", s): 50})

@@ -28,11 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):  # run as a file by spark-submit: make the repo importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from shorelink.errors import ShorelinkError
 from shorelink.logs import configure_logging
@@ -42,7 +38,7 @@ from spark_core.metrics import serve_metrics
 from spark_core.progress import ProgressReporter, last_progress
 from spark_core.replication import BULK_POOL, URGENT_POOL, Replicator
 from spark_core.session import SCHEDULER_CONF, scheduler_pool
-from spark_core.tables import TABLES, start_table
+from spark_core.tables import TABLES, TableKeeper, start_table
 
 __all__ = ["QueryRunner", "Supervisor", "build_supervisor", "main"]
 
@@ -289,6 +285,10 @@ def build_supervisor(
             server.server_port,
         )
         on_exit.append(server.shutdown)
+    if site.tables and not available_now:
+        keeper = TableKeeper(spark, site)
+        keeper.start()
+        on_exit.insert(0, keeper.stop)
     sup = Supervisor(
         [
             *merge_runners(spark, merges, available_now=available_now),

@@ -3,4 +3,4 @@ or headquarters' staff look at. ``follow`` reads the site's Kafka, ``view`` turn
 the status files and the gateway's metrics into JSON, ``app`` serves the page, the API
 and the live updates, ``coast`` draws the land from an installed data package."""
 
-__all__ = ["app", "cli", "coast", "follow", "view"]
+__all__ = ["app", "cli", "coast", "follow", "users", "view"]

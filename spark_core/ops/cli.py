@@ -50,21 +50,21 @@ log = logging.getLogger(__name__)
     help="Serve plain HTTP on a non-loopback address (behind a TLS proxy); refused "
     "without it, since the logins' passwords travel with every request.",
 )
-@click.option("--json-logs", is_flag=True, help="Log JSON lines instead of key=value.")
+@click.option("--log-json", is_flag=True, help="Log JSON lines instead of logfmt.")
 def ops(
     site_name: str,
     config_path: Path,
     host: str | None,
     port: int | None,
     plain_http: bool,
-    json_logs: bool,
+    log_json: bool,
 ) -> None:
     """Serve the site's operations page: ships, replication, queries, gateway, alerts
     and a map, updated live; the same facts as JSON under /api (docs/operations.md).
     Read-only; the logins of [sites.S.ops] users_file may look (HTTP Basic; made with
     `shorelink ops-users add`)."""
     sites = load_or_exit(load_config, config_path)
-    configure_logging(sites.log_level, as_json=json_logs)
+    configure_logging(sites.log_level, as_json=log_json)
     try:
         cfg = sites.site(site_name)
         o = cfg.ops

@@ -126,6 +126,13 @@ class Site:
                     "batch_id": 7,
                     "lag_records": lag_records,
                 },
+                {  # a name as long as a real site's (the voyage's cut the panel at 1400 px)
+                    "query": "table-container_readings-headquarters-frankfurt",
+                    "state": "active",
+                    "batch_id": 123456,
+                    "lag_records": 1234567,
+                    "processed_rows_per_s": 123456.7,
+                },
             ],
         }
         r = {
@@ -397,7 +404,11 @@ def test_the_api_shows_the_sites_facts(site: Site) -> None:
     info = site.get("/api/site")
     (n,) = info["replication"]["neighbours"]
     assert (n["neighbour"], n["streams"][0]["lag_records"]) == ("hq2", 120)
-    assert {q["query"] for q in info["queries"]} == {"merge", "inbox-hq2-nav"}
+    assert {q["query"] for q in info["queries"]} == {
+        "merge",
+        "inbox-hq2-nav",
+        "table-container_readings-headquarters-frankfurt",
+    }
     alerts = [a for a in site.get("/api/alerts") if a["origin"] == ship]
     assert [a["key"] for a in alerts] == ["MSCU7654323", "MSCU1234565"]  # newest first
     assert alerts[1]["body"] == {"alarm": "overboard", "value": 1}
@@ -630,6 +641,16 @@ def test_the_page_in_a_real_browser(site: Site) -> None:
             )
         )
         expect(page.locator("#alerts li").first).to_have_attribute("data-key", "CMAU1234563")
+
+        # every panel shows all its columns, on a laptop's screen and on a wide one
+        for width in (1280, 1920):
+            page.set_viewport_size({"width": width, "height": 1100})
+            cut = page.evaluate(
+                "[...document.querySelectorAll('main > section')]"
+                ".filter(s => s.scrollWidth > s.clientWidth + 1).map(s => s.id)"
+            )
+            assert cut == [], (width, cut)
+        page.set_viewport_size({"width": 1400, "height": 1100})
 
         # the map has drawn the land and the ship (its note counts the ships)
         expect(page.locator("#map-note")).to_contain_text("GSHHS", timeout=10_000)

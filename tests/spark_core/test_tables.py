@@ -3,6 +3,7 @@ checkpoint, real AIS decoded into positions, one container's history across ship
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +19,11 @@ from shorelink.identity import Identity
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.ais import WINDOW, NavRecord, assemble, decode_nav
-from spark_core.config import SiteConfig
+from spark_core.config import SiteConfig, TableMaintenanceConfig
 from spark_core.query import container_history, latest_positions
-from spark_core.tables import FRAGMENTS, start_tables, table_path
+from spark_core.tables import FRAGMENTS, TableKeeper, start_table, start_tables, table_path
 from tests.conftest import AIS_SAMPLE
-from tests.helpers import unique
+from tests.helpers import eventually, unique
 from tests.spark_core.helpers import make_site, produce_raw
 
 T0 = 1_700_000_000_000  # 2023-11-14T22:13:20Z: a run crosses midnight -> two day partitions
@@ -327,3 +328,58 @@ def test_hostile_records_are_kept_and_never_stop_a_table(
     assert beyond and all(r.ts is None and r.day is None for r in beyond)
     positions = _rows(spark, site, "ship_positions")
     assert [(p.seq, p.mmsi) for p in positions] == [(each, 431000001)]
+
+
+def test_compaction_keeps_the_file_count_bounded_while_the_stream_writes(
+    kafka: KafkaBroker, small_delta: Any, tmp_path: Path
+) -> None:
+    """Review (ecosystem): the tables are written every trigger, a few small files each
+    time, and nothing compacted them. ``TableKeeper`` runs Delta's OPTIMIZE and VACUUM
+    beside the running query (four bursts, a round after every second): after each
+    round the table has one file per day partition
+    (on disk too, with a retention of 0), the query goes on without an error, and every
+    reading is there once."""
+    spark = small_delta
+    bs = kafka.bootstrap
+    site, _ = make_site(bs, tmp_path, ["containers"], tables=True)
+    site = dataclasses.replace(
+        site, table_maintenance=TableMaintenanceConfig(interval_s=0, retention_s=0)
+    )
+    prefix = unique("keep")
+    ensure_topics(KafkaEndpoint.plaintext(bs), [TopicSpec(f"{prefix}.containers", partitions=1)])
+    # a small site's listing: VACUUM lists with 10,000 tasks by default (64 s here for a
+    # table of three files, 5.8 s with 2: docs/tables.md)
+    listing = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+    spark.conf.set(listing, "2")
+    query = start_table(spark, site, "container_readings", topic_for=lambda s: f"{prefix}.{s}")
+    keeper = TableKeeper(spark, site)
+    path = table_path(site, "container_readings")
+    try:
+        seq = 0
+        for burst in range(4):
+            _produce(
+                bs,
+                prefix,
+                [
+                    _rec("ship-k", "containers", q, "C1", T0 + q, '{"temperature": 4}')
+                    for q in range(seq + 1, seq + 6)
+                ],
+            )
+            seq += 5
+            eventually(
+                lambda n=seq: path.is_dir() and len(_rows(spark, site, "container_readings")) == n,  # type: ignore[misc]
+                60,
+                f"{seq} readings in the table",
+            )
+            if burst % 2:  # the stream is idle between bursts: vacuum at 0 retention is safe
+                (before, after) = keeper.run_once()["container_readings"]
+                assert before >= 2 and after == 1, (before, after)
+                assert len(list(path.glob("day=*/*.parquet"))) == 1  # on disk too
+        assert query.isActive and query.exception() is None
+        assert _identities(_rows(spark, site, "container_readings")) == [
+            ("ship-k", q) for q in range(1, seq + 1)
+        ]
+    finally:
+        query.stop()
+        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+        spark.conf.unset(listing)

@@ -1,0 +1,73 @@
+"""Log lines as operators' tools read them: logfmt and JSON that give back every value a
+call site wrote (spaces, quotes, newlines, any text), and the journal's priorities."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shorelink.logs import _JsonFormatter, _LogfmtFormatter, fields, logfmt
+
+_keys = st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True).filter(
+    lambda k: k not in ("ts", "level", "logger", "msg", "exc")
+)
+#: a value a call site writes with %s: one word, no quote at its start
+_words = st.text(st.characters(blacklist_categories=("Z", "C")), min_size=1, max_size=20).filter(
+    lambda w: w[0] not in "'\"" and not any(c.isspace() for c in w)
+)
+
+
+def _record(msg: str, *args: object, level: int = logging.INFO) -> logging.LogRecord:
+    return logging.LogRecord("shorelink.test", level, __file__, 1, msg, args, None)
+
+
+@given(st.dictionaries(_keys, st.text(max_size=40), max_size=6), _words)
+def test_every_value_comes_back_from_json_and_logfmt(values: dict[str, str], word: str) -> None:
+    """Review (ecosystem): ``--log-json`` cut every value at its first space
+    (``"error": "'every"``) and key=value kept Python's quotes. A value written with
+    ``%r`` comes back exactly, whatever it holds; one written with ``%s`` too."""
+    msg = " ".join(["event=test", "plain=%s", *(f"{k}=%r" for k in values)])
+    record = _record(msg, word, *values.values())
+    want = {"event": "test", "plain": word, **values}
+    as_json = json.loads(_JsonFormatter().format(record))
+    assert {k: as_json[k] for k in want} == want
+    assert as_json["level"] == "info" and as_json["logger"] == "shorelink.test"
+    line = _LogfmtFormatter().format(record)
+    assert "\n" not in line
+    back = fields(line)
+    assert {k: back[k] for k in want} == want
+
+
+def test_logfmt_quotes_only_what_needs_it() -> None:
+    line = logfmt({"event": "x", "path": "a b", "error": 'it\'s "bad"\n', "n": "5", "e": ""})
+    assert line == 'event=x path="a b" error="it\'s \\"bad\\"\\n" n=5 e=""'
+    assert fields("free words event=y k=v") == {"event": "y", "k": "v", "msg": "free words"}
+
+
+def test_under_systemd_each_line_carries_its_priority(tmp_path: Path) -> None:
+    """``journalctl -p warning`` shows what the journal got with priority 4 or less:
+    with ``JOURNAL_STREAM`` naming stderr, each line starts with ``<N>``; elsewhere not."""
+    script = (
+        "import logging; from shorelink.logs import configure_logging\n"
+        "configure_logging('debug')\n"
+        "log = logging.getLogger('t')\n"
+        "log.error('event=e'); log.warning('event=w'); log.info('event=i'); log.debug('event=d')\n"
+    )
+    out = tmp_path / "stderr"
+    with open(out, "wb") as f:
+        st = os.fstat(f.fileno())
+        env = dict(os.environ, JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}")
+        subprocess.run([sys.executable, "-c", script], stderr=f, env=env, check=True, timeout=60)
+    lines = out.read_text().splitlines()
+    assert [ln[:3] for ln in lines] == ["<3>", "<4>", "<6>", "<7>"]
+    plain = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert plain.stderr.startswith("ts=")
