@@ -134,6 +134,10 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayCo
             "listen.client_ca_file", "mutual TLS needs TLS: set tls_cert_file and tls_key_file"
         )
     cfg.ssl_context()  # the files load, and the key is the certificate's: else fail now
+    ca = cfg.kafka.auth.ca_file
+    if ca is not None and not ca.is_file():
+        # librdkafka would only say "ssl.ca.location failed" at the first connection
+        raise ConfigError("kafka.ca_file", f"{ca} is not a file")
     if cfg.max_inflight_bytes < cfg.limits.max_compressed_bytes:
         raise ConfigError("limits.max_inflight_bytes", "must be at least limits.max_batch_bytes")
     if not cfg.streams:

@@ -1,7 +1,9 @@
 """Configuration building blocks shared by every deployable.
 
 Configs are TOML files validated at load into frozen dataclasses; defaults live in code.
-String values may use ``${ENV}`` (or ``${ENV:-default}``); secrets are :class:`Secret`
+Values may use ``${ENV}`` (or ``${ENV:-default}``): a string's text, or the whole of a
+number, flag, size or duration (``port = "${PORT}"``, read as TOML reads the value once
+expanded); secrets are :class:`Secret`
 and never print. Every error is a :class:`~shorelink.errors.ConfigError` naming the bad
 field with its full dotted path (``streams.alerts.on_full``).
 
@@ -219,11 +221,25 @@ class Section:
                 raise ConfigError(self.field(key), "is required")
             return default
         v = self._data[key]
-        if isinstance(v, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        kinds = types if isinstance(types, tuple) else (types,)
+        if isinstance(v, str) and str not in kinds and _ENV_RE.search(v):
+            v = self._from_env(key, v, what)
+        if isinstance(v, bool) and bool not in kinds:
             raise ConfigError(self.field(key), f"expected {what}, got {v!r}")
         if not isinstance(v, types):
             raise ConfigError(self.field(key), f"expected {what}, got {v!r}")
         return v
+
+    def _from_env(self, key: str, text: str, what: str) -> Any:
+        """A value that is not a string, written as ``${ENV}`` (``port = "${PORT}"``):
+        the expanded text read as TOML reads a value (``8443``, ``true``, ``2.5``)."""
+        expanded = expand_env(text, self.field(key))
+        try:
+            return tomllib.loads(f"v = {expanded}")["v"]
+        except tomllib.TOMLDecodeError:
+            raise ConfigError(
+                self.field(key), f"expected {what}, got {expanded!r} (from {text})"
+            ) from None
 
     def text(self, key: str, default: Any = None, *, env: bool = True) -> str:
         v = self._get(key, _REQUIRED if default is None else default, str, "a string")
@@ -250,12 +266,16 @@ class Section:
 
     def size(self, key: str, default: Any = None) -> int:
         v = self._get(key, _REQUIRED if default is None else default, (int, str), "a size")
-        return parse_size(v, self.field(key))
+        return parse_size(
+            expand_env(v, self.field(key)) if isinstance(v, str) else v, self.field(key)
+        )
 
     def duration(self, key: str, default: Any = None) -> float:
         v = self._get(
             key, _REQUIRED if default is None else default, (int, float, str), "a duration"
         )
+        if isinstance(v, str):
+            v = expand_env(v, self.field(key))
         return parse_duration(v, self.field(key))
 
     def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:

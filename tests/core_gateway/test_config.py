@@ -30,6 +30,8 @@ def test_sample_config_is_valid(tmp_path: Path) -> None:
         ("listen", "tls_cert_file", "/x.crt", "listen.tls_cert_file"),
         ("limits", "max_batch_bytes", "huge", "limits.max_batch_bytes"),
         ("kafka", "bootstrapp", "x", "kafka.bootstrapp"),
+        # a CA that is not there: named at load, not by librdkafka at the first connection
+        ("kafka", "ca_file", "/nonexistent/ca.pem", "kafka.ca_file"),
         (None, "streams", [], "streams"),
     ],
 )
@@ -51,3 +53,27 @@ def test_check_config_cli(tmp_path: Path) -> None:
         timeout=60,
     )
     assert res.returncode == 0 and "site=tokyo" in res.stdout
+
+
+def test_env_stands_for_a_number_a_flag_a_size_or_a_duration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review (ecosystem): ``${ENV}`` worked only in string keys; a container sets the
+    port from its environment. The whole value may be one; a value that is not what
+    the key takes is named by its field, with what it came from."""
+    monkeypatch.setenv("SL_TEST_PORT", "8444")
+    monkeypatch.setenv("SL_TEST_BATCH", "4MiB")
+    data = load_toml(sample_config(tmp_path))
+    data["listen"]["port"] = "${SL_TEST_PORT}"  # type: ignore[index]
+    data["limits"]["max_batch_bytes"] = "${SL_TEST_BATCH}"  # type: ignore[index]
+    data["listen"]["idle_timeout"] = "${SL_TEST_IDLE:-45s}"  # type: ignore[index]
+    cfg = parse_config(data)
+    assert (cfg.port, cfg.limits.max_compressed_bytes) == (8444, 4 * 1024 * 1024)
+    assert cfg.idle_timeout_s == 45
+    monkeypatch.setenv("SL_TEST_PORT", "eighty")
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data)
+    assert exc.value.field == "listen.port" and "'eighty' (from ${SL_TEST_PORT})" in str(exc.value)
+    monkeypatch.delenv("SL_TEST_PORT")
+    with pytest.raises(ConfigError, match="SL_TEST_PORT is not set"):
+        parse_config(data)
