@@ -2,14 +2,39 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Callable, Iterator
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 __all__ = ["GatewayMetrics"]
+
+
+class _CountedElsewhere(Collector):
+    """A counter whose count another object keeps (the Kafka writer's retries)."""
+
+    def __init__(self, name: str, doc: str) -> None:
+        self.name, self.doc = name, doc
+        self.source: Callable[[], int] = lambda: 0
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(self.name, self.doc, value=float(self.source()))
 
 
 class GatewayMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        # the process's own: RSS, CPU seconds, open file descriptors, Python's version
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
         p = "shorelink_gateway_"
         self.requests = Counter(p + "requests", "HTTP requests", ["route", "status"], registry=r)
         self.rejected = Counter(
@@ -53,11 +78,12 @@ class GatewayMetrics:
             "Bytes of batches taken in and not yet written (limits.max_inflight_bytes)",
             registry=r,
         )
-        self.commit_retries = Gauge(
+        #: a count, so a counter (``..._total``); ``.source`` is set to the writer's
+        self.commit_retries = _CountedElsewhere(
             p + "kafka_retries",
             "Kafka transaction calls retried after a retriable error (commit timeouts)",
-            registry=r,
         )
+        r.register(self.commit_retries)
         self.ready = Gauge(
             p + "ready", "1 when holdings are loaded and Kafka reachable", registry=r
         )

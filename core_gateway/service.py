@@ -64,7 +64,7 @@ class GatewayService:
         self.holdings = Holdings()
         self.metrics = GatewayMetrics()
         self.writer = IngressWriter(cfg, on_commit=self.metrics.committed)
-        self.metrics.commit_retries.set_function(lambda: self.writer.retries)
+        self.metrics.commit_retries.source = lambda: self.writer.retries
         self.decoder = BatchDecoder(cfg.limits, workers=cfg.decode_workers)
         self.ledger = LedgerFollower(cfg.kafka, self.holdings)
         self.ready = asyncio.Event()

@@ -23,7 +23,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -128,5 +133,8 @@ def serve_metrics(host: str, port: int, replicator: Any, mergers: Sequence[Any])
     own; returns the server (``server_port``, ``shutdown()``)."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(SiteCollector(replicator, mergers))
+    # the driver's own: RSS, CPU seconds, open file descriptors, Python's version
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
     server, _thread = start_http_server(port, host, registry=registry)
     return server

@@ -157,6 +157,9 @@ async def test_bad_batches_get_4xx_write_nothing_and_the_gateway_keeps_serving(
         async with s.get(gateway.url + "/metrics") as r:
             metrics = await r.text()
         assert 'shorelink_gateway_rejected_batches_total{reason="bad_checksum"} 1.0' in metrics
+        # the process's own figures, as every exporter has them; a count is a counter
+        assert "process_resident_memory_bytes" in metrics and "process_open_fds" in metrics
+        assert "# TYPE shorelink_gateway_kafka_retries_total counter" in metrics
         # still serving, and the good batch goes through
         assert (await _post(s, gateway, good))[0] == 200
     assert_exactly_once(kafka, gateway.ship, 50)

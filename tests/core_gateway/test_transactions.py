@@ -97,7 +97,7 @@ async def test_commit_timing_out_while_kafka_is_paused_is_retried_and_written_on
             status, body = await pending
             assert status == 200, body
             assert body["written"] == "101-200"
-            assert await _metric(s, cfg, "shorelink_gateway_kafka_retries") >= 1
+            assert await _metric(s, cfg, "shorelink_gateway_kafka_retries_total") >= 1
             assert not task.done(), "the gateway stopped"
             assert (await _readyz(s, cfg))[0] == 200
             # the ship's resend (had it lost the answer) writes nothing new

@@ -83,6 +83,9 @@ def test_metrics_status_and_tail(
         metrics = scrape()
         assert 'shorelink_edge_quarantined_messages_total{reason="unmapped_topic"} 1.0' in metrics
         assert "shorelink_edge_receive_to_ack_seconds_bucket" in metrics
+        # the process's own figures, as every exporter has them
+        rss = next(ln for ln in metrics.splitlines() if ln.startswith("process_resident_memory"))
+        assert float(rss.split()[-1]) > 10e6 and "process_open_fds" in metrics
 
         st = subprocess.run(
             [*EDGE, "status", "--config", str(cfg), "--json"],

@@ -113,6 +113,8 @@ def test_ring_of_three_converges_each_identity_once(
         # and so say its Prometheus metrics ([sites.S.metrics])
         m = _scrape(topo.metrics[a])
         assert m[("shorelink_spark_link_up", (("neighbour", b),))] == 1
+        assert m[("process_resident_memory_bytes", ())] > 10e6  # and the driver's own
+        assert m[("process_open_fds", ())] > 0
         assert (
             m[("shorelink_spark_replication_lag_records", (("neighbour", b), ("stream", stream)))]
             == 0
