@@ -19,6 +19,7 @@ from core_gateway.auth import Credentials, ShipCredential
 from core_gateway.config import GatewayConfig, load_config
 from shorelink.cli_support import config_option, fail, load_or_exit
 from shorelink.errors import ShorelinkError
+from shorelink.kafka.endpoint import name_clients
 from shorelink.logs import configure_logging
 from shorelink.textout import table
 from shorelink.tls import is_loopback
@@ -107,6 +108,7 @@ def run(config_path: Path, log_json: bool) -> None:
     """Serve the API until SIGTERM or SIGINT."""
     cfg = _load(config_path)
     configure_logging(cfg.log_level, as_json=log_json)
+    name_clients(f"shorelink-gateway-{cfg.site}")
     try:
         asyncio.run(serve(cfg))
     except ShorelinkError as exc:

@@ -85,7 +85,9 @@ def audit(
 
     With --all-sites --config sites.toml: compare the canonical topics of every site."""
     from shorelink.kafka.audit import audit_site
+    from shorelink.kafka.endpoint import name_clients
 
+    name_clients(f"shorelink-audit-{site or 'all-sites'}")
     if all_sites:
         if config_path is None:
             fail(click.UsageError("--all-sites takes the sites from --config sites.toml"))
@@ -301,8 +303,10 @@ def consume(
     Without --follow, stops at the end of the topics. Exits 2 on a bad position file,
     an unknown site or a Kafka that does not answer."""
     from shorelink.kafka.consumer import PortableConsumer
+    from shorelink.kafka.endpoint import name_clients
     from shorelink.kafka.position import FileStore
 
+    name_clients(f"shorelink-consume-{site}")
     if (bootstrap is None) == (config_path is None):
         fail(click.UsageError("give one of --bootstrap HOST:PORT or --config sites.toml"))
     if bootstrap is not None:

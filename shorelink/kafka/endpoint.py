@@ -30,6 +30,7 @@ quix-streams' ``ConnectionConfig``.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,10 +38,25 @@ from shorelink.config import Secret, key
 from shorelink.kafka.auth import KafkaAuth
 from shorelink.tls import is_loopback
 
-__all__ = ["ClientConfig", "KafkaEndpoint"]
+__all__ = ["LIBRDKAFKA_LOG", "ClientConfig", "KafkaEndpoint", "name_clients"]
 
 #: a confluent-kafka client's settings
 ClientConfig = dict[str, Any]
+
+#: where every client's librdkafka log goes: the process's own logging (logfmt or JSON,
+#: journald priorities: shorelink/logs.py), warnings and worse unless its level is
+#: lowered, instead of librdkafka's raw ``%3|...|FAIL|`` lines on stderr
+LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
+LIBRDKAFKA_LOG.setLevel(logging.WARNING)
+#: the ``client.id`` of every client this process builds (:func:`name_clients`)
+_client_id = ["shorelink"]
+
+
+def name_clients(name: str) -> None:
+    """Name every Kafka client this process builds from now on (``client.id``: brokers'
+    request logs, quotas and ``kafka-consumer-groups --describe`` show it), as the
+    process and its site: ``shorelink-gateway-tokyo``, ``shorelink-spark-hq``."""
+    _client_id[0] = name
 
 
 @dataclass(frozen=True)
@@ -62,9 +78,16 @@ class KafkaEndpoint:
         return cls(bootstrap, KafkaAuth(), timeout_s)
 
     def client_config(self, extra: ClientConfig | None = None) -> ClientConfig:
-        """``bootstrap.servers`` and the security settings: the start of every
-        confluent-kafka client's config; ``extra`` adds the rest."""
-        return {"bootstrap.servers": self.bootstrap, **self.auth.client_config(), **(extra or {})}
+        """``bootstrap.servers``, the security settings, the process's ``client.id``
+        (:func:`name_clients`) and its logger (:data:`LIBRDKAFKA_LOG`): the start of
+        every confluent-kafka client's config; ``extra`` adds the rest."""
+        return {
+            "bootstrap.servers": self.bootstrap,
+            "client.id": _client_id[0],
+            "logger": LIBRDKAFKA_LOG,
+            **self.auth.client_config(),
+            **(extra or {}),
+        }
 
     def java_config(self) -> dict[str, str]:
         """The Java client's settings (Kafka's tools, Spark's Kafka source and sink)."""

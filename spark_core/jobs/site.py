@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shorelink.errors import ShorelinkError
+from shorelink.kafka.endpoint import name_clients
 from shorelink.logs import configure_logging
 from spark_core.config import SiteConfig, SitesConfig, load_config
 from spark_core.merge import Merger, reset_changed_checkpoints, start_merge
@@ -331,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --site: distinct site names wanted, got {args.site!r}", file=sys.stderr)
         return 2
     configure_logging(cfg.log_level, as_json=args.log_json)
+    name_clients("shorelink-spark-" + "-".join(names))
     from pyspark.sql import SparkSession
 
     spark = (

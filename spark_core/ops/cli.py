@@ -15,6 +15,7 @@ from aiohttp import web
 
 from shorelink.cli_support import fail, load_or_exit
 from shorelink.errors import ConfigError, ShorelinkError
+from shorelink.kafka.endpoint import name_clients
 from shorelink.logs import configure_logging
 from shorelink.tls import TlsFile, is_loopback, server_context
 from spark_core.cli import config_option
@@ -65,6 +66,7 @@ def ops(
     `shorelink ops-users add`)."""
     sites = load_or_exit(load_config, config_path)
     configure_logging(sites.log_level, as_json=log_json)
+    name_clients(f"shorelink-ops-{site_name}")
     try:
         cfg = sites.site(site_name)
         o = cfg.ops

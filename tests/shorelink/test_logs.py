@@ -10,10 +10,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
 from hypothesis import given
 from hypothesis import strategies as st
 
+from local_stack.kafka import KafkaBroker
+from local_stack.process import free_port
+from shorelink.kafka.endpoint import KafkaEndpoint, name_clients
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.logs import _JsonFormatter, _LogfmtFormatter, fields, logfmt
+from tests.helpers import eventually, unique
 
 _keys = st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True).filter(
     lambda k: k not in ("ts", "level", "logger", "msg", "exc")
@@ -71,3 +79,46 @@ def test_under_systemd_each_line_carries_its_priority(tmp_path: Path) -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
     )
     assert plain.stderr.startswith("ts=")
+
+
+def test_every_kafka_client_is_named_and_logs_through_the_process_logger(
+    kafka: KafkaBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review (ecosystem): no Kafka client had a ``client.id``, and librdkafka wrote its
+    own raw lines to stderr (647 in the voyage's Spark log). Every client built from an
+    endpoint carries the process's name, which the broker reports for a group's member,
+    and its librdkafka log reaches the process's logger (warnings and worse)."""
+    group = unique("named")
+    name_clients(f"shorelink-test-{group}")
+    try:
+        ep = KafkaEndpoint.plaintext(kafka.bootstrap, timeout_s=10)
+        ensure_topics(ep, [TopicSpec(group, 1)])
+        consumer = Consumer(ep.client_config({"group.id": group}))
+        try:
+            consumer.subscribe([group])
+            admin = AdminClient(ep.client_config())
+
+            def member_named() -> bool:
+                consumer.poll(0.2)
+                (desc,) = admin.describe_consumer_groups([group]).values()
+                try:
+                    members = desc.result(10).members
+                except KafkaException:  # the group's coordinator is still loading
+                    return False
+                return [m.client_id for m in members] == [f"shorelink-test-{group}"]
+
+            eventually(member_named, 30, "the group's member, by its client.id")
+        finally:
+            consumer.close()
+        with caplog.at_level(logging.WARNING, logger="librdkafka"):
+            nowhere = Producer(KafkaEndpoint.plaintext(f"127.0.0.1:{free_port()}").client_config())
+            eventually(
+                lambda: (
+                    nowhere.poll(0.2) is not None
+                    and any(r.name == "librdkafka" for r in caplog.records)
+                ),
+                20,
+                "librdkafka's connection error in the process's log",
+            )
+    finally:
+        name_clients("shorelink")
