@@ -15,7 +15,12 @@ Names start ``shorelink_spark_``; a counter's name gets ``_total`` from the clie
 - ``pulled_records_total{puller}``, ``pulled_batches_total``, ``pull_gap_records_total``
   (records lost to a neighbour's retention before they were read), ``puller_failing``;
 - ``merged_records_total{merge,outcome}`` (written, duplicate, dead, skipped),
-  ``merge_batches_total{merge}``, ``merge_failures_total{merge}``.
+  ``merge_batches_total{merge}``, ``merge_failures_total{merge}``;
+- per Spark query (merges, tables: what ``shorelink-spark status`` shows, from the
+  supervisor's :class:`~spark_core.progress.ProgressReporter`): ``query_state{query,
+  state}`` (1 for running, failed, finished or stopped), ``query_batch{query}``,
+  ``query_lag_records{query}``, ``query_rows_per_second{query}``,
+  ``query_batch_seconds{query}`` (absent until the query's first batch).
 """
 
 from __future__ import annotations
@@ -42,13 +47,44 @@ STATES = ("up", "catching_up", "down", "idle")
 class SiteCollector(Collector):
     """Reads the replicator and the merges at each scrape (no state of its own)."""
 
-    def __init__(self, replicator: Any, mergers: Sequence[Any]) -> None:
+    def __init__(self, replicator: Any, mergers: Sequence[Any], progress: Any = None) -> None:
         self.replicator = replicator
         self.mergers = list(mergers)
+        self.progress = progress
 
     def collect(self) -> Iterator[Metric]:
         yield from self._replication()
         yield from self._merges()
+        yield from self._queries()
+
+    def _queries(self) -> Iterator[Metric]:
+        if self.progress is None:
+            return
+        state = GaugeMetricFamily(
+            P + "query_state", "1 for the Spark query's state", labels=["query", "state"]
+        )
+        figures = {
+            "batch_id": GaugeMetricFamily(
+                P + "query_batch", "The query's last batch id", labels=["query"]
+            ),
+            "lag_records": GaugeMetricFamily(
+                P + "query_lag_records", "Records the query has not read yet", labels=["query"]
+            ),
+            "processed_rows_per_s": GaugeMetricFamily(
+                P + "query_rows_per_second", "Rows processed per second", labels=["query"]
+            ),
+        }
+        seconds = GaugeMetricFamily(
+            P + "query_batch_seconds", "How long the last batch took", labels=["query"]
+        )
+        for q in self.progress.queries():
+            state.add_metric([q["query"], q.get("state", "")], 1.0)
+            for key, family in figures.items():
+                if isinstance(q.get(key), (int, float)):
+                    family.add_metric([q["query"]], float(q[key]))
+            if isinstance(q.get("batch_duration_ms"), (int, float)):
+                seconds.add_metric([q["query"]], q["batch_duration_ms"] / 1000)
+        yield from (state, *figures.values(), seconds)
 
     def _replication(self) -> Iterator[Metric]:
         rep = self.replicator
@@ -128,11 +164,13 @@ class SiteCollector(Collector):
         yield from (merged, batches, failures)
 
 
-def serve_metrics(host: str, port: int, replicator: Any, mergers: Sequence[Any]) -> Any:
+def serve_metrics(
+    host: str, port: int, replicator: Any, mergers: Sequence[Any], progress: Any = None
+) -> Any:
     """Serve the site's metrics on ``host:port`` (0: a free port) in a thread of its
     own; returns the server (``server_port``, ``shutdown()``)."""
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(SiteCollector(replicator, mergers))
+    registry.register(SiteCollector(replicator, mergers, progress))
     # the driver's own: RSS, CPU seconds, open file descriptors, Python's version
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)

@@ -151,6 +151,10 @@ class ProgressReporter:
             self._state[name] = entry
             self._write()
 
+    def queries(self) -> list[dict[str, Any]]:
+        """Each query's last entry (what the status file holds), for the metrics."""
+        return [dict(e) for e in self._state.values()]
+
     def _write(self) -> None:
         write_json_atomic(
             self.path,

@@ -277,8 +277,9 @@ def build_supervisor(
     replicator = Replicator(cfg, site, merges)
     replicator.start()
     on_exit = [replicator.stop]
+    progress = ProgressReporter(site.checkpoint_dir / "queries.status.json")
     if site.metrics.port:
-        server = serve_metrics(site.metrics.host, site.metrics.port, replicator, merges)
+        server = serve_metrics(site.metrics.host, site.metrics.port, replicator, merges, progress)
         log.info(
             "event=metrics_listening site=%s address=%s:%d",
             site.name,
@@ -295,7 +296,7 @@ def build_supervisor(
             *merge_runners(spark, merges, available_now=available_now),
             *table_runners(spark, site, available_now=available_now),
         ],
-        progress=ProgressReporter(site.checkpoint_dir / "queries.status.json"),
+        progress=progress,
         on_exit=on_exit,
     )
     sup.replicator = replicator

@@ -5,9 +5,13 @@ read from a real query."""
 from __future__ import annotations
 
 import json
+import urllib.request
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
+from spark_core.metrics import serve_metrics
 from spark_core.progress import (
     ProgressReporter,
     kafka_lag,
@@ -64,6 +68,33 @@ def test_status_file_keeps_each_querys_last_report(tmp_path: Path) -> None:
     queries = {q["query"]: q for q in json.loads(path.read_text())["queries"]}
     assert queries["merge"]["state"] == "failed" and queries["merge"]["lag_records"] == 42
     assert queries["table-alerts"]["batch_id"] == 7
+
+
+def test_the_metrics_endpoint_shows_each_querys_figures(tmp_path: Path) -> None:
+    """Issue 25 (metrics): the site application's Prometheus endpoint carried
+    replication, pullers and merges, not what ``shorelink-spark status`` shows per
+    query. Served by the real exporter on a free port and scraped over HTTP."""
+    rep = ProgressReporter(tmp_path / "queries.status.json")
+    rep.update("merge", PROGRESS, "running")
+    rep.update("table-alerts", None, "failed")
+    server = serve_metrics("127.0.0.1", 0, None, [], rep)
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics") as r:
+            text = r.read().decode()
+    finally:
+        server.shutdown()
+    got = {
+        (m.name, tuple(sorted(m.labels.items()))): m.value
+        for fam in text_string_to_metric_families(text)
+        for m in fam.samples
+    }
+    assert got[("shorelink_spark_query_state", (("query", "merge"), ("state", "running")))] == 1
+    assert got[("shorelink_spark_query_state", (("query", "table-alerts"), ("state", "failed")))]
+    assert got[("shorelink_spark_query_lag_records", (("query", "merge"),))] == 42
+    assert got[("shorelink_spark_query_batch_seconds", (("query", "merge"),))] == 1.49
+    assert got[("shorelink_spark_query_rows_per_second", (("query", "merge"),))] == 80.5
+    assert ("shorelink_spark_query_lag_records", (("query", "table-alerts"),)) not in got
+    assert got[("process_open_fds", ())] > 0
 
 
 def test_last_and_recent_progress_are_the_querys_own_reports(spark: Any) -> None:
