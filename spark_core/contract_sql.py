@@ -105,17 +105,21 @@ _IN_LAYOUT = f"coalesce({_READ_LAYOUT_HOLDS}, false)"
 _LAYOUT = "sl_layout"  # the flag's column between the two projections
 
 # -- read: what Record.from_kafka reads ----------------------------------------------------
+#: ``sl.seq`` and ``sl.ts`` as ``Record.from_kafka`` reads them: ASCII digits only (a
+#: cast alone would take a sign, spaces or a newline, and a negative ``sl.ts`` overflows
+#: ``timestamp_millis``, failing the query on every retry), NULL beyond a BIGINT
+_DIGITS = "CASE WHEN {0} <> '' AND NOT {0} RLIKE '[^0-9]' THEN try_cast({0} AS BIGINT) END"
 #: each header's column and how its text becomes what ``Record.from_kafka`` gives: an
-#: int for ``sl.seq`` and ``sl.ts`` (NULL where it exceeds a BIGINT), ``""`` for a
-#: missing ``sl.mqtt_topic`` (a header added to the contract without an entry here
-#: fails the import)
+#: int for ``sl.seq`` and ``sl.ts`` (:data:`_DIGITS`), ``""`` for a missing
+#: ``sl.mqtt_topic`` (a header added to the contract without an entry here fails the
+#: import)
 _READ: dict[str, tuple[str, str]] = {
-    H_ORIGIN: ("origin", "{}"),
-    H_STREAM: ("stream", "{}"),
-    H_SEQ: ("seq", "try_cast({} AS BIGINT)"),
-    H_TS: ("ts_ms", "try_cast({} AS BIGINT)"),
-    H_SITE: ("site", "{}"),
-    H_MQTT_TOPIC: ("mqtt_topic", "coalesce({}, '')"),
+    H_ORIGIN: ("origin", "{0}"),
+    H_STREAM: ("stream", "{0}"),
+    H_SEQ: ("seq", _DIGITS),
+    H_TS: ("ts_ms", _DIGITS),
+    H_SITE: ("site", "{0}"),
+    H_MQTT_TOPIC: ("mqtt_topic", "coalesce({0}, '')"),
 }
 
 

@@ -58,6 +58,11 @@ FIXED: list[Case] = [
     (IN, hdrs(18, ts=b"%d" % (TS_MAX + 1)), True),  # beyond a TIMESTAMP
     (IN, hdrs(18, ts=b"%d" % (MAX_TS_MS + 1)), True),  # beyond the year 9999
     (IN, hdrs(19, ts=b"1" * 30), True),  # beyond a BIGINT
+    # not digits, as Python reads them: no sign, no space, no newline (a negative sl.ts
+    # beyond -2**63 µs once overflowed timestamp_millis and failed the whole query)
+    (IN, hdrs(25, ts=b"-9999999999999999"), False),
+    *((IN, hdrs(26, ts=t), False) for t in (b"-1", b"+5", b" 5", b"5\n", b"5 ", b"")),
+    *((IN, hdrs(27, seq=s), False) for s in (b"-27", b"+27", b"27\n")),
     (IN, hdrs(BIGINT_MAX + 1), False),
     (IN, hdrs(10**30), False),
     # broken

@@ -367,7 +367,11 @@ def test_compaction_keeps_the_file_count_bounded_while_the_stream_writes(
             )
             seq += 5
             eventually(
-                lambda n=seq: path.is_dir() and len(_rows(spark, site, "container_readings")) == n,  # type: ignore[misc]
+                # a table exists from its first commit (written by a rename), not its folder
+                lambda n=seq: (
+                    (path / "_delta_log" / f"{0:020}.json").exists()  # type: ignore[misc]
+                    and len(_rows(spark, site, "container_readings")) == n
+                ),
                 60,
                 f"{seq} readings in the table",
             )
