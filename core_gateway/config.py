@@ -11,7 +11,7 @@ import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shorelink.config import LOG_LEVELS, Section, key, read, read_key, resolve_secrets
+from shorelink.config import LOG_LEVELS, Errors, Section, key, read, read_key, resolve_secrets
 from shorelink.config import load_config as load_file
 from shorelink.errors import ConfigError
 from shorelink.kafka.endpoint import KafkaEndpoint
@@ -110,21 +110,31 @@ class GatewayConfig:
 
 def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayConfig:
     top = Section(data)
-    site = read_key(GatewayConfig, "site", top)
+    errors = Errors()  # every bad key at once
+    site = errors.attempt(lambda: read_key(GatewayConfig, "site", top), "site")
     kafka = data.get("kafka")
     if isinstance(kafka, dict) and "ingress_retention" in kafka:
-        raise ConfigError(
-            "kafka.ingress_retention",
-            "removed: ingress is kept until the site's merge has committed past it "
-            "(the merge deletes what it merged), so nothing a ship was told is held expires",
+        kafka = {k: v for k, v in kafka.items() if k != "ingress_retention"}
+        top = Section({**data, "kafka": kafka})
+        errors.found.append(
+            ConfigError(
+                "kafka.ingress_retention",
+                "removed: ingress is kept until the site's merge has committed past it "
+                "(the merge deletes what it merged), so nothing a ship was told is held expires",
+            )
         )
-    cfg = read(
-        GatewayConfig,
-        top,
-        base=base,
-        defaults={"transactional_id": f"shorelink-gateway-{site}"},
-        site=site,
+    cfg = errors.attempt(
+        lambda: read(
+            GatewayConfig,
+            top,
+            base=base,
+            defaults={"transactional_id": f"shorelink-gateway-{site}"},
+            site=site,
+        ),
+        None,
     )
+    errors.check()
+    assert cfg is not None
     if bool(cfg.tls_cert_file) != bool(cfg.tls_key_file):
         raise ConfigError(
             "listen.tls_cert_file", "set both tls_cert_file and tls_key_file, or neither"

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -18,6 +20,7 @@ from edge_agent.alarms import Alarm
 from edge_agent.rules import Rule
 from shorelink.config import (
     LOG_LEVELS,
+    Errors,
     Secret,
     Section,
     check_name_field,
@@ -343,7 +346,7 @@ def _read_token(path: Path, field_name: str) -> Secret:
     return Secret(token)
 
 
-def _link(name: str, s: Section, streams: dict[str, StreamConfig]) -> LinkConfig:
+def _link(name: str, s: Section, streams: Mapping[str, object]) -> LinkConfig:
     """``[links.<name>]`` overrides the defaults of the class of that name field by field."""
     check_name_field(s.path, "link", name)
     d = DEFAULT_LINKS.get(name, LinkConfig(name))
@@ -402,24 +405,71 @@ def _gateway(s: Section, links: dict[str, LinkConfig], base: Path | None) -> Gat
 
 
 def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfig:
+    """The agent's config, every bad key named at once (a part whose own keys are bad
+    is read as a placeholder, so the parts that refer to it are still checked)."""
     top = Section(data)
-    ship = read_key(EdgeConfig, "ship", top)
-    streams = {name: _stream(name, sec) for name, sec in top.sections("streams").items()}
-    if not streams:
-        raise ConfigError("streams", "configure at least one stream")
-    rules = tuple(Rule.from_section(r, streams) for r in top.array("rules"))
-    if not rules:
-        raise ConfigError("rules", "configure at least one rule mapping MQTT topics to a stream")
-    alarms = tuple(Alarm.from_section(a, streams) for a in top.array("alarms"))
+    errors = Errors()
+    ship = errors.attempt(lambda: read_key(EdgeConfig, "ship", top), "ship")
+    read_streams = errors.attempt(lambda: top.sections("streams"), {})
+    maybe = {n: errors.attempt(partial(_stream, n, s), None) for n, s in read_streams.items()}
+    if not maybe:
+        errors.found.append(ConfigError("streams", "configure at least one stream"))
+    read_rules = errors.attempt(lambda: top.array("rules"), [])
+    rules = [errors.attempt(partial(Rule.from_section, r, maybe), None) for r in read_rules]
+    if not read_rules:
+        errors.found.append(
+            ConfigError("rules", "configure at least one rule mapping MQTT topics to a stream")
+        )
+    read_alarms = errors.attempt(lambda: top.array("alarms"), [])
+    alarms = [errors.attempt(partial(Alarm.from_section, a, maybe), None) for a in read_alarms]
     names: set[str] = set()
     for i, a in enumerate(alarms):
-        if a.name in names:
-            raise ConfigError(f"alarms[{i}].name", f"alarm {a.name!r} is defined twice")
-        names.add(a.name)
-    links = dict(DEFAULT_LINKS)
-    for name, sec in top.sections("links").items():
-        links[name] = _link(name, sec, streams)
-    gateways = tuple(_gateway(g, links, base) for g in top.array("gateways"))
+        if a is not None and a.name in names:
+            errors.found.append(
+                ConfigError(f"alarms[{i}].name", f"alarm {a.name!r} is defined twice")
+            )
+        names.add(a.name if a is not None else "")
+    links: dict[str, LinkConfig] = dict(DEFAULT_LINKS)
+    for name, sec in errors.attempt(lambda: top.sections("links"), {}).items():
+        links[name] = errors.attempt(partial(_link, name, sec, maybe), LinkConfig(name))
+    read_gateways = errors.attempt(lambda: top.array("gateways"), [])
+    gateways = [errors.attempt(partial(_gateway, g, links, base), None) for g in read_gateways]
+    report = errors.attempt(lambda: _report(top, maybe), None)
+    seen: set[tuple[str, str]] = set()
+    for i, g in enumerate(gateways):
+        if g is not None and (g.site, g.url) in seen:
+            errors.found.append(
+                ConfigError(f"gateways[{i}].url", f"gateway {g.url} of {g.site} listed twice")
+            )
+        seen.add((g.site, g.url) if g is not None else ("", ""))
+    log = errors.attempt(lambda: _log(top.section("log"), base), None)
+    mqtt = errors.attempt(lambda: _mqtt(top.section("mqtt"), ship), None)
+    uplink = errors.attempt(lambda: _uplink(top.section("uplink"), base), None)
+    cfg = errors.attempt(
+        lambda: read(
+            EdgeConfig,
+            top,
+            base=base,
+            ship=ship,
+            streams={n: st for n, st in maybe.items() if st is not None},
+            rules=tuple(r for r in rules if r is not None),
+            alarms=tuple(a for a in alarms if a is not None),
+            links=links,
+            gateways=tuple(g for g in gateways if g is not None),
+            report=report,
+            log=log,
+            mqtt=mqtt,
+            uplink=uplink,
+        ),
+        None,
+    )
+    errors.check()
+    assert cfg is not None
+    resolve_secrets(cfg)  # the agent uses every secret of its file: an unset one fails now
+    return cfg
+
+
+def _report(top: Section, streams: Mapping[str, object]) -> ReportConfig:
     report = read(ReportConfig, top.section("report"))
     if report.heartbeat_s < report.interval_s:
         raise ConfigError("report.heartbeat", "must be at least report.interval")
@@ -428,28 +478,7 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
             "report.stream",
             f"{report.stream!r} is not a configured stream: add [streams.{report.stream}]",
         )
-    seen: set[tuple[str, str]] = set()
-    for i, g in enumerate(gateways):
-        if (g.site, g.url) in seen:
-            raise ConfigError(f"gateways[{i}].url", f"gateway {g.url} of {g.site} listed twice")
-        seen.add((g.site, g.url))
-    cfg = read(
-        EdgeConfig,
-        top,
-        base=base,
-        ship=ship,
-        streams=streams,
-        rules=rules,
-        alarms=alarms,
-        links=links,
-        gateways=gateways,
-        report=report,
-        log=_log(top.section("log"), base),
-        mqtt=_mqtt(top.section("mqtt"), ship),
-        uplink=_uplink(top.section("uplink"), base),
-    )
-    resolve_secrets(cfg)  # the agent uses every secret of its file: an unset one fails now
-    return cfg
+    return report
 
 
 def load_config(path: str | Path) -> EdgeConfig:

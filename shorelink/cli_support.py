@@ -11,7 +11,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from shorelink.errors import ShorelinkError
+from shorelink.errors import ConfigErrors, ShorelinkError
 
 __all__ = ["BOOTSTRAP_LOCATOR", "config_option", "fail", "load_or_exit"]
 
@@ -36,8 +36,10 @@ def config_option(what: str, envvar: str) -> Callable[[Any], Any]:
 
 
 def fail(exc: Exception) -> NoReturn:
-    """Print ``error: ...`` to stderr and exit 2."""
-    click.echo(f"error: {exc}", err=True)
+    """Print ``error: ...`` to stderr (a line each when a file has several bad keys) and
+    exit 2."""
+    for one in exc.errors if isinstance(exc, ConfigErrors) else (exc,):
+        click.echo(f"error: {one}", err=True)
     sys.exit(2)
 
 

@@ -5,7 +5,8 @@ Values may use ``${ENV}`` (or ``${ENV:-default}``): a string's text, or the whol
 number, flag, size or duration (``port = "${PORT}"``, read as TOML reads the value once
 expanded); secrets are :class:`Secret`
 and never print. Every error is a :class:`~shorelink.errors.ConfigError` naming the bad
-field with its full dotted path (``streams.alerts.on_full``).
+field with its full dotted path (``streams.alerts.on_full``); :func:`read` goes on past
+a bad key and reports every one it found at once (:class:`~shorelink.errors.ConfigErrors`).
 
 Each key is declared once, on its dataclass field: the field's type says how the value
 is read, and :func:`key` in the field's metadata says what the file calls it when the
@@ -29,11 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from shorelink.errors import ConfigError
+from shorelink.errors import ConfigError, ConfigErrors
 from shorelink.identity import check_name
 
 __all__ = [
     "LOG_LEVELS",
+    "Errors",
     "Key",
     "Secret",
     "Section",
@@ -53,6 +55,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 #: the ``log_level`` key of every deployable
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -305,10 +308,11 @@ class Section:
         return [Section(item, f"{self.field(key)}[{i}]") for i, item in enumerate(v)]
 
     def done(self) -> None:
-        """Raise if the table has keys that nothing read (typos, removed options)."""
+        """Raise if the table has keys that nothing read (typos, removed options), naming
+        each."""
         extra = sorted(set(self._data) - self._used)
         if extra:
-            raise ConfigError(self.field(extra[0]), "unknown key")
+            raise ConfigErrors.of([ConfigError(self.field(k), "unknown key") for k in extra])
 
 
 _REQUIRED: Any = object()
@@ -321,6 +325,27 @@ def check_name_field(field: str, kind: str, value: str) -> str:
         return check_name(kind, value)
     except Exception as exc:
         raise ConfigError(field, str(exc)) from None
+
+
+class Errors:
+    """A file's errors, gathered so that its reader reports every one at once:
+    :meth:`attempt` reads one part and gives ``fallback`` in its place when the part is
+    bad (the next parts are read all the same); :meth:`check` raises what was found
+    (:class:`~shorelink.errors.ConfigErrors` when more than one)."""
+
+    def __init__(self) -> None:
+        self.found: list[ConfigError] = []
+
+    def attempt(self, read_one: Callable[[], T], fallback: U) -> T | U:
+        try:
+            return read_one()
+        except ConfigError as exc:
+            self.found.append(exc)
+            return fallback
+
+    def check(self) -> None:
+        if self.found:
+            raise ConfigErrors.of(self.found)
 
 
 def relative(path: Path, base: Path | None) -> Path:
@@ -496,6 +521,8 @@ def read(
 
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     values = dict(given)
+    errors: list[ConfigError] = []
+    unread: set[int] = set()  # tables a hand-written parser left part-way: not "done"
     for k in keys_of(cls, keys):
         if k.field in given:
             continue
@@ -503,24 +530,33 @@ def read(
         if default is _REQUIRED:
             default = _default(fields[k.field])
         head, _, name = k.name.rpartition(".")
-        if k.kind in ("section", "inline"):
-            sub = table(k.name if k.kind == "section" else head)
-            if k.parse is not None:
-                values[k.field] = k.parse(sub)
+        try:
+            if k.kind in ("section", "inline"):
+                sub = table(k.name if k.kind == "section" else head)
+                if k.parse is not None:
+                    unread.add(id(sub))
+                    values[k.field] = k.parse(sub)
+                    unread.discard(id(sub))
+                else:
+                    nested = _defaults(default) if dataclasses.is_dataclass(default) else None
+                    values[k.field] = read(
+                        k.of, sub, base=base, defaults=nested, keys=k.keys, done=False
+                    )
+            elif k.kind == "pairs":
+                sub = table(k.name)
+                values[k.field] = tuple((p, sub.text(p)) for p in sorted(sub.keys()))
             else:
-                nested = _defaults(default) if dataclasses.is_dataclass(default) else None
-                values[k.field] = read(
-                    k.of, sub, base=base, defaults=nested, keys=k.keys, done=False
-                )
-        elif k.kind == "pairs":
-            sub = table(k.name)
-            values[k.field] = tuple((p, sub.text(p)) for p in sorted(sub.keys()))
-        else:
-            values[k.field] = _value(k, table(head), name, default, base)
-    for t in reversed(tables.values()):
-        t.done()
-    if done:
-        sec.done()
+                values[k.field] = _value(k, table(head), name, default, base)
+        except ConfigError as exc:  # the next keys are read all the same: every error at once
+            errors.append(exc)
+    for t in [*reversed(tables.values()), *([sec] if done else [])]:
+        if id(t) not in unread:
+            try:
+                t.done()
+            except ConfigError as exc:
+                errors.append(exc)
+    if errors:
+        raise ConfigErrors.of(errors)
     return cls(**values)
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "ContractError", "ShorelinkError"]
+__all__ = ["ConfigError", "ConfigErrors", "ContractError", "ShorelinkError"]
 
 
 class ShorelinkError(Exception):
@@ -27,6 +27,27 @@ class ConfigError(ShorelinkError):
     def __init__(self, field: str, message: str) -> None:
         self.field = field
         super().__init__(f"{field}: {message}")
+
+
+class ConfigErrors(ConfigError):
+    """Several keys of one file are invalid at once: ``errors``, each a
+    :class:`ConfigError` naming its key, one per line of the message (a file's reader
+    reports every bad key, not only the first). ``field`` is the first one's."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        self.errors = tuple(errors)
+        self.field = self.errors[0].field
+        ShorelinkError.__init__(self, "\n".join(str(e) for e in self.errors))
+
+    @staticmethod
+    def of(errors: list[ConfigError]) -> ConfigError:
+        """One error as itself, several as one :class:`ConfigErrors` (nested ones
+        flattened, each message once)."""
+        flat: dict[str, ConfigError] = {}
+        for e in errors:
+            for one in e.errors if isinstance(e, ConfigErrors) else (e,):
+                flat.setdefault(str(one), one)
+        return next(iter(flat.values())) if len(flat) == 1 else ConfigErrors(list(flat.values()))
 
 
 class ContractError(ShorelinkError):

@@ -9,9 +9,19 @@ declared once, on its field (``shorelink.config.key``), and read from there by
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
-from shorelink.config import LOG_LEVELS, Secret, Section, check_name_field, key, read, read_key
+from shorelink.config import (
+    LOG_LEVELS,
+    Errors,
+    Secret,
+    Section,
+    check_name_field,
+    key,
+    read,
+    read_key,
+)
 from shorelink.config import load_config as load_file
 from shorelink.errors import ConfigError
 from shorelink.kafka.auth import KafkaAuth
@@ -318,36 +328,51 @@ class SitesConfig:
 
 
 def _site(name: str, sec: Section, base: Path | None) -> SiteConfig:
-    check_name_field(sec.path, "site", name)
-    merge = read(
-        MergeConfig, sec.section("merge"), defaults={"transactional_id": f"shorelink-merge-{name}"}
+    errors = Errors()  # every bad key of the site at once
+    errors.attempt(lambda: check_name_field(sec.path, "site", name), name)
+    merge = errors.attempt(
+        lambda: read(
+            MergeConfig,
+            sec.section("merge"),
+            defaults={"transactional_id": f"shorelink-merge-{name}"},
+        ),
+        MergeConfig(),
     )
-    replication = read(
-        ReplicationConfig,
-        sec.section("replication"),
-        defaults={"username": f"site-{name}" if _has(sec, "replication", "password") else ""},
+    replication = errors.attempt(
+        lambda: read(
+            ReplicationConfig,
+            sec.section("replication"),
+            defaults={"username": f"site-{name}" if _has(sec, "replication", "password") else ""},
+        ),
+        ReplicationConfig(),
     )
     inherited = StreamPolicy(
         merge.canonical_partitions, merge.canonical_retention_ms, replication.relay_retention_ms
     )
-    streams = read_key(SiteConfig, "streams", sec)
-    cfg = read(
-        SiteConfig,
-        sec,
-        base=base,
-        name=name,
-        merge=merge,
-        replication=replication,
-        defaults={
-            "topics": dict.fromkeys(streams, inherited),
-            "access": AccessConfig(
-                gateway_username=f"gateway-{name}"
-                if _has(sec, "access", "gateway_password")
-                else "",
-                gateway_transactional_id=f"shorelink-gateway-{name}",
-            ),
-        },
+    streams = errors.attempt(lambda: read_key(SiteConfig, "streams", sec), ())
+    read_site = errors.attempt(
+        lambda: read(
+            SiteConfig,
+            sec,
+            base=base,
+            name=name,
+            merge=merge,
+            replication=replication,
+            defaults={
+                "topics": dict.fromkeys(streams, inherited),
+                "access": AccessConfig(
+                    gateway_username=f"gateway-{name}"
+                    if _has(sec, "access", "gateway_password")
+                    else "",
+                    gateway_transactional_id=f"shorelink-gateway-{name}",
+                ),
+            },
+        ),
+        None,
     )
+    errors.check()
+    assert read_site is not None
+    cfg = read_site
     if not cfg.streams:
         raise ConfigError(sec.field("streams"), "list at least one stream")
     cfg = _inherit_retention(cfg, sec)
@@ -389,15 +414,24 @@ def _inherit_retention(cfg: SiteConfig, sec: Section) -> SiteConfig:
 
 
 def parse_config(data: dict[str, object], base: Path | None = None) -> SitesConfig:
+    """The sites file, every bad key of every site and of its other tables named at once."""
     top = Section(data)
-    sites = {name: _site(name, sec, base) for name, sec in top.sections("sites").items()}
+    errors = Errors()
+    read_sites = {
+        name: errors.attempt(partial(_site, name, sec, base), None)
+        for name, sec in errors.attempt(lambda: top.sections("sites"), {}).items()
+    }
+    sites = {name: s for name, s in read_sites.items() if s is not None}
+    cfg = errors.attempt(lambda: read(SitesConfig, top, base=base, sites=sites), None)
+    errors.check()
     if not sites:
         raise ConfigError("sites", "define at least one [sites.NAME]")
     for s in sites.values():
         for n in s.neighbours:
             if n not in sites:
                 raise ConfigError(f"sites.{s.name}.neighbours", f"{n!r} is not a site of this file")
-    return read(SitesConfig, top, base=base, sites=sites)
+    assert cfg is not None
+    return cfg
 
 
 def load_config(path: str | Path) -> SitesConfig:
