@@ -20,7 +20,7 @@ import re
 import sys
 import time
 
-__all__ = ["RateLimitedLog", "configure_logging", "fields", "logfmt"]
+__all__ = ["RateLimitedLog", "configure_logging", "fields", "log4j_pattern", "logfmt"]
 
 _KEY = re.compile(r"([A-Za-z_][\w.\-]*)=")
 _QUOTED = re.compile(r"'(?:[^'\\\n]|\\.)*'" + r'|"(?:[^"\\\n]|\\.)*"')
@@ -111,6 +111,29 @@ class _JsonFormatter(logging.Formatter):
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False)
+
+
+def log4j_pattern(*, as_json: bool = False) -> str:
+    """A log4j2 ``PatternLayout`` that writes a JVM's events as this module writes
+    Python's: ``ts``, ``level``, ``logger`` and the ``message`` (and ``exc``, a stack
+    trace on one line) in logfmt with every value quoted (JSON's escapes), or one JSON
+    object per line; with the syslog priority first under systemd."""
+    ts = "%d{yyyy-MM-dd'T'HH:mm:ss.SSS'Z'}{UTC}"
+    level = "%level{WARN=warning, ERROR=error, FATAL=critical, INFO=info, DEBUG=debug, TRACE=debug}"
+    if as_json:
+        return (
+            f'{{"ts":"{ts}","level":"{level}","logger":"%enc{{%c}}{{JSON}}",'
+            '"message":"%enc{%m}{JSON}"%notEmpty{,"exc":"%enc{%throwable}{JSON}"}}%n'
+        )
+    priority = (
+        "%level{WARN=<4>, ERROR=<3>, FATAL=<2>, INFO=<6>, DEBUG=<7>, TRACE=<7>}"
+        if _to_journal()
+        else ""
+    )
+    return (
+        f'{priority}ts={ts} level={level} logger="%enc{{%c}}{{JSON}}" message="%enc{{%m}}{{JSON}}"'
+        '%notEmpty{ exc="%enc{%throwable}{JSON}"}%n'
+    )
 
 
 def _to_journal() -> bool:

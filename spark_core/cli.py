@@ -15,6 +15,7 @@ import click
 from shorelink.cli_support import fail, load_or_exit
 from shorelink.errors import ShorelinkError
 from shorelink.files import write_atomic
+from shorelink.logs import log4j_pattern
 from shorelink.textout import table, wrap
 from spark_core import session
 from spark_core.config import SitesConfig, load_config
@@ -35,6 +36,8 @@ __all__ = [
 ]
 
 SITE_JOB = Path(__file__).resolve().parent / "jobs" / "site.py"
+#: the JVM's log4j2.properties (package data): what spark-submit reads as SPARK_CONF_DIR
+SPARK_CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 def spark_submit_bin() -> Path:
@@ -138,19 +141,28 @@ def main() -> None:
 )
 @click.option("--available-now", is_flag=True, help="Process what is there, then exit.")
 @click.option("--dry-run", is_flag=True, help="Print the spark-submit command, run nothing.")
+@click.option("--log-json", is_flag=True, help="JSON log lines (Python's and the JVM's).")
 def site_cmd(
-    site_name: str, config_path: Path, ivy_dir: Path | None, available_now: bool, dry_run: bool
+    site_name: str,
+    config_path: Path,
+    ivy_dir: Path | None,
+    available_now: bool,
+    dry_run: bool,
+    log_json: bool,
 ) -> None:
     """Run the site's Spark application (merge) with spark-submit."""
     cfg = load_or_exit(load_config, config_path)
     for name in [n.strip() for n in site_name.split(",")]:
         load_or_exit(functools.partial(lambda n, _: cfg.site(n), name), config_path)
-    extra = ["--available-now"] if available_now else []
+    extra = [*(["--available-now"] if available_now else []), *(["--log-json"] if log_json else [])]
     properties = spark_properties_path(cfg, site_name) if cfg.spark.conf else None
     ivy = ivy_dir or session.ivy_dir()
     argv = spark_submit_argv(cfg, site_name, config_path, ivy, extra, properties)
     # the driver and executors run this interpreter (where shorelink is installed)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    # the JVM's log as the Python side's (spark_core/conf/log4j2.properties)
+    env.setdefault("SPARK_CONF_DIR", str(SPARK_CONF_DIR))
+    env["SHORELINK_SPARK_LOG_PATTERN"] = log4j_pattern(as_json=log_json)
     if dry_run:
         click.echo(f"PYSPARK_PYTHON={shlex.quote(sys.executable)} " + shlex.join(argv))
         if properties is not None:

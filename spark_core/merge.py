@@ -590,6 +590,8 @@ def start_merge(spark: Any, merger: Merger, *, available_now: bool = False) -> A
     df = (
         spark.readStream.format("kafka")
         .options(**site.kafka.spark_options())
+        # its consumers' group and client ids name the application and site
+        .option("groupIdPrefix", f"shorelink-spark-{site.name}")
         .option("subscribePattern", merger.source_pattern)
         .option("includeHeaders", "true")
         .option("startingOffsets", "earliest")

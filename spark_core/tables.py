@@ -90,6 +90,8 @@ def _source(spark: Any, site: SiteConfig, topic: str) -> Any:
     df = (
         spark.readStream.format("kafka")
         .options(**site.kafka.spark_options())
+        # its consumers' group and client ids name the application and site
+        .option("groupIdPrefix", f"shorelink-spark-{site.name}")
         .option("subscribe", topic)
         .option("includeHeaders", "true")
         .option("startingOffsets", "earliest")

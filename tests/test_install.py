@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -270,12 +271,30 @@ def test_the_site_application_runs_from_its_wheel_install(
     assert settings.startswith(str(venv)) and Path(settings).is_file(), settings
     assert str(ROOT) not in dry.stdout.replace(str(config), "")
     done = subprocess.run(
-        [*command, "--available-now"],
+        [*command, "--available-now", "--log-json"],
         capture_output=True,
         text=True,
-        env=clean_env(),
+        env={**clean_env(), "SHORELINK_SPARK_LOG_LEVEL": "info"},  # more than warnings
         cwd=tmp_path,  # not the checkout
         timeout=420,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert_exactly_once(canonical(b, s), {("ship1", s): 50})
+    # the JVM's log as the Python side's, from the wheel's own log4j2.properties
+    # (review, ecosystem: Spark's lines were its own format): one JSON object per line,
+    # at the level asked for; only spark-submit's Ivy report beside them (the driver's
+    # Python side writes to the JVM's stdout)
+    out = done.stdout + done.stderr
+    events = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
+    assert all({"ts", "level", "logger"} <= e.keys() for e in events)
+    jvm = [e for e in events if e["logger"].startswith("org.apache.spark")]
+    assert any(e["level"] == "info" for e in jvm), out[-4000:]
+    assert any(e["logger"].startswith("spark_core") for e in events), out[-4000:]
+    # Spark's Kafka consumers name the application and its site (groupIdPrefix), as the
+    # Python side's clients do (client.id): Kafka's Java client logs its config at INFO
+    config = "org.apache.kafka.clients.consumer.ConsumerConfig"
+    consumers = [e["message"] for e in events if e["logger"] == config]
+    assert consumers and all(f"group.id = shorelink-spark-{name}-" in m for m in consumers)
+    spark_format = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (INFO|WARN|ERROR) ", re.M)
+    assert not spark_format.search(out), out[-4000:]
+    assert "Spark's default log4j profile" not in out

@@ -341,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         .config(map=dict[str, Any](SCHEDULER_CONF))
         .getOrCreate()
     )
-    spark.sparkContext.setLogLevel("WARN")
+    # the JVM's log: warnings and worse unless asked (spark_core/conf/log4j2.properties)
+    spark.sparkContext.setLogLevel(os.environ.get("SHORELINK_SPARK_LOG_LEVEL", "WARN").upper())
     sups = [build_supervisor(spark, cfg, s.name, available_now=args.available_now) for s in sites]
 
     def stop_all(*_: object) -> None:

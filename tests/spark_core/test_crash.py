@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import sys
 import threading
@@ -26,6 +27,7 @@ from local_stack.process import Proc
 from shorelink.contract import Record, customer_topic
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
+from shorelink.logs import fields
 from spark_core.config import SiteConfig
 from spark_core.tables import table_path
 from tests.helpers import eventually, kill9, run_process, unique
@@ -235,6 +237,11 @@ def test_driver_killed_three_times_canonical_and_table_exactly_once(
         f" extra {sorted(set(counts) - in_canonical)[:10]}"
     )
     text = log.read_text()
+    # the JVM logs as the Python side does (spark_core/conf/log4j2.properties): logfmt,
+    # warnings and worse, never Spark's own format
+    assert not re.search(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (INFO|WARN|ERROR) ", text, re.M)
+    jvm = [fields(ln) for ln in text.splitlines() if ln.startswith("ts=") and 'logger="org.' in ln]
+    assert all(f["level"] in ("warning", "error", "critical") for f in jvm), jvm[:5]
     assert "event=merge_batch" in text
     assert f"event=query_started query=table-{TABLE}" in text
     # every query's progress, with its Kafka lag, for operators (spark_core/progress.py)
