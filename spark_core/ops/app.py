@@ -30,6 +30,13 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 from shorelink import strict_json
 from shorelink.kafka.endpoint import KafkaEndpoint
@@ -189,6 +196,7 @@ def make_app(ops: Ops, *, follow: bool = True) -> web.Application:
     app.router.add_get("/api/map", _json(lambda o: map_view(o.follower.facts)))
     app.router.add_get("/api/coastlines", _coastlines)
     app.router.add_get("/api/events", _events)
+    app.router.add_get("/metrics", _metrics)
 
     async def start(app: web.Application) -> None:
         if follow:
@@ -240,6 +248,19 @@ def _host_name(host: str) -> str:
     if host.startswith("["):
         return host[: host.find("]") + 1]
     return host.rsplit(":", 1)[0].lower()
+
+
+#: the page process's own figures (RSS, CPU seconds, open files, Python), as every
+#: shorelink process has them; behind the page's logins like the rest
+_REGISTRY = CollectorRegistry()
+ProcessCollector(registry=_REGISTRY)
+PlatformCollector(registry=_REGISTRY)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    return web.Response(
+        body=generate_latest(_REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
 
 
 @web.middleware

@@ -457,6 +457,27 @@ def test_only_staff_may_look_and_nothing_can_be_changed(site: Site) -> None:
     assert site.get("/healthz", auth=None) == {"status": "ok"}
 
 
+def test_the_page_process_exports_its_own_metrics_to_its_logins(site: Site) -> None:
+    """Review (ecosystem): every process has its RSS, CPU and open files on a Prometheus
+    endpoint; the page's is ``/metrics``, behind its logins like the rest."""
+    with pytest.raises(urllib.error.HTTPError) as err:
+        site.get("/metrics", auth=None)
+    assert err.value.code == 401
+    req = urllib.request.Request(site.url + "/metrics")
+    req.add_header("Authorization", "Basic " + base64.b64encode(":".join(STAFF).encode()).decode())
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("text/plain; version=")
+        text = r.read().decode()
+    figures = {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert figures["process_resident_memory_bytes"] > 10 * 2**20
+    assert figures["process_open_fds"] > 3 and figures["process_cpu_seconds_total"] > 0
+    assert any(name.startswith("python_info") for name in figures)
+
+
 def test_the_pages_logins_are_its_own_and_a_removal_applies_at_once(site: Site) -> None:
     """Review M6: the page's logins are its own (scrypt hashes in a 0600 file), not the
     staff's Kafka passwords; ``ops-users remove`` shuts a login out of the running page
