@@ -544,7 +544,13 @@ def read(
                     )
             elif k.kind == "pairs":
                 sub = table(k.name)
-                values[k.field] = tuple((p, sub.text(p)) for p in sorted(sub.keys()))
+                pairs = []
+                for p in sorted(sub.keys()):  # every pair read, each bad one named
+                    try:
+                        pairs.append((p, sub.text(p)))
+                    except ConfigError as exc:
+                        errors.append(exc)
+                values[k.field] = tuple(pairs)
             else:
                 values[k.field] = _value(k, table(head), name, default, base)
         except ConfigError as exc:  # the next keys are read all the same: every error at once

@@ -36,8 +36,8 @@ __all__ = [
 ]
 
 SITE_JOB = Path(__file__).resolve().parent / "jobs" / "site.py"
-#: the JVM's log4j2.properties (package data): what spark-submit reads as SPARK_CONF_DIR
-SPARK_CONF_DIR = Path(__file__).resolve().parent / "conf"
+#: the JVM's log4j2.properties (package data), given as ``LOG4J_CONFIGURATION_FILE``
+LOG4J_CONFIG = Path(__file__).resolve().parent / "conf" / "log4j2.properties"
 
 
 def spark_submit_bin() -> Path:
@@ -160,8 +160,10 @@ def site_cmd(
     argv = spark_submit_argv(cfg, site_name, config_path, ivy, extra, properties)
     # the driver and executors run this interpreter (where shorelink is installed)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    # the JVM's log as the Python side's (spark_core/conf/log4j2.properties)
-    env.setdefault("SPARK_CONF_DIR", str(SPARK_CONF_DIR))
+    # the JVM's log as the Python side's (spark_core/conf/log4j2.properties), named by
+    # log4j's own variable: a directory on the classpath (SPARK_CONF_DIR) would stop the
+    # JVM dumping or mapping its class-data archive
+    env.setdefault("LOG4J_CONFIGURATION_FILE", str(LOG4J_CONFIG))
     env["SHORELINK_SPARK_LOG_PATTERN"] = log4j_pattern(as_json=log_json)
     if dry_run:
         click.echo(f"PYSPARK_PYTHON={shlex.quote(sys.executable)} " + shlex.join(argv))
