@@ -116,14 +116,12 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayCo
     if isinstance(kafka, dict) and "ingress_retention" in kafka:
         kafka = {k: v for k, v in kafka.items() if k != "ingress_retention"}
         top = Section({**data, "kafka": kafka})
-        errors.found.append(
-            ConfigError(
-                "kafka.ingress_retention",
-                "removed: ingress is kept until the site's merge has committed past it "
-                "(the merge deletes what it merged), so nothing a ship was told is held expires",
-            )
+        errors.add(
+            "kafka.ingress_retention",
+            "removed: ingress is kept until the site's merge has committed past it "
+            "(the merge deletes what it merged), so nothing a ship was told is held expires",
         )
-    cfg = errors.attempt(
+    read_all = errors.attempt(
         lambda: read(
             GatewayConfig,
             top,
@@ -133,8 +131,7 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayCo
         ),
         None,
     )
-    errors.check()
-    assert cfg is not None
+    cfg = errors.result(read_all)
     if bool(cfg.tls_cert_file) != bool(cfg.tls_key_file):
         raise ConfigError(
             "listen.tls_cert_file", "set both tls_cert_file and tls_key_file, or neither"

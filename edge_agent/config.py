@@ -413,21 +413,17 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
     read_streams = errors.attempt(lambda: top.sections("streams"), {})
     maybe = {n: errors.attempt(partial(_stream, n, s), None) for n, s in read_streams.items()}
     if not maybe:
-        errors.found.append(ConfigError("streams", "configure at least one stream"))
+        errors.add("streams", "configure at least one stream")
     read_rules = errors.attempt(lambda: top.array("rules"), [])
     rules = [errors.attempt(partial(Rule.from_section, r, maybe), None) for r in read_rules]
     if not read_rules:
-        errors.found.append(
-            ConfigError("rules", "configure at least one rule mapping MQTT topics to a stream")
-        )
+        errors.add("rules", "configure at least one rule mapping MQTT topics to a stream")
     read_alarms = errors.attempt(lambda: top.array("alarms"), [])
     alarms = [errors.attempt(partial(Alarm.from_section, a, maybe), None) for a in read_alarms]
     names: set[str] = set()
     for i, a in enumerate(alarms):
         if a is not None and a.name in names:
-            errors.found.append(
-                ConfigError(f"alarms[{i}].name", f"alarm {a.name!r} is defined twice")
-            )
+            errors.add(f"alarms[{i}].name", f"alarm {a.name!r} is defined twice")
         names.add(a.name if a is not None else "")
     links: dict[str, LinkConfig] = dict(DEFAULT_LINKS)
     for name, sec in errors.attempt(lambda: top.sections("links"), {}).items():
@@ -438,14 +434,12 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
     seen: set[tuple[str, str]] = set()
     for i, g in enumerate(gateways):
         if g is not None and (g.site, g.url) in seen:
-            errors.found.append(
-                ConfigError(f"gateways[{i}].url", f"gateway {g.url} of {g.site} listed twice")
-            )
+            errors.add(f"gateways[{i}].url", f"gateway {g.url} of {g.site} listed twice")
         seen.add((g.site, g.url) if g is not None else ("", ""))
     log = errors.attempt(lambda: _log(top.section("log"), base), None)
     mqtt = errors.attempt(lambda: _mqtt(top.section("mqtt"), ship), None)
     uplink = errors.attempt(lambda: _uplink(top.section("uplink"), base), None)
-    cfg = errors.attempt(
+    read_all = errors.attempt(
         lambda: read(
             EdgeConfig,
             top,
@@ -463,8 +457,7 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
         ),
         None,
     )
-    errors.check()
-    assert cfg is not None
+    cfg = errors.result(read_all)
     resolve_secrets(cfg)  # the agent uses every secret of its file: an unset one fails now
     return cfg
 

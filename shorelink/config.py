@@ -27,6 +27,7 @@ import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -343,9 +344,20 @@ class Errors:
             self.found.append(exc)
             return fallback
 
+    def add(self, field: str, message: str) -> None:
+        """A finding of the caller's own (a check across keys)."""
+        self.found.append(ConfigError(field, message))
+
     def check(self) -> None:
         if self.found:
             raise ConfigErrors.of(self.found)
+
+    def result(self, value: T | None) -> T:
+        """``value``, read with :meth:`attempt`, once nothing was found (it is None
+        only when something was)."""
+        self.check()
+        assert value is not None
+        return value
 
 
 def relative(path: Path, base: Path | None) -> Path:
@@ -521,7 +533,7 @@ def read(
 
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     values = dict(given)
-    errors: list[ConfigError] = []
+    errors = Errors()
     unread: set[int] = set()  # tables a hand-written parser left part-way: not "done"
     for k in keys_of(cls, keys):
         if k.field in given:
@@ -542,27 +554,18 @@ def read(
                     values[k.field] = read(
                         k.of, sub, base=base, defaults=nested, keys=k.keys, done=False
                     )
-            elif k.kind == "pairs":
+            elif k.kind == "pairs":  # every pair read, each bad one named
                 sub = table(k.name)
-                pairs = []
-                for p in sorted(sub.keys()):  # every pair read, each bad one named
-                    try:
-                        pairs.append((p, sub.text(p)))
-                    except ConfigError as exc:
-                        errors.append(exc)
-                values[k.field] = tuple(pairs)
+                texts = {p: errors.attempt(partial(sub.text, p), "") for p in sorted(sub.keys())}
+                values[k.field] = tuple(texts.items())
             else:
                 values[k.field] = _value(k, table(head), name, default, base)
         except ConfigError as exc:  # the next keys are read all the same: every error at once
-            errors.append(exc)
+            errors.found.append(exc)
     for t in [*reversed(tables.values()), *([sec] if done else [])]:
         if id(t) not in unread:
-            try:
-                t.done()
-            except ConfigError as exc:
-                errors.append(exc)
-    if errors:
-        raise ConfigErrors.of(errors)
+            errors.attempt(t.done, None)
+    errors.check()
     return cls(**values)
 
 

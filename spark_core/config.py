@@ -370,9 +370,7 @@ def _site(name: str, sec: Section, base: Path | None) -> SiteConfig:
         ),
         None,
     )
-    errors.check()
-    assert read_site is not None
-    cfg = read_site
+    cfg = errors.result(read_site)
     if not cfg.streams:
         raise ConfigError(sec.field("streams"), "list at least one stream")
     cfg = _inherit_retention(cfg, sec)
@@ -422,15 +420,15 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> SitesConf
         for name, sec in errors.attempt(lambda: top.sections("sites"), {}).items()
     }
     sites = {name: s for name, s in read_sites.items() if s is not None}
-    cfg = errors.attempt(lambda: read(SitesConfig, top, base=base, sites=sites), None)
-    errors.check()
+    cfg = errors.result(
+        errors.attempt(lambda: read(SitesConfig, top, base=base, sites=sites), None)
+    )
     if not sites:
         raise ConfigError("sites", "define at least one [sites.NAME]")
     for s in sites.values():
         for n in s.neighbours:
             if n not in sites:
                 raise ConfigError(f"sites.{s.name}.neighbours", f"{n!r} is not a site of this file")
-    assert cfg is not None
     return cfg
 
 
