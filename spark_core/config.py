@@ -23,6 +23,7 @@ from shorelink.config import (
     read_key,
 )
 from shorelink.config import load_config as load_file
+from shorelink.contract import KAFKA_MAX_MESSAGE_BYTES
 from shorelink.errors import ConfigError
 from shorelink.kafka.auth import KafkaAuth
 from shorelink.kafka.endpoint import KafkaEndpoint
@@ -62,8 +63,20 @@ class MergeConfig:
     dead_retention_ms: int = field(
         default=30 * 86400 * 1000, metadata=key("dead_retention", kind="duration_ms")
     )
-    #: upper bound of one micro-batch (the batch is collected on the driver)
+    #: upper bound of one micro-batch, in records
     max_offsets_per_trigger: int = field(default=100_000, metadata=key(min=1))
+    #: upper bound of what the driver holds of one batch, in bytes (keys, values,
+    #: headers): a micro-batch beyond it is written in slices of at most this much
+    #: (spark_core/merge.py), and so is each pulled batch (spark_core/pull.py)
+    max_batch_bytes: int = field(
+        default=64 * 1024 * 1024,
+        metadata=key(
+            kind="size",
+            min=KAFKA_MAX_MESSAGE_BYTES,
+            why=f"{{v}} < {KAFKA_MAX_MESSAGE_BYTES}, one record with its headers "
+            "(KAFKA_MAX_MESSAGE_BYTES)",
+        ),
+    )
     #: fail the query when ingress records vanished before the merge read them
     fail_on_data_loss: bool = True
     #: delete from ``sl.ingress.*`` what the merge committed past

@@ -22,7 +22,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -32,6 +32,7 @@ from shorelink.contract import (
     H_SITE,
     H_TS,
     HEADER_LAYOUT,
+    KAFKA_MAX_MESSAGE_BYTES,
     LEDGER_TOPIC,
     MARKER_TOPIC,
     RELAYED_TOPIC,
@@ -45,7 +46,13 @@ from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from shorelink.kafka.transactions import TransactionalProducer
 from shorelink.ledger import encode_entry
 from spark_core.config import SiteConfig, SitesConfig
-from spark_core.merge_batch import ArrowBatch, batch_frame, cyclic_gc_paused, unwritten
+from spark_core.merge_batch import (
+    ArrowBatch,
+    batch_frame,
+    batch_sizes,
+    cyclic_gc_paused,
+    unwritten,
+)
 from spark_core.merge_state import (
     BatchPlan,
     MergeError,
@@ -98,6 +105,10 @@ class Totals:
     fetch_s: float = 0.0
     plan_s: float = 0.0
     txn_s: float = 0.0
+    #: Spark batches over ``merge.max_batch_bytes``, written in slices instead
+    sliced: int = 0
+    #: the most the driver took of one Spark batch, in Arrow bytes
+    largest_fetch_bytes: int = 0
 
 
 class Merger:
@@ -141,6 +152,11 @@ class Merger:
         self.ownership = customer_ownership(site, sites)
         #: set once another merge of this site fenced this one (it never writes again)
         self.fenced: str | None = None
+        #: writes a Spark batch too big for the driver (``merge.max_batch_bytes``): reads
+        #: its source partitions up to the given ends, in slices of bounded bytes, each
+        #: written through ``write_pulled`` (the replicator sets it: spark_core/pull.py,
+        #: ``write_through``); None: the batch comes to the driver whole
+        self.write_through: Callable[[Mapping[tuple[str, int], int]], None] | None = None
         #: whether the first load found nothing of this merge in Kafka (no marker): a
         #: new site, or one whose Kafka was wiped; its pullers then also take back,
         #: once, what entered here (spark_core/pull.py). None until the first load
@@ -297,11 +313,46 @@ class Merger:
         # Outside the lock: the pullers write meanwhile (spark_core/pull.py); what the
         # ingest puller wrote already stays on the executors
         done = dict(self.state.offsets)
-        batch = ArrowBatch(batch_frame(unwritten(df, done)).toArrow())
+        if self.write_through is not None and (ends := self._oversized(df, batch_id, done)):
+            # too big for the driver: written in slices of bounded bytes, each its own
+            # transaction; what is left of the batch (nothing, or what came after) below
+            self.totals.sliced += 1
+            log.info(
+                "event=merge_batch_sliced site=%s query=%s batch=%d partitions=%d",
+                self.site.name,
+                self.query,
+                batch_id,
+                len(ends),
+            )
+            self.write_through(ends)
+            done = dict(self.state.offsets)
+        table = batch_frame(unwritten(df, done)).toArrow()
+        self.totals.largest_fetch_bytes = max(self.totals.largest_fetch_bytes, table.nbytes)
+        batch = ArrowBatch(table)
         with self.busy:
             if self.stopping.is_set():
                 raise MergeError("merge is stopping; batch left for the next run")
             self.write_batch(batch_id, batch, t0=t0)
+
+    def _oversized(
+        self, df: Any, batch_id: int, done: Mapping[tuple[str, int], int]
+    ) -> dict[tuple[str, int], int] | None:
+        """Per source partition, the end (next offset) of what the batch has unwritten,
+        when that is more than ``merge.max_batch_bytes``; None when it fits. The query's
+        offset log says how many records the batch spans: a batch that cannot exceed the
+        bound even at the largest record is not measured (no extra Spark job)."""
+        budget = self.site.merge.max_batch_bytes
+        checkpoint = self.site.query_checkpoint(self.query)
+        start = spark_position(checkpoint, batch_id)
+        end = spark_position(checkpoint, batch_id + 1)
+        if end:
+            most = sum(max(0, o - max(start.get(tp, 0), done.get(tp, 0))) for tp, o in end.items())
+            if most * KAFKA_MAX_MESSAGE_BYTES <= budget:
+                return None
+        sizes = batch_sizes(unwritten(df, dict(done)))
+        if sum(b for _, _, b, _ in sizes) <= budget:
+            return None
+        return {(t, p): last + 1 for t, p, _, last in sizes}
 
     def write_pulled(self, rows: Sequence[SourceRow]) -> BatchPlan:
         """Write what a puller read from a neighbour's relay topics (sources named by

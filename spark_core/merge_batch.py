@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from spark_core.contract_sql import FLAT_COLUMNS, rebuild_headers, vouch
 from spark_core.merge_state import Out, SourceRow, topic_stream
 
-__all__ = ["ArrowBatch", "batch_frame", "cyclic_gc_paused", "unwritten"]
+__all__ = ["ArrowBatch", "batch_frame", "batch_sizes", "cyclic_gc_paused", "unwritten"]
 
 _KAFKA = ("topic", "partition", "offset", "key", "value")
 
@@ -55,6 +55,25 @@ def unwritten(df: Any, committed: dict[tuple[str, int], int]) -> Any:
         if topic_stream(t) is not None  # the site's ingress topics (names checked)
     ]
     return df.where(f"NOT ({' OR '.join(below)})") if below else df
+
+
+#: a Kafka row's bytes as the merge holds them: key, value, and each header's name and value
+_ROW_BYTES = (
+    "coalesce(length(key), 0) + coalesce(length(value), 0) + coalesce(aggregate(headers, 0L,"
+    " (n, h) -> n + octet_length(h.key) + coalesce(length(h.value), 0)), 0)"
+)
+
+
+def batch_sizes(df: Any) -> list[tuple[str, int, int, int]]:
+    """Per source partition of a Kafka batch: ``(topic, partition, bytes, last offset)``,
+    computed on the executors (what the driver would hold of it, without taking it)."""
+    rows = (
+        df.selectExpr("topic", "partition", "offset", f"{_ROW_BYTES} AS bytes")
+        .groupBy("topic", "partition")
+        .agg({"bytes": "sum", "offset": "max"})
+        .collect()
+    )
+    return [(r[0], r[1], int(r["sum(bytes)"] or 0), int(r["max(offset)"])) for r in rows]
 
 
 class ArrowBatch:

@@ -15,7 +15,9 @@ Names start ``shorelink_spark_``; a counter's name gets ``_total`` from the clie
 - ``pulled_records_total{puller}``, ``pulled_batches_total``, ``pull_gap_records_total``
   (records lost to a neighbour's retention before they were read), ``puller_failing``;
 - ``merged_records_total{merge,outcome}`` (written, duplicate, dead, skipped),
-  ``merge_batches_total{merge}``, ``merge_failures_total{merge}``;
+  ``merge_batches_total{merge}``, ``merge_failures_total{merge}``,
+  ``merge_batches_sliced_total{merge}`` and ``merge_largest_fetch_bytes{merge}`` (a
+  Spark batch over ``merge.max_batch_bytes`` is written in slices);
 - per Spark query (merges, tables: what ``shorelink-spark status`` shows, from the
   supervisor's :class:`~spark_core.progress.ProgressReporter`): ``query_state{query,
   state}`` (1 for running, failed, finished or stopped), ``query_batch{query}``,
@@ -150,8 +152,20 @@ class SiteCollector(Collector):
         failures = CounterMetricFamily(
             P + "merge_failures", "Merge batches that failed (retried)", labels=["merge"]
         )
+        sliced = CounterMetricFamily(
+            P + "merge_batches_sliced",
+            "Spark batches over merge.max_batch_bytes, written in slices",
+            labels=["merge"],
+        )
+        largest = GaugeMetricFamily(
+            P + "merge_largest_fetch_bytes",
+            "The most the driver took of one Spark batch (Arrow bytes)",
+            labels=["merge"],
+        )
         for m in self.mergers:
             t = m.totals
+            sliced.add_metric([m.query], float(t.sliced))
+            largest.add_metric([m.query], float(t.largest_fetch_bytes))
             for outcome, n in (
                 ("written", t.written),
                 ("duplicate", t.duplicates),
@@ -161,7 +175,7 @@ class SiteCollector(Collector):
                 merged.add_metric([m.query, outcome], float(n))
             batches.add_metric([m.query], float(t.batches))
             failures.add_metric([m.query], float(t.failures))
-        yield from (merged, batches, failures)
+        yield from (merged, batches, failures, sliced, largest)
 
 
 def serve_metrics(

@@ -7,7 +7,7 @@ of the site's application with one Kafka consumer at the neighbour (as the site'
 neighbour principal, read_committed). Every round it reads the relay topics
 ``sl.relay.<entry>.<stream>`` of the entries whose route points at its neighbour
 (spark_core/routing.py), at most ``replication.max_offsets_per_trigger`` records or
-:data:`PULL_BATCH_BYTES`, and hands them to the merge (``Merger.write_pulled``), which
+``merge.max_batch_bytes``, and hands them to the merge (``Merger.write_pulled``), which
 drops what the site already holds and writes the rest, the ledger and the cursors in
 one transaction (docs/replication.md, "Why nothing is lost or doubled").
 
@@ -67,13 +67,10 @@ from spark_core.config import SiteConfig
 from spark_core.merge import Merger
 from spark_core.merge_state import Headers, MergeError, SourceRow, history_stream, pulled_source
 
-__all__ = ["PULL_BATCH_BYTES", "Puller"]
+__all__ = ["Puller", "write_through"]
 
 log = logging.getLogger(__name__)
 
-#: upper bound of one pulled batch in bytes (keys, values, headers), beside the record
-#: count ``replication.max_offsets_per_trigger``: what the merge holds on the driver
-PULL_BATCH_BYTES = 64 * 1024 * 1024
 #: how long a round waits for the first record (an alert's latency on an idle link)
 _WAIT_S = 0.2
 #: how often a puller asks the neighbour for its relay topics' ids and partitions
@@ -98,6 +95,8 @@ class Puller:
     #: micro-batch (the merge's Spark query still reads them; the cursors are the same
     #: marker offsets, so whichever reads a record first writes it)
     local: bool = False
+    #: with ``local``: the topics read (default: the ingress topics of ``streams``)
+    topics: tuple[str, ...] = ()
     #: streams whose history (canonical topic) a site that starts with nothing reads
     #: from this neighbour, once: the neighbour that keeps them longest
     history: tuple[str, ...] = ()
@@ -222,7 +221,7 @@ class Puller:
         merge. Returns the records read."""
         self._decide()
         if self.local:
-            wanted = frozenset(ingress_topic(s) for s in self.streams)
+            wanted = frozenset(self.topics or (ingress_topic(s) for s in self.streams))
         else:
             wanted = frozenset(relay_topic(e, s) for e in self.entries() for s in self.streams)
             wanted |= {canonical_topic(s) for s in self._history}
@@ -236,6 +235,7 @@ class Puller:
         consumer = self._consumer
         assert consumer is not None
         limit = self.site.replication.max_offsets_per_trigger
+        budget = self.site.merge.max_batch_bytes
         # each partition its share of the batch: one origin's seqs are spread over the
         # partitions by key, so a batch that took one partition far ahead of the others
         # would leave holes in the ledger (bounded: MAX_HOLDINGS_RANGES); what a
@@ -251,8 +251,10 @@ class Puller:
             tp: end for ends in self._history.values() if ends for tp, end in ends.items()
         }
 
+        full = False  # the batch has its bytes: the rest waits for the next round
+
         def take(m: Message) -> None:
-            nonlocal size
+            nonlocal size, full
             tp = (str(m.topic()), m.partition() or 0)
             end = history_ends.get(tp)
             if end is not None and (m.offset() or 0) >= end:
@@ -261,7 +263,12 @@ class Puller:
                 self._assigned[tp] = max(self._assigned.get(tp, 0), end)
                 consumer.pause([TopicPartition(*tp)])
                 return
-            if taken[tp] >= share or tp in self._waiting:  # order kept: after its carry
+            key, value = m.key(), m.value()
+            headers: Headers = list(m.headers() or [])  # type: ignore[arg-type]
+            nbytes = len(key or b"") + len(value or b"")
+            nbytes += sum(len(k) + len(v or b"") for k, v in headers)
+            full = full or (bool(rows) and size + nbytes > budget)  # one record always goes
+            if full or taken[tp] >= share or tp in self._waiting:  # order: after its carry
                 self._carry.append(m)
                 if tp not in self._waiting:
                     self._waiting.add(tp)
@@ -270,19 +277,16 @@ class Puller:
                 return
             taken[tp] += 1
             offset = m.offset() or 0
-            key, value = m.key(), m.value()
-            headers: Headers = list(m.headers() or [])  # type: ignore[arg-type]
             source = self._sources[tp[0]]
             rows.append(SourceRow(source, tp[1], offset, key, value, headers, written_ms(m)))
-            size += len(key or b"") + len(value or b"")
-            size += sum(len(k) + len(v or b"") for k, v in headers)
+            size += nbytes
             self._note_read(tp[0], tp[1], offset)
 
         self._waiting = set()
         for m in carried:
             take(m)
         wait = _WAIT_S
-        while len(rows) < limit and size < PULL_BATCH_BYTES and len(self._carry) < limit:
+        while len(rows) < limit and not full and len(self._carry) < limit:
             msgs = consumer.consume(min(limit - len(rows), 5000), timeout=wait)
             if not msgs:
                 break
@@ -311,10 +315,10 @@ class Puller:
             self.batches += 1
             self.last_success = time.time()
         self._measure_lag(len(rows))
-        if self._recovering and self._reached(self._recover_to or {}):
+        if self._recovering and self.reached(self._recover_to or {}):
             self._recover_done()
         for stream, ends in list(self._history.items()):
-            if ends is not None and self._reached(ends):
+            if ends is not None and self.reached(ends):
                 self._history_done(stream)
         return len(rows)
 
@@ -373,7 +377,7 @@ class Puller:
                 parts.update(((topic, p.id), topic) for p in desc.partitions)
         return parts
 
-    def _reached(self, ends: Mapping[tuple[str, int], int]) -> bool:
+    def reached(self, ends: Mapping[tuple[str, int], int]) -> bool:
         """Has every partition of ``ends`` been read (or found at its end) up to there?"""
         return all(
             max(self._assigned.get(tp, -1), self._at_end.get(tp, -1)) >= end
@@ -702,3 +706,35 @@ class Puller:
         if c is not None:
             with contextlib.suppress(KafkaException, RuntimeError):
                 c.close()
+
+
+def write_through(merger: Merger, ends: Mapping[tuple[str, int], int]) -> None:
+    """Write the source partitions of a merge's Spark batch up to ``ends`` (next offsets)
+    through a puller of the site's own Kafka: slices of at most ``merge.max_batch_bytes``,
+    each one transaction with its cursors (``Merger.write_pulled``). How the merge takes a
+    batch too big for the driver (``Merger.process_batch``). A slice that fails fails the
+    batch (Spark replays it; the slices committed stay, and are skipped as written)."""
+    site = merger.site
+    puller = Puller(
+        site,
+        site.name,
+        site.kafka,
+        merger.streams,
+        urgent=False,
+        merger=merger,
+        routes=dict,
+        local=True,
+        topics=tuple(sorted({topic for topic, _ in ends})),
+    )
+    stalled_after = site.kafka.timeout_s * 2
+    progress = time.monotonic()
+    try:
+        while not puller.reached(ends):
+            if merger.stopping.is_set():
+                raise MergeError("merge is stopping; batch left for the next run")
+            if puller.round():
+                progress = time.monotonic()
+            elif time.monotonic() - progress > stalled_after:
+                raise MergeError(f"no record of the batch read for {stalled_after:.0f}s")
+    finally:
+        puller.close()

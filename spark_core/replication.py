@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -28,7 +29,7 @@ from shorelink.kafka.errors import KafkaClientError
 from spark_core.config import SiteConfig
 from spark_core.merge import Merger
 from spark_core.merge_state import MergeError
-from spark_core.pull import Puller
+from spark_core.pull import Puller, write_through
 from spark_core.routing import LinkState
 
 __all__ = ["BULK_POOL", "URGENT_POOL", "Replicator", "history_sources"]
@@ -99,6 +100,8 @@ class Replicator:
             for m in mergers
             if m.streams and not site.merge.source_pattern
         ]
+        for m in mergers:  # a Spark batch too big for the driver: in slices, pulled
+            m.write_through = partial(write_through, m)
         self._stop = threading.Event()
         self._pulling = threading.Event()
         self._thread: threading.Thread | None = None

@@ -30,6 +30,7 @@ def site_doc(
     *,
     name: str,
     max_offsets: int = 100_000,
+    max_batch_bytes: int | None = None,
     tables: bool = False,
     customers: Path | None = None,
 ) -> dict[str, Any]:
@@ -58,6 +59,7 @@ def site_doc(
                     "source_pattern": "|".join(rf"sl\.ingress\.{s}" for s in streams),
                     "canonical_partitions": 3,
                     "max_offsets_per_trigger": max_offsets,
+                    **({"max_batch_bytes": max_batch_bytes} if max_batch_bytes else {}),
                 },
             }
         },
@@ -96,6 +98,7 @@ def make_site(
     streams: list[str],
     *,
     max_offsets: int = 100_000,
+    max_batch_bytes: int | None = None,
     tables: bool = False,
     customers: Path | None = None,
 ) -> tuple[SiteConfig, Path]:
@@ -108,6 +111,7 @@ def make_site(
         streams,
         name=name,
         max_offsets=max_offsets,
+        max_batch_bytes=max_batch_bytes,
         tables=tables,
         customers=customers,
     )
