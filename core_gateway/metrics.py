@@ -5,15 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import (
-    CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    PlatformCollector,
-    ProcessCollector,
 )
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
+
+from shorelink.metrics import process_registry
 
 __all__ = ["GatewayMetrics"]
 
@@ -31,10 +30,8 @@ class _CountedElsewhere(Collector):
 
 class GatewayMetrics:
     def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
-        # the process's own: RSS, CPU seconds, open file descriptors, Python's version
-        ProcessCollector(registry=r)
-        PlatformCollector(registry=r)
+        # the process's own figures first: RSS, CPU seconds, open files, Python
+        r = self.registry = process_registry()
         p = "shorelink_gateway_"
         self.requests = Counter(p + "requests", "HTTP requests", ["route", "status"], registry=r)
         self.rejected = Counter(

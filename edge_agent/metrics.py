@@ -8,13 +8,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
-    CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    PlatformCollector,
-    ProcessCollector,
 )
+
+from shorelink.metrics import process_registry
 
 if TYPE_CHECKING:
     from edge_agent.log import CommitResult, Incoming
@@ -26,10 +25,8 @@ _LATENCY = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0
 
 class EdgeMetrics:
     def __init__(self) -> None:
-        r = self.registry = CollectorRegistry()
-        # the process's own: RSS, CPU seconds, open file descriptors, Python's version
-        ProcessCollector(registry=r)
-        PlatformCollector(registry=r)
+        # the process's own figures first: RSS, CPU seconds, open files, Python
+        r = self.registry = process_registry()
         p = "shorelink_edge_"
         self.ingested = Counter(
             p + "ingested_records", "Records committed to the log", ["stream"], registry=r

@@ -31,13 +31,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import (
-    CollectorRegistry,
-    PlatformCollector,
-    ProcessCollector,
     start_http_server,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from shorelink.metrics import process_registry
 
 __all__ = ["STATES", "SiteCollector", "serve_metrics"]
 
@@ -183,10 +182,8 @@ def serve_metrics(
 ) -> Any:
     """Serve the site's metrics on ``host:port`` (0: a free port) in a thread of its
     own; returns the server (``server_port``, ``shutdown()``)."""
-    registry = CollectorRegistry(auto_describe=True)
+    # the driver's own figures (RSS, CPU seconds, open files, Python), then the site's
+    registry = process_registry()
     registry.register(SiteCollector(replicator, mergers, progress))
-    # the driver's own: RSS, CPU seconds, open file descriptors, Python's version
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
     server, _thread = start_http_server(port, host, registry=registry)
     return server

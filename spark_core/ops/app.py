@@ -32,14 +32,12 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    PlatformCollector,
-    ProcessCollector,
     generate_latest,
 )
 
 from shorelink import strict_json
 from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.metrics import process_registry
 from shorelink.tls import TlsFile, client_context
 from spark_core.config import SitesConfig
 from spark_core.ops.coast import coastlines
@@ -252,9 +250,7 @@ def _host_name(host: str) -> str:
 
 #: the page process's own figures (RSS, CPU seconds, open files, Python), as every
 #: shorelink process has them; behind the page's logins like the rest
-_REGISTRY = CollectorRegistry()
-ProcessCollector(registry=_REGISTRY)
-PlatformCollector(registry=_REGISTRY)
+_REGISTRY = process_registry()
 
 
 async def _metrics(request: web.Request) -> web.Response:
