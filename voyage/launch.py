@@ -20,6 +20,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,6 +117,14 @@ def _run(argv: list[str], what: str, timeout: float = 120) -> str:
     if done.returncode != 0:
         raise StackError(f"{what} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
     return done.stdout
+
+
+def _run_all(jobs: list[tuple[list[str], str]], timeout: float = 120) -> list[str]:
+    """:func:`_run` for each ``(argv, what)`` at once (each mostly waits on a broker);
+    the outputs in order, or the first failure."""
+    with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
+        runs = [pool.submit(_run, argv, what, timeout) for argv, what in jobs]
+        return [r.result() for r in runs]
 
 
 def launch(
@@ -237,18 +246,40 @@ def launch(
         launched.customer_toml = dir / "customers" / f"{READER}.toml"
         launched.customer_toml.parent.mkdir(parents=True, exist_ok=True)
         launched.customer_toml.write_text(client_config(READER, brokers[HQ].bootstrap, sec.ca_file))
-        for s in SITES:
-            _run(
-                _python(
-                    "spark_core.cli",
-                    "access",
-                    "apply",
-                    "--site",
-                    s,
-                    "--config",
-                    str(launched.sites_toml),
-                ),
-                f"shorelink-spark access apply --site {s}",
+        site_cli = ("--config", str(launched.sites_toml))
+        _run_all(
+            [
+                (
+                    _python("spark_core.cli", "access", "apply", "--site", s, *site_cli),
+                    f"shorelink-spark access apply --site {s}",
+                )
+                for s in SITES
+            ]
+        )
+
+        # the Spark application first: its JVM's start is the longest, the rest starts
+        # meanwhile
+        say("creating every site's topics; starting a Spark application per site")
+        _run_all(
+            [
+                (
+                    _python("spark_core.cli", "topics", "apply", "--site", s, *site_cli),
+                    f"shorelink-spark topics apply --site {s}",
+                )
+                for s in SITES
+            ]
+        )
+        # one application per site as in production, or the four sites' supervisors in
+        # one application (one JVM instead of four on a 2-core machine: docs/voyage.md)
+        groups = [[s] for s in (HQ, *PORTS)] if spark_per_site else [[HQ, *PORTS]]
+        for group in groups:
+            name = ",".join(group)
+            launched.record(
+                Proc.start(
+                    f"spark:{name}",
+                    _python("spark_core.cli", "site", "--site", name, *site_cli),
+                    logs / f"spark-{name.replace(',', '-')}.log",
+                )
             )
 
         say("starting a gateway per site (HTTPS)")
@@ -260,6 +291,7 @@ def launch(
             tls = Tls(sec.ca_file, cert.cert, cert.key)
             path.write_text(gateway_config(launched.sites[s], credentials, tls))
             launched.gateway_toml[s] = path
+        # one at a time: each rewrites the ships' credentials file
         tokens = {
             ship: _run(
                 _python(
@@ -283,40 +315,6 @@ def launch(
                     logs / f"gateway-{s}.log",
                 ),
                 info.sites[s]["gateway"],
-            )
-
-        say("creating every site's topics; starting a Spark application per site")
-        for s in SITES:
-            _run(
-                _python(
-                    "spark_core.cli",
-                    "topics",
-                    "apply",
-                    "--site",
-                    s,
-                    "--config",
-                    str(launched.sites_toml),
-                ),
-                f"shorelink-spark topics apply --site {s}",
-            )
-        # one application per site as in production, or the four sites' supervisors in
-        # one application (one JVM instead of four on a 2-core machine: docs/voyage.md)
-        groups = [[s] for s in (HQ, *PORTS)] if spark_per_site else [[HQ, *PORTS]]
-        for group in groups:
-            name = ",".join(group)
-            launched.record(
-                Proc.start(
-                    f"spark:{name}",
-                    _python(
-                        "spark_core.cli",
-                        "site",
-                        "--site",
-                        name,
-                        "--config",
-                        str(launched.sites_toml),
-                    ),
-                    logs / f"spark-{name.replace(',', '-')}.log",
-                )
             )
 
         say(f"starting {HQ}'s operations page: {launched.ops_url}")

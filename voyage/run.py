@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -417,26 +418,30 @@ class Voyage:
 
     def finish(self, plan: VoyagePlan, links: LinkPlayer, events: _Events) -> dict[str, Any]:
         assert self.launched is not None
-        self.say("auditing every site's canonical topics (shorelink audit --all-sites)")
-        audit = self.audit()
         link_bytes = self.launched.toxiproxy.link_bytes()
-        customer = self.customer_summary()
-        ops = self.ops_summary()
-        for w in self.watches.values():
-            w.close()
         pick = None
         if events.overboard and events.overboard.get("containers"):
             boxes = events.overboard["containers"]
             pick = next((c for c in boxes if c in plan.transshipped), boxes[0])
-            if not self.tables_caught_up():
+        # the checks at once: each reads a different process (and mostly waits on it)
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            self.say("auditing every site's canonical topics (shorelink audit --all-sites)")
+            audit_run = pool.submit(self.audit)
+            customer_run = pool.submit(self.customer_summary)
+            ops_run = pool.submit(self.ops_summary)
+            tables_run = pool.submit(self.tables_caught_up) if pick is not None else None
+            audit, customer, ops = audit_run.result(), customer_run.result(), ops_run.result()
+            if tables_run is not None and not tables_run.result():
                 self.problems.append("HQ's Delta tables did not catch up within 180s")
-        if not self.opts.keep:
-            # the table is files: read it with the machine to itself
-            self.stop()
-        history = None
-        if pick is not None:
-            self.say(f"reading {pick}'s history from HQ's Delta table")
-            history = self.history(pick)
+        for w in self.watches.values():
+            w.close()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            if pick is not None:  # the table is files: read while the rest stops
+                self.say(f"reading {pick}'s history from HQ's Delta table")
+            history_run = None if pick is None else pool.submit(self.history, pick)
+            if not self.opts.keep:
+                self.stop()
+            history = None if history_run is None else history_run.result()
         observed = Observed(
             plan=plan,
             ships=self.ships,
