@@ -42,6 +42,7 @@ __all__ = [
     "run_bench",
     "scrape",
     "total",
+    "tree_rss_mb",
     "work_dir",
 ]
 
@@ -214,3 +215,20 @@ def pct(values: list[float], q: float) -> float | None:
 
 def r3(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
+
+
+def tree_rss_mb(pid: int) -> tuple[float, int]:
+    """RSS of ``pid`` and its descendants (from /proc), in MiB, and how many processes."""
+    total, n, todo = 0, 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+            for t in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (t / "children").read_text().split()]
+        except OSError:
+            continue
+        n += 1
+    return round(total / 1024, 1), n

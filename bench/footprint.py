@@ -48,6 +48,7 @@ from _common import (
     fill_defaults,
     progress,
     run_bench,
+    tree_rss_mb,
 )
 
 from local_stack.mosquitto import MosquittoBroker, start_mosquitto
@@ -137,23 +138,6 @@ def clean_env() -> dict[str, str]:
 
 def mb(n: float) -> float:
     return round(n / 1e6, 1)
-
-
-def tree_rss_mb(pid: int) -> tuple[float, int]:
-    """RSS of ``pid`` and its descendants, in MB, and how many processes."""
-    total, n, todo = 0, 0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-            for t in Path(f"/proc/{p}/task").iterdir():
-                todo += [int(c) for c in (t / "children").read_text().split()]
-        except OSError:
-            continue
-        n += 1
-    return round(total / 1024, 1), n
 
 
 class Bench:

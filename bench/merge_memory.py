@@ -35,7 +35,14 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-from _common import add_run_options, bench_parser, fill_defaults, progress, run_bench
+from _common import (
+    add_run_options,
+    bench_parser,
+    fill_defaults,
+    progress,
+    run_bench,
+    tree_rss_mb,
+)
 from confluent_kafka import Producer
 
 from local_stack.kafka import start_kafka
@@ -49,29 +56,6 @@ say = progress("merge-memory")
 STREAM = "containers"
 PARTITIONS = 6
 VARIANTS = ("sliced", "whole")
-
-
-def rss_tree(pid: int) -> int:
-    """Resident bytes of ``pid`` and every process under it (from /proc)."""
-    children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            statm = (entry / "statm").read_text().split()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
-        rss[int(entry.name)] = int(statm[1]) * os.sysconf("SC_PAGE_SIZE")
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        total += rss.get(p, 0)
-        todo.extend(children.get(p, []))
-    return total
 
 
 class MergeMemoryBench:
@@ -147,9 +131,9 @@ class MergeMemoryBench:
         t0 = time.monotonic()
         with log.open("wb") as f:
             child = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
-            peak = 0
+            peak = 0.0
             while child.poll() is None:
-                peak = max(peak, rss_tree(child.pid))
+                peak = max(peak, tree_rss_mb(child.pid)[0])
                 if time.monotonic() - t0 > self.args.timeout + 120:
                     child.kill()
                 time.sleep(0.5)
@@ -164,7 +148,7 @@ class MergeMemoryBench:
             "error": got.get("error"),
             "jvm_error": causes[0][:300] if causes else None,
             "wall_s": round(wall, 1),
-            "peak_rss_mib": round(peak / 2**20),
+            "peak_rss_mib": round(peak),
             **{k: got[k] for k in ("written", "duplicates", "sliced", "pulled") if k in got},
             "largest_fetch_mib": round(got.get("largest_fetch_bytes", 0) / 2**20, 1),
         }
