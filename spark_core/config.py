@@ -77,6 +77,12 @@ class MergeConfig:
             "(KAFKA_MAX_MESSAGE_BYTES)",
         ),
     )
+    #: how often the merge's Spark query runs when the merge's ingest puller reads
+    #: the same ingress topics (spark_core/pull.py; every merge without a
+    #: ``source_pattern``): the puller writes each record as it comes, the query is the
+    #: backstop (and the ingress purge's pace). A merge without an ingest puller runs
+    #: its query every ``trigger_interval``
+    backstop_interval_s: float = field(default=30.0, metadata=key("backstop_interval", gt=0))
     #: fail the query when ingress records vanished before the merge read them
     fail_on_data_loss: bool = True
     #: delete from ``sl.ingress.*`` what the merge committed past

@@ -157,6 +157,10 @@ class Merger:
         #: written through ``write_pulled`` (the replicator sets it: spark_core/pull.py,
         #: ``write_through``); None: the batch comes to the driver whole
         self.write_through: Callable[[Mapping[tuple[str, int], int]], None] | None = None
+        #: a puller reads this merge's ingress topics too, writing each record as it
+        #: comes (the replicator sets it); the Spark query then runs every
+        #: ``merge.backstop_interval`` instead of every ``trigger_interval``
+        self.ingest_puller = False
         #: whether the first load found nothing of this merge in Kafka (no marker): a
         #: new site, or one whose Kafka was wiped; its pullers then also take back,
         #: once, what entered here (spark_core/pull.py). None until the first load
@@ -656,4 +660,6 @@ def start_merge(spark: Any, merger: Merger, *, available_now: bool = False) -> A
         .foreachBatch(merger.process_batch)
         .option("checkpointLocation", str(site.query_checkpoint(merger.query)))
     )
-    return trigger(writer, site.trigger_interval_s, available_now).start()
+    # with an ingest puller (set by the replicator) the query is the backstop
+    every = m.backstop_interval_s if merger.ingest_puller else site.trigger_interval_s
+    return trigger(writer, every, available_now).start()

@@ -102,6 +102,8 @@ class Replicator:
         ]
         for m in mergers:  # a Spark batch too big for the driver: in slices, pulled
             m.write_through = partial(write_through, m)
+        for p in self.ingest:  # the merge's Spark query is then the backstop
+            p.merger.ingest_puller = True
         self._stop = threading.Event()
         self._pulling = threading.Event()
         self._thread: threading.Thread | None = None

@@ -128,6 +128,8 @@ class Topology:
     max_offsets: int = 50_000
     #: the Spark queries' trigger interval
     trigger: str = "300ms"
+    #: the merges' Spark queries' interval beside their ingest pullers
+    backstop: str = "30s"
     #: site name -> its own streams, where not ``streams``
     only: dict[str, list[str]] = field(default_factory=dict)
     cfg: SitesConfig = field(init=False)
@@ -157,6 +159,7 @@ bootstrap = "{self.mesh.brokers[slot].bootstrap}"
 timeout = "20s"
 [sites.{name}.merge]
 canonical_partitions = 3
+backstop_interval = "{self.backstop}"
 [sites.{name}.metrics]
 listen.port = {self.metrics[name]}
 [sites.{name}.replication]

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_END, Producer, TopicPartition
@@ -208,6 +209,12 @@ def _routes(run: Running, site: str) -> dict[str, str | None]:
     return dict(rep.routes)
 
 
+def _merge_queries(topo: Topology, site: str) -> list[dict[str, Any]]:
+    """The site's merge queries as its status file reports them."""
+    queries = read_status(topo.cfg.site(site)).queries or {}
+    return [q for q in queries.get("queries", ()) if q["query"].startswith("merge")]
+
+
 def _at_limit(site: str, stream: str) -> Record:
     """A record of exactly MAX_RECORD_BYTES (key, value and MQTT topic), incompressible."""
     key, topic = b"big-1", f"ship/big/{stream}"
@@ -223,7 +230,7 @@ def test_full_mesh_of_four_each_record_crosses_into_each_site_about_once_and_tra
     stream = unique("cont")
     # the Spark merge's first batch at start, then none for an hour: every record that
     # enters later reaches its entry site's canonical topic through the ingest puller
-    topo = topology(healed, tmp_path, full_mesh(SLOTS), [stream], trigger="1h")
+    topo = topology(healed, tmp_path, full_mesh(SLOTS), [stream], backstop="1h")
     a, b, c, _d = topo.slots
     entered = {
         # records name the site they entered at (sl.site), but the merge must not trust
@@ -272,6 +279,12 @@ def test_full_mesh_of_four_each_record_crosses_into_each_site_about_once_and_tra
             10,
             "b's status shows the link to a up",
         )
+        # the merges' Spark queries ran their first batch only (merge.backstop_interval
+        # beside an ingest puller), though a took new records twice: the pullers carried
+        # every record (at trigger_interval, a's query would have run more batches)
+        for site in topo.slots:
+            merges = _merge_queries(topo, site)
+            assert merges and all(q.get("batch_id") == 0 for q in merges), (site, merges)
     assert not list(converged(topo, want))
 
 
