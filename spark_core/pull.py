@@ -146,6 +146,22 @@ class Puller:
     #: end when the reading began (None: not described yet)
     _history: dict[str, dict[tuple[str, int], int] | None] = field(default_factory=dict, repr=False)
 
+    @classmethod
+    def ingest(cls, merger: Merger, topics: tuple[str, ...] = ()) -> Puller:
+        """A puller of ``merger``'s own ingress topics (``topics``: these instead)."""
+        site = merger.site
+        return cls(
+            site,
+            site.name,
+            site.kafka,
+            merger.streams,
+            urgent=all(s in site.urgent_streams for s in merger.streams),
+            merger=merger,
+            routes=dict,
+            local=True,
+            topics=topics,
+        )
+
     @property
     def name(self) -> str:
         lane = "urgent" if self.urgent else "bulk"
@@ -715,17 +731,7 @@ def write_through(merger: Merger, ends: Mapping[tuple[str, int], int]) -> None:
     batch too big for the driver (``Merger.process_batch``). A slice that fails fails the
     batch (Spark replays it; the slices committed stay, and are skipped as written)."""
     site = merger.site
-    puller = Puller(
-        site,
-        site.name,
-        site.kafka,
-        merger.streams,
-        urgent=False,
-        merger=merger,
-        routes=dict,
-        local=True,
-        topics=tuple(sorted({topic for topic, _ in ends})),
-    )
+    puller = Puller.ingest(merger, tuple(sorted({topic for topic, _ in ends})))
     stalled_after = site.kafka.timeout_s * 2
     progress = time.monotonic()
     try:

@@ -87,18 +87,7 @@ class Replicator:
         #: between the gateway and the merge on a record's way (the merge's Spark query
         #: reads the same topics and writes what this has not, spark_core/merge.py)
         self.ingest = [
-            Puller(
-                site,
-                site.name,
-                site.kafka,
-                m.streams,
-                urgent=all(s in site.urgent_streams for s in m.streams),
-                merger=m,
-                routes=dict,
-                local=True,
-            )
-            for m in mergers
-            if m.streams and not site.merge.source_pattern
+            Puller.ingest(m) for m in mergers if m.streams and not site.merge.source_pattern
         ]
         for m in mergers:  # a Spark batch too big for the driver: in slices, pulled
             m.write_through = partial(write_through, m)
