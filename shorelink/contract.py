@@ -44,6 +44,7 @@ __all__ = [
     "MAX_RECORD_BYTES",
     "MAX_TS_MS",
     "RELAYED_TOPIC",
+    "RELAY_INDEX_TOPIC",
     "Record",
     "canonical_topic",
     "contract_headers",
@@ -102,6 +103,10 @@ MARKER_TOPIC = "sl.merge.marker"
 #: to ``sl.relay.<entry>.<stream>``: so a record that reaches the site again through
 #: another entry is relayed under that entry too, once (spark_core/merge_state.py)
 RELAYED_TOPIC = "sl.merge.relayed"
+#: key a relay topic, value JSON: a segment of that relay topic (offsets per partition)
+#: and the seqs written there, so a neighbour's first read of a relay topic starts at
+#: what it lacks (spark_core/relay_index.py); retention as the relay topics'
+RELAY_INDEX_TOPIC = "sl.relay.index"
 #: malformed records whose source topic names no valid stream (the merge's dead letters)
 DEAD_UNKNOWN_TOPIC = "sl.dead.unknown"
 #: compacted; key: a site's name, value JSON: which of its neighbours that site could

@@ -27,6 +27,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from confluent_kafka import IsolationLevel, TopicCollection, TopicPartition
+from confluent_kafka.admin import OffsetSpec
+
 from shorelink.contract import (
     DEAD_UNKNOWN_TOPIC,
     H_SITE,
@@ -35,16 +38,19 @@ from shorelink.contract import (
     KAFKA_MAX_MESSAGE_BYTES,
     LEDGER_TOPIC,
     MARKER_TOPIC,
+    RELAY_INDEX_TOPIC,
     RELAYED_TOPIC,
     customer_topic,
     marker_key,
     relay_topic,
 )
 from shorelink.files import write_json_atomic
-from shorelink.kafka.errors import Fenced, KafkaClientError, KafkaTransactionError
+from shorelink.kafka.admin import Admin
+from shorelink.kafka.errors import Fenced, KafkaClientError, KafkaTransactionError, UnknownTopic
 from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from shorelink.kafka.transactions import TransactionalProducer
 from shorelink.ledger import encode_entry
+from shorelink.ranges import RangeSet
 from spark_core.config import SiteConfig, SitesConfig
 from spark_core.merge_batch import (
     ArrowBatch,
@@ -57,6 +63,7 @@ from spark_core.merge_state import (
     BatchPlan,
     MergeError,
     MergeState,
+    Relayed,
     RowBatch,
     SourceBatch,
     SourceRow,
@@ -67,8 +74,15 @@ from spark_core.merge_state import (
     topic_stream,
 )
 from spark_core.purge import SourcePurger, below, spark_position
+from spark_core.relay_index import INDEX_EVERY_S, Tail, encode_segment
 from spark_core.session import trigger
-from spark_core.topics import customer_ownership, customer_specs, relay_entries, stream_specs
+from spark_core.topics import (
+    customer_ownership,
+    customer_specs,
+    relay_entries,
+    relay_index_spec,
+    stream_specs,
+)
 
 __all__ = [
     "BatchPlan",
@@ -109,6 +123,8 @@ class Totals:
     sliced: int = 0
     #: the most the driver took of one Spark batch, in Arrow bytes
     largest_fetch_bytes: int = 0
+    #: segments written to the relay index (spark_core/relay_index.py)
+    index_segments: int = 0
 
 
 class Merger:
@@ -147,6 +163,8 @@ class Merger:
         self._producer: TransactionalProducer | None = None
         self._ensured: set[str] = set()
         self._purger = SourcePurger(site.kafka)
+        self._admin: Admin | None = None
+        self._index_due = 0.0  # monotonic time of the next relay index segment
         #: who owns which container when: each new record of a customer's container
         #: also goes to ``sl.customer.<name>.<stream>``, in the same transaction
         self.ownership = customer_ownership(site, sites)
@@ -190,6 +208,8 @@ class Merger:
             TopicSpec(RELAYED_TOPIC, partitions=1, compacted=True),
             TopicSpec(DEAD_UNKNOWN_TOPIC, retention_ms=m.dead_retention_ms),
         ]
+        if self.entries:
+            specs.append(relay_index_spec(self.site))
         self._ensure([*specs, *self._stream_specs(self.site.streams)])  # one admin round
         self._close_producer()
         p = TransactionalProducer(
@@ -221,6 +241,8 @@ class Merger:
         )
         if self.fresh is None:
             self.fresh = self.state.last_batch is None and not self.state.offsets
+        if self.entries:
+            self._start_index()
         log.info(
             "event=merge_ready site=%s sources=%d ranges=%d last_batch=%s",
             self.site.name,
@@ -421,15 +443,15 @@ class Merger:
         offsets = dict(self.state.offsets)
         offsets.update(plan.offsets)
         marker_state = MergeState(offsets=offsets)
-        marker = marker_state.marker_value(
-            self.site.name,
-            batch_id,
-            {
-                "written": len(plan.canonical),
-                "dead": len(plan.dead),
-                "ts_ms": int(time.time() * 1000),
-            },
-        )
+        extra: dict[str, object] = {
+            "written": len(plan.canonical),
+            "dead": len(plan.dead),
+            "ts_ms": int(time.time() * 1000),
+        }
+        marker = marker_state.marker_value(self.site.name, batch_id, extra)
+        if self.entries:
+            marker_state.index = self._index_with(plan.relayed_now)
+            marker = marker_state.marker_value(self.site.name, batch_id, extra)
         relay = self._relay if self.entries else None
         customer = self._customer if self.ownership is not None else None
         to_customers = 0
@@ -466,7 +488,105 @@ class Merger:
         self.state.relayed.update(plan.relayed)
         self.state.offsets = offsets
         self.state.last_batch = batch_id
+        self.state.index = marker_state.index
         return to_customers
+
+    # -- the relay index (spark_core/relay_index.py) -------------------------------------
+    @property
+    def relay_topics(self) -> list[str]:
+        """The relay topics this merge writes."""
+        return sorted(relay_topic(e, s) for e in self.entries for s in self.streams)
+
+    def _start_index(self) -> None:
+        """A relay topic the marker has no tail for gets one at its end now: what it
+        holds already (written before the index existed) is named by no segment."""
+        missing = [t for t in self.relay_topics if t not in self.state.index]
+        try:
+            marks = self._relay_marks(missing)
+        except KafkaClientError as exc:
+            raise MergeError(f"cannot read where the relay topics end: {exc}") from exc
+        for topic, (topic_id, ends) in marks.items():
+            self.state.index[topic] = Tail(topic_id, ends)
+
+    def _relay_marks(self, topics: Sequence[str]) -> dict[str, tuple[str, dict[int, int]]]:
+        """Per topic of ``topics``, its id and where each partition ends now ("" and no
+        partitions for a topic that does not exist yet)."""
+        if not topics:
+            return {}
+        if self._admin is None:
+            self._admin = Admin(self.site.kafka)
+        admin = self._admin
+        marks: dict[str, tuple[str, dict[int, int]]] = {}
+        parts: list[TopicPartition] = []
+        for topic, future in admin.client.describe_topics(TopicCollection(list(topics))).items():
+            try:
+                desc = admin.wait(future, f"describe {topic}")
+            except UnknownTopic:
+                marks[topic] = ("", {})
+                continue
+            marks[topic] = (str(desc.topic_id), {})
+            parts += [TopicPartition(topic, p.id) for p in desc.partitions]
+        if parts:
+            ends = admin.client.list_offsets(
+                {tp: OffsetSpec.latest() for tp in parts},
+                isolation_level=IsolationLevel.READ_COMMITTED,
+            )
+            for tp, future in ends.items():
+                marks[tp.topic][1][tp.partition] = admin.wait(future, f"end of {tp.topic}").offset
+        return marks
+
+    def _index_with(self, relayed: Mapping[Relayed, list[int]]) -> dict[str, Tail]:
+        """The tails once ``relayed`` is written (the state's are left as they are)."""
+        index = dict(self.state.index)
+        for (entry, origin, stream), seqs in relayed.items():
+            topic = relay_topic(entry, stream)
+            tail = index[topic] = (index.get(topic) or Tail()).copy()
+            pending = tail.pending.setdefault(origin, RangeSet())
+            for seq in seqs:
+                pending.add(seq)
+        return index
+
+    def write_index(self, *, force: bool = False) -> int:
+        """Every :data:`INDEX_EVERY_S` (or now, ``force``), one segment per relay topic
+        with pending seqs, in a transaction of its own with the marker. Returns the
+        segments written."""
+        if not self.entries or (not force and time.monotonic() < self._index_due):
+            return 0
+        with self.busy:
+            if self._producer is None or self.stopping.is_set():
+                return 0
+            self._index_due = time.monotonic() + INDEX_EVERY_S
+            due = [t for t, tail in self.state.index.items() if tail.pending]
+            if not due:
+                return 0
+            index = dict(self.state.index)
+            segments = []
+            for topic, (topic_id, ends) in self._relay_marks(due).items():
+                if not topic_id:
+                    continue  # deleted under the merge: its seqs stay pending
+                tail = index[topic]
+                start = tail.to if tail.topic_id == topic_id else {}
+                parts = {p: (start.get(p, 0), end) for p, end in ends.items()}
+                segments.append(encode_segment(topic, topic_id, parts, tail.pending))
+                index[topic] = Tail(topic_id, ends)
+            state = MergeState(offsets=self.state.offsets, index=index)
+            last = self.state.last_batch
+            marker = state.marker_value(
+                self.site.name,
+                -1 if last is None else last,
+                {"written": 0, "dead": 0, "ts_ms": int(time.time() * 1000)},
+            )
+            p = self._producer
+            try:
+                with p.transaction():
+                    for key, value in segments:
+                        p.produce(RELAY_INDEX_TOPIC, key, value, None)
+                    p.produce(MARKER_TOPIC, marker_key(self.site.name, self.query), marker, None)
+            except KafkaTransactionError as exc:
+                self._fail(exc)
+            self.state.index = index
+            self.totals.index_segments += len(segments)
+            return len(segments)
 
     def _fail(self, exc: KafkaTransactionError) -> NoReturn:
         """The transaction did not commit (TransactionalProducer ended it as librdkafka

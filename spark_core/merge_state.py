@@ -4,7 +4,8 @@ the pure decision of what a batch adds to it (:func:`plan_batch`).
 Three compacted topics, all written only inside the merge's Kafka transactions:
 - ``sl.ledger``: ``origin/stream`` -> the seqs in the canonical topic (the dedup state);
 - ``sl.merge.marker``: ``<site>/merge`` -> the last committed batch: Spark batch id and,
-  per source topic-partition, the next offset not yet handled;
+  per source topic-partition, the next offset not yet handled, and where its relay
+  index stands (spark_core/relay_index.py);
 - ``sl.merge.relayed``: ``entry/origin/stream`` -> the seqs written to
   ``sl.relay.<entry>.<stream>`` (at a site some other site pulls from).
 
@@ -42,6 +43,7 @@ from shorelink.kafka.reading import read_to_end
 from shorelink.ledger import MAX_HOLDINGS_RANGES, decode_entry
 from shorelink.ranges import RangeSet
 from spark_core.errors import SparkCoreError
+from spark_core.relay_index import Tail, dump_tails, load_tails
 
 __all__ = [
     "BatchPlan",
@@ -85,6 +87,9 @@ class MergeState:
     last_batch: int | None = None
     #: per (entry, origin, stream) the seqs written to ``sl.relay.<entry>.<stream>``
     relayed: dict[Relayed, RangeSet] = field(default_factory=dict)
+    #: per relay topic this merge writes, where its index stands (kept in the marker:
+    #: spark_core/relay_index.py)
+    index: dict[str, Tail] = field(default_factory=dict)
 
     def held_for(self, source: Source) -> RangeSet:
         return self.held.get(source) or RangeSet()
@@ -101,7 +106,13 @@ class MergeState:
         for (topic, part), off in sorted(self.offsets.items()):
             offsets.setdefault(topic, {})[str(part)] = off
         return json.dumps(
-            {"site": site, "batch_id": batch_id, "offsets": offsets, **extra},
+            {
+                "site": site,
+                "batch_id": batch_id,
+                "offsets": offsets,
+                "index": dump_tails(self.index),
+                **extra,
+            },
             sort_keys=True,
             separators=(",", ":"),
         ).encode()
@@ -114,6 +125,7 @@ class MergeState:
             for topic, parts in data.get("offsets", {}).items()
             for p, off in parts.items()
         }
+        self.index = load_tails(data.get("index", {}))
 
     @classmethod
     def load(
@@ -275,6 +287,8 @@ class BatchPlan:
     again_from: list[str] = field(default_factory=list)
     #: full new range sets of the (entry, origin, stream) this batch relays
     relayed: dict[Relayed, RangeSet] = field(default_factory=dict)
+    #: the seqs this batch relays, per (entry, origin, stream): the relay index's pending
+    relayed_now: dict[Relayed, list[int]] = field(default_factory=dict)
     #: next offset per source partition once this batch commits
     offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     #: streams whose canonical or dead-letter topic this batch writes
@@ -472,6 +486,7 @@ def _relayed(plan: BatchPlan, state: MergeState, key: Relayed, seq: int) -> None
     if seqs is None:
         seqs = plan.relayed[key] = state.relayed_for(key).copy()
     seqs.add(seq)
+    plan.relayed_now.setdefault(key, []).append(seq)
 
 
 def _checked_identity(row: SourceRow, stream: str | None) -> tuple[str, str, int]:

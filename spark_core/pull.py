@@ -62,10 +62,19 @@ from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError, UnknownTopic, classify
 from shorelink.kafka.reading import written_ms
+from shorelink.ranges import RangeSet
 from spark_core.access import pull_group
 from spark_core.config import SiteConfig
 from spark_core.merge import Merger
-from spark_core.merge_state import Headers, MergeError, SourceRow, history_stream, pulled_source
+from spark_core.merge_state import (
+    Headers,
+    MergeError,
+    SourceRow,
+    history_stream,
+    pulled_source,
+    source_entry,
+)
+from spark_core.relay_index import read_segments, start_offsets
 
 __all__ = ["Puller", "write_through"]
 
@@ -111,6 +120,9 @@ class Puller:
     batches: int = 0
     #: relay records lost to the neighbour's retention before they were read
     gaps: int = 0
+    #: relay offsets a first read skipped, the neighbour's relay index proving their
+    #: records held here (spark_core/relay_index.py)
+    skipped_held: int = 0
     last_success: float | None = None
     error: str | None = None
     #: since when (monotonic) every round has failed (None: the last round did not)
@@ -200,6 +212,8 @@ class Puller:
             try:
                 if not self.round():
                     stop.wait(_WAIT_S if self._assigned else self.site.replication.probe_interval_s)
+                if self.local:  # the merge's own loop: its relay index, when due
+                    self.merger.write_index()
                 backoff = 0.5
                 self.error = self.failing_since = None
             except MergeError as exc:
@@ -595,9 +609,16 @@ class Puller:
         if sources == self._sources and set(parts) == set(self._assigned):
             return  # nothing changed: keep the consumer where it is
         cursors = self.merger.ready().offsets
+        first = self._first_reads(
+            {
+                tp: src
+                for tp, src in parts.items()
+                if (src, tp[1]) not in cursors and source_entry(src) is not None
+            }
+        )
         assignment = []
         for (topic, part), source in sorted(parts.items()):
-            start = cursors.get((source, part))
+            start = cursors.get((source, part), first.get((topic, part)))
             assignment.append(
                 TopicPartition(topic, part, OFFSET_BEGINNING if start is None else start)
             )
@@ -617,6 +638,69 @@ class Puller:
             len(sources),
             len(assignment),
         )
+
+    def _first_reads(self, parts: Mapping[tuple[str, int], str]) -> dict[tuple[str, int], int]:
+        """Where relay partitions read for the first time (no cursor) start: past what
+        the neighbour's relay index proves this site holds (spark_core/relay_index.py).
+        A partition it proves nothing of, or any when the index cannot be read, is not
+        named: read from its start. Not while taking back what entered here (the site
+        lost what it held)."""
+        if not parts or self.local or self._recovering:
+            return {}
+        lows = {tp: lo for tp, (lo, _) in self._marks(parts).items()}
+        if not lows:
+            return {}
+        topics = sorted({t for t, _ in lows})
+        try:
+            segments = list(
+                read_segments(
+                    self.kafka,
+                    topics,
+                    timeout=self.kafka.timeout_s,
+                    limit_bytes=self.site.merge.max_batch_bytes,
+                )
+            )
+        except UnknownTopic:
+            return {}  # a neighbour that keeps no index
+        except KafkaClientError as exc:
+            log.warning(
+                "event=relay_index_unread site=%s neighbour=%s error=%r",
+                self.site.name,
+                self.neighbour,
+                str(exc),
+            )
+            return {}
+        state = self.merger.ready()
+        starts: dict[tuple[str, int], int] = {}
+        for topic in topics:
+            stream = topic.split(".")[3]
+
+            def holds(origin: str, seqs: RangeSet, stream: str = stream) -> bool:
+                return state.held_for((origin, stream)).contains_all(seqs)
+
+            at = start_offsets(
+                segments,
+                topic,
+                self._ids.get(topic, ""),
+                {p: lo for (t, p), lo in lows.items() if t == topic},
+                holds,
+            )
+            for part, offset in at.items():
+                skipped = offset - lows[(topic, part)]
+                if skipped > 0:
+                    starts[(topic, part)] = offset
+                    self.skipped_held += skipped
+                    log.info(
+                        "event=pull_first_read site=%s neighbour=%s topic=%s partition=%d "
+                        "oldest=%d start=%d",
+                        self.site.name,
+                        self.neighbour,
+                        topic,
+                        part,
+                        lows[(topic, part)],
+                        offset,
+                    )
+        return starts
 
     def _new_consumer(self) -> Consumer:
         self._consumer = Consumer(

@@ -38,6 +38,7 @@ from shorelink.contract import (
     LEDGER_TOPIC,
     LINKS_TOPIC,
     MARKER_TOPIC,
+    RELAY_INDEX_TOPIC,
     RELAYED_TOPIC,
     canonical_topic,
     customer_topic,
@@ -66,6 +67,7 @@ __all__ = [
     "keyed_topics",
     "plan_changes",
     "read_topics",
+    "relay_index_spec",
     "site_specs",
     "stream_specs",
 ]
@@ -144,6 +146,17 @@ def stream_specs(
     return specs
 
 
+def relay_index_spec(site: SiteConfig) -> TopicSpec:
+    """``sl.relay.index`` (spark_core/relay_index.py): one partition, kept as long as
+    the longest-kept relay topic of the site's streams."""
+    keep = max((site.policy(s).relay_retention_ms for s in site.streams), default=None)
+    return TopicSpec(
+        RELAY_INDEX_TOPIC,
+        partitions=1,
+        retention_ms=site.replication.relay_retention_ms if keep is None else keep,
+    )
+
+
 def keyed_topics(site: SiteConfig, cfg: SitesConfig | None) -> set[str]:
     """The topics whose partition count places keys for consumers (the canonical and
     relay topics): one with more partitions than the policy asks is an error, not a
@@ -157,13 +170,15 @@ def keyed_topics(site: SiteConfig, cfg: SitesConfig | None) -> set[str]:
 def site_specs(cfg: SitesConfig, site: SiteConfig | str) -> list[TopicSpec]:
     """Every topic ``site`` needs: its gateway's (``sl.ingress.<stream>``,
     ``sl.gateway.cursor``), the merge's (canonical, dead, relay,
-    ``sl.ledger``, ``sl.merge.marker``, ``sl.merge.relayed``, ``sl.dead.unknown``) and the link reports
+    ``sl.ledger``, ``sl.merge.marker``, ``sl.merge.relayed``, ``sl.relay.index``,
+    ``sl.dead.unknown``) and the link reports
     (``sl.links``)."""
     s = cfg.site(site) if isinstance(site, str) else site
     return [
         *(ingress_spec(stream, s.policy(stream).partitions) for stream in s.streams),
         gateway_cursor_spec(),
         *stream_specs(s, cfg, s.streams),
+        *([relay_index_spec(s)] if relay_entries(s, cfg) else []),
         *_customer_specs(cfg, s),
         TopicSpec(LEDGER_TOPIC, partitions=1, compacted=True),
         TopicSpec(MARKER_TOPIC, partitions=1, compacted=True),

@@ -184,12 +184,32 @@ def _crossed(run: Running, site: str) -> int:
     return sum(p.read for p in rep.pullers)
 
 
+def _index_pending(run: Running) -> list[str]:
+    """The relay topics, at any site, whose merge relayed seqs that no segment of its
+    relay index names yet."""
+    pending = []
+    for site, sup in run.sups.items():
+        assert sup.replicator is not None
+        for p in sup.replicator.pullers:
+            if p.local:
+                pending += [
+                    f"{site}:{t}" for t, tail in p.merger.state.index.items() if tail.pending
+                ]
+    return pending
+
+
+def _skipped_held(run: Running, site: str) -> int:
+    rep = run.sups[site].replicator
+    assert rep is not None
+    return sum(p.skipped_held for p in rep.pullers)
+
+
 def _reads(run: Running, site: str) -> dict[str, object]:
     """Per puller of the site: records read, of them history and its own taken back;
     how often its routes changed (a failed assertion's detail)."""
     rep = run.sups[site].replicator
     assert rep is not None
-    reads = {p.name: (p.read, p.read_history, p.read_back) for p in rep.pullers}
+    reads = {p.name: (p.read, p.read_history, p.read_back, p.skipped_held) for p in rep.pullers}
     return {**reads, "route_changes": rep.route_changes}
 
 
@@ -252,6 +272,10 @@ def test_full_mesh_of_four_each_record_crosses_into_each_site_about_once_and_tra
             crossed = _crossed(run, site)
             assert crossed <= 1.2 * lacked, (site, crossed, lacked, _reads(run, site))
         assert _routes(run, b)[a] == a
+        # every site's relay index names what its relay topics hold (written every
+        # INDEX_EVERY_S): a route's first use can start past what b holds
+        eventually(lambda: not _index_pending(run), 30, "the relay indexes written")
+        before_cut = _crossed(run, b)
         # cut b <- a: b takes a's records from another site (transit)
         topo.cut(b, a)
         eventually(
@@ -267,6 +291,11 @@ def test_full_mesh_of_four_each_record_crosses_into_each_site_about_once_and_tra
         )
         held = {r.identity: r for _, r in _by_partition(topo.bootstrap(b), stream)}
         assert held[big.identity].value == big.value
+        # the transit route's first use read what b lacked, not the transit site's
+        # whole relay of a (review finding 3: 450 records b held already)
+        crossed = _crossed(run, b) - before_cut
+        assert crossed <= 1.2 * len(more), (crossed, len(more), _reads(run, b))
+        assert _skipped_held(run, b) > 0, _reads(run, b)
         # heal: the direct route comes back, and nothing doubles
         topo.cut(b, a, False)
         eventually(lambda: _routes(run, b)[a] == a, 30, "b pulls from a again")

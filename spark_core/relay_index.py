@@ -1,0 +1,206 @@
+"""The relay index: which seqs lie where in a site's relay topics, so that a neighbour
+using a route for the first time starts reading at what it lacks, not at the relay
+topic's start (docs/replication.md, "A route's first use").
+
+Writing (the merge, spark_core/merge.py). After each committed transaction the merge
+has the seqs it wrote to each relay topic in its *tail*: per relay topic, the topic's
+id, per partition the offset where the last segment ended (``to``), and the seqs per
+origin written since (``pending``). The tail rides in the merge's marker, in the same
+transaction as the records, so it is always what Kafka holds. Every
+:data:`INDEX_EVERY_S` (asked from the merge's ingest puller's loop) the merge writes,
+in a transaction of its own, one segment per relay topic with pending seqs into
+:data:`~shorelink.contract.RELAY_INDEX_TOPIC`: the relay topic, its id, per partition
+``[from, to)`` (``from`` the tail's ``to``, ``to`` the partition's end now) and the
+pending seqs; the tail moves to ``to`` with nothing pending. No transaction of the
+merge is open then and the merge alone writes its relay topics, so every record in
+``[from, to)`` is one whose seq was pending. A segment may name more seqs than its
+records (records of an aborted transaction, a topic recreated between two segments:
+its ``from`` is then 0), never fewer; one too large to write names none (``seqs``
+null: a reader stops there).
+
+Reading (spark_core/pull.py). For a relay topic it has no cursor in, a puller reads the
+neighbour's index and walks each partition from its oldest offset (:func:`start_offsets`):
+while the next segment of the topic's current id starts at or below the walk and the
+site holds every seq it names, the walk moves to the segment's ``to``. The puller
+starts there: everything skipped is held, and whatever it cannot prove held (a hole in
+the chain, a segment it cannot read, records written before the index existed) it
+reads. A neighbour that lies in its index can make a site skip records of its relay:
+no more than it can do by leaving them out of the relay (docs/replication.md, "What a
+hostile neighbour can and cannot do").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from confluent_kafka import Message
+
+from shorelink.contract import RELAY_INDEX_TOPIC
+from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.reading import read_to_end
+from shorelink.ranges import RangeSet
+
+__all__ = [
+    "INDEX_EVERY_S",
+    "SEGMENT_MAX_BYTES",
+    "Segment",
+    "Tail",
+    "dump_tails",
+    "encode_segment",
+    "load_tails",
+    "read_segments",
+    "start_offsets",
+]
+
+log = logging.getLogger(__name__)
+
+#: how often a merge writes the seqs it relayed since the last segment (when it did)
+INDEX_EVERY_S = 5.0
+#: a segment larger than this names no seqs (a reader reads its records instead); far
+#: below any topic's message size limit
+SEGMENT_MAX_BYTES = 256 * 1024
+
+
+@dataclass
+class Tail:
+    """Where a relay topic's index stands: the topic's id ("" before the topic
+    existed), per partition the end of the last segment, the seqs per origin written
+    to the topic since."""
+
+    topic_id: str = ""
+    to: dict[int, int] = field(default_factory=dict)
+    pending: dict[str, RangeSet] = field(default_factory=dict)
+
+    def copy(self) -> Tail:
+        return Tail(self.topic_id, dict(self.to), {o: s.copy() for o, s in self.pending.items()})
+
+
+def dump_tails(tails: Mapping[str, Tail]) -> dict[str, object]:
+    """The tails as the marker keeps them (JSON)."""
+    return {
+        topic: {
+            "id": t.topic_id,
+            "to": {str(p): o for p, o in sorted(t.to.items())},
+            "pending": {o: s.to_json() for o, s in sorted(t.pending.items())},
+        }
+        for topic, t in sorted(tails.items())
+    }
+
+
+def load_tails(data: object) -> dict[str, Tail]:
+    """The tails from a marker; raises ValueError, KeyError or TypeError on a malformed
+    one (the merge writes none such)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"relay index tails: {data!r}")
+    return {
+        str(topic): Tail(
+            str(t["id"]),
+            {int(p): int(o) for p, o in t["to"].items()},
+            {str(o): RangeSet.from_json(s) for o, s in t["pending"].items()},
+        )
+        for topic, t in data.items()
+    }
+
+
+def encode_segment(
+    topic: str, topic_id: str, parts: Mapping[int, tuple[int, int]], seqs: Mapping[str, RangeSet]
+) -> tuple[bytes, bytes]:
+    """A record of the index: key the relay topic, value JSON ``{"id", "parts": {p:
+    [from, to]}, "seqs": {origin: ranges} | null}`` (null: too large to name them)."""
+    doc: dict[str, object] = {
+        "id": topic_id,
+        "parts": {str(p): [lo, hi] for p, (lo, hi) in sorted(parts.items())},
+        "seqs": {o: s.to_json() for o, s in sorted(seqs.items())},
+    }
+    value = json.dumps(doc, separators=(",", ":")).encode()
+    if len(value) > SEGMENT_MAX_BYTES:
+        doc["seqs"] = None
+        value = json.dumps(doc, separators=(",", ":")).encode()
+    return topic.encode(), value
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One record of a neighbour's index, as read: ``seqs`` None when it names none."""
+
+    topic: str
+    topic_id: str
+    parts: dict[int, tuple[int, int]]
+    seqs: dict[str, RangeSet] | None
+
+
+def decode_segment(key: bytes | None, value: bytes | None) -> Segment:
+    """Parse one index record; raises ValueError (and its kin) on anything else."""
+    if not key or not value:
+        raise ValueError("no key or value")
+    doc = json.loads(value)
+    seqs = doc["seqs"]
+    parts = {int(p): (int(lo), int(hi)) for p, (lo, hi) in doc["parts"].items()}
+    if any(lo < 0 or hi < lo for lo, hi in parts.values()):
+        raise ValueError(f"bad offsets {doc['parts']!r}")
+    return Segment(
+        key.decode(),
+        str(doc["id"]),
+        parts,
+        None if seqs is None else {str(o): RangeSet.from_json(s) for o, s in seqs.items()},
+    )
+
+
+def read_segments(
+    kafka: KafkaEndpoint, topics: Iterable[str], *, timeout: float, limit_bytes: int
+) -> Iterator[Segment]:
+    """The segments of ``topics`` in a site's index (at ``kafka``), in the order they
+    were written, at most ``limit_bytes`` of the index read; a record that is no
+    segment is skipped (counted in the log). Raises what ``read_to_end`` raises (an
+    index that does not exist: :class:`~shorelink.kafka.errors.UnknownTopic`)."""
+    wanted = {t.encode() for t in topics}
+    read = bad = 0
+    msg: Message
+    for msg in read_to_end(kafka, [RELAY_INDEX_TOPIC], timeout=timeout):
+        value = msg.value()
+        read += len(value or b"")
+        if read > limit_bytes:
+            log.warning("event=relay_index_cut bootstrap=%s read_bytes=%d", kafka.bootstrap, read)
+            break
+        if msg.key() not in wanted:
+            continue
+        try:
+            yield decode_segment(msg.key(), value)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            bad += 1
+    if bad:
+        log.warning("event=relay_index_bad bootstrap=%s records=%d", kafka.bootstrap, bad)
+
+
+def start_offsets(
+    segments: Iterable[Segment],
+    topic: str,
+    topic_id: str,
+    lows: Mapping[int, int],
+    holds: Callable[[str, RangeSet], bool],
+) -> dict[int, int]:
+    """Per partition of ``lows`` (its oldest offset), where a reader that holds what
+    ``holds(origin, seqs)`` says starts reading ``topic`` (id ``topic_id``): the end of
+    the chain of segments, from the oldest offset on, whose seqs it all holds."""
+    at = dict(lows)
+    stopped: set[int] = set()
+    for seg in segments:
+        if seg.topic != topic or seg.topic_id != topic_id:
+            continue
+        held: bool | None = None  # asked once per segment, only when it matters
+        for part, (lo, hi) in seg.parts.items():
+            if part not in at or part in stopped or hi <= at[part]:
+                continue  # not read, decided, or wholly below the walk
+            if lo > at[part]:
+                stopped.add(part)  # a hole in the chain: read from here
+                continue
+            if held is None:
+                held = seg.seqs is not None and all(holds(o, s) for o, s in seg.seqs.items())
+            if held:
+                at[part] = hi
+            else:
+                stopped.add(part)
+    return at

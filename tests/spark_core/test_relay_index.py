@@ -1,0 +1,116 @@
+"""The relay index never makes a reader skip a record it lacks (review finding 3: a
+route's first use starts at what the site lacks instead of the relay's start).
+
+A relay topic is played as lists: transactions of a single writer (the merge) that
+commit or abort, each leaving a marker offset in every partition it wrote; segments
+written as the merge writes them (``Merger.write_index``: from the tail's ``to`` to the
+partition's end, naming the seqs committed since); records written before the index
+existed; retention cutting each partition's start; a reader holding any subset. The
+walk is the puller's own (``start_offsets``), over segments that went through
+``encode_segment`` and ``decode_segment``. The same on real Kafka and Spark:
+tests/spark_core/test_replication.py, the full mesh's cut."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shorelink.ranges import RangeSet
+from spark_core.relay_index import (
+    SEGMENT_MAX_BYTES,
+    Tail,
+    decode_segment,
+    dump_tails,
+    encode_segment,
+    load_tails,
+    start_offsets,
+)
+
+TOPIC = "sl.relay.a.nav"
+ORIGINS = ("s1", "s2")
+PARTS = 2
+
+ident = st.tuples(st.sampled_from(ORIGINS), st.integers(1, 40))
+#: one step of the writer: a transaction (records to partitions, committed or not), or
+#: a segment written, or the topic recreated (a new id, offsets from 0)
+step = st.one_of(
+    st.tuples(
+        st.just("txn"),
+        st.lists(st.tuples(st.integers(0, PARTS - 1), ident), min_size=1, max_size=6),
+        st.booleans(),
+    ),
+    st.tuples(st.just("segment"), st.just([]), st.just(True)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    before=st.lists(st.tuples(st.integers(0, PARTS - 1), ident), max_size=6),
+    steps=st.lists(step, max_size=25),
+    cut=st.lists(st.floats(0, 1), min_size=PARTS, max_size=PARTS),
+    held=st.sets(ident),
+)
+def test_a_first_read_skips_only_what_the_reader_holds(
+    before: list[tuple[int, tuple[str, int]]],
+    steps: list[tuple[str, list[tuple[int, tuple[str, int]]], bool]],
+    cut: list[float],
+    held: set[tuple[str, int]],
+) -> None:
+    log: dict[int, list[tuple[str, int] | None]] = {p: [] for p in range(PARTS)}  # None: no record
+    for part, identity in before:  # written before the index existed
+        log[part].append(identity)
+    tail = Tail("id1", {p: len(log[p]) for p in range(PARTS)})  # Merger._start_index
+    segments = []
+    for kind, records, committed in steps:
+        if kind == "txn":
+            touched = set()
+            for part, identity in records:
+                log[part].append(identity if committed else None)  # aborted: not read
+                touched.add(part)
+            for part in touched:
+                log[part].append(None)  # the transaction's marker
+            if committed:
+                for _, (origin, seq) in records:
+                    tail.pending.setdefault(origin, RangeSet()).add(seq)
+        elif tail.pending:
+            ends = {p: len(log[p]) for p in range(PARTS)}
+            parts = {p: (tail.to.get(p, 0), end) for p, end in ends.items()}
+            key, value = encode_segment(TOPIC, tail.topic_id, parts, tail.pending)
+            segments.append(decode_segment(key, value))
+            tail = Tail(tail.topic_id, ends)
+        tail = load_tails(dump_tails({TOPIC: tail}))[TOPIC]  # as the marker keeps it
+    lows = {p: int(cut[p] * len(log[p])) for p in range(PARTS)}
+
+    def holds(origin: str, seqs: RangeSet) -> bool:
+        return all((origin, s) in held for lo, hi in seqs for s in range(lo, hi + 1))
+
+    starts = start_offsets(segments, TOPIC, "id1", lows, holds)
+    for part in range(PARTS):
+        assert lows[part] <= starts[part] <= len(log[part])
+        skipped = [r for r in log[part][lows[part] : starts[part]] if r is not None]
+        assert set(skipped) <= held, (part, skipped)
+    # a reader that holds everything skips, from where the index begins, up to the
+    # last segment's end
+    full = start_offsets(segments, TOPIC, "id1", lows, lambda o, s: True)
+    for part in range(PARTS):
+        last = max([seg.parts[part][1] for seg in segments], default=0)
+        if lows[part] >= sum(1 for p, _ in before if p == part):
+            assert full[part] == max(lows[part], last), (part, full, last)
+
+
+def test_a_segment_of_another_topic_id_or_with_a_hole_before_it_proves_nothing() -> None:
+    seqs = {"s1": RangeSet([(1, 10)])}
+    old = decode_segment(*encode_segment(TOPIC, "old", {0: (0, 20)}, seqs))
+    later = decode_segment(*encode_segment(TOPIC, "id1", {0: (30, 40)}, seqs))
+    assert start_offsets([old, later], TOPIC, "id1", {0: 0}, lambda o, s: True) == {0: 0}
+    # from the oldest offset on the chain is whole: the walk goes through
+    assert start_offsets([later], TOPIC, "id1", {0: 30}, lambda o, s: True) == {0: 40}
+
+
+def test_a_segment_too_large_to_name_its_seqs_names_none_and_a_reader_stops_there() -> None:
+    many = {f"ship{i}": RangeSet([(j * 3 + 1, j * 3 + 1) for j in range(200)]) for i in range(300)}
+    key, value = encode_segment(TOPIC, "id1", {0: (0, 5)}, many)
+    assert len(value) <= SEGMENT_MAX_BYTES
+    seg = decode_segment(key, value)
+    assert seg.seqs is None
+    assert start_offsets([seg], TOPIC, "id1", {0: 0}, lambda o, s: True) == {0: 0}
