@@ -133,6 +133,11 @@ class SiteCollector(Collector):
             "Records a neighbour's retention deleted before they were read",
             labels=["puller"],
         )
+        skipped = CounterMetricFamily(
+            P + "pull_skipped_held_offsets",
+            "Relay offsets a first read skipped, the neighbour's relay index proving them held",
+            labels=["puller"],
+        )
         failing = GaugeMetricFamily(
             P + "puller_failing", "1 while the puller's last round failed", labels=["puller"]
         )
@@ -140,8 +145,9 @@ class SiteCollector(Collector):
             read.add_metric([name], float(p["read"]))
             batches.add_metric([name], float(p["batches"]))
             gaps.add_metric([name], float(p["gaps"]))
+            skipped.add_metric([name], float(p.get("skipped_held", 0)))
             failing.add_metric([name], 1.0 if p["error"] else 0.0)
-        yield from (read, batches, gaps, failing)
+        yield from (read, batches, gaps, skipped, failing)
 
     def _merges(self) -> Iterator[Metric]:
         merged = CounterMetricFamily(

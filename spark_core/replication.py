@@ -227,6 +227,7 @@ class Replicator:
                     "read_back": p.read_back,
                     "batches": p.batches,
                     "gaps": p.gaps,
+                    "skipped_held": p.skipped_held,
                     "history": p.reading_history,
                     "last_success": p.last_success,
                     "error": p.error,
