@@ -49,12 +49,14 @@ step = st.one_of(
     steps=st.lists(step, max_size=25),
     cut=st.lists(st.floats(0, 1), min_size=PARTS, max_size=PARTS),
     held=st.sets(ident),
+    indexed_held=st.booleans(),
 )
 def test_a_first_read_skips_only_what_the_reader_holds(
     before: list[tuple[int, tuple[str, int]]],
     steps: list[tuple[str, list[tuple[int, tuple[str, int]]], bool]],
     cut: list[float],
     held: set[tuple[str, int]],
+    indexed_held: bool,
 ) -> None:
     log: dict[int, list[tuple[str, int] | None]] = {p: [] for p in range(PARTS)}  # None: no record
     for part, identity in before:  # written before the index existed
@@ -80,6 +82,9 @@ def test_a_first_read_skips_only_what_the_reader_holds(
             tail = Tail(tail.topic_id, ends)
         tail = load_tails(dump_tails({TOPIC: tail}))[TOPIC]  # as the marker keeps it
     lows = {p: int(cut[p] * len(log[p])) for p in range(PARTS)}
+    if indexed_held:  # the reader holds everything written since the index began
+        pre = {p: sum(1 for q, _ in before if q == p) for p in range(PARTS)}
+        held = held | {r for p in range(PARTS) for r in log[p][pre[p] :] if r is not None}
 
     def holds(origin: str, seqs: RangeSet) -> bool:
         return all((origin, s) in held for lo, hi in seqs for s in range(lo, hi + 1))
