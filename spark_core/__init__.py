@@ -25,6 +25,7 @@ __all__ = [
     "pull",
     "purge",
     "query",
+    "relay_index",
     "replication",
     "routing",
     "session",
