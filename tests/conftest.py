@@ -9,7 +9,8 @@ sites, a dozen JVMs, both cores busy for four minutes), in one process with noth
 beside it; then ``shared``, every other file, on ``SHORELINK_TEST_WORKERS`` pytest-xdist
 workers (default 3). There the ``HEAVY`` files (a mesh of sites, Spark applications
 killed and restarted, a three-node cluster: several JVMs each, but waiting on them half
-the time) are one unit of work, run one after another on one worker, never two at once;
+the time) are two units of work (``HEAVY_UNITS``: the mesh on one worker, the other two
+one after the other on another), never more than two at once;
 every other file is a unit of its own, handed to whichever worker is free, the longest
 (``SLOW_LIGHT``) first. Each worker is a pytest session with its own brokers and Spark
 session. Plain ``pytest`` runs everything in one process, ``ALONE`` and ``HEAVY`` first.
@@ -51,7 +52,14 @@ HEAVY = (
     "tests/spark_core/test_crash.py",
     "tests/local_stack/test_cluster.py",
 )
-HEAVY_UNIT = "heavy"
+#: the ``HEAVY`` files in two units of work: the replication mesh (its longest file)
+#: on one worker, the Spark driver killed and the three-node cluster one after the
+#: other on another; never more than two heavy files at once
+HEAVY_UNITS = {
+    "tests/spark_core/test_replication.py": "heavy-mesh",
+    "tests/spark_core/test_crash.py": "heavy-restarts",
+    "tests/local_stack/test_cluster.py": "heavy-restarts",
+}
 
 #: the other files' longest (``--durations`` on three workers), handed out first, so
 #: that no worker is left running a long file while the others have finished
@@ -94,14 +102,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Every ``HEAVY`` (and ``ALONE``) file in one unit of work, each other file a unit,
-    in collection order (the heavy unit first, so it starts at once)."""
+    """The ``HEAVY`` files in their two units of work (``HEAVY_UNITS``; ``ALONE`` in
+    one), each other file a unit, in collection order (the heavy units first, so they
+    start at once)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class Lanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::")[0]
-            return HEAVY_UNIT if path in ALONE + HEAVY else path
+            return "alone" if path in ALONE else HEAVY_UNITS.get(path, path)
 
     config.option.loadscopereorder = False
     return Lanes(config, log)
