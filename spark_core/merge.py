@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from confluent_kafka import IsolationLevel, TopicCollection, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
 from shorelink.contract import (
@@ -46,7 +45,7 @@ from shorelink.contract import (
 )
 from shorelink.files import write_json_atomic
 from shorelink.kafka.admin import Admin
-from shorelink.kafka.errors import Fenced, KafkaClientError, KafkaTransactionError, UnknownTopic
+from shorelink.kafka.errors import Fenced, KafkaClientError, KafkaTransactionError
 from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from shorelink.kafka.transactions import TransactionalProducer
 from shorelink.ledger import encode_entry
@@ -448,10 +447,9 @@ class Merger:
             "dead": len(plan.dead),
             "ts_ms": int(time.time() * 1000),
         }
-        marker = marker_state.marker_value(self.site.name, batch_id, extra)
         if self.entries:
             marker_state.index = self._index_with(plan.relayed_now)
-            marker = marker_state.marker_value(self.site.name, batch_id, extra)
+        marker = marker_state.marker_value(self.site.name, batch_id, extra)
         relay = self._relay if self.entries else None
         customer = self._customer if self.ownership is not None else None
         to_customers = 0
@@ -515,24 +513,12 @@ class Merger:
             return {}
         if self._admin is None:
             self._admin = Admin(self.site.kafka)
-        admin = self._admin
-        marks: dict[str, tuple[str, dict[int, int]]] = {}
-        parts: list[TopicPartition] = []
-        for topic, future in admin.client.describe_topics(TopicCollection(list(topics))).items():
-            try:
-                desc = admin.wait(future, f"describe {topic}")
-            except UnknownTopic:
-                marks[topic] = ("", {})
-                continue
-            marks[topic] = (str(desc.topic_id), {})
-            parts += [TopicPartition(topic, p.id) for p in desc.partitions]
-        if parts:
-            ends = admin.client.list_offsets(
-                {tp: OffsetSpec.latest() for tp in parts},
-                isolation_level=IsolationLevel.READ_COMMITTED,
-            )
-            for tp, future in ends.items():
-                marks[tp.topic][1][tp.partition] = admin.wait(future, f"end of {tp.topic}").offset
+        described = self._admin.describe(topics)
+        parts = [(t, p.id) for t, desc in described.items() for p in desc.partitions]
+        ends = self._admin.offsets(parts, OffsetSpec.latest(), committed=True)
+        marks: dict[str, tuple[str, dict[int, int]]] = {t: ("", {}) for t in topics}
+        for t, desc in described.items():
+            marks[t] = (str(desc.topic_id), {p.id: ends[(t, p.id)].offset for p in desc.partitions})
         return marks
 
     def _index_with(self, relayed: Mapping[Relayed, list[int]]) -> dict[str, Tail]:
@@ -541,16 +527,13 @@ class Merger:
         for (entry, origin, stream), seqs in relayed.items():
             topic = relay_topic(entry, stream)
             tail = index[topic] = (index.get(topic) or Tail()).copy()
-            pending = tail.pending.setdefault(origin, RangeSet())
-            for seq in seqs:
-                pending.add(seq)
+            tail.pending.setdefault(origin, RangeSet()).update(RangeSet.from_seqs(seqs))
         return index
 
-    def write_index(self, *, force: bool = False) -> int:
-        """Every :data:`INDEX_EVERY_S` (or now, ``force``), one segment per relay topic
-        with pending seqs, in a transaction of its own with the marker. Returns the
-        segments written."""
-        if not self.entries or (not force and time.monotonic() < self._index_due):
+    def write_index(self) -> int:
+        """Every :data:`INDEX_EVERY_S`, one segment per relay topic with pending seqs,
+        in a transaction of its own with the marker. Returns the segments written."""
+        if not self.entries or time.monotonic() < self._index_due:
             return 0
         with self.busy:
             if self._producer is None or self.stopping.is_set():

@@ -52,7 +52,6 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Message,
-    TopicCollection,
     TopicPartition,
 )
 from confluent_kafka.admin import OffsetSpec
@@ -399,13 +398,8 @@ class Puller:
 
     def _partitions(self, topics: Iterable[str]) -> dict[tuple[str, int], str]:
         """The partitions of those of ``topics`` that exist at the neighbour."""
-        admin = self._admin_client()
-        parts: dict[tuple[str, int], str] = {}
-        for topic, future in admin.client.describe_topics(TopicCollection(sorted(topics))).items():
-            with contextlib.suppress(UnknownTopic):
-                desc = admin.wait(future, f"describe {topic} at {self.neighbour}")
-                parts.update(((topic, p.id), topic) for p in desc.partitions)
-        return parts
+        described = self._admin_client().describe(topics, f" at {self.neighbour}")
+        return {(t, p.id): t for t, desc in described.items() for p in desc.partitions}
 
     def reached(self, ends: Mapping[tuple[str, int], int]) -> bool:
         """Has every partition of ``ends`` been read (or found at its end) up to there?"""
@@ -467,11 +461,11 @@ class Puller:
         (before it the neighbour wrote no relays); None when no relay holds a record."""
         assert self._admin is not None
         relays = [relay_topic(e, stream) for e in self.sites]
-        tps = []
-        for topic, future in self._admin.client.describe_topics(TopicCollection(relays)).items():
-            with contextlib.suppress(UnknownTopic):
-                desc = self._admin.wait(future, f"describe {topic} at {self.neighbour}")
-                tps += [TopicPartition(topic, p.id) for p in desc.partitions]
+        tps = [
+            TopicPartition(t, p.id)
+            for t, desc in self._admin.describe(relays, f" at {self.neighbour}").items()
+            for p in desc.partitions
+        ]
         if not tps:
             return None
         client, committed = self._admin.client, IsolationLevel.READ_COMMITTED
@@ -554,18 +548,16 @@ class Puller:
                 self._consumer.unassign()
             self._assigned, self._sources = {}, {}
             return
-        admin = self._admin_client()
-        described = admin.client.describe_topics(TopicCollection(sorted(wanted)))
+        described = self._admin_client().describe(wanted, f" at {self.neighbour}")
         sources: dict[str, str] = {}
         parts: dict[tuple[str, int], str] = {}
         renewed = False
-        for topic, future in described.items():
-            try:
-                desc = admin.wait(future, f"describe {topic} at {self.neighbour}")
-            except UnknownTopic:
+        for topic in sorted(wanted):
+            desc = described.get(topic)
+            if desc is None:  # the neighbour's merge creates it with its first record
                 if topic in self._ids:
                     self._ids[topic] = ""  # gone: whatever comes back is a new topic
-                continue  # the neighbour's merge creates it with its first record
+                continue
             topic_id = str(desc.topic_id)
             renewed |= self._ids.get(topic, topic_id) != topic_id
             self._ids[topic] = topic_id
@@ -673,7 +665,7 @@ class Puller:
         state = self.merger.ready()
         starts: dict[tuple[str, int], int] = {}
         for topic in topics:
-            stream = topic.split(".")[3]
+            stream = topic.split(".")[3]  # sl.relay.<entry>.<stream>
 
             def holds(origin: str, seqs: RangeSet, stream: str = stream) -> bool:
                 return state.held_for((origin, stream)).contains_all(seqs)

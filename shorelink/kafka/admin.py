@@ -13,13 +13,16 @@ and read ``retryable`` from them. The requests themselves go to :attr:`Admin.cli
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable
 from concurrent.futures import Future
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from confluent_kafka.admin import AdminClient, ClusterMetadata
+from confluent_kafka import IsolationLevel, TopicCollection, TopicPartition
+from confluent_kafka.admin import AdminClient, ClusterMetadata, OffsetSpec
 
 from shorelink.kafka.endpoint import KafkaEndpoint
-from shorelink.kafka.errors import KafkaUnavailable, kafka_errors
+from shorelink.kafka.errors import KafkaUnavailable, UnknownTopic, kafka_errors
 
 __all__ = ["Admin"]
 
@@ -59,3 +62,35 @@ class Admin:
             except TimeoutError as exc:
                 no_answer = f"no answer within {t:g}s"
                 raise KafkaUnavailable(f"{what}: {no_answer}" if what else no_answer) from exc
+
+    def describe(self, topics: Iterable[str], where: str = "") -> dict[str, Any]:
+        """One request: the ``TopicDescription`` (id, partitions) of each of ``topics``
+        that exists; one that does not is left out. ``where`` ends each error's
+        message (" at tokyo")."""
+        out = {}
+        futures = self.client.describe_topics(TopicCollection(sorted(set(topics))))
+        for topic, future in futures.items():
+            with contextlib.suppress(UnknownTopic):
+                out[topic] = self.wait(future, f"describe {topic}{where}")
+        return out
+
+    def offsets(
+        self,
+        parts: Iterable[tuple[str, int]],
+        spec: OffsetSpec,
+        *,
+        committed: bool = False,
+        where: str = "",
+    ) -> dict[tuple[str, int], Any]:
+        """One request: ``spec``'s answer (``ListOffsetsResultInfo``: offset,
+        timestamp) per partition; ``committed``: under read_committed (the latest is
+        then the last stable offset: a transaction still open is not counted)."""
+        tps = [TopicPartition(t, p) for t, p in parts]
+        if not tps:
+            return {}
+        level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+        futures = self.client.list_offsets({tp: spec for tp in tps}, isolation_level=level)
+        return {
+            (tp.topic, tp.partition): self.wait(futures[tp], f"offsets of {tp.topic}{where}")
+            for tp in tps
+        }
