@@ -26,6 +26,7 @@ import zstandard
 from shorelink.contract import MAX_RECORD_BYTES, oversized_record, record_bytes
 from shorelink.errors import ContractError
 from shorelink.identity import check_name
+from shorelink.proof import CHUNK_RECORDS, SIGNATURE_BYTES, ShipKey, leaves_of, sign_records
 from shorelink.wire_body import (
     FLAG_TEMPLATED,
     I64_MAX,
@@ -40,6 +41,7 @@ from shorelink.wire_body import (
 __all__ = [
     "CONTENT_TYPE",
     "DEFAULT_LIMITS",
+    "FLAG_SIGNED",
     "FLAG_TEMPLATED",
     "MAGIC",
     "MAX_SEQ",
@@ -64,7 +66,9 @@ CONTENT_TYPE = "application/x-shorelink-batch"
 _SIZED = ("key", "topic", "payload")
 MAGIC = b"SLKB"
 VERSION = 2
-_KNOWN_FLAGS = FLAG_TEMPLATED
+#: flag bit 1: the ship's chunk signatures follow the names (shorelink/proof.py)
+FLAG_SIGNED = 0x02
+_KNOWN_FLAGS = FLAG_TEMPLATED | FLAG_SIGNED
 
 MAX_SEQ = 2**63 - 1
 _U32 = 2**32 - 1
@@ -194,6 +198,8 @@ class Header:
     compressed_len: int
     crc32: int
     header_len: int
+    #: the chunks' signatures (``FLAG_SIGNED``), else empty
+    signatures: bytes = b""
 
     @property
     def last_seq(self) -> int:
@@ -208,12 +214,20 @@ class Header:
 # --------------------------------------------------------------------------- encode
 
 
-def encode_batch(batch: Batch, *, level: int = 12, limits: Limits | None = None) -> bytes:
+def encode_batch(
+    batch: Batch, *, level: int = 12, limits: Limits | None = None, key: ShipKey | None = None
+) -> bytes:
     """Encode ``batch``; raise :class:`WireError` if it breaks the seq-range or name
-    rules, or (when ``limits`` is given) if a decoder with those limits would refuse it."""
+    rules, or (when ``limits`` is given) if a decoder with those limits would refuse it.
+    With ``key`` (the ship's), the batch carries its chunks' signatures."""
     origin = _encode_name("origin", batch.origin)
     stream = _encode_name("stream", batch.stream)
-    body = encode_body(batch.records, first_available=batch.first_available, level=level)
+    body = encode_body(
+        batch.records,
+        first_available=batch.first_available,
+        level=level,
+        signer=None if key is None else (key, batch.origin, batch.stream),
+    )
     data = _frame(origin, stream, body, batch.first_available)
     if limits is not None:
         _check_limits(body.count, len(data), body.raw_len, body.decoded_len, limits)
@@ -234,18 +248,39 @@ class Body:
     data: bytes
     #: key + topic + payload bytes of the records (what a decoder charges to its budget)
     decoded_len: int
+    #: the ship's signature of each chunk of the records, concatenated (``FLAG_SIGNED``)
+    signatures: bytes = b""
 
 
 def encode_body(
-    records: tuple[WireRecord, ...], *, first_available: int = 1, level: int = 12
+    records: tuple[WireRecord, ...],
+    *,
+    first_available: int = 1,
+    level: int = 12,
+    signer: tuple[ShipKey, str, str] | None = None,
 ) -> Body:
-    """The compressed body of ``records`` (contiguous ascending seqs, checked)."""
+    """The compressed body of ``records`` (contiguous ascending seqs, checked). With
+    ``signer`` (the ship's key, origin and stream), signed chunk by chunk."""
     _check_records(records, first_available)
     flags, raw, decoded_size = build_body(records)
     if len(raw) > _U32:
         raise WireError("too_large", f"body of {len(raw)} bytes does not fit the format")
     cctx = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
-    return Body(flags, records[0].seq, len(records), len(raw), cctx.compress(raw), decoded_size)
+    sigs = b""
+    if signer is not None:
+        key, origin, stream = signer
+        leaves = leaves_of(
+            records[0].seq,
+            (r.key for r in records),
+            (r.ts_ms for r in records),
+            (r.topic for r in records),
+            (r.payload for r in records),
+        )
+        sigs = sign_records(key, origin, stream, records[0].seq, leaves)
+        flags |= FLAG_SIGNED
+    return Body(
+        flags, records[0].seq, len(records), len(raw), cctx.compress(raw), decoded_size, sigs
+    )
 
 
 def frame_batch(origin: str, stream: str, body: Body, first_available: int) -> bytes:
@@ -264,8 +299,9 @@ def _frame(origin: bytes, stream: bytes, body: Body, first_available: int) -> by
         MAGIC, VERSION, body.flags, len(origin), len(stream), body.first_seq, body.count,
         first_available, body.raw_len, len(body.data), 0,
     )  # fmt: skip
-    crc = zlib.crc32(body.data, zlib.crc32(origin + stream, zlib.crc32(fixed[:_CRC_AT])))
-    return b"".join((fixed[:_CRC_AT], crc.to_bytes(4, "little"), origin, stream, body.data))
+    names = origin + stream + body.signatures
+    crc = zlib.crc32(body.data, zlib.crc32(names, zlib.crc32(fixed[:_CRC_AT])))
+    return b"".join((fixed[:_CRC_AT], crc.to_bytes(4, "little"), names, body.data))
 
 
 def _encode_name(kind: str, name: object) -> bytes:
@@ -399,11 +435,13 @@ def _peek(view: memoryview, limits: Limits, complete: bool) -> Header:
     )
     if flags & ~_KNOWN_FLAGS:
         raise WireError("bad_version", f"unknown flags {flags:#04x} (decoder is v{version})")
-    header_len = _FIXED.size + olen + slen
+    names_end = _FIXED.size + olen + slen
+    signed = -(-count // CHUNK_RECORDS) * SIGNATURE_BYTES if flags & FLAG_SIGNED else 0
+    header_len = names_end + signed
     if n < header_len:
         raise WireError("truncated", f"{n} bytes < the {header_len}-byte header")
     origin = _decode_name("origin", view[_FIXED.size : _FIXED.size + olen])
-    stream = _decode_name("stream", view[_FIXED.size + olen : header_len])
+    stream = _decode_name("stream", view[_FIXED.size + olen : names_end])
     if header_len + clen > limits.max_compressed_bytes:
         raise WireError(
             "too_large", f"batch of {header_len + clen} bytes > {limits.max_compressed_bytes}"
@@ -427,7 +465,7 @@ def _peek(view: memoryview, limits: Limits, complete: bool) -> Header:
         raise WireError("malformed", f"{n - header_len - clen} bytes after the body")
     return Header(
         version, flags, origin, stream, first, count, first_available, raw_len, clen, crc,
-        header_len,
+        header_len, bytes(view[names_end:header_len]),
     )  # fmt: skip
 
 

@@ -1,0 +1,423 @@
+"""Ship signatures: what proves that a record is the ship's own (docs/replication.md,
+"What a hostile neighbour can and cannot do").
+
+A site takes other sites' records from its neighbours, and the first copy of an
+identity wins. A neighbour is an entry site: a key of the entry site would prove only
+what that neighbour claims. So the ship signs what it sends, with its own Ed25519 key,
+and every site holds the public half in one file, the *ship keys* (:class:`ShipKeys`).
+
+What the ship signs, cheaply on the satellite: the records of a batch are cut into
+*chunks* of at most :data:`CHUNK_RECORDS` consecutive seqs; the ship signs each chunk's
+``(origin, stream, first seq, count)`` and the Merkle root of its records' hashes
+(:func:`record_hash`: seq, event time, key, MQTT topic, payload). That is 64 bytes per
+32 records on the wire (docs/wire-format.md, ``FLAG_SIGNED``), about 2 bytes a record.
+
+What a record carries beyond the gateway: a ``sl.proof`` header
+(:data:`shorelink.contract.H_PROOF`; :class:`Proof`): its chunk, the chunk's signature
+and the record's Merkle path (at most 5 hashes of 16 bytes). Any site checks a record
+alone with it (:meth:`ShipKeys.check`): the path gives the root, the root and the chunk
+the signed message, the ship's key the verdict. Records of one chunk share a
+signature, so a site checks one signature per chunk (cached) and a few hashes per
+record.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import struct
+import tomllib
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from shorelink.errors import ConfigError, ContractError
+from shorelink.files import read_private, write_atomic
+from shorelink.identity import check_name
+
+__all__ = [
+    "CHUNK_RECORDS",
+    "HASH_BYTES",
+    "SIGNATURE_BYTES",
+    "Proof",
+    "ShipKey",
+    "ShipKeys",
+    "chunk_message",
+    "chunks",
+    "leaves_of",
+    "merkle_levels",
+    "merkle_path",
+    "merkle_root",
+    "path_length",
+    "proofs",
+    "record_hash",
+    "root_from_path",
+    "sign_records",
+]
+
+#: records per signed chunk at most: a record's Merkle path is at most log2 of it
+CHUNK_RECORDS = 32
+SIGNATURE_BYTES = 64
+HASH_BYTES = 16
+_LEAF = b"sl.record"
+_NODE = b"sl.node"
+_MESSAGE = b"shorelink chunk v1\x00"
+_PROOF = struct.Struct("<QH")  # the chunk's first seq and count, then signature and path
+_LEN = struct.Struct("<I")
+_SEQ_TS = struct.Struct("<Qq")
+
+
+def record_hash(
+    seq: int, ts_ms: int, key: str | bytes, topic: str | bytes, payload: bytes
+) -> bytes:
+    """A record's leaf: BLAKE2b-128 over its seq, event time, key, MQTT topic and
+    payload, each length-prefixed (origin and stream are in the chunk's message)."""
+    k = key.encode() if isinstance(key, str) else key
+    t = topic.encode() if isinstance(topic, str) else topic
+    h = hashlib.blake2b(digest_size=HASH_BYTES, person=_LEAF)
+    h.update(_SEQ_TS.pack(seq, ts_ms))
+    for part in (k, t, payload):
+        h.update(_LEN.pack(len(part)))
+        h.update(part)
+    return h.digest()
+
+
+def _node(left: bytes, right: bytes) -> bytes:
+    return hashlib.blake2b(left + right, digest_size=HASH_BYTES, person=_NODE).digest()
+
+
+def merkle_levels(leaves: Sequence[bytes]) -> list[list[bytes]]:
+    """Every level of the tree over ``leaves``, the leaves first, the root last. A node
+    without a sibling moves up unchanged."""
+    if not leaves:
+        raise ValueError("a Merkle tree needs at least one leaf")
+    levels = [list(leaves)]
+    while len(levels[-1]) > 1:
+        below = levels[-1]
+        up = [_node(below[i], below[i + 1]) for i in range(0, len(below) - 1, 2)]
+        if len(below) % 2:
+            up.append(below[-1])
+        levels.append(up)
+    return levels
+
+
+def merkle_root(leaves: Sequence[bytes]) -> bytes:
+    return merkle_levels(leaves)[-1][0]
+
+
+def merkle_path(levels: Sequence[Sequence[bytes]], index: int) -> list[bytes]:
+    """The siblings from leaf ``index`` up to the root (none where a node moves up alone)."""
+    path = []
+    for level in levels[:-1]:
+        sibling = index ^ 1
+        if sibling < len(level):
+            path.append(level[sibling])
+        index //= 2
+    return path
+
+
+def path_length(count: int, index: int) -> int:
+    """How many siblings leaf ``index`` of ``count`` has on its way up."""
+    n = 0
+    while count > 1:
+        if index ^ 1 < count:
+            n += 1
+        index //= 2
+        count = (count + 1) // 2
+    return n
+
+
+def root_from_path(leaf: bytes, count: int, index: int, path: Sequence[bytes]) -> bytes:
+    """The root that ``leaf`` at ``index`` of ``count`` leaves and its ``path`` give;
+    ValueError if the path has not the length that place needs."""
+    if len(path) != path_length(count, index):
+        raise ValueError(f"a path of {len(path)} hashes for leaf {index} of {count}")
+    node = leaf
+    it = iter(path)
+    while count > 1:
+        if index ^ 1 < count:
+            sibling = next(it)
+            node = _node(sibling, node) if index & 1 else _node(node, sibling)
+        index //= 2
+        count = (count + 1) // 2
+    return node
+
+
+def chunk_message(origin: str, stream: str, first_seq: int, count: int, root: bytes) -> bytes:
+    """The bytes a ship signs for one chunk."""
+    o, s = origin.encode(), stream.encode()
+    return b"".join(
+        (_MESSAGE, bytes([len(o)]), o, bytes([len(s)]), s, _PROOF.pack(first_seq, count), root)
+    )
+
+
+def chunks(first_seq: int, count: int) -> list[tuple[int, int]]:
+    """A batch's chunks: ``(first seq, count)``, :data:`CHUNK_RECORDS` at most each,
+    from the batch's first seq."""
+    return [(first_seq + i, min(CHUNK_RECORDS, count - i)) for i in range(0, count, CHUNK_RECORDS)]
+
+
+@dataclass(frozen=True, slots=True)
+class Proof:
+    """A record's ``sl.proof``: its chunk, the chunk's signature, its Merkle path."""
+
+    first_seq: int
+    count: int
+    signature: bytes
+    path: tuple[bytes, ...]
+
+    def encode(self) -> bytes:
+        return b"".join((_PROOF.pack(self.first_seq, self.count), self.signature, *self.path))
+
+    @classmethod
+    def decode(cls, raw: bytes, seq: int) -> Proof:
+        """The proof of the record ``seq``; ValueError if ``raw`` is not one."""
+        if len(raw) < _PROOF.size + SIGNATURE_BYTES:
+            raise ValueError(f"proof of {len(raw)} bytes is too short")
+        first, count = _PROOF.unpack_from(raw)
+        if not 1 <= count <= CHUNK_RECORDS or not first <= seq < first + count:
+            raise ValueError(f"proof for seqs {first}+{count} does not hold seq {seq}")
+        n = path_length(count, seq - first)
+        at = _PROOF.size + SIGNATURE_BYTES
+        if len(raw) != at + n * HASH_BYTES:
+            raise ValueError(f"proof of {len(raw)} bytes; a path of {n} hashes needs {at + n * 16}")
+        path = tuple(raw[at + i * HASH_BYTES : at + (i + 1) * HASH_BYTES] for i in range(n))
+        return cls(first, count, raw[_PROOF.size : at], path)
+
+
+def proofs(first_seq: int, leaves: Sequence[bytes], signatures: Sequence[bytes]) -> list[Proof]:
+    """Every record's proof, for a batch from ``first_seq`` whose records' hashes are
+    ``leaves`` and whose chunks' signatures are ``signatures`` (in order)."""
+    out: list[Proof] = []
+    for (first, count), sig in zip(chunks(first_seq, len(leaves)), signatures, strict=True):
+        at = first - first_seq
+        levels = merkle_levels(leaves[at : at + count])
+        out += [Proof(first, count, sig, tuple(merkle_path(levels, i))) for i in range(count)]
+    return out
+
+
+class ShipKey:
+    """A ship's private key (on board only): signs the chunks of what it sends."""
+
+    def __init__(self, key: Ed25519PrivateKey) -> None:
+        self._key = key
+
+    @classmethod
+    def generate(cls) -> ShipKey:
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def load(cls, path: Path, field: str = "signing_key_file") -> ShipKey:
+        """The key in ``path`` (base64 of the 32-byte seed), refused if others may read it."""
+        raw = read_private(path, field)
+        try:
+            seed = base64.b64decode(raw.strip(), validate=True)
+            return cls(Ed25519PrivateKey.from_private_bytes(seed))
+        except ValueError:
+            raise ConfigError(field, f"{path} holds no Ed25519 key (base64 of 32 bytes)") from None
+
+    def save(self, path: Path) -> None:
+        """Write the key to ``path``, mode 0600."""
+        from cryptography.hazmat.primitives import serialization
+
+        seed = self._key.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+        write_atomic(path, base64.b64encode(seed) + b"\n", mode=0o600)
+        os.chmod(path, 0o600)
+
+    def public(self) -> str:
+        """The public half as the ship keys file writes it (base64 of 32 bytes)."""
+        from cryptography.hazmat.primitives import serialization
+
+        raw = self._key.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+        return base64.b64encode(raw).decode()
+
+    def sign(self, message: bytes) -> bytes:
+        return self._key.sign(message)
+
+
+def sign_records(
+    key: ShipKey, origin: str, stream: str, first_seq: int, leaves: Sequence[bytes]
+) -> bytes:
+    """The chunks' signatures of a batch, concatenated (what the wire format carries)."""
+    return b"".join(
+        key.sign(chunk_message(origin, stream, first, count, merkle_root(leaves[i : i + count])))
+        for i, (first, count) in zip(
+            range(0, len(leaves), CHUNK_RECORDS), chunks(first_seq, len(leaves)), strict=True
+        )
+    )
+
+
+#: chunks whose signature a :class:`ShipKeys` remembers as checked (about 200 bytes each)
+_VERIFIED_MAX = 65_536
+
+
+@dataclass
+class ShipKeys:
+    """The ship keys file (TOML; sample ``deploy/spark/ship_keys.toml``): every ship's
+    public key, and whether a ship without one is refused.
+
+    A ship with a key: its records must carry a valid proof, at the gateway (its
+    batches signed) and at every merge. A ship without: refused if
+    ``require_signatures``, else taken without a proof (a fleet moving to signatures)."""
+
+    ships: dict[str, Ed25519PublicKey] = field(default_factory=dict)
+    require_signatures: bool = False
+    _verified: OrderedDict[bytes, bool] = field(default_factory=OrderedDict, repr=False)
+
+    @classmethod
+    def load(cls, path: Path, field_name: str = "ship_keys_file") -> ShipKeys:
+        try:
+            data = tomllib.loads(path.read_text())
+        except OSError as exc:
+            raise ConfigError(field_name, f"cannot read {path}: {exc.strerror or exc}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(field_name, f"{path} is not TOML: {exc}") from None
+        return cls.parse(data, f"{field_name} {path}")
+
+    @classmethod
+    def parse(cls, data: Mapping[str, object], where: str = "ship keys") -> ShipKeys:
+        unknown = set(data) - {"require_signatures", "ships"}
+        if unknown:
+            raise ConfigError(where, f"unknown keys {sorted(unknown)}")
+        require = data.get("require_signatures", False)
+        if not isinstance(require, bool):
+            raise ConfigError(f"{where}: require_signatures", "must be true or false")
+        ships = data.get("ships", {})
+        if not isinstance(ships, dict):
+            raise ConfigError(f"{where}: ships", 'must be a table: ship = "<public key>"')
+        keys = {}
+        for ship, text in ships.items():
+            try:
+                check_name("origin", ship)
+                raw = base64.b64decode(str(text), validate=True)
+                keys[ship] = Ed25519PublicKey.from_public_bytes(raw)
+            except (ValueError, ContractError) as exc:
+                raise ConfigError(
+                    f"{where}: ships.{ship}", f"not an Ed25519 public key: {exc}"
+                ) from None
+        return cls(keys, require)
+
+    @staticmethod
+    def render(ships: Mapping[str, str], require_signatures: bool) -> str:
+        lines = [
+            "# shorelink ship keys: every ship's public Ed25519 key (base64). Every site's",
+            "# gateway and Spark application read the same file (docs/replication.md).",
+            "# Managed with: shorelink ship-key new SHIP --key-file ... --ship-keys this-file",
+            f"require_signatures = {'true' if require_signatures else 'false'}",
+            "",
+            "[ships]",
+            *(f'{s} = "{k}"' for s, k in sorted(ships.items())),
+        ]
+        return "\n".join(lines) + "\n"
+
+    def public_keys(self) -> dict[str, str]:
+        from cryptography.hazmat.primitives import serialization
+
+        return {
+            s: base64.b64encode(
+                k.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+            ).decode()
+            for s, k in self.ships.items()
+        }
+
+    def signed(self, origin: str) -> bool:
+        """Must records of ``origin`` carry a proof?"""
+        return origin in self.ships
+
+    def refuses(self, origin: str) -> bool:
+        """Is ``origin`` refused whatever it carries (no key, and keys are required)?"""
+        return self.require_signatures and origin not in self.ships
+
+    def verify_chunk(
+        self, origin: str, stream: str, first_seq: int, count: int, root: bytes, sig: bytes
+    ) -> bool:
+        """Did ``origin``'s key sign this chunk? Remembered, so a chunk costs one check."""
+        message = chunk_message(origin, stream, first_seq, count, root)
+        memo = hashlib.blake2b(message + sig, digest_size=16).digest()
+        known = self._verified.get(memo)
+        if known is not None:
+            self._verified.move_to_end(memo)
+            return known
+        key = self.ships.get(origin)
+        ok = False
+        if key is not None and len(sig) == SIGNATURE_BYTES:
+            try:
+                key.verify(sig, message)
+                ok = True
+            except InvalidSignature:
+                ok = False
+        self._verified[memo] = ok
+        if len(self._verified) > _VERIFIED_MAX:
+            self._verified.popitem(last=False)
+        return ok
+
+    def verify_batch(
+        self, origin: str, stream: str, first_seq: int, leaves: Sequence[bytes], sigs: bytes
+    ) -> str | None:
+        """None if ``sigs`` (the wire batch's) sign every chunk of the batch, else why not."""
+        parts = chunks(first_seq, len(leaves))
+        if len(sigs) != len(parts) * SIGNATURE_BYTES:
+            return f"{len(sigs)} signature bytes for {len(parts)} chunks"
+        for j, (first, count) in enumerate(parts):
+            at = first - first_seq
+            root = merkle_root(leaves[at : at + count])
+            sig = sigs[j * SIGNATURE_BYTES : (j + 1) * SIGNATURE_BYTES]
+            if not self.verify_chunk(origin, stream, first, count, root, sig):
+                return f"seqs {first}-{first + count - 1}: signature does not verify"
+        return None
+
+    def check(
+        self,
+        origin: str,
+        stream: str,
+        seq: int,
+        ts_ms: int,
+        key: str | bytes,
+        topic: str | bytes,
+        payload: bytes,
+        proof: bytes | None,
+    ) -> str | None:
+        """None if the record may be taken (its proof holds, or its ship signs nothing
+        and keys are not required), else why not."""
+        if origin not in self.ships:
+            return (
+                f"ship {origin} has no key and signatures are required"
+                if self.refuses(origin)
+                else None
+            )
+        if proof is None:
+            return f"ship {origin} signs its records; this one has no proof"
+        try:
+            p = Proof.decode(proof, seq)
+        except ValueError as exc:
+            return f"bad proof: {exc}"
+        leaf = record_hash(seq, ts_ms, key, topic, payload)
+        root = root_from_path(leaf, p.count, seq - p.first_seq, p.path)
+        if not self.verify_chunk(origin, stream, p.first_seq, p.count, root, p.signature):
+            return "proof does not verify: not the ship's record"
+        return None
+
+
+def leaves_of(
+    first_seq: int,
+    keys: Iterable[str | bytes],
+    times: Iterable[int],
+    topics: Iterable[str | bytes],
+    payloads: Iterable[bytes],
+) -> list[bytes]:
+    """The records' hashes of a batch given as columns (seqs from ``first_seq``)."""
+    return [
+        record_hash(first_seq + i, ts, k, t, p)
+        for i, (k, ts, t, p) in enumerate(zip(keys, times, topics, payloads, strict=True))
+    ]

@@ -1,0 +1,192 @@
+"""Ship signatures (shorelink/proof.py): a record's proof holds for exactly the record
+its ship signed, whatever the batch's size and wherever the record stands in it, and
+for no change of any byte of the record, the proof or the chunk; the wire format
+carries the signatures, and a batch whose signatures were cut or changed is refused."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shorelink.errors import ConfigError
+from shorelink.proof import (
+    CHUNK_RECORDS,
+    SIGNATURE_BYTES,
+    Proof,
+    ShipKey,
+    ShipKeys,
+    chunks,
+    leaves_of,
+    merkle_levels,
+    merkle_path,
+    path_length,
+    proofs,
+    record_hash,
+    root_from_path,
+)
+from shorelink.wire import (
+    FLAG_SIGNED,
+    Batch,
+    WireError,
+    WireRecord,
+    decode_batch,
+    decode_columns,
+    encode_batch,
+    peek_header,
+)
+
+FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+KEY = ShipKey.generate()
+OTHER = ShipKey.generate()
+KEYS = ShipKeys.parse({"ships": {"bigblue": KEY.public()}})
+
+
+def records(first: int, n: int, salt: bytes = b"") -> tuple[WireRecord, ...]:
+    return tuple(
+        WireRecord(
+            first + i, f"MSCU{i % 5}", 1_767_225_600_000 + i, f"b/{i % 5}/env", b"%d" % i + salt
+        )
+        for i in range(n)
+    )
+
+
+def signed_batch(first: int, n: int) -> tuple[bytes, list[Proof], tuple[WireRecord, ...]]:
+    recs = records(first, n)
+    data = encode_batch(Batch("bigblue", "containers", recs), key=KEY)
+    h, cols = decode_columns(data)
+    leaves = leaves_of(h.first_seq, *cols)
+    sigs = [h.signatures[i : i + SIGNATURE_BYTES] for i in range(0, len(h.signatures), 64)]
+    return data, proofs(h.first_seq, leaves, sigs), recs
+
+
+@FUZZ
+@given(st.integers(1, 70), st.data())
+def test_every_leaf_of_any_tree_proves_its_root_and_no_other_leaf_does(
+    n: int, data: st.DataObject
+) -> None:
+    leaves = [record_hash(i, i, "k", "t", b"%d" % i) for i in range(n)]
+    levels = merkle_levels(leaves)
+    root = levels[-1][0]
+    i = data.draw(st.integers(0, n - 1))
+    path = merkle_path(levels, i)
+    assert len(path) == path_length(n, i)
+    assert root_from_path(leaves[i], n, i, path) == root
+    j = data.draw(st.integers(0, n - 1))
+    if j != i:
+        assert root_from_path(leaves[j], n, i, path) != root
+        with contextlib.suppress(ValueError):  # a path of another length for j
+            assert root_from_path(leaves[i], n, j, path) != root
+
+
+@FUZZ
+@given(st.integers(1, 3 * CHUNK_RECORDS + 5), st.integers(1, 2**40), st.data())
+def test_each_record_of_a_signed_batch_is_proved_alone_and_any_change_breaks_it(
+    n: int, first: int, data: st.DataObject
+) -> None:
+    wire, ps, recs = signed_batch(first, n)
+    assert len(ps) == n and peek_header(wire).flags & FLAG_SIGNED
+    i = data.draw(st.integers(0, n - 1))
+    r, proof = recs[i], ps[i].encode()
+    assert (
+        KEYS.check("bigblue", "containers", r.seq, r.ts_ms, r.key, r.topic, r.payload, proof)
+        is None
+    )
+    field = data.draw(st.sampled_from(["origin", "stream", "seq", "ts", "key", "topic", "payload"]))
+    changed = {
+        "origin": ("bigblue2", "containers", r.seq, r.ts_ms, r.key, r.topic, r.payload),
+        "stream": ("bigblue", "nav", r.seq, r.ts_ms, r.key, r.topic, r.payload),
+        "seq": ("bigblue", "containers", r.seq + 1, r.ts_ms, r.key, r.topic, r.payload),
+        "ts": ("bigblue", "containers", r.seq, r.ts_ms + 1, r.key, r.topic, r.payload),
+        "key": ("bigblue", "containers", r.seq, r.ts_ms, r.key + "x", r.topic, r.payload),
+        "topic": ("bigblue", "containers", r.seq, r.ts_ms, r.key, r.topic + "x", r.payload),
+        "payload": ("bigblue", "containers", r.seq, r.ts_ms, r.key, r.topic, r.payload + b"x"),
+    }[field]
+    keys = ShipKeys.parse({"ships": {"bigblue": KEY.public(), "bigblue2": KEY.public()}})
+    assert keys.check(*changed, proof) is not None
+    at = data.draw(st.integers(0, len(proof) - 1))
+    flipped = (
+        proof[:at] + bytes([proof[at] ^ (1 << data.draw(st.integers(0, 7)))]) + proof[at + 1 :]
+    )
+    assert (
+        KEYS.check("bigblue", "containers", r.seq, r.ts_ms, r.key, r.topic, r.payload, flipped)
+        is not None
+    )
+
+
+def test_another_key_proves_nothing_and_a_ship_without_key_follows_the_policy() -> None:
+    _, ps, recs = signed_batch(1, 10)
+    r = recs[3]
+    args = ("bigblue", "containers", r.seq, r.ts_ms, r.key, r.topic, r.payload)
+    wrong = ShipKeys.parse({"ships": {"bigblue": OTHER.public()}})
+    assert "does not verify" in (wrong.check(*args, ps[3].encode()) or "")
+    assert "no proof" in (KEYS.check(*args, None) or "")
+    open_keys = ShipKeys.parse({"ships": {}})
+    assert open_keys.check(*args, None) is None  # no key, not required: taken
+    strict = ShipKeys.parse({"require_signatures": True, "ships": {}})
+    assert "no key" in (strict.check(*args, ps[3].encode()) or "")
+
+
+def test_the_gateway_check_refuses_a_batch_with_any_chunk_not_signed_by_the_ship() -> None:
+    n = 2 * CHUNK_RECORDS + 3
+    wire, _, _ = signed_batch(5, n)
+    h, cols = decode_columns(wire)
+    leaves = leaves_of(h.first_seq, *cols)
+    assert len(h.signatures) == len(chunks(5, n)) * SIGNATURE_BYTES == 3 * 64
+    assert KEYS.verify_batch("bigblue", "containers", 5, leaves, h.signatures) is None
+    forged = OTHER.sign(b"x" * 10)
+    for j in range(3):
+        sigs = h.signatures[: j * 64] + forged + h.signatures[(j + 1) * 64 :]
+        assert "does not verify" in (
+            KEYS.verify_batch("bigblue", "containers", 5, leaves, sigs) or ""
+        )
+    assert KEYS.verify_batch("bigblue", "containers", 5, leaves, h.signatures[:-64])
+    other_leaves = leaves_of(h.first_seq, cols[0], cols[1], cols[2], [*cols[3][:-1], b"?"])
+    assert KEYS.verify_batch("bigblue", "containers", 5, other_leaves, h.signatures)
+
+
+def test_a_signed_batch_round_trips_and_its_signatures_are_under_the_checksum() -> None:
+    wire, _, recs = signed_batch(1, 40)
+    assert decode_batch(wire).records == recs
+    h = peek_header(wire)
+    assert h.header_len == 40 + len("bigblue") + len("containers") + 2 * SIGNATURE_BYTES
+    at = 40 + len("bigblueconta iners") // 1 + 20  # a byte inside the first signature
+    damaged = wire[:at] + bytes([wire[at] ^ 1]) + wire[at + 1 :]
+    with pytest.raises(WireError) as info:
+        decode_batch(damaged)
+    assert info.value.reason == "bad_checksum"
+    for cut in (h.header_len - 1, 60):
+        with pytest.raises(WireError) as info:
+            decode_batch(wire[:cut])
+        assert info.value.reason == "truncated"
+
+
+def test_keys_on_disk_are_private_and_the_keys_file_refuses_what_is_no_key(tmp_path: Path) -> None:
+    path = tmp_path / "ship.key"
+    KEY.save(path)
+    assert path.stat().st_mode & 0o077 == 0
+    assert ShipKey.load(path).public() == KEY.public()
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match="world-readable"):
+        ShipKey.load(path)
+    bad = tmp_path / "bad.key"
+    bad.write_text("not base64!\n")
+    bad.chmod(0o600)
+    with pytest.raises(ConfigError, match="no Ed25519 key"):
+        ShipKey.load(bad)
+    text = ShipKeys.render({"bigblue": KEY.public()}, True)
+    keys_file = tmp_path / "ship_keys.toml"
+    keys_file.write_text(text)
+    loaded = ShipKeys.load(keys_file)
+    assert loaded.require_signatures and loaded.public_keys() == {"bigblue": KEY.public()}
+    for bad_data, match in [
+        ({"ships": {"bigblue": "AAAA"}}, "not an Ed25519"),
+        ({"ships": {"Big Blue": KEY.public()}}, "ships"),
+        ({"require_signatures": "yes"}, "true or false"),
+        ({"ship": {}}, "unknown keys"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            ShipKeys.parse(bad_data)
