@@ -16,6 +16,7 @@ from shorelink.config import load_config as load_file
 from shorelink.errors import ConfigError
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.topics import Durability
+from shorelink.proof import ShipKeys
 from shorelink.tls import TlsFile, server_context
 from shorelink.wire import Limits
 
@@ -32,6 +33,10 @@ class GatewayConfig:
     #: relative to the config file
     credentials_file: Path
     streams: tuple[str, ...] = field(metadata=key(names="stream"))
+    #: the ships' public keys (shorelink/proof.py; the same file at every site): a ship
+    #: with a key must sign its batches; relative to the config file; unset: batches
+    #: are taken unsigned and carry no proof
+    ship_keys_file: Path | None = field(default=None, metadata=key(kind="path"))
     host: str = field(default="0.0.0.0", metadata=key("listen.host"))
     port: int = field(default=8443, metadata=key("listen.port", min=0, max=65535))
     #: HTTPS: the gateway's certificate (PEM, chain after it) and its key; relative to
@@ -141,6 +146,8 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayCo
             "listen.client_ca_file", "mutual TLS needs TLS: set tls_cert_file and tls_key_file"
         )
     cfg.ssl_context()  # the files load, and the key is the certificate's: else fail now
+    if cfg.ship_keys_file is not None:
+        ShipKeys.load(cfg.ship_keys_file)  # a missing or broken file fails now, named
     ca = cfg.kafka.auth.ca_file
     if ca is not None and not ca.is_file():
         # librdkafka would only say "ssl.ca.location failed" at the first connection

@@ -54,7 +54,12 @@ from dataclasses import dataclass, field
 from core_gateway.config import GatewayConfig
 from core_gateway.errors import KafkaWriteError
 from core_gateway.holdings import Holdings, SourceHoldings
-from shorelink.contract import GATEWAY_CURSOR_TOPIC, contract_headers, ingress_topic
+from shorelink.contract import (
+    GATEWAY_CURSOR_TOPIC,
+    H_PROOF,
+    contract_headers,
+    ingress_topic,
+)
 from shorelink.kafka.errors import (
     CommitUnknown,
     Fenced,
@@ -93,6 +98,9 @@ class Write:
     #: was accepted on top of
     depends: RangeSet = field(default_factory=RangeSet)
     done: Future[None] = field(default_factory=Future)
+    #: each record's ``sl.proof`` by seq - ``proof_base`` (its ship signs), else None
+    proofs: Sequence[bytes] | None = None
+    proof_base: int = 0
 
     @property
     def seqs(self) -> RangeSet:
@@ -289,10 +297,13 @@ class IngressWriter:
                 for w in writes:
                     topic = ingress_topic(w.stream)
                     origin, stream = w.origin.encode(), w.stream.encode()
+                    proofs, base = w.proofs, w.proof_base
                     for r in w.records:
                         headers: Headers = contract_headers(  # type: ignore[assignment]
                             origin, stream, r.seq, r.ts_ms, site, r.topic.encode()
                         )
+                        if proofs is not None:
+                            headers.append((H_PROOF, proofs[r.seq - base]))
                         txn.produce(topic, r.key.encode(), r.payload, headers)
                 for (origin_, stream_), h in cursors.items():
                     txn.produce(

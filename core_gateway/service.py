@@ -21,6 +21,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from core_gateway.admission import plan_admission
@@ -33,6 +34,7 @@ from core_gateway.ingress import IngressWriter, Write
 from core_gateway.ledger import LedgerFollower
 from core_gateway.metrics import GatewayMetrics
 from shorelink.errors import ShorelinkError
+from shorelink.proof import SignatureError, WatchedShipKeys
 from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, WireError, peek_header
 
@@ -66,6 +68,8 @@ class GatewayService:
         self.writer = IngressWriter(cfg, on_commit=self.metrics.committed)
         self.metrics.commit_retries.source = lambda: self.writer.retries
         self.decoder = BatchDecoder(cfg.limits, workers=cfg.decode_workers)
+        #: the ships' public keys (shorelink/proof.py); None: batches taken unproved
+        self.ship_keys = None if cfg.ship_keys_file is None else WatchedShipKeys(cfg.ship_keys_file)
         self.ledger = LedgerFollower(cfg.kafka, self.holdings)
         self.ready = asyncio.Event()
         #: seqs of each (ship, stream) admitted but not committed yet, one set per write
@@ -137,7 +141,9 @@ class GatewayService:
     def holdings_for(self, ship: str) -> dict[str, str]:
         return {s: str(r) for s, r in self.holdings.for_ship(ship, self.cfg.streams).items()}
 
-    def admit(self, ship: str, batch: Batch) -> asyncio.Future[dict[str, Any]]:
+    def admit(
+        self, ship: str, batch: Batch, proofs: Sequence[bytes] | None = None
+    ) -> asyncio.Future[dict[str, Any]]:
         """Check ``batch`` against what the site holds plus what is being written, and
         reserve its seqs; return what completes its write (await it for the reply).
         What the batch adds is decided by :func:`~core_gateway.admission.plan_admission`.
@@ -146,7 +152,8 @@ class GatewayService:
         build on each other (pipelining: batch N+1 of a stream is admitted while batch
         N is still being written, and both may share a transaction). Raises ApiError
         409 when the batch does not start where the site's holdings (and the batches
-        in flight) end, 422 when it would abandon seqs past the bound on holes."""
+        in flight) end, 422 when it would abandon seqs past the bound on holes.
+        ``proofs``: each record's ``sl.proof`` (its ship signs), written with it."""
         stream = batch.stream
         h = self.holdings.get(ship, stream)
         inflight = self._inflight.setdefault((ship, stream), [])
@@ -167,6 +174,8 @@ class GatewayService:
             answered.set_result(self._reply(ship, batch, h, written))
             return answered
         write = Write(ship, stream, new, written, abandoned, depends=pending)
+        if proofs is not None:
+            write.proofs, write.proof_base = proofs, batch.first_seq
         seqs = write.seqs
         inflight.append(seqs)
         done = asyncio.wrap_future(self.writer.submit(write))
@@ -290,16 +299,22 @@ class GatewayService:
         self.reserve(ship, cost, held=held)
         try:
             try:
-                batch = await self.decoder.decode(body)
+                keys = None if self.ship_keys is None else self.ship_keys.current()
+                batch, proved = await self.decoder.decode_proved(body, keys)
             except WireError as exc:
                 raise _refusal(exc) from None
+            except SignatureError as exc:
+                log.warning(
+                    "event=batch_unproved ship=%s reason=%s error=%r", ship, exc.reason, str(exc)
+                )
+                raise ApiError(403, exc.reason, str(exc)) from None
             # templated payloads decode to more than their decompressed bytes: the batch
             # holds what it decoded to from now on, or is answered busy
             more = batch.decoded_size - header.raw_len
             if more > 0:
                 self.reserve(ship, more, held=held + cost)
                 cost += more
-            answer = self.admit(ship, batch)
+            answer = self.admit(ship, batch, proved)
         except BaseException:
             self.release(ship, cost)
             raise

@@ -4,9 +4,10 @@ that consumers at HQ depend on.
 - key: the record's logical key (a container id, ``position``, ...);
 - value: the payload bytes exactly as the sensor published them;
 - headers: ``sl.origin``, ``sl.stream``, ``sl.seq`` (decimal ASCII), ``sl.ts`` (event
-  time, epoch ms), ``sl.site`` (site whose gateway took it in), ``sl.mqtt_topic``; in
-  a canonical or relay topic also ``sl.entered`` (when the entry site's gateway wrote
-  it into Kafka, epoch ms on that site's clock), after them.
+  time, epoch ms), ``sl.site`` (site whose gateway took it in), ``sl.mqtt_topic``; then
+  ``sl.proof`` on the record of a ship that signs (shorelink/proof.py); in a canonical
+  or relay topic also ``sl.entered`` (when the entry site's gateway wrote it into
+  Kafka, epoch ms on that site's clock), after them.
 
 Readers of a canonical topic ``sl.<stream>`` must read with
 ``isolation.level=read_committed``: the merge writes in Kafka transactions, and a
@@ -33,6 +34,7 @@ __all__ = [
     "H_ENTERED",
     "H_MQTT_TOPIC",
     "H_ORIGIN",
+    "H_PROOF",
     "H_SEQ",
     "H_SITE",
     "H_STREAM",
@@ -66,7 +68,12 @@ H_SITE = "sl.site"
 H_MQTT_TOPIC = "sl.mqtt_topic"
 #: the headers, in the order every shorelink writer puts them
 HEADER_LAYOUT = (H_ORIGIN, H_STREAM, H_SEQ, H_TS, H_SITE, H_MQTT_TOPIC)
-#: After :data:`HEADER_LAYOUT` in a canonical or relay topic: when the entry site's
+#: After :data:`HEADER_LAYOUT`, on the record of a ship that signs (shorelink/proof.py):
+#: what proves it is the ship's (its chunk, the chunk's signature, its Merkle path). The
+#: gateway writes it after checking the batch's signatures; every site carries it
+#: unchanged and every merge checks it on what it pulls (docs/replication.md).
+H_PROOF = "sl.proof"
+#: After :data:`HEADER_LAYOUT` (and :data:`H_PROOF`) in a canonical or relay topic: when the entry site's
 #: gateway wrote the record into ``sl.ingress.<stream>`` (that record's Kafka timestamp,
 #: epoch ms on the entry site's clock). The entry site's merge adds it; every other site
 #: carries it unchanged, so a record's own timestamp at each site (when that site's merge
@@ -242,11 +249,16 @@ def entered_ms(headers: HeaderList | None) -> int | None:
     return int(text) if text and text.isascii() and text.isdigit() and len(text) < 19 else None
 
 
+_CONTRACT_NAMES = frozenset(HEADER_LAYOUT)
+
+
 def _header_map(headers: HeaderList) -> dict[str, str]:
+    """The contract's headers as text (the last non-null value of each name); any other
+    header (``sl.proof`` is binary) is not the contract's to read."""
     out: dict[str, str] = {}
     items = headers.items() if isinstance(headers, dict) else headers
     for name, raw in items:
-        if raw is None:
+        if raw is None or name not in _CONTRACT_NAMES:
             continue
         try:
             out[name] = raw.decode() if isinstance(raw, bytes) else raw

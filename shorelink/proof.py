@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import struct
 import tomllib
@@ -36,8 +37,8 @@ from pathlib import Path
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from shorelink.errors import ConfigError, ContractError
-from shorelink.files import read_private, write_atomic
+from shorelink.errors import ConfigError, ContractError, ShorelinkError
+from shorelink.files import FileWatch, read_private, write_atomic
 from shorelink.identity import check_name
 
 __all__ = [
@@ -47,6 +48,8 @@ __all__ = [
     "Proof",
     "ShipKey",
     "ShipKeys",
+    "SignatureError",
+    "WatchedShipKeys",
     "chunk_message",
     "chunks",
     "leaves_of",
@@ -59,6 +62,8 @@ __all__ = [
     "root_from_path",
     "sign_records",
 ]
+
+log = logging.getLogger(__name__)
 
 #: records per signed chunk at most: a record's Merkle path is at most log2 of it
 CHUNK_RECORDS = 32
@@ -258,6 +263,16 @@ def sign_records(
     )
 
 
+class SignatureError(ShorelinkError):
+    """A batch its ship's key does not prove; ``reason``: ``unsigned`` (the ship has a
+    key and the batch no signatures), ``unknown_ship`` (no key, and keys are required)
+    or ``bad_signature``."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(f"{reason}: {message}")
+
+
 #: chunks whose signature a :class:`ShipKeys` remembers as checked (about 200 bytes each)
 _VERIFIED_MAX = 65_536
 
@@ -321,14 +336,18 @@ class ShipKeys:
         ]
         return "\n".join(lines) + "\n"
 
-    def public_keys(self) -> dict[str, str]:
+    def public_keys(self, ships: Iterable[str] | None = None) -> dict[str, str]:
+        """The public keys (base64) of ``ships`` that have one (default: all)."""
         from cryptography.hazmat.primitives import serialization
 
+        names = self.ships if ships is None else [s for s in ships if s in self.ships]
         return {
             s: base64.b64encode(
-                k.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+                self.ships[s].public_bytes(
+                    serialization.Encoding.Raw, serialization.PublicFormat.Raw
+                )
             ).decode()
-            for s, k in self.ships.items()
+            for s in names
         }
 
     def signed(self, origin: str) -> bool:
@@ -377,6 +396,33 @@ class ShipKeys:
                 return f"seqs {first}-{first + count - 1}: signature does not verify"
         return None
 
+    def prove_batch(
+        self,
+        origin: str,
+        stream: str,
+        first_seq: int,
+        columns: Sequence[Sequence[object]],
+        sigs: bytes,
+    ) -> list[bytes] | None:
+        """What a gateway does with a decoded batch: each record's ``sl.proof`` (None
+        for a ship without a key, where keys are not required); raise
+        :class:`SignatureError` if the ship's key does not prove every record."""
+        if origin not in self.ships:
+            if self.require_signatures:
+                raise SignatureError(
+                    "unknown_ship", f"ship {origin} has no key and signatures are required"
+                )
+            return None
+        if not sigs:
+            raise SignatureError("unsigned", f"ship {origin} signs its batches; this one is not")
+        keys, times, topics, payloads = columns
+        leaves = leaves_of(first_seq, keys, times, topics, payloads)  # type: ignore[arg-type]
+        why = self.verify_batch(origin, stream, first_seq, leaves, sigs)
+        if why is not None:
+            raise SignatureError("bad_signature", why)
+        split = [sigs[i : i + SIGNATURE_BYTES] for i in range(0, len(sigs), SIGNATURE_BYTES)]
+        return [p.encode() for p in proofs(first_seq, leaves, split)]
+
     def check(
         self,
         origin: str,
@@ -421,3 +467,30 @@ def leaves_of(
         record_hash(first_seq + i, ts, k, t, p)
         for i, (k, ts, t, p) in enumerate(zip(keys, times, topics, payloads, strict=True))
     ]
+
+
+class WatchedShipKeys:
+    """The ship keys file as a long-running reader holds it: re-read when it changes
+    (looked at once a second), so a ship's key added by ``shorelink ship-key new`` is
+    taken without a restart. A file that no longer parses keeps the keys read before,
+    logged at every look until it is mended."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._watch = FileWatch(path)
+        stamp = self._watch.stamp()
+        self._keys = ShipKeys.load(path)
+        self._watch.read_at(stamp)
+
+    def current(self) -> ShipKeys:
+        if self._watch.due():
+            stamp = self._watch.stamp()
+            try:
+                keys = ShipKeys.load(self.path)
+            except ConfigError as exc:
+                log.error("event=ship_keys_unreadable path=%s error=%r", self.path, str(exc))
+            else:
+                self._keys = keys
+                self._watch.read_at(stamp)
+                log.info("event=ship_keys_reloaded path=%s ships=%d", self.path, len(keys.ships))
+        return self._keys

@@ -94,6 +94,8 @@ class Batch:
     stream: str
     records: tuple[WireRecord, ...]
     first_available: int = 1
+    #: the ship's chunk signatures, as the batch came (``FLAG_SIGNED``; empty: unsigned)
+    signatures: bytes = b""
 
     def __post_init__(self) -> None:
         if not isinstance(self.records, tuple):
@@ -107,6 +109,7 @@ class Batch:
         first_seq: int,
         first_available: int,
         columns: Sequence[Sequence[Any]],
+        signatures: bytes = b"",
     ) -> Batch:
         """The batch of records ``first_seq`` on whose keys, event times, topics and
         payloads are ``columns`` (what :func:`decode_columns` returns)."""
@@ -117,6 +120,7 @@ class Batch:
             stream,
             tuple(map(WireRecord, seqs, keys, times, topics, payloads)),
             first_available,
+            signatures,
         )
 
     @property
@@ -386,7 +390,9 @@ def peek_header(data: bytes, limits: Limits = DEFAULT_LIMITS, *, complete: bool 
 def decode_batch(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Batch:
     """Decode and fully check one batch; raise :class:`WireError` on anything wrong."""
     h, columns = decode_columns(data, limits)
-    return Batch.from_columns(h.origin, h.stream, h.first_seq, h.first_available, columns)
+    return Batch.from_columns(
+        h.origin, h.stream, h.first_seq, h.first_available, columns, h.signatures
+    )
 
 
 def decode_columns(

@@ -29,11 +29,14 @@ from tests.helpers import eventually, run_process, unique
 STREAMS = ("alerts", "nav", "containers")
 #: the shipped sample config
 SAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "gateway" / "gateway.toml"
+#: the shipped ship keys file (every site's)
+SHIP_KEYS_SAMPLE = SAMPLE.parents[1] / "spark" / "ship_keys.toml"
 
 
 def sample_config(tmp_path: Path) -> Path:
     """The shipped sample, as an operator installs it: its TLS certificate and key made
-    (by a CA of the test's own) where it names them, its ships file beside it."""
+    (by a CA of the test's own) where it names them, its ships file and the shipped
+    ship keys file beside it."""
     authority = make_authority(tmp_path / "tls")
     server = authority.issue("gateway")
     text = (
@@ -41,7 +44,9 @@ def sample_config(tmp_path: Path) -> Path:
         .replace("/etc/shorelink/tls/gateway.crt", str(server.cert))
         .replace("/etc/shorelink/tls/gateway.key", str(server.key))
         .replace("/var/lib/shorelink/ships.json", "ships.json")
+        .replace("/etc/shorelink/ship_keys.toml", str(tmp_path / "ship_keys.toml"))
     )
+    (tmp_path / "ship_keys.toml").write_text(SHIP_KEYS_SAMPLE.read_text())
     config = tmp_path / "gateway.toml"
     config.write_text(text)
     return config
