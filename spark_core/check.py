@@ -18,6 +18,7 @@ from pathlib import Path
 from shorelink.config import Secret
 from shorelink.errors import ConfigError
 from shorelink.files import read_private
+from shorelink.proof import ShipKeys
 from shorelink.tls import is_loopback
 from spark_core.config import SiteConfig, SitesConfig
 from spark_core.customers import load_customers
@@ -39,7 +40,8 @@ class Report:
 
 
 def check_sites(sites: SitesConfig, only: str | None = None) -> Report:
-    """Check ``sites`` (every site, or ``only``); the customers file if it names one."""
+    """Check ``sites`` (every site, or ``only``); the customers and ship keys files if
+    it names them."""
     out = Report()
     if sites.customers_file is not None:
         try:
@@ -49,6 +51,13 @@ def check_sites(sites: SitesConfig, only: str | None = None) -> Report:
                 _secret(out, c.password)
         except ConfigError as exc:
             out.problems.append(f"customers_file: {exc}")
+    if sites.ship_keys_file is not None:
+        try:
+            keys = ShipKeys.load(sites.ship_keys_file)
+            required = ", required" if keys.require_signatures else ""
+            out.summary.append(f"ship keys: {len(keys.ships)}{required} in {sites.ship_keys_file}")
+        except ConfigError as exc:
+            out.problems.append(f"ship_keys_file: {exc}")
     for p in sites.staff:
         _secret(out, p.password)
     for name in [only] if only else sorted(sites.sites):

@@ -308,6 +308,10 @@ class SitesConfig:
     #: who owns which container when (spark_core/customers.py); re-read when it
     #: changes; relative to this file; unset: no customer streams
     customers_file: Path | None = field(default=None, metadata=key(kind="path"))
+    #: every ship's public signing key (shorelink/proof.py; the same file as the
+    #: gateways'): what a site pulls from a neighbour is taken only with its ship's
+    #: proof; re-read when it changes; relative to this file; unset: not checked
+    ship_keys_file: Path | None = field(default=None, metadata=key(kind="path"))
 
     def neighbours_of(self) -> dict[str, tuple[str, ...]]:
         """The replication graph: each site -> the sites it pulls from."""

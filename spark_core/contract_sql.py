@@ -32,6 +32,7 @@ from shorelink.contract import (
     H_ENTERED,
     H_MQTT_TOPIC,
     H_ORIGIN,
+    H_PROOF,
     H_SEQ,
     H_SITE,
     H_STREAM,
@@ -46,6 +47,7 @@ __all__ = [
     "FLAT_COLUMNS",
     "FLAT_HEADERS",
     "IDENTITY_COLUMNS",
+    "PROOF_COLUMN",
     "VOUCHED",
     "name_regex",
     "read_contract",
@@ -85,21 +87,28 @@ def _text(sql: str) -> str:
     return f"CAST({sql} AS STRING)"
 
 
-#: SQL: the headers are exactly :data:`HEADER_LAYOUT`, names and order (false for no
-#: headers at all). Then what ``Record.from_kafka`` reads of each header is the value
-#: at its place (a null value there is a missing header either way).
-_LAYOUT_HOLDS = " AND ".join(
-    [
-        f"size(headers) = {len(HEADER_LAYOUT)}",
-        *(f"try_element_at(headers, {i + 1}).key = '{n}'" for i, n in enumerate(HEADER_LAYOUT)),
-    ]
+#: SQL: the contract's headers at their places in :data:`HEADER_LAYOUT` (false for no
+#: headers at all); what may follow them is said by each use below. Then what
+#: ``Record.from_kafka`` reads of each header is the value at its place (a null value
+#: there is a missing header either way).
+_AT_PLACES = " AND ".join(
+    f"try_element_at(headers, {i + 1}).key = '{n}'" for i, n in enumerate(HEADER_LAYOUT)
 )
-#: SQL: the same, or :data:`HEADER_LAYOUT` then ``sl.entered`` (what the merge writes
-#: to a canonical or relay topic): the contract's headers are still at their places
-_READ_LAYOUT_HOLDS = _LAYOUT_HOLDS.replace(
-    f"size(headers) = {len(HEADER_LAYOUT)}",
-    f"(size(headers) = {len(HEADER_LAYOUT)} OR (size(headers) = {len(HEADER_LAYOUT) + 1}"
-    f" AND try_element_at(headers, {len(HEADER_LAYOUT) + 1}).key = '{H_ENTERED}'))",
+_N = len(HEADER_LAYOUT)
+#: SQL: exactly :data:`HEADER_LAYOUT`, or it then ``sl.proof`` (what a gateway writes
+#: for a ship that signs): what the merge vouches for
+_LAYOUT_HOLDS = (
+    f"(size(headers) = {_N} OR (size(headers) = {_N + 1}"
+    f" AND try_element_at(headers, {_N + 1}).key = '{H_PROOF}'"
+    f" AND try_element_at(headers, {_N + 1}).value IS NOT NULL)) AND {_AT_PLACES}"
+)
+#: SQL: :data:`HEADER_LAYOUT`, then at most ``sl.proof`` and ``sl.entered`` (what the
+#: merge writes to a canonical or relay topic): the contract's headers are still at
+#: their places
+_READ_LAYOUT_HOLDS = (
+    f"(size(headers) BETWEEN {_N} AND {_N + 2})"
+    f" AND forall(slice(headers, {_N + 1}, 2), h -> h.key IN ('{H_PROOF}', '{H_ENTERED}'))"
+    f" AND {_AT_PLACES}"
 )
 _IN_LAYOUT = f"coalesce({_READ_LAYOUT_HOLDS}, false)"
 _LAYOUT = "sl_layout"  # the flag's column between the two projections
@@ -159,6 +168,8 @@ def read_contract(df: Any, *keep: str) -> Any:
 FLAT_HEADERS = tuple(n for n in HEADER_LAYOUT if n not in (H_ORIGIN, H_STREAM, H_SEQ))
 #: their columns: ``h_ts``, ``h_site``, ``h_mqtt_topic``
 FLAT_COLUMNS = tuple("h_" + n.removeprefix("sl.") for n in FLAT_HEADERS)
+#: a vouched row's ``sl.proof`` (NULL where it has none)
+PROOF_COLUMN = "h_proof"
 
 
 def _stream_of_topic(stream: str) -> str:
@@ -202,12 +213,13 @@ _CHECKED = (
     f"{_text(_at(H_ORIGIN))} AS v_origin",
     f"{_text(_at(H_SEQ))} AS v_seq",
     *(f"{_at(n)} AS {c}" for n, c in zip(FLAT_HEADERS, FLAT_COLUMNS, strict=True)),
+    f"try_element_at(headers, {_N + 1}).value AS {PROOF_COLUMN}",
 )
 _PROJECTED = (
     "CASE WHEN sl_vouched THEN NULL ELSE headers END AS headers",
     "CASE WHEN sl_vouched THEN v_origin ELSE '' END AS origin",
     "CASE WHEN sl_vouched THEN try_cast(v_seq AS BIGINT) ELSE 0L END AS seq",
-    *(f"CASE WHEN sl_vouched THEN {c} END AS {c}" for c in FLAT_COLUMNS),
+    *(f"CASE WHEN sl_vouched THEN {c} END AS {c}" for c in (*FLAT_COLUMNS, PROOF_COLUMN)),
 )
 
 
@@ -219,7 +231,8 @@ def vouch(df: Any, *keep: str) -> Any:
     into its headers.
 
     Spark vouches for a row only when ``Record.from_kafka`` certainly accepts it:
-    headers exactly :data:`HEADER_LAYOUT` (names and order) with every value present,
+    headers exactly :data:`HEADER_LAYOUT` (names and order), or it then ``sl.proof``
+    (:data:`PROOF_COLUMN` carries it), with every value present,
     ``sl.origin`` a valid name, ``sl.stream`` the stream the topic carries (Python
     checks that name, once per topic), ``sl.seq`` 1 to 18 digits without a leading
     zero, ``sl.ts`` digits, ``sl.site`` and ``sl.mqtt_topic`` ASCII."""
@@ -241,13 +254,14 @@ def rebuild_headers(
     ts: Sequence[bytes | None],
     sites: Sequence[bytes | None],
     mqtt_topics: Sequence[bytes | None],
+    proofs: Sequence[bytes | None] | None = None,
 ) -> list[Headers | None]:
     """The headers of the rows :func:`vouch` vouched for, in :data:`HEADER_LAYOUT`
     (``None`` for the other rows: ``origin`` ``""``), from its columns. Spark vouched
     for ASCII values, a seq without leading zeros and ``sl.stream`` the topic's last
     part, byte for byte, so ``origin.encode()``, ``b"%d" % seq`` and that part are the
     bytes that came in. The repeated values (origins, streams, sites) share one tuple
-    each."""
+    each. A row with a proof (``proofs``) gets its ``sl.proof`` after them."""
     streams = {t: (H_STREAM, t.rpartition(".")[2].encode()) for t in set(topics)}
     origin_h = {o: (H_ORIGIN, o.encode()) for o in set(origins)}
     site_h: dict[bytes | None, tuple[str, bytes | None]] = {s: (H_SITE, s) for s in set(sites)}
@@ -269,4 +283,8 @@ def rebuild_headers(
                 (H_MQTT_TOPIC, mqtt),
             ]
         )
+    if proofs is not None:
+        for headers, proof in zip(out, proofs, strict=True):
+            if headers is not None and proof is not None:
+                headers.append((H_PROOF, proof))
     return out

@@ -49,6 +49,7 @@ from shorelink.kafka.errors import Fenced, KafkaClientError, KafkaTransactionErr
 from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from shorelink.kafka.transactions import TransactionalProducer
 from shorelink.ledger import encode_entry
+from shorelink.proof import WatchedShipKeys
 from shorelink.ranges import RangeSet
 from spark_core.config import SiteConfig, SitesConfig
 from spark_core.merge_batch import (
@@ -124,6 +125,8 @@ class Totals:
     largest_fetch_bytes: int = 0
     #: segments written to the relay index (spark_core/relay_index.py)
     index_segments: int = 0
+    #: pulled records whose ship's proof failed (dead-lettered, among ``dead``)
+    unproved: int = 0
 
 
 class Merger:
@@ -178,6 +181,13 @@ class Merger:
         #: comes (the replicator sets it); the Spark query then runs every
         #: ``merge.backstop_interval`` instead of every ``trigger_interval``
         self.ingest_puller = False
+        #: the ships' public keys (``ship_keys_file``; shorelink/proof.py): what it
+        #: pulls from neighbours is taken only with its ship's proof. None: unchecked
+        self.ship_keys = (
+            None
+            if sites is None or sites.ship_keys_file is None
+            else WatchedShipKeys(sites.ship_keys_file)
+        )
         #: whether the first load found nothing of this merge in Kafka (no marker): a
         #: new site, or one whose Kafka was wiped; its pullers then also take back,
         #: once, what entered here (spark_core/pull.py). None until the first load
@@ -413,7 +423,8 @@ class Merger:
             not pulled and self.state.last_batch is not None and batch_id <= self.state.last_batch
         )
         with cyclic_gc_paused():
-            plan = plan_batch(batch, self.state, self._entry if self.entries else None)
+            keys = None if self.ship_keys is None else self.ship_keys.current()
+            plan = plan_batch(batch, self.state, self._entry if self.entries else None, keys)
             self._ensure_streams(plan.streams)
             t2 = time.monotonic()
             before = dict(self.state.offsets)  # what the batch before this one committed
@@ -620,6 +631,7 @@ class Merger:
         t.written += len(plan.canonical)
         t.duplicates += plan.duplicates
         t.dead += len(plan.dead)
+        t.unproved += plan.unproved
         t.skipped += plan.skipped
         t.relayed_again += len(plan.again)
         self.last = {
@@ -628,6 +640,7 @@ class Merger:
             "written": len(plan.canonical),
             "duplicates": plan.duplicates,
             "dead": len(plan.dead),
+            "unproved": plan.unproved,
             "skipped": plan.skipped,
             "relayed_again": len(plan.again),
             "customer": customer,
@@ -637,7 +650,7 @@ class Merger:
         }
         log.info(
             "event=merge_batch site=%s batch=%d pulled=%s input=%d written=%d duplicates=%d dead=%d "
-            "skipped=%d relayed_again=%d customer=%d replay=%s sources=%d ranges=%d "
+            "unproved=%d skipped=%d relayed_again=%d customer=%d replay=%s sources=%d ranges=%d "
             "duration_ms=%.1f fetch_ms=%.1f plan_ms=%.1f txn_ms=%.1f",
             self.site.name,
             batch_id,
@@ -646,6 +659,7 @@ class Merger:
             len(plan.canonical),
             plan.duplicates,
             len(plan.dead),
+            plan.unproved,
             plan.skipped,
             len(plan.again),
             customer,

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_core.contract_sql import FLAT_COLUMNS, rebuild_headers, vouch
+from spark_core.contract_sql import FLAT_COLUMNS, PROOF_COLUMN, rebuild_headers, vouch
 from spark_core.merge_state import Out, SourceRow, topic_stream
 
 __all__ = ["ArrowBatch", "batch_frame", "batch_sizes", "cyclic_gc_paused", "unwritten"]
@@ -111,6 +111,7 @@ class ArrowBatch:
             _strings(col("origin")),
             _ints(col("seq")),
             *(_repeated(col(c)) for c in FLAT_COLUMNS),
+            proofs=_binaries(col(PROOF_COLUMN)),
         )
         headers = [
             # not vouched for: the headers as they came

@@ -25,6 +25,7 @@ from shorelink.contract import (
     DEAD_UNKNOWN_TOPIC,
     H_ENTERED,
     H_MQTT_TOPIC,
+    H_PROOF,
     LEDGER_TOPIC,
     MARKER_TOPIC,
     MAX_RECORD_BYTES,
@@ -41,6 +42,7 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError
 from shorelink.kafka.reading import read_to_end
 from shorelink.ledger import MAX_HOLDINGS_RANGES, decode_entry
+from shorelink.proof import ShipKeys
 from shorelink.ranges import RangeSet
 from spark_core.errors import SparkCoreError
 from spark_core.relay_index import Tail, dump_tails, load_tails
@@ -297,6 +299,9 @@ class BatchPlan:
     duplicates: int = 0
     #: rows a committed batch already handled (replay, or a lost checkpoint)
     skipped: int = 0
+    #: pulled records of a ship with a key whose proof failed (dead-lettered, among
+    #: ``dead``): what a hostile or broken neighbour offered as the ship's
+    unproved: int = 0
 
 
 def pulled_source(neighbour: str, topic_id: str, topic: str) -> str:
@@ -368,6 +373,7 @@ def plan_batch(
     batch: SourceBatch | Iterable[SourceRow],
     state: MergeState,
     entry_of: Callable[[str], str | None] | None = None,
+    keys: ShipKeys | None = None,
 ) -> BatchPlan:
     """Pure: dedup ``batch`` against ``state`` and within itself (the first copy of an
     identity wins), order the new identities by seq per ``(origin, stream)``.
@@ -380,6 +386,14 @@ def plan_batch(
     identity entered at two sites could miss a site for good in a graph that is not a
     full mesh (docs/replication.md, "One identity entered at two sites").
 
+    With ``keys`` (the ship keys file, shorelink/proof.py), a record pulled from a
+    neighbour (any source but the site's own ``sl.ingress.*``, whose gateway proved it)
+    takes part in "the first copy wins" only if its proof holds: a copy of a ship with
+    a key without a valid proof, or of a ship without one where keys are required, is
+    dead-lettered (``plan.unproved``) and never reaches the ledger, so a forged copy can
+    neither replace the genuine record nor add a seq (the bound on holes, the ledger's
+    size). Checked once per identity the site lacks, not per duplicate.
+
     The loop runs once per record on the driver, so it keeps per-partition and
     per-source lookups out of the common path: rows come grouped by source partition,
     and a seq above everything the ledger holds needs no range search."""
@@ -390,6 +404,7 @@ def plan_batch(
     again: list[tuple[int, Relayed, int]] = []  # rows relayed again: (entry, source), seq
     again_seen: dict[Relayed, set[int]] = {}
     entry_site: str | None = None  # of partition tp, when the merge relays
+    pulled = False  # partition tp is not the site's ingress: its records are proved
     topics, partitions, offsets, origins, seqs = (
         b.topics,
         b.partitions,
@@ -410,6 +425,7 @@ def plan_batch(
                 streams[tp[0]] = source_stream(tp[0])
             stream = streams[tp[0]]
             entry_site = None if entry_of is None else entry_of(tp[0])
+            pulled = keys is not None and topic_stream(tp[0]) is None
         offset = offsets[i]
         if offset < floor:
             plan.skipped += 1
@@ -436,10 +452,17 @@ def plan_batch(
             if entry_site is not None and entry_of is not None:
                 first = seen.get(seq)
                 key = (entry_site, *source)
-                if (first is None or entry_of(topics[first]) != entry_site) and _relay_again(
-                    key, seq, state, again_seen
+                if (
+                    (first is None or entry_of(topics[first]) != entry_site)
+                    and (not pulled or _proved(b, i, origin, keys) is None)
+                    and _relay_again(key, seq, state, again_seen)
                 ):
                     again.append((i, key, seq))
+            continue
+        if pulled and (why := _proved(b, i, origin, keys)) is not None:
+            plan.unproved += 1
+            plan.streams.add(row_stream)
+            plan.dead.append(_dead_record(b.row(i), row_stream, why))
             continue
         seen[seq] = i
     if tp is not None and high:
@@ -451,6 +474,28 @@ def plan_batch(
         if len(relayed) > MAX_HOLDINGS_RANGES:  # kept small: forgetting only relays again
             plan.relayed[key] = RangeSet(list(relayed)[-MAX_HOLDINGS_RANGES:])
     return plan
+
+
+def _proved(b: SourceBatch, i: int, origin: str, keys: ShipKeys | None) -> str | None:
+    """None if row ``i`` (of ship ``origin``) may be taken as its ship's record
+    (shorelink/proof.py), else why not. Rows of ships that sign nothing, where keys
+    are not required, cost one lookup."""
+    if keys is None or (not keys.signed(origin) and not keys.refuses(origin)):
+        return None
+    row = b.row(i)
+    r = Record.from_kafka(row.key, row.value, row.headers)
+    proof = next((v for k, v in reversed(row.headers) if k == H_PROOF and v is not None), None)
+    i_ = r.identity
+    return keys.check(
+        i_.origin,
+        i_.stream,
+        i_.seq,
+        r.ts_ms,
+        r.key,
+        r.mqtt_topic,
+        r.value,
+        proof if isinstance(proof, bytes) else None,
+    )
 
 
 def _relay_again(key: Relayed, seq: int, state: MergeState, seen: dict[Relayed, set[int]]) -> bool:

@@ -14,7 +14,8 @@ Names start ``shorelink_spark_``; a counter's name gets ``_total`` from the clie
   ``catching_up``, ``down``, ``idle``), so an alert rule can say "down for 5 minutes";
 - ``pulled_records_total{puller}``, ``pulled_batches_total``, ``pull_gap_records_total``
   (records lost to a neighbour's retention before they were read), ``puller_failing``;
-- ``merged_records_total{merge,outcome}`` (written, duplicate, dead, skipped),
+- ``merged_records_total{merge,outcome}`` (written, duplicate, dead, unproved: pulled
+  records whose ship's proof failed, dead-lettered too; skipped),
   ``merge_batches_total{merge}``, ``merge_failures_total{merge}``,
   ``merge_batches_sliced_total{merge}`` and ``merge_largest_fetch_bytes{merge}`` (a
   Spark batch over ``merge.max_batch_bytes`` is written in slices);
@@ -174,7 +175,8 @@ class SiteCollector(Collector):
             for outcome, n in (
                 ("written", t.written),
                 ("duplicate", t.duplicates),
-                ("dead", t.dead),
+                ("dead", t.dead - t.unproved),
+                ("unproved", t.unproved),
                 ("skipped", t.skipped),
             ):
                 merged.add_metric([m.query, outcome], float(n))

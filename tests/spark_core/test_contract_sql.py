@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shorelink.contract import H_ENTERED, H_SEQ, HEADER_LAYOUT, MAX_TS_MS, Record
+from shorelink.contract import H_ENTERED, H_PROOF, H_SEQ, HEADER_LAYOUT, MAX_TS_MS, Record
 from shorelink.errors import ContractError
 from shorelink.identity import NAME_RE, Identity
 from spark_core.contract_sql import CONTRACT_COLUMNS, IDENTITY_COLUMNS, read_contract
@@ -41,6 +41,11 @@ FIXED: list[Case] = [
     # as a canonical or relay topic has it: read at its places, not vouched at ingress
     (IN, [*hdrs(4), (H_ENTERED, b"1700000000912")], False),
     (IN, [*hdrs(5), (H_ENTERED, b"1"), ("sl.seq", b"6")], False),  # the last sl.seq: 6
+    # a signing ship's record (binary proof, not UTF-8): vouched at ingress, with it
+    (IN, [*hdrs(20), (H_PROOF, b"\xff\x00proof")], True),
+    (IN, [*hdrs(21), (H_PROOF, None)], False),
+    (IN, [*hdrs(22), (H_PROOF, b"\xfe"), (H_ENTERED, b"1700000000913")], False),
+    (IN, [*hdrs(23), (H_PROOF, b"p"), (H_SEQ, b"24")], False),  # the last sl.seq: 24
     # good, left to Python
     (IN, hdrs(BIGINT_MAX), False),
     (IN, hdrs(4, seq=b"0004"), False),  # leading zeros
@@ -148,7 +153,7 @@ _tweaks = st.sampled_from(
     ]
 )
 _text = st.text(st.characters(codec="ascii"), max_size=8) | st.text(max_size=8)
-_keys = st.sampled_from([*HEADER_LAYOUT, H_ENTERED, "x-extra", "SL.SEQ", "sl.seq "])
+_keys = st.sampled_from([*HEADER_LAYOUT, H_ENTERED, H_PROOF, "x-extra", "SL.SEQ", "sl.seq "])
 
 
 @st.composite
@@ -175,7 +180,7 @@ def _case(draw: st.DrawFn) -> Case:
     )
     hs: Headers = list(rec.headers())
     # mostly one change, and mostly a small one: a record a little off the contract
-    changes = st.sampled_from([0, 1, 2, 3, 4, 5, 5, 5, 6, 7, 8, 8])
+    changes = st.sampled_from([0, 1, 2, 3, 4, 5, 5, 5, 6, 7, 8, 8, 9])
     for change in draw(st.lists(changes, max_size=2)):
         i = draw(st.integers(0, max(len(hs) - 1, 0)))
         if not hs and change != 4:
@@ -192,6 +197,8 @@ def _case(draw: st.DrawFn) -> Case:
             hs.insert(draw(st.integers(0, len(hs))), (draw(_keys), draw(_values)))
         elif change == 5:  # a value bent a little
             hs[i] = (hs[i][0], draw(_tweaks)(hs[i][1] or b""))
+        elif change == 9:  # a signing ship's proof, as the gateway writes it (binary)
+            hs.append((H_PROOF, draw(st.binary(max_size=8) | st.none())))
         elif change == 8:  # as the merge writes it to a canonical or relay topic
             hs.append((H_ENTERED, draw(st.integers(0, 2**45).map(b"%d".__mod__) | _values)))
         elif change == 6:
@@ -201,7 +208,10 @@ def _case(draw: st.DrawFn) -> Case:
             hs = hs[::-1]
     # every untouched record of ASCII text in its own topic is vouched for
     certain = (
-        hs == rec.headers()
+        (
+            hs == rec.headers()
+            or (hs[:-1] == rec.headers() and hs[-1][0] == H_PROOF and hs[-1][1] is not None)
+        )
         and topic_stream(topic) == stream
         and rec.identity.seq < 10**18
         and (rec.site + rec.mqtt_topic).isascii()

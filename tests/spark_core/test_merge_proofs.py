@@ -1,0 +1,154 @@
+"""Review finding 6, at the merge (the planner; the same code the pullers run against
+real Kafka in test_replication.py's hostile neighbour): a neighbour offers records in
+its own relay topic. With the ship keys file, a record of a ship that signs is taken
+only with its proof, so whatever a hostile neighbour offers, and in whatever order with
+the genuine copies, the site ends holding exactly the ship's genuine records, each
+once; a forged seq never reaches the ledger (the bound on holes, the ledger's size),
+and with ``require_signatures`` an invented ship adds nothing."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shorelink.contract import H_PROOF, H_SEQ, Record, relay_topic
+from shorelink.identity import Identity
+from shorelink.ledger import MAX_HOLDINGS_RANGES
+from shorelink.proof import ShipKey, ShipKeys
+from shorelink.ranges import RangeSet
+from shorelink.wire import Batch, WireRecord, decode_columns, encode_batch
+from spark_core.merge_state import Headers, MergeState, SourceRow, plan_batch, pulled_source
+
+KEY = ShipKey.generate()
+KEYS = ShipKeys.parse({"ships": {"bigblue": KEY.public()}})
+STRICT = ShipKeys.parse({"require_signatures": True, "ships": {"bigblue": KEY.public()}})
+FROM_N = pulled_source("nasty", "topic-id-1", relay_topic("nasty", "containers"))
+FROM_G = pulled_source("good", "topic-id-2", relay_topic("good", "containers"))
+
+
+def _genuine(n: int) -> list[tuple[bytes, bytes, Headers]]:
+    """The ship's records 1..n as its entry site's gateway wrote them: key, value,
+    headers with the proof."""
+    recs = tuple(
+        WireRecord(s, f"MSCU{s % 4}", 1_767_225_600_000 + s, f"b/d/{s % 4}/env", b'{"t":%d}' % s)
+        for s in range(1, n + 1)
+    )
+    h, cols = decode_columns(encode_batch(Batch("bigblue", "containers", recs), key=KEY))
+    proofs = KEYS.prove_batch("bigblue", "containers", 1, cols, h.signatures)
+    assert proofs is not None
+    out = []
+    for r, p in zip(recs, proofs, strict=True):
+        rec = Record(
+            Identity("bigblue", "containers", r.seq),
+            r.key.encode(),
+            r.payload,
+            r.ts_ms,
+            "tokyo",
+            r.topic,
+        )
+        out.append((rec.key, rec.value, [*rec.headers(), (H_PROOF, p)]))
+    return out
+
+
+GENUINE = _genuine(40)
+
+
+def _forged(seq: int, how: int, origin: str = "bigblue") -> tuple[bytes, bytes, Headers]:
+    """What a hostile neighbour can make of ``seq``: no proof, another record's proof,
+    the genuine proof on another payload, or garbage for a proof."""
+    rec = Record(Identity(origin, "containers", seq), b"MSCU0", b'{"t":-1}', 1, "nasty", "x")
+    headers: Headers = list(rec.headers())
+    real = GENUINE[(seq - 1) % len(GENUINE)][2][-1]
+    if how == 1:
+        headers.append((H_PROOF, GENUINE[seq % len(GENUINE)][2][-1][1]))
+    elif how == 2:
+        headers.append(real)
+    elif how == 3:
+        headers.append((H_PROOF, b"\x00" * 90))
+    return rec.key, rec.value, headers
+
+
+def _rows(items: list[tuple[str, tuple[bytes, bytes, Headers]]]) -> list[SourceRow]:
+    offsets: dict[str, int] = {}
+    out = []
+    for topic, (key, value, headers) in items:
+        offsets[topic] = offsets.get(topic, -1) + 1
+        out.append(SourceRow(topic, 0, offsets[topic], key, value, headers))
+    return out
+
+
+def _apply(
+    state: MergeState, rows: list[SourceRow], keys: ShipKeys
+) -> tuple[list[tuple[int, bytes]], int, int]:
+    plan = plan_batch(rows, state, None, keys)
+    for source, held in plan.ledger.items():
+        state.held[source] = held
+    state.offsets.update(plan.offsets)
+    written = [(int(dict(h)[H_SEQ]), v) for _, _, v, h in plan.canonical]
+    return written, plan.unproved, plan.duplicates
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_whatever_a_neighbour_forges_and_in_whatever_order_the_site_holds_the_ships_records(
+    data: st.DataObject,
+) -> None:
+    forged = data.draw(
+        st.lists(
+            st.tuples(st.integers(1, 60) | st.integers(1, 2**62), st.integers(0, 3)), max_size=30
+        ),
+        label="forged",
+    )
+    items = [(FROM_N, _forged(s, how)) for s, how in forged]
+    items += [(FROM_G, g) for g in GENUINE]
+    order = data.draw(st.permutations(range(len(items))), label="order")
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(items)), max_size=4), label="batches"))
+    state = MergeState()
+    written: list[tuple[int, bytes]] = []
+    unproved = duplicates = 0
+    rows = _rows([items[i] for i in order])
+    for lo, hi in zip([0, *cuts], [*cuts, len(items)], strict=True):
+        w, u, d = _apply(state, rows[lo:hi], KEYS)
+        written += w
+        unproved += u
+        duplicates += d
+    assert sorted(written) == sorted((int(dict(h)[H_SEQ]), v) for _, v, h in GENUINE)
+    # every forgery dead-lettered, or dropped as a duplicate once the genuine was held
+    assert unproved + duplicates == len(forged)
+    assert str(state.held[("bigblue", "containers")]) == "1-40"  # no forged seq held
+
+
+def test_forged_isolated_seqs_cannot_fill_the_bound_on_holes() -> None:
+    """Scenario 2 of the finding: isolated seqs far apart would make the ledger entry
+    reach MAX_HOLDINGS_RANGES, and genuine records that split it further be dead."""
+    state = MergeState()
+    spread = [(FROM_N, _forged(1000 + 7 * i, i % 4)) for i in range(MAX_HOLDINGS_RANGES + 10)]
+    written, unproved, _ = _apply(state, _rows(spread), KEYS)
+    assert (written, unproved) == ([], MAX_HOLDINGS_RANGES + 10)
+    assert ("bigblue", "containers") not in state.held
+    odd = [GENUINE[i] for i in range(0, 40, 2)]  # 20 ranges of one seq each
+    written, _, _ = _apply(state, _rows([(FROM_G, g) for g in odd]), KEYS)
+    assert len(written) == 20 and len(state.held[("bigblue", "containers")]) == 20
+
+
+def test_with_required_signatures_an_invented_ship_adds_nothing_to_the_ledger() -> None:
+    """Scenario 3: invented (origin, stream) pairs would grow every ledger for good."""
+    state = MergeState()
+    invented = [(FROM_N, _forged(1, 0, f"ghost{i}")) for i in range(50)]
+    written, unproved, _ = _apply(state, _rows(invented), STRICT)
+    assert (written, unproved, state.held) == ([], 50, {})
+    # without require_signatures a ship with no key is taken as it comes (moving over)
+    written, unproved, _ = _apply(MergeState(), _rows(invented), KEYS)
+    assert (len(written), unproved) == (50, 0)
+
+
+def test_a_held_record_is_relayed_again_only_from_a_proved_copy() -> None:
+    """A copy of a held identity offered through another entry is relayed again under
+    that entry (docs/replication.md, "One identity entered at two sites") only if it
+    is the ship's: a forged one would take the genuine one's place in that relay."""
+    state = MergeState(held={("bigblue", "containers"): RangeSet.parse("1-40")})
+    entry = {FROM_N: "nasty", FROM_G: "good"}.get
+    rows = _rows([(FROM_N, _forged(3, 2)), (FROM_G, GENUINE[4])])
+    plan = plan_batch(rows, state, entry, KEYS)
+    assert [int(dict(h)[H_SEQ]) for _, _, _, h in plan.again] == [5]
+    assert plan.duplicates == 2
