@@ -106,12 +106,15 @@ class ArrowBatch:
         sub = self.table.take(pa.array(rows, pa.int64()))
         col = partial(_column, sub)
         keys, values = _binaries(col("key")), _binaries(col("value"))
+        ts, sites, mqtt_topics = (_repeated(col(c)) for c in FLAT_COLUMNS)
         rebuilt = rebuild_headers(
             _strings(col("topic")),
             _strings(col("origin")),
             _ints(col("seq")),
-            *(_repeated(col(c)) for c in FLAT_COLUMNS),
-            proofs=_binaries(col(PROOF_COLUMN)),
+            ts,
+            sites,
+            mqtt_topics,
+            _binaries(col(PROOF_COLUMN)),
         )
         headers = [
             # not vouched for: the headers as they came
