@@ -27,6 +27,7 @@ import click
 
 from shorelink.cli_support import BOOTSTRAP_LOCATOR, fail
 from shorelink.errors import ShorelinkError
+from shorelink.files import write_atomic
 from shorelink.textout import table, wrap
 
 if TYPE_CHECKING:
@@ -347,6 +348,123 @@ def consume(
         f"site {site}: printed {printed} records, skipped {skipped} already seen",
         err=True,
     )
+
+
+@main.group("ship-key")
+def ship_key() -> None:
+    """Ships' signing keys: each ship signs what it sends, every site checks it
+    (docs/replication.md, "Ship signatures"). The ship keys file holds the public
+    halves: copy it to every site (gateway.toml and sites.toml name it)."""
+
+
+_KEYS_OPTION = click.option(
+    "--ship-keys",
+    "keys_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="The ship keys file (TOML; created if missing).",
+)
+
+
+@ship_key.command("new")
+@click.argument("ship")
+@click.option(
+    "--key-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="Where the ship's private key goes (mode 0600; never overwritten): copy it to "
+    "the ship, as uplink.signing_key_file of its edge.toml.",
+)
+@_KEYS_OPTION
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="The ship has a key in the file already: replace it (a lost or stolen key). "
+    "Records the old key signed are refused from then on where a site lacks them.",
+)
+@click.option(
+    "--require-signatures/--no-require-signatures",
+    default=None,
+    help="Also set whether ships without a key are refused (a new file: refused).",
+)
+def ship_key_new(
+    ship: str, key_file: Path, keys_path: Path, replace: bool, require_signatures: bool | None
+) -> None:
+    """Make SHIP's signing key and add its public half to the ship keys file."""
+    from shorelink.files import locked
+    from shorelink.identity import check_name
+    from shorelink.proof import ShipKey, ShipKeys
+
+    try:
+        check_name("origin", ship)
+        if key_file.exists():
+            raise ShorelinkError(f"{key_file} exists: a ship's key is never overwritten")
+        with locked(keys_path):
+            keys = (
+                ShipKeys.load(keys_path)
+                if keys_path.exists()
+                else ShipKeys(require_signatures=True)
+            )
+            if ship in keys.ships and not replace:
+                raise ShorelinkError(
+                    f"ship {ship} has a key in {keys_path} already (--replace to replace it)"
+                )
+            key = ShipKey.generate()
+            key.save(key_file)
+            ships = {**keys.public_keys(), ship: key.public()}
+            require = keys.require_signatures if require_signatures is None else require_signatures
+            write_atomic(keys_path, ShipKeys.render(ships, require))
+    except ShorelinkError as exc:
+        fail(exc)
+    click.echo(f"ship {ship}: private key in {key_file} (mode 0600), public key {key.public()}")
+    click.echo(
+        f"next: copy {key_file} to the ship (uplink.signing_key_file), and {keys_path} to "
+        "every site (ship_keys_file of gateway.toml and sites.toml)"
+    )
+
+
+@ship_key.command("list")
+@_KEYS_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def ship_key_list(keys_path: Path, as_json: bool) -> None:
+    """The ships with a key, and whether ships without one are refused."""
+    from shorelink.proof import ShipKeys
+
+    try:
+        keys = ShipKeys.load(keys_path)
+    except ShorelinkError as exc:
+        fail(exc)
+    public = keys.public_keys()
+    if as_json:
+        click.echo(json.dumps({"require_signatures": keys.require_signatures, "ships": public}))
+        return
+    if not public:
+        click.echo(f"no ship has a key in {keys_path}")
+    else:
+        for line in table(["ship", "public key"], [[s, k] for s, k in sorted(public.items())]):
+            click.echo(line)
+    refused = "refused" if keys.require_signatures else "taken unsigned"
+    click.echo(f"ships without a key: {refused} (require_signatures)")
+
+
+@ship_key.command("remove")
+@click.argument("ship")
+@_KEYS_OPTION
+def ship_key_remove(ship: str, keys_path: Path) -> None:
+    """Take SHIP's key out of the ship keys file (a ship leaving the fleet)."""
+    from shorelink.files import locked
+    from shorelink.proof import ShipKeys
+
+    try:
+        with locked(keys_path):
+            keys = ShipKeys.load(keys_path)
+            ships = keys.public_keys()
+            if ships.pop(ship, None) is None:
+                raise ShorelinkError(f"ship {ship} has no key in {keys_path}")
+            write_atomic(keys_path, ShipKeys.render(ships, keys.require_signatures))
+    except ShorelinkError as exc:
+        fail(exc)
+    click.echo(f"ship {ship}: key removed from {keys_path}; copy the file to every site")
 
 
 _ADDED: dict[str, list[str]] = {}

@@ -1,0 +1,61 @@
+"""``shorelink ship-key``: the key tool an operator uses to give a ship its signing key
+(a private file for the ship, the public half in the ship keys file every site reads)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from shorelink.proof import ShipKey, ShipKeys
+from shorelink.wire import Batch, WireRecord, decode_columns, encode_batch
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shorelink.cli", "ship-key", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_new_list_replace_and_remove_keep_the_private_key_private(tmp_path: Path) -> None:
+    keys = tmp_path / "ship_keys.toml"
+    key = tmp_path / "bigblue.key"
+    made = _run("new", "bigblue", "--key-file", str(key), "--ship-keys", str(keys))
+    assert made.returncode == 0, made.stderr
+    assert "next: copy" in made.stdout
+    assert key.stat().st_mode & 0o077 == 0
+    loaded = ShipKeys.load(keys)
+    assert loaded.require_signatures  # a new file refuses ships without a key
+    # the key the ship gets signs what the file proves
+    ship_key = ShipKey.load(key)
+    recs = tuple(WireRecord(s, "k", s, "t", b"%d" % s) for s in range(1, 40))
+    h, cols = decode_columns(encode_batch(Batch("bigblue", "nav", recs), key=ship_key))
+    assert loaded.prove_batch("bigblue", "nav", 1, cols, h.signatures) is not None
+    # never overwritten, never replaced by accident
+    again = _run("new", "bigblue", "--key-file", str(key), "--ship-keys", str(keys))
+    assert again.returncode == 2 and "never overwritten" in again.stderr
+    other = tmp_path / "other.key"
+    dup = _run("new", "bigblue", "--key-file", str(other), "--ship-keys", str(keys))
+    assert dup.returncode == 2 and "--replace" in dup.stderr and not other.exists()
+    swap = _run("new", "bigblue", "--key-file", str(other), "--ship-keys", str(keys), "--replace")
+    assert swap.returncode == 0
+    assert ShipKeys.load(keys).public_keys()["bigblue"] == ShipKey.load(other).public()
+    two = _run(
+        "new", "redsea", "--key-file", str(tmp_path / "r.key"), "--ship-keys", str(keys),
+        "--no-require-signatures",
+    )  # fmt: skip
+    assert two.returncode == 0
+    listed = json.loads(_run("list", "--ship-keys", str(keys), "--json").stdout)
+    assert sorted(listed["ships"]) == ["bigblue", "redsea"]
+    assert listed["require_signatures"] is False
+    text = _run("list", "--ship-keys", str(keys)).stdout
+    assert "redsea" in text and "taken unsigned" in text
+    gone = _run("remove", "redsea", "--ship-keys", str(keys))
+    assert gone.returncode == 0 and list(ShipKeys.load(keys).ships) == ["bigblue"]
+    assert _run("remove", "redsea", "--ship-keys", str(keys)).returncode == 2
+    bad = _run("new", "Big Blue", "--key-file", str(tmp_path / "x.key"), "--ship-keys", str(keys))
+    assert bad.returncode == 2 and "bad origin name" in bad.stderr
