@@ -25,11 +25,13 @@ from local_stack.kafka import (
 from local_stack.process import free_ports
 from local_stack.spark import spark_driver_conf
 from local_stack.toxiproxy import Toxiproxy
-from shorelink.contract import KAFKA_MAX_MESSAGE_BYTES, Record, ingress_topic
+from shorelink.contract import H_PROOF, KAFKA_MAX_MESSAGE_BYTES, Record, ingress_topic
 from shorelink.identity import Identity
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import UnknownTopic
 from shorelink.kafka.topics import TopicSpec, ensure_topics
+from shorelink.proof import ShipKey, ShipKeys
+from shorelink.wire import Batch, WireRecord, decode_columns, encode_batch
 from spark_core.config import SitesConfig, parse_config
 from spark_core.jobs.site import Supervisor, build_supervisor
 from tests.helpers import unique
@@ -132,6 +134,8 @@ class Topology:
     backstop: str = "30s"
     #: site name -> its own streams, where not ``streams``
     only: dict[str, list[str]] = field(default_factory=dict)
+    #: the ship keys file every site reads (``ship_keys_file``), if any
+    ship_keys: Path | None = None
     cfg: SitesConfig = field(init=False)
     #: site name -> where its application serves Prometheus metrics
     metrics: dict[str, int] = field(init=False)
@@ -141,8 +145,10 @@ class Topology:
         self.cfg = parse_config(tomllib.loads(self.toml()), base=self.root)
 
     def toml(self) -> str:
+        keys = "" if self.ship_keys is None else f'ship_keys_file = "{self.ship_keys}"\n'
         parts = [
-            '[spark]\nmaster = "local[2]"\n[spark.conf]\n'
+            keys
+            + '[spark]\nmaster = "local[2]"\n[spark.conf]\n'
             + "".join(f'"{k}" = "{v}"\n' for k, v in spark_driver_conf().items()),
         ]
         for name, slot in self.slots.items():
@@ -221,8 +227,11 @@ def full_mesh(slots: Sequence[str]) -> dict[str, list[str]]:
     return {s: [n for n in slots if n != s] for s in slots}
 
 
-def enter(topo: Topology, site: str, records: Iterable[Record]) -> None:
-    """Records entering at ``site``: written to its ingress as its gateway does."""
+def enter(
+    topo: Topology, site: str, records: Iterable[Record], proofs: Sequence[bytes] = ()
+) -> None:
+    """Records entering at ``site``: written to its ingress as its gateway does (with
+    ``proofs``, each record's ``sl.proof``, as for a ship that signs)."""
     p = Producer(
         {
             "bootstrap.servers": topo.bootstrap(site),
@@ -233,9 +242,24 @@ def enter(topo: Topology, site: str, records: Iterable[Record]) -> None:
     )
     p.init_transactions(20)
     p.begin_transaction()
-    for r in records:
-        p.produce(ingress_topic(r.identity.stream), key=r.key, value=r.value, headers=r.headers())
+    for i, r in enumerate(records):
+        extra = [(H_PROOF, proofs[i])] if proofs else []
+        headers = [*r.headers(), *extra]
+        p.produce(ingress_topic(r.identity.stream), key=r.key, value=r.value, headers=headers)
     p.commit_transaction(30)
+
+
+def signed(records: Sequence[Record], key: ShipKey, keys: ShipKeys) -> list[bytes]:
+    """The ``sl.proof`` of each of ``records`` (one ship and stream, consecutive seqs)
+    as a gateway makes it from the batch the ship signed with ``key``."""
+    first = records[0].identity
+    wire = [
+        WireRecord(r.identity.seq, r.key.decode(), r.ts_ms, r.mqtt_topic, r.value) for r in records
+    ]
+    h, cols = decode_columns(encode_batch(Batch(first.origin, first.stream, tuple(wire)), key=key))
+    proofs = keys.prove_batch(first.origin, first.stream, h.first_seq, cols, h.signatures)
+    assert proofs is not None
+    return proofs
 
 
 def enter_each(topo: Topology, entered: Mapping[str, Sequence[Record]]) -> set[Identity]:

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from local_stack.toxiproxy import ToxiproxyServer
 from shorelink.contract import (
+    H_PROOF,
     KAFKA_MAX_MESSAGE_BYTES,
     MAX_RECORD_BYTES,
     Record,
@@ -40,10 +41,13 @@ from shorelink.kafka.errors import KafkaClientError
 from shorelink.kafka.position import FileStore
 from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics
+from shorelink.ledger import MAX_HOLDINGS_RANGES
+from shorelink.proof import ShipKey, ShipKeys
 from spark_core import routing
 from spark_core.routing import LinkState
 from spark_core.status import read_status
 from tests.helpers import eventually, kill9, run_process, unique
+from tests.spark_core.helpers import ledger
 from tests.spark_core.replication_helpers import (
     SLOTS,
     Mesh,
@@ -56,6 +60,7 @@ from tests.spark_core.replication_helpers import (
     identities,
     proxy_name,
     records,
+    signed,
     start_mesh,
     topology,
 )
@@ -539,6 +544,66 @@ def test_a_relay_topic_recreated_under_a_running_neighbour_is_read_from_its_star
             )
         )
         assert len(dead) == 2  # the garbage and the other stream's record, counted
+    assert not list(converged(topo, want))
+
+
+def test_a_hostile_neighbour_cannot_replace_a_ships_records_nor_fill_holes_nor_invent_ships(
+    spark: object, healed: Mesh, tmp_path: Path
+) -> None:
+    """Review finding 6, on real Kafka and Spark, with ship signatures: before a ship's
+    records reach b (the ship uploads at b later), a offers in its own relay topic
+    forged copies of them (no proof, another record's proof, the genuine proof on
+    another payload), a ship's seqs far apart (enough to fill the bound on holes) and
+    invented ships. b takes none of it: every forgery is dead-lettered and counted,
+    its ledger holds the ship's seqs and nothing else, and the genuine records, when
+    they come, are what b holds, each once. (Without the check, the forged copies won:
+    the first copy wins.)"""
+    stream = unique("cont")
+    ship, key = unique("ship"), ShipKey.generate()
+    keys_file = tmp_path / "ship_keys.toml"
+    keys_file.write_text(ShipKeys.render({ship: key.public()}, require_signatures=True))
+    keys = ShipKeys.load(keys_file)
+    topo = topology(healed, tmp_path, full_mesh(SLOTS[:2]), [stream], ship_keys=keys_file)
+    a, b = topo.slots
+    genuine = records(b, ship, stream, range(1, 201))
+    proofs = signed(genuine, key, keys)
+    forged = records(a, ship, stream, range(1, 201), size=16)
+    spread = records(a, ship, stream, range(1_000, 1_000 + 2 * (MAX_HOLDINGS_RANGES + 5), 2))
+    ghosts = [records(a, unique("ghost"), stream, [1])[0] for _ in range(20)]
+    with Running(spark, topo) as run:
+        run.start()
+        relay = relay_topic(a, stream)
+        admin = Admin(KafkaEndpoint.plaintext(topo.bootstrap(a)))
+        eventually(lambda: relay in admin.describe([relay]), 60, "a's relay topic exists")
+        p = Producer({"bootstrap.servers": topo.bootstrap(a), "linger.ms": 20})
+        for i, r in enumerate(forged):
+            how = i % 3  # no proof, another record's, the genuine one on another payload
+            extra = [] if how == 0 else [(H_PROOF, proofs[(i + how) % len(proofs)])]
+            p.produce(relay, key=r.key, value=r.value, headers=[*r.headers(), *extra])
+        for r in [*spread, *ghosts]:
+            p.produce(relay, key=r.key, value=r.value, headers=r.headers())
+        assert p.flush(30) == 0
+        offered = len(forged) + len(spread) + len(ghosts)
+        dead = KafkaEndpoint.plaintext(topo.bootstrap(b))
+
+        def all_dead() -> bool:
+            return len(list(read_to_end(dead, [dead_topic(stream)], settled=True))) >= offered
+
+        eventually(all_dead, 180, "b dead-letters everything a forged")
+        m = _scrape(topo.metrics[b])
+        unproved = sum(
+            v
+            for (name, labels), v in m.items()
+            if name == "shorelink_spark_merged_records_total" and ("outcome", "unproved") in labels
+        )
+        assert unproved == offered
+        assert not any(o == ship or o.startswith("ghost") for o, _ in ledger(topo.bootstrap(b)))
+        enter(topo, b, genuine, proofs)  # the ship uploads at b at last
+        want = {stream: ids(genuine)}
+        eventually(lambda: not list(converged(topo, want)), 120, "every site has the ship's")
+        held = {r.identity: r for _, r in _by_partition(topo.bootstrap(b), stream)}
+        assert {i: r.value for i, r in held.items()} == {r.identity: r.value for r in genuine}
+        assert str(ledger(topo.bootstrap(b))[(ship, stream)]) == "1-200"
     assert not list(converged(topo, want))
 
 
