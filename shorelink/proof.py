@@ -10,11 +10,11 @@ What the ship signs, cheaply on the satellite: the records of a batch are cut in
 *chunks* of at most :data:`CHUNK_RECORDS` consecutive seqs; the ship signs each chunk's
 ``(origin, stream, first seq, count)`` and the Merkle root of its records' hashes
 (:func:`record_hash`: seq, event time, key, MQTT topic, payload). That is 64 bytes per
-32 records on the wire (docs/wire-format.md, ``FLAG_SIGNED``), about 2 bytes a record.
+128 records on the wire (docs/wire-format.md, ``FLAG_SIGNED``), half a byte a record.
 
 What a record carries beyond the gateway: a ``sl.proof`` header
 (:data:`shorelink.contract.H_PROOF`; :class:`Proof`): its chunk, the chunk's signature
-and the record's Merkle path (at most 5 hashes of 16 bytes). Any site checks a record
+and the record's Merkle path (at most 7 hashes of 16 bytes). Any site checks a record
 alone with it (:meth:`ShipKeys.check`): the path gives the root, the root and the chunk
 the signed message, the ship's key the verdict. Records of one chunk share a
 signature, so a site checks one signature per chunk (cached) and a few hashes per
@@ -66,7 +66,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: records per signed chunk at most: a record's Merkle path is at most log2 of it
-CHUNK_RECORDS = 32
+CHUNK_RECORDS = 128
 SIGNATURE_BYTES = 64
 HASH_BYTES = 16
 _LEAF = b"sl.record"

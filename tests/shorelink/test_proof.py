@@ -149,11 +149,12 @@ def test_the_gateway_check_refuses_a_batch_with_any_chunk_not_signed_by_the_ship
 
 
 def test_a_signed_batch_round_trips_and_its_signatures_are_under_the_checksum() -> None:
-    wire, _, recs = signed_batch(1, 40)
+    n = 2 * CHUNK_RECORDS + 1
+    wire, _, recs = signed_batch(1, n)
     assert decode_batch(wire).records == recs
     h = peek_header(wire)
-    assert h.header_len == 40 + len("bigblue") + len("containers") + 2 * SIGNATURE_BYTES
-    at = 40 + len("bigblueconta iners") // 1 + 20  # a byte inside the first signature
+    assert h.header_len == 40 + len("bigblue") + len("containers") + 3 * SIGNATURE_BYTES
+    at = 40 + len("bigblue") + len("containers") + 20  # a byte inside the first signature
     damaged = wire[:at] + bytes([wire[at] ^ 1]) + wire[at + 1 :]
     with pytest.raises(WireError) as info:
         decode_batch(damaged)
