@@ -34,7 +34,7 @@ from core_gateway.ingress import IngressWriter, Write
 from core_gateway.ledger import LedgerFollower
 from core_gateway.metrics import GatewayMetrics
 from shorelink.errors import ShorelinkError
-from shorelink.proof import SignatureError, WatchedShipKeys
+from shorelink.proof import PROOF_HELD_BYTES, SignatureError, WatchedShipKeys
 from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, WireError, peek_header
 
@@ -308,9 +308,12 @@ class GatewayService:
                     "event=batch_unproved ship=%s reason=%s error=%r", ship, exc.reason, str(exc)
                 )
                 raise ApiError(403, exc.reason, str(exc)) from None
-            # templated payloads decode to more than their decompressed bytes: the batch
-            # holds what it decoded to from now on, or is answered busy
+            # templated payloads decode to more than their decompressed bytes, and a
+            # signed batch holds a proof per record: the batch holds what it decoded to
+            # from now on, or is answered busy
             more = batch.decoded_size - header.raw_len
+            if proved is not None:
+                more += len(proved) * PROOF_HELD_BYTES
             if more > 0:
                 self.reserve(ship, more, held=held + cost)
                 cost += more

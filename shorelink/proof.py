@@ -44,6 +44,7 @@ from shorelink.identity import check_name
 __all__ = [
     "CHUNK_RECORDS",
     "HASH_BYTES",
+    "PROOF_HELD_BYTES",
     "SIGNATURE_BYTES",
     "Proof",
     "ShipKey",
@@ -69,10 +70,16 @@ log = logging.getLogger(__name__)
 CHUNK_RECORDS = 128
 SIGNATURE_BYTES = 64
 HASH_BYTES = 16
+#: what one record's proof holds in memory at most: its bytes (the chunk, the signature,
+#: a path of at most 7 hashes) and the bytes object around them (the gateway charges it
+#: to a batch's share of its memory budget)
+PROOF_HELD_BYTES = 10 + SIGNATURE_BYTES + 7 * HASH_BYTES + 48
 _LEAF = b"sl.record"
 _NODE = b"sl.node"
 _MESSAGE = b"shorelink chunk v1\x00"
 _PROOF = struct.Struct("<QH")  # the chunk's first seq and count, then signature and path
+if CHUNK_RECORDS > 2**7:
+    raise ImportError("PROOF_HELD_BYTES counts a path of at most 7 hashes")
 _LEN = struct.Struct("<I")
 _SEQ_TS = struct.Struct("<Qq")
 
