@@ -19,6 +19,14 @@ away from the agent's event loop:
 
 A child that dies (killed, out of memory) is replaced at the next batch; the error is
 raised to the session as a :class:`BuildFailed` (the batch is simply built again).
+
+With a signing key (``uplink.signing_key_file``) every batch built and every segment
+sealed is signed (shorelink/proof.py): :func:`build` and :func:`seal` take the key.
+The key is loaded once, when the :class:`BatchBuilder` is made (the agent's start); a
+child process cannot be handed it (a key object does not pickle), so it loads the same
+file when it starts and refuses to run if that is no longer the key the agent started
+with (the child is then replaced, and after a few tries the agent builds in a thread
+with its own key): every batch of a run is signed by one key.
 """
 
 from __future__ import annotations
@@ -29,9 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from edge_agent.config import LogConfig, StreamConfig
+from edge_agent.config import LogConfig, StreamConfig, load_signing_key
 from edge_agent.errors import UplinkError
 from edge_agent.log import EdgeLog, LogRecord
+from shorelink.errors import ConfigError
+from shorelink.proof import ShipKey
 from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, Body, WireRecord, encode_batch, encode_body, frame_batch
 from shorelink.workers import WorkerDied, WorkerPool, WorkersUnavailable
@@ -78,8 +88,9 @@ class Built:
     sealed: bool = False
 
 
-def build(edge_log: EdgeLog, spec: BuildSpec) -> Built:
-    """The next batch of ``spec.stream`` the site lacks, from ``spec.pos`` on."""
+def build(edge_log: EdgeLog, spec: BuildSpec, key: ShipKey | None = None) -> Built:
+    """The next batch of ``spec.stream`` the site lacks, from ``spec.pos`` on; signed
+    with ``key`` (the ship's) if given."""
     first = edge_log.first_seq(spec.stream)
     pos = max(spec.pos or first, first)
     floor = max(spec.floor or first, first)
@@ -88,7 +99,7 @@ def build(edge_log: EdgeLog, spec: BuildSpec) -> Built:
         if not todo:
             break
         lo, hi = next(iter(todo))
-        sealed = _sealed(edge_log, spec, lo, hi, floor)
+        sealed = _sealed(edge_log, spec, lo, hi, floor, key)
         if sealed is not None:
             return sealed
         nxt = edge_log.segments.next(spec.stream, lo)
@@ -108,13 +119,20 @@ def build(edge_log: EdgeLog, spec: BuildSpec) -> Built:
         if not recs:
             pos = hi + 1
             continue
-        return _encode(edge_log.origin, spec, _contiguous(recs), pos, floor)
+        return _encode(edge_log.origin, spec, _contiguous(recs), pos, floor, key)
     return Built(None, 0, 0, 0, pos, floor)
 
 
-def _sealed(edge_log: EdgeLog, spec: BuildSpec, lo: int, hi: int, floor: int) -> Built | None:
-    """The sealed segment starting at ``lo``, framed, if the link can take it whole."""
-    seg = edge_log.segments.get(spec.stream, lo)
+def _sealed(
+    edge_log: EdgeLog, spec: BuildSpec, lo: int, hi: int, floor: int, key: ShipKey | None
+) -> Built | None:
+    """The sealed segment starting at ``lo``, framed, if the link can take it whole and
+    it was sealed with ``key`` (or unsigned, without one). A segment sealed unsigned or
+    with another key is left alone: its records are encoded now, signed with ``key``
+    (simpler than re-signing a body, and the sealer drops such segments at its start
+    and seals those records again)."""
+    signer = "" if key is None else key.public()
+    seg = edge_log.segments.get(spec.stream, lo, signer=signer)
     if seg is None or seg.count > spec.max_records or lo + seg.count - 1 > hi:
         return None
     body = frame_batch(edge_log.origin, spec.stream, seg, first_available=floor)
@@ -126,10 +144,17 @@ def _sealed(edge_log: EdgeLog, spec: BuildSpec, lo: int, hi: int, floor: int) ->
     return Built(body, lo, last, seg.count, last + 1, floor, sealed=True)
 
 
-def _encode(origin: str, spec: BuildSpec, recs: list[LogRecord], pos: int, floor: int) -> Built:
-    """Encode ``recs``; fewer of them if the encoded batch would be larger than
-    ``max_bytes`` (records that do not compress: a gateway refuses batches over its
-    limit, 8 MiB by default) or than today's budget."""
+def _encode(
+    origin: str,
+    spec: BuildSpec,
+    recs: list[LogRecord],
+    pos: int,
+    floor: int,
+    key: ShipKey | None,
+) -> Built:
+    """Encode ``recs`` (signed with ``key`` if given); fewer of them if the encoded batch
+    would be larger than ``max_bytes`` (records that do not compress: a gateway refuses
+    batches over its limit, 8 MiB by default) or than today's budget."""
     n = len(recs)
     while n:
         body = encode_batch(
@@ -138,7 +163,8 @@ def _encode(origin: str, spec: BuildSpec, recs: list[LogRecord], pos: int, floor
                 spec.stream,
                 tuple(WireRecord(r.seq, r.key, r.ts_ms, r.topic, r.payload) for r in recs[:n]),
                 first_available=floor,
-            )
+            ),
+            key=key,
         )
         if len(body) > spec.max_bytes and n > 1:
             n = max(1, min(n - 1, int(n * spec.max_bytes / len(body) * 0.9)))
@@ -170,10 +196,11 @@ class SealSpec:
     max_bytes: int
 
 
-def seal(edge_log: EdgeLog, spec: SealSpec) -> Body | None:
-    """The next segment of ``spec.stream`` from ``spec.start`` on, encoded; None while
-    the records there are not yet a whole segment: ``max_records`` of them, or a run that
-    can grow no more (cut by ``max_bytes`` of payload, or by a gap retention left)."""
+def seal(edge_log: EdgeLog, spec: SealSpec, key: ShipKey | None = None) -> Body | None:
+    """The next segment of ``spec.stream`` from ``spec.start`` on, encoded (and signed
+    with ``key`` if given); None while the records there are not yet a whole segment:
+    ``max_records`` of them, or a run that can grow no more (cut by ``max_bytes`` of
+    payload, or by a gap retention left)."""
     recs = _contiguous(
         edge_log.read(
             spec.stream,
@@ -185,7 +212,10 @@ def seal(edge_log: EdgeLog, spec: SealSpec) -> Body | None:
     )
     if not recs or (len(recs) < spec.max_records and recs[-1].seq >= spec.last):
         return None
-    return encode_body(tuple(WireRecord(r.seq, r.key, r.ts_ms, r.topic, r.payload) for r in recs))
+    return encode_body(
+        tuple(WireRecord(r.seq, r.key, r.ts_ms, r.topic, r.payload) for r in recs),
+        signer=None if key is None else (key, edge_log.origin, spec.stream),
+    )
 
 
 # -- where build runs ------------------------------------------------------------------------
@@ -197,21 +227,38 @@ class BuildFailed(UplinkError):
 
 
 _CHILD_LOG: EdgeLog | None = None
+_CHILD_KEY: ShipKey | None = None
 
 
-def _child_open(path: Path, origin: str, streams: dict[str, StreamConfig], cfg: LogConfig) -> None:
-    global _CHILD_LOG
+def _child_open(
+    path: Path,
+    origin: str,
+    streams: dict[str, StreamConfig],
+    cfg: LogConfig,
+    key_file: Path | None,
+    signer: str,
+) -> None:
+    """The child's log and key: the key in ``key_file``, which must still be the one
+    whose public half is ``signer`` (the agent's, loaded at its start)."""
+    global _CHILD_LOG, _CHILD_KEY
+    key = load_signing_key(key_file)
+    if ("" if key is None else key.public()) != signer:
+        raise ConfigError(
+            "uplink.signing_key_file",
+            f"{key_file} holds another key than when the agent started: restart the agent",
+        )
+    _CHILD_KEY = key
     _CHILD_LOG = EdgeLog(path, origin, streams, cfg, readonly=True)
 
 
 def _child_build(spec: BuildSpec) -> Built:
     assert _CHILD_LOG is not None
-    return build(_CHILD_LOG, spec)
+    return build(_CHILD_LOG, spec, _CHILD_KEY)
 
 
 def _child_seal(spec: SealSpec) -> Body | None:
     assert _CHILD_LOG is not None
-    return seal(_CHILD_LOG, spec)
+    return seal(_CHILD_LOG, spec, _CHILD_KEY)
 
 
 class BatchBuilder:
@@ -219,14 +266,29 @@ class BatchBuilder:
     thread (0). Sending comes first: a seal starts only while no build is waiting or
     running (a build that arrives during a seal waits for it, a few hundred ms)."""
 
-    def __init__(self, edge_log: EdgeLog, *, workers: int) -> None:
+    def __init__(
+        self, edge_log: EdgeLog, *, workers: int, signing_key_file: Path | None = None
+    ) -> None:
+        """``signing_key_file``: the ship's key (``uplink.signing_key_file``), loaded
+        now; every batch and segment is signed with it. None: unsigned."""
         self.log = edge_log
+        #: the ship's key (None: batches go unsigned) and its public half ("": none),
+        #: which the segments it seals are stored under
+        self.key = load_signing_key(signing_key_file)
+        self.signer = "" if self.key is None else self.key.public()
         # (a child's read-only view of the log: SQLite WAL readers never block the writer)
         self.pool = WorkerPool(
             "batch_builder",
             workers,
             initializer=_child_open,
-            initargs=(edge_log.path, edge_log.origin, edge_log.streams, edge_log.cfg),
+            initargs=(
+                edge_log.path,
+                edge_log.origin,
+                edge_log.streams,
+                edge_log.cfg,
+                signing_key_file,
+                self.signer,
+            ),
         )
         self._builds = 0
         self._no_builds = asyncio.Event()
@@ -253,7 +315,10 @@ class BatchBuilder:
         return await self._run(_child_seal, seal, spec)
 
     async def _run(
-        self, in_child: Callable[[_Spec], _T], here: Callable[[EdgeLog, _Spec], _T], spec: _Spec
+        self,
+        in_child: Callable[[_Spec], _T],
+        here: Callable[[EdgeLog, _Spec, ShipKey | None], _T],
+        spec: _Spec,
     ) -> _T:
         if self.pool.workers:
             try:
@@ -262,7 +327,7 @@ class BatchBuilder:
                 raise BuildFailed(str(exc)) from exc
             except WorkersUnavailable:
                 pass  # (logged by the pool) a thread from now on rather than never upload
-        return await asyncio.to_thread(here, self.log, spec)
+        return await asyncio.to_thread(here, self.log, spec, self.key)
 
     def pids(self) -> list[int]:
         """The child processes building batches now (none before the first batch)."""

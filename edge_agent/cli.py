@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from edge_agent.config import EdgeConfig, load_config
+from edge_agent.config import EdgeConfig, load_config, load_signing_key
 from edge_agent.status import collect_status, open_log, render
 from shorelink.cli_support import config_option, fail, load_or_exit
 from shorelink.errors import ShorelinkError
@@ -42,6 +42,15 @@ def check_config(config_file: Path) -> None:
         f"streams={','.join(s.name for s in cfg.by_priority())} rules={len(cfg.rules)} "
         f"gateways={gateways}"
     )
+    path = cfg.uplink.signing_key_file
+    key = None if path is None else load_or_exit(load_signing_key, path)  # (checked by _load)
+    if key is None:
+        click.echo("signing: off (batches go unsigned: uplink.signing_key_file is not set)")
+    else:
+        click.echo(
+            f"signing: every batch signed; public key {key.public()} (the sites' ship keys "
+            f"file must hold it for {cfg.ship})"
+        )
     if cfg.gateways and not cfg.uplink.token:
         click.echo(
             "warning: uplink.token is empty: `run` refuses to start until it is set", err=True

@@ -33,6 +33,7 @@ from shorelink.config import load_config as load_file
 from shorelink.contract import MAX_RECORD_BYTES
 from shorelink.errors import ConfigError
 from shorelink.files import read_private
+from shorelink.proof import ShipKey
 from shorelink.tls import TlsFile, client_context, is_loopback
 from shorelink.wire import DEFAULT_LIMITS
 
@@ -50,6 +51,7 @@ __all__ = [
     "StreamConfig",
     "UplinkConfig",
     "load_config",
+    "load_signing_key",
 ]
 
 ON_FULL = ("drop_oldest", "reject")
@@ -131,6 +133,10 @@ class UplinkConfig:
     #: file holding the gateway bearer token (must not be world-readable); or ``token``
     token_file: Path | None = None
     token: Secret = field(default_factory=lambda: Secret(""))
+    #: the ship's private Ed25519 key (``shorelink ship-key new``; must not be
+    #: world-readable): every batch sent is signed with it (docs/replication.md, "Ship
+    #: signatures"). Relative to the config file; unset: batches go unsigned
+    signing_key_file: Path | None = None
     #: timer wake: look for a cheaper link that came up (and send what the wake missed)
     interval_s: float = field(default=10.0, metadata=key("interval", min=0.05, why="at least 50ms"))
     #: ask the current site again what it holds (replication may have brought it our
@@ -336,7 +342,15 @@ def _uplink(s: Section, base: Path | None) -> UplinkConfig:
         out = replace(out, token=_read_token(out.token_file, s.field("token_file")))
     if not 0 < out.retry_min_s <= out.retry_max_s:
         raise ConfigError(s.field("retry_min"), "need 0 < retry_min <= retry_max")
+    load_signing_key(out.signing_key_file)  # a missing, public or broken file fails now
     return out
+
+
+def load_signing_key(path: Path | None) -> ShipKey | None:
+    """The ship's signing key in ``path`` (``uplink.signing_key_file``), None without
+    one; a :class:`ConfigError` naming that key if the file is missing, readable by
+    others, or holds no key."""
+    return None if path is None else ShipKey.load(path, "uplink.signing_key_file")
 
 
 def _read_token(path: Path, field_name: str) -> Secret:

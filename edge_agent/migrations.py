@@ -138,12 +138,22 @@ def _m005_alarm_state(db: sqlite_utils.Database) -> None:
     )
 
 
+def _m006_segment_signatures(db: sqlite_utils.Database) -> None:
+    # A segment sealed by a ship with a signing key keeps its chunks' signatures (framed
+    # into the header when sent: FLAG_SIGNED) and the public key they are by, so that a
+    # segment sealed without the key now configured is never sent. Segments sealed
+    # before this migration are unsigned (empty signatures, no signer).
+    db.execute("ALTER TABLE segments ADD COLUMN signatures BLOB NOT NULL DEFAULT x''")
+    db.execute("ALTER TABLE segments ADD COLUMN signer TEXT NOT NULL DEFAULT ''")
+
+
 MIGRATIONS: list[Callable[[sqlite_utils.Database], None]] = [
     _m001_initial,
     _m002_uplink,
     _m003_segments,
     _m004_redelivery,
     _m005_alarm_state,
+    _m006_segment_signatures,
 ]
 
 

@@ -7,6 +7,14 @@ one of its records is still in the log and the seqs did not move since it was bu
 (the log's ``numbering_epoch``); retention and renumbering delete segments with their
 records (edge_agent/retention.py, edge_agent/numbering.py).
 
+A ship with a signing key (``uplink.signing_key_file``) seals signed segments: each
+keeps its chunks' signatures, framed into the header when sent (``FLAG_SIGNED``), and
+its *signer*, the public key they are by ("" for an unsigned segment). A segment is
+only ever framed for the signer of now (:meth:`Segments.get`): one sealed unsigned, or
+with another key, is skipped (its records are encoded and signed when sent) and
+dropped when the sealer starts (:meth:`Segments.keep_only`), so the sealer seals those
+records again.
+
 The table lives in the log's SQLite file: :class:`Segments` works on the log's
 connection, behind the log's lock and in its transactions (``EdgeLog.segments``).
 """
@@ -37,11 +45,15 @@ class Segments:
         self._txn = txn
         self._epoch = epoch
 
-    def add(self, stream: str, body: Body, epoch: int | None = None) -> bool:
-        """Keep ``body`` (records ``body.first_seq`` on, already encoded) as a sealed
-        segment of ``stream``; False (nothing stored) if one starts there already, if
-        retention removed any of its records meanwhile, or if seqs moved since ``epoch``
-        (the log's ``numbering_epoch`` when the body was built)."""
+    def add(self, stream: str, body: Body, epoch: int | None = None, *, signer: str = "") -> bool:
+        """Keep ``body`` (records ``body.first_seq`` on, already encoded; signed by
+        ``signer``'s key, or unsigned with ``signer`` "") as a sealed segment of
+        ``stream``; False (nothing stored) if one starts there already, if retention
+        removed any of its records meanwhile, or if seqs moved since ``epoch`` (the
+        log's ``numbering_epoch`` when the body was built)."""
+        if bool(body.signatures) != bool(signer):
+            has = "with" if body.signatures else "without"
+            raise ValueError(f"a body {has} signatures, and signer {signer!r}")
         last = body.first_seq + body.count - 1
         with self._txn() as conn:
             if epoch is not None and epoch != self._epoch():
@@ -54,26 +66,37 @@ class Segments:
                 return False
             cur = conn.execute(
                 "INSERT OR IGNORE INTO segments (stream, first_seq, last_seq, flags, raw_len,"
-                " decoded_len, body, sealed_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                " decoded_len, body, sealed_ms, signatures, signer)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     stream, body.first_seq, last, body.flags, body.raw_len, body.decoded_len,
-                    body.data, int(time.time() * 1000),
+                    body.data, int(time.time() * 1000), body.signatures, signer,
                 ],
             )  # fmt: skip
             return cur.rowcount == 1
 
-    def get(self, stream: str, first_seq: int) -> Body | None:
-        """The sealed segment of ``stream`` that starts at ``first_seq``, if any."""
+    def get(self, stream: str, first_seq: int, *, signer: str = "") -> Body | None:
+        """The sealed segment of ``stream`` that starts at ``first_seq``, if there is one
+        signed by ``signer`` (a public key; "": unsigned). One sealed otherwise is not
+        returned: framed, it would go unsigned, or signed by a key the sites do not hold
+        for this ship."""
         with self._lock:
             row = self._conn.execute(
-                "SELECT last_seq, flags, raw_len, decoded_len, body FROM segments"
-                " WHERE stream = ? AND first_seq = ?",
-                [stream, first_seq],
+                "SELECT last_seq, flags, raw_len, decoded_len, body, signatures FROM segments"
+                " WHERE stream = ? AND first_seq = ? AND signer = ?",
+                [stream, first_seq, signer],
             ).fetchone()
         if row is None:
             return None
-        last, flags, raw_len, decoded_len, data = row
-        return Body(flags, first_seq, last - first_seq + 1, raw_len, data, decoded_len)
+        last, flags, raw_len, decoded_len, data, sigs = row
+        return Body(flags, first_seq, last - first_seq + 1, raw_len, data, decoded_len, sigs)
+
+    def keep_only(self, signer: str) -> int:
+        """Delete the segments not signed by ``signer`` ("": the signed ones); return
+        how many. The records stay: the sealer seals them again (or they are encoded
+        when sent)."""
+        with self._txn() as conn:
+            return conn.execute("DELETE FROM segments WHERE signer != ?", [signer]).rowcount
 
     def next(self, stream: str, after: int) -> int | None:
         """The first seq of the first sealed segment of ``stream`` starting after ``after``."""

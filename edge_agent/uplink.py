@@ -89,7 +89,11 @@ class Uplink:
         self._stop = asyncio.Event()
         self._limited = RateLimitedLog(log)
         self._streams = [s.name for s in cfg.by_priority()] + _unconfigured(cfg, edge_log)
-        self.builder = BatchBuilder(edge_log, workers=cfg.uplink.encode_workers)
+        self.builder = BatchBuilder(
+            edge_log,
+            workers=cfg.uplink.encode_workers,
+            signing_key_file=cfg.uplink.signing_key_file,
+        )
         self.sealer = Sealer(cfg, edge_log, self.builder, metrics)
 
     # -- the loop ------------------------------------------------------------------------

@@ -81,6 +81,8 @@ _PROOF = struct.Struct("<QH")  # the chunk's first seq and count, then signature
 if CHUNK_RECORDS > 2**7:
     raise ImportError("PROOF_HELD_BYTES counts a path of at most 7 hashes")
 _LEN = struct.Struct("<I")
+#: how a ship's private key file begins (a public key, bare base64, is refused)
+_SECRET_PREFIX = b"ed25519-secret:"
 _SEQ_TS = struct.Struct("<Qq")
 
 
@@ -225,10 +227,18 @@ class ShipKey:
 
     @classmethod
     def load(cls, path: Path, field: str = "signing_key_file") -> ShipKey:
-        """The key in ``path`` (base64 of the 32-byte seed), refused if others may read it."""
-        raw = read_private(path, field)
+        """The key in ``path`` (``ed25519-secret:`` and the base64 of its 32-byte
+        seed, as :meth:`save` writes it), refused if others may read it or if it holds
+        anything else (a public key copied from the ship keys file, say)."""
+        raw = read_private(path, field).strip()
+        if not raw.startswith(_SECRET_PREFIX):
+            raise ConfigError(
+                field,
+                f"{path} holds no ship's private key (made by `shorelink ship-key new`; "
+                f"it starts with {_SECRET_PREFIX.decode()!r}: a public key is not one)",
+            )
         try:
-            seed = base64.b64decode(raw.strip(), validate=True)
+            seed = base64.b64decode(raw.removeprefix(_SECRET_PREFIX), validate=True)
             return cls(Ed25519PrivateKey.from_private_bytes(seed))
         except ValueError:
             raise ConfigError(field, f"{path} holds no Ed25519 key (base64 of 32 bytes)") from None
@@ -242,7 +252,7 @@ class ShipKey:
             serialization.PrivateFormat.Raw,
             serialization.NoEncryption(),
         )
-        write_atomic(path, base64.b64encode(seed) + b"\n", mode=0o600)
+        write_atomic(path, _SECRET_PREFIX + base64.b64encode(seed) + b"\n", mode=0o600)
         os.chmod(path, 0o600)
 
     def public(self) -> str:

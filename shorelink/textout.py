@@ -88,9 +88,22 @@ def _cut(word: str, room: int) -> int:
     if slash > 0:
         return slash + 1
     cut = room
-    while cut > 0 and word[cut - 1] in _FIGURE and word[cut] in _FIGURE:
+    while cut > 0 and _inside_figure(word, cut):
         cut -= 1
     return cut or room
+
+
+def _inside_figure(word: str, at: int) -> bool:
+    """Would cutting ``word`` before ``at`` split a figure, or a range of them
+    (``100-250``: a hyphen between figures belongs to them)?"""
+    before, after = word[at - 1], word[at]
+    if before in _FIGURE and after in _FIGURE:
+        return True
+    if before == "-" and after in _FIGURE:
+        return at >= 2 and word[at - 2] in _FIGURE
+    if after == "-" and before in _FIGURE:
+        return at + 1 < len(word) and word[at + 1] in _FIGURE
+    return False
 
 
 def block(head: str, fields: Iterable[str], width: int | None = None) -> list[str]:

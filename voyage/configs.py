@@ -79,7 +79,7 @@ def secret_ref(*who: str) -> str:
     return "${" + env_var(*who) + "}"
 
 
-def gateway_config(site: SiteEndpoints, credentials: Path, tls: Tls) -> str:
+def gateway_config(site: SiteEndpoints, credentials: Path, tls: Tls, ship_keys: Path) -> str:
     return toml_file(
         f"gateway of site {site.name} (written by `shorelink demo`; see "
         "deploy/gateway/gateway.toml)",
@@ -89,6 +89,7 @@ def gateway_config(site: SiteEndpoints, credentials: Path, tls: Tls) -> str:
             # one decoding process fewer: the voyage's batches are small
             "decode_workers": 0,
             "credentials_file": str(credentials),
+            "ship_keys_file": str(ship_keys),
             "streams": list(STREAMS),
             "listen": {
                 "host": "127.0.0.1",
@@ -116,6 +117,7 @@ def sites_config(
     sites: Mapping[str, SiteEndpoints],
     ca_file: Path,
     customers: Path,
+    ship_keys: Path,
     *,
     driver_memory: str = "2g",
 ) -> str:
@@ -128,6 +130,8 @@ def sites_config(
             # who owns which container when: HQ keeps the customers' streams
             # (voyage/customers.py)
             "customers_file": str(customers),
+            # every ship's public key: what a site pulls is taken only with its proof
+            "ship_keys_file": str(ship_keys),
             "spark": {
                 "master": "local[2]",
                 "driver_memory": driver_memory,
@@ -190,7 +194,13 @@ def _site(root: Path, s: SiteEndpoints, ca_file: Path) -> dict[str, Any]:
 
 
 def edge_config(
-    ship: ShipEndpoints, root: Path, token: str, tls: Tls, *, satellite_budget: int
+    ship: ShipEndpoints,
+    root: Path,
+    token: str,
+    tls: Tls,
+    *,
+    satellite_budget: int,
+    signing_key: Path,
 ) -> str:
     """The ship's agent: its Mosquitto, its log, port Wi-Fi to each port's gateway and
     the satellite to HQ, the streams, the mapping rules and the overboard alarm."""
@@ -224,6 +234,8 @@ def edge_config(
             "metrics": {"host": "127.0.0.1", "port": ship.metrics_port},
             "uplink": {
                 "token": token,
+                # the ship signs every batch (voyage/launch.py made the key)
+                "signing_key_file": str(signing_key),
                 "interval": "2s",
                 "refresh": "20s",
                 "probe_timeout": "3s",

@@ -31,6 +31,7 @@ from local_stack.process import Proc, free_ports, port_open, stop_procs
 from local_stack.stack import HOST, StackInfo, down
 from local_stack.toxiproxy import Toxiproxy, start_toxiproxy
 from shorelink.files import write_atomic
+from shorelink.proof import ShipKey, ShipKeys
 from voyage.configs import (
     ShipEndpoints,
     SiteEndpoints,
@@ -240,8 +241,18 @@ def launch(
         launched.sites_toml = dir / "sites" / "sites.toml"
         customers = dir / "sites" / "customers.toml"
         customers.write_text(customers_config())
+        # each ship signs what it sends; every site holds the public halves, and a ship
+        # without a key is refused (docs/replication.md, "Ship signatures")
+        ship_keys = dir / "sites" / "ship_keys.toml"
+        public = {}
+        for ship in ships:
+            key = ShipKey.generate()
+            (dir / "ships" / ship).mkdir(parents=True, exist_ok=True)
+            key.save(dir / "ships" / ship / "ship.key")
+            public[ship] = key.public()
+        ship_keys.write_text(ShipKeys.render(public, require_signatures=True))
         launched.sites_toml.write_text(
-            sites_config(dir / "sites", launched.sites, sec.ca_file, customers)
+            sites_config(dir / "sites", launched.sites, sec.ca_file, customers, ship_keys)
         )
         launched.customer_toml = dir / "customers" / f"{READER}.toml"
         launched.customer_toml.parent.mkdir(parents=True, exist_ok=True)
@@ -289,7 +300,7 @@ def launch(
             path.parent.mkdir(parents=True, exist_ok=True)
             cert = sec.server(f"gateway-{s}")
             tls = Tls(sec.ca_file, cert.cert, cert.key)
-            path.write_text(gateway_config(launched.sites[s], credentials, tls))
+            path.write_text(gateway_config(launched.sites[s], credentials, tls, ship_keys))
             launched.gateway_toml[s] = path
         # one at a time: each rewrites the ships' credentials file
         tokens = {
@@ -347,6 +358,7 @@ def launch(
                 tokens[ship],
                 Tls(sec.ca_file, cert.cert, cert.key),
                 satellite_budget=SATELLITE_BUDGET,
+                signing_key=root / "ship.key",
             )
             write_atomic(path, text, mode=0o600)  # it holds the ship's token: never 0644
             launched.edge_toml[ship] = path

@@ -3,7 +3,10 @@
 the seam (CONVENTIONS #8): it decodes every batch with the real wire format, holds a
 RangeSet per stream, skips seqs it already holds, answers 409 when a batch starts
 beyond ``max(contiguous end of written|replicated|abandoned, first_available - 1) + 1``
-and records seqs below ``first_available`` as abandoned. It can be told to fail.
+and records seqs below ``first_available`` as abandoned. Given the ship keys
+(``ship_keys``), it proves every batch as a gateway with a ``ship_keys_file`` does and
+refuses one its ship's key does not prove (403 ``unsigned``, ``bad_signature``,
+``unknown_ship``). It can be told to fail.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ from dataclasses import dataclass, field
 
 from edge_agent.errors import GatewayGap, GatewayRejected, LinkError
 from edge_agent.gateway import SendResult
+from shorelink.proof import ShipKeys, SignatureError
 from shorelink.ranges import RangeSet
 from shorelink.wire import WireRecord, decode_batch
+
+_COLUMNS = ("key", "ts_ms", "topic", "payload")
 
 
 @dataclass
@@ -26,6 +32,8 @@ class Received:
     first_available: int
     nbytes: int
     outcome: str  # "ok", "gap", "lost_request", "lost_reply", "rejected"
+    #: the batch carried its ship's signatures (``FLAG_SIGNED``)
+    signed: bool = False
 
 
 @dataclass
@@ -44,6 +52,8 @@ class MemoryGateway:
     fail_calls: dict[int, str] = field(default_factory=dict)
     #: answer every request with this 4xx (status, code)
     reject: tuple[int, str] | None = None
+    #: the sites' ship keys: every batch is proved against them (None: not checked)
+    ship_keys: ShipKeys | None = None
     #: what the next holdings() answers instead of the truth (a stale view)
     stale_holdings: dict[str, RangeSet] | None = None
     calls: int = 0
@@ -103,7 +113,13 @@ class MemoryGateway:
         batch = decode_batch(body)
         assert batch.origin == self.ship and batch.stream == stream
         rec = Received(
-            stream, batch.first_seq, batch.last_seq, batch.first_available, len(body), ""
+            stream,
+            batch.first_seq,
+            batch.last_seq,
+            batch.first_available,
+            len(body),
+            "",
+            bool(batch.signatures),
         )
         self.log.append(rec)
         if fail == "request":
@@ -112,6 +128,17 @@ class MemoryGateway:
         if stream not in self.streams:
             rec.outcome = "rejected"
             raise GatewayRejected(404, "unknown_stream", stream, site=self.site, stream=stream)
+        if self.ship_keys is not None:
+            columns = [[getattr(r, f) for r in batch.records] for f in _COLUMNS]
+            try:
+                self.ship_keys.prove_batch(
+                    batch.origin, stream, batch.first_seq, columns, batch.signatures
+                )
+            except SignatureError as exc:
+                rec.outcome = "rejected"
+                raise GatewayRejected(
+                    403, exc.reason, str(exc), site=self.site, stream=stream
+                ) from None
         written = self.written.setdefault(stream, RangeSet())
         abandoned = self.abandoned.setdefault(stream, RangeSet())
         settled = self.held(stream)

@@ -174,9 +174,12 @@ def test_keys_on_disk_are_private_and_the_keys_file_refuses_what_is_no_key(tmp_p
     with pytest.raises(ConfigError, match="world-readable"):
         ShipKey.load(path)
     bad = tmp_path / "bad.key"
-    bad.write_text("not base64!\n")
+    bad.write_text("ed25519-secret:not base64!\n")
     bad.chmod(0o600)
     with pytest.raises(ConfigError, match="no Ed25519 key"):
+        ShipKey.load(bad)
+    bad.write_text(KEY.public() + "\n")  # the public half, copied by mistake
+    with pytest.raises(ConfigError, match="a public key is not one"):
         ShipKey.load(bad)
     text = ShipKeys.render({"bigblue": KEY.public()}, True)
     keys_file = tmp_path / "ship_keys.toml"
