@@ -31,6 +31,11 @@ Phases per system (every loop bounded):
 3. alert during a catch-up: a ``--backlog`` containers backlog enters at one site, then
    an alert every 0.5 s for 10 s; alert lag p99 at the other sites.
 
+``--signed`` (shorelink only): every ship signs (docs/replication.md, "Ship
+signatures"): each record enters with its ``sl.proof`` as a gateway writes it, the sites
+read a ship keys file that requires signatures, and every merge checks the proof of
+what it pulls; the record's own size then includes its proof.
+
     .venv/bin/python bench/replication.py --quick   # 20k records a site, ~10 minutes
     .venv/bin/python bench/replication.py           # 200k records a site
 
@@ -69,11 +74,12 @@ from bench._common import (
 )
 from local_stack.kafka import KafkaBroker, LinkListener, _java_argv, start_kafka
 from local_stack.process import Proc, free_ports
-from shorelink.contract import Record, ingress_topic
+from shorelink.contract import H_PROOF, Record, ingress_topic
 from shorelink.identity import Identity
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.kafka.transactions import TransactionalProducer
+from shorelink.proof import ShipKey, ShipKeys, proofs, record_hash, sign_records
 
 say = progress("replication")
 
@@ -168,16 +174,46 @@ def make_records(
     ]
 
 
-def wire_size(r: Record) -> int:
-    return len(r.key) + len(r.value) + sum(len(k) + len(v) for k, v in r.headers())
+def wire_size(r: Record, proof: bytes | None = None) -> int:
+    extra = 0 if proof is None else len(H_PROOF) + len(proof)
+    return len(r.key) + len(r.value) + sum(len(k) + len(v) for k, v in r.headers()) + extra
+
+
+#: the ships' keys of a ``--signed`` run, by origin (made as records of a ship are)
+SHIP_KEYS: dict[str, ShipKey] = {}
+
+
+def proved(recs: list[Record]) -> list[bytes]:
+    """Each record's ``sl.proof``, as the gateway writes it for a batch its ship signed
+    (runs of consecutive seqs of one ship and stream, each signed as one batch)."""
+    out: list[bytes] = []
+    i = 0
+    while i < len(recs):
+        first = recs[i].identity
+        j = i + 1
+        while (
+            j < len(recs)
+            and recs[j].identity.source == first.source
+            and recs[j].identity.seq == first.seq + (j - i)
+        ):
+            j += 1
+        run = recs[i:j]
+        key = SHIP_KEYS.setdefault(first.origin, ShipKey.generate())
+        leaves = [record_hash(r.identity.seq, r.ts_ms, r.key, r.mqtt_topic, r.value) for r in run]
+        sigs = sign_records(key, first.origin, first.stream, first.seq, leaves)
+        split = [sigs[k : k + 64] for k in range(0, len(sigs), 64)]
+        out += [p.encode() for p in proofs(first.seq, leaves, split)]
+        i = j
+    return out
 
 
 class Entry:
     """Writes records at a site: as its gateway does (shorelink: transactions into
     ingress) or straight into ``sl.<stream>`` (MirrorMaker's source topics)."""
 
-    def __init__(self, kafka: KafkaEndpoint, shorelink: bool) -> None:
+    def __init__(self, kafka: KafkaEndpoint, shorelink: bool, signed: bool = False) -> None:
         self.shorelink = shorelink
+        self.signed = signed
         conf: dict[str, Any] = kafka.client_config({"linger.ms": 5, "compression.type": "lz4"})
         self.txn: TransactionalProducer | None = None
         self.p: Producer | None = None
@@ -191,16 +227,25 @@ class Entry:
             conf["enable.idempotence"] = True
             self.p = Producer(conf)
 
-    def write(self, recs: list[Record], *, stamp: bool = False) -> None:
+    def write(
+        self, recs: list[Record], *, stamp: bool = False, proofs: list[bytes] | None = None
+    ) -> None:
+        """``proofs``: the records' own (made here for a signed run that has none, or
+        whose records are stamped: a proof covers the event time)."""
         if stamp:
             recs = [
                 Record(r.identity, r.key, r.value, int(time.time() * 1000), r.site, r.mqtt_topic)
                 for r in recs
             ]
+        if self.signed and (stamp or proofs is None):
+            proofs = proved(recs)
         if self.txn is not None:
             with self.txn.transaction() as txn:
-                for r in recs:
-                    txn.produce(ingress_topic(r.identity.stream), r.key, r.value, r.headers())
+                for i, r in enumerate(recs):
+                    headers = r.headers()
+                    if proofs is not None:
+                        headers.append((H_PROOF, proofs[i]))
+                    txn.produce(ingress_topic(r.identity.stream), r.key, r.value, headers)
             return
         assert self.p is not None
         for r in recs:
@@ -295,8 +340,18 @@ class ShorelinkSystem:
         """Each site's application as in production: ``shorelink-spark site`` (its own
         spark-submit JVM and Python driver), one sites file for the four."""
         root = self.b.work / "shorelink"
+        root.mkdir(parents=True, exist_ok=True)
+        head = ""
+        if self.b.args.signed:
+            for origin in (*(f"ship-{s}" for s in ENTRY), "ship-backlog", "ship-alert"):
+                SHIP_KEYS.setdefault(origin, ShipKey.generate())
+            keys = root / "ship_keys.toml"
+            public = {o: k.public() for o, k in SHIP_KEYS.items()}
+            keys.write_text(ShipKeys.render(public, require_signatures=True))
+            head = f'ship_keys_file = "{keys}"\n'
         parts = [
-            '[spark]\nmaster = "local[2]"\ndriver_memory = "1g"\n[spark.conf]\n"spark.ui.enabled" = "false"\n"spark.sql.shuffle.partitions" = "2"\n'
+            head
+            + '[spark]\nmaster = "local[2]"\ndriver_memory = "1g"\n[spark.conf]\n"spark.ui.enabled" = "false"\n"spark.sql.shuffle.partitions" = "2"\n'
         ]
         for s in SITES:
             parts.append(
@@ -478,7 +533,8 @@ class ReplicationBench:
             }
             for w in watches.values():
                 w.start()
-            entries = {s: Entry(self.brokers[s].endpoint, system.shorelink) for s in ENTRY}
+            signed = system.shorelink and a.signed
+            entries = {s: Entry(self.brokers[s].endpoint, system.shorelink, signed) for s in ENTRY}
             # 1. bulk
             bulk = {
                 s: make_records(
@@ -487,13 +543,21 @@ class ReplicationBench:
                 for s in ENTRY
             }
             want = {(*r.identity.source, r.identity.seq) for recs in bulk.values() for r in recs}
-            record_bytes = sum(wire_size(r) for recs in bulk.values() for r in recs) / len(want)
+            bulk_proofs = {s: proved(recs) if signed else None for s, recs in bulk.items()}
+            record_bytes = sum(
+                wire_size(r, None if bulk_proofs[s] is None else bulk_proofs[s][i])
+                for s, recs in bulk.items()
+                for i, r in enumerate(recs)
+            ) / len(want)
             say(f"{system.name}: bulk: {a.records} records entering at each of {', '.join(ENTRY)}")
             t0 = time.monotonic()
             threads = [
                 threading.Thread(
                     target=lambda s=s: [
-                        entries[s].write(bulk[s][i : i + 20_000])
+                        entries[s].write(
+                            bulk[s][i : i + 20_000],
+                            proofs=None if (p := bulk_proofs[s]) is None else p[i : i + 20_000],
+                        )
                         for i in range(0, len(bulk[s]), 20_000)
                     ]
                 )
@@ -515,6 +579,7 @@ class ReplicationBench:
             received = sum(len(want) - (a.records if s in ENTRY else 0) for s in SITES)
             crossed = sum(self.relay.down.values())
             out["bulk"] = {
+                "signed": signed,
                 "records_entered": len(want),
                 "convergence_s": r3(converged),
                 "converged": converged is not None,
@@ -652,6 +717,11 @@ def main(argv: list[str] | None = None) -> int:
         "--backlog", type=int, default=None, help="containers backlog of the alert phase"
     )
     p.add_argument("--max-offsets", type=int, default=20_000, help="shorelink pulled batch bound")
+    p.add_argument(
+        "--signed",
+        action="store_true",
+        help="shorelink: ships sign, records carry sl.proof, every merge checks it",
+    )
     p.add_argument(
         "--phase-timeout", type=float, default=None, help="bound of each phase's wait, s"
     )
