@@ -137,6 +137,15 @@ class Publisher:
             "messages acknowledged by the broker",
         )
 
+    def readings(self, lo: int, hi: int, topic: str = "containers", keys: int = 3) -> None:
+        """Readings ``lo``..``hi`` (``"i"`` in the payload) of ``keys`` containers on
+        ``bigblue/d1/<topic>/C<n>/env``, then wait until the broker acknowledged them."""
+        for i in range(lo, hi + 1):
+            self.publish(
+                f"bigblue/d1/{topic}/C{i % keys}/env", f'{{"ts": 1700000000, "i": {i}}}'.encode()
+            )
+        self.wait_all_acked()
+
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()

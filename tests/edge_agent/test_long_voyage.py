@@ -43,20 +43,12 @@ def _uplink(link: str = "port_wifi") -> dict[str, Any]:
     }
 
 
-def _publish(publisher: Publisher, lo: int, hi: int, topic: str = "containers") -> None:
-    for i in range(lo, hi + 1):
-        publisher.publish(
-            f"bigblue/d1/{topic}/C{i % 7}/env", f'{{"ts": 1700000000, "i": {i}}}'.encode()
-        )
-    publisher.wait_all_acked()
-
-
 async def _ingest_only(cfg_path: Path, publisher: Publisher, n: int) -> None:
     """The agent without gateways (at sea, link down): ``n`` container readings."""
     agent = Agent(load_config(cfg_path))
     task = asyncio.create_task(agent.run(install_signals=False))
     await asyncio.wait_for(agent.ingest.connected.wait(), 20)
-    await asyncio.to_thread(_publish, publisher, 1, n)
+    await asyncio.to_thread(publisher.readings, 1, n, keys=7)
     await eventually_async(lambda: agent.log.stream_state("containers").count == n, within=20)
     agent.stop.set()
     await asyncio.wait_for(task, 15)
@@ -98,7 +90,7 @@ async def test_a_stream_removed_or_renamed_in_the_config_still_sends_its_backlog
         await asyncio.wait_for(agent.ingest.connected.wait(), 20)
         await eventually_async(lambda: gw.held("containers") == RangeSet([(1, 60)]), within=20)
         if change == "renamed":
-            await asyncio.to_thread(_publish, publisher, 61, 70)
+            await asyncio.to_thread(publisher.readings, 61, 70, keys=7)
             await eventually_async(lambda: gw.held("boxes") == RangeSet([(1, 10)]), within=20)
         assert max(gw.arrivals.values()) == 1  # every record once
         metrics = generate_latest(agent.metrics.registry).decode()

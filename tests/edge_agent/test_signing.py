@@ -373,14 +373,6 @@ async def test_uplink_with_a_key_delivers_every_record_to_a_site_that_proves_the
     edge_log.close()
 
 
-def _publish(publisher: Publisher, n: int) -> None:
-    for i in range(n):
-        publisher.publish(
-            f"bigblue/d1/containers/C{i % 3}/env", f'{{"ts": 1700000000, "i": {i}}}'.encode()
-        )
-    publisher.wait_all_acked()
-
-
 async def test_agent_signs_what_it_uploads_from_its_child_process(
     tmp_path: Path, mosquitto: MosquittoBroker, publisher: Publisher
 ) -> None:
@@ -404,7 +396,7 @@ async def test_agent_signs_what_it_uploads_from_its_child_process(
     task = asyncio.create_task(agent.run(install_signals=False))
     try:
         await asyncio.wait_for(agent.ingest.connected.wait(), 20)
-        await asyncio.to_thread(_publish, publisher, 40)
+        await asyncio.to_thread(publisher.readings, 0, 39)
         await eventually_async(lambda: gw.held("containers") == RangeSet([(1, 40)]), within=20)
         assert agent.uplink is not None and agent.uplink.builder.pids()
     finally:

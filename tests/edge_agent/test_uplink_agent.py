@@ -54,14 +54,6 @@ def _agent_config(
     )
 
 
-def _publish(publisher: Publisher, lo: int, hi: int) -> None:
-    for i in range(lo, hi + 1):
-        publisher.publish(
-            f"bigblue/d1/containers/C{i % 3}/env", f'{{"ts": 1700000000, "i": {i}}}'.encode()
-        )
-    publisher.wait_all_acked()
-
-
 async def test_agent_with_gateways_sends_on_new_data_and_stops_cleanly(
     tmp_path: Path, mosquitto: MosquittoBroker, publisher: Publisher
 ) -> None:
@@ -72,9 +64,9 @@ async def test_agent_with_gateways_sends_on_new_data_and_stops_cleanly(
     agent = Agent(cfg, gateways=[gw])
     task = asyncio.create_task(agent.run(install_signals=False))
     await asyncio.wait_for(agent.ingest.connected.wait(), 20)
-    await asyncio.to_thread(_publish, publisher, 1, 40)
+    await asyncio.to_thread(publisher.readings, 1, 40)
     await eventually_async(lambda: gw.held("containers") == RangeSet([(1, 40)]), within=10)
-    await asyncio.to_thread(_publish, publisher, 41, 50)
+    await asyncio.to_thread(publisher.readings, 41, 50)
     await eventually_async(lambda: gw.held("containers") == RangeSet([(1, 50)]), within=10)
     # the uplink counts a batch once the gateway's answer is back: a moment after it holds it
     sent = 'shorelink_edge_uplink_records_sent_total{site="tokyo",stream="containers"} 50.0'
@@ -124,7 +116,7 @@ async def test_agent_process_uploads_over_http_once_the_gateway_comes_up(
                 if await connected():
                     break
                 await asyncio.sleep(0.1)
-        await asyncio.to_thread(_publish, publisher, 1, 30)
+        await asyncio.to_thread(publisher.readings, 1, 30)
 
         def down(report: dict[str, object]) -> bool:
             links = report["links"]
