@@ -35,7 +35,14 @@ from local_stack.tls import Authority, Issued, make_authority
 from shorelink.config import load_toml
 from shorelink.errors import ConfigError
 from shorelink.tls import TlsFile, client_context
-from tests.core_gateway.helpers import SAMPLE, batch, gateway_config, ingress_seqs, sample_config
+from tests.core_gateway.helpers import (
+    SAMPLE,
+    SHIP_KEYS_SAMPLE,
+    batch,
+    gateway_config,
+    ingress_seqs,
+    sample_config,
+)
 from tests.helpers import unique, write_toml
 from tests.tls_helpers import start_tls_gateway, tls_gateway_config, trusting
 
@@ -345,7 +352,9 @@ def authority(tmp_path_factory: pytest.TempPathFactory) -> Authority:
 
 
 def _listen(authority: Authority, **listen: str) -> dict[str, object]:
+    """The shipped sample (its ship keys file the shipped one) with ``listen`` keys."""
     data = load_toml(SAMPLE)
+    data["ship_keys_file"] = str(SHIP_KEYS_SAMPLE)
     server = authority.issue("gateway")
     data["listen"] = {
         "tls_cert_file": str(server.cert),
