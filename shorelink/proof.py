@@ -306,6 +306,9 @@ class ShipKeys:
     ships: dict[str, Ed25519PublicKey] = field(default_factory=dict)
     require_signatures: bool = False
     _verified: OrderedDict[bytes, bool] = field(default_factory=OrderedDict, repr=False)
+    #: the root of each chunk whose signature held, by (origin, stream, chunk and
+    #: signature): a record of it is checked by its path alone (oldest forgotten first)
+    _roots: dict[tuple[str, str, bytes], bytes] = field(default_factory=dict, repr=False)
 
     @classmethod
     def load(cls, path: Path, field_name: str = "ship_keys_file") -> ShipKeys:
@@ -467,8 +470,16 @@ class ShipKeys:
             return f"bad proof: {exc}"
         leaf = record_hash(seq, ts_ms, key, topic, payload)
         root = root_from_path(leaf, p.count, seq - p.first_seq, p.path)
+        # the chunk's other records: its root is known once its signature was checked
+        chunk = (origin, stream, proof[: _PROOF.size + SIGNATURE_BYTES])
+        known = self._roots.get(chunk)
+        if known is not None:
+            return None if known == root else "proof does not verify: not the ship's record"
         if not self.verify_chunk(origin, stream, p.first_seq, p.count, root, p.signature):
             return "proof does not verify: not the ship's record"
+        self._roots[chunk] = root
+        if len(self._roots) > _VERIFIED_MAX:
+            self._roots.pop(next(iter(self._roots)))
         return None
 
 

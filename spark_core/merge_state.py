@@ -433,10 +433,12 @@ def plan_batch(
         if offset >= high:
             high = offset + 1
         origin, seq, row_stream = origins[i], seqs[i], stream
+        rec: Record | None = None  # the row as Record.from_kafka reads it, once read
         if not origin or row_stream is None:  # Spark did not vouch: the full check
             row = b.row(i)
             try:
-                origin, row_stream, seq = _checked_identity(row, stream)
+                rec = _checked_record(row, stream)
+                origin, row_stream, seq = rec.identity.origin, rec.identity.stream, rec.identity.seq
             except ContractError as exc:
                 plan.streams.update([stream] if stream else [])
                 plan.dead.append(_dead_record(row, stream, str(exc)))
@@ -454,12 +456,12 @@ def plan_batch(
                 key = (entry_site, *source)
                 if (
                     (first is None or entry_of(topics[first]) != entry_site)
-                    and (not pulled or _proved(b, i, origin, keys) is None)
+                    and (not pulled or _proved(b, i, origin, keys, rec) is None)
                     and _relay_again(key, seq, state, again_seen)
                 ):
                     again.append((i, key, seq))
             continue
-        if pulled and (why := _proved(b, i, origin, keys)) is not None:
+        if pulled and (why := _proved(b, i, origin, keys, rec)) is not None:
             plan.unproved += 1
             plan.streams.add(row_stream)
             plan.dead.append(_dead_record(b.row(i), row_stream, why))
@@ -476,14 +478,16 @@ def plan_batch(
     return plan
 
 
-def _proved(b: SourceBatch, i: int, origin: str, keys: ShipKeys | None) -> str | None:
-    """None if row ``i`` (of ship ``origin``) may be taken as its ship's record
-    (shorelink/proof.py), else why not. Rows of ships that sign nothing, where keys
-    are not required, cost one lookup."""
+def _proved(
+    b: SourceBatch, i: int, origin: str, keys: ShipKeys | None, rec: Record | None
+) -> str | None:
+    """None if row ``i`` (of ship ``origin``; ``rec``: the row as read already, if it
+    was) may be taken as its ship's record (shorelink/proof.py), else why not. Rows of
+    ships that sign nothing, where keys are not required, cost one lookup."""
     if keys is None or (not keys.signed(origin) and not keys.refuses(origin)):
         return None
     row = b.row(i)
-    r = Record.from_kafka(row.key, row.value, row.headers)
+    r = rec or Record.from_kafka(row.key, row.value, row.headers)
     proof = next((v for k, v in reversed(row.headers) if k == H_PROOF and v is not None), None)
     i_ = r.identity
     return keys.check(
@@ -534,14 +538,14 @@ def _relayed(plan: BatchPlan, state: MergeState, key: Relayed, seq: int) -> None
     plan.relayed_now.setdefault(key, []).append(seq)
 
 
-def _checked_identity(row: SourceRow, stream: str | None) -> tuple[str, str, int]:
+def _checked_record(row: SourceRow, stream: str | None) -> Record:
     """``Record.from_kafka`` plus: the ``sl.stream`` header names the topic's stream."""
     if stream is None:
         raise ContractError(f"topic {row.topic} names no stream")
-    ident = Record.from_kafka(row.key, row.value, row.headers).identity
-    if ident.stream != stream:
-        raise ContractError(f"header sl.stream={ident.stream} but topic is {row.topic}")
-    return ident.origin, stream, ident.seq
+    rec = Record.from_kafka(row.key, row.value, row.headers)
+    if rec.identity.stream != stream:
+        raise ContractError(f"header sl.stream={rec.identity.stream} but topic is {row.topic}")
+    return rec
 
 
 def _order_new(
