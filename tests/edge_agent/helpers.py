@@ -19,6 +19,19 @@ from local_stack.process import Proc
 from tests.helpers import grows_to, kill9, run_process, write_toml
 
 
+def status_of(cfg: Any, stream: str) -> dict[str, Any]:
+    """What ``shorelink-edge status`` of this version reports of ``stream`` in the log of
+    ``cfg``, read only (an old log, the agent not restarted yet, included)."""
+    from edge_agent.status import collect_status, open_log
+
+    reader = open_log(cfg, readonly=True)
+    try:
+        report: dict[str, Any] = collect_status(cfg, reader)["streams"][stream]
+        return report
+    finally:
+        reader.close()
+
+
 def edge_config_doc(tmp_path: Path, broker: MosquittoBroker, **overrides: Any) -> dict[str, Any]:
     """The agent's config on ``broker``, its log in ``tmp_path``: three streams and their
     rules. ``overrides`` replace ``port``, ``client_id``, ``log_path``, ``max_bytes``,

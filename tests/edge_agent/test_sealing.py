@@ -32,7 +32,7 @@ from local_stack.toxiproxy import Toxiproxy
 from shorelink.ranges import RangeSet
 from shorelink.wire import FLAG_TEMPLATED, Batch, WireRecord, decode_batch, encode_batch
 from tests.core_gateway.helpers import assert_exactly_once, gateway_config, start_gateway
-from tests.edge_agent.helpers import Publisher, edge_config_doc
+from tests.edge_agent.helpers import Publisher, edge_config_doc, status_of
 from tests.edge_agent.memory_gateway import MemoryGateway
 from tests.edge_agent.uplink_helpers import fill, uplink_config
 from tests.helpers import eventually_async, unique, write_toml
@@ -456,10 +456,8 @@ def test_log_from_before_sealing_gains_the_segments_table(
     assert [r["id"] for r in db.query("SELECT id FROM _migrations ORDER BY id")] == [1, 2]
     db.close()
     # `status` of the new version reads the old log (the agent not restarted yet)
-    reader = open_log(cfg, readonly=True)
-    report = collect_status(cfg, reader)["streams"]["containers"]
+    report = status_of(cfg, "containers")
     assert (report["records"], report["sealed_records"]) == (600, 0)
-    reader.close()
 
     edge_log = open_log(cfg)
     db = sqlite_utils.Database(cfg.log.path)

@@ -30,7 +30,7 @@ from edge_agent.errors import LinkError
 from edge_agent.log import EdgeLog
 from edge_agent.metrics import EdgeMetrics
 from edge_agent.sealing import SEAL_MAX_BYTES, Sealer
-from edge_agent.status import collect_status, open_log
+from edge_agent.status import open_log
 from edge_agent.uplink import Uplink
 from local_stack.mosquitto import MosquittoBroker
 from shorelink.errors import ConfigError
@@ -46,7 +46,7 @@ from shorelink.wire import (
     encode_body,
 )
 from shorelink.workers import MAX_BROKEN
-from tests.edge_agent.helpers import Publisher, edge_config_doc
+from tests.edge_agent.helpers import Publisher, edge_config_doc, status_of
 from tests.edge_agent.memory_gateway import MemoryGateway
 from tests.edge_agent.uplink_helpers import fill, uplink_config
 from tests.helpers import eventually_async, write_toml
@@ -429,10 +429,8 @@ def test_log_from_before_signatures_keeps_its_segments_readable(
     assert "signatures" not in db["segments"].columns_dict
     db.close()
     # `status` of the new version reads the old log (the agent not restarted yet)
-    reader = open_log(cfg, readonly=True)
-    report = collect_status(cfg, reader)["streams"]["containers"]
+    report = status_of(cfg, "containers")
     assert (report["records"], report["sealed_records"]) == (600, 500)
-    reader.close()
 
     edge_log = open_log(cfg)
     try:
