@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tomllib
 from collections.abc import Callable, Iterable, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -387,8 +388,22 @@ _KEYS_OPTION = click.option(
     default=None,
     help="Also set whether ships without a key are refused (a new file: refused).",
 )
+@click.option(
+    "--unsigned-below",
+    "unsigned_below",
+    multiple=True,
+    metavar="STREAM=SEQ",
+    help="A ship that sent before it had a key: its records of STREAM below SEQ (the "
+    "ship's next seq now: shorelink-edge status) are taken without a proof where a site "
+    "lacks them (repeatable).",
+)
 def ship_key_new(
-    ship: str, key_file: Path, keys_path: Path, replace: bool, require_signatures: bool | None
+    ship: str,
+    key_file: Path,
+    keys_path: Path,
+    replace: bool,
+    require_signatures: bool | None,
+    unsigned_below: tuple[str, ...],
 ) -> None:
     """Make SHIP's signing key and add its public half to the ship keys file."""
     from shorelink.files import locked
@@ -409,11 +424,17 @@ def ship_key_new(
                 raise ShorelinkError(
                     f"ship {ship} has a key in {keys_path} already (--replace to replace it)"
                 )
+            bounds = dict(keys.unsigned_below)
+            bounds.pop(ship, None)
+            if unsigned_below:
+                bounds[ship] = _stream_seqs(unsigned_below)
             key = ShipKey.generate()
-            key.save(key_file)
             ships = {**keys.public_keys(), ship: key.public()}
             require = keys.require_signatures if require_signatures is None else require_signatures
-            write_atomic(keys_path, ShipKeys.render(ships, require))
+            text = ShipKeys.render(ships, require, bounds)
+            ShipKeys.parse(tomllib.loads(text))  # what it writes reads back
+            key.save(key_file)
+            write_atomic(keys_path, text)
     except ShorelinkError as exc:
         fail(exc)
     click.echo(f"ship {ship}: private key in {key_file} (mode 0600), public key {key.public()}")
@@ -436,12 +457,30 @@ def ship_key_list(keys_path: Path, as_json: bool) -> None:
         fail(exc)
     public = keys.public_keys()
     if as_json:
-        click.echo(json.dumps({"require_signatures": keys.require_signatures, "ships": public}))
+        click.echo(
+            json.dumps(
+                {
+                    "require_signatures": keys.require_signatures,
+                    "ships": public,
+                    "unsigned_below": keys.unsigned_below,
+                }
+            )
+        )
         return
     if not public:
         click.echo(f"no ship has a key in {keys_path}")
     else:
-        for line in table(["ship", "public key"], [[s, k] for s, k in sorted(public.items())]):
+        rows = [
+            [
+                s,
+                k,
+                ", ".join(
+                    f"{st} < {n}" for st, n in sorted(keys.unsigned_below.get(s, {}).items())
+                ),
+            ]
+            for s, k in sorted(public.items())
+        ]
+        for line in table(["ship", "public key", "taken unsigned"], rows):
             click.echo(line)
     refused = "refused" if keys.require_signatures else "taken unsigned"
     click.echo(f"ships without a key: {refused} (require_signatures)")
@@ -461,10 +500,22 @@ def ship_key_remove(ship: str, keys_path: Path) -> None:
             ships = keys.public_keys()
             if ships.pop(ship, None) is None:
                 raise ShorelinkError(f"ship {ship} has no key in {keys_path}")
-            write_atomic(keys_path, ShipKeys.render(ships, keys.require_signatures))
+            bounds = {s: b for s, b in keys.unsigned_below.items() if s != ship}
+            write_atomic(keys_path, ShipKeys.render(ships, keys.require_signatures, bounds))
     except ShorelinkError as exc:
         fail(exc)
     click.echo(f"ship {ship}: key removed from {keys_path}; copy the file to every site")
+
+
+def _stream_seqs(items: Sequence[str]) -> dict[str, int]:
+    """``STREAM=SEQ`` options as a mapping; a ShorelinkError naming a bad one."""
+    out = {}
+    for item in items:
+        stream, _, seq = item.partition("=")
+        if not seq.isdigit() or int(seq) < 1:
+            raise ShorelinkError(f"--unsigned-below {item!r}: give STREAM=SEQ, SEQ >= 1")
+        out[stream] = int(seq)
+    return out
 
 
 _ADDED: dict[str, list[str]] = {}

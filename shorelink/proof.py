@@ -280,6 +280,31 @@ def sign_records(
     )
 
 
+def _ship_entry(field_name: str, entry: object) -> tuple[str, dict[str, int]]:
+    """A ship's entry in the keys file: its key, or ``{ key = "...", unsigned_below =
+    { stream = seq, ... } }``."""
+    if isinstance(entry, str):
+        return entry, {}
+    if not isinstance(entry, dict) or set(entry) - {"key", "unsigned_below"}:
+        raise ConfigError(
+            field_name, 'must be "<public key>" or { key = "...", unsigned_below = {...} }'
+        )
+    bounds = entry.get("unsigned_below", {})
+    if not isinstance(bounds, dict) or not all(
+        isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 2**63 - 1
+        for n in bounds.values()
+    ):
+        raise ConfigError(
+            f"{field_name}.unsigned_below", "must be { stream = seq, ... }, seqs >= 1"
+        )
+    for stream in bounds:
+        try:
+            check_name("stream", stream)
+        except ContractError as exc:
+            raise ConfigError(f"{field_name}.unsigned_below", str(exc)) from None
+    return str(entry.get("key", "")), dict(bounds)
+
+
 class SignatureError(ShorelinkError):
     """A batch its ship's key does not prove; ``reason``: ``unsigned`` (the ship has a
     key and the batch no signatures), ``unknown_ship`` (no key, and keys are required)
@@ -305,6 +330,10 @@ class ShipKeys:
 
     ships: dict[str, Ed25519PublicKey] = field(default_factory=dict)
     require_signatures: bool = False
+    #: per ship and stream, the seqs below which a record without a proof is still taken:
+    #: what the ship sent before it had its key (a fleet moving over, a site rebuilt
+    #: taking that history back); a record with a proof is always checked
+    unsigned_below: dict[str, dict[str, int]] = field(default_factory=dict)
     _verified: OrderedDict[bytes, bool] = field(default_factory=OrderedDict, repr=False)
     #: the root of each chunk whose signature held, by (origin, stream, chunk and
     #: signature): a record of it is checked by its path alone (oldest forgotten first)
@@ -332,19 +361,34 @@ class ShipKeys:
         if not isinstance(ships, dict):
             raise ConfigError(f"{where}: ships", 'must be a table: ship = "<public key>"')
         keys = {}
-        for ship, text in ships.items():
+        below: dict[str, dict[str, int]] = {}
+        for ship, entry in ships.items():
+            text, bounds = _ship_entry(f"{where}: ships.{ship}", entry)
             try:
                 check_name("origin", ship)
-                raw = base64.b64decode(str(text), validate=True)
+                raw = base64.b64decode(text, validate=True)
                 keys[ship] = Ed25519PublicKey.from_public_bytes(raw)
             except (ValueError, ContractError) as exc:
                 raise ConfigError(
                     f"{where}: ships.{ship}", f"not an Ed25519 public key: {exc}"
                 ) from None
-        return cls(keys, require)
+            if bounds:
+                below[ship] = bounds
+        return cls(keys, require, below)
 
     @staticmethod
-    def render(ships: Mapping[str, str], require_signatures: bool) -> str:
+    def render(
+        ships: Mapping[str, str],
+        require_signatures: bool,
+        unsigned_below: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> str:
+        def entry(ship: str, key: str) -> str:
+            bounds = (unsigned_below or {}).get(ship)
+            if not bounds:
+                return f'{ship} = "{key}"'
+            inner = ", ".join(f"{st} = {n}" for st, n in sorted(bounds.items()))
+            return f'{ship} = {{ key = "{key}", unsigned_below = {{ {inner} }} }}'
+
         lines = [
             "# shorelink ship keys: every ship's public Ed25519 key (base64). Every site's",
             "# gateway and Spark application read the same file (docs/replication.md).",
@@ -352,7 +396,7 @@ class ShipKeys:
             f"require_signatures = {'true' if require_signatures else 'false'}",
             "",
             "[ships]",
-            *(f'{s} = "{k}"' for s, k in sorted(ships.items())),
+            *(entry(s, k) for s, k in sorted(ships.items())),
         ]
         return "\n".join(lines) + "\n"
 
@@ -463,6 +507,8 @@ class ShipKeys:
                 else None
             )
         if proof is None:
+            if seq < self.unsigned_below.get(origin, {}).get(stream, 0):
+                return None  # sent before the ship had its key (unsigned_below)
             return f"ship {origin} signs its records; this one has no proof"
         try:
             p = Proof.decode(proof, seq)

@@ -194,3 +194,30 @@ def test_keys_on_disk_are_private_and_the_keys_file_refuses_what_is_no_key(tmp_p
     ]:
         with pytest.raises(ConfigError, match=match):
             ShipKeys.parse(bad_data)
+
+
+def test_a_ship_that_sent_before_its_key_has_its_older_records_taken_unproved_below_the_bound(
+    tmp_path: Path,
+) -> None:
+    """``unsigned_below``: what a ship sent before it had a key carries no proof; below
+    the bound (per stream) such a record is taken, at or above it refused; a record that
+    carries a proof is checked whatever its seq."""
+    text = ShipKeys.render({"bigblue": KEY.public()}, True, {"bigblue": {"containers": 100}})
+    path = tmp_path / "ship_keys.toml"
+    path.write_text(text)
+    keys = ShipKeys.load(path)
+    assert keys.unsigned_below == {"bigblue": {"containers": 100}}
+    assert ShipKeys.render(keys.public_keys(), True, keys.unsigned_below) == text
+    rec = ("bigblue", "containers", 99, 1, "k", "t", b"v")
+    assert keys.check(*rec, None) is None
+    assert "no proof" in (keys.check("bigblue", "containers", 100, 1, "k", "t", b"v", None) or "")
+    assert "no proof" in (keys.check("bigblue", "nav", 5, 1, "k", "t", b"v", None) or "")
+    assert keys.check(*rec, b"\x00" * 90) is not None  # a proof is always checked
+    for bad, match in [
+        ({"bigblue": {"key": KEY.public(), "unsigned_below": {"containers": 0}}}, "seqs >= 1"),
+        ({"bigblue": {"key": KEY.public(), "unsigned_below": {"Bad Name": 5}}}, "bad stream"),
+        ({"bigblue": {"key": KEY.public(), "below": {}}}, "must be"),
+        ({"bigblue": {"unsigned_below": {"nav": 5}}}, "not an Ed25519"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            ShipKeys.parse({"ships": bad})

@@ -49,13 +49,27 @@ def test_new_list_replace_and_remove_keep_the_private_key_private(tmp_path: Path
         "--no-require-signatures",
     )  # fmt: skip
     assert two.returncode == 0
+    old = _run(
+        "new", "oldtimer", "--key-file", str(tmp_path / "o.key"), "--ship-keys", str(keys),
+        "--unsigned-below", "containers=5000", "--unsigned-below", "nav=70",
+    )  # fmt: skip
+    assert old.returncode == 0, old.stderr
     listed = json.loads(_run("list", "--ship-keys", str(keys), "--json").stdout)
-    assert sorted(listed["ships"]) == ["bigblue", "redsea"]
+    assert sorted(listed["ships"]) == ["bigblue", "oldtimer", "redsea"]
     assert listed["require_signatures"] is False
+    assert listed["unsigned_below"] == {"oldtimer": {"containers": 5000, "nav": 70}}
+    assert "containers < 5000" in _run("list", "--ship-keys", str(keys)).stdout
+    bad = _run(
+        "new", "x", "--key-file", str(tmp_path / "x1.key"), "--ship-keys", str(keys),
+        "--unsigned-below", "nav",
+    )  # fmt: skip
+    assert bad.returncode == 2 and "STREAM=SEQ" in bad.stderr
+    assert not (tmp_path / "x1.key").exists()
     text = _run("list", "--ship-keys", str(keys)).stdout
     assert "redsea" in text and "taken unsigned" in text
     gone = _run("remove", "redsea", "--ship-keys", str(keys))
-    assert gone.returncode == 0 and list(ShipKeys.load(keys).ships) == ["bigblue"]
+    assert gone.returncode == 0 and sorted(ShipKeys.load(keys).ships) == ["bigblue", "oldtimer"]
+    assert ShipKeys.load(keys).unsigned_below == {"oldtimer": {"containers": 5000, "nav": 70}}
     assert _run("remove", "redsea", "--ship-keys", str(keys)).returncode == 2
     bad = _run("new", "Big Blue", "--key-file", str(tmp_path / "x.key"), "--ship-keys", str(keys))
     assert bad.returncode == 2 and "bad origin name" in bad.stderr

@@ -152,3 +152,19 @@ def test_a_held_record_is_relayed_again_only_from_a_proved_copy() -> None:
     plan = plan_batch(rows, state, entry, KEYS)
     assert [int(dict(h)[H_SEQ]) for _, _, _, h in plan.again] == [5]
     assert plan.duplicates == 2
+
+
+def test_a_rebuilt_site_takes_back_what_a_ship_sent_before_its_key_and_no_forgery_above() -> None:
+    """A ship sent seqs 1-10 before it had a key (no proof); the keys file says so
+    (``unsigned_below``). A site rebuilt empty takes them back from a neighbour; above
+    the bound a record without a proof is still a forgery."""
+    keys = ShipKeys.parse(
+        {
+            "require_signatures": True,
+            "ships": {"bigblue": {"key": KEY.public(), "unsigned_below": {"containers": 11}}},
+        }
+    )
+    old = [_forged(s, 0) for s in range(1, 11)]  # as the ship sent them: no proof
+    later = [_forged(s, 0) for s in range(11, 16)]
+    written, unproved, _ = _apply(MergeState(), _rows([(FROM_G, r) for r in old + later]), keys)
+    assert [s for s, _ in written] == list(range(1, 11)) and unproved == 5
