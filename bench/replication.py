@@ -79,7 +79,7 @@ from shorelink.identity import Identity
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.kafka.transactions import TransactionalProducer
-from shorelink.proof import ShipKey, ShipKeys, proofs, record_hash, sign_records
+from shorelink.proof import ShipKey, ShipKeys, record_hash
 
 say = progress("replication")
 
@@ -200,9 +200,7 @@ def proved(recs: list[Record]) -> list[bytes]:
         run = recs[i:j]
         key = SHIP_KEYS.setdefault(first.origin, ShipKey.generate())
         leaves = [record_hash(r.identity.seq, r.ts_ms, r.key, r.mqtt_topic, r.value) for r in run]
-        sigs = sign_records(key, first.origin, first.stream, first.seq, leaves)
-        split = [sigs[k : k + 64] for k in range(0, len(sigs), 64)]
-        out += [p.encode() for p in proofs(first.seq, leaves, split)]
+        out += key.proofs(first.origin, first.stream, first.seq, leaves)
         i = j
     return out
 

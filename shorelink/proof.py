@@ -29,12 +29,12 @@ import logging
 import os
 import struct
 import tomllib
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from shorelink.errors import ConfigError, ContractError, ShorelinkError
@@ -204,15 +204,23 @@ class Proof:
         return cls(first, count, raw[_PROOF.size : at], path)
 
 
-def proofs(first_seq: int, leaves: Sequence[bytes], signatures: Sequence[bytes]) -> list[Proof]:
+def proofs(first_seq: int, leaves: Sequence[bytes], signatures: bytes) -> list[Proof]:
     """Every record's proof, for a batch from ``first_seq`` whose records' hashes are
-    ``leaves`` and whose chunks' signatures are ``signatures`` (in order)."""
+    ``leaves`` and whose chunks' signatures are ``signatures`` (concatenated, as the
+    wire format carries them)."""
     out: list[Proof] = []
-    for (first, count), sig in zip(chunks(first_seq, len(leaves)), signatures, strict=True):
+    for j, (first, count) in enumerate(chunks(first_seq, len(leaves))):
         at = first - first_seq
+        sig = signatures[j * SIGNATURE_BYTES : (j + 1) * SIGNATURE_BYTES]
         levels = merkle_levels(leaves[at : at + count])
         out += [Proof(first, count, sig, tuple(merkle_path(levels, i))) for i in range(count)]
     return out
+
+
+def _public_text(key: Ed25519PublicKey) -> str:
+    """A public key as the ship keys file writes it (base64 of 32 bytes)."""
+    raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return base64.b64encode(raw).decode()
 
 
 class ShipKey:
@@ -220,6 +228,7 @@ class ShipKey:
 
     def __init__(self, key: Ed25519PrivateKey) -> None:
         self._key = key
+        self._public = _public_text(key.public_key())
 
     @classmethod
     def generate(cls) -> ShipKey:
@@ -245,8 +254,6 @@ class ShipKey:
 
     def save(self, path: Path) -> None:
         """Write the key to ``path``, mode 0600."""
-        from cryptography.hazmat.primitives import serialization
-
         seed = self._key.private_bytes(
             serialization.Encoding.Raw,
             serialization.PrivateFormat.Raw,
@@ -257,12 +264,16 @@ class ShipKey:
 
     def public(self) -> str:
         """The public half as the ship keys file writes it (base64 of 32 bytes)."""
-        from cryptography.hazmat.primitives import serialization
+        return self._public
 
-        raw = self._key.public_key().public_bytes(
-            serialization.Encoding.Raw, serialization.PublicFormat.Raw
-        )
-        return base64.b64encode(raw).decode()
+    def proofs(
+        self, origin: str, stream: str, first_seq: int, leaves: Sequence[bytes]
+    ) -> list[bytes]:
+        """Each record's ``sl.proof`` for a batch this key signs (records' hashes
+        ``leaves`` from ``first_seq``): what a gateway writes for it. For benchmarks and
+        tests that stand in for a ship and its gateway at once."""
+        sigs = sign_records(self, origin, stream, first_seq, leaves)
+        return [p.encode() for p in proofs(first_seq, leaves, sigs)]
 
     def sign(self, message: bytes) -> bytes:
         return self._key.sign(message)
@@ -273,10 +284,9 @@ def sign_records(
 ) -> bytes:
     """The chunks' signatures of a batch, concatenated (what the wire format carries)."""
     return b"".join(
-        key.sign(chunk_message(origin, stream, first, count, merkle_root(leaves[i : i + count])))
-        for i, (first, count) in zip(
-            range(0, len(leaves), CHUNK_RECORDS), chunks(first_seq, len(leaves)), strict=True
-        )
+        key.sign(chunk_message(origin, stream, first, count, merkle_root(leaves[at : at + count])))
+        for first, count in chunks(first_seq, len(leaves))
+        for at in [first - first_seq]
     )
 
 
@@ -315,8 +325,9 @@ class SignatureError(ShorelinkError):
         super().__init__(f"{reason}: {message}")
 
 
-#: chunks whose signature a :class:`ShipKeys` remembers as checked (about 200 bytes each)
-_VERIFIED_MAX = 65_536
+#: chunks whose root a :class:`ShipKeys` remembers once their signature held (about 250
+#: bytes each)
+_ROOTS_MAX = 65_536
 
 
 @dataclass
@@ -334,7 +345,6 @@ class ShipKeys:
     #: what the ship sent before it had its key (a fleet moving over, a site rebuilt
     #: taking that history back); a record with a proof is always checked
     unsigned_below: dict[str, dict[str, int]] = field(default_factory=dict)
-    _verified: OrderedDict[bytes, bool] = field(default_factory=OrderedDict, repr=False)
     #: the root of each chunk whose signature held, by (origin, stream, chunk and
     #: signature): a record of it is checked by its path alone (oldest forgotten first)
     _roots: dict[tuple[str, str, bytes], bytes] = field(default_factory=dict, repr=False)
@@ -402,17 +412,8 @@ class ShipKeys:
 
     def public_keys(self, ships: Iterable[str] | None = None) -> dict[str, str]:
         """The public keys (base64) of ``ships`` that have one (default: all)."""
-        from cryptography.hazmat.primitives import serialization
-
         names = self.ships if ships is None else [s for s in ships if s in self.ships]
-        return {
-            s: base64.b64encode(
-                self.ships[s].public_bytes(
-                    serialization.Encoding.Raw, serialization.PublicFormat.Raw
-                )
-            ).decode()
-            for s in names
-        }
+        return {s: _public_text(self.ships[s]) for s in names}
 
     def signed(self, origin: str) -> bool:
         """Must records of ``origin`` carry a proof?"""
@@ -425,25 +426,16 @@ class ShipKeys:
     def verify_chunk(
         self, origin: str, stream: str, first_seq: int, count: int, root: bytes, sig: bytes
     ) -> bool:
-        """Did ``origin``'s key sign this chunk? Remembered, so a chunk costs one check."""
-        message = chunk_message(origin, stream, first_seq, count, root)
-        memo = hashlib.blake2b(message + sig, digest_size=16).digest()
-        known = self._verified.get(memo)
-        if known is not None:
-            self._verified.move_to_end(memo)
-            return known
+        """Did ``origin``'s key sign this chunk? (One Ed25519 check: :meth:`check`
+        remembers the root of a chunk that passed.)"""
         key = self.ships.get(origin)
-        ok = False
-        if key is not None and len(sig) == SIGNATURE_BYTES:
-            try:
-                key.verify(sig, message)
-                ok = True
-            except InvalidSignature:
-                ok = False
-        self._verified[memo] = ok
-        if len(self._verified) > _VERIFIED_MAX:
-            self._verified.popitem(last=False)
-        return ok
+        if key is None or len(sig) != SIGNATURE_BYTES:
+            return False
+        try:
+            key.verify(sig, chunk_message(origin, stream, first_seq, count, root))
+        except InvalidSignature:
+            return False
+        return True
 
     def verify_batch(
         self, origin: str, stream: str, first_seq: int, leaves: Sequence[bytes], sigs: bytes
@@ -484,8 +476,7 @@ class ShipKeys:
         why = self.verify_batch(origin, stream, first_seq, leaves, sigs)
         if why is not None:
             raise SignatureError("bad_signature", why)
-        split = [sigs[i : i + SIGNATURE_BYTES] for i in range(0, len(sigs), SIGNATURE_BYTES)]
-        return [p.encode() for p in proofs(first_seq, leaves, split)]
+        return [p.encode() for p in proofs(first_seq, leaves, sigs)]
 
     def check(
         self,
@@ -524,7 +515,7 @@ class ShipKeys:
         if not self.verify_chunk(origin, stream, p.first_seq, p.count, root, p.signature):
             return "proof does not verify: not the ship's record"
         self._roots[chunk] = root
-        if len(self._roots) > _VERIFIED_MAX:
+        if len(self._roots) > _ROOTS_MAX:
             self._roots.pop(next(iter(self._roots)))
         return None
 

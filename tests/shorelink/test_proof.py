@@ -59,8 +59,7 @@ def signed_batch(first: int, n: int) -> tuple[bytes, list[Proof], tuple[WireReco
     data = encode_batch(Batch("bigblue", "containers", recs), key=KEY)
     h, cols = decode_columns(data)
     leaves = leaves_of(h.first_seq, *cols)
-    sigs = [h.signatures[i : i + SIGNATURE_BYTES] for i in range(0, len(h.signatures), 64)]
-    return data, proofs(h.first_seq, leaves, sigs), recs
+    return data, proofs(h.first_seq, leaves, h.signatures), recs
 
 
 @FUZZ
