@@ -43,6 +43,7 @@ __all__ = [
     "LEDGER_TOPIC",
     "LINKS_TOPIC",
     "MARKER_TOPIC",
+    "MAX_INT64",
     "MAX_RECORD_BYTES",
     "MAX_TS_MS",
     "RELAYED_TOPIC",
@@ -97,6 +98,11 @@ KAFKA_MAX_MESSAGE_BYTES = MAX_RECORD_BYTES + 64 * 1024
 #: ``sl.ts`` is the ship's word (up to 18 digits); beyond this a table's ``ts`` column
 #: is NULL (the header kept as it came), where it would break every reader of the row.
 MAX_TS_MS = 253_402_300_799_999
+#: The largest ``sl.seq`` and ``sl.ts`` the contract takes: a signed 64-bit integer, what
+#: the wire format carries (``shorelink.wire.MAX_SEQ``), Spark's BIGINT and the proof's
+#: record hash hold. A record beyond it breaks the contract (a neighbour's hostile or
+#: buggy record is dead-lettered, not retried for ever).
+MAX_INT64 = 2**63 - 1
 
 LEDGER_TOPIC = "sl.ledger"
 #: compacted; key ``origin/stream``, value JSON ``{"written": ranges, "abandoned": ranges}``:
@@ -270,4 +276,9 @@ def _header_map(headers: HeaderList) -> dict[str, str]:
 def _parse_int(text: str, name: str) -> int:
     if not text.isascii() or not text.isdigit():
         raise ContractError(f"header {name}={text!r} is not a decimal number")
-    return int(text)
+    digits = text.lstrip("0") or "0"
+    # 19 digits hold MAX_INT64: a longer number is refused before int() reads it (past
+    # 4300 digits int() itself would raise ValueError)
+    if len(digits) > 19 or int(digits) > MAX_INT64:
+        raise ContractError(f"header {name}={text[:24]!r}... is beyond 2**63-1")
+    return int(digits)

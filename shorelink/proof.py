@@ -37,6 +37,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from shorelink.contract import MAX_INT64
 from shorelink.errors import ConfigError, ContractError, ShorelinkError
 from shorelink.files import FileWatch, read_private, write_atomic
 from shorelink.identity import check_name
@@ -490,7 +491,25 @@ class ShipKeys:
         proof: bytes | None,
     ) -> str | None:
         """None if the record may be taken (its proof holds, or its ship signs nothing
-        and keys are not required), else why not."""
+        and keys are not required), else why not. Never raises, whatever a neighbour
+        put in the record: a record that cannot be checked is not proved (a raise would
+        stop the puller at that record for good)."""
+        try:
+            return self._check(origin, stream, seq, ts_ms, key, topic, payload, proof)
+        except (ValueError, TypeError, OverflowError, struct.error, UnicodeError) as exc:
+            return f"bad record: {exc}"
+
+    def _check(
+        self,
+        origin: str,
+        stream: str,
+        seq: int,
+        ts_ms: int,
+        key: str | bytes,
+        topic: str | bytes,
+        payload: bytes,
+        proof: bytes | None,
+    ) -> str | None:
         if origin not in self.ships:
             return (
                 f"ship {origin} has no key and signatures are required"
@@ -501,6 +520,8 @@ class ShipKeys:
             if seq < self.unsigned_below.get(origin, {}).get(stream, 0):
                 return None  # sent before the ship had its key (unsigned_below)
             return f"ship {origin} signs its records; this one has no proof"
+        if not (1 <= seq <= MAX_INT64 and 0 <= ts_ms <= MAX_INT64):
+            return f"seq {seq} or ts {ts_ms} is beyond the contract's 0..2**63-1"
         try:
             p = Proof.decode(proof, seq)
         except ValueError as exc:

@@ -186,7 +186,8 @@ _VOUCH: dict[str, Callable[[str], str]] = {
     H_STREAM: lambda v: _stream_of_topic(_text(v)),
     # a BIGINT that prints back as it came (no leading zero, at most 18 digits)
     H_SEQ: lambda v: rf"{_text(v)} RLIKE '^[1-9][0-9]{{0,17}}\\z'",
-    H_TS: lambda v: rf"{_text(v)} RLIKE '^[0-9]+\\z'",
+    # at most 18 digits: within MAX_INT64 (Python decides a longer one)
+    H_TS: lambda v: rf"{_text(v)} RLIKE '^[0-9]{{1,18}}\\z'",
 }
 #: any text (UTF-8) for Python; Spark vouches for ASCII, checked for all at once
 #: (``is_valid_utf8`` and one byte a character; null if any value is null)
@@ -235,7 +236,7 @@ def vouch(df: Any, *keep: str) -> Any:
     (:data:`PROOF_COLUMN` carries it), with every value present,
     ``sl.origin`` a valid name, ``sl.stream`` the stream the topic carries (Python
     checks that name, once per topic), ``sl.seq`` 1 to 18 digits without a leading
-    zero, ``sl.ts`` digits, ``sl.site`` and ``sl.mqtt_topic`` ASCII."""
+    zero, ``sl.ts`` 1 to 18 digits, ``sl.site`` and ``sl.mqtt_topic`` ASCII."""
     keep = tuple(k for k in keep if k != "headers")
     return df.selectExpr(*keep, *_CHECKED).selectExpr(*keep, *_PROJECTED)
 

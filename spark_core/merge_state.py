@@ -487,7 +487,10 @@ def _proved(
     if keys is None or (not keys.signed(origin) and not keys.refuses(origin)):
         return None
     row = b.row(i)
-    r = rec or Record.from_kafka(row.key, row.value, row.headers)
+    try:  # a row Spark vouched for is read here first
+        r = rec or Record.from_kafka(row.key, row.value, row.headers)
+    except ContractError as exc:
+        return str(exc)
     proof = next((v for k, v in reversed(row.headers) if k == H_PROOF and v is not None), None)
     i_ = r.identity
     return keys.check(

@@ -8,6 +8,10 @@ and with ``require_signatures`` an invented ship adds nothing."""
 
 from __future__ import annotations
 
+import re
+import struct
+
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +21,14 @@ from shorelink.ledger import MAX_HOLDINGS_RANGES
 from shorelink.proof import ShipKey, ShipKeys
 from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, WireRecord, decode_columns, encode_batch
-from spark_core.merge_state import Headers, MergeState, SourceRow, plan_batch, pulled_source
+from spark_core.merge_state import (
+    Headers,
+    MergeState,
+    RowBatch,
+    SourceRow,
+    plan_batch,
+    pulled_source,
+)
 
 KEY = ShipKey.generate()
 KEYS = ShipKeys.parse({"ships": {"bigblue": KEY.public()}})
@@ -168,3 +179,89 @@ def test_a_rebuilt_site_takes_back_what_a_ship_sent_before_its_key_and_no_forger
     later = [_forged(s, 0) for s in range(11, 16)]
     written, unproved, _ = _apply(MergeState(), _rows([(FROM_G, r) for r in old + later]), keys)
     assert [s for s, _ in written] == list(range(1, 11)) and unproved == 5
+
+
+def _beyond(seq: bytes, ts: bytes, proof: bytes | None) -> tuple[bytes, bytes, Headers]:
+    """A neighbour's record of bigblue with ``sl.seq``/``sl.ts`` as given (raw digits)."""
+    headers: Headers = [
+        ("sl.origin", b"bigblue"),
+        ("sl.stream", b"containers"),
+        ("sl.seq", seq),
+        ("sl.ts", ts),
+        ("sl.site", b"nasty"),
+        ("sl.mqtt_topic", b"x"),
+    ]
+    if proof is not None:
+        headers.append((H_PROOF, proof))
+    return b"MSCU0", b"{}", headers
+
+
+def _one_record_proof(seq: int) -> bytes:
+    """A well-formed proof for a chunk of one record at ``seq`` (garbage signature)."""
+    return struct.pack("<QH", seq, 1) + b"\x01" * 64
+
+
+class _Vouched(RowBatch):
+    """The rows as Spark hands them over after vouching (contract_sql.vouch): the
+    identity read already where the headers pass Spark's rule."""
+
+    def __init__(self, rows: list[SourceRow]) -> None:
+        super().__init__(rows)
+        for i, r in enumerate(rows):
+            h = dict(r.headers)
+            seq, origin = h["sl.seq"], h["sl.origin"]
+            if isinstance(seq, bytes) and re.fullmatch(rb"[1-9][0-9]{0,17}", seq):
+                assert isinstance(origin, bytes)
+                self.origins[i], self.seqs[i] = origin.decode(), int(seq)
+
+
+@pytest.mark.parametrize("spark", [False, True], ids=["python", "spark_vouched"])
+def test_a_neighbours_record_beyond_int64_is_dead_lettered_and_the_feed_goes_on(
+    spark: bool,
+) -> None:
+    """Review finding N4: one pulled row with ``sl.ts`` >= 2**63 (or ``sl.seq`` >=
+    2**63, 2**64) made plan_batch raise, and the puller retried that offset for ever: a
+    neighbour's one record stalled the feed. Such a row breaks the contract: it is
+    dead-lettered and counted, and the genuine records after it are taken."""
+    big = [
+        _beyond(b"5", b"%d" % 2**63, _one_record_proof(5)),
+        _beyond(b"%d" % 2**63, b"1", _one_record_proof(2**63)),
+        _beyond(b"%d" % 2**64, b"1", None),
+        _beyond(b"6", b"9" * 5000, _one_record_proof(6)),
+        _beyond(b"0" * 5000 + b"7", b"1", _one_record_proof(7)),
+    ]
+    rows = _rows([(FROM_N, r) for r in big] + [(FROM_G, g) for g in GENUINE])
+    batch = _Vouched(rows) if spark else RowBatch(rows)
+    plan = plan_batch(batch, MergeState(), None, KEYS)
+    assert len(plan.canonical) == len(GENUINE)
+    assert len(plan.dead) == len(big)
+    assert plan.offsets[(FROM_N, 0)] == len(big)  # the feed moves past them
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seq=st.integers(min_value=-(2**70), max_value=2**70) | st.integers(2**63 - 2, 2**64 + 2),
+    ts=st.integers(min_value=-(2**70), max_value=2**70) | st.integers(2**63 - 2, 2**64 + 2),
+    key=st.text() | st.binary(),
+    topic=st.text() | st.binary(),
+    payload=st.binary(),
+    proof=st.none() | st.binary(max_size=300) | st.just(b"chunk"),
+    origin=st.sampled_from(["bigblue", "ghost"]),
+)
+def test_checking_a_record_returns_a_verdict_whatever_its_headers_hold(
+    seq: int,
+    ts: int,
+    key: str | bytes,
+    topic: str | bytes,
+    payload: bytes,
+    proof: bytes | None,
+    origin: str,
+) -> None:
+    """ShipKeys.check never raises (a raise stops the puller at that record): any
+    value a neighbour can put in a record gets a verdict. ``chunk``: a well-formed
+    proof of a one-record chunk at the record's seq, so the record's hash is taken."""
+    if proof == b"chunk":
+        proof = _one_record_proof(seq % 2**64)
+    for keys in (KEYS, STRICT):
+        verdict = keys.check(origin, "containers", seq, ts, key, topic, payload, proof)
+        assert verdict is None or isinstance(verdict, str)
