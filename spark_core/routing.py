@@ -17,11 +17,31 @@ that grows) to its own compacted ``sl.links``, together with the newest report i
 seen of every other site, read from its neighbours' ``sl.links``. So reports spread
 along the replication links, and every site sees the same graph within a few probe
 intervals. A report that has not changed for ``report_ttl`` (measured on this site's
-own clock: no clock is compared across sites) counts as gone: no route goes through
-that site until it reports again. A version starts at the clock but is no clock: a
-site that reads back a report of itself with a version it has not reached (its clock
-was ahead before a restart and stepped back, or a neighbour forged one) continues
-above it, so its own reports win again within a probe interval.
+own clock) counts as gone: no route goes through that site until it reports again. A
+version starts at the clock but is no clock: a site that reads back a report of itself
+with a version it has not reached (its clock was ahead before a restart and stepped
+back, or a neighbour forged one) continues above it, so its own reports win again
+within a probe interval.
+
+Reports are not signed, so any neighbour can write one under another site's name, and
+a version order is only as good as a site's ability to exceed what others hold. A
+forged report at the highest version (2^63-1) would be kept by every site, and the
+victim could never write above it: its reports would expire everywhere after
+``report_ttl``, and transit through it would end for good (review N5). So versions are
+bounded relative to time, with one generous margin (:data:`MAX_AHEAD_MS`, a day):
+
+- every site, the victim included, refuses a report whose version is more than
+  ``MAX_AHEAD_MS`` ahead of its own clock (in milliseconds, as versions start). A
+  forgery must then stay within a day of the readers' clocks, and the victim, whose
+  clock is as good as theirs, adopts it and continues above it at its next probe;
+  what a forger wins is one probe interval of false content, as with any unsigned
+  report. The cost: a site whose clock runs more than a day fast is not routed
+  *through* (its own pulls go on); that is the one place clocks are compared, and
+  the margin is far beyond any clock that NTP keeps;
+- a report that has gone stale (unchanged for ``report_ttl``) is replaced by any other
+  version of that site, lower ones included: a version a site accepted but the victim
+  did not (their clocks differ, and the forgery fell between their bounds) holds for
+  one TTL, not until the victim's clock reaches it.
 
 A link that answers is not yet a link that carries data: a site whose pullers from a
 neighbour keep failing (its merge cannot write what they read, the neighbour refuses
@@ -55,6 +75,7 @@ from spark_core.config import SiteConfig, SitesConfig
 __all__ = [
     "DOWN_AFTER_PROBES",
     "FAIL_GRACE_PROBES",
+    "MAX_AHEAD_MS",
     "MAX_HOLD_TTLS",
     "MAX_VERSION",
     "Edge",
@@ -68,6 +89,10 @@ log = logging.getLogger(__name__)
 Edge = tuple[str, str]  # (site, neighbour it pulls from)
 #: the highest report version (a Kafka long: what any other implementation can hold)
 MAX_VERSION = 2**63 - 1
+#: a report whose version (milliseconds, as versions start at the clock) is further than
+#: this ahead of the reader's clock is refused, so no site is handed a version it cannot
+#: exceed (module docstring)
+MAX_AHEAD_MS = 24 * 3600 * 1000
 #: a neighbour whose pullers have failed for this many probe intervals in a row is held
 FAIL_GRACE_PROBES = 3
 #: a neighbour is routed around once this many probes in a row found it down: one slow
@@ -365,10 +390,23 @@ class LinkState:
                 )
         return out
 
-    def _learn(self, reports: Iterable[Report]) -> None:
-        now = time.monotonic()
+    def _learn(self, reports: Iterable[Report], now: float | None = None) -> None:
+        """Keep each report newer than the one held (or different from a stale one),
+        refusing versions beyond :data:`MAX_AHEAD_MS` of this site's clock."""
+        now = time.monotonic() if now is None else now
+        bound = int(time.time() * 1000) + MAX_AHEAD_MS
         with self._lock:
             for rep in reports:
+                if rep.version > bound:
+                    self._limited.warning(
+                        "links_ahead",
+                        "event=links_version_ahead site=%s of=%s version=%d bound=%d",
+                        self.site.name,
+                        rep.site,
+                        rep.version,
+                        bound,
+                    )
+                    continue
                 if rep.site == self.site.name:
                     # a report of this site with a version it has not reached (its clock
                     # was ahead before a restart, or a neighbour forged one): continue
@@ -385,7 +423,11 @@ class LinkState:
                 if rep.site not in self.graph:
                     continue
                 old = self.reports.get(rep.site)
-                if old is None or rep.version > old.version:
+                if (
+                    old is None
+                    or rep.version > old.version
+                    or (rep.version != old.version and now - old.seen_at > self._ttl)
+                ):
                     rep.seen_at = now
                     self.reports[rep.site] = rep
 
@@ -402,7 +444,7 @@ class LinkState:
         )
         with self._lock:
             todo = [own] + [
-                r for r in self.reports.values() if self._published.get(r.site, -1) < r.version
+                r for r in self.reports.values() if self._published.get(r.site) != r.version
             ]
         try:
             if self._producer is None:

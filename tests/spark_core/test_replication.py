@@ -25,6 +25,7 @@ from local_stack.toxiproxy import ToxiproxyServer
 from shorelink.contract import (
     H_PROOF,
     KAFKA_MAX_MESSAGE_BYTES,
+    LINKS_TOPIC,
     MAX_RECORD_BYTES,
     Record,
     canonical_topic,
@@ -696,6 +697,49 @@ def test_a_site_whose_clock_stepped_back_is_routed_through_again(
         assert restarted.routes()[c] == c
     finally:
         for st in [*links.values(), restarted]:
+            st.close()
+
+
+def test_a_link_report_forged_at_the_highest_version_does_not_end_transit_through_a_site(
+    healed: Mesh, tmp_path: Path
+) -> None:
+    """Review N5: on a line a-b-c, a writes one record to its own sl.links: b's report
+    at version 2^63-1, with no link up. b read it back, adopted it and could never
+    write above it, so a and c kept the forgery, dropped b's reports after report_ttl,
+    and no route went through b again (in a star: no port reached another). Versions
+    more than a day ahead of a reader's clock are refused: a and c still route through
+    b once report_ttl has passed, and b's own version stays near its clock."""
+    ra, rb, rc = SLOTS[:3]
+    line = {ra: [rb], rb: [ra, rc], rc: [rb]}
+    topo = topology(healed, tmp_path, line, [unique("cont")])
+    a, b, c = topo.slots
+    states = {s: LinkState(topo.cfg, topo.cfg.site(s)) for s in (a, b, c)}
+
+    def rounds(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for st in states.values():
+                st.probe()
+            time.sleep(0.2)
+
+    ttl = topo.cfg.site(a).replication.report_ttl_s
+    try:
+
+        def through_b() -> bool:  # every sl.links exists, every report has spread
+            rounds(0.2)
+            return states[a].routes()[c] == b and states[c].routes()[a] == b
+
+        eventually(through_b, 30, "a and c route through b")
+        forged = routing.Report(b, (), routing.MAX_VERSION)
+        producer = Producer({"bootstrap.servers": topo.bootstrap(a)})
+        producer.produce(LINKS_TOPIC, key=b.encode(), value=forged.encode())
+        assert producer.flush(20) == 0
+        rounds(ttl + 3)
+        assert states[a].routes()[c] == b, states[a].reports
+        assert states[c].routes()[a] == b, states[c].reports
+        assert states[b]._version < time.time() * 1000 + 60_000
+    finally:
+        for st in states.values():
             st.close()
 
 

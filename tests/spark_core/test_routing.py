@@ -18,7 +18,9 @@ from spark_core.config import parse_config
 from spark_core.routing import (
     DOWN_AFTER_PROBES,
     FAIL_GRACE_PROBES,
+    MAX_AHEAD_MS,
     MAX_HOLD_TTLS,
+    MAX_VERSION,
     LinkState,
     Report,
     plan_routes,
@@ -259,3 +261,26 @@ def test_a_report_round_trips() -> None:
     failing = Report("tyo", ("hq", "sgp"), 18, ("sgp",))
     assert Report.decode("tyo", failing.encode()) == failing
     assert json.loads(failing.encode())["failing"] == ["sgp"]
+
+
+def test_a_link_report_version_beyond_a_day_ahead_is_refused_and_a_stale_one_gives_way(
+    tmp_path: Path,
+) -> None:
+    """Review N5: versions are unsigned, so a site must never hold one its subject cannot
+    write above. A version more than MAX_AHEAD_MS ahead of the reader's clock is refused
+    (of another site, and of itself: a keeps its own version); one within the bound that
+    the subject did not adopt (their clocks differ) holds only while fresh: once stale
+    for report_ttl, any other version of that site replaces it."""
+    links = _link_state(tmp_path)  # a, neighbours b and c, report_ttl 10 s
+    now_ms = int(time.time() * 1000)
+    t = time.monotonic()
+    links._learn([Report("b", ("a",), now_ms)], now=t)
+    links._learn([Report("b", (), MAX_VERSION), Report("a", (), MAX_VERSION)], now=t)
+    assert links.reports["b"].version == now_ms and links._version < now_ms + 60_000
+    ahead = now_ms + MAX_AHEAD_MS - 60_000  # within a's bound, beyond b's clock
+    links._learn([Report("b", (), ahead)], now=t + 1)
+    links._learn([Report("b", ("a",), now_ms + 2000)], now=t + 2)
+    assert links.reports["b"].version == ahead  # fresh: the order holds
+    links._learn([Report("b", ("a",), now_ms + 12_000)], now=t + 12)
+    assert links.reports["b"].version == now_ms + 12_000  # stale: b's own again
+    assert links.edges(t + 12)[0] >= {("b", "a")}
