@@ -457,7 +457,7 @@ class Ingest:
                 self.metrics.event_time_unusable.labels(mapped.ts_problem).inc()
                 self._limited.warning(
                     f"event_time:{mapped.ts_problem}",
-                    "event=event_time_unusable reason=%s topic=%s: stored with receive time",
+                    "event=event_time_unusable reason=%s topic=%r: stored with receive time",
                     mapped.ts_problem,
                     topic,
                 )
@@ -541,7 +541,7 @@ class Ingest:
         for alert, rec in zip(ev.alerts, result.derived, strict=False):
             self.metrics.alarms.labels(alert.alarm).inc()
             log.warning(
-                "event=alarm_raised alarm=%s kind=%s key=%s value=%s ts_ms=%d topic=%s"
+                "event=alarm_raised alarm=%s kind=%s key=%r value=%r ts_ms=%d topic=%r"
                 " stream=%s seq=%d",
                 alert.alarm,
                 alert.kind,

@@ -25,6 +25,7 @@ __all__ = ["RateLimitedLog", "configure_logging", "fields", "log4j_pattern", "lo
 _KEY = re.compile(r"([A-Za-z_][\w.\-]*)=")
 _QUOTED = re.compile(r"'(?:[^'\\\n]|\\.)*'" + r'|"(?:[^"\\\n]|\\.)*"')
 _BARE = re.compile(r"\S*")
+_SPACE = re.compile(r"\s+")
 _PLAIN = re.compile(r"[^\s\"=\\\x00-\x1f\x7f]+")
 #: syslog priorities of the levels (sd-daemon's ``<N>`` prefix)
 _PRIORITY = {"CRITICAL": 2, "ERROR": 3, "WARNING": 4, "INFO": 6, "DEBUG": 7}
@@ -38,33 +39,41 @@ def fields(message: str) -> dict[str, str]:
     rest: list[str] = []
     pos, n = 0, len(message)
     while pos < n:
-        if message[pos] == " ":
-            pos += 1
+        space = _SPACE.match(message, pos)
+        if space is not None:  # any whitespace, so the word after it is never empty
+            pos = space.end()
             continue
         key = _KEY.match(message, pos)
         if key is None:
-            word = _BARE.match(message, pos)
-            assert word is not None
-            rest.append(word.group())
-            pos = word.end()
+            end = _bare_end(message, pos)
+            rest.append(message[pos:end])
+            pos = end
             continue
         pos = key.end()
         value = _quoted(message, pos)
         if value is None:
-            bare = _BARE.match(message, pos)
-            assert bare is not None
-            out[key.group(1)] = bare.group()
-            pos = bare.end()
+            end = _bare_end(message, pos)
+            text, pos = message[pos:end], end
         else:
-            out[key.group(1)], pos = value
+            text, pos = value
+        # the call site's own field comes first: a value that holds "event=..." adds none
+        out.setdefault(key.group(1), text)
     if rest:
         out["msg"] = " ".join(rest)
     return out
 
 
+def _bare_end(message: str, pos: int) -> int:
+    """Where the word at ``pos`` ends: at the next whitespace of any kind (tab, U+00A0,
+    U+2003 ...: what ``\\s`` matches), or the end."""
+    word = _BARE.match(message, pos)
+    assert word is not None
+    return word.end()
+
+
 def _quoted(message: str, pos: int) -> tuple[str, int] | None:
     m = _QUOTED.match(message, pos)
-    if m is None or (m.end() < len(message) and message[m.end()] != " "):
+    if m is None or (m.end() < len(message) and not _SPACE.match(message, m.end())):
         return None
     try:
         value = ast.literal_eval(m.group())
@@ -90,13 +99,20 @@ def _head(record: logging.LogRecord) -> dict[str, str]:
     }
 
 
+def _fields(record: logging.LogRecord) -> dict[str, str]:
+    """Time, level and logger, then the message's fields: no value a call site logs can
+    stand in for the line's own ``ts``, ``level`` or ``logger``."""
+    head = _head(record)
+    return head | {k: v for k, v in fields(record.getMessage()).items() if k not in head}
+
+
 class _LogfmtFormatter(logging.Formatter):
     def __init__(self, priority: bool = False) -> None:
         super().__init__()
         self.priority = priority
 
     def format(self, record: logging.LogRecord) -> str:
-        out = _head(record) | fields(record.getMessage())
+        out = _fields(record)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         line = logfmt(out)
@@ -107,7 +123,7 @@ class _LogfmtFormatter(logging.Formatter):
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        out = _head(record) | fields(record.getMessage())
+        out = _fields(record)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False)

@@ -94,7 +94,11 @@ _PLAIN, _RUNS = 0, 1  # numeric column layouts: one integer column, or heads and
 _SAMPLE = 512  # values the encoder looks at to choose a column's layout
 _WIDE = 0x100  # decoded column flag: some |value| >= _FLOAT_EXACT
 #: number slots in one template, at most: a payload with more numbers keeps the rest in
-#: its literal text (a decoder refuses a template with more)
+#: its literal text (a decoder refuses a template with more). A body's templates that
+#: have records open at most ``count + _MAX_SLOTS`` number columns in all (an encoder
+#: that would open more writes its payloads plain): each column costs a decoder a few
+#: hundred bytes and microseconds whatever it holds, so one record per template of 180
+#: slots must not make a 727-byte body cost 800 MiB (security review N1)
 _MAX_SLOTS = 4096
 #: numbers a decoder turns into Python ints at once (each about 40 bytes while it lives);
 #: a template's records are decoded a stretch of about this many numbers at a time
@@ -354,6 +358,8 @@ def _templated_payloads(
         template_of[i] = tid
         rows[i] = nums
 
+    if sum(len(segs) - 1 for segs in templates) > n + _MAX_SLOTS:
+        return None  # more number columns than a decoder opens (_parse_templated)
     out = bytearray()
     _put_u32(out, len(templates))
     _put_ints(out, [len(segs) - 1 for segs in templates], delta=0)
@@ -722,30 +728,30 @@ def _parse_templated(
     template_of = rd.ints(count, "template per record", 0, n_templates - 1)
     budget.spend(sum(map(literal.__getitem__, template_of)))
     order, sizes = _column_order(template_of, key_of, n_keys, n_templates)
-    plans: list[tuple[list[int], list[_Numbers]]] = []
+    columns = sum(s for s, size in zip(slots, sizes, strict=True) if size)
+    if columns > count + _MAX_SLOTS:
+        raise WireError(
+            "malformed", f"{columns} number columns for {count} records > {count + _MAX_SLOTS}"
+        )
+    payloads: list[bytes] = [b""] * count
     start = 0
-    for s, size in zip(slots, sizes, strict=True):
+    # a template at a time: its columns are opened where they lie, its records rendered
+    # and charged, and its columns dropped before the next template's are opened
+    for s, lit, size in zip(slots, literal, sizes, strict=True):
         members = order[start : start + size]
         start += size
-        cols: list[_Numbers] = []
-        if s and members:
-            runs = _Runs(list(map(key_of.__getitem__, members)))
-            cols = [_Numbers(rd, size, runs) for _ in range(s)]
-        plans.append((members, cols))
-    if rd.pos != rd.end:
-        raise WireError("malformed", f"{rd.end - rd.pos} unread bytes at the end of the body")
-    payloads: list[bytes] = [b""] * count
-    for s, lit, (members, cols) in zip(slots, literal, plans, strict=True):
         lengths = segs_at.take(s + 1)
         offsets = list(accumulate(lengths, initial=segments))
         segments = offsets[-1]
         if not members:
             continue
         segs = list(map(rd.buf.__getitem__, map(slice, offsets, offsets[1:])))
-        if not cols:
+        if not s:
             for i in members:
                 payloads[i] = segs[0]
             continue
+        runs = _Runs(list(map(key_of.__getitem__, members)))
+        cols = [_Numbers(rd, size, runs) for _ in range(s)]
         step = max(1, rd.stretch // s)
         for a in range(0, len(members), step):
             part = members[a : a + step]
@@ -759,6 +765,8 @@ def _parse_templated(
                 rendered = _render_template_charged(segs, stretch, len(part), budget)
             for i, p in zip(part, rendered, strict=True):
                 payloads[i] = p
+    if rd.pos != rd.end:
+        raise WireError("malformed", f"{rd.end - rd.pos} unread bytes at the end of the body")
     return payloads
 
 

@@ -40,6 +40,26 @@ def number_columns(slots: int, count: int = 50_000) -> bytes:
     return bytes(b)
 
 
+def many_templates(
+    n_templates: int, slots: int, *, text: bool = False, first: int | None = None
+) -> bytes:
+    """The security review's N1: one record per template, each template ``slots`` number
+    slots (the first one ``first``, if given) around empty literals; number columns are
+    width-1 zeros predicted by the record's time (13 digits each), text columns one
+    byte "7"."""
+    count = n_templates
+    widths = [slots] * n_templates
+    if first is not None:
+        widths[0] = first
+    b = bytearray(_head(count))
+    b += _u32(n_templates) + b"\x01" + b"".join(s.to_bytes(2, "little") for s in widths)
+    b += b"\x00" + bytes(sum(widths) + n_templates)  # empty literal segments
+    b += b"\x01" + b"".join(t.to_bytes(2, "little") for t in range(n_templates))
+    column = b"\x02\x00\x01" + b"7" if text else bytes((0, 0, 7, 0)) + b"\x00\x00"
+    b += column * sum(widths)
+    return bytes(b)
+
+
 def segment_lengths(slots: int, count: int = 1) -> bytes:
     """One template of ``slots`` slots whose segment lengths are delta-coded from a
     large base (each a new int) before the segments overrun the body."""

@@ -224,3 +224,42 @@ async def test_budget_full_drops_oldest_telemetry_keeps_every_alert_and_keeps_ru
     assert agent.metrics.dropped.labels("containers")._value.get() == 600 - len(kept)
     agent.stop.set()
     await task
+
+
+def test_a_topic_with_odd_whitespace_and_no_usable_time_stops_nothing(
+    tmp_path: Path,
+    mosquitto: MosquittoBroker,
+    publisher: Publisher,
+    agent_process: type[AgentProcess],
+) -> None:
+    """Review (security N2): a topic with a no-break space (or an em space...) and a
+    payload without a usable time is logged; the log formatter looped forever on such
+    whitespace while holding the logging lock, so the agent stored nothing more and the
+    unacknowledged message came back after every restart. The real process, its real
+    log formatter: every message, odd ones included, is stored, and the agent's log
+    keeps its own fields."""
+    cfg = write_config(tmp_path, mosquitto)
+    agent = agent_process(cfg, tmp_path / "agent.log")
+    agent.start()
+    db = tmp_path / "edge.db"
+    wait_for_subscription(publisher, db)
+    # Mosquitto refuses control characters in a topic (it drops the publisher), not these
+    odd = ["\u00a0", "\u2003", "\u3000", "\u2028", "\u1680", " level=debug event=all_good "]
+    sent = []
+    for i in range(120):
+        if i % 8 == 3:
+            topic = f"bigblue/d1/containers/MSCU{odd[i % len(odd)]}{i}/env"
+            payload = b'{"ts": 1e19, "i": %d}' % i  # an event time out of range
+        else:
+            topic, payload = f"bigblue/d1/containers/C{i % 5}/env", b'{"i": %d}' % i
+        publisher.publish(topic, payload)
+        sent.append(payload)
+    publisher.wait_all_acked()
+    grows_to(lambda: len(_rows(db, "containers")), len(sent), "rows stored", proc=agent.proc)
+    assert [p for _, _, p in _rows(db, "containers")] == sent
+    agent.terminate()
+    assert agent.proc is not None and agent.proc.popen is not None
+    assert agent.proc.popen.returncode == 0, "the agent did not stop on SIGTERM"
+    lines = [ln for ln in (tmp_path / "agent.log").read_text().splitlines() if "event_time" in ln]
+    assert lines, "the unusable event times were not logged"
+    assert all(" level=warning " in ln and "event=event_time_unusable" in ln for ln in lines)

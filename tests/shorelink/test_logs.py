@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from local_stack.kafka import KafkaBroker
@@ -51,6 +51,41 @@ def test_every_value_comes_back_from_json_and_logfmt(values: dict[str, str], wor
     assert "\n" not in line
     back = fields(line)
     assert {k: back[k] for k in want} == want
+
+
+@settings(max_examples=400, deadline=2000)
+@given(st.text(max_size=200))
+def test_any_message_is_read_back_in_one_pass(message: str) -> None:
+    """Review (security N2): ``fields`` looped for ever on whitespace other than a space
+    (a tab, U+00A0, U+2003: categories Z and C, which the alphabet above leaves out),
+    inside the logging lock. Any text at all: it returns, and the line it makes is one
+    line."""
+    out = fields(message)
+    assert all(isinstance(v, str) for v in out.values())
+    line = _LogfmtFormatter().format(_record("event=x v=%s", message))
+    assert "\n" not in line and "\r" not in line
+
+
+_odd_text = st.text(
+    st.characters(codec="utf-8", categories=("Zs", "Zl", "Zp", "Cc", "Cf", "Co", "Lu", "Nd", "Po")),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=2000)
+@given(_odd_text, _odd_text)
+def test_no_value_a_call_site_logs_rewrites_the_lines_own_fields(topic: str, other: str) -> None:
+    """Review (security N8): a topic holding `` level=debug ts=2001 event=all_good`` was
+    written as a debug line of event ``all_good``. Whatever a value holds, logged with
+    ``%s`` or ``%r``, the line keeps its level, time, logger and event."""
+    for msg in ("event=warned topic=%s other=%r", "event=warned topic=%r other=%s"):
+        record = _record(msg, topic + " level=debug ts=2001 logger=x event=all_good", other)
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        for line in (_LogfmtFormatter().format(record), _JsonFormatter().format(record)):
+            back = json.loads(line) if line.startswith("{") else fields(line)
+            assert back["level"] == "warning" and back["event"] == "warned"
+            assert back["logger"] == "shorelink.test" and back["ts"].startswith("20")
+            assert not back["ts"].startswith("2001")
 
 
 def test_logfmt_quotes_only_what_needs_it() -> None:

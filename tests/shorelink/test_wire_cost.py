@@ -81,3 +81,33 @@ def test_any_templated_body_costs_at_most_its_bound(
 ) -> None:
     raw = wire_bombs.templated(count, n_keys, slots, columns)
     _peak_within_bound(wire_bombs.batch(raw, count))
+
+
+def test_one_record_per_template_of_many_slots_is_refused_before_a_column_is_opened() -> None:
+    """Review (security N1): one record per template, 180 number (or text) slots each:
+    the decoder opened every template's columns before rendering one, 801 MiB and 11 s
+    for a 727-byte body that was then accepted. A body's templates open at most
+    ``count + _MAX_SLOTS`` columns: this one is refused, within its bound."""
+    for raw, count in (
+        (wire_bombs.many_templates(15_000, 180), 15_000),
+        (wire_bombs.many_templates(5_000, 180, text=True), 5_000),
+    ):
+        outcome, peak, _ = _peak_within_bound(wire_bombs.batch(raw, count), Limits())
+        assert outcome == "malformed" and peak < len(raw) + 8 * 1024 * 1024
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n_templates=st.integers(1, 4000),
+    slots=st.integers(0, 200),
+    text=st.booleans(),
+    head=st.integers(0, 4096),
+)
+def test_many_templates_cost_at_most_their_bound(
+    n_templates: int, slots: int, text: bool, head: int
+) -> None:
+    """Templates of one record each up to the column cap and past it (the first one
+    ``head`` slots wide, the rest ``slots``): a template's columns are opened, rendered
+    and dropped before the next one's, so what is held follows the records decoded."""
+    raw = wire_bombs.many_templates(n_templates, slots, text=text, first=head)
+    _peak_within_bound(wire_bombs.batch(raw, n_templates))
