@@ -7,9 +7,13 @@ size, checksum, version, decompressed size, seq range. A refused batch raises
 :class:`ApiError` (a 4xx with a JSON body ``{"error": code, "message": ...}`` and a
 counter); nothing is written. A batch is answered only after Kafka committed it.
 
-Memory is bounded globally: a batch holds ``len(body) + declared decoded size`` of
+Memory is bounded globally: a batch holds ``len(body) + declared decoded size`` plus
+:data:`~shorelink.wire.DECODE_RECORD_BYTES` a record (and, signed,
+:data:`~shorelink.proof.PROOF_HELD_BYTES` a record), all read from its header, of
 ``limits.max_inflight_bytes`` from the moment its body is in hand until its write is
-done (what it decodes to, once decoded, when that is more); one that does not fit is
+done (plus what its records' keys, topics and payloads decode to beyond the decompressed
+bytes, once decoded: a templated body); a batch of many empty records is charged for
+its records, not its few bytes (review N3). One that does not fit is
 answered ``503 busy`` with ``Retry-After`` (the ship retries later), and at most
 ``limits.max_uploads`` upload connections are open. No one ship holds more than its
 share: :data:`SHIP_SHARE` of the budget, ``limits.max_uploads_per_ship`` connections.
@@ -36,7 +40,7 @@ from core_gateway.metrics import GatewayMetrics
 from shorelink.errors import ShorelinkError
 from shorelink.proof import PROOF_HELD_BYTES, SignatureError, WatchedShipKeys
 from shorelink.ranges import RangeSet
-from shorelink.wire import Batch, WireError, peek_header
+from shorelink.wire import DECODE_RECORD_BYTES, Batch, WireError, peek_header
 
 __all__ = ["RETRY_AFTER_S", "SHIP_SHARE", "GatewayService", "busy"]
 
@@ -295,11 +299,15 @@ class GatewayService:
             self.check_stream(header.stream)
         except WireError as exc:
             raise _refusal(exc) from None
-        cost = len(body) + header.raw_len
+        keys = None if self.ship_keys is None else self.ship_keys.current()
+        # charged from the header, before decoding: the bytes, and what every record
+        # costs however small its body makes it (its objects, decoded and held until
+        # written) and, signed, its proof
+        per_record = DECODE_RECORD_BYTES + (PROOF_HELD_BYTES if keys and header.signatures else 0)
+        cost = len(body) + header.raw_len + per_record * header.count
         self.reserve(ship, cost, held=held)
         try:
             try:
-                keys = None if self.ship_keys is None else self.ship_keys.current()
                 batch, proved = await self.decoder.decode_proved(body, keys)
             except WireError as exc:
                 raise _refusal(exc) from None
@@ -308,12 +316,9 @@ class GatewayService:
                     "event=batch_unproved ship=%s reason=%s error=%r", ship, exc.reason, str(exc)
                 )
                 raise ApiError(403, exc.reason, str(exc)) from None
-            # templated payloads decode to more than their decompressed bytes, and a
-            # signed batch holds a proof per record: the batch holds what it decoded to
-            # from now on, or is answered busy
+            # templated payloads decode to more than their decompressed bytes: the
+            # batch holds what it decoded to from now on, or is answered busy
             more = batch.decoded_size - header.raw_len
-            if proved is not None:
-                more += len(proved) * PROOF_HELD_BYTES
             if more > 0:
                 self.reserve(ship, more, held=held + cost)
                 cost += more

@@ -403,3 +403,69 @@ def test_max_inflight_bytes_below_one_batch_names_the_field() -> None:
     with pytest.raises(ConfigError) as exc:
         parse_config(data)
     assert exc.value.field == "limits.max_inflight_bytes"
+
+
+def _empty_records(ship: str, first: int, count: int) -> bytes:
+    """A batch of ``count`` records with empty keys, topics and payloads: a few hundred
+    bytes on the wire, whatever ``count``."""
+    recs = tuple(WireRecord(q, "", 1_700_000_000_000, "", b"") for q in range(first, first + count))
+    return frame_batch(ship, "containers", encode_body(recs), first)
+
+
+async def _inflight_bytes(s: aiohttp.ClientSession, port: int) -> float:
+    async with s.get(f"http://127.0.0.1:{port}/metrics") as r:
+        for line in (await r.text()).splitlines():
+            if line.startswith("shorelink_gateway_inflight_bytes "):
+                return float(line.split()[1])
+    raise AssertionError("no shorelink_gateway_inflight_bytes")
+
+
+async def test_a_batch_of_empty_records_is_charged_for_its_records_not_its_bytes(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """Review N3: 50,000 empty records are 115 bytes on the wire but hold megabytes
+    decoded; charged by their bytes, one token's pipelined uploads held gigabytes
+    against the 1 GiB the gateway promises. Now each record is charged
+    (DECODE_RECORD_BYTES) from the header before decoding: with half of a ship's share
+    held by a body in progress, a batch of 100 empty records goes and one of 2,000
+    (640 KB charged, under 4 KiB on the wire) is answered busy; alone it goes."""
+    limits = {"max_batch_bytes": "256KiB", "max_inflight_bytes": "1MiB"}
+    cfg = replace(gateway_config(tmp_path, kafka, **limits), decode_workers=0, body_timeout_s=120.0)
+    ship = unique("ship")
+    token = Credentials(cfg.credentials_file).add(ship)
+    url = f"http://127.0.0.1:{cfg.port}/v1/ships/{ship}/streams/containers/batches"
+    headers = {"Authorization": f"Bearer {token}"}
+    big = _empty_records(ship, 101, 2000)
+    assert len(big) < 4096
+    stop = asyncio.Event()
+    task = await start_gateway(cfg, stop)
+    try:
+        async with aiohttp.ClientSession() as s:
+            # a body of 256 KiB announced and never sent holds half the ship's share
+            _, holder = await asyncio.open_connection("127.0.0.1", cfg.port)
+            holder.write(
+                f"POST /v1/ships/{ship}/streams/containers/batches HTTP/1.1\r\nHost: gw\r\n"
+                f"Authorization: Bearer {token}\r\nContent-Length: {256 * 1024}\r\n\r\n".encode()
+            )
+            await holder.drain()
+            for _ in range(1000):  # until the gateway has taken the body's charge
+                if await _inflight_bytes(s, cfg.port) >= 256 * 1024:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the body in progress was never charged")
+            async with s.post(url, data=_empty_records(ship, 1, 100), headers=headers) as r:
+                assert r.status == 200, await r.text()
+            async with s.post(url, data=big, headers=headers) as r:
+                assert (r.status, (await r.json())["error"]) == (503, "busy")
+            holder.close()
+            for _ in range(1000):  # the held body released
+                if await _inflight_bytes(s, cfg.port) == 0:
+                    break
+                await asyncio.sleep(0.02)
+            async with s.post(url, data=big, headers=headers) as r:
+                assert r.status == 200, await r.text()
+    finally:
+        stop.set()
+        await task
+    assert_exactly_once(kafka, ship, 2100)
