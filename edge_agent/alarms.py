@@ -115,7 +115,7 @@ class Alarm:
 
     def matches(self, topic: str) -> bool:
         regex = self._regex if self._regex is not None else _filter_regex(self.filter, "filter")
-        return regex.match(topic) is not None
+        return regex.fullmatch(topic) is not None
 
     def key_for(self, topic: str, record_key: str) -> str | None:
         """The alert key of a reading; None when the topic lacks a level it names."""

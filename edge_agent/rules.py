@@ -34,6 +34,8 @@ _PLACEHOLDER = re.compile(r"\{(\d+)\}")
 
 
 def _filter_regex(flt: str, field: str) -> re.Pattern[str]:
+    """An MQTT topic filter as a regex for ``fullmatch`` (never ``match``: with ``$``,
+    the filter ``a/b`` matched the topic ``"a/b\\n"``)."""
     levels = flt.split("/")
     parts: list[str] = []
     for i, lvl in enumerate(levels):
@@ -41,14 +43,14 @@ def _filter_regex(flt: str, field: str) -> re.Pattern[str]:
             if i != len(levels) - 1:
                 raise ConfigError(field, f"'#' must be the last level in {flt!r}")
             # "a/#" also matches "a" itself
-            return re.compile("^" + "/".join(parts) + ("(?:/.*)?$" if parts else ".*$"))
+            return re.compile("/".join(parts) + ("(?:/.*)?" if parts else ".*"), re.DOTALL)
         if lvl == "+":
             parts.append("[^/]*")
         elif "+" in lvl or "#" in lvl:
             raise ConfigError(field, f"wildcards must fill a whole level in {flt!r}")
         else:
             parts.append(re.escape(lvl))
-    return re.compile("^" + "/".join(parts) + "$")
+    return re.compile("/".join(parts), re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ class Rule:
         return cls(flt, stream, key, ts_field, regex)
 
     def matches(self, topic: str) -> bool:
-        return self._regex.match(topic) is not None
+        return self._regex.fullmatch(topic) is not None
 
     def key_for(self, topic: str) -> str:
         if "{" not in self.key:

@@ -41,6 +41,39 @@ def test_mqtt_filter_matching(flt: str, topic: str, match: bool) -> None:
     assert _rule(filter=flt, stream="nav").matches(topic) is match
 
 
+def _mqtt_matches(flt: str, topic: str) -> bool:
+    """MQTT's rule, level by level (the spec's, written plainly): ``+`` is one level,
+    ``#`` the rest (the parent level included)."""
+    f, t = flt.split("/"), topic.split("/")
+    for i, lvl in enumerate(f):
+        if lvl == "#":
+            return True
+        if i >= len(t) or (lvl != "+" and lvl != t[i]):
+            return False
+    return len(f) == len(t)
+
+
+_level = st.text(st.characters(codec="utf-8", exclude_characters="/+#"), max_size=4)
+_filters = st.lists(st.one_of(st.just("+"), _level), min_size=1, max_size=4).flatmap(
+    lambda ls: st.sampled_from(["/".join(ls), "/".join([*ls, "#"])])
+)
+
+
+@settings(max_examples=400)
+@given(_filters, st.data())
+def test_a_filter_matches_exactly_the_topics_mqtt_says(flt: str, data: st.DataObject) -> None:
+    """Review (aesthetics): the filters were ``^...$`` regexes used with ``.match``, so
+    ``a/b`` matched the topic ``"a/b\\n"`` (``$`` matches before a final newline). Any
+    topic text (every category: newlines, control characters, odd whitespace), near the
+    filter or not: the rule matches exactly when MQTT's level-by-level rule does."""
+    near = "/".join("x\n" if lvl in ("+", "#") else lvl for lvl in flt.split("/"))
+    topic = data.draw(
+        st.one_of(st.text(max_size=20), st.sampled_from([near, near + "\n", near + "/\n"]))
+    )
+    assert _rule(filter=flt, stream="nav").matches(topic) is _mqtt_matches(flt, topic)
+    assert not _rule(filter="a/b", stream="nav").matches("a/b\n")
+
+
 def test_key_from_topic_levels_and_first_rule_wins() -> None:
     rules = (
         _rule(filter="bigblue/+/containers/+/alert", stream="alerts", key="{4}"),

@@ -324,9 +324,18 @@ def test_stack_up_brokers_3_runs_each_site_as_a_secure_cluster(tmp_path: Path) -
         topic = unique("dc")
         assert ensure_topics(admin, [TopicSpec(topic, partitions=2)]) == [topic]
         client = AdminClient(admin.client_config())
-        md = client.list_topics(timeout=20)
-        assert set(md.brokers) == {1, 2, 3}
-        assert {len(p.replicas) for p in md.topics[topic].partitions.values()} == {3}
+
+        def replicas() -> set[int]:
+            # the broker asked may not know a topic just created yet (metadata spreads
+            # to the others a moment later): wait for it rather than fail on KeyError
+            md = client.list_topics(topic, timeout=20)
+            assert set(md.brokers) == {1, 2, 3}
+            known = md.topics.get(topic)
+            if known is None or known.error is not None or len(known.partitions) != 2:
+                return set()
+            return {len(p.replicas) for p in known.partitions.values()}
+
+        eventually(lambda: replicas() == {3}, what="the new topic's three replicas")
         (fut,) = client.describe_configs([ConfigResource("topic", topic)]).values()
         assert fut.result(timeout=20)["min.insync.replicas"].value == "2"
         with pytest.raises(KafkaException):
