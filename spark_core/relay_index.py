@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Message
 
+from shorelink import strict_json
 from shorelink.contract import RELAY_INDEX_TOPIC
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
@@ -133,10 +134,15 @@ class Segment:
 
 
 def decode_segment(key: bytes | None, value: bytes | None) -> Segment:
-    """Parse one index record; raises ValueError (and its kin) on anything else."""
+    """Parse one index record (a neighbour's: anything may come); raises ValueError
+    (and its kin: KeyError, TypeError, AttributeError) on anything else. Strict JSON
+    (shorelink/strict_json.py): nesting deeper than the parser follows is a ValueError,
+    not a RecursionError that would escape the reader and stop the puller."""
     if not key or not value:
         raise ValueError("no key or value")
-    doc = json.loads(value)
+    if len(value) > SEGMENT_MAX_BYTES:  # encode_segment never writes one
+        raise ValueError(f"a segment of {len(value)} bytes > {SEGMENT_MAX_BYTES}")
+    doc = strict_json.loads(value)
     seqs = doc["seqs"]
     parts = {int(p): (int(lo), int(hi)) for p, (lo, hi) in doc["parts"].items()}
     if any(lo < 0 or hi < lo for lo, hi in parts.values()):

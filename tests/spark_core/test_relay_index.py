@@ -12,9 +12,13 @@ tests/spark_core/test_replication.py, the full mesh's cut."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from local_stack.kafka import KafkaBroker
+from shorelink.contract import RELAY_INDEX_TOPIC
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.ranges import RangeSet
 from spark_core.relay_index import (
     SEGMENT_MAX_BYTES,
@@ -23,8 +27,11 @@ from spark_core.relay_index import (
     dump_tails,
     encode_segment,
     load_tails,
+    read_segments,
     start_offsets,
 )
+from tests.helpers import unique
+from tests.spark_core.helpers import produce_raw
 
 TOPIC = "sl.relay.a.nav"
 ORIGINS = ("s1", "s2")
@@ -119,3 +126,34 @@ def test_a_segment_too_large_to_name_its_seqs_names_none_and_a_reader_stops_ther
     seg = decode_segment(key, value)
     assert seg.seqs is None
     assert start_offsets([seg], TOPIC, "id1", {0: 0}, lambda o, s: True) == {0: 0}
+
+
+def test_a_neighbours_index_record_nested_too_deep_is_skipped_and_the_reader_goes_on(
+    kafka: KafkaBroker,
+) -> None:
+    """Review N12: a neighbour's ``sl.relay.index`` record of JSON nested deeper than
+    the parser follows raised RecursionError out of ``read_segments``, past its
+    ``except``, and the puller's first read of that relay topic failed on every try.
+    Now it is a bad record like any other: skipped and counted, the good ones read (on
+    real Kafka: the index as a neighbour's broker holds it)."""
+    topic = f"sl.relay.{unique('n')}.nav"
+    good = encode_segment(topic, "id1", {0: (0, 5)}, {"s1": RangeSet([(1, 5)])})
+    hostile = [
+        b"[" * 100_000 + b"]" * 100_000,  # within SEGMENT_MAX_BYTES
+        b'{"id": "x", "parts": {"0": [0, NaN]}, "seqs": null}',
+        b'{"id": "x", "parts": {"0": [0, 1e999]}, "seqs": null}',
+        b'{"id": "x", "parts": {"0": [0, 1]}, "seqs": {"s1": [[1, 2]'
+        + b", [1, 2]" * 60_000
+        + b"]}}",
+    ]
+    ensure_topics(kafka.endpoint, [TopicSpec(RELAY_INDEX_TOPIC)])
+    produce_raw(
+        kafka.bootstrap,
+        RELAY_INDEX_TOPIC,
+        [(topic.encode(), v, []) for v in hostile] + [(good[0], good[1], [])],
+    )
+    segments = list(read_segments(kafka.endpoint, [topic], timeout=20, limit_bytes=64 << 20))
+    assert [(s.topic_id, s.parts) for s in segments] == [("id1", {0: (0, 5)})]
+    for value in hostile:
+        with pytest.raises(ValueError):
+            decode_segment(topic.encode(), value)
