@@ -54,7 +54,7 @@ def many_templates(
     b = bytearray(_head(count))
     b += _u32(n_templates) + b"\x01" + b"".join(s.to_bytes(2, "little") for s in widths)
     b += b"\x00" + bytes(sum(widths) + n_templates)  # empty literal segments
-    b += b"\x01" + b"".join(t.to_bytes(2, "little") for t in range(n_templates))
+    b += b"\x20" + (-1).to_bytes(8, "little", signed=True) + b"\x01" * count  # 0, 1, 2, ...
     column = b"\x02\x00\x01" + b"7" if text else bytes((0, 0, 7, 0)) + b"\x00\x00"
     b += column * sum(widths)
     return bytes(b)
