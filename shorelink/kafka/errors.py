@@ -9,6 +9,9 @@ for a caller is decided here, once, instead of in every caller:
 - :class:`KafkaAuthError`: the broker refused who the client says it is;
   :class:`KafkaNotAuthorized`: it knows the client and refused the operation (an ACL);
 - :class:`UnknownTopic`, :class:`TopicExists`: the answers callers act on;
+- :class:`DataLoss`: records a reader had not read yet are gone (retention,
+  ``delete_records``, a truncated partition); the reader went on where the partition
+  now starts (:class:`~shorelink.kafka.reading.PartitionReader`);
 - :class:`KafkaTransactionError` and its four outcomes, raised by
   :class:`~shorelink.kafka.transactions.TransactionalProducer` (the one place a
   transaction ends): :class:`TransactionAborted` (nothing of it is visible; run it
@@ -35,6 +38,7 @@ from shorelink.errors import ShorelinkError
 __all__ = [
     "FENCED_CODES",
     "CommitUnknown",
+    "DataLoss",
     "Fenced",
     "KafkaAuthError",
     "KafkaClientError",
@@ -96,6 +100,38 @@ class UnknownTopic(KafkaClientError):
 
 class TopicExists(KafkaClientError):
     """A topic asked to be created exists already."""
+
+
+class DataLoss(KafkaClientError):
+    """A partition no longer holds the offset a reader was to read next
+    (``consumed_to``): retention or ``delete_records`` removed records it had not read
+    (``consumed_to < reset_to``), or the partition was truncated or recreated below it
+    (``consumed_to > reset_to``). The reader goes on at ``reset_to``; ``lost`` counts
+    the offsets it skipped (some may have been transaction markers). Like franz-go's
+    ``ErrDataLoss``: reported beside the records, never silent
+    (:class:`~shorelink.kafka.reading.PartitionReader`)."""
+
+    retryable = False
+
+    def __init__(
+        self, topic: str, partition: int, consumed_to: int, reset_to: int, what: str = ""
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.consumed_to = consumed_to
+        self.reset_to = reset_to
+        moved = (
+            f"records {consumed_to}..{reset_to - 1} were deleted before they were read"
+            if reset_to > consumed_to
+            else f"the partition now ends at {reset_to}, below {consumed_to}"
+        )
+        text = f"{topic}[{partition}]: {moved}; reading on from {reset_to}"
+        super().__init__(f"{what}: {text}" if what else text, code=KafkaError._AUTO_OFFSET_RESET)
+
+    @property
+    def lost(self) -> int:
+        """Offsets skipped (0 when the partition was truncated below the reader)."""
+        return max(0, self.reset_to - self.consumed_to)
 
 
 class KafkaTransactionError(KafkaClientError):

@@ -1,11 +1,41 @@
-"""Small Kafka helpers shared by the deployables, tools and tests."""
+"""Reading Kafka partitions: the room's one consumer, and reading topics to their end.
+
+Every shorelink process that reads Kafka assigns partitions itself (no consumer group
+joins, no committed offsets: where to read is the reader's own state, a merge's cursor,
+a position, the beginning). :class:`PartitionReader` is that consumer, with the rules
+each of them used to write by hand:
+
+- *the end of a partition is data*: :class:`EndOfPartition` beside the records (from
+  librdkafka's partition-EOF events; under ``read_committed`` the end is the last
+  stable offset, past any transaction markers), and :attr:`PartitionReader.caught_up`;
+- *a jump is a gap, never silent*: the consumer runs with ``auto.offset.reset=error``,
+  so an offset the partition no longer holds (retention, ``delete_records``, a
+  partition truncated or recreated) stops that partition instead of moving it; the
+  reader asks where the partition now starts or ends, goes on from there and reports a
+  :class:`~shorelink.kafka.errors.DataLoss` (topic, partition, consumed_to, reset_to),
+  like franz-go's ``ErrDataLoss``. A start at :data:`BEGINNING` reads whatever is
+  oldest; a start at an offset (0 included) reports what retention took below it;
+- *watermarks* (:meth:`PartitionReader.watermarks`, asked; :meth:`~PartitionReader.
+  known_end`, from the last fetch);
+- *errors as the room's tree* (shorelink/kafka/errors.py): a fatal error raises, the
+  others (a broker restarting, a topic not created yet) are reported in
+  :attr:`Polled.errors` and librdkafka keeps trying.
+
+Records are confluent-kafka's ``Message`` objects (never an error): the hot paths read
+them without a copy.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
 
 from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
     Consumer,
     IsolationLevel,
     KafkaError,
@@ -17,17 +47,302 @@ from confluent_kafka.admin import OffsetSpec
 
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
-from shorelink.kafka.errors import classify, kafka_errors
+from shorelink.kafka.errors import (
+    DataLoss,
+    KafkaClientError,
+    KafkaUnavailable,
+    UnknownTopic,
+    classify,
+    kafka_errors,
+)
 
-__all__ = ["Headers", "read_to_end", "written_ms"]
+__all__ = [
+    "BEGINNING",
+    "END",
+    "EndOfPartition",
+    "Headers",
+    "PartitionReader",
+    "Polled",
+    "read_to_end",
+    "written_ms",
+]
 
 Headers = list[tuple[str, str | bytes | None]]
+#: a partition: (topic, partition)
+Part = tuple[str, int]
+
+#: start a partition at its oldest record, or at its end (what is written from now on)
+BEGINNING = OFFSET_BEGINNING
+END = OFFSET_END
+
+#: settings the reader owns (a caller's ``extra`` may not change them)
+_OWNED = frozenset({"auto.offset.reset", "enable.partition.eof", "enable.auto.commit", "error_cb"})
 
 
 def written_ms(msg: Message) -> int | None:
     """A record's Kafka timestamp (epoch ms), None when it has none."""
     kind, ms = msg.timestamp()  # kind 0: TIMESTAMP_NOT_AVAILABLE
     return ms if kind else None
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfPartition:
+    """The reader found the end of a partition at ``offset``: every record below it
+    has been handed over (under ``read_committed``: below the last stable offset)."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(slots=True)
+class Polled:
+    """What one :meth:`PartitionReader.poll` brought: records (each partition in
+    offset order), ends found, gaps (each already stepped over), and passing errors
+    (librdkafka retries by itself; a caller logs or shows them)."""
+
+    records: list[Message] = field(default_factory=list)
+    ends: list[EndOfPartition] = field(default_factory=list)
+    gaps: list[DataLoss] = field(default_factory=list)
+    errors: list[KafkaClientError] = field(default_factory=list)
+
+
+class PartitionReader:
+    """A consumer of assigned partitions at ``kafka``; see the module docstring.
+
+    ``group``: the ``group.id`` (never joined nor committed, but a principal's ACLs may
+    name the groups it may use); ``what`` prefixes error messages (``"ledger at
+    site-a"``); ``on_error`` gets the client-wide errors (all brokers down, a failed
+    login) as the room's tree; ``extra``: more librdkafka settings (not those the
+    reader owns: resets, EOF events, commits). Not thread-safe: one thread polls.
+    """
+
+    def __init__(
+        self,
+        kafka: KafkaEndpoint,
+        *,
+        group: str = "shorelink-reader",
+        isolation: str = "read_committed",
+        what: str = "",
+        on_error: Callable[[KafkaClientError], None] | None = None,
+        extra: Mapping[str, object] | None = None,
+    ) -> None:
+        owned = _OWNED & set(extra or {})
+        if owned:
+            raise ValueError(f"the reader sets {', '.join(sorted(owned))} itself")
+        self.kafka = kafka
+        self.what = what or f"Kafka at {kafka.bootstrap}"
+        conf = kafka.client_config(
+            {
+                "group.id": group,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": True,
+                "isolation.level": isolation,
+                # an offset the partition no longer holds stops it (an error event):
+                # the reader reports the jump as DataLoss, never a silent reset
+                "auto.offset.reset": "error",
+                **dict(extra or {}),
+            }
+        )
+        if on_error is not None:
+            conf["error_cb"] = lambda err: on_error(classify(err, self.what))
+        with kafka_errors(self.what):
+            self._consumer = Consumer(conf)
+        #: per assigned partition: the next offset to hand over (negative: a logical
+        #: start not resolved yet)
+        self._next: dict[Part, int] = {}
+        #: per partition: where its end was last found
+        self._ends: dict[Part, int] = {}
+        #: partitions stopped at a vanished offset whose new start is not known yet
+        self._resetting: dict[Part, int] = {}
+        self._closed = False
+
+    # -- topics and offsets --------------------------------------------------------------
+    def partitions(
+        self, topics: Iterable[str], timeout: float | None = None
+    ) -> dict[str, list[int]]:
+        """The partitions of those of ``topics`` that exist (and this principal may
+        describe); a topic not there is left out."""
+        topics = list(topics)
+        wait = self.kafka.timeout_s if timeout is None else timeout
+        with kafka_errors(self.what):
+            if len(topics) == 1:
+                md = self._consumer.list_topics(topics[0], timeout=wait)
+            else:
+                md = self._consumer.list_topics(timeout=wait)
+        out = {}
+        for t in topics:
+            tmd = md.topics.get(t)
+            if tmd is not None and tmd.error is None:
+                out[t] = sorted(tmd.partitions)
+        return out
+
+    def watermarks(
+        self, topic: str, partition: int, timeout: float | None = None
+    ) -> tuple[int, int]:
+        """The partition's oldest offset and its end (the high watermark), asked of its
+        leader now. Raises the tree's error (:class:`~shorelink.kafka.errors.
+        KafkaUnavailable` when it does not answer within ``timeout``)."""
+        wait = self.kafka.timeout_s if timeout is None else timeout
+        with kafka_errors(f"{self.what}: offsets of {topic}[{partition}]"):
+            low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=wait, cached=False
+            )
+        return low, high
+
+    def known_end(self, topic: str, partition: int) -> int | None:
+        """The partition's high watermark as the last fetch saw it (no request); None
+        before its first fetch."""
+        try:
+            _, high = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), cached=True
+            )
+        except KafkaException:
+            return None
+        return high if high >= 0 else None
+
+    # -- assignment ----------------------------------------------------------------------
+    def assign(self, starts: Mapping[Part, int]) -> None:
+        """Read exactly these partitions, each from its start: an offset, or
+        :data:`BEGINNING` / :data:`END`. Replaces the assignment."""
+        parts = _starts(starts)
+        with kafka_errors(self.what):
+            self._consumer.assign(parts)
+        self._next = {(p.topic, p.partition): p.offset for p in parts}
+        self._ends, self._resetting = {}, {}
+
+    def add(self, starts: Mapping[Part, int]) -> None:
+        """Read these partitions too (partitions added to a topic, a topic created)."""
+        parts = _starts(starts)
+        if not parts:
+            return
+        with kafka_errors(self.what):
+            self._consumer.incremental_assign(parts)
+        self._next.update({(p.topic, p.partition): p.offset for p in parts})
+
+    def unassign(self) -> None:
+        with kafka_errors(self.what):
+            self._consumer.unassign()
+        self._next, self._ends, self._resetting = {}, {}, {}
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        """Read an assigned partition from ``offset`` on."""
+        with kafka_errors(self.what):
+            self._consumer.seek(TopicPartition(topic, partition, offset))
+        self._next[(topic, partition)] = offset
+        self._ends.pop((topic, partition), None)
+
+    def pause(self, parts: Iterable[Part]) -> None:
+        """Fetch nothing more of ``parts`` until :meth:`resume` (what was fetched is
+        still handed over)."""
+        with kafka_errors(self.what):
+            self._consumer.pause([TopicPartition(t, p) for t, p in parts])
+
+    def resume(self, parts: Iterable[Part]) -> None:
+        with kafka_errors(self.what):
+            self._consumer.resume([TopicPartition(t, p) for t, p in parts])
+
+    @property
+    def assigned(self) -> dict[Part, int]:
+        """Each assigned partition and the next offset it hands over (negative: its
+        logical start, before the first record or end)."""
+        return dict(self._next)
+
+    def at_end(self, topic: str, partition: int) -> int | None:
+        """Where the partition's end was last found (None: not yet)."""
+        return self._ends.get((topic, partition))
+
+    @property
+    def caught_up(self) -> bool:
+        """Every assigned partition has been read to the end last found there."""
+        return all(
+            (end := self._ends.get(tp)) is not None and end >= nxt for tp, nxt in self._next.items()
+        )
+
+    # -- reading -------------------------------------------------------------------------
+    def poll(self, max_records: int = 500, timeout: float = 0.5) -> Polled:
+        """What arrived within ``timeout`` seconds (at most ``max_records`` events);
+        raises the tree's error only for a fatal one (the client is unusable)."""
+        out = Polled()
+        for tp, consumed_to in list(self._resetting.items()):
+            self._reset(tp, consumed_to, out)
+        with kafka_errors(self.what):
+            msgs = self._consumer.consume(max_records, timeout=timeout)
+        for m in msgs:
+            err = m.error()
+            if err is None:
+                tp = (m.topic() or "", m.partition() or 0)
+                self._next[tp] = (m.offset() or 0) + 1
+                out.records.append(m)
+                continue
+            code = err.code()
+            tp = (m.topic() or "", m.partition() or 0)
+            if code == KafkaError._PARTITION_EOF:
+                at = m.offset() or 0
+                self._ends[tp] = at
+                if self._next.get(tp, 0) < at:  # markers, or a logical start resolved
+                    self._next[tp] = at
+                out.ends.append(EndOfPartition(*tp, at))
+            elif code == KafkaError._AUTO_OFFSET_RESET:
+                # the partition stopped at an offset it no longer holds (its offset, or
+                # none after a truncation found by leader epoch: the reader's own)
+                offset = m.offset()
+                self._reset(
+                    tp, offset if offset is not None and offset >= 0 else self._next.get(tp, 0), out
+                )
+            else:
+                error = classify(err, self.what)
+                if error.fatal:
+                    raise error
+                out.errors.append(error)
+        return out
+
+    def _reset(self, tp: Part, consumed_to: int, out: Polled) -> None:
+        """Step a stopped partition over to where it now starts (or ends, when it was
+        truncated below the reader), and report the jump."""
+        try:
+            low, high = self.watermarks(*tp)
+        except KafkaClientError as exc:  # asked again at the next poll
+            self._resetting[tp] = consumed_to
+            out.errors.append(exc)
+            return
+        self._resetting.pop(tp, None)
+        reset_to = low if consumed_to < low else high if consumed_to > high else consumed_to
+        # a stopped partition takes no seek ("erroneous state"): assigned anew
+        at = TopicPartition(*tp, reset_to)
+        with kafka_errors(self.what):
+            self._consumer.incremental_unassign([TopicPartition(*tp)])
+            self._consumer.incremental_assign([at])
+        self._next[tp] = reset_to
+        self._ends.pop(tp, None)
+        if reset_to != consumed_to:  # else: in range again (a leader that caught up)
+            out.gaps.append(DataLoss(*tp, consumed_to, reset_to, self.what))
+
+    # -- life cycle ----------------------------------------------------------------------
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            with contextlib.suppress(KafkaException, RuntimeError):  # nothing to keep
+                self._consumer.close()
+
+    def __enter__(self) -> PartitionReader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _starts(starts: Mapping[Part, int]) -> list[TopicPartition]:
+    bad = {tp: o for tp, o in starts.items() if o < 0 and o not in (BEGINNING, END)}
+    if bad:  # a stored or invalid offset would go through auto.offset.reset at once
+        raise ValueError(f"a start is an offset, BEGINNING or END: {bad}")
+    return [TopicPartition(t, p, o) for (t, p), o in sorted(starts.items())]
 
 
 def read_to_end(
@@ -49,78 +364,46 @@ def read_to_end(
     older last stable offset and miss a partition's part of it (a test read so once).
     A transaction left open then costs the read its ``timeout``.
 
-    Uses partition EOF events, so it needs no consumer group and never waits on an idle
-    poll. Raises :class:`~shorelink.kafka.errors.KafkaClientError` on a consumer error
-    (:class:`~shorelink.kafka.errors.UnknownTopic` for a topic that does not exist), or
-    :class:`~shorelink.kafka.errors.KafkaUnavailable` if the end is not reached within
-    ``timeout`` seconds.
+    A :class:`PartitionReader`'s ends, so it never waits on an idle poll. Raises
+    :class:`~shorelink.kafka.errors.KafkaClientError` on a consumer error
+    (:class:`~shorelink.kafka.errors.UnknownTopic` for a topic that does not exist,
+    :class:`~shorelink.kafka.errors.DataLoss` when retention deleted records while they
+    were being read), or :class:`~shorelink.kafka.errors.KafkaUnavailable` if the end
+    is not reached within ``timeout`` seconds.
     """
     topics = list(topics)
-    with kafka_errors(f"reading {', '.join(topics)} at {kafka.bootstrap}"):
-        yield from _read_to_end(kafka, topics, isolation, timeout, extra, settled)
-
-
-def _read_to_end(
-    kafka: KafkaEndpoint,
-    topics: list[str],
-    isolation: str,
-    timeout: float,
-    extra: dict[str, object] | None,
-    settled: bool,
-) -> Iterator[Message]:
-    conf: dict[str, object] = {
-        **kafka.client_config(),
-        "group.id": "shorelink-read-to-end",
-        "enable.auto.commit": False,
-        "enable.partition.eof": True,
-        "isolation.level": isolation,
-        "auto.offset.reset": "earliest",
-    }
-    conf.update(extra or {})
-    consumer = Consumer(conf)
-    try:
-        md = consumer.list_topics(timeout=10)
-        parts: list[TopicPartition] = []
-        for t in topics:
-            tmd = md.topics.get(t)
-            if tmd is None or tmd.error is not None:
-                raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"no topic {t}"))
-            parts += [TopicPartition(t, p, 0) for p in sorted(tmd.partitions)]
+    what = f"reading {', '.join(topics)} at {kafka.bootstrap}"
+    with PartitionReader(
+        kafka, group="shorelink-read-to-end", isolation=isolation, what=what, extra=extra
+    ) as reader:
+        found = reader.partitions(topics, timeout=10)
+        missing = [t for t in topics if t not in found]
+        if missing:
+            raise UnknownTopic(f"{what}: no topic {', '.join(missing)}")
+        parts = [(t, p) for t in topics for p in found[t]]
         if not parts:
             return
         deadline = time.monotonic() + timeout
-        ends = (
-            _high_watermarks(kafka, parts, deadline) if settled else dict.fromkeys(_keys(parts), 0)
-        )
-        consumer.assign(parts)
+        with kafka_errors(what):
+            ends = _high_watermarks(kafka, parts, deadline) if settled else dict.fromkeys(parts, 0)
+        reader.assign(dict.fromkeys(parts, BEGINNING))
         pending = set(ends)
         while pending:
             if time.monotonic() > deadline:
-                raise KafkaException(
-                    KafkaError(KafkaError._TIMED_OUT, f"end not reached: {sorted(pending)}")
-                )
+                raise KafkaUnavailable(f"{what}: end not reached: {sorted(pending)}")
             # a short wait: a small topic must not cost half a second per read
-            for msg in consumer.consume(500, timeout=0.05):
-                err = msg.error()
-                if err is None:
-                    yield msg
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    tp = (msg.topic() or "", msg.partition() or 0)
-                    if (msg.offset() or 0) >= ends[tp]:
-                        pending.discard(tp)
-                else:
-                    raise KafkaException(err)
-    finally:
-        consumer.close()
+            got = reader.poll(500, timeout=0.05)
+            if got.gaps:
+                raise got.gaps[0]
+            if got.errors:
+                raise got.errors[0]
+            yield from got.records
+            pending -= {
+                (e.topic, e.partition) for e in got.ends if e.offset >= ends[(e.topic, e.partition)]
+            }
 
 
-def _keys(parts: list[TopicPartition]) -> list[tuple[str, int]]:
-    return [(p.topic, p.partition) for p in parts]
-
-
-def _high_watermarks(
-    kafka: KafkaEndpoint, parts: list[TopicPartition], deadline: float
-) -> dict[tuple[str, int], int]:
+def _high_watermarks(kafka: KafkaEndpoint, parts: list[Part], deadline: float) -> dict[Part, int]:
     """Each partition's high watermark (a read_committed consumer is told the last
     stable offset instead: asked as read_uncommitted), by the admin client, which finds
     a partition's new leader itself (a consumer's watermark request kept asking a
@@ -129,7 +412,7 @@ def _high_watermarks(
     admin = Admin(kafka).client
     while True:
         found = admin.list_offsets(
-            {p: OffsetSpec.latest() for p in parts},
+            {TopicPartition(*p): OffsetSpec.latest() for p in parts},
             isolation_level=IsolationLevel.READ_UNCOMMITTED,
             request_timeout=max(1.0, min(10.0, deadline - time.monotonic())),
         )
