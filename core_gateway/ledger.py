@@ -7,13 +7,12 @@ import logging
 import threading
 import uuid
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
-
 from core_gateway.holdings import Holdings
 from shorelink.contract import LEDGER_TOPIC
 from shorelink.errors import ContractError
 from shorelink.kafka.endpoint import KafkaEndpoint
-from shorelink.kafka.errors import KafkaClientError, kafka_errors
+from shorelink.kafka.errors import KafkaClientError
+from shorelink.kafka.reading import BEGINNING, PartitionReader
 from shorelink.ledger import decode_entry
 from shorelink.logs import RateLimitedLog
 
@@ -40,39 +39,29 @@ class LedgerFollower:
             self._thread.join(5)
 
     def _run(self) -> None:
-        consumer = Consumer(
-            {
-                **self.kafka.client_config(),
-                "group.id": f"shorelink-gateway-ledger-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "auto.offset.reset": "earliest",
-            }
+        reader = PartitionReader(
+            self.kafka,
+            group=f"shorelink-gateway-ledger-{uuid.uuid4().hex}",
+            what=f"{LEDGER_TOPIC} at {self.kafka.bootstrap}",
         )
         assigned = False
         try:
             while not self._stop.is_set():
                 if not assigned:
                     try:
-                        with kafka_errors():
-                            md = consumer.list_topics(timeout=5)
-                            t = md.topics.get(LEDGER_TOPIC)
-                            if t is not None and t.error is None:
-                                consumer.assign(
-                                    [TopicPartition(LEDGER_TOPIC, p, 0) for p in t.partitions]
-                                )
-                                assigned = True
+                        parts = reader.partitions([LEDGER_TOPIC], timeout=5).get(LEDGER_TOPIC)
+                        if parts is not None:
+                            reader.assign({(LEDGER_TOPIC, p): BEGINNING for p in parts})
+                            assigned = True
                     except KafkaClientError as exc:  # Kafka away: the next look may find it
                         self._limited.warning("ledger", "event=ledger_error error=%r", str(exc))
                     if not assigned:
                         self._stop.wait(2)  # the merge creates it; wait for it to exist
                         continue
-                for msg in consumer.consume(500, timeout=0.5):
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() != KafkaError._PARTITION_EOF:
-                            self._limited.warning("ledger", "event=ledger_error error=%r", str(err))
-                        continue
+                got = reader.poll(500, timeout=0.5)
+                for problem in [*got.errors, *got.gaps]:
+                    self._limited.warning("ledger", "event=ledger_error error=%r", str(problem))
+                for msg in got.records:
                     try:
                         origin, stream, held = decode_entry(msg.key(), msg.value())
                     except ContractError as exc:
@@ -85,4 +74,4 @@ class LedgerFollower:
         except Exception:  # the follower must never take the gateway down
             log.exception("event=ledger_follower_crashed")
         finally:
-            consumer.close()
+            reader.close()

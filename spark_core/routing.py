@@ -61,14 +61,13 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-
 from shorelink import strict_json
 from shorelink.contract import LINKS_TOPIC
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError, KafkaUnavailable, kafka_errors
-from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
+from shorelink.kafka.reading import BEGINNING, PartitionReader
+from shorelink.kafka.topics import PlainProducer, TopicSpec, ensure_topics, producer
 from shorelink.logs import RateLimitedLog
 from spark_core.config import SiteConfig, SitesConfig
 
@@ -196,7 +195,7 @@ class NeighbourLink:
     last_ok: float | None = None
     error: str | None = None
     admin: Admin | None = None
-    consumer: Consumer | None = None
+    reader: PartitionReader | None = None
     #: held as failing until then (monotonic; 0: not held), and holds in a row
     held_until: float = 0.0
     strikes: int = 0
@@ -247,7 +246,7 @@ class LinkState:
         self._version = int(time.time() * 1000)
         self._published: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._producer: Producer | None = None
+        self._producer: PlainProducer | None = None
         self._limited = RateLimitedLog(log)
         self._ttl = r.report_ttl_s
         self._timeout = r.probe_timeout_s
@@ -327,8 +326,7 @@ class LinkState:
             md = link.admin.metadata(LINKS_TOPIC, timeout=self._timeout)
             if not md.brokers:
                 raise KafkaUnavailable("no broker answered")
-            with kafka_errors():
-                reports = self._read_reports(link)
+            reports = self._read_reports(link)
         except (KafkaClientError, ValueError, RuntimeError) as exc:
             if link.up:
                 log.warning(
@@ -351,43 +349,38 @@ class LinkState:
     def _read_reports(self, link: NeighbourLink) -> list[Report]:
         """The reports in the neighbour's ``sl.links`` that arrived since the last probe
         (the topic may not exist yet: the neighbour's application has not started)."""
-        if link.consumer is None:
-            link.consumer = Consumer(
-                {
-                    **link.kafka.client_config(),
-                    "group.id": f"shorelink-links-{self.site.name}",
-                    "enable.auto.commit": False,
-                    "auto.offset.reset": "earliest",
-                    "isolation.level": "read_committed",
-                    # Kafka's 500 ms fetch wait: the consumer fetches in the background
-                    # between probes, and a fetch parked at the end returns as soon as
-                    # a report arrives; 10 ms had each link ask its neighbour about 100
-                    # times a second (the sites' brokers' busiest work in the voyage)
-                    "enable.partition.eof": True,
-                    "socket.timeout.ms": int(self._timeout * 1000),
-                }
+        if link.reader is None:
+            link.reader = PartitionReader(
+                link.kafka,
+                group=f"shorelink-links-{self.site.name}",
+                what=f"{LINKS_TOPIC} at {link.name}",
+                # Kafka's 500 ms fetch wait: the reader fetches in the background
+                # between probes, and a fetch parked at the end returns as soon as
+                # a report arrives; 10 ms had each link ask its neighbour about 100
+                # times a second (the sites' brokers' busiest work in the voyage)
+                extra={"socket.timeout.ms": int(self._timeout * 1000)},
             )
-            link.consumer.assign([TopicPartition(LINKS_TOPIC, 0, -2)])  # earliest
+            link.reader.assign({(LINKS_TOPIC, 0): BEGINNING})
         out = []
         deadline = time.monotonic() + self._timeout
         while time.monotonic() < deadline:
-            msg = link.consumer.poll(0.05)
-            if msg is None:
+            # unknown topic (not created yet) and the like come as errors: next probe
+            got = link.reader.poll(500, timeout=0.05)
+            for msg in got.records:
+                key, value = msg.key(), msg.value()
+                if key is None or value is None:
+                    continue
+                try:
+                    out.append(Report.decode(key.decode(), value))
+                except (ValueError, UnicodeDecodeError) as exc:
+                    self._limited.warning(
+                        "links_bad",
+                        "event=links_bad_report neighbour=%s error=%r",
+                        link.name,
+                        str(exc),
+                    )
+            if got.ends or not (got.records or got.gaps):
                 break
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    break
-                continue  # unknown topic (not created yet) and the like: next probe
-            key, value = msg.key(), msg.value()
-            if key is None or value is None:
-                continue
-            try:
-                out.append(Report.decode(key.decode(), value))
-            except (ValueError, UnicodeDecodeError) as exc:
-                self._limited.warning(
-                    "links_bad", "event=links_bad_report neighbour=%s error=%r", link.name, str(exc)
-                )
         return out
 
     def _learn(self, reports: Iterable[Report], now: float | None = None) -> None:
@@ -455,7 +448,7 @@ class LinkState:
                 )
             with kafka_errors():
                 if self._producer is None:
-                    self._producer = Producer(producer_config(self.site.kafka, {"linger.ms": 5}))
+                    self._producer = producer(self.site.kafka, {"linger.ms": 5})
                 for r in todo:
                     self._producer.produce(LINKS_TOPIC, key=r.site.encode(), value=r.encode())
                 self._producer.flush(self._timeout)
@@ -475,9 +468,9 @@ class LinkState:
 
     def close(self) -> None:
         for link in self.links.values():
-            if link.consumer is not None:
-                link.consumer.close()
-                link.consumer = None
+            if link.reader is not None:
+                link.reader.close()
+                link.reader = None
         if self._producer is not None:
             self._producer.flush(1)
             self._producer = None

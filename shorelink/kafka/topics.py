@@ -9,8 +9,10 @@ site's ``[sites.NAME.kafka]`` in sites.toml). Its defaults are right for a produ
 cluster of three or more brokers (replication factor 3, ``min.insync.replicas`` 2) and
 shrink to what a smaller cluster can hold (a one-broker local stack: 1 and 1), with a
 warning, so a development stack needs no setting and a production cluster no care.
-Every producer writes with ``acks=all`` (:func:`producer_config`), so a record is
-acknowledged only once ``min.insync.replicas`` brokers have it.
+Every producer writes with ``acks=all`` (:func:`producer_config`; :func:`producer`
+builds a plain one, :class:`~shorelink.kafka.transactions.TransactionalProducer` a
+transactional one), so a record is acknowledged only once ``min.insync.replicas``
+brokers have it.
 
 Every topic gets ``max.message.bytes`` = :data:`~shorelink.contract.KAFKA_MAX_MESSAGE_BYTES`,
 whatever the broker's default (1 MiB), so a record of
@@ -26,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
 from shorelink.config import Section, key, read
@@ -38,11 +41,13 @@ from shorelink.kafka.errors import KafkaClientError, TopicExists
 
 __all__ = [
     "Durability",
+    "PlainProducer",
     "TopicError",
     "TopicSpec",
     "ensure_topics",
     "gateway_cursor_spec",
     "ingress_spec",
+    "producer",
     "producer_config",
 ]
 
@@ -155,6 +160,17 @@ def producer_config(kafka: KafkaEndpoint, extra: dict[str, object] | None = None
         "message.max.bytes": KAFKA_MAX_MESSAGE_BYTES,
         **(extra or {}),
     }
+
+
+#: what :func:`producer` returns, for annotations (build one with :func:`producer`)
+PlainProducer = Producer
+
+
+def producer(kafka: KafkaEndpoint, extra: dict[str, object] | None = None) -> Producer:
+    """A plain (not transactional) producer at ``kafka`` with :func:`producer_config`:
+    the only way a producer is made outside shorelink/kafka/ (ruff's banned-API rule,
+    pyproject.toml), so none is built from a bare ``bootstrap.servers``."""
+    return Producer(producer_config(kafka, extra))
 
 
 def ensure_topics(

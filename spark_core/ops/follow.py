@@ -26,13 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    Message,
-    TopicPartition,
-)
+from confluent_kafka import Message
 
 from shorelink import strict_json
 from shorelink.contract import (
@@ -45,8 +39,8 @@ from shorelink.contract import (
 )
 from shorelink.errors import ContractError
 from shorelink.kafka.endpoint import KafkaEndpoint
-from shorelink.kafka.errors import KafkaClientError, kafka_errors
-from shorelink.kafka.reading import written_ms
+from shorelink.kafka.errors import KafkaClientError
+from shorelink.kafka.reading import BEGINNING, PartitionReader, written_ms
 from shorelink.ledger import decode_entry
 from shorelink.logs import RateLimitedLog
 from shorelink.ranges import RangeSet
@@ -116,16 +110,10 @@ class SiteFollower:
     ) -> None:
         self.site = site
         self.facts = facts or Facts()
-        self._conf: dict[str, Any] = {
-            **kafka.client_config(),
-            # the site application's principal may use groups named shorelink-*; no
-            # offsets are committed (partitions are assigned, not subscribed)
-            "group.id": f"shorelink-ops-{site}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
-            "error_cb": self._on_error,
-        }
+        self.kafka = kafka
+        # the site application's principal may use groups named shorelink-*; no
+        # offsets are committed (partitions are assigned, not subscribed)
+        self.group = f"shorelink-ops-{site}"
         self.report_topic = canonical_topic(report_stream) if report_stream in streams else None
         self.alerts_topic = canonical_topic(ALERTS) if ALERTS in streams else None
         self.nav_topic = canonical_topic(NAV) if NAV in streams else None
@@ -154,61 +142,56 @@ class SiteFollower:
             self._thread.join(timeout)
 
     def run(self) -> None:
-        consumer = Consumer(self._conf)
+        reader = PartitionReader(
+            self.kafka, group=self.group, what=f"site {self.site}", on_error=self._on_error
+        )
         assigned: set[tuple[str, int]] = set()
         next_scan = 0.0
         try:
             while not self._stop.is_set():
                 if time.monotonic() >= next_scan:
                     next_scan = time.monotonic() + self.rescan_s
-                    self._assign_new(consumer, assigned)
+                    self._assign_new(reader, assigned)
                 if not assigned:
                     self._stop.wait(0.5)
                     continue
-                msgs = consumer.consume(500, timeout=0.5)
+                got = reader.poll(500, timeout=0.5)
                 self.facts.polled_at = time.time()
-                for msg in msgs:
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() != KafkaError._PARTITION_EOF:
-                            self._on_error(err)
-                        continue
+                for problem in [*got.errors, *got.gaps]:
+                    self._on_error(problem)
+                for msg in got.records:
                     self._apply(msg)
         finally:
-            consumer.close()
+            reader.close()
 
-    def _on_error(self, err: KafkaError | Exception) -> None:
+    def _on_error(self, err: Exception) -> None:
         with self.facts.lock:
             self.facts.error = str(err)
             self.facts.version += 1
         _limited.warning("kafka", "event=ops_kafka_error site=%s error=%r", self.site, str(err))
 
-    def _assign_new(self, consumer: Consumer, assigned: set[tuple[str, int]]) -> None:
+    def _assign_new(self, reader: PartitionReader, assigned: set[tuple[str, int]]) -> None:
         try:
-            with kafka_errors():
-                self._assign_more(consumer, assigned)
+            self._assign_more(reader, assigned)
         except KafkaClientError as exc:  # broker unreachable: retried next scan
             self._on_error(exc)
 
-    def _assign_more(self, consumer: Consumer, assigned: set[tuple[str, int]]) -> None:
+    def _assign_more(self, reader: PartitionReader, assigned: set[tuple[str, int]]) -> None:
         """Assign the wanted partitions not assigned yet (all or none of them)."""
-        md = consumer.list_topics(timeout=5)
-        new: list[TopicPartition] = []
+        found = reader.partitions(self.wanted, timeout=5)
+        new: dict[tuple[str, int], int] = {}
         for topic in self.wanted:
-            tmd = md.topics.get(topic)
-            if tmd is None or tmd.error is not None:
-                continue
-            for p in sorted(tmd.partitions):
+            for p in found.get(topic, ()):
                 if (topic, p) in assigned:
                     continue
-                start = OFFSET_BEGINNING
+                start = BEGINNING
                 if topic in self._tailed:
-                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
+                    low, high = reader.watermarks(topic, p, timeout=5)
                     start = max(low, high - self.tail)
-                new.append(TopicPartition(topic, p, start))
+                new[(topic, p)] = start
         if new:
-            consumer.incremental_assign(new)
-            assigned.update((tp.topic, tp.partition) for tp in new)
+            reader.add(new)
+            assigned.update(new)
             with self.facts.lock:
                 self.facts.topics = sorted({t for t, _ in assigned})
                 self.facts.version += 1
