@@ -191,20 +191,18 @@ class Bench:
         }
 
     def bare_produce(self, recs: dict[str, list[WireRecord]]) -> float:
-        from confluent_kafka import Producer
-
         from shorelink.contract import Record
         from shorelink.identity import Identity
+        from shorelink.kafka.topics import producer
 
-        p = Producer(
+        p = producer(
+            self.stack.endpoint,
             {
-                **self.stack.endpoint.client_config(),
                 "enable.idempotence": True,
-                "acks": "all",
                 "linger.ms": 5,
                 "compression.type": "lz4",
                 "queue.buffering.max.messages": 500_000,
-            }
+            },
         )
         p.list_topics(timeout=10)  # connected before the clock starts
         failed = 0

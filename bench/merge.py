@@ -64,7 +64,6 @@ from _common import (
     require_at_least_one,
     run_bench,
 )
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from local_stack.kafka import BrokerSecurity, KafkaBroker, start_kafka
 from local_stack.process import Proc, stop_procs
@@ -75,8 +74,8 @@ from shorelink.identity import Identity
 from shorelink.kafka.audit import audit_site
 from shorelink.kafka.auth import KafkaAuth
 from shorelink.kafka.endpoint import KafkaEndpoint
-from shorelink.kafka.reading import read_to_end
-from shorelink.kafka.topics import TopicSpec, ensure_topics
+from shorelink.kafka.reading import PartitionReader, read_to_end
+from shorelink.kafka.topics import PlainProducer, TopicSpec, ensure_topics, producer
 
 SITE = "benchport"
 STREAM = "containers"
@@ -117,7 +116,7 @@ def make_record(origin: str, seq: int, ts_ms: int) -> tuple[bytes, bytes, list[t
     return rec.key, rec.value, rec.headers()
 
 
-def _produce(p: Producer, topic: str, key: bytes, value: bytes, headers: Any) -> None:
+def _produce(p: PlainProducer, topic: str, key: bytes, value: bytes, headers: Any) -> None:
     while True:
         try:
             p.produce(topic, value=value, key=key, headers=headers)
@@ -126,15 +125,9 @@ def _produce(p: Producer, topic: str, key: bytes, value: bytes, headers: Any) ->
             p.poll(0.05)
 
 
-def _producer(kafka: KafkaEndpoint) -> Producer:
-    return Producer(
-        {
-            **kafka.client_config(),
-            "linger.ms": 5,
-            "compression.type": "lz4",
-            "queue.buffering.max.messages": 500_000,
-            "acks": "all",
-        }
+def _producer(kafka: KafkaEndpoint) -> PlainProducer:
+    return producer(
+        kafka, {"linger.ms": 5, "compression.type": "lz4", "queue.buffering.max.messages": 500_000}
     )
 
 
@@ -181,28 +174,18 @@ def fill_ingress(
 
 
 def end_offsets(kafka: KafkaEndpoint, topic: str) -> int:
-    c = Consumer({**kafka.client_config(), "group.id": "bench-offsets"})
-    try:
-        md = c.list_topics(topic, timeout=10).topics[topic]
+    with PartitionReader(kafka, group="bench-offsets") as reader:
         total = 0
-        for part in md.partitions:
-            lo, hi = c.get_watermark_offsets(TopicPartition(topic, part), timeout=10)
+        for part in reader.partitions([topic], timeout=10)[topic]:
+            lo, hi = reader.watermarks(topic, part, timeout=10)
             total += hi - lo
         return total
-    finally:
-        c.close()
 
 
 # -- helper processes: paced producer and canonical consumer ------------------------------
 def run_steady_producer(spec: dict[str, Any]) -> None:
     """New identities at ``rate`` records/s for ``seconds``; sl.ts = produce time."""
-    p = Producer(
-        {
-            **_kafka(spec).client_config(),
-            "linger.ms": 1,
-            "compression.type": "lz4",
-        }
-    )
+    p = producer(_kafka(spec), {"linger.ms": 1, "compression.type": "lz4"})
     origins = [ship_name(i, "steady") for i in range(int(spec["origins"]))]
     rate, seconds = float(spec["rate"]), float(spec["seconds"])
     n = int(rate * seconds)
@@ -228,17 +211,10 @@ def run_steady_producer(spec: dict[str, Any]) -> None:
 def run_consumer(spec: dict[str, Any]) -> None:
     """Read sl.containers (read_committed) from the given offsets until ``expect``
     records of the steady origins arrived (or the deadline): latencies in ms."""
-    c = Consumer(
-        {
-            **_kafka(spec).client_config(),
-            "group.id": "bench-latency",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "fetch.wait.max.ms": 10,
-            "fetch.min.bytes": 1,
-        }
+    c = PartitionReader(
+        _kafka(spec), group="bench-latency", extra={"fetch.wait.max.ms": 10, "fetch.min.bytes": 1}
     )
-    c.assign([TopicPartition(CANONICAL, int(p), int(o)) for p, o in spec["offsets"].items()])
+    c.assign({(CANONICAL, int(p)): int(o) for p, o in spec["offsets"].items()})
     ready = Path(spec["result"] + ".ready")
     ready.write_text("1")
     expect, deadline = int(spec["expect"]), time.monotonic() + float(spec["timeout"])
@@ -246,11 +222,10 @@ def run_consumer(spec: dict[str, Any]) -> None:
     append: list[float] = []
     seen = 0
     while seen < expect and time.monotonic() < deadline:
-        for msg in c.consume(1000, timeout=0.2):
-            if msg.error() is not None:
-                if msg.error().code() != KafkaError._PARTITION_EOF:
-                    raise RuntimeError(str(msg.error()))
-                continue
+        got = c.poll(1000, timeout=0.2)
+        if got.errors or got.gaps:
+            raise RuntimeError(str([*got.errors, *got.gaps][0]))
+        for msg in got.records:
             now_ms = time.time() * 1000
             hs = dict(msg.headers() or [])
             if not hs.get("sl.origin", b"").startswith(b"steady-"):
@@ -574,13 +549,11 @@ class Bench:
             time.sleep(0.2)
         if q.lastProgress is None:
             raise RuntimeError("continuous merge made no progress in 120 s")
-        c = Consumer({**self.kafka.client_config(), "group.id": "bench-ends"})
-        md = c.list_topics(CANONICAL, timeout=10).topics[CANONICAL]
-        offsets = {
-            str(p): c.get_watermark_offsets(TopicPartition(CANONICAL, p), timeout=10)[1]
-            for p in md.partitions
-        }
-        c.close()
+        with PartitionReader(self.kafka, group="bench-ends") as reader:
+            offsets = {
+                str(p): reader.watermarks(CANONICAL, p, timeout=10)[1]
+                for p in reader.partitions([CANONICAL], timeout=10)[CANONICAL]
+            }
         n = int(a.steady_rate * a.steady_seconds)
         timeout = a.steady_seconds + 90
         cons = self.helper("consumer", offsets=offsets, expect=n, timeout=timeout)

@@ -43,14 +43,13 @@ from _common import (
     run_bench,
     tree_rss_mb,
 )
-from confluent_kafka import Producer
 
 from local_stack.kafka import start_kafka
 from local_stack.process import Proc, stop_procs
 from shorelink.contract import Record, ingress_topic
 from shorelink.identity import Identity
 from shorelink.kafka.endpoint import KafkaEndpoint
-from shorelink.kafka.topics import TopicSpec, ensure_topics
+from shorelink.kafka.topics import TopicSpec, ensure_topics, producer
 
 say = progress("merge-memory")
 STREAM = "containers"
@@ -70,7 +69,7 @@ class MergeMemoryBench:
             [TopicSpec(ingress_topic(STREAM), partitions=PARTITIONS)],
         )
         rng = random.Random(9)
-        p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all"})
+        p = producer(KafkaEndpoint.plaintext(bootstrap), {"linger.ms": 20})
         nbytes = 0
         for i in range(self.args.records):
             origin = f"ship{i % 8}"

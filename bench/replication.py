@@ -50,6 +50,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -61,7 +62,6 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from confluent_kafka import Consumer, Producer
 
 from bench._common import (
     add_run_options,
@@ -77,7 +77,9 @@ from local_stack.process import Proc, free_ports
 from shorelink.contract import H_PROOF, Record, ingress_topic
 from shorelink.identity import Identity
 from shorelink.kafka.endpoint import KafkaEndpoint
-from shorelink.kafka.topics import TopicSpec, ensure_topics
+from shorelink.kafka.errors import KafkaClientError
+from shorelink.kafka.reading import BEGINNING, PartitionReader
+from shorelink.kafka.topics import PlainProducer, TopicSpec, ensure_topics, producer
 from shorelink.kafka.transactions import TransactionalProducer
 from shorelink.proof import ShipKey, ShipKeys, record_hash
 
@@ -214,7 +216,7 @@ class Entry:
         self.signed = signed
         conf: dict[str, Any] = kafka.client_config({"linger.ms": 5, "compression.type": "lz4"})
         self.txn: TransactionalProducer | None = None
-        self.p: Producer | None = None
+        self.p: PlainProducer | None = None
         if shorelink:
             conf["transactional.id"] = (
                 f"bench-gw-{os.getpid()}-{kafka.bootstrap}-{time.monotonic_ns()}"
@@ -222,8 +224,9 @@ class Entry:
             self.txn = TransactionalProducer(conf, timeout=30)
             self.txn.init()
         else:
-            conf["enable.idempotence"] = True
-            self.p = Producer(conf)
+            self.p = producer(
+                kafka, {"linger.ms": 5, "compression.type": "lz4", "enable.idempotence": True}
+            )
 
     def write(
         self, recs: list[Record], *, stamp: bool = False, proofs: list[bytes] | None = None
@@ -272,27 +275,31 @@ class Watch(threading.Thread):
         self.counts: Counter[tuple[str, str, int]] = Counter()
         self.lag: dict[tuple[str, str, int], float] = {}
         self.stop = threading.Event()
-        self.c = Consumer(
-            {
-                **kafka.client_config(),
-                "group.id": f"bench-watch-{site}-{time.monotonic_ns()}",
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "topic.metadata.refresh.interval.ms": 2000,
-            }
-        )
-        self.c.subscribe([f"^{pattern}$"])
+        self.pattern = re.compile(pattern)
+        self.c = PartitionReader(kafka, group=f"bench-watch-{site}-{time.monotonic_ns()}")
         self.lock = threading.Lock()
 
     def run(self) -> None:
+        assigned: set[tuple[str, int]] = set()
+        rescan = 0.0
         while not self.stop.is_set():
-            msgs = self.c.consume(5000, 0.2)
+            if time.monotonic() >= rescan:  # topics the merges create as records come
+                rescan = time.monotonic() + 2.0
+                with contextlib.suppress(KafkaClientError):  # asked again at the next scan
+                    found = self.c.topics(timeout=5)
+                    new = {
+                        (t, p): BEGINNING
+                        for t, ps in found.items()
+                        if self.pattern.fullmatch(t)
+                        for p in ps
+                        if (t, p) not in assigned
+                    }
+                    self.c.add(new)
+                    assigned |= set(new)
+            msgs = self.c.poll(5000, 0.2).records
             now = time.time()
             with self.lock:
                 for m in msgs:
-                    if m.error():
-                        continue
                     h = dict(m.headers() or [])
                     try:
                         ident = (h["sl.origin"].decode(), h["sl.stream"].decode(), int(h["sl.seq"]))

@@ -26,7 +26,6 @@ import tempfile
 from pathlib import Path
 
 import tomli_w
-from confluent_kafka import Producer
 
 from local_stack.errors import StackError
 from local_stack.kafka import CLIENT_COMPILER, start_kafka
@@ -34,7 +33,7 @@ from local_stack.tools import archive_flags, cds_flags, keep_cds_archive, say, t
 from shorelink.contract import Record, ingress_topic
 from shorelink.identity import Identity
 from shorelink.kafka.endpoint import KafkaEndpoint
-from shorelink.kafka.topics import TopicSpec, ensure_topics
+from shorelink.kafka.topics import TopicSpec, ensure_topics, producer
 
 __all__ = ["install_spark_cds", "spark_cds_archive", "spark_driver_conf"]
 
@@ -116,7 +115,7 @@ def _site_run(tmp: Path, partial: Path) -> None:
     try:
         kafka = KafkaEndpoint.plaintext(broker.bootstrap)
         ensure_topics(kafka, [TopicSpec(ingress_topic(_STREAM), partitions=2)])
-        _write_records(broker.bootstrap)
+        _write_records(kafka)
         config = tmp / "sites.toml"
         config.write_text(tomli_w.dumps(_sites_doc(tmp, broker.bootstrap, partial)))
         run = subprocess.run(
@@ -136,8 +135,8 @@ def _site_run(tmp: Path, partial: Path) -> None:
         broker.proc.stop(grace=30)
 
 
-def _write_records(bootstrap: str) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+def _write_records(kafka: KafkaEndpoint) -> None:
+    out = producer(kafka, {"enable.idempotence": True})
     for seq in range(1, 51):
         key = f"c{seq % 5}"
         r = Record(
@@ -149,8 +148,8 @@ def _write_records(bootstrap: str) -> None:
             f"ship/cds-ship/{key}",
         )
         headers: list[tuple[str, str | bytes | None]] = [*r.headers()]
-        producer.produce(ingress_topic(_STREAM), key=r.key, value=r.value, headers=headers)
-    if producer.flush(30) != 0:
+        out.produce(ingress_topic(_STREAM), key=r.key, value=r.value, headers=headers)
+    if out.flush(30) != 0:
         raise StackError("the warm-up records were not written")
 
 

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, KafkaError, TopicPartition
+from confluent_kafka import TIMESTAMP_CREATE_TIME
 from prometheus_client.parser import text_string_to_metric_families
 
 from shorelink.contract import (
@@ -32,12 +32,16 @@ from shorelink.contract import (
     entered_ms,
 )
 from shorelink.kafka.endpoint import KafkaEndpoint
-from shorelink.kafka.errors import KafkaClientError, UnknownTopic, classify, kafka_errors
+from shorelink.kafka.errors import KafkaClientError, UnknownTopic
+from shorelink.kafka.reading import BEGINNING, PartitionReader
 from voyage.topology import STREAMS
 
 __all__ = ["Arrival", "EdgeSample", "SiteWatch", "edge_metrics", "query_level_with"]
 
 Ident = tuple[str, str, int]
+
+#: how often a watch looks for canonical topics (and partitions) made since
+_RESCAN_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -74,41 +78,40 @@ class SiteWatch(threading.Thread):
         self.error: str | None = None
         self._halt = threading.Event()
         self._lock = threading.Lock()
-        self.consumer = Consumer(
-            {
-                **kafka.client_config(),
-                "group.id": f"voyage-watch-{site}-{time.time_ns()}",
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "isolation.level": "read_committed",
-                "topic.metadata.refresh.interval.ms": 2000,
-            }
+        self.reader = PartitionReader(
+            kafka, group=f"voyage-watch-{site}-{time.time_ns()}", what=f"site {site}"
         )
 
     def run(self) -> None:
         try:
-            with kafka_errors():
-                self._follow()
+            self._follow()
         except KafkaClientError as exc:
             self.error = str(exc)
         finally:
-            self.consumer.close()
+            self.reader.close()
 
     def _follow(self) -> None:
-        self.consumer.subscribe([canonical_topic(s) for s in STREAMS])
+        topics = [canonical_topic(s) for s in STREAMS]
+        assigned: set[tuple[str, int]] = set()
+        rescan = 0.0
         while not self._halt.is_set():
-            msgs = self.consumer.consume(num_messages=2000, timeout=0.5)
+            if time.monotonic() >= rescan:  # a topic its merge has not made yet
+                rescan = time.monotonic() + _RESCAN_S
+                try:
+                    found = self.reader.partitions(topics, timeout=5)
+                except KafkaClientError as exc:
+                    self.error = str(exc)
+                    found = {}
+                new = {(t, p): BEGINNING for t, ps in found.items() for p in ps}
+                self.reader.add({tp: at for tp, at in new.items() if tp not in assigned})
+                assigned |= set(new)
+            got = self.reader.poll(2000, timeout=0.5)
             now = time.time() - self.t0
             with self._lock:
-                for m in msgs:
-                    err = m.error()
-                    if err is not None:
-                        # the end of a partition, or a topic its merge has not made yet
-                        if err.code() != KafkaError._PARTITION_EOF and not isinstance(
-                            classify(err), UnknownTopic
-                        ):
-                            self.error = str(err)
-                        continue
+                for problem in [*got.errors, *got.gaps]:
+                    if not isinstance(problem, UnknownTopic):
+                        self.error = str(problem)
+                for m in got.records:
                     self._note(m, now)
 
     def _note(self, m: object, now: float) -> None:
@@ -213,22 +216,14 @@ def query_level_with(checkpoint: Path, kafka: KafkaEndpoint, topic: str) -> bool
     done = _committed_offsets(checkpoint)
     if done is None:
         return False
-    consumer = Consumer(
-        {
-            **kafka.client_config(),
-            "group.id": "voyage-level",
-            "isolation.level": "read_committed",
-        }
-    )
+    reader = PartitionReader(kafka, group="voyage-level")
     try:
-        with kafka_errors():
-            parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-            for p in parts:
-                _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                if done.get(topic, {}).get(str(p), 0) < high:
-                    return False
+        for p in reader.partitions([topic], timeout=10).get(topic, ()):
+            _low, high = reader.watermarks(topic, p, timeout=10)
+            if done.get(topic, {}).get(str(p), 0) < high:
+                return False
     except KafkaClientError:
         return False
     finally:
-        consumer.close()
+        reader.close()
     return True

@@ -159,24 +159,27 @@ class PartitionReader:
         self._closed = False
 
     # -- topics and offsets --------------------------------------------------------------
+    def topics(self, timeout: float | None = None) -> dict[str, list[int]]:
+        """Every topic this principal may describe, with its partitions."""
+        wait = self.kafka.timeout_s if timeout is None else timeout
+        with kafka_errors(self.what):
+            md = self._consumer.list_topics(timeout=wait)
+        return {t: sorted(m.partitions) for t, m in md.topics.items() if m.error is None}
+
     def partitions(
         self, topics: Iterable[str], timeout: float | None = None
     ) -> dict[str, list[int]]:
         """The partitions of those of ``topics`` that exist (and this principal may
         describe); a topic not there is left out."""
         topics = list(topics)
+        if len(topics) != 1:
+            listed = self.topics(timeout)
+            return {t: listed[t] for t in topics if t in listed}
         wait = self.kafka.timeout_s if timeout is None else timeout
         with kafka_errors(self.what):
-            if len(topics) == 1:
-                md = self._consumer.list_topics(topics[0], timeout=wait)
-            else:
-                md = self._consumer.list_topics(timeout=wait)
-        out = {}
-        for t in topics:
-            tmd = md.topics.get(t)
-            if tmd is not None and tmd.error is None:
-                out[t] = sorted(tmd.partitions)
-        return out
+            md = self._consumer.list_topics(topics[0], timeout=wait)
+        tmd = md.topics.get(topics[0])
+        return {} if tmd is None or tmd.error is not None else {topics[0]: sorted(tmd.partitions)}
 
     def watermarks(
         self, topic: str, partition: int, timeout: float | None = None
