@@ -12,7 +12,8 @@ Every kernel module that imports ``confluent_kafka`` lives here.
 - ``admin``: the admin client whose calls and futures fail as that tree;
 - ``transactions``: the transactional producer, where every transaction ends;
 - ``topics``: creating topics on purpose, their durability and size limits;
-- ``reading``: reading topics to their end;
+- ``reading``: the one consumer (``PartitionReader``: ends as data, every jump a
+  ``DataLoss``), reading topics to their end;
 - ``sites``: each site's Kafka and streams from the sites file;
 - ``audit``, ``consumer``, ``position``: the kernel's commands and a customer's reader.
 """
