@@ -76,7 +76,13 @@ log = logging.getLogger(__name__)
 
 #: the topic configs apply compares and sets; every other config of a topic is left
 #: as the operator set it
-MANAGED_CONFIGS = ("retention.ms", "cleanup.policy", "max.message.bytes", "min.insync.replicas")
+MANAGED_CONFIGS = (
+    "retention.ms",
+    "segment.ms",
+    "cleanup.policy",
+    "max.message.bytes",
+    "min.insync.replicas",
+)
 
 
 # -- what a site needs -----------------------------------------------------------------

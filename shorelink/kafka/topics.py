@@ -49,6 +49,7 @@ __all__ = [
     "ingress_spec",
     "producer",
     "producer_config",
+    "segment_ms",
 ]
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,19 @@ class Durability:
         return rf, isr
 
 
+#: a time-bounded topic's segments roll at an eighth of its retention, between a minute
+#: and a day: Kafka deletes a whole segment once its newest record is past retention, so
+#: with the broker's default (7 days) a relay kept 3 days held about 10, and its
+#: partitions were cut days apart (replication review N14, which fed N3)
+SEGMENT_MS_MIN, SEGMENT_MS_MAX = 60_000, 24 * 3600 * 1000
+
+
+def segment_ms(retention_ms: int) -> int:
+    """``segment.ms`` for a topic kept ``retention_ms``: what is kept past its
+    retention is at most an eighth of it (or a day)."""
+    return max(SEGMENT_MS_MIN, min(retention_ms // 8, SEGMENT_MS_MAX))
+
+
 @dataclass(frozen=True)
 class TopicSpec:
     name: str
@@ -125,6 +139,8 @@ class TopicSpec:
         }
         if self.retention_ms is not None:
             cfg["retention.ms"] = str(self.retention_ms)
+            if self.retention_ms > 0 and not self.compacted:
+                cfg.setdefault("segment.ms", str(segment_ms(self.retention_ms)))
         if self.compacted:
             cfg["cleanup.policy"] = "compact"
         return cfg

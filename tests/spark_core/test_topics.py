@@ -176,6 +176,10 @@ def test_a_policy_change_alters_retention_and_adds_partitions(deployment: Deploy
     assert state[canonical_topic(d.bulk)].configs["retention.ms"] == str(3 * DAY_MS)
     assert state[relay_topic(d.port, d.bulk)].partitions == 4
     assert state[relay_topic(d.port, d.bulk)].configs["retention.ms"] == str(DAY_MS)
+    # review N14: segments roll at an eighth of the retention, so a relay kept a day
+    # holds at most a day and 3 h, not the broker's 7-day segments beyond it
+    assert state[canonical_topic(d.bulk)].configs["segment.ms"] == str(3 * DAY_MS // 8)
+    assert state[relay_topic(d.port, d.bulk)].configs["segment.ms"] == str(DAY_MS // 8)
     assert _changes(d.apply_json()) == []
 
     d.write(partitions=4, retention="forever")
