@@ -85,9 +85,12 @@ from spark_core.topics import (
 )
 
 __all__ = [
+    "MERGE_QUERIES",
     "BatchPlan",
     "Merger",
     "SourceRow",
+    "fence_predecessors",
+    "merge_transactional_id",
     "plan_batch",
     "reset_changed_checkpoints",
     "start_merge",
@@ -129,6 +132,40 @@ class Totals:
     unproved: int = 0
 
 
+#: the merges a site may run (spark_core/jobs/site.py ``mergers``): one for every
+#: stream, or ``merge-urgent`` beside ``merge`` when some streams are urgent
+MERGE_QUERIES = ("merge", "merge-urgent")
+
+
+def merge_transactional_id(site: SiteConfig, query: str) -> str:
+    """The ``transactional.id`` of the site's merge ``query``."""
+    base = site.merge.transactional_id
+    return base if query == "merge" else f"{base}-{query.removeprefix('merge-')}"
+
+
+def fence_predecessors(site: SiteConfig) -> None:
+    """Fence every merge of ``site`` that an earlier run may have left writing, whatever
+    its layout, before this run's merges write anything. A merge fences only the older
+    holder of its own ``transactional.id``: when ``urgent`` changed between two runs,
+    the old ``merge`` (every stream) kept writing the alerts beside the new
+    ``merge-urgent``, or the old ``merge-urgent`` beside the new ``merge`` (replication
+    review N17: duplicates, and ledger entries overwriting each other). Each id is
+    taken once by a producer that writes nothing (``init_transactions`` aborts what the
+    old one left open); this run's merges then take their own ids back."""
+    for query in MERGE_QUERIES:
+        tid = merge_transactional_id(site, query)
+        p = TransactionalProducer(
+            producer_config(site.kafka, {"transactional.id": tid}), timeout=site.kafka.timeout_s
+        )
+        try:
+            p.init()
+        except KafkaClientError as exc:
+            raise MergeError(f"cannot fence an earlier merge ({tid}): {exc}") from exc
+        finally:
+            p.close()
+        log.info("event=merge_predecessor_fenced site=%s transactional_id=%s", site.name, tid)
+
+
 class Merger:
     """The driver-side half of the merge query: state, topics, the transactional
     producer, per-batch logic (``process_batch`` is the ``foreachBatch`` function)."""
@@ -152,11 +189,7 @@ class Merger:
         self.entries = frozenset(relay_entries(site, sites))
         self._relays: dict[tuple[str, str, bytes | str | None], str | None] = {}
         self._entries: dict[str, str | None] = {}
-        self.transactional_id = (
-            site.merge.transactional_id
-            if query == "merge"
-            else f"{site.merge.transactional_id}-{query.removeprefix('merge-')}"
-        )
+        self.transactional_id = merge_transactional_id(site, query)
         self.state = MergeState()
         self.totals = Totals()
         self.last: dict[str, object] = {}

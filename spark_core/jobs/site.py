@@ -34,7 +34,7 @@ from shorelink.errors import ShorelinkError
 from shorelink.kafka.endpoint import name_clients
 from shorelink.logs import configure_logging
 from spark_core.config import SiteConfig, SitesConfig, load_config
-from spark_core.merge import Merger, reset_changed_checkpoints, start_merge
+from spark_core.merge import Merger, fence_predecessors, reset_changed_checkpoints, start_merge
 from spark_core.metrics import serve_metrics
 from spark_core.progress import ProgressReporter, last_progress
 from spark_core.replication import BULK_POOL, URGENT_POOL, Replicator
@@ -274,6 +274,7 @@ def build_supervisor(
             log.warning("event=kafka_without_tls site=%s link=%s message=%r", site.name, link, why)
     merges = mergers(site, cfg)
     reset_changed_checkpoints(site, merges)
+    fence_predecessors(site)  # whatever layout an earlier run had (urgent streams)
     replicator = Replicator(cfg, site, merges)
     replicator.start()
     on_exit = [replicator.stop]

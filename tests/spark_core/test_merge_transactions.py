@@ -12,7 +12,7 @@ import pytest
 
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import ingress_topic
-from spark_core.merge import Merger, SourceRow
+from spark_core.merge import Merger, SourceRow, fence_predecessors
 from spark_core.merge_state import MergeError
 from tests.helpers import unique
 from tests.spark_core.helpers import assert_exactly_once, canonical, make_site, record
@@ -54,3 +54,34 @@ def test_a_fenced_merge_fails_its_batches_and_never_fences_back(
         old.close()
         new.close()
     assert_exactly_once(canonical(b, s), {("ship1", s): 10})
+
+
+@pytest.mark.parametrize("old_query", ["merge", "merge-urgent"])
+def test_a_site_started_with_other_urgent_streams_fences_every_earlier_merge(
+    kafka: KafkaBroker, tmp_path: Path, old_query: str
+) -> None:
+    """Review (replication N17): a merge fenced only the older holder of its own
+    transactional id, so after ``urgent`` changed between two runs the old ``merge``
+    (every stream) kept writing alerts beside the new ``merge-urgent``, or the old
+    ``merge-urgent`` beside the new ``merge``: both wrote the same records. A site's
+    start fences every merge an earlier run may have left, whatever its layout."""
+    b = kafka.bootstrap
+    s = unique("s")
+    site, _ = make_site(b, tmp_path, [s])
+    t = ingress_topic(s)
+    rows = [_row(t, i, "ship1", s, q) for i, q in enumerate(range(1, 6))]
+    old = Merger(site, query=old_query, streams=[s])
+    old.prepare()
+    try:
+        fence_predecessors(site)
+        with pytest.raises(MergeError, match="fenced"):
+            old.write_rows(0, rows)
+    finally:
+        old.close()
+    new = Merger(site, streams=[s])  # the new run's merge takes its id back and writes
+    new.prepare()
+    try:
+        assert len(new.write_rows(0, rows).canonical) == 5
+    finally:
+        new.close()
+    assert_exactly_once(canonical(b, s), {("ship1", s): 5})
