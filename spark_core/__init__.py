@@ -14,6 +14,7 @@ __all__ = [
     "contract_sql",
     "customers",
     "errors",
+    "feed_guard",
     "jobs",
     "merge",
     "merge_batch",

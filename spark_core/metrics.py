@@ -13,7 +13,9 @@ Names start ``shorelink_spark_``; a counter's name gets ``_total`` from the clie
 - ``replication_state{neighbour,stream,state}``: 1 for the stream's state (``up``,
   ``catching_up``, ``down``, ``idle``), so an alert rule can say "down for 5 minutes";
 - ``pulled_records_total{puller}``, ``pulled_batches_total``, ``pull_gap_records_total``
-  (records lost to a neighbour's retention before they were read), ``puller_failing``;
+  (records lost to a neighbour's retention before they were read), ``puller_failing``,
+  ``pull_unproved_records_total{puller}`` and ``pull_parks_total{puller}`` (a feed parked
+  for bringing too many unproved records: spark_core/feed_guard.py);
 - ``merged_records_total{merge,outcome}`` (written, duplicate, dead, unproved: pulled
   records whose ship's proof failed, dead-lettered too; skipped),
   ``merge_batches_total{merge}``, ``merge_failures_total{merge}``,
@@ -142,13 +144,25 @@ class SiteCollector(Collector):
         failing = GaugeMetricFamily(
             P + "puller_failing", "1 while the puller's last round failed", labels=["puller"]
         )
+        unproved = CounterMetricFamily(
+            P + "pull_unproved_records",
+            "Pulled records the merge found unproved (spark_core/feed_guard.py)",
+            labels=["puller"],
+        )
+        parks = CounterMetricFamily(
+            P + "pull_parks",
+            "Times a neighbour's feed was parked for bringing too many unproved records",
+            labels=["puller"],
+        )
         for name, p in sorted(status["pullers"].items()):
             read.add_metric([name], float(p["read"]))
             batches.add_metric([name], float(p["batches"]))
             gaps.add_metric([name], float(p["gaps"]))
             skipped.add_metric([name], float(p.get("skipped_held", 0)))
             failing.add_metric([name], 1.0 if p["error"] else 0.0)
-        yield from (read, batches, gaps, skipped, failing)
+            unproved.add_metric([name], float(p.get("unproved", 0)))
+            parks.add_metric([name], float(p.get("parks", 0)))
+        yield from (read, batches, gaps, skipped, failing, unproved, parks)
 
     def _merges(self) -> Iterator[Metric]:
         merged = CounterMetricFamily(

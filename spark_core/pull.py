@@ -64,6 +64,7 @@ from shorelink.kafka.reading import written_ms
 from shorelink.ranges import RangeSet
 from spark_core.access import pull_group
 from spark_core.config import SiteConfig
+from spark_core.feed_guard import FeedGuard
 from spark_core.merge import Merger
 from spark_core.merge_state import (
     Headers,
@@ -123,6 +124,9 @@ class Puller:
     #: records held here (spark_core/relay_index.py)
     skipped_held: int = 0
     last_success: float | None = None
+    #: the records the merge found unproved in this feed, and its parking
+    #: (spark_core/feed_guard.py: too many unproved, the neighbour is not read a while)
+    guard: FeedGuard = field(default_factory=FeedGuard)
     error: str | None = None
     #: since when (monotonic) every round has failed (None: the last round did not)
     failing_since: float | None = None
@@ -249,6 +253,9 @@ class Puller:
         """One batch: read what the relay topics have past the cursors, hand it to the
         merge. Returns the records read."""
         self._decide()
+        if self.guard.parked():  # too many unproved records of late: not read a while
+            self.idle = False
+            return 0
         if self.local:
             wanted = frozenset(self.topics or (ingress_topic(s) for s in self.streams))
         else:
@@ -334,7 +341,15 @@ class Puller:
         if paused:
             consumer.resume(paused)
         if rows:
-            self.merger.write_pulled(rows)
+            unproved = self.merger.write_pulled(rows).unproved
+            if self.guard.note(unproved):
+                log.warning(
+                    "event=pull_parked site=%s puller=%s unproved=%d park_s=%.0f",
+                    self.site.name,
+                    self.name,
+                    self.guard.unproved,
+                    self.guard.park_s,
+                )
             self.read += len(rows)
             for row in rows:  # the kinds of read beside a relay's: history, recovery
                 if history_stream(row.topic) is not None:

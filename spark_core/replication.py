@@ -228,6 +228,8 @@ class Replicator:
                     "batches": p.batches,
                     "gaps": p.gaps,
                     "skipped_held": p.skipped_held,
+                    "unproved": p.guard.unproved,
+                    "parks": p.guard.parks,
                     "history": p.reading_history,
                     "last_success": p.last_success,
                     "error": p.error,

@@ -265,3 +265,16 @@ def test_checking_a_record_returns_a_verdict_whatever_its_headers_hold(
     for keys in (KEYS, STRICT):
         verdict = keys.check(origin, "containers", seq, ts, key, topic, payload, proof)
         assert verdict is None or isinstance(verdict, str)
+
+
+def test_a_forged_copy_offered_again_costs_no_second_signature_check() -> None:
+    """Review N5: a forged proof costs an Ed25519 check (about 80 µs, ten times a
+    genuine record's share of its chunk's one check). A failed (chunk, root) is
+    remembered: the same forgery offered 500 times, by one neighbour or several, is
+    checked once and dead-lettered every time."""
+    keys = ShipKeys.parse({"ships": {"bigblue": KEY.public()}})
+    forged = _forged(7, 1)  # another record's genuine proof on this record
+    rows = _rows([(FROM_N, forged)] * 250 + [(FROM_G, forged)] * 250)
+    plan = plan_batch(rows, MergeState(), None, keys)
+    assert (plan.unproved, len(plan.dead), plan.canonical) == (500, 500, [])
+    assert keys.signature_checks == 1
