@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
 import stat
 import time
 from collections.abc import Iterator
@@ -49,17 +50,35 @@ def read_private(path: Path, field: str) -> bytes:
 
 
 def write_atomic(path: Path, data: bytes | str, *, mode: int = 0o666) -> None:
-    """Replace ``path`` with ``data`` (text as UTF-8): written to ``<name>.tmp``
-    (created with ``mode``, less the umask), fsynced, renamed over ``path``, then the
-    directory fsynced. A crash leaves the old file or the new one."""
+    """Replace ``path`` with ``data`` (text as UTF-8): written to a temporary file of a
+    random name beside it (``.<name>.<random>.tmp``, created with ``mode``, less the
+    umask, from the start), fsynced, renamed over ``path``, then the directory fsynced.
+    A crash leaves the old file or the new one.
+
+    The temporary file is made with ``O_CREAT | O_EXCL | O_NOFOLLOW``: in a directory
+    others may write, a name planted there beforehand (a symlink to a file of theirs, a
+    file they can read) is never written through (review N9: a private key once landed
+    in a planted ``ship.key.tmp``'s target). The rename replaces ``path`` itself, a
+    symlink there included, never what it points to."""
     raw = data.encode() if isinstance(data, str) else data
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(raw)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            fd = os.open(tmp, flags, mode)
+            break
+        except FileExistsError:
+            continue  # a name taken (planted, or a crash's leftover): another one
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -92,7 +111,8 @@ def locked(path: Path) -> Iterator[None]:
     ``path``: two commands at once neither undo each other nor lose a change. Readers
     need none (they see the old file or the new one, never half)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    lock = path.with_name(path.name + ".lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -26,7 +26,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
-import os
 import struct
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -254,14 +253,14 @@ class ShipKey:
             raise ConfigError(field, f"{path} holds no Ed25519 key (base64 of 32 bytes)") from None
 
     def save(self, path: Path) -> None:
-        """Write the key to ``path``, mode 0600."""
+        """Write the key to ``path``, mode 0600 from its creation (never a chmod by
+        name afterwards, which would follow a link planted there)."""
         seed = self._key.private_bytes(
             serialization.Encoding.Raw,
             serialization.PrivateFormat.Raw,
             serialization.NoEncryption(),
         )
         write_atomic(path, _SECRET_PREFIX + base64.b64encode(seed) + b"\n", mode=0o600)
-        os.chmod(path, 0o600)
 
     def public(self) -> str:
         """The public half as the ship keys file writes it (base64 of 32 bytes)."""

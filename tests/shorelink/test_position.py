@@ -75,7 +75,7 @@ def test_a_file_position_is_replaced_atomically_and_missing_means_empty(tmp_path
     pos = Position.of(Identity("bigblue", "alerts", s) for s in (1, 2, 3, 7))
     store.save(pos)
     assert store.load() == pos
-    assert not (tmp_path / "pos.json.tmp").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["pos.json"]  # no temporary left
     saved = json.loads((tmp_path / "pos.json").read_text())
     assert saved["format"] == FORMAT
     assert saved["sources"] == [{"origin": "bigblue", "stream": "alerts", "seen": "1-3,7"}]
