@@ -7,24 +7,27 @@ The service (service.py) asks it for every batch, with the holdings of the batch
 A batch is taken if it starts at most one past the contiguous end of what the site has
 settled (written, replicated or abandoned, plus what is being written), or at most one
 past ``first_available - 1`` (the ship no longer has what lies before): anything later is
-a gap (409, with ``held``: the ship resends from its end + 1). Of a batch that overlaps
+refused as a ``gap`` (with ``held``: the ship resends from its end + 1). Of a batch that overlaps
 what is settled, only the new seqs are written. The seqs between the settled end and
 ``first_available`` are abandoned: they can never arrive, so the site stops waiting for
-them; each abandonment is a hole, bounded by ``MAX_HOLDINGS_RANGES`` (422
+them; each abandonment is a hole, bounded by ``MAX_HOLDINGS_RANGES`` (refused as
 ``too_many_holes``).
+
+A refusal is a decision like any other (:class:`Refused`), returned, not raised: which
+HTTP status it becomes is the service's business (service.py), not the planner's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from core_gateway.errors import ApiError
 from core_gateway.holdings import SourceHoldings
 from shorelink.ledger import MAX_HOLDINGS_RANGES
 from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, WireRecord
 
-__all__ = ["Admission", "plan_admission"]
+__all__ = ["Admission", "Refused", "plan_admission"]
 
 
 @dataclass(frozen=True)
@@ -44,24 +47,35 @@ class Admission:
         return not self.new and not self.abandoned
 
 
+@dataclass(frozen=True)
+class Refused:
+    """The batch adds nothing and the ship must resend from ``held``'s end + 1:
+    ``gap`` (it does not start where the site's holdings end) or ``too_many_holes``
+    (it would abandon seqs past the bound on holes)."""
+
+    reason: Literal["gap", "too_many_holes"]
+    message: str
+    #: what the site holds of the batch's (ship, stream)
+    held: RangeSet
+
+
 def plan_admission(
     ship: str, batch: Batch, holdings: SourceHoldings, pending: RangeSet
-) -> Admission:
+) -> Admission | Refused:
     """Pure: what ``batch`` of ``ship`` adds to ``holdings`` and to the ``pending`` seqs
-    (admitted, not committed yet). Raises ApiError 409 ``gap`` when it does not start
-    where they end, 422 ``too_many_holes`` when it would abandon seqs past the bound."""
+    (admitted, not committed yet), or why it is refused: ``gap`` when it does not start
+    where they end, ``too_many_holes`` when it would abandon seqs past the bound."""
     stream = batch.stream
     settled = holdings.settled()
     settled.update(pending)
     end = settled.contiguous_end()
     floor = max(end, batch.first_available - 1)
     if batch.first_seq > floor + 1:
-        raise ApiError(
-            409,
+        return Refused(
             "gap",
             f"batch starts at seq {batch.first_seq} but this site holds "
             f"{ship}/{stream} only up to {end}: resend from {end + 1}",
-            held=str(holdings.held()),
+            holdings.held(),
         )
     if settled.overlaps(batch.first_seq, batch.last_seq):
         new = [r for r in batch.records if r.seq not in settled]
@@ -77,12 +91,11 @@ def plan_admission(
             # each abandonment is a hole in what the site writes, and every hole is
             # rewritten with every batch (cursor, ledger): a ship that keeps
             # abandoning (hostile, or broken) must not grow them without bound
-            raise ApiError(
-                422,
+            return Refused(
                 "too_many_holes",
                 f"{ship}/{stream} already has {len(holdings.abandoned)} abandoned ranges (the"
                 f" most is {MAX_HOLDINGS_RANGES}); send seqs from {end + 1}",
-                held=str(holdings.held()),
+                holdings.held(),
             )
         abandoned.add_range(end + 1, batch.first_available - 1)
     return Admission(new, written, abandoned)

@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from core_gateway.admission import plan_admission
+from core_gateway.admission import Refused, plan_admission
 from core_gateway.auth import Credentials
 from core_gateway.config import GatewayConfig
 from core_gateway.decoding import BatchDecoder
@@ -51,6 +51,8 @@ SHIP_SHARE = 0.5
 #: /readyz asks Kafka at most this often (seconds)
 READINESS_EVERY_S = 1.0
 
+#: the HTTP status of each reason admission refuses a batch for
+_REFUSED_STATUS = {"gap": 409, "too_many_holes": 422}
 _WIRE_STATUS = {
     "too_large": 413,
     "decompressed_too_large": 413,
@@ -164,12 +166,12 @@ class GatewayService:
         pending = RangeSet()
         for seqs in inflight:
             pending.update(seqs)
-        try:
-            plan = plan_admission(ship, batch, h, pending)
-        except ApiError as exc:
-            if exc.code == "gap":  # counted here: refused() does not count routine 409s
+        plan = plan_admission(ship, batch, h, pending)
+        if isinstance(plan, Refused):
+            if plan.reason == "gap":  # counted here: refused() does not count routine 409s
                 self.metrics.rejected.labels("gap").inc()
-            raise
+            status = _REFUSED_STATUS[plan.reason]
+            raise ApiError(status, plan.reason, plan.message, held=str(plan.held))
         new, written, abandoned = plan.new, plan.written, plan.abandoned
         self.metrics.skipped.labels(stream).inc(batch.count - len(new))
         if plan.nothing:
