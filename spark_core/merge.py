@@ -329,27 +329,46 @@ class Merger:
             return None
         return customer_topic(owner, stream)
 
-    def _entry(self, read_from: str) -> str | None:
+    def _entry(
+        self, read_from: str, headers: Sequence[tuple[str, Any]] | None = None
+    ) -> str | None:
         """The entry site of what was read from ``read_from``: where the record was
         read from, never what it claims. A pulled record entered where its relay topic
         says, the rest here; an entry that is not a site of the file counts as entered
-        here (so it still reaches every site). None for a neighbour's canonical topic
-        (history: it came through no entry's relay, so it is relayed nowhere)."""
+        here (so it still reaches every site).
+
+        A neighbour's canonical topic (history) is no entry's relay: the source has no
+        entry (None), each of its records has its own (``headers`` given): the site its
+        ``sl.site`` names (what the neighbour's canonical copy carries from the gateway
+        it entered at). History is what a relay lost before this site read it, so the
+        sites behind this one, whose cursors here passed no deletion, lack it too, and
+        get it only if this site relays it (review N1: a line a-b-c, b's history from
+        a never reached c). Filed under its entry, it goes where that entry's records
+        go: to the sites routing the entry through here. A claim is as good as the
+        neighbour that serves it, like the relay topic a pulled record comes from (the
+        neighbour chose that as well); one that names no site of the file (a gateway
+        whose ``site`` key is not its site's name) counts as entered here."""
+        if history_stream(read_from) is not None:
+            return None if headers is None else self._claimed_entry(_header(headers, H_SITE))
         if read_from in self._entries:
             return self._entries[read_from]
-        entry: str | None = None
-        if history_stream(read_from) is None:
-            entry = source_entry(read_from)
-            if entry not in self.entries:
-                entry = self.site.name
+        entry = source_entry(read_from)
+        if entry not in self.entries:
+            entry = self.site.name
         self._entries[read_from] = entry
         return entry
+
+    def _claimed_entry(self, site: bytes | str | None) -> str:
+        """The entry a history record's ``sl.site`` names, if it is a site of the file;
+        else this site."""
+        claimed = site.decode(errors="replace") if isinstance(site, bytes) else site
+        return claimed if claimed in self.entries else self.site.name
 
     def _relay(
         self, stream_topic: str, read_from: str, headers: Sequence[tuple[str, Any]]
     ) -> str | None:
         """The relay topic of a canonical record: its entry site (:meth:`_entry`) and
-        stream; None for history. A record of this site's ingress whose ``sl.site``
+        stream. A record of this site's ingress whose ``sl.site``
         names another site (a gateway's ``site`` key that is not this site's name) is
         logged once per name."""
         site = _header(headers, H_SITE)
@@ -366,7 +385,7 @@ class Merger:
                         read_from,
                         claimed,
                     )
-            entry = self._entry(read_from)
+            entry = self._entry(read_from, headers)
             topic = None if entry is None else relay_topic(entry, stream_topic[len("sl.") :])
             self._relays[key] = topic
         return topic

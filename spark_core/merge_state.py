@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -49,6 +49,7 @@ from spark_core.relay_index import Tail, dump_tails, load_tails
 
 __all__ = [
     "BatchPlan",
+    "EntryOf",
     "MergeError",
     "MergeState",
     "RowBatch",
@@ -191,6 +192,17 @@ H_DEAD_SOURCE = "sl.dead.source"
 DEAD_VALUE_MAX = 64 * 1024
 
 Headers = list[tuple[str, str | bytes | None]]
+
+
+class EntryOf(Protocol):
+    """The entry site a record read from ``source`` is relayed under (None: not
+    relayed). Without ``headers``, the source's own entry; a neighbour's canonical
+    topic (history) has none, and each of its records is asked with its headers
+    (``Merger._entry``)."""
+
+    def __call__(self, source: str, headers: Headers | None = None, /) -> str | None: ...
+
+
 Out = tuple[str, bytes | None, bytes | None, Headers]  # topic, key, value, headers
 
 
@@ -372,15 +384,15 @@ def topic_stream(topic: str) -> str | None:
 def plan_batch(
     batch: SourceBatch | Iterable[SourceRow],
     state: MergeState,
-    entry_of: Callable[[str], str | None] | None = None,
+    entry_of: EntryOf | None = None,
     keys: ShipKeys | None = None,
 ) -> BatchPlan:
     """Pure: dedup ``batch`` against ``state`` and within itself (the first copy of an
     identity wins), order the new identities by seq per ``(origin, stream)``.
 
-    With ``entry_of`` (a source topic's entry site, None for a source whose records
-    are not relayed: the merge relays), each record written is also relayed under its
-    entry, and a record the site holds already that came through another entry whose
+    With ``entry_of`` (a source topic's entry site: the merge relays), each record
+    written is also relayed under its entry (a history record under the entry its
+    headers name: :class:`EntryOf`), and a record the site holds already that came through another entry whose
     relay topic lacks it is relayed there too (``plan.again``): so a site's ``sl.relay.<E>.*`` holds every record of E that
     reached it through E, whichever entry's copy came first. Without that, one
     identity entered at two sites could miss a site for good in a graph that is not a
@@ -556,7 +568,7 @@ def _order_new(
     new: dict[Source, dict[int, int]],
     state: MergeState,
     plan: BatchPlan,
-    entry_of: Callable[[str], str | None] | None = None,
+    entry_of: EntryOf | None = None,
 ) -> None:
     """Seq order per source; the new ledger entries; fetch the written rows at once.
 
@@ -589,8 +601,14 @@ def _order_new(
                 plan.dead.append(_dead_record(b.row(order[i]), source[1], reason))
             else:
                 held.add(seq)
-                if entry_of is not None and (into := entry_of(b.topics[order[i]])):
-                    _relayed(plan, state, (into, *source), seq)
+                if entry_of is not None:
+                    topic = b.topics[order[i]]
+                    into = entry_of(topic)
+                    if into is None and history_stream(topic) is not None:
+                        # history: relayed under the entry the record names (review N1)
+                        into = entry_of(topic, records[i][3])
+                    if into:
+                        _relayed(plan, state, (into, *source), seq)
             i += 1
         plan.streams.add(source[1])
         if held != state.held_for(source):

@@ -26,11 +26,12 @@ longer (at headquarters: for ever): the records older than what the neighbour's 
 topics of the stream reach back to (``_history_ends``: the rest is in those relays),
 as they stood when the reading began (for a site that starts with nothing: when it
 started, before its merge wrote a record, ``Puller.begin``). The merge drops what
-the site holds and relays none of it (it came through no entry). A site whose merge starts with nothing in
-Kafka reads each stream's history from the neighbour that keeps it longest
-(``Puller.history``, chosen by the replicator), and treats a relay it reads from its
-start that retention already cut as a gap; a puller that meets a gap in a relay topic
-reads that stream's history from the same neighbour, from its cursor there
+the site holds and relays what it lacked under the entry each record names
+(``Merger._entry``): the sites behind this one lack it too. A site whose merge starts
+with nothing in Kafka reads each stream's history from the neighbour that keeps it
+longest (``Puller.history``, chosen by the replicator), and treats a relay it reads
+from its start that retention already cut as a gap; a puller that meets a gap in a
+relay topic reads that stream's history from the same neighbour, from its cursor there
 (``event=pull_history``, ``pull_history_done``). In a system whose relays have lost
 nothing, history is empty and costs a few offset requests.
 """

@@ -37,6 +37,7 @@ from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from shorelink.ledger import MAX_HOLDINGS_RANGES
 from shorelink.ranges import RangeSet
+from spark_core.config import parse_config
 from spark_core.merge import Merger, SourceRow, plan_batch, start_merge
 from spark_core.merge_batch import ArrowBatch, batch_frame, unwritten
 from spark_core.merge_state import (
@@ -53,6 +54,7 @@ from tests.spark_core.helpers import (
     assert_exactly_once,
     canonical,
     create_ingress,
+    graph_doc,
     ledger,
     make_site,
     produce,
@@ -145,6 +147,39 @@ def test_a_held_record_that_comes_again_through_another_entry_is_relayed_under_i
     assert (replay.again, replay.relayed, replay.duplicates) == ([], {}, 6)
     # a site nobody pulls from keeps no relays
     assert plan_batch(rows, MergeState()).relayed == {}
+
+
+def test_history_is_relayed_under_the_entry_its_records_name_and_held_history_nowhere(
+    tmp_path: Path,
+) -> None:
+    """Review N1: records taken from a neighbour's canonical topic after a gap are what
+    the sites behind this one lack too, so each new one is relayed under the entry its
+    ``sl.site`` names (one that is no site of the file: entered here), as the merge
+    itself files it; a history record the site holds already is relayed again nowhere
+    (history only fills what is missing)."""
+    cfg = parse_config(graph_doc({"a": ["b"], "b": ["a", "c"], "c": ["b"]}, tmp_path))
+    merger = Merger(cfg.site("b"), sites=cfg)
+    hist = pulled_source("a", "id1", canonical_topic("nav"))
+
+    def row(offset: int, seq: int, site: str) -> SourceRow:
+        r = record("s1", "nav", seq)
+        headers = [(k, site.encode() if k == H_SITE else v) for k, v in r.headers()]
+        return SourceRow(hist, 0, offset, r.key, r.value, headers)
+
+    state = MergeState(held={("s1", "nav"): RangeSet.parse("1")})
+    rows = [row(0, 1, "a"), row(1, 2, "a"), row(2, 3, "c"), row(3, 4, "gone")]
+    plan = plan_batch(rows, state, merger._entry)
+    assert plan.again == [] and plan.duplicates == 1
+    assert {k: str(v) for k, v in plan.relayed.items()} == {
+        ("a", "s1", "nav"): "2",
+        ("c", "s1", "nav"): "3",
+        ("b", "s1", "nav"): "4",
+    }
+    relays = [
+        merger._relay(topic, src, headers)
+        for (topic, _, _, headers), src in zip(plan.canonical, plan.read_from, strict=True)
+    ]
+    assert relays == [relay_topic(e, "nav") for e in ("a", "c", "b")]
 
 
 def test_plan_dead_letters_what_breaks_the_contract() -> None:

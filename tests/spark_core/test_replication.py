@@ -500,6 +500,44 @@ def _recreate(bootstrap: str, topic: str, partitions: int) -> None:
     eventually(created, 60, f"{topic} created again")
 
 
+def test_history_taken_after_a_gap_is_relayed_on_to_the_sites_behind(
+    spark: object, healed: Mesh, tmp_path: Path
+) -> None:
+    """Review N1: on a line a-b-c, b is cut from a for longer than a's relays keep what
+    entered at a meanwhile. b finds the gap and takes those records from a's canonical
+    topic (history); c's only way to a is b, and c's cursor in b's relay of a passes
+    no deletion, so c sees no gap. History was relayed nowhere: c lacked those records
+    for good, with lag 0. b now relays each history record under the entry it names:
+    c gets them, each once."""
+    stream = unique("cont")
+    ra, rb, rc = SLOTS[:3]
+    topo = topology(healed, tmp_path, {ra: [rb], rb: [ra, rc], rc: [rb]}, [stream])
+    a, b, c = topo.slots
+    before = records(a, "s1", stream, range(1, 101))
+    enter(topo, a, before)
+    want = {stream: ids(before)}
+    with Running(spark, topo) as run:
+        run.start()
+        eventually(lambda: not list(converged(topo, want)), 180, "the line converged")
+        topo.cut(b, a)
+        eventually(lambda: _routes(run, b).get(a) is None, 60, "b routes a nowhere")
+        while_cut = records(a, "s1", stream, range(101, 301))
+        enter(topo, a, while_cut)
+        want[stream] |= ids(while_cut)
+        eventually(lambda: ids(while_cut) <= set(identities(topo, a, stream)), 60, "a merged")
+        _expire(topo.bootstrap(a), [relay_topic(e, stream) for e in (a, b, c)])
+        after = records(a, "s1", stream, range(301, 311))  # a's relay holds only these
+        enter(topo, a, after)
+        want[stream] |= ids(after)
+        eventually(lambda: ids(after) <= set(identities(topo, a, stream)), 60, "a merged")
+        topo.cut(b, a, False)
+        eventually(lambda: not list(converged(topo, want)), 180, "c took b's history of a")
+        rep = run.sups[b].replicator
+        assert rep is not None and sum(p.gaps for p in rep.pullers) >= len(while_cut)
+        assert _relayed(topo, b, a, stream) >= ids(while_cut), "b's relay of a"
+    assert not list(converged(topo, want))
+
+
 def test_a_relay_topic_recreated_under_a_running_neighbour_is_read_from_its_start(
     spark: object, healed: Mesh, tmp_path: Path
 ) -> None:
