@@ -420,6 +420,11 @@ class Merger:
             if self.stopping.is_set():
                 raise MergeError("merge is stopping; batch left for the next run")
             self.write_batch(batch_id, batch, t0=t0)
+        if not self.ingest_puller:
+            # no ingest puller's loop writes the relay index (merge.source_pattern): the
+            # query's own batches do, when due, or its pending seqs grow in every marker
+            # until the marker passes the record size limit (replication review N16)
+            self.write_index()
 
     def _oversized(
         self, df: Any, batch_id: int, done: Mapping[tuple[str, int], int]

@@ -136,6 +136,8 @@ class Topology:
     only: dict[str, list[str]] = field(default_factory=dict)
     #: the ship keys file every site reads (``ship_keys_file``), if any
     ship_keys: Path | None = None
+    #: sites whose merge reads ``merge.source_pattern`` (no ingest puller)
+    patterned: Sequence[str] = ()
     cfg: SitesConfig = field(init=False)
     #: site name -> where its application serves Prometheus metrics
     metrics: dict[str, int] = field(init=False)
@@ -166,7 +168,7 @@ timeout = "20s"
 [sites.{name}.merge]
 canonical_partitions = 3
 backstop_interval = "{self.backstop}"
-[sites.{name}.metrics]
+{self._pattern(name)}[sites.{name}.metrics]
 listen.port = {self.metrics[name]}
 [sites.{name}.replication]
 urgent = {self.urgent!r}
@@ -180,6 +182,13 @@ report_ttl = "10s"
             for n in self.neighbours[name]:
                 parts.append(f'{n} = "{self.mesh.via(self.slots[n], slot)}"\n')
         return "".join(parts)
+
+    def _pattern(self, name: str) -> str:
+        """``merge.source_pattern`` of a site in :attr:`patterned` (a TOML literal)."""
+        if name not in self.patterned:
+            return ""
+        pattern = "|".join(r"sl\.ingress\." + s for s in self.only.get(name, self.streams))
+        return f"source_pattern = '{pattern}'\n"
 
     def bootstrap(self, site: str) -> str:
         return self.mesh.brokers[self.slots[site]].bootstrap

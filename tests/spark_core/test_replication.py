@@ -44,7 +44,9 @@ from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.ledger import MAX_HOLDINGS_RANGES
 from shorelink.proof import ShipKey, ShipKeys
+from shorelink.ranges import RangeSet
 from spark_core import routing
+from spark_core.relay_index import read_segments
 from spark_core.routing import LinkState
 from spark_core.status import read_status
 from tests.helpers import eventually, kill9, run_process, unique
@@ -973,3 +975,35 @@ def test_a_site_whose_kafka_is_wiped_gets_back_everything_that_entered_through_i
         want[stream] |= ids(later)
         eventually(lambda: not list(converged(topo, want)), 180, "b rebuilt, both hold all")
     assert not list(converged(topo, want))
+
+
+def test_a_merge_reading_a_source_pattern_writes_its_relay_index(
+    spark: object, healed: Mesh, tmp_path: Path
+) -> None:
+    """Review (replication N16): with ``merge.source_pattern`` a site has no ingest
+    puller, and only that puller's loop wrote the relay index: the seqs its relays
+    received stayed pending in every marker (which is rewritten whole in each
+    transaction) until the marker passed the record size limit. The merge's own Spark
+    batches write the index when it is due; what b pulled stays exactly once."""
+    cont = unique("cont")
+    ra, rb = SLOTS[:2]
+    topo = topology(healed, tmp_path, full_mesh([ra, rb]), [cont])
+    a, b = topo.slots
+    topo = replace(topo, patterned=[a])
+    at_a = records(a, "s1", cont, range(1, 201))
+    with Running(spark, topo) as run:
+        run.start()
+        enter(topo, a, at_a)
+        eventually(lambda: identities(topo, b, cont) == Counter(ids(at_a)), 120, "b holds a's")
+        relay = relay_topic(a, cont)
+
+        def named() -> RangeSet:
+            out = RangeSet()
+            for seg in read_segments(
+                KafkaEndpoint.plaintext(topo.bootstrap(a)), [relay], timeout=10, limit_bytes=10**8
+            ):
+                out.update((seg.seqs or {}).get("s1", RangeSet()))
+            return out
+
+        eventually(lambda: named() == RangeSet.from_seqs(range(1, 201)), 60, "a's index names them")
+    assert identities(topo, a, cont) == Counter(ids(at_a))
