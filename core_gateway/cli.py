@@ -21,6 +21,7 @@ from shorelink.cli_support import config_option, fail, load_or_exit
 from shorelink.errors import ShorelinkError
 from shorelink.kafka.endpoint import name_clients
 from shorelink.logs import configure_logging
+from shorelink.proof import ShipKeys, signature_mode
 from shorelink.textout import table
 from shorelink.tls import is_loopback
 
@@ -49,11 +50,15 @@ def main() -> None:
 def check_config(config_file: Path) -> None:
     """Validate CONFIG_FILE."""
     cfg = _load(config_file)
+    keys = None
+    if cfg.ship_keys_file is not None:
+        keys = load_or_exit(ShipKeys.load, cfg.ship_keys_file)
+    signatures, unenforced = signature_mode(keys, cfg.ship_keys_file)
     click.echo(
         f"ok: site={cfg.site} listen={cfg.host}:{cfg.port} kafka={cfg.kafka.bootstrap} "
-        f"streams={','.join(cfg.streams)} tls={_tls_mode(cfg)}"
+        f"streams={','.join(cfg.streams)} tls={_tls_mode(cfg)} signatures={signatures}"
     )
-    for warning in _in_clear(cfg):
+    for warning in [*_in_clear(cfg), *unenforced]:
         click.echo(f"warning: {warning}", err=True)
 
 
@@ -167,6 +172,16 @@ async def serve(
         )
     if (kafka := cfg.kafka.in_clear()) is not None:
         log.warning("event=kafka_without_tls site=%s message=%r", cfg.site, kafka)
+    keys = None if service.ship_keys is None else service.ship_keys.current()
+    signatures, unenforced = signature_mode(keys, cfg.ship_keys_file)
+    log.info(
+        "event=signature_mode site=%s signatures=%r ship_keys_file=%s",
+        cfg.site,
+        signatures,
+        cfg.ship_keys_file or "-",
+    )
+    for why in unenforced:
+        log.warning("event=signatures_not_enforced site=%s message=%r", cfg.site, why)
     if started is not None:
         started.set()
     try:

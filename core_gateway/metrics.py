@@ -89,6 +89,17 @@ class GatewayMetrics:
             "Connections closed at once: listen.max_connections were open",
             registry=r,
         )
+        #: the ship keys file (``ship_keys_file``): 1 while the file on disk does not
+        #: read (the keys read before are in force), and how often a read failed
+        self.ship_keys_stale = Gauge(
+            p + "ship_keys_stale",
+            "1 while the ship keys file does not read and the keys read before are in force",
+            registry=r,
+        )
+        self.ship_keys_failures = _CountedElsewhere(
+            p + "ship_keys_read_failures", "Reads of a changed ship keys file that failed"
+        )
+        r.register(self.ship_keys_failures)
         self.readiness_checks = Counter(
             p + "readiness_checks",
             "Kafka asked whether it is reachable, for /readyz (at most one a second)",

@@ -76,6 +76,14 @@ class GatewayService:
         self.decoder = BatchDecoder(cfg.limits, workers=cfg.decode_workers)
         #: the ships' public keys (shorelink/proof.py); None: batches taken unproved
         self.ship_keys = None if cfg.ship_keys_file is None else WatchedShipKeys(cfg.ship_keys_file)
+        if self.ship_keys is not None:
+            watched = self.ship_keys
+            # a scrape looks at the file too (at most once a second): stale is known
+            # without traffic
+            self.metrics.ship_keys_stale.set_function(
+                lambda: float(watched.current() is not None and watched.stale)
+            )
+            self.metrics.ship_keys_failures.source = lambda: watched.failures
         self.ledger = LedgerFollower(cfg.kafka, self.holdings)
         self.ready = asyncio.Event()
         #: seqs of each (ship, stream) admitted but not committed yet, one set per write

@@ -26,6 +26,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import os
+import stat
 import struct
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,6 +46,7 @@ from shorelink.identity import check_name
 __all__ = [
     "CHUNK_RECORDS",
     "HASH_BYTES",
+    "MAX_UNSIGNED_BELOW",
     "PROOF_HELD_BYTES",
     "SIGNATURE_BYTES",
     "Proof",
@@ -62,6 +65,7 @@ __all__ = [
     "record_hash",
     "root_from_path",
     "sign_records",
+    "signature_mode",
 ]
 
 log = logging.getLogger(__name__)
@@ -290,6 +294,29 @@ def sign_records(
     )
 
 
+#: The largest ``unsigned_below`` the ship keys file takes: 2**40 (about 10**12, a ship
+#: sending 1,000 records a second for 35 years). A bound near 2**63 would take every
+#: record of that stream without a proof for good: signatures off without a word
+#: (review N10).
+MAX_UNSIGNED_BELOW = 2**40
+
+
+def _check_not_writable_by_others(path: Path, st: os.stat_result, field_name: str) -> None:
+    mode = st.st_mode
+    if mode & stat.S_IWOTH:
+        raise ConfigError(
+            field_name,
+            f"{path} is world-writable (mode {stat.S_IMODE(mode):o}): anyone could add a "
+            "key for any ship; chmod o-w it",
+        )
+    if mode & stat.S_IWGRP and st.st_gid != os.getegid():
+        raise ConfigError(
+            field_name,
+            f"{path} is writable by group {st.st_gid}, not this process's own "
+            f"({os.getegid()}; mode {stat.S_IMODE(mode):o}): chmod g-w it or chgrp it",
+        )
+
+
 def _ship_entry(field_name: str, entry: object) -> tuple[str, dict[str, int]]:
     """A ship's entry in the keys file: its key, or ``{ key = "...", unsigned_below =
     { stream = seq, ... } }``."""
@@ -301,11 +328,13 @@ def _ship_entry(field_name: str, entry: object) -> tuple[str, dict[str, int]]:
         )
     bounds = entry.get("unsigned_below", {})
     if not isinstance(bounds, dict) or not all(
-        isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 2**63 - 1
+        isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_UNSIGNED_BELOW
         for n in bounds.values()
     ):
         raise ConfigError(
-            f"{field_name}.unsigned_below", "must be { stream = seq, ... }, seqs >= 1"
+            f"{field_name}.unsigned_below",
+            f"must be {{ stream = seq, ... }}, seqs 1 to {MAX_UNSIGNED_BELOW} (a ship's "
+            "next seq when it got its key)",
         )
     for stream in bounds:
         try:
@@ -359,8 +388,14 @@ class ShipKeys:
 
     @classmethod
     def load(cls, path: Path, field_name: str = "ship_keys_file") -> ShipKeys:
+        """The file at ``path``; refused if others may write it (world-writable, or
+        group-writable by a group other than this process's own): whoever may write it
+        may add a key of theirs for any ship (review N10). Others may read it: it holds
+        public keys only."""
         try:
-            data = tomllib.loads(path.read_text())
+            with open(path, "rb") as f:
+                _check_not_writable_by_others(path, os.fstat(f.fileno()), field_name)
+                data = tomllib.loads(f.read().decode())
         except OSError as exc:
             raise ConfigError(field_name, f"cannot read {path}: {exc.strerror or exc}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
@@ -555,6 +590,31 @@ class ShipKeys:
         return None
 
 
+def signature_mode(
+    keys: ShipKeys | None, path: Path | None = None, *, checks: str = "batches"
+) -> tuple[str, list[str]]:
+    """How a gateway (``checks="batches"``) or a merge (``"pulled records"``) enforces
+    ships' signatures with ``keys`` read from ``path`` (None: no ``ship_keys_file``): one
+    phrase for a summary or start line (``required ships=3 unsigned_below=1``, or
+    ``off``), and what an operator should be warned of (review N10)."""
+    if keys is None:
+        return "off", [
+            f"ship_keys_file is not set: ships' signatures are not checked; {checks} of any "
+            "ship are taken without a proof, so whoever holds a ship's token (or, at a "
+            "merge, a hostile neighbour) can write records in its name"
+        ]
+    warnings = []
+    if not keys.require_signatures:
+        warnings.append(
+            f"require_signatures = false in {path}: a ship without a key is taken unsigned "
+            "(and `shorelink ship-key remove` makes a ship unsigned without a word); set it "
+            "true once every ship signs"
+        )
+    below = sum(len(b) for b in keys.unsigned_below.values())
+    mode = "required" if keys.require_signatures else "per_ship"
+    return f"{mode} ships={len(keys.ships)} unsigned_below={below}", warnings
+
+
 def leaves_of(
     first_seq: int,
     keys: Iterable[str | bytes],
@@ -581,6 +641,11 @@ class WatchedShipKeys:
         stamp = self._watch.stamp()
         self._keys = ShipKeys.load(path)
         self._watch.read_at(stamp)
+        #: reads of a changed file that failed (it did not parse, or others may write
+        #: it); while ``stale``, the keys read before are in force: a revoked or
+        #: replaced key among them still counts (metric ``ship_keys_stale``)
+        self.failures = 0
+        self.stale = False
 
     def current(self) -> ShipKeys:
         if self._watch.due():
@@ -588,9 +653,18 @@ class WatchedShipKeys:
             try:
                 keys = ShipKeys.load(self.path)
             except ConfigError as exc:
-                log.error("event=ship_keys_unreadable path=%s error=%r", self.path, str(exc))
+                self.failures += 1
+                self.stale = True
+                log.error(
+                    "event=ship_keys_unreadable path=%s keys_in_force=previous failures=%d "
+                    "error=%r",
+                    self.path,
+                    self.failures,
+                    str(exc),
+                )
             else:
                 self._keys = keys
+                self.stale = False
                 self._watch.read_at(stamp)
                 log.info("event=ship_keys_reloaded path=%s ships=%d", self.path, len(keys.ships))
         return self._keys

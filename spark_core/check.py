@@ -18,7 +18,7 @@ from pathlib import Path
 from shorelink.config import Secret
 from shorelink.errors import ConfigError
 from shorelink.files import read_private
-from shorelink.proof import ShipKeys
+from shorelink.proof import ShipKeys, signature_mode
 from shorelink.tls import is_loopback
 from spark_core.config import SiteConfig, SitesConfig
 from spark_core.customers import load_customers
@@ -51,6 +51,7 @@ def check_sites(sites: SitesConfig, only: str | None = None) -> Report:
                 _secret(out, c.password)
         except ConfigError as exc:
             out.problems.append(f"customers_file: {exc}")
+    keys: ShipKeys | None = None
     if sites.ship_keys_file is not None:
         try:
             keys = ShipKeys.load(sites.ship_keys_file)
@@ -58,6 +59,12 @@ def check_sites(sites: SitesConfig, only: str | None = None) -> Report:
             out.summary.append(f"ship keys: {len(keys.ships)}{required} in {sites.ship_keys_file}")
         except ConfigError as exc:
             out.problems.append(f"ship_keys_file: {exc}")
+    if keys is not None or sites.ship_keys_file is None:
+        mode, unenforced = signature_mode(keys, sites.ship_keys_file, checks="pulled records")
+        out.summary.append(f"signatures: {mode}")
+        # a site without neighbours pulls nothing: its merge takes what its gateway proved
+        if any(sites.site(n).neighbours for n in ([only] if only else sites.sites)):
+            out.warnings += unenforced
     for p in sites.staff:
         _secret(out, p.password)
     for name in [only] if only else sorted(sites.sites):

@@ -33,6 +33,7 @@ from typing import Any
 from shorelink.errors import ShorelinkError
 from shorelink.kafka.endpoint import name_clients
 from shorelink.logs import configure_logging
+from shorelink.proof import signature_mode
 from spark_core.config import SiteConfig, SitesConfig, load_config
 from spark_core.merge import Merger, fence_predecessors, reset_changed_checkpoints, start_merge
 from spark_core.metrics import serve_metrics
@@ -260,6 +261,23 @@ def table_runners(spark: Any, site: SiteConfig, *, available_now: bool) -> list[
     return [runner(t) for t, stream in TABLES.items() if stream in site.streams]
 
 
+def _log_signature_mode(site: SiteConfig, cfg: SitesConfig, merges: list[Merger]) -> None:
+    """Say at start how the site's merges check what they pull (review N10): one line,
+    and a warning where signatures are not enforced on a site that pulls."""
+    watched = next((m.ship_keys for m in merges if m.ship_keys is not None), None)
+    keys = None if watched is None else watched.current()
+    mode, unenforced = signature_mode(keys, cfg.ship_keys_file, checks="pulled records")
+    log.info(
+        "event=signature_mode site=%s signatures=%r ship_keys_file=%s",
+        site.name,
+        mode,
+        cfg.ship_keys_file or "-",
+    )
+    if site.neighbours:
+        for why in unenforced:
+            log.warning("event=signatures_not_enforced site=%s message=%r", site.name, why)
+
+
 def build_supervisor(
     spark: Any, cfg: SitesConfig, site_name: str, *, available_now: bool = False
 ) -> Supervisor:
@@ -273,6 +291,7 @@ def build_supervisor(
         if (why := kafka.in_clear()) is not None:
             log.warning("event=kafka_without_tls site=%s link=%s message=%r", site.name, link, why)
     merges = mergers(site, cfg)
+    _log_signature_mode(site, cfg, merges)
     reset_changed_checkpoints(site, merges)
     fence_predecessors(site)  # whatever layout an earlier run had (urgent streams)
     replicator = Replicator(cfg, site, merges)

@@ -199,3 +199,37 @@ def test_a_credentials_file_that_does_not_parse_keeps_the_ships_and_its_mend_app
         return gateway.ship_for_token(token) is None
 
     eventually(revoked, within=10, what="the mended revocation applied")
+
+
+def test_check_config_states_the_signature_mode_and_warns_where_it_is_not_enforced(
+    tmp_path: Path,
+) -> None:
+    """Review N10: a gateway without ``ship_keys_file`` takes any ship's batches
+    without a proof (a token thief's forgeries become canonical), and nothing said so.
+    check-config says the mode; it warns without the file or with
+    ``require_signatures = false``, and refuses a keys file others may write (whoever
+    may write it adds a key of theirs for any ship)."""
+    config = _config(tmp_path)
+    keys_file = tmp_path / "ship_keys.toml"
+    result = CliRunner().invoke(main, ["check-config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "signatures=required ships=0 unsigned_below=0" in result.stdout
+    assert "warning" not in result.stderr
+    keys_file.write_text(
+        keys_file.read_text().replace("require_signatures = true", "require_signatures = false")
+    )
+    result = CliRunner().invoke(main, ["check-config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "signatures=per_ship" in result.stdout
+    assert "warning: require_signatures = false" in result.stderr
+    keys_file.chmod(0o666)
+    result = CliRunner().invoke(main, ["check-config", str(config)])
+    assert result.exit_code != 0 and "world-writable" in result.output, result.output
+    text = config.read_text()
+    config.write_text(
+        "\n".join(ln for ln in text.splitlines() if not ln.startswith("ship_keys_file"))
+    )
+    result = CliRunner().invoke(main, ["check-config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "signatures=off" in result.stdout
+    assert "warning: ship_keys_file is not set" in result.stderr

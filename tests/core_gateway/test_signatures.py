@@ -188,3 +188,51 @@ async def test_a_large_batch_is_proved_in_a_decode_worker_as_a_small_one_in_a_th
             assert keys.check(*args, dict(headers)[H_PROOF]) is None
             n += 1
     assert n == 20_000 // 997
+
+
+async def _metric(s: aiohttp.ClientSession, gw: RunningGateway, name: str) -> float:
+    async with s.get(f"{gw.url}/metrics") as r:
+        for line in (await r.text()).splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"no {name}")
+
+
+async def test_a_keys_file_that_stops_parsing_keeps_the_old_keys_and_says_so(
+    caplog: pytest.LogCaptureFixture, signing_gateway: tuple[RunningGateway, Path]
+) -> None:
+    """Review N10: a ship keys file that no longer parses keeps the keys read before (a
+    revoked key among them still counts): said loudly in the log at every look and in
+    ``shorelink_gateway_ship_keys_stale`` until it is mended; the gateway's start warned
+    of signatures not enforced. A file others may write is refused the same way."""
+    gw, keys_file = signing_gateway
+    # its start warned: require_signatures = false here (a ship without a key is taken)
+    started = [r.getMessage() for r in caplog.get_records("setup")]
+    assert any("event=signatures_not_enforced" in m for m in started), started
+    good = keys_file.read_text()
+    async with aiohttp.ClientSession() as s:
+        assert await _metric(s, gw, "shorelink_gateway_ship_keys_stale") == 0
+        for broken in ("[ships\nnot toml", None):
+            if broken is None:  # parses, but anyone may write it
+                keys_file.write_text(good)
+                keys_file.chmod(0o666)
+            else:
+                keys_file.write_text(broken)
+            for _ in range(50):  # the gateway looks at the file once a second
+                status, _ = await _post(s, gw, _signed(gw.ship, 1, 2, ShipKey.generate()))
+                assert status == 403  # the old key still in force
+                if await _metric(s, gw, "shorelink_gateway_ship_keys_stale") == 1:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail("a broken keys file was not reported")
+            assert await _metric(s, gw, "shorelink_gateway_ship_keys_read_failures_total") >= 1
+            keys_file.chmod(0o644)
+            keys_file.write_text(good)
+            for _ in range(50):
+                if await _metric(s, gw, "shorelink_gateway_ship_keys_stale") == 0:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail("the mended keys file was not taken")
+    assert any("event=ship_keys_unreadable" in r.getMessage() for r in caplog.records)

@@ -19,6 +19,7 @@ from shorelink.proof import (
     Proof,
     ShipKey,
     ShipKeys,
+    WatchedShipKeys,
     chunks,
     leaves_of,
     merkle_levels,
@@ -38,6 +39,7 @@ from shorelink.wire import (
     encode_batch,
     peek_header,
 )
+from tests.helpers import eventually
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KEY = ShipKey.generate()
@@ -213,10 +215,34 @@ def test_a_ship_that_sent_before_its_key_has_its_older_records_taken_unproved_be
     assert "no proof" in (keys.check("bigblue", "nav", 5, 1, "k", "t", b"v", None) or "")
     assert keys.check(*rec, b"\x00" * 90) is not None  # a proof is always checked
     for bad, match in [
-        ({"bigblue": {"key": KEY.public(), "unsigned_below": {"containers": 0}}}, "seqs >= 1"),
+        ({"bigblue": {"key": KEY.public(), "unsigned_below": {"containers": 0}}}, "seqs 1 to"),
+        # review N10: a bound near 2**63 would take every unsigned record for good
+        ({"bigblue": {"key": KEY.public(), "unsigned_below": {"nav": 2**40 + 1}}}, "seqs 1 to"),
+        ({"bigblue": {"key": KEY.public(), "unsigned_below": {"nav": 2**63 - 1}}}, "seqs 1 to"),
         ({"bigblue": {"key": KEY.public(), "unsigned_below": {"Bad Name": 5}}}, "bad stream"),
         ({"bigblue": {"key": KEY.public(), "below": {}}}, "must be"),
         ({"bigblue": {"unsigned_below": {"nav": 5}}}, "not an Ed25519"),
     ]:
         with pytest.raises(ConfigError, match=match):
             ShipKeys.parse({"ships": bad})
+
+
+def test_a_ship_keys_file_others_may_write_is_refused(tmp_path: Path) -> None:
+    """Review N10: whoever may write the ship keys file may add a key of theirs for
+    any ship. World- or foreign-group-writable, it is refused (at start, by
+    check-config, and at each re-read, which keeps the keys read before); others may
+    read it (public keys only)."""
+    path = tmp_path / "ship_keys.toml"
+    path.write_text(ShipKeys.render({"bigblue": KEY.public()}, True))
+    path.chmod(0o644)
+    assert ShipKeys.load(path).signed("bigblue")
+    path.chmod(0o646)
+    with pytest.raises(ConfigError, match="world-writable"):
+        ShipKeys.load(path)
+    watched_path = tmp_path / "watched.toml"
+    watched_path.write_text(path.read_text())
+    watched = WatchedShipKeys(watched_path)
+    watched_path.write_text(ShipKeys.render({}, False))  # every ship's key taken out...
+    watched_path.chmod(0o666)  # ...by a file anyone may write: refused, the old keys kept
+    eventually(lambda: watched.current() and watched.stale, within=10, what="a re-read")
+    assert watched.current().signed("bigblue") and watched.failures >= 1

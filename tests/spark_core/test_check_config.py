@@ -86,3 +86,35 @@ tls_key_file = "ops.key"
     assert "warning: sites.tokyo.ops.listen: plain HTTP on 0.0.0.0" in open_page.stderr
     unknown = _check(config, "--site", "osaka")
     assert unknown.returncode == 2 and "tokyo" in unknown.stderr
+
+
+def test_check_config_says_how_pulled_records_are_proved_and_warns_where_they_are_not(
+    tmp_path: Path,
+) -> None:
+    """Review N10: a site that pulls from neighbours without ``ship_keys_file`` takes
+    any record they offer without a proof, and nothing said so."""
+    sites = "\n".join(
+        f"""
+[sites.{name}]
+streams = ["nav"]
+neighbours = ["{other}"]
+checkpoint_dir = "{tmp_path}/{name}-c"
+table_dir = "{tmp_path}/{name}-t"
+
+[sites.{name}.kafka]
+bootstrap = "127.0.0.1:{port}"
+"""
+        for name, other, port in (("tokyo", "hq", 9092), ("hq", "tokyo", 9093))
+    )
+    config = tmp_path / "sites.toml"
+    config.write_text(sites)
+    out = _check(config)
+    assert out.returncode == 0, out.stderr
+    assert "signatures: off" in out.stdout
+    assert "warning: ship_keys_file is not set" in out.stderr
+    keys = tmp_path / "ship_keys.toml"
+    keys.write_text("require_signatures = true\n[ships]\n")
+    config.write_text(f'ship_keys_file = "{keys}"\n' + sites)
+    out = _check(config)
+    assert out.returncode == 0, out.stderr
+    assert "signatures: required ships=0" in out.stdout and "ship_keys_file" not in out.stderr
