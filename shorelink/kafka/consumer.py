@@ -14,8 +14,12 @@ sits after records the consumer has not seen. So a failover reads the new site's
 retained topic once and skips by identity (a header parse and a range lookup per
 record: about 230,000 a second on one core, before fetching the bytes); from then on the position's *offset hints*
 (per Kafka topic id and partition: everything below was handled) let a restart at the
-same site start where it stopped. A hint is used only at the topic it was made at, and
-only while it lies within the partition's retained offsets.
+same site start where it stopped. A hint is used only at the topic it was made at. A
+hint below what retention kept, or records deleted while the consumer read, is a gap
+its :class:`~shorelink.kafka.reading.PartitionReader` reports (``PortableConsumer.
+gaps``, ``event=consumer_data_loss``: records this consumer did not read here are gone,
+though it may have had their identities at another site); it reads on from the oldest
+record left.
 
 Delivery: :meth:`PortableConsumer.poll` hands over records; :meth:`~PortableConsumer.
 commit` records everything handed over so far as processed and saves the position.
@@ -42,23 +46,16 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    Message,
-    TopicCollection,
-    TopicPartition,
-)
+from confluent_kafka import Message, TopicCollection
 
 from shorelink.contract import Record, canonical_topic, customer_topic, entered_ms
 from shorelink.errors import ContractError, ShorelinkError
 from shorelink.identity import Identity
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
-from shorelink.kafka.errors import KafkaClientError, KafkaNotAuthorized, classify, kafka_errors
+from shorelink.kafka.errors import DataLoss, KafkaClientError, KafkaNotAuthorized
 from shorelink.kafka.position import Position, PositionStore
-from shorelink.kafka.reading import written_ms
+from shorelink.kafka.reading import BEGINNING, PartitionReader, written_ms
 from shorelink.logs import RateLimitedLog
 
 __all__ = ["Consumed", "ConsumerError", "PortableConsumer"]
@@ -161,11 +158,10 @@ class PortableConsumer:
         self.timeout = kafka.timeout_s
         self.batch_size = batch_size
         self._extra = extra or {}
-        self._consumer: Consumer | None = None
+        self._reader: PartitionReader | None = None
         self._topic_ids: dict[str, str] = {}
         self._pending = Position()  # handed over, not committed
         self._next: dict[tuple[str, int], int] = {}  # next offset to take, per partition
-        self._eof: dict[tuple[str, int], bool] = {}
         self._buffer: deque[Message] = deque()
         self._refresh_at = 0.0
         self._errors = RateLimitedLog(log)
@@ -173,45 +169,39 @@ class PortableConsumer:
         self.skipped = 0
         #: records that break the record contract (never handed over)
         self.malformed = 0
+        #: records deleted at this site (retention) before this consumer read them:
+        #: each jump as the reader reported it (logged, ``event=consumer_data_loss``)
+        self.gaps: list[DataLoss] = []
 
     # -- life cycle ----------------------------------------------------------------------
     def open(self) -> None:
         """Connect and assign every partition (at its offset hint, or the beginning)."""
-        if self._consumer is not None:
+        if self._reader is not None:
             return
-        conf: dict[str, object] = {
-            **self.kafka.client_config(),
-            "group.id": self.group,  # partitions are assigned, not joined
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
-            "logger": log,
-            **self._extra,
-        }
-        with kafka_errors(f"Kafka at {self.bootstrap}"):
-            consumer = Consumer(conf)
+        reader = PartitionReader(
+            self.kafka,
+            group=self.group,  # partitions are assigned, not joined
+            what=f"Kafka at {self.bootstrap}",
+            extra={"logger": log, **self._extra},
+        )
         try:
-            self._assign(consumer)
+            self._assign(reader)
         except BaseException:
-            consumer.close()
+            reader.close()
             raise
-        self._consumer = consumer
+        self._reader = reader
 
-    def _assign(self, consumer: Consumer) -> None:
+    def _assign(self, reader: PartitionReader) -> None:
+        found: dict[str, list[int]] = {}
+        refused = []
         try:
-            with kafka_errors():
-                md = consumer.list_topics(timeout=self.timeout)
-                # a topic this principal may not describe is left out of the whole
-                # listing: asked for by name, it comes back with the broker's refusal
-                refused = [
-                    t
-                    for t in self.topics
-                    if t not in md.topics
-                    and (err := consumer.list_topics(t, timeout=self.timeout).topics[t].error)
-                    is not None
-                    and isinstance(classify(err), KafkaNotAuthorized)
-                ]
+            # each topic asked for by name: one this principal may not describe comes
+            # back with the broker's refusal (the whole listing would just leave it out)
+            for t in self.topics:
+                try:
+                    found.update(reader.partitions([t], timeout=self.timeout))
+                except KafkaNotAuthorized:
+                    refused.append(t)
         except KafkaClientError as exc:
             raise ConsumerError(
                 f"Kafka at {self.bootstrap} did not answer within {self.timeout:g}s: {exc}",
@@ -222,25 +212,30 @@ class PortableConsumer:
                 f"not authorized to read {', '.join(refused)} at {self.bootstrap}"
                 f" as {self.kafka.auth.username or 'anonymous'}"
             )
-        missing = [t for t in self.topics if t not in md.topics or md.topics[t].error]
+        missing = [t for t in self.topics if t not in found]
         if missing:
             raise ConsumerError(
                 f"no topic {', '.join(missing)} at {self.bootstrap}: not a stream of this site?"
             )
         self._topic_ids = self._describe()
-        parts: list[TopicPartition] = []
+        # at its hint, or from the beginning; a hint below what retention kept is a
+        # gap the reader reports (records this consumer never had were deleted)
+        starts: dict[tuple[str, int], int] = {}
         for t in self.topics:
             hints = self.position.hints(self._topic_ids.get(t, ""))
-            for p in sorted(md.topics[t].partitions):
-                parts.append(TopicPartition(t, p, self._start(consumer, t, p, hints.get(p))))
-                self._eof[(t, p)] = False
-        consumer.assign(parts)
+            for p in found[t]:
+                hint = hints.get(p)
+                starts[(t, p)] = BEGINNING if hint is None else hint
+        try:
+            reader.assign(starts)
+        except KafkaClientError as exc:
+            raise ConsumerError(str(exc), retryable=exc.retryable) from exc
         self._refresh_at = time.monotonic() + PARTITION_REFRESH_S
         log.info(
             "event=consumer_assigned bootstrap=%s partitions=%d from_hint=%d",
             self.bootstrap,
-            len(parts),
-            sum(1 for p in parts if p.offset != OFFSET_BEGINNING),
+            len(starts),
+            sum(1 for at in starts.values() if at != BEGINNING),
         )
 
     def _describe(self) -> dict[str, str]:
@@ -259,24 +254,11 @@ class PortableConsumer:
             raise ConsumerError(str(exc), retryable=exc.retryable) from exc
         return out
 
-    def _start(self, consumer: Consumer, topic: str, part: int, hint: int | None) -> int:
-        if hint is None:
-            return OFFSET_BEGINNING
-        try:
-            with kafka_errors(f"cannot read offsets of {topic}[{part}]"):
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, part), timeout=self.timeout, cached=False
-                )
-        except KafkaClientError as exc:
-            raise ConsumerError(str(exc), retryable=exc.retryable) from exc
-        # below ``low`` retention deleted records this consumer never had
-        return hint if low <= hint <= high else OFFSET_BEGINNING
-
     def close(self) -> None:
         """Close the Kafka consumer; uncommitted records are not recorded."""
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     def __enter__(self) -> PortableConsumer:
         self.open()
@@ -294,7 +276,7 @@ class PortableConsumer:
     @property
     def caught_up(self) -> bool:
         """Every partition has been read to its end (the last stable offset)."""
-        return not self._buffer and all(self._eof.values())
+        return not self._buffer and self._reader is not None and self._reader.caught_up
 
     def poll(self, max_records: int | None = None, timeout: float = 1.0) -> list[Consumed]:
         """Up to ``max_records`` records not seen before, in partition order; returns
@@ -325,44 +307,24 @@ class PortableConsumer:
                 return
 
     def _fill(self, timeout: float, n: int) -> None:
-        assert self._consumer is not None
+        assert self._reader is not None
         if time.monotonic() >= self._refresh_at:
             self._refresh()
-        self._buffer.extend(self._consumer.consume(max(n, 100), timeout=timeout))
-
-    def _refresh(self) -> None:
-        """Assign partitions added since the start, from their beginning."""
-        assert self._consumer is not None
-        self._refresh_at = time.monotonic() + PARTITION_REFRESH_S
-        try:
-            with kafka_errors():
-                md = self._consumer.list_topics(timeout=1.0)
-        except KafkaClientError:
-            return  # the site is unreachable for now: the next refresh tries again
-        new = [
-            TopicPartition(t, p, OFFSET_BEGINNING)
-            for t in self.topics
-            if t in md.topics
-            for p in sorted(md.topics[t].partitions)
-            if (t, p) not in self._eof
-        ]
-        if new:
-            for tp in new:
-                self._eof[(tp.topic, tp.partition)] = False
-            self._consumer.incremental_assign(new)
-            log.info(
-                "event=consumer_partitions_added bootstrap=%s added=%d", self.bootstrap, len(new)
+        got = self._reader.poll(max(n, 100), timeout=timeout)
+        self._buffer.extend(got.records)
+        for gap in got.gaps:
+            self.gaps.append(gap)
+            log.warning(
+                "event=consumer_data_loss bootstrap=%s topic=%s partition=%d consumed_to=%d"
+                " reset_to=%d",
+                self.bootstrap,
+                gap.topic,
+                gap.partition,
+                gap.consumed_to,
+                gap.reset_to,
             )
-
-    def _take(self, msg: Message, out: list[Consumed]) -> None:
-        err = msg.error()
-        topic, part = msg.topic() or "", msg.partition() or 0
-        if err is not None:
-            if err.code() == KafkaError._PARTITION_EOF:  # an event, not a failure
-                self._eof[(topic, part)] = True
-                return
-            error = classify(err, f"reading {topic} at {self.bootstrap}")
-            if not error.retryable or error.fatal:
+        for error in got.errors:
+            if not error.retryable:
                 raise ConsumerError(str(error)) from error
             # librdkafka recovers by itself (a broker restarting, a link down for a
             # while): logged, and the consumer keeps going
@@ -370,11 +332,28 @@ class PortableConsumer:
                 f"kafka:{error.code}",
                 "event=consumer_kafka_error bootstrap=%s error=%s",
                 self.bootstrap,
-                str(err).replace(" ", "_"),
+                str(error).replace(" ", "_"),
             )
-            return
+
+    def _refresh(self) -> None:
+        """Assign partitions added since the start, from their beginning."""
+        assert self._reader is not None
+        self._refresh_at = time.monotonic() + PARTITION_REFRESH_S
+        try:
+            found = self._reader.partitions(self.topics, timeout=1.0)
+            known = self._reader.assigned
+            new = {(t, p): BEGINNING for t, ps in found.items() for p in ps if (t, p) not in known}
+            self._reader.add(new)
+        except KafkaClientError:
+            return  # the site is unreachable for now: the next refresh tries again
+        if new:
+            log.info(
+                "event=consumer_partitions_added bootstrap=%s added=%d", self.bootstrap, len(new)
+            )
+
+    def _take(self, msg: Message, out: list[Consumed]) -> None:
+        topic, part = msg.topic() or "", msg.partition() or 0
         offset = msg.offset() or 0
-        self._eof[(topic, part)] = False
         self._next[(topic, part)] = offset + 1
         try:
             rec = Record.from_kafka(msg.key(), msg.value(), msg.headers())

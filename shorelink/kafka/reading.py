@@ -169,8 +169,10 @@ class PartitionReader:
     def partitions(
         self, topics: Iterable[str], timeout: float | None = None
     ) -> dict[str, list[int]]:
-        """The partitions of those of ``topics`` that exist (and this principal may
-        describe); a topic not there is left out."""
+        """The partitions of those of ``topics`` that exist; a topic not there is left
+        out. One topic is asked for by name, so a refusal is told: the tree's error
+        (:class:`~shorelink.kafka.errors.KafkaNotAuthorized`: this principal may not
+        describe it); in the whole listing such a topic is just absent."""
         topics = list(topics)
         if len(topics) != 1:
             listed = self.topics(timeout)
@@ -179,7 +181,14 @@ class PartitionReader:
         with kafka_errors(self.what):
             md = self._consumer.list_topics(topics[0], timeout=wait)
         tmd = md.topics.get(topics[0])
-        return {} if tmd is None or tmd.error is not None else {topics[0]: sorted(tmd.partitions)}
+        if tmd is None:
+            return {}
+        if tmd.error is not None:
+            error = classify(tmd.error, f"{self.what}: {topics[0]}")
+            if isinstance(error, UnknownTopic):
+                return {}
+            raise error
+        return {topics[0]: sorted(tmd.partitions)}
 
     def watermarks(
         self, topic: str, partition: int, timeout: float | None = None

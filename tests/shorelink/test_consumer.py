@@ -13,13 +13,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 import shorelink.kafka.consumer as consumer_mod
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import Record, canonical_topic
 from shorelink.identity import Identity
+from shorelink.kafka.admin import Admin
 from shorelink.kafka.consumer import Consumed, ConsumerError, PortableConsumer
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.position import FileStore, KafkaStore, Position, PositionStore
@@ -180,6 +181,34 @@ def test_a_restart_at_the_same_site_starts_at_its_offset_hints(
     with PortableConsumer(sites["csy"].endpoint, [stream], store=store) as c:
         assert _drain(c) == []
         assert c.skipped == 230
+
+
+def test_records_retention_deleted_before_a_restart_read_them_are_reported_as_lost(
+    sites: dict[str, KafkaBroker], tmp_path: Path
+) -> None:
+    """A consumer that stops, while retention deletes records it had not read yet, used to
+    start again from the oldest record left without a word: a customer lost records
+    and nothing said so. The jump is a DataLoss per partition, counted and logged, and
+    everything still there is handed over."""
+    stream = unique("cons")
+    topic = canonical_topic(stream)
+    first = [Identity("bigblue", stream, s) for s in range(1, 11)]
+    write_canonical(sites["csg"].bootstrap, stream, first, partitions=1, site="csg")
+    store = FileStore(tmp_path / "pos.json")
+    with PortableConsumer(sites["csg"].endpoint, [stream], store=store) as c:
+        assert sorted(_drain(c)) == first
+        assert not c.gaps
+    more = [Identity("bigblue", stream, s) for s in range(11, 21)]
+    write_canonical(sites["csg"].bootstrap, stream, more, partitions=1, site="csg")
+    # retention takes the first five of the new records (offsets 11-15; 0-9 were read,
+    # the hint is 10: the first transaction's marker, never a record)
+    admin = Admin(sites["csg"].endpoint)
+    (future,) = admin.client.delete_records([TopicPartition(topic, 0, 16)]).values()
+    admin.wait(future, "delete records")
+    with PortableConsumer(sites["csg"].endpoint, [stream], store=store) as c:
+        assert sorted(_drain(c)) == more[5:]
+        (gap,) = c.gaps
+        assert (gap.topic, gap.partition, gap.consumed_to, gap.reset_to) == (topic, 0, 10, 16)
 
 
 def test_records_that_reach_the_new_site_late_are_not_repeated(
