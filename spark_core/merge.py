@@ -221,6 +221,11 @@ class Merger:
             if sites is None or sites.ship_keys_file is None
             else WatchedShipKeys(sites.ship_keys_file)
         )
+        #: set when the site's merges were split otherwise in the last run
+        #: (:func:`reset_changed_checkpoints`): the marker's relay index tails were kept
+        #: under that layout, while another merge may have written the same relay topics
+        #: after them, so each tail starts again at its topic's end (once committed)
+        self.reindex = False
         #: whether the first load found nothing of this merge in Kafka (no marker): a
         #: new site, or one whose Kafka was wiped; its pullers then also take back,
         #: once, what entered here (spark_core/pull.py). None until the first load
@@ -555,6 +560,7 @@ class Merger:
         self.state.offsets = offsets
         self.state.last_batch = batch_id
         self.state.index = marker_state.index
+        self.reindex = False  # the new tails are in the marker now
         return to_customers
 
     # -- the relay index (spark_core/relay_index.py) -------------------------------------
@@ -565,8 +571,20 @@ class Merger:
 
     def _start_index(self) -> None:
         """A relay topic the marker has no tail for gets one at its end now: what it
-        holds already (written before the index existed) is named by no segment."""
-        missing = [t for t in self.relay_topics if t not in self.state.index]
+        holds already (written before the index existed) is named by no segment. A tail
+        of a topic this merge no longer writes is dropped, and after the site's merges
+        were split otherwise (:attr:`reindex`) every tail starts again at its topic's
+        end: a segment from a tail another merge wrote past would span that merge's
+        records and name only this one's seqs, and a reader's walk would skip them
+        (replication review N7). What lies between is named by no segment: a reader
+        reads it."""
+        mine = set(self.relay_topics)
+        for topic in [t for t in self.state.index if t not in mine]:
+            del self.state.index[topic]
+        if self.reindex:
+            missing = list(self.relay_topics)
+        else:
+            missing = [t for t in self.relay_topics if t not in self.state.index]
         try:
             marks = self._relay_marks(missing)
         except KafkaClientError as exc:
@@ -636,6 +654,7 @@ class Merger:
             except KafkaTransactionError as exc:
                 self._fail(exc)
             self.state.index = index
+            self.reindex = False
             self.totals.index_segments += len(segments)
             return len(segments)
 
@@ -796,6 +815,8 @@ def reset_changed_checkpoints(site: SiteConfig, merges: Sequence[Merger]) -> Non
     if old == layout:
         return
     if old is not None:
+        for m in merges:
+            m.reindex = True
         for query in sorted(set(old) | set(layout)):
             path = site.query_checkpoint(query)
             if path.exists():

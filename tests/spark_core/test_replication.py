@@ -38,7 +38,7 @@ from shorelink.identity import Identity
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.consumer import PortableConsumer
 from shorelink.kafka.endpoint import KafkaEndpoint
-from shorelink.kafka.errors import KafkaClientError
+from shorelink.kafka.errors import KafkaClientError, UnknownTopic
 from shorelink.kafka.position import FileStore
 from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics
@@ -685,7 +685,36 @@ def test_stream_sets_that_differ_between_sites_and_change_between_runs(
             for r in at_a + at_b:
                 want[r.identity.stream].add(r.identity)
             eventually(holds, 120, f"step {step}: both sites hold what they carry")
+        for stream in (alert, cont):  # review N7: no segment spans records it does not name
+            for topic in (relay_topic(a, stream), relay_topic(b, stream)):
+                assert unnamed_in_segments(topo.bootstrap(a), topic) == []
     assert holds() and not identities(topo, b, alert)
+
+
+def unnamed_in_segments(bootstrap: str, topic: str) -> list[tuple[int, int, str, int]]:
+    """The records of the relay ``topic`` at ``bootstrap`` that lie in the offset range
+    of a segment of its site's relay index that does not name their seq: (partition,
+    offset, origin, seq). A segment may name more than its records, never fewer
+    (docs/replication.md): a reader's walk skips what a segment spans."""
+    ep = KafkaEndpoint.plaintext(bootstrap)
+    try:
+        held = [
+            (m.partition(), m.offset(), Record.from_kafka(m.key(), m.value(), m.headers()))
+            for m in read_to_end(ep, [topic], timeout=20)
+        ]
+        segments = list(read_segments(ep, [topic], timeout=20, limit_bytes=10**8))
+    except UnknownTopic:
+        return []
+    out = []
+    for seg in segments:
+        for part, (lo, hi) in seg.parts.items():
+            for p, offset, r in held:
+                if p != part or not lo <= offset < hi:
+                    continue
+                names = (seg.seqs or {}).get(r.identity.origin, RangeSet())
+                if seg.seqs is not None and r.identity.seq not in names:
+                    out.append((p, offset, r.identity.origin, r.identity.seq))
+    return out
 
 
 class _Clock:
