@@ -28,6 +28,7 @@ them without a copy.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -66,6 +67,8 @@ __all__ = [
     "read_to_end",
     "written_ms",
 ]
+
+log = logging.getLogger(__name__)
 
 Headers = list[tuple[str, str | bytes | None]]
 #: a partition: (topic, partition)
@@ -376,12 +379,14 @@ def read_to_end(
     older last stable offset and miss a partition's part of it (a test read so once).
     A transaction left open then costs the read its ``timeout``.
 
-    A :class:`PartitionReader`'s ends, so it never waits on an idle poll. Raises
+    A :class:`PartitionReader`'s ends, so it never waits on an idle poll. It reads what
+    the topics hold: if retention deletes records ahead of it while it reads (a long
+    audit of a busy topic), it goes on from the oldest record left and logs the jump
+    (``event=read_overtaken``). Raises
     :class:`~shorelink.kafka.errors.KafkaClientError` on a consumer error
-    (:class:`~shorelink.kafka.errors.UnknownTopic` for a topic that does not exist,
-    :class:`~shorelink.kafka.errors.DataLoss` when retention deleted records while they
-    were being read), or :class:`~shorelink.kafka.errors.KafkaUnavailable` if the end
-    is not reached within ``timeout`` seconds.
+    (:class:`~shorelink.kafka.errors.UnknownTopic` for a topic that does not exist), or
+    :class:`~shorelink.kafka.errors.KafkaUnavailable` if the end is not reached within
+    ``timeout`` seconds.
     """
     topics = list(topics)
     what = f"reading {', '.join(topics)} at {kafka.bootstrap}"
@@ -405,8 +410,14 @@ def read_to_end(
                 raise KafkaUnavailable(f"{what}: end not reached: {sorted(pending)}")
             # a short wait: a small topic must not cost half a second per read
             got = reader.poll(500, timeout=0.05)
-            if got.gaps:
-                raise got.gaps[0]
+            for gap in got.gaps:
+                log.warning(
+                    "event=read_overtaken topic=%s partition=%d consumed_to=%d reset_to=%d",
+                    gap.topic,
+                    gap.partition,
+                    gap.consumed_to,
+                    gap.reset_to,
+                )
             if got.errors:
                 raise got.errors[0]
             yield from got.records
