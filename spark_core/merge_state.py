@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -99,6 +99,23 @@ class MergeState:
 
     def relayed_for(self, key: Relayed) -> RangeSet:
         return self.relayed.get(key) or RangeSet()
+
+    def skips(self, entry: str, stream: str, *, relays: bool) -> Callable[[str, RangeSet], bool]:
+        """Whether a first read of a neighbour's ``sl.relay.<entry>.<stream>`` may skip a
+        segment naming ``seqs`` of ``origin`` (spark_core/relay_index.py
+        ``start_offsets``): only what the merge would drop anyway, that is seqs it holds
+        and, when the site keeps relay topics (``relays``), has relayed under ``entry``
+        too. A held seq that came through another entry is relayed again under this one
+        (:func:`_relay_again`); skipping it left this site's ``sl.relay.<entry>`` without
+        it, and a site reading that entry through here never got it (replication
+        review N6)."""
+
+        def skip(origin: str, seqs: RangeSet) -> bool:
+            if not self.held_for((origin, stream)).contains_all(seqs):
+                return False
+            return not relays or self.relayed_for((entry, origin, stream)).contains_all(seqs)
+
+        return skip
 
     def ranges(self) -> int:
         """Size of the state, in ranges (a few per ship and stream)."""

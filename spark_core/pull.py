@@ -62,7 +62,6 @@ from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError, UnknownTopic, classify
 from shorelink.kafka.reading import written_ms
-from shorelink.ranges import RangeSet
 from spark_core.access import pull_group
 from spark_core.config import SiteConfig
 from spark_core.feed_guard import FeedGuard
@@ -681,17 +680,13 @@ class Puller:
         state = self.merger.ready()
         starts: dict[tuple[str, int], int] = {}
         for topic in topics:
-            stream = topic.split(".")[3]  # sl.relay.<entry>.<stream>
-
-            def holds(origin: str, seqs: RangeSet, stream: str = stream) -> bool:
-                return state.held_for((origin, stream)).contains_all(seqs)
-
+            _, _, entry, stream = topic.split(".")  # sl.relay.<entry>.<stream>
             at = start_offsets(
                 segments,
                 topic,
                 self._ids.get(topic, ""),
                 {p: lo for (t, p), lo in lows.items() if t == topic},
-                holds,
+                state.skips(entry, stream, relays=bool(self.merger.entries)),
             )
             for part, offset in at.items():
                 skipped = offset - lows[(topic, part)]

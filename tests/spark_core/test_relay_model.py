@@ -9,7 +9,14 @@ real Kafka: tests/spark_core/test_replication.py, "entered at two sites".
 Before the fix a site filed a record under the entry whose copy reached it first and
 dropped the other copy, so its relay topic of the other entry lacked the record; in the
 review's six-site graph a site pulling those two entries from two such neighbours never
-got it."""
+got it.
+
+Each batch also writes a segment of the site's relay index naming the seqs it relayed,
+and a site's first read of a neighbour's relay topic starts past the segments whose seqs
+the merge would drop anyway (``MergeState.skips``, as ``spark_core/pull.py`` asks it):
+asked "does the site hold them", the review's six-site case skipped the copy e had to
+relay again under c (replication review N6).
+"""
 
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from hypothesis import strategies as st
 
 from shorelink.contract import Record, ingress_topic, relay_topic
 from shorelink.identity import Identity
+from shorelink.ranges import RangeSet
 from spark_core.merge_state import (
     MergeState,
     Out,
@@ -28,6 +36,7 @@ from spark_core.merge_state import (
     pulled_source,
     source_entry,
 )
+from spark_core.relay_index import Segment, start_offsets
 from spark_core.routing import plan_routes
 
 STREAM = "nav"
@@ -56,6 +65,8 @@ class Site:
     ingress: list[Out] = field(default_factory=list)
     #: entry -> sl.relay.<entry>.nav, as the merge wrote it
     relays: dict[str, list[Out]] = field(default_factory=dict)
+    #: its relay index: a segment per relay topic a batch wrote to, naming its seqs
+    segments: list[Segment] = field(default_factory=list)
 
     def entry_of(self, topic: str) -> str:
         entry = source_entry(topic)
@@ -72,11 +83,22 @@ class Site:
             topics = [(ingress_topic(STREAM), self.ingress)]
         else:
             n = sites[action]
+            entries = [e for e, via in self.routes().items() if via == action]
             topics = [
                 (pulled_source(action, "id", relay_topic(e, STREAM)), n.relays.get(e, []))
-                for e, via in self.routes().items()
-                if via == action
+                for e in entries
             ]
+            for e in entries:
+                source = pulled_source(action, "id", relay_topic(e, STREAM))
+                if (source, 0) not in self.state.offsets:  # a first read: past the index
+                    start = start_offsets(
+                        n.segments,
+                        relay_topic(e, STREAM),
+                        "id",
+                        {0: 0},
+                        self.state.skips(e, STREAM, relays=True),
+                    )
+                    self.state.offsets[(source, 0)] = start[0]
         return [
             SourceRow(topic, 0, offset, key, value, headers)
             for topic, records in topics
@@ -87,11 +109,24 @@ class Site:
     def merge(self, rows: list[SourceRow]) -> None:
         """One batch, committed: ``Merger._commit``'s writes and state update."""
         plan = plan_batch(rows, self.state, self.entry_of)
+        written: dict[str, list[Out]] = {}
         for record, source in [
             *zip(plan.canonical, plan.read_from, strict=True),
             *zip(plan.again, plan.again_from, strict=True),
         ]:
-            self.relays.setdefault(self.entry_of(source), []).append(record)
+            written.setdefault(self.entry_of(source), []).append(record)
+        for entry, records in written.items():
+            relay = self.relays.setdefault(entry, [])
+            seqs = RangeSet.from_seqs(int(dict(h)["sl.seq"]) for _, _, _, h in records)
+            self.segments.append(
+                Segment(
+                    relay_topic(entry, STREAM),
+                    "id",
+                    {0: (len(relay), len(relay) + len(records))},
+                    {"ship1": seqs},
+                )
+            )
+            relay += records
         self.state.held.update(plan.ledger)
         self.state.relayed.update(plan.relayed)
         self.state.offsets.update(plan.offsets)
