@@ -16,7 +16,6 @@ __all__ = [
     "holdings",
     "ingress",
     "ledger",
-    "listen",
     "metrics",
     "service",
     "upload",

@@ -130,8 +130,8 @@ async def serve(
     from aiohttp import web
 
     from core_gateway.app import create_app
-    from core_gateway.listen import CappedSite
     from core_gateway.service import GatewayService
+    from shorelink.listen import CappedSite
 
     ctx = cfg.ssl_context()  # first: a bad certificate is a ConfigError before anything
     service = GatewayService(cfg)

@@ -176,6 +176,15 @@ class OpsConfig:
     #: serve HTTPS with this certificate chain and key (both, or neither)
     tls_cert_file: Path | None = field(default=None, metadata=key("listen.tls_cert_file"))
     tls_key_file: Path | None = field(default=None, metadata=key("listen.tls_key_file"))
+    #: connections open at once at most, TLS handshakes included (one more is closed
+    #: at once), and how long a connection may take to send a request's headers, from
+    #: when it opened or its last answer (shorelink/listen.py; review N7)
+    max_connections: int = field(
+        default=256, metadata=key("listen.max_connections", min=1, max=1_000_000)
+    )
+    idle_timeout_s: float = field(
+        default=30.0, metadata=key("listen.idle_timeout", gt=0, why="must be > 0")
+    )
     #: the site's gateway (``https://host:port``; "": the page shows no gateway), whose
     #: ``/metrics`` the page reads; its certificate verified against ``gateway_ca_file``
     gateway: str = ""

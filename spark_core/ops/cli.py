@@ -9,6 +9,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from ssl import SSLContext
 
 import click
 from aiohttp import web
@@ -16,10 +17,11 @@ from aiohttp import web
 from shorelink.cli_support import fail, load_or_exit
 from shorelink.errors import ConfigError, ShorelinkError
 from shorelink.kafka.endpoint import name_clients
+from shorelink.listen import CappedSite
 from shorelink.logs import configure_logging
 from shorelink.tls import TlsFile, is_loopback, server_context
 from spark_core.cli import config_option
-from spark_core.config import load_config
+from spark_core.config import OpsConfig, load_config
 from spark_core.ops.app import Ops, make_app
 from spark_core.ops.users import (
     MAX_PASSWORD_BYTES,
@@ -106,13 +108,27 @@ def ops(
         page = Ops(sites, site_name)
     except ShorelinkError as exc:
         fail(exc)
-    asyncio.run(_serve(page, listen, o.port if port is None else port, ssl))
+    asyncio.run(_serve(page, listen, o.port if port is None else port, ssl, o))
 
 
-async def _serve(page: Ops, host: str, port: int, ssl: object) -> None:
-    runner = web.AppRunner(make_app(page), access_log=None)
+def _connections_refused() -> None:
+    """(Logged, rate-limited, by shorelink/listen.py; the page keeps no metrics.)"""
+
+
+async def _serve(page: Ops, host: str, port: int, ssl: SSLContext | None, o: OpsConfig) -> None:
+    # the gateway's listener hardening (review N7): connections capped from accept,
+    # TLS handshakes included, a handshake timeout, headers within the idle timeout
+    runner = web.AppRunner(make_app(page), access_log=None, keepalive_timeout=o.idle_timeout_s)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl)  # type: ignore[arg-type]
+    site = CappedSite(
+        runner,
+        host,
+        port,
+        limit=o.max_connections,
+        refused=_connections_refused,
+        ssl_context=ssl,
+        what="ops.listen.max_connections",
+    )
     try:
         await site.start()
     except OSError as exc:

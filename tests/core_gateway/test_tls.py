@@ -466,3 +466,58 @@ def test_ships_client_cert_sets_the_requirement_and_keeps_the_token(tmp_path: Pa
         gateway_cli, ["ships", "client-cert", "nobody", "optional", "--config", str(config)]
     )
     assert res.exit_code == 2 and "no credential" in res.output
+
+
+async def test_tls_handshakes_count_toward_the_connection_limit_and_a_ship_gets_in_after(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """Review N7: a connection in its TLS handshake was not counted (aiohttp knows it
+    only once the handshake is done), so silent TLS sockets, each a file descriptor for
+    up to the handshake timeout, went past ``listen.max_connections`` until
+    ``accept()`` failed for ships (EMFILE). Now each is counted from accept: with the
+    limit 8, eight silent sockets hold it, every one more is closed at once, so the
+    descriptors stay bounded; once they go, a ship uploads over TLS."""
+    authority = make_authority(tmp_path / "tls")
+    cfg = replace(tls_gateway_config(tmp_path, kafka, authority, mutual=False), max_connections=8)
+    ship = unique("ship")
+    token = Credentials(cfg.credentials_file).add(ship)
+    stop = asyncio.Event()
+    task = await start_tls_gateway(cfg, authority.ca_cert, stop)
+    silent: list[asyncio.StreamWriter] = []
+    try:
+        for _ in range(8):  # connect, never say hello
+            silent.append((await asyncio.open_connection("127.0.0.1", cfg.port))[1])
+        for _ in range(20):
+            reader, writer = await asyncio.open_connection("127.0.0.1", cfg.port)
+            assert await asyncio.wait_for(reader.read(1024), 5) == b"", "not closed at once"
+            writer.close()
+        for w in silent:
+            w.close()
+        ctx = trusting(authority.ca_cert)
+        url = f"https://127.0.0.1:{cfg.port}/v1/ships/{ship}/streams/alerts/batches"
+        headers = {"Authorization": f"Bearer {token}"}
+        async with aiohttp.ClientSession() as s:
+            status = 0
+            for _ in range(100):  # until the server has seen the silent ones go
+                try:
+                    async with s.post(
+                        url, data=batch(ship, 1, 5, "alerts"), headers=headers, ssl=ctx
+                    ) as r:
+                        status = r.status
+                    break
+                except aiohttp.ClientConnectionError:
+                    await asyncio.sleep(0.1)
+            assert status == 200
+            async with s.get(f"https://127.0.0.1:{cfg.port}/metrics", ssl=ctx) as r:
+                text = await r.text()
+        (line,) = [
+            ln
+            for ln in text.splitlines()
+            if ln.startswith("shorelink_gateway_connections_refused_total")
+        ]
+        assert float(line.split()[1]) >= 20
+    finally:
+        for w in silent:
+            w.close()
+        stop.set()
+        await task

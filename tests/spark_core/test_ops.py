@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -729,3 +730,60 @@ def test_hostile_records_neither_freeze_the_page_nor_stop_its_follower(site: Sit
 
 def _refuse(name: str) -> Any:
     raise AssertionError(f"{name}: not JSON a browser reads")
+
+
+def _cut_within(sock: socket.socket, seconds: float, dribble: bytes = b"") -> bool:
+    """Whether the server closes ``sock`` within ``seconds`` (sending ``dribble`` a
+    byte every 0.1 s meanwhile)."""
+    sock.settimeout(0.1)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if dribble:
+                sock.sendall(dribble[:1])
+            if sock.recv(1024) == b"":
+                return True
+        except TimeoutError:
+            continue
+        except OSError:  # reset, broken pipe: cut
+            return True
+    return False
+
+
+def test_the_page_cuts_a_dribbling_peer_and_caps_its_connections(site: Site) -> None:
+    """Review N7: the page listened on a bare TCPSite: a peer dribbling header bytes
+    held a connection for aiohttp's default hour, and connections had no cap (each a
+    file descriptor, TLS handshakes uncounted). Now it has the gateway's listener
+    (shorelink/listen.py): cut at ``listen.idle_timeout``, at most
+    ``listen.max_connections`` open from accept on, one more closed at once."""
+    port = free_port()
+    text = re.sub(
+        rf"(\[sites\.{SITE}\.ops\.listen\]\n)port = \d+",
+        rf'\g<1>port = {port}\nidle_timeout = "3s"\nmax_connections = 4',
+        site.config.read_text(),
+    )
+    assert f"port = {port}" in text
+    config = site.config.with_name("sites-hardened.toml")
+    config.write_text(text)
+    page = run_process(
+        "ops-hardened",
+        [sys.executable, "-m", "spark_core.ops.cli", "--site", SITE, "--config", str(config)],
+        site.config.with_name("ops-hardened.log"),
+    )
+    here = dataclasses.replace(site, url=f"http://127.0.0.1:{port}")
+    try:
+        here.wait_up(page)
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            slow.sendall(b"GET /api/")
+            assert _cut_within(slow, 10, dribble=b"x"), "a dribbling peer held on for 10 s"
+        silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+        try:
+            with socket.create_connection(("127.0.0.1", port)) as fifth:
+                # closed at once, not at the idle timeout (3 s) like the four
+                assert _cut_within(fifth, 1.5), "a fifth connection was taken"
+        finally:
+            for s in silent:
+                s.close()
+        here.wait_up(page)  # the freed ones taken again
+    finally:
+        page.stop(grace=10)
