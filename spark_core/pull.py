@@ -74,7 +74,7 @@ from spark_core.merge_state import (
     pulled_source,
     source_entry,
 )
-from spark_core.relay_index import read_segments, start_offsets
+from spark_core.relay_index import oldest_written_ms, read_segments, start_offsets
 
 __all__ = ["Puller", "write_through"]
 
@@ -665,6 +665,8 @@ class Puller:
                     topics,
                     timeout=self.kafka.timeout_s,
                     limit_bytes=self.site.merge.max_batch_bytes,
+                    # not the segments of what retention deleted (review N8)
+                    since_ms=oldest_written_ms(self.kafka, lows),
                 )
             )
         except UnknownTopic:

@@ -37,21 +37,25 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import Message
+from confluent_kafka.admin import OffsetSpec
 
 from shorelink import strict_json
 from shorelink.contract import RELAY_INDEX_TOPIC
+from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
 from shorelink.ranges import RangeSet
 
 __all__ = [
     "INDEX_EVERY_S",
+    "INDEX_SLACK_MS",
     "SEGMENT_MAX_BYTES",
     "Segment",
     "Tail",
     "dump_tails",
     "encode_segment",
     "load_tails",
+    "oldest_written_ms",
     "read_segments",
     "start_offsets",
 ]
@@ -156,16 +160,30 @@ def decode_segment(key: bytes | None, value: bytes | None) -> Segment:
 
 
 def read_segments(
-    kafka: KafkaEndpoint, topics: Iterable[str], *, timeout: float, limit_bytes: int
+    kafka: KafkaEndpoint,
+    topics: Iterable[str],
+    *,
+    timeout: float,
+    limit_bytes: int,
+    since_ms: int | None = None,
 ) -> Iterator[Segment]:
     """The segments of ``topics`` in a site's index (at ``kafka``), in the order they
     were written, at most ``limit_bytes`` of the index read; a record that is no
-    segment is skipped (counted in the log). Raises what ``read_to_end`` raises (an
-    index that does not exist: :class:`~shorelink.kafka.errors.UnknownTopic`)."""
+    segment is skipped (counted in the log). ``since_ms``: from the first segment
+    written at or after that time (:func:`oldest_written_ms`), not from the index's
+    start. Raises what ``read_to_end`` raises (an index that does not exist:
+    :class:`~shorelink.kafka.errors.UnknownTopic`)."""
     wanted = {t.encode() for t in topics}
     read = bad = 0
+    starts = None
+    if since_ms is not None:
+        at = Admin(kafka).offsets([(RELAY_INDEX_TOPIC, 0)], OffsetSpec.for_timestamp(since_ms))
+        offset = at[(RELAY_INDEX_TOPIC, 0)].offset
+        if offset < 0:
+            return  # nothing was written since then
+        starts = {(RELAY_INDEX_TOPIC, 0): offset}
     msg: Message
-    for msg in read_to_end(kafka, [RELAY_INDEX_TOPIC], timeout=timeout):
+    for msg in read_to_end(kafka, [RELAY_INDEX_TOPIC], timeout=timeout, starts=starts):
         value = msg.value()
         read += len(value or b"")
         if read > limit_bytes:
@@ -179,6 +197,24 @@ def read_segments(
             bad += 1
     if bad:
         log.warning("event=relay_index_bad bootstrap=%s records=%d", kafka.bootstrap, bad)
+
+
+#: how much earlier than the oldest record a reader reads a neighbour's index from: a
+#: segment is written after the records it spans (by the same merge, on the same clock)
+INDEX_SLACK_MS = 60_000
+
+
+def oldest_written_ms(kafka: KafkaEndpoint, parts: Iterable[tuple[str, int]]) -> int | None:
+    """When the oldest record of any of ``parts`` (relay partitions) was written, less
+    :data:`INDEX_SLACK_MS`: a segment of the index written before that spans only
+    records retention deleted, and a reader need not read it (replication review N8:
+    the index is kept as long as the longest-kept relay, so reading it from its start
+    spent the read budget on dead segments). None when no partition holds a record.
+    Reading from later than needed is safe: the walk stops at the first hole and reads
+    from there."""
+    answers = Admin(kafka).offsets(list(parts), OffsetSpec.for_timestamp(0))
+    times = [a.timestamp for a in answers.values() if a.offset >= 0 and a.timestamp >= 0]
+    return min(times) - INDEX_SLACK_MS if times else None
 
 
 def start_offsets(

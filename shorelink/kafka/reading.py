@@ -368,9 +368,11 @@ def read_to_end(
     timeout: float = 60.0,
     extra: dict[str, object] | None = None,
     settled: bool = False,
+    starts: Mapping[Part, int] | None = None,
 ) -> Iterator[Message]:
-    """Yield every message of ``topics`` at ``kafka`` from the beginning up to their
-    current end (the last stable offset under read_committed), then stop.
+    """Yield every message of ``topics`` at ``kafka`` from the beginning (or from
+    ``starts``, per partition, where given) up to their current end (the last stable
+    offset under read_committed), then stop.
 
     ``settled``: up to the high watermark each partition had when the read began, that
     is, until every transaction written before the read is committed or aborted. A
@@ -403,7 +405,7 @@ def read_to_end(
         deadline = time.monotonic() + timeout
         with kafka_errors(what):
             ends = _high_watermarks(kafka, parts, deadline) if settled else dict.fromkeys(parts, 0)
-        reader.assign(dict.fromkeys(parts, BEGINNING))
+        reader.assign({p: (starts or {}).get(p, BEGINNING) for p in parts})
         pending = set(ends)
         while pending:
             if time.monotonic() > deadline:

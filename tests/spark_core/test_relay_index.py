@@ -12,7 +12,10 @@ tests/spark_core/test_replication.py, the full mesh's cut."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
+from confluent_kafka import Producer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,6 +30,7 @@ from spark_core.relay_index import (
     dump_tails,
     encode_segment,
     load_tails,
+    oldest_written_ms,
     read_segments,
     start_offsets,
 )
@@ -157,3 +161,44 @@ def test_a_neighbours_index_record_nested_too_deep_is_skipped_and_the_reader_goe
     for value in hostile:
         with pytest.raises(ValueError):
             decode_segment(topic.encode(), value)
+
+
+def test_a_first_read_reads_the_index_from_the_oldest_record_it_could_name(
+    kafka: KafkaBroker,
+) -> None:
+    """Review N8: the index is kept as long as the longest-kept relay, and a reader read
+    it from its start up to ``merge.max_batch_bytes``: days of segments of records
+    retention had deleted used up the budget, and the first read went back to the
+    relay's start. The reader starts at the segments written since the relay's oldest
+    record (less a minute); here the dead ones alone pass the budget."""
+    relay = f"sl.relay.{unique('n')}.nav"
+    ensure_topics(kafka.endpoint, [TopicSpec(RELAY_INDEX_TOPIC), TopicSpec(relay)])
+    day_ms = 24 * 3600 * 1000
+    old_ms = int(time.time() * 1000) - 2 * day_ms
+    dead = RangeSet([(s, s) for s in range(1, 2000, 2)])  # ~10 KB a segment
+    p = Producer({"bootstrap.servers": kafka.bootstrap})
+    for i in range(100):
+        key, value = encode_segment(relay, "id1", {0: (0, 0)}, {"gone": dead})
+        p.produce(RELAY_INDEX_TOPIC, value, key, timestamp=old_ms + i)
+    assert p.flush(20) == 0
+    # the relay's records and its live segment half an hour from now (a broker refuses
+    # more than an hour ahead): other tests' segments, written now to the same index,
+    # are then as dead as those two days old
+    new_ms = old_ms + 2 * day_ms + 1_800_000
+    for i in range(3):
+        p.produce(relay, b"%d" % i, b"k", timestamp=new_ms + i)
+    live = encode_segment(relay, "id1", {0: (0, 3)}, {"s1": RangeSet([(1, 3)])})
+    p.produce(RELAY_INDEX_TOPIC, live[1], live[0], timestamp=new_ms + 1000)
+    assert p.flush(20) == 0
+    budget = 500_000  # the dead segments take about a megabyte
+    since = oldest_written_ms(kafka.endpoint, [(relay, 0)])
+    assert since == new_ms - 60_000
+
+    def start(since_ms: int | None) -> int:
+        segments = read_segments(
+            kafka.endpoint, [relay], timeout=20, limit_bytes=budget, since_ms=since_ms
+        )
+        return start_offsets(segments, relay, "id1", {0: 0}, lambda o, s: o == "s1")[0]
+
+    assert start(None) == 0  # the budget ran out among the dead segments
+    assert start(since) == 3
