@@ -42,7 +42,7 @@ from shorelink.tls import TlsFile, client_context
 from spark_core.config import SitesConfig
 from spark_core.ops.coast import coastlines
 from spark_core.ops.follow import SiteFollower
-from spark_core.ops.users import OpsUsers
+from spark_core.ops.users import LoginsBusy, OpsUsers
 from spark_core.ops.view import alerts_view, gateway_view, map_view, ships_view, site_view
 from spark_core.status import read_status
 
@@ -288,7 +288,13 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
             )
         return await handler(request)
     login = _basic_login(request.headers.get("Authorization", ""))
-    if login is None or ops.users is None or not await ops.users.check(*login):
+    try:
+        allowed = login is not None and ops.users is not None and await ops.users.check(*login)
+    except LoginsBusy as exc:  # a flood of guesses: answered at once, never queued
+        return web.json_response(
+            {"error": "busy", "message": str(exc)}, status=503, headers={"Retry-After": "1"}
+        )
+    if not allowed:
         return web.json_response(
             {"error": "unauthorized", "message": "a login of the page (shorelink ops-users)"},
             status=401,

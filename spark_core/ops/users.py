@@ -9,7 +9,13 @@ Kafka; the page itself reads Kafka as its own read-only principal.
 
 Checking a password costs an scrypt (about 16 MiB and tens of milliseconds): one at a
 time, off the event loop, and a name and password that passed are remembered (as a
-SHA-256 of the pair) until the file changes, so a page that polls pays it once.
+SHA-256 of the pair) until the file changes, so a page that polls pays it once. At most
+:data:`MAX_WAITING_CHECKS` checks wait for their turn: one more is refused at once
+(:class:`LoginsBusy`, the page answers ``503`` with ``Retry-After``), so a flood of
+guesses neither grows a queue without bound nor holds a person's login behind it for
+minutes (review N11). A name the file does not hold is checked against a hash of the
+same cost, so the answer takes as long as for a name it holds: the page does not tell
+which names exist.
 """
 
 from __future__ import annotations
@@ -23,12 +29,14 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 
-from shorelink.errors import ConfigError
+from shorelink.errors import ConfigError, ShorelinkError
 from shorelink.files import FileWatch, locked, read_private, write_atomic
 
 __all__ = [
     "MAX_PASSWORD_BYTES",
+    "MAX_WAITING_CHECKS",
     "MIN_PASSWORD_CHARS",
+    "LoginsBusy",
     "OpsUsers",
     "change_users",
     "check_login_name",
@@ -45,6 +53,8 @@ _MAXMEM = 64 * 1024 * 1024
 MAX_PASSWORD_BYTES = 1024
 #: ``shorelink ops-users add`` refuses a shorter one
 MIN_PASSWORD_CHARS = 12
+#: password checks that may wait for the one running; one more is refused at once
+MAX_WAITING_CHECKS = 8
 _HEADER = "# shorelink ops-users: name scrypt$N$r$p$salt$hash (written by `shorelink ops-users`)\n"
 
 
@@ -109,6 +119,10 @@ def _parse(text: str, where: str) -> dict[str, str]:
     return users
 
 
+class LoginsBusy(ShorelinkError):
+    """:data:`MAX_WAITING_CHECKS` password checks wait already: try again in a moment."""
+
+
 class OpsUsers:
     """The page's logins, read from ``path`` (refused when readable by others)."""
 
@@ -120,6 +134,12 @@ class OpsUsers:
         self._passed: set[bytes] = set()
         self._watch = FileWatch(path)
         self._one_at_a_time = asyncio.Semaphore(1)
+        #: checks running or waiting for their turn (at most 1 + MAX_WAITING_CHECKS)
+        self._queued = 0
+        #: scrypt checks made (a name the file lacks costs one too)
+        self.scrypt_checks = 0
+        #: what a name the file lacks is checked against: a hash of the same cost
+        self._decoy = hash_password(secrets.token_urlsafe(16))
         self.reload()
 
     @property
@@ -146,16 +166,25 @@ class OpsUsers:
             )
 
     async def check(self, name: str, password: str) -> bool:
-        """Whether ``name`` may look with ``password``."""
+        """Whether ``name`` may look with ``password``; raises :class:`LoginsBusy`
+        when :data:`MAX_WAITING_CHECKS` checks wait already. A name the file lacks
+        costs the same scrypt as one it holds, and is refused."""
         self.maybe_reload()
         stored = self._users.get(name)
+        pair = hashlib.sha256(f"{len(name)}:{name}:{password}".encode()).digest()
+        if stored is not None and pair in self._passed:
+            return True
+        if self._queued > MAX_WAITING_CHECKS:
+            raise LoginsBusy(f"{self._queued} password checks in progress; try again shortly")
+        self._queued += 1
+        try:
+            async with self._one_at_a_time:
+                self.scrypt_checks += 1
+                ok = await asyncio.to_thread(verify_password, stored or self._decoy, password)
+        finally:
+            self._queued -= 1
         if stored is None:
             return False
-        pair = hashlib.sha256(f"{len(name)}:{name}:{password}".encode()).digest()
-        if pair in self._passed:
-            return True
-        async with self._one_at_a_time:
-            ok = await asyncio.to_thread(verify_password, stored, password)
         if ok and self._users.get(name) == stored:
             self._passed.add(pair)
         return ok

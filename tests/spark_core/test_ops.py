@@ -22,7 +22,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ from shorelink.ledger import encode_entry
 from shorelink.ranges import RangeSet
 from shorelink.ship_report import REPORT_MQTT_TOPIC, ShipReport, encode_report
 from spark_core.ops.coast import PACKAGE, coastlines, parse_gshhs
+from spark_core.ops.users import OpsUsers, hash_password
 from tests.core_gateway.helpers import batch, run_gateway, wait_ready
 from tests.helpers import eventually, run_process, unique, write_toml
 from voyage.ops import CHROMIUM, CHROMIUM_ARGS
@@ -787,3 +790,42 @@ def test_the_page_cuts_a_dribbling_peer_and_caps_its_connections(site: Site) -> 
         here.wait_up(page)  # the freed ones taken again
     finally:
         page.stop(grace=10)
+
+
+async def test_an_unknown_login_name_costs_what_a_known_one_costs(tmp_path: Path) -> None:
+    """Review N11: a name the file lacks was answered at once, one it holds after an
+    scrypt (67 ms): the timing told which names exist. Now every name not remembered as
+    passed costs one scrypt, against a hash of the same cost for an unknown one."""
+    path = tmp_path / "ops-users"
+    path.write_text(f"ana {hash_password('a long enough password')}\n")
+    path.chmod(0o600)
+    users = OpsUsers(path, "users_file")
+    assert not await users.check("nobody", "a long enough password")
+    assert not await users.check("ana", "wrong password here")
+    assert users.scrypt_checks == 2
+    assert await users.check("ana", "a long enough password")
+    assert await users.check("ana", "a long enough password")  # remembered: no scrypt
+    assert users.scrypt_checks == 3
+
+
+def test_a_flood_of_login_guesses_is_answered_busy_not_queued(site: Site) -> None:
+    """Review N11: password checks ran one at a time through an unbounded queue, so
+    about 20 guesses a second with a valid name held every new login for as long as the
+    flood lasted. Now at most MAX_WAITING_CHECKS (8) wait: of 40 guesses at once some
+    get an immediate 503 (Retry-After), and the staff's login goes through after them."""
+    guess = ("ana-" + unique("x"), "not the password at all")
+
+    def status(auth: tuple[str, str]) -> int:
+        try:
+            site.get("/api/ships", auth=auth)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 503:
+                assert exc.headers["Retry-After"] == "1"
+            return exc.code
+        return 200
+
+    with ThreadPoolExecutor(40) as pool:
+        answers = Counter(pool.map(status, [(STAFF[0], guess[1])] * 20 + [guess] * 20))
+    # at most 1 + MAX_WAITING_CHECKS were in progress at once: the rest of a burst busy
+    assert set(answers) == {401, 503}, answers
+    assert status(STAFF) == 200
