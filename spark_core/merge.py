@@ -187,7 +187,7 @@ class Merger:
         #: ``sl.relay.<entry>.<stream>`` in the same transaction
         self._sites = sites
         self.entries = frozenset(relay_entries(site, sites))
-        self._relays: dict[tuple[str, str, bytes | str | None], str | None] = {}
+        self._relays: dict[tuple[str, str, str | bool | None], str | None] = {}
         self._entries: dict[str, str | None] = {}
         self.transactional_id = merge_transactional_id(site, query)
         self.state = MergeState()
@@ -375,21 +375,30 @@ class Merger:
         """The relay topic of a canonical record: its entry site (:meth:`_entry`) and
         stream. A record of this site's ingress whose ``sl.site``
         names another site (a gateway's ``site`` key that is not this site's name) is
-        logged once per name."""
+        logged once per ingress topic."""
         site = _header(headers, H_SITE)
-        key = (stream_topic, read_from, site)
+        # the cache is keyed by what decides the answer, never by the header's text (a
+        # neighbour that stamps each record with a new sl.site grew it without bound:
+        # replication review N15): a history record's entry (a site of the file, or
+        # this one), whether this site's own ingress names this site, or nothing
+        claimed = site.decode(errors="replace") if isinstance(site, bytes) else site
+        if history_stream(read_from) is not None:
+            claim: str | bool | None = self._claimed_entry(site)
+        elif "/" not in read_from:
+            claim = claimed == self.site.name
+        else:
+            claim = None
+        key = (stream_topic, read_from, claim)
         topic = self._relays.get(key)
         if key not in self._relays:
-            if "/" not in read_from:
-                claimed = site.decode(errors="replace") if isinstance(site, bytes) else site
-                if claimed != self.site.name:
-                    log.warning(
-                        "event=entry_site_mismatch site=%s topic=%s sl_site=%r "
-                        "(filed as entered here; is the gateway's site key this site's name?)",
-                        self.site.name,
-                        read_from,
-                        claimed,
-                    )
+            if "/" not in read_from and claimed != self.site.name:
+                log.warning(
+                    "event=entry_site_mismatch site=%s topic=%s sl_site=%r "
+                    "(filed as entered here; is the gateway's site key this site's name?)",
+                    self.site.name,
+                    read_from,
+                    claimed,
+                )
             entry = self._entry(read_from, headers)
             topic = None if entry is None else relay_topic(entry, stream_topic[len("sl.") :])
             self._relays[key] = topic

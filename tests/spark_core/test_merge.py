@@ -182,6 +182,31 @@ def test_history_is_relayed_under_the_entry_its_records_name_and_held_history_no
     assert relays == [relay_topic(e, "nav") for e in ("a", "c", "b")]
 
 
+def test_what_a_neighbour_stamps_in_sl_site_cannot_grow_the_merges_memory(
+    tmp_path: Path,
+) -> None:
+    """Review (replication N15): the merge cached each record's relay topic by the raw
+    ``sl.site`` it carried, so a neighbour stamping every record with a new name grew
+    the cache by an entry per record, for ever. Keyed by what decides the relay topic,
+    100,000 names cost a handful of entries and each record still goes where its
+    source says."""
+    cfg = parse_config(graph_doc({"a": ["b"], "b": ["a", "c"], "c": ["b"]}, tmp_path))
+    merger = Merger(cfg.site("b"), sites=cfg)
+    sources = [
+        pulled_source("a", "id1", relay_topic("a", "nav")),
+        pulled_source("a", "id2", canonical_topic("nav")),
+        ingress_topic("nav"),
+    ]
+    for i in range(100_000):
+        r = record("s1", "nav", i + 1)
+        name = f"forged-{i}" if i % 3 else "c"
+        headers = [(k, name.encode() if k == H_SITE else v) for k, v in r.headers()]
+        topic = merger._relay(canonical_topic("nav"), sources[i % 3], headers)
+        want = {0: "a", 1: "c" if name == "c" else "b", 2: "b"}[i % 3]
+        assert topic == relay_topic(want, "nav")
+    assert len(merger._relays) <= 6
+
+
 def test_plan_dead_letters_what_breaks_the_contract() -> None:
     """A malformed record must be kept for inspection, never dropped nor fatal."""
     t = ingress_topic("nav")
@@ -488,7 +513,7 @@ def test_spark_vouching_never_changes_what_the_plan_decides(spark: Any) -> None:
         (t, [*hdrs(6), ("sl.seq", b"7")], False),  # the last sl.seq counts: 7
         (t, hdrs(8, mqtt_topic="ship/a/kühl".encode()), False),  # UTF-8, good
         (t, hdrs(9, origin=b"a\n"), False),  # a name is matched whole: no final newline
-        (t, hdrs(10, seq=b"1" * 24), False),  # beyond 18 digits, still a seq
+        (t, hdrs(10, seq=b"1" * 24), False),  # beyond int64: breaks the contract (review N4)
         (t, hdrs(11, mqtt_topic=None), False),  # a null value is skipped: good
         (t, hdrs(12, seq=b"0"), False),
         (t, hdrs(13, seq=b" 13"), False),
@@ -516,7 +541,7 @@ def test_spark_vouching_never_changes_what_the_plan_decides(spark: Any) -> None:
     assert [bool(o) for o in batch.origins] == [vouched for _, _, vouched in cases]
     by_spark, by_python = plan_batch(batch, MergeState()), plan_batch(rows, MergeState())
     assert by_spark == by_python
-    assert len(by_spark.canonical) == 8 and len(by_spark.dead) == 16
+    assert len(by_spark.canonical) == 7 and len(by_spark.dead) == 17
     # each written record entered here: stamped with its ingress record's timestamp
     stamps = [h[-1] for _, _, _, h in by_spark.canonical]
     assert stamps == [
