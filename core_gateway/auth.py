@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -26,13 +25,14 @@ from core_gateway.errors import GatewayError
 from shorelink import strict_json
 from shorelink.files import FileWatch, locked, write_json_atomic
 from shorelink.identity import check_name
+from shorelink.logs import get_logger
 
 __all__ = ["Credentials", "ShipCredential", "hash_token"]
 
 TOKEN_PREFIX = "slk_"
 
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def hash_token(token: str) -> str:
@@ -71,10 +71,10 @@ class Credentials:
             self.reload()
         except GatewayError as exc:
             log.error(
-                "event=credentials_unreadable path=%s ships_kept=%d error=%r",
-                self.path,
-                len(self._by_ship),
-                str(exc),
+                "credentials_unreadable",
+                path=self.path,
+                ships_kept=len(self._by_ship),
+                error=str(exc),
             )
 
     def reload(self) -> None:

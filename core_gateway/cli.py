@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import signal
 import ssl
 import sys
@@ -20,7 +19,7 @@ from core_gateway.config import GatewayConfig, load_config
 from shorelink.cli_support import config_option, fail, load_or_exit
 from shorelink.errors import ShorelinkError
 from shorelink.kafka.endpoint import name_clients
-from shorelink.logs import configure_logging
+from shorelink.logs import configure_logging, get_logger
 from shorelink.proof import ShipKeys, signature_mode
 from shorelink.textout import table
 from shorelink.tls import is_loopback
@@ -29,7 +28,7 @@ __all__ = ["main", "render_ships"]
 
 CONFIG = config_option("Gateway", "SHORELINK_GATEWAY_CONFIG")
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: the health check's whole request (the container's HEALTHCHECK gives it 3 s)
 HEALTH_TIMEOUT_S = 2.0
@@ -155,33 +154,28 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
     starter = asyncio.create_task(service.start())
     log.info(
-        "event=gateway_listening site=%s address=%s:%d tls=%s",
-        cfg.site,
-        cfg.host,
-        cfg.port,
-        _tls_mode(cfg),
+        "gateway_listening", site=cfg.site, address=f"{cfg.host}:{cfg.port}", tls=_tls_mode(cfg)
     )
     if ctx is None and not is_loopback(cfg.host):
         log.warning(
-            "event=plaintext_listen address=%s:%d message=%r",
-            cfg.host,
-            cfg.port,
-            "SERVING WITHOUT TLS on a non-loopback address: ships' bearer tokens and "
+            "plaintext_listen",
+            address=f"{cfg.host}:{cfg.port}",
+            message="SERVING WITHOUT TLS on a non-loopback address: ships' bearer tokens and "
             "data cross the network in clear text. Set listen.tls_cert_file and "
             "listen.tls_key_file, or listen on 127.0.0.1 behind a TLS proxy.",
         )
     if (kafka := cfg.kafka.in_clear()) is not None:
-        log.warning("event=kafka_without_tls site=%s message=%r", cfg.site, kafka)
+        log.warning("kafka_without_tls", site=cfg.site, message=kafka)
     keys = None if service.ship_keys is None else service.ship_keys.current()
     signatures, unenforced = signature_mode(keys, cfg.ship_keys_file)
     log.info(
-        "event=signature_mode site=%s signatures=%r ship_keys_file=%s",
-        cfg.site,
-        signatures,
-        cfg.ship_keys_file or "-",
+        "signature_mode",
+        site=cfg.site,
+        signatures=signatures,
+        ship_keys_file=cfg.ship_keys_file or "-",
     )
     for why in unenforced:
-        log.warning("event=signatures_not_enforced site=%s message=%r", cfg.site, why)
+        log.warning("signatures_not_enforced", site=cfg.site, message=why)
     if started is not None:
         started.set()
     try:

@@ -43,7 +43,6 @@ not in Kafka.
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 import time
@@ -71,12 +70,13 @@ from shorelink.kafka.reading import Headers, read_to_end
 from shorelink.kafka.topics import ensure_topics, gateway_cursor_spec, ingress_spec, producer_config
 from shorelink.kafka.transactions import TransactionalProducer
 from shorelink.ledger import ledger_key
+from shorelink.logs import get_logger
 from shorelink.ranges import RangeSet
 from shorelink.wire import WireRecord
 
 __all__ = ["MAX_GROUP_RECORDS", "IngressWriter", "Write"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: a transaction takes the waiting writes up to about this many records
 MAX_GROUP_RECORDS = 200_000
@@ -332,11 +332,11 @@ class IngressWriter:
                 f"writes. Keep one gateway per site; restart this one only to make it "
                 f"the active one again ({exc})"
             )
-            log.error("event=kafka_fenced site=%s error=%r", self.cfg.site, str(exc))
+            log.error("kafka_fenced", site=self.cfg.site, error=str(exc))
 
     def _break(self, why: str) -> None:
         if not self.broken and not self.fatal:
-            log.error("event=kafka_producer_broken error=%r", why)
+            log.error("kafka_producer_broken", error=why)
         self.broken = self.broken or why
 
     def ping(self) -> bool:

@@ -3,7 +3,6 @@ what arrived by replication and ships are not asked to resend it."""
 
 from __future__ import annotations
 
-import logging
 import threading
 import uuid
 
@@ -14,11 +13,11 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError
 from shorelink.kafka.reading import BEGINNING, PartitionReader
 from shorelink.ledger import decode_entry
-from shorelink.logs import RateLimitedLog
+from shorelink.logs import RateLimitedLog, get_logger
 
 __all__ = ["LedgerFollower"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class LedgerFollower:
@@ -54,24 +53,22 @@ class LedgerFollower:
                             reader.assign({(LEDGER_TOPIC, p): BEGINNING for p in parts})
                             assigned = True
                     except KafkaClientError as exc:  # Kafka away: the next look may find it
-                        self._limited.warning("ledger", "event=ledger_error error=%r", str(exc))
+                        self._limited.warning("ledger", "ledger_error", error=str(exc))
                     if not assigned:
                         self._stop.wait(2)  # the merge creates it; wait for it to exist
                         continue
                 got = reader.poll(500, timeout=0.5)
                 for problem in [*got.errors, *got.gaps]:
-                    self._limited.warning("ledger", "event=ledger_error error=%r", str(problem))
+                    self._limited.warning("ledger", "ledger_error", error=str(problem))
                 for msg in got.records:
                     try:
                         origin, stream, held = decode_entry(msg.key(), msg.value())
                     except ContractError as exc:
-                        self._limited.warning(
-                            "ledger_bad", "event=ledger_bad_entry error=%r", str(exc)
-                        )
+                        self._limited.warning("ledger_bad", "ledger_bad_entry", error=str(exc))
                         continue
                     self.holdings.set_replicated(origin, stream, held)
                     self.entries += 1
         except Exception:  # the follower must never take the gateway down
-            log.exception("event=ledger_follower_crashed")
+            log.exception("ledger_follower_crashed")
         finally:
             reader.close()

@@ -22,7 +22,6 @@ share: :data:`SHIP_SHARE` of the budget, ``limits.max_uploads_per_ship`` connect
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -38,13 +37,14 @@ from core_gateway.ingress import IngressWriter, Write
 from core_gateway.ledger import LedgerFollower
 from core_gateway.metrics import GatewayMetrics
 from shorelink.errors import ShorelinkError
+from shorelink.logs import get_logger
 from shorelink.proof import PROOF_HELD_BYTES, SignatureError, WatchedShipKeys
 from shorelink.ranges import RangeSet
 from shorelink.wire import DECODE_RECORD_BYTES, Batch, WireError, peek_header
 
 __all__ = ["RETRY_AFTER_S", "SHIP_SHARE", "GatewayService", "busy"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: the most of ``limits.max_inflight_bytes`` one ship holds besides the batch at hand
 SHIP_SHARE = 0.5
@@ -127,22 +127,17 @@ class GatewayService:
                 break
             except Exception as exc:  # Kafka not up yet: keep trying, stay unready
                 if isinstance(exc, ShorelinkError) and not exc.retryable:
-                    log.error("event=gateway_start_failed error=%r", str(exc))
+                    log.error("gateway_start_failed", error=str(exc))
                     raise  # refused credentials: waiting does not help
                 self.startup_error = str(exc)
-                log.warning("event=gateway_start_retry error=%r retry_in=%.0fs", str(exc), delay)
+                log.warning("gateway_start_retry", error=str(exc), retry_in=f"{delay:.0f}s")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30)
         self.startup_error = None
         self.ledger.start()
         self.ready.set()
         self.metrics.ready.set(1)
-        log.info(
-            "event=gateway_ready site=%s cursors=%d kafka=%s",
-            self.cfg.site,
-            n,
-            self.cfg.kafka.bootstrap,
-        )
+        log.info("gateway_ready", site=self.cfg.site, cursors=n, kafka=self.cfg.kafka.bootstrap)
 
     async def stop(self) -> None:
         if self._recovering is not None:
@@ -206,9 +201,7 @@ class GatewayService:
             if abandoned:
                 h.abandoned.update(abandoned)
                 self.metrics.abandoned.labels(stream).inc(abandoned.count())
-                log.warning(
-                    "event=seqs_abandoned ship=%s stream=%s seqs=%s", ship, stream, abandoned
-                )
+                log.warning("seqs_abandoned", ship=ship, stream=stream, seqs=abandoned)
 
         done.add_done_callback(settle)
         return asyncio.ensure_future(self._finish(ship, batch, h, written, done))
@@ -257,14 +250,14 @@ class GatewayService:
             try:
                 await asyncio.to_thread(blocking)
             except Exception as exc:
-                log.warning("event=kafka_recovery_retry error=%r retry_in=%.0fs", str(exc), delay)
+                log.warning("kafka_recovery_retry", error=str(exc), retry_in=f"{delay:.0f}s")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30)
                 continue
             self.startup_error = None
             self.ready.set()
             self.metrics.ready.set(1)
-            log.info("event=kafka_recovered site=%s", self.cfg.site)
+            log.info("kafka_recovered", site=self.cfg.site)
             return
         self._unready(self.writer.fatal)
 
@@ -322,9 +315,7 @@ class GatewayService:
             except WireError as exc:
                 raise _refusal(exc) from None
             except SignatureError as exc:
-                log.warning(
-                    "event=batch_unproved ship=%s reason=%s error=%r", ship, exc.reason, str(exc)
-                )
+                log.warning("batch_unproved", ship=ship, reason=exc.reason, error=str(exc))
                 raise ApiError(403, exc.reason, str(exc)) from None
             # templated payloads decode to more than their decompressed bytes: the
             # batch holds what it decoded to from now on, or is answered busy
@@ -440,11 +431,7 @@ class GatewayService:
         if exc.code == "busy":
             return
         log.info(
-            "event=request_refused route=%s status=%d error=%s message=%r",
-            route,
-            exc.status,
-            exc.code,
-            str(exc),
+            "request_refused", route=route, status=exc.status, error=exc.code, message=str(exc)
         )
 
     def check_stream(self, stream: str) -> None:

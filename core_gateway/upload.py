@@ -28,17 +28,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from core_gateway.errors import ApiError
 from core_gateway.service import GatewayService
+from shorelink.logs import get_logger
 
 __all__ = ["ROUTE", "UPLOADS", "UPLOAD_WINDOW", "close_uploads", "serve_upload"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 ROUTE = "/v1/ships/{ship}/upload"
 #: batches in progress (received, not answered yet) per connection
@@ -79,7 +79,7 @@ async def serve_upload(
     answering = asyncio.create_task(_answer(service, ws, replies), name=f"upload:{ship}")
     watching = asyncio.create_task(_watch(service, ws, ship, token), name=f"revoked:{ship}")
     batches = 0
-    log.info("event=upload_open ship=%s peer=%s", ship, request.remote)
+    log.info("upload_open", ship=ship, peer=request.remote)
     try:
         async for msg in ws:
             if msg.type is WSMsgType.BINARY:
@@ -97,12 +97,7 @@ async def serve_upload(
         await answering
         open_uploads.discard(ws)
         service.metrics.uploads.dec()
-        log.info(
-            "event=upload_closed ship=%s batches=%d close_code=%s",
-            ship,
-            batches,
-            ws.close_code,
-        )
+        log.info("upload_closed", ship=ship, batches=batches, close_code=ws.close_code)
     return ws
 
 
@@ -115,7 +110,7 @@ async def _watch(service: GatewayService, ws: web.WebSocketResponse, ship: str, 
         try:
             service.authorize(ship, token)
         except ApiError as exc:
-            log.warning("event=upload_closed_revoked ship=%s reason=%s", ship, exc.code)
+            log.warning("upload_closed_revoked", ship=ship, reason=exc.code)
             await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"credential revoked")
             return
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
 import time
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from edge_agent.metrics import EdgeMetrics
 from edge_agent.report import Reporter
 from edge_agent.status import open_log
 from shorelink.errors import ConfigError
+from shorelink.logs import get_logger
 
 if TYPE_CHECKING:
     from edge_agent.gateway import Gateway
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Agent"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 GAUGE_INTERVAL_S = 5.0
 EXPIRE_INTERVAL_S = 60.0
@@ -60,10 +60,10 @@ class Agent:
         t0 = time.monotonic()
         self.log: EdgeLog = open_log(cfg)
         log.info(
-            "event=log_opened path=%s seconds=%.3f records=%d",
-            cfg.log.path,
-            time.monotonic() - t0,
-            sum(self.log.stream_state(s).count for s in self.log.stream_names()),
+            "log_opened",
+            path=cfg.log.path,
+            seconds=round(time.monotonic() - t0, 3),
+            records=sum(self.log.stream_state(s).count for s in self.log.stream_names()),
         )
         self.ingest = Ingest(cfg, self.log, self.metrics)
         self.reporter = Reporter(cfg, self.log)
@@ -94,9 +94,7 @@ class Agent:
             server, _thread = start_http_server(
                 self.cfg.metrics.port, self.cfg.metrics.host, registry=self.metrics.registry
             )
-            log.info(
-                "event=metrics_listening address=%s:%d", self.cfg.metrics.host, server.server_port
-            )
+            log.info("metrics_listening", address=f"{self.cfg.metrics.host}:{server.server_port}")
         tasks = [
             asyncio.create_task(self.ingest.run(self.stop), name="ingest"),
             asyncio.create_task(self._housekeeping(), name="housekeeping"),
@@ -110,17 +108,16 @@ class Agent:
         )
         systemd.notify("READY=1")
         log.info(
-            "event=agent_started ship=%s mqtt=%s:%d gateways=%d",
-            self.cfg.ship,
-            self.cfg.mqtt.host,
-            self.cfg.mqtt.port,
-            len(self.cfg.gateways),
+            "agent_started",
+            ship=self.cfg.ship,
+            mqtt=f"{self.cfg.mqtt.host}:{self.cfg.mqtt.port}",
+            gateways=len(self.cfg.gateways),
         )
         try:
             await self.stop.wait()
         finally:
             systemd.notify("STOPPING=1")
-            log.info("event=agent_stopping")
+            log.info("agent_stopping")
             await tasks[0]  # ingest drains: commit and acknowledge what it received
             if uplink_task is not None:
                 # the uplink sends no new batch once stop is set; give the one in
@@ -136,7 +133,7 @@ class Agent:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
             self.log.close()
-            log.info("event=agent_stopped")
+            log.info("agent_stopped")
 
     async def _watchdog(self) -> None:
         interval = systemd.watchdog_interval()
@@ -173,7 +170,7 @@ class Agent:
             seq = self.reporter.tick()
         except LogError as exc:
             self.metrics.reports.labels("failed").inc()
-            log.warning("event=ship_report_failed error=%r", str(exc))
+            log.warning("ship_report_failed", error=str(exc))
             return 0
         if seq is None:
             return None
@@ -187,7 +184,7 @@ class Agent:
         clock set days ahead must not expire every undelivered record at once."""
         removed = self.log.expire(int(self.clock.retention_now() * 1000))
         if removed:
-            log.info("event=retention_expired removed=%s", removed)
+            log.info("retention_expired", removed=removed)
         self.metrics.clock_skew.set(self.clock.skew)
         return removed
 

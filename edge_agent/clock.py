@@ -24,13 +24,14 @@ clock set while it is stopped is taken as it is.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 
+from shorelink.logs import get_logger
+
 __all__ = ["JUMP_TOLERANCE_S", "SHIP_CLOCK", "SteadyClock"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: wall and monotonic time may disagree by this much (plus 1% of the interval) between
 #: two readings before it counts as a jump
@@ -66,10 +67,10 @@ class SteadyClock:
                 self.forward_skew += max(jumped, 0.0)
                 self.jumps += 1
                 log.warning(
-                    "event=clock_jump seconds=%.0f skew_s=%.0f: ages and budget days"
-                    " follow monotonic time across it",
-                    jumped,
-                    self.skew,
+                    "clock_jump",
+                    seconds=round(jumped),
+                    skew_s=round(self.skew),
+                    message="ages and budget days follow monotonic time across it",
                 )
         self._last = (wall, mono)
         return wall

@@ -8,7 +8,6 @@ every table from those declarations. The fully commented sample is
 
 from __future__ import annotations
 
-import logging
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -33,11 +32,12 @@ from shorelink.config import load_config as load_file
 from shorelink.contract import MAX_RECORD_BYTES
 from shorelink.errors import ConfigError
 from shorelink.files import read_private
+from shorelink.logs import get_logger
 from shorelink.proof import ShipKey
 from shorelink.tls import TlsFile, client_context, is_loopback
 from shorelink.wire import DEFAULT_LIMITS
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = [
     "DEFAULT_LINKS",
@@ -394,10 +394,10 @@ def _gateway(s: Section, links: dict[str, LinkConfig], base: Path | None) -> Gat
                 "(only for a link that is encrypted otherwise, e.g. a VPN)",
             )
         log.warning(
-            "event=gateway_plaintext site=%s url=%s message=%r",
-            out.site,
-            url,
-            "PLAIN HTTP to a remote gateway (allow_plaintext = true): the ship's token and "
+            "gateway_plaintext",
+            site=out.site,
+            url=url,
+            message="PLAIN HTTP to a remote gateway (allow_plaintext = true): the ship's token and "
             "data cross the link in clear text",
         )
     if out.link not in links:

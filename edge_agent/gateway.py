@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import ssl
 from collections import deque
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ import aiohttp
 from edge_agent.config import GatewayEndpoint, LinkConfig
 from edge_agent.errors import GatewayGap, GatewayRejected, LinkError
 from shorelink.config import Secret
-from shorelink.logs import RateLimitedLog
+from shorelink.logs import RateLimitedLog, get_logger
 from shorelink.ranges import RangeSet
 
 __all__ = ["Gateway", "HttpGateway", "SendResult"]
@@ -51,7 +50,7 @@ MAX_MESSAGE = 16 * 1024 * 1024
 
 USER_AGENT = "shorelink-edge/0.1"
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,11 +188,11 @@ class HttpGateway:
                 if tls:
                     self._tls_log.warning(
                         "tls",
-                        "event=gateway_tls_failed site=%s link=%s url=%s error=%r",
-                        self.site,
-                        self.link,
-                        self.url,
-                        tls,
+                        "gateway_tls_failed",
+                        site=self.site,
+                        link=self.link,
+                        url=self.url,
+                        error=tls,
                     )
                     raise LinkError(
                         f"GET {path}: TLS handshake failed: {tls}", site=self.site

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import random
 import sqlite3
 import threading
@@ -54,11 +53,11 @@ from edge_agent.log import CommitResult, EdgeLog, Incoming, Quarantined, message
 from edge_agent.metrics import EdgeMetrics
 from edge_agent.rules import map_message
 from shorelink.contract import MAX_RECORD_BYTES, record_bytes
-from shorelink.logs import RateLimitedLog
+from shorelink.logs import RateLimitedLog, get_logger
 
 __all__ = ["Ingest"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: after an unexpected commit error, how often a message is tried alone before it is
 #: quarantined as ``commit_error``
@@ -203,11 +202,7 @@ class Ingest:
                 client.connect(m.host, m.port, m.keepalive_s, clean_start=False, properties=props)
             except (OSError, ValueError) as exc:
                 self._limited.warning(
-                    "mqtt_connect",
-                    "event=mqtt_connect_failed host=%s port=%d error=%r",
-                    m.host,
-                    m.port,
-                    str(exc),
+                    "mqtt_connect", "mqtt_connect_failed", host=m.host, port=m.port, error=str(exc)
                 )
             else:
                 await _first(driver.closed.wait(), stop.wait())
@@ -244,16 +239,14 @@ class Ingest:
         _p: Properties | None,
     ) -> None:
         if reason.is_failure:
-            self._limited.warning(
-                "mqtt_refused", "event=mqtt_connect_refused reason=%r", str(reason)
-            )
+            self._limited.warning("mqtt_refused", "mqtt_connect_refused", reason=str(reason))
             client.disconnect()
             return
         self._generation += 1
         self._conn_id = random.getrandbits(62) + 1  # distinct across restarts too
         self._resumed = bool(flags.session_present)
         if not flags.session_present:
-            log.info("event=mqtt_new_session client_id=%s", self.cfg.mqtt.client_id)
+            log.info("mqtt_new_session", client_id=self.cfg.mqtt.client_id)
         # retainHandling=2: retained messages are not replayed on (re)subscribe: they were
         # stored when they were published; replaying them would store them again.
         opts = SubscribeOptions(qos=1, retainHandling=2)
@@ -261,11 +254,11 @@ class Ingest:
         self.connected.set()
         self.metrics.mqtt_connected.set(1)
         log.info(
-            "event=mqtt_connected host=%s port=%d session_present=%s generation=%d",
-            self.cfg.mqtt.host,
-            self.cfg.mqtt.port,
-            flags.session_present,
-            self._generation,
+            "mqtt_connected",
+            host=self.cfg.mqtt.host,
+            port=self.cfg.mqtt.port,
+            session_present=flags.session_present,
+            generation=self._generation,
         )
 
     def _on_disconnect(
@@ -278,12 +271,10 @@ class Ingest:
     ) -> None:
         self.connected.clear()
         if not self._stopping.is_set():
-            self._limited.warning(
-                "mqtt_disconnect", "event=mqtt_disconnected reason=%r", str(reason)
-            )
+            self._limited.warning("mqtt_disconnect", "mqtt_disconnected", reason=str(reason))
 
     def _on_message(self, client: mqtt.Client, _u: object, msg: mqtt.MQTTMessage) -> None:
-        log.debug("event=message mid=%d dup=%s qos=%d", msg.mid, msg.dup, msg.qos)
+        log.debug("message", mid=msg.mid, dup=msg.dup, qos=msg.qos)
         self._queue.put_nowait(
             _Received(
                 self._generation,
@@ -318,7 +309,7 @@ class Ingest:
             except Exception:  # the commit loop must never die quietly
                 # _process contains its own errors; this is the last line of defence.
                 self.metrics.ingest_errors.inc()
-                log.exception("event=commit_loop_error")
+                log.exception("commit_loop_error")
             finally:
                 self._idle.set()
 
@@ -329,11 +320,12 @@ class Ingest:
             self.metrics.ingest_errors.inc()
             self._limited.warning(
                 "commit_unexpected",
-                "event=commit_unexpected_error messages=%d error=%r retry=one_by_one",
-                len(batch),
-                repr(exc),
+                "commit_unexpected_error",
+                messages=len(batch),
+                error=repr(exc),
+                retry="one_by_one",
             )
-            log.debug("event=commit_unexpected_error", exc_info=True)
+            log.debug("commit_unexpected_error", exc_info=True)
             await self._isolate(batch)
             return
         if done:
@@ -356,7 +348,7 @@ class Ingest:
                 self.committed.set()
         except Exception:  # committed: must not be retried
             self.metrics.ingest_errors.inc()
-            log.exception("event=after_commit_error")
+            log.exception("after_commit_error")
         return True
 
     async def _isolate(self, batch: list[_Received]) -> None:
@@ -383,10 +375,10 @@ class Ingest:
                     self.metrics.ingest_errors.inc()
                     self._limited.warning(
                         "commit_isolated",
-                        "event=commit_unexpected_error mid=%d attempt=%d error=%r",
-                        r.msg.mid,
-                        attempt,
-                        repr(exc),
+                        "commit_unexpected_error",
+                        mid=r.msg.mid,
+                        attempt=attempt,
+                        error=repr(exc),
                     )
                     if self._stopping.is_set():
                         return
@@ -404,9 +396,10 @@ class Ingest:
         self.log.commit([], [q])
         self.metrics.quarantined.labels("commit_error").inc()
         log.error(
-            "event=message_quarantined reason=commit_error topic=%r payload_len=%d",
-            raw_topic[:200],
-            len(payload),
+            "message_quarantined",
+            reason="commit_error",
+            topic=raw_topic[:200],
+            payload_len=len(payload),
         )
         self._acknowledge([r])
 
@@ -434,7 +427,7 @@ class Ingest:
                 except UnusableMessage:
                     raise
                 except Exception as exc:  # no payload may stop ingest
-                    log.error("event=mapping_error topic=%r", topic[:200], exc_info=True)
+                    log.exception("mapping_error", topic=topic[:200])
                     raise UnusableMessage("mapping_error", repr(exc)[:300]) from exc
                 size = record_bytes(mapped.key, payload, topic)
                 if size > MAX_RECORD_BYTES:  # the one record limit of every hop
@@ -448,18 +441,19 @@ class Ingest:
                 self.metrics.quarantined.labels(exc.reason).inc()
                 self._limited.warning(
                     f"quarantine:{exc.reason}",
-                    "event=message_quarantined reason=%s detail=%r",
-                    exc.reason,
-                    str(exc),
+                    "message_quarantined",
+                    reason=exc.reason,
+                    detail=str(exc),
                 )
                 continue
             if mapped.ts_problem is not None:
                 self.metrics.event_time_unusable.labels(mapped.ts_problem).inc()
                 self._limited.warning(
                     f"event_time:{mapped.ts_problem}",
-                    "event=event_time_unusable reason=%s topic=%r: stored with receive time",
-                    mapped.ts_problem,
-                    topic,
+                    "event_time_unusable",
+                    reason=mapped.ts_problem,
+                    topic=topic,
+                    message="stored with receive time",
                 )
             m = Incoming(
                 mapped.stream,
@@ -504,7 +498,7 @@ class Ingest:
                 self.metrics.log_errors.inc()
                 self.metrics.log_full.set(1 if isinstance(exc, LogFullError) else 0)
                 self._limited.warning(
-                    "log_commit", "event=commit_failed error=%r retry_in=%.1fs", str(exc), delay
+                    "log_commit", "commit_failed", error=str(exc), retry_in=f"{delay:.1f}s"
                 )
                 if self._stopping.is_set():
                     return None
@@ -522,7 +516,7 @@ class Ingest:
             ev = evaluate(self.cfg.alarms, self._alarm_state, stored, unclocked=self._unclocked)
         except Exception as exc:  # an alarm must never stop ingest: commit the readings
             self.metrics.ingest_errors.inc()
-            self._limited.warning("alarm_error", "event=alarm_error error=%r", repr(exc))
+            self._limited.warning("alarm_error", "alarm_error", error=repr(exc))
             return []
         save_changes(conn, ev.changes)
         self._evaluation = ev
@@ -541,16 +535,15 @@ class Ingest:
         for alert, rec in zip(ev.alerts, result.derived, strict=False):
             self.metrics.alarms.labels(alert.alarm).inc()
             log.warning(
-                "event=alarm_raised alarm=%s kind=%s key=%r value=%r ts_ms=%d topic=%r"
-                " stream=%s seq=%d",
-                alert.alarm,
-                alert.kind,
-                alert.key,
-                alert.value,
-                alert.ts_ms,
-                alert.source_topic,
-                rec.stream,
-                rec.seq,
+                "alarm_raised",
+                alarm=alert.alarm,
+                kind=alert.kind,
+                key=alert.key,
+                value=alert.value,
+                ts_ms=alert.ts_ms,
+                topic=alert.source_topic,
+                stream=rec.stream,
+                seq=rec.seq,
             )
 
     def _acknowledge(self, batch: list[_Received]) -> None:
@@ -560,7 +553,7 @@ class Ingest:
             if r.msg.qos == 0 or r.generation != gen:
                 continue  # QoS 0, or connection gone: the broker redelivers, the digest dedups
             rc = r.client.ack(r.msg.mid, r.msg.qos)
-            log.debug("event=ack mid=%d rc=%s", r.msg.mid, rc)
+            log.debug("ack", mid=r.msg.mid, rc=rc)
             self.metrics.receive_to_ack_seconds.observe(now - r.recv_mono)
 
 

@@ -17,7 +17,6 @@ quarantine (``EdgeLog.quarantine``, edge_agent/quarantine.py).
 from __future__ import annotations
 
 import hashlib
-import logging
 import sqlite3
 import threading
 import time
@@ -38,11 +37,12 @@ from edge_agent.quarantine import Quarantine, Quarantined
 from edge_agent.redelivery import Redelivery
 from edge_agent.retention import Retention
 from edge_agent.segments import Segments
+from shorelink.logs import get_logger
 from shorelink.ranges import RangeSet
 
 __all__ = ["CommitResult", "EdgeLog", "Incoming", "LogRecord", "LogSizes", "message_digest"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: bytes a record costs besides payload, key and topic (row header, seq, times)
 ROW_OVERHEAD = 32
@@ -346,24 +346,18 @@ class EdgeLog:
         if not plan.delta:
             # nothing collides (a log from before sent_upto was kept, or a backup that
             # had more than the site ever got): the site's seqs are simply known now
-            log.info(
-                "event=log_sent_upto_learned site=%s stream=%s sent_upto=%d",
-                site,
-                stream,
-                site_last,
-            )
+            log.info("log_sent_upto_learned", site=site, stream=stream, sent_upto=site_last)
             return 0
         log.error(
-            "event=log_numbering_diverged site=%s stream=%s site_last=%d log_sent_upto=%d "
-            "moved=%d from_seq=%d to_seq=%d: the log started again (re-flashed, restored "
-            "or lost its tail); its records since keep their order under new seqs",
-            site,
-            stream,
-            site_last,
-            sent,
-            moved,
-            plan.first,
-            plan.first + plan.delta,
+            "log_numbering_diverged",
+            site=site,
+            stream=stream,
+            site_last=site_last,
+            log_sent_upto=sent,
+            moved=moved,
+            from_seq=plan.first,
+            to_seq=plan.first + plan.delta,
+            message="the log started again (re-flashed, restored or lost its tail); its records since keep their order under new seqs",
         )
         return moved
 

@@ -12,18 +12,18 @@ spend and budget; the link class of the gateway the ship last reached.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 
 from edge_agent.config import EdgeConfig
 from edge_agent.log import EdgeLog, Incoming
 from edge_agent.status import collect_status
+from shorelink.logs import get_logger
 from shorelink.ship_report import REPORT_MQTT_TOPIC, ShipReport, encode_report
 
 __all__ = ["Reporter", "build_report", "write_report"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def build_report(cfg: EdgeConfig, edge_log: EdgeLog, now_ms: int | None = None) -> ShipReport:
@@ -55,7 +55,7 @@ def write_report(cfg: EdgeConfig, edge_log: EdgeLog, report: ShipReport | None =
     m = Incoming(cfg.report.stream, cfg.ship, now_ms, now_ms, REPORT_MQTT_TOPIC, payload)
     result = edge_log.commit([m])
     seq = result.seqs[0]
-    log.info("event=ship_report stream=%s seq=%d bytes=%d", cfg.report.stream, seq, len(payload))
+    log.info("ship_report", stream=cfg.report.stream, seq=seq, bytes=len(payload))
     return seq
 
 

@@ -14,18 +14,17 @@ Age (``max_age``) removes delivered records of every stream, and undelivered rec
 
 from __future__ import annotations
 
-import logging
 import sqlite3
 from collections.abc import Callable
 
 from edge_agent.config import NEVER_DROPPED, LogConfig, StreamConfig
 from edge_agent.numbering import StreamState
-from shorelink.logs import RateLimitedLog
+from shorelink.logs import RateLimitedLog, get_logger
 from shorelink.ranges import RangeSet
 
 __all__ = ["Retention"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 _limited = RateLimitedLog(log)
 
 SCAN_CHUNK = 2000
@@ -124,16 +123,14 @@ class Retention:
     def _full(self, stream: str, st: StreamState, what: str) -> bool:
         if stream == NEVER_DROPPED:
             self.over_budget_now += 1
-            _limited.warning(
-                "alerts_over_budget", "event=alerts_over_budget stream=%s budget=%s", stream, what
-            )
+            _limited.warning("alerts_over_budget", "alerts_over_budget", stream=stream, budget=what)
             return True
         st.rejected += 1
         _limited.warning(
             f"rejected:{stream}",
-            "event=record_rejected stream=%s reason=%s_full",
-            stream,
-            what.replace(" ", "_"),
+            "record_rejected",
+            stream=stream,
+            reason=f"{what.replace(' ', '_')}_full",
         )
         return False
 
@@ -211,11 +208,10 @@ class Retention:
             self.dropped_now[stream] = self.dropped_now.get(stream, 0) + count - held
             _limited.warning(
                 f"dropped:{stream}",
-                "event=records_dropped stream=%s seqs=%d-%d undelivered=%d",
-                stream,
-                lo,
-                hi,
-                count - held,
+                "records_dropped",
+                stream=stream,
+                seqs=f"{lo}-{hi}",
+                undelivered=count - held,
             )
         return int(nbytes)
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from functools import partial
 
@@ -42,12 +41,12 @@ from edge_agent.config import EdgeConfig
 from edge_agent.errors import LogError
 from edge_agent.log import EdgeLog
 from edge_agent.metrics import EdgeMetrics
-from shorelink.logs import RateLimitedLog
+from shorelink.logs import RateLimitedLog, get_logger
 from shorelink.wire import DEFAULT_LIMITS, WireError
 
 __all__ = ["Sealer"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: payload bytes one segment reads at most (a segment of large records holds fewer)
 SEAL_MAX_BYTES = DEFAULT_LIMITS.max_compressed_bytes
@@ -81,14 +80,14 @@ class Sealer:
         try:
             await asyncio.to_thread(self.drop_foreign)
         except LogError as exc:  # such segments are only skipped when sending (and kept)
-            log.warning("event=segments_drop_failed error=%r", str(exc))
+            log.warning("segments_drop_failed", error=str(exc))
         if not self.records:
             return
         while not stop.is_set():
             try:
                 await self.seal_due(stop)
             except (BuildFailed, LogError) as exc:  # the next pass tries again
-                self._limited.warning("seal", "event=seal_failed error=%r", str(exc))
+                self._limited.warning("seal", "seal_failed", error=str(exc))
             await asyncio.to_thread(self.update_gauges)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.interval_s)
@@ -100,9 +99,9 @@ class Sealer:
         dropped = self.log.segments.keep_only(self.builder.signer)
         if dropped:
             log.info(
-                "event=segments_dropped count=%d reason=%s",
-                dropped,
-                "unsigned_or_another_key" if self.builder.signer else "signed_but_no_key",
+                "segments_dropped",
+                count=dropped,
+                reason="unsigned_or_another_key" if self.builder.signer else "signed_but_no_key",
             )
         return dropped
 
@@ -132,7 +131,7 @@ class Sealer:
             )
         except WireError as exc:
             self._stuck.add(stream)
-            log.error("event=seal_unencodable stream=%s start=%d error=%r", stream, start, str(exc))
+            log.error("seal_unencodable", stream=stream, start=start, error=str(exc))
             return None
         if body is None:
             return None
@@ -140,12 +139,12 @@ class Sealer:
             self._skip_to[stream] = body.first_seq + body.count
             self._limited.warning(
                 f"incompressible:{stream}",
-                "event=seal_skipped stream=%s seqs=%d-%d bytes=%d of=%d reason=incompressible",
-                stream,
-                body.first_seq,
-                body.first_seq + body.count - 1,
-                len(body.data),
-                body.decoded_len,
+                "seal_skipped",
+                stream=stream,
+                seqs=f"{body.first_seq}-{body.first_seq + body.count - 1}",
+                bytes=len(body.data),
+                of=body.decoded_len,
+                reason="incompressible",
             )
             return 0
         if not await asyncio.to_thread(
@@ -155,11 +154,10 @@ class Sealer:
         self.metrics.seal_seconds.observe(time.monotonic() - t0)
         self.metrics.sealed_records.labels(stream).inc(body.count)
         log.debug(
-            "event=segment_sealed stream=%s seqs=%d-%d bytes=%d",
-            stream,
-            body.first_seq,
-            body.first_seq + body.count - 1,
-            len(body.data),
+            "segment_sealed",
+            stream=stream,
+            seqs=f"{body.first_seq}-{body.first_seq + body.count - 1}",
+            bytes=len(body.data),
         )
         return 1
 

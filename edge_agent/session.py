@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -40,13 +39,13 @@ from edge_agent.errors import GatewayGap, GatewayRejected, LinkError
 from edge_agent.gateway import Gateway, SendResult
 from edge_agent.log import EdgeLog
 from edge_agent.metrics import EdgeMetrics
-from shorelink.logs import RateLimitedLog
+from shorelink.logs import RateLimitedLog, get_logger
 from shorelink.ranges import RangeSet
 from shorelink.wire import WireError
 
 __all__ = ["Session"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: consecutive 409s on a stream without progress before it waits for the next session
 MAX_GAPS = 3
@@ -109,10 +108,7 @@ class Session:
         for s in streams:
             if link.carries(s) and s not in held:
                 self._limited.warning(
-                    f"not_taken:{gateway.site}:{s}",
-                    "event=stream_not_taken site=%s stream=%s",
-                    gateway.site,
-                    s,
+                    f"not_taken:{gateway.site}:{s}", "stream_not_taken", site=gateway.site, stream=s
                 )
 
     @property
@@ -205,12 +201,11 @@ class Session:
             if not c.rewind:  # count one gap per window, not each batch behind it
                 c.gaps += 1
             log.info(
-                "event=batch_gap site=%s stream=%s seqs=%d-%d held=%s",
-                self.site,
-                c.stream,
-                out.first,
-                out.last,
-                gap.held,
+                "batch_gap",
+                site=self.site,
+                stream=c.stream,
+                seqs=f"{out.first}-{out.last}",
+                held=gap.held,
             )
             # the site's word, not our union: it holds less than we thought
             c.held = gap.held.copy()
@@ -221,10 +216,11 @@ class Session:
                 c.stalled = "gap"
                 self._limited.warning(
                     f"gaps:{self.site}:{c.stream}",
-                    "event=stream_stalled site=%s stream=%s reason=repeated_409 held=%s",
-                    self.site,
-                    c.stream,
-                    c.held,
+                    "stream_stalled",
+                    site=self.site,
+                    stream=c.stream,
+                    reason="repeated_409",
+                    held=c.held,
                 )
             return 0
         except GatewayRejected as exc:
@@ -232,14 +228,13 @@ class Session:
             self.metrics.uplink_failed.labels(self.site, c.stream, exc.error_code).inc()
             self._limited.warning(
                 f"rejected:{self.site}:{c.stream}:{exc.status}",
-                "event=batch_rejected site=%s stream=%s seqs=%d-%d status=%d error=%s message=%r",
-                self.site,
-                c.stream,
-                out.first,
-                out.last,
-                exc.status,
-                exc.error_code,
-                str(exc),
+                "batch_rejected",
+                site=self.site,
+                stream=c.stream,
+                seqs=f"{out.first}-{out.last}",
+                status=exc.status,
+                error=exc.error_code,
+                message=str(exc),
             )
             if exc.held is not None:
                 await self._learn(c, exc.held)
@@ -258,23 +253,21 @@ class Session:
         if not result.held.contains_range(out.first, out.last):
             self._limited.warning(
                 f"not_held:{self.site}:{c.stream}",
-                "event=batch_not_held site=%s stream=%s seqs=%d-%d held=%s",
-                self.site,
-                c.stream,
-                out.first,
-                out.last,
-                result.held,
+                "batch_not_held",
+                site=self.site,
+                stream=c.stream,
+                seqs=f"{out.first}-{out.last}",
+                held=result.held,
             )
         await self._learn(c, result.held)
         self._on_success()
         log.debug(
-            "event=batch_sent site=%s stream=%s seqs=%d-%d bytes=%d held=%s",
-            self.site,
-            c.stream,
-            out.first,
-            out.last,
-            len(out.body),
-            c.held,
+            "batch_sent",
+            site=self.site,
+            stream=c.stream,
+            seqs=f"{out.first}-{out.last}",
+            bytes=len(out.body),
+            held=c.held,
         )
         return 1
 
@@ -315,10 +308,10 @@ class Session:
                 self.metrics.uplink_failed.labels(self.site, c.stream, exc.reason).inc()
                 self._limited.warning(
                     f"wire:{c.stream}",
-                    "event=batch_unencodable stream=%s pos=%s error=%r",
-                    c.stream,
-                    c.pos,
-                    str(exc),
+                    "batch_unencodable",
+                    stream=c.stream,
+                    pos=c.pos,
+                    error=str(exc),
                 )
                 continue
             if c.epoch != epoch:  # rewound (a 409) while building: build again later
@@ -327,11 +320,11 @@ class Session:
             if built.spent:
                 self.budget.mark_spent_out()
                 log.info(
-                    "event=link_budget_spent link=%s day=%s spent=%d budget=%d",
-                    self.link.name,
-                    self.budget.day,
-                    self.budget.spent,
-                    self.budget.limit,
+                    "link_budget_spent",
+                    link=self.link.name,
+                    day=self.budget.day,
+                    spent=self.budget.spent,
+                    budget=self.budget.limit,
                 )
                 return None
             if built.body is not None:

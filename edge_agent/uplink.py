@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -37,12 +36,12 @@ from edge_agent.log import EdgeLog
 from edge_agent.metrics import EdgeMetrics
 from edge_agent.sealing import Sealer
 from edge_agent.session import Session
-from shorelink.logs import RateLimitedLog
+from shorelink.logs import RateLimitedLog, get_logger
 from shorelink.ranges import RangeSet
 
 __all__ = ["Uplink"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: growth of the retry wait per failed attempt: much gentler than doubling, so the end
 #: of a short outage (a port's Wi-Fi dropping for seconds) is noticed within a couple of
@@ -101,10 +100,7 @@ class Uplink:
         """Send until ``stop`` is set. The batch in flight when it is set is finished
         (or abandoned by the caller's cancel; the site's holdings say what arrived)."""
         self._stop = stop
-        log.info(
-            "event=uplink_started gateways=%s",
-            ",".join(f"{g.site}/{g.link}" for g in self.gateways),
-        )
+        log.info("uplink_started", gateways=",".join(f"{g.site}/{g.link}" for g in self.gateways))
         sealing = asyncio.create_task(self.sealer.run(stop), name="sealer")
         try:
             while not stop.is_set():
@@ -112,11 +108,9 @@ class Uplink:
                     await self._pass_with_retry()
                 except UplinkError as exc:
                     if not stop.is_set():  # not retryable: wait for the timer
-                        self._limited.warning(
-                            "uplink_pass", "event=uplink_pass_failed error=%r", str(exc)
-                        )
+                        self._limited.warning("uplink_pass", "uplink_pass_failed", error=str(exc))
                 except Exception:  # a bug must not end the uplink: log it, go on calmly
-                    log.exception("event=uplink_pass_crashed")
+                    log.exception("uplink_pass_crashed")
                     self.session = None
                     await self._sleep(self.cfg.uplink.retry_max_s)
                 if stop.is_set():
@@ -133,7 +127,7 @@ class Uplink:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.log.links.flush, force=True)
             await asyncio.to_thread(self.close)
-            log.info("event=uplink_stopped")
+            log.info("uplink_stopped")
 
     def close(self) -> None:
         """Stop the batch builder's child process (if one was started)."""
@@ -174,10 +168,10 @@ class Uplink:
         wait = state.next_action.sleep if state.next_action else 0.0
         self._limited.warning(
             "uplink_retry",
-            "event=uplink_retry attempt=%d retry_in=%.1fs error=%r",
-            state.attempt_number,
-            wait,
-            str(exc),
+            "uplink_retry",
+            attempt=state.attempt_number,
+            retry_in=f"{wait:.1f}s",
+            error=str(exc),
         )
 
     async def _sleep(self, seconds: float) -> None:
@@ -319,23 +313,23 @@ class Uplink:
         self._refresh_at = now + self.cfg.uplink.refresh_s
         self._probe_cheaper_at = now + self.cfg.uplink.interval_s
         (log.info if previous is not g else log.debug)(
-            "event=uplink_session site=%s link=%s url=%s streams=%s",
-            g.site,
-            g.link,
-            g.url,
-            ",".join(c.stream for c in session.cursors),
+            "uplink_session",
+            site=g.site,
+            link=g.link,
+            url=g.url,
+            streams=",".join(c.stream for c in session.cursors),
         )
         return session
 
     def _block(self, g: Gateway, exc: GatewayRejected) -> None:
         self._blocked[id(g)] = time.monotonic() + self.cfg.uplink.retry_max_s
         log.error(
-            "event=gateway_refused site=%s link=%s status=%d error=%s retry_in=%.0fs",
-            g.site,
-            g.link,
-            exc.status,
-            exc.error_code,
-            self.cfg.uplink.retry_max_s,
+            "gateway_refused",
+            site=g.site,
+            link=g.link,
+            status=exc.status,
+            error=exc.error_code,
+            retry_in=f"{self.cfg.uplink.retry_max_s:.0f}s",
         )
 
     # -- link state (kept in edge_agent/linkstate.py; here: logs and metrics) ---------------
@@ -347,14 +341,10 @@ class Uplink:
         was_up = self.log.links.mark(g, up=up, error=error)
         if not up:
             self._limited.warning(
-                f"link_down:{g.site}:{g.link}",
-                "event=link_down site=%s link=%s error=%r",
-                g.site,
-                g.link,
-                error,
+                f"link_down:{g.site}:{g.link}", "link_down", site=g.site, link=g.link, error=error
             )
         if up and not was_up:
-            log.info("event=link_up site=%s link=%s", g.site, g.link)
+            log.info("link_up", site=g.site, link=g.link)
         self.metrics.link_up.labels(g.site, g.link).set(1 if up else 0)
         await asyncio.to_thread(self.log.links.flush, force=up != was_up or not up)
 
@@ -368,11 +358,11 @@ def _unconfigured(cfg: EdgeConfig, edge_log: EdgeLog) -> list[str]:
     for name in sorted(n for n in edge_log.stream_names() if n not in cfg.streams):
         backlog, nbytes, _ = edge_log.backlog(name)
         log.warning(
-            "event=stream_unconfigured stream=%s backlog_records=%d backlog_bytes=%d message=%r",
-            name,
-            backlog,
-            nbytes,
-            "not in the config: its backlog is still sent (last, over links carrying '*')",
+            "stream_unconfigured",
+            stream=name,
+            backlog_records=backlog,
+            backlog_bytes=nbytes,
+            message="not in the config: its backlog is still sent (last, over links carrying '*')",
         )
         if backlog:
             out.append(name)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import click
+import structlog
 
 from fleet_sim.plan import VoyagePlan, plan_voyage
 from fleet_sim.publisher import DEFAULT_AIS, run_fleet
@@ -97,7 +98,17 @@ def plan(
 )
 def run(plan_path: Path, brokers: tuple[str, ...], events: Path | None, ais: Path) -> None:
     """Sail a plan: publish every ship's sensors to its Mosquitto (QoS 1) in wall time."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # the simulated sea stands apart from shorelink (tests/test_layout.py): structlog's own
+    # logfmt, with the time, level and event first as shorelink writes them
+    structlog.configure(
+        processors=[
+            structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
+            structlog.processors.add_log_level,
+            structlog.processors.LogfmtRenderer(key_order=["ts", "level", "event"]),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
     try:
         p = VoyagePlan.from_json(json.loads(plan_path.read_text()))
     except ValueError as exc:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import aiomqtt
+import structlog
 
 from fleet_sim.plan import VoyagePlan
 from fleet_sim.sensors import reading
@@ -37,7 +37,7 @@ __all__ = [
     "ship_messages",
 ]
 
-log = logging.getLogger("fleet_sim")
+log = structlog.get_logger("fleet_sim")
 
 #: the real AIS sample, package data of fleet_sim (its source and licence: data/SOURCE.md)
 DEFAULT_AIS = Path(__file__).resolve().parent / "data" / "nmea_data_sample.txt"
@@ -293,7 +293,7 @@ async def _sail(
                         )
         except aiomqtt.MqttError as exc:
             # what was not acknowledged is published again: the sensor retries too
-            log.warning("ship %s: broker %s:%d: %s; reconnecting", ship, host, port, exc)
+            log.warning("ship_reconnecting", ship=ship, broker=f"{host}:{port}", error=str(exc))
             await asyncio.sleep(1.0)
 
 

@@ -32,16 +32,17 @@ Shared by the deployables that listen: they import no one but this kernel.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable
 from ssl import SSLContext
 
 from aiohttp import web
 
+from shorelink.logs import get_logger
+
 __all__ = ["TLS_HANDSHAKE_TIMEOUT_S", "CappedSite"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: seconds a client has to complete its TLS handshake (asyncio's default: 60)
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
@@ -86,7 +87,7 @@ class _TlsHandshake(asyncio.Protocol):
             raw.close()
             if not isinstance(exc, Exception):
                 raise
-            log.debug("event=tls_handshake_failed error=%r", str(exc))
+            log.debug("tls_handshake_failed", error=str(exc))
             return
         if tls is None:  # the peer went during the handshake
             raw.close()
@@ -130,9 +131,9 @@ class _Connections:
             if now - self._logged >= _LOG_EVERY_S:
                 self._logged = now
                 log.warning(
-                    "event=connections_refused limit=%d message=%r",
-                    self.limit,
-                    f"{self.what} reached: new connections are closed at once",
+                    "connections_refused",
+                    limit=self.limit,
+                    message=f"{self.what} reached: new connections are closed at once",
                 )
             return _Refused()
         if self.ctx is not None:

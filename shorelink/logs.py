@@ -1,132 +1,228 @@
 """Structured logs: one event per line, logfmt (or JSON lines with ``--log-json``).
 
-Call sites log ``log.info("event=batch_sent stream=%s seqs=%s error=%r", ...)``: each
-field ``key=value``, a value that may hold spaces written with ``%r`` (Python's quotes).
-The formatter reads the fields back (:func:`fields`: a quoted value exactly as it was,
-spaces, quotes and all) and writes them with time, level and logger in front: logfmt
-(a value with a space, a quote, ``=`` or a control character in double quotes, JSON
-escapes) or one JSON object per line. Under systemd (``JOURNAL_STREAM`` names stderr)
-each line starts with its syslog priority (``<4>`` for a warning), so ``journalctl -p
-warning`` finds it.
+Call sites pass the event's name and its fields as data, never a message to be read
+back::
+
+    log = get_logger(__name__)
+    log.warning("batch_refused", stream=stream, seqs=f"{first}-{last}", error=str(exc))
+
+The renderer writes ``ts``, ``level``, ``logger`` and ``event`` first, then the fields
+in the call's order: in logfmt a value is bare when it is one plain printable word and
+otherwise in double quotes with JSON's escapes (``--log-json``: one JSON object a line).
+Every character that is not printable (controls, U+2028, U+00A0, a lone surrogate ...)
+is written as its ``\\uXXXX`` escape, so no value can end a line, add a field or stand in
+for the line's own ``ts``, ``level``, ``logger`` or ``event``, and each comes back
+exactly (``json.loads`` of the quoted text; bytes as ``b'...'``; a key is letters,
+digits, ``_``, ``.`` and ``-``, any other character of it ``_``). Under systemd (``JOURNAL_STREAM`` names
+stderr) each line starts with its syslog priority (``<4>`` for a warning), so
+``journalctl -p warning`` finds it.
+
+Third-party libraries log through the standard library (librdkafka through
+``shorelink.kafka.endpoint.LIBRDKAFKA_LOG``, aiohttp, py4j): their records get the same
+``ts``, ``level`` and ``logger``, and their text is one quoted ``message`` value, never
+read for fields. The JVM's lines follow :func:`log4j_pattern`, which writes the same
+shape.
+
+Why structlog: the earlier formatter took ``"event=x topic=%s"`` messages and parsed them
+back; a topic holding a no-break space hung it inside the logging lock (review security
+N2) and one holding `` level=debug event=all_good`` rewrote the line (N8). Fields that
+are data from the call to the renderer remove the parsing, and structlog is the
+maintained library for exactly that: bound loggers that take fields as keywords, and a
+``ProcessorFormatter`` that renders the standard library's records with the same
+processors. It is pure Python without dependencies (the edge's aarch64 included). A
+record's message for other handlers (pytest's ``caplog``, a default handler before
+:func:`configure_logging`) is the logfmt of its event and fields.
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import logging
 import os
 import re
 import sys
 import time
+import traceback
+from collections.abc import Mapping
+from typing import Any, cast
 
-__all__ = ["RateLimitedLog", "configure_logging", "fields", "log4j_pattern", "logfmt"]
+import structlog
+from structlog.stdlib import BoundLogger, ProcessorFormatter
+from structlog.typing import EventDict, WrappedLogger
 
-_KEY = re.compile(r"([A-Za-z_][\w.\-]*)=")
-_QUOTED = re.compile(r"'(?:[^'\\\n]|\\.)*'" + r'|"(?:[^"\\\n]|\\.)*"')
-_BARE = re.compile(r"\S*")
-_SPACE = re.compile(r"\s+")
-_PLAIN = re.compile(r"[^\s\"=\\\x00-\x1f\x7f]+")
+__all__ = [
+    "Logger",
+    "RateLimitedLog",
+    "configure_logging",
+    "formatter",
+    "get_logger",
+    "log4j_pattern",
+    "logfmt",
+]
+
+#: a logger of this project: ``log.info("event_name", key=value, ...)``
+Logger = BoundLogger
+
+#: a key as written; any other character of a key becomes ``_``
+_KEY_CHARS = re.compile(r"[^A-Za-z0-9_.\-]")
+#: a value written without quotes (also printable, see :func:`_logfmt_value`)
+_BARE = re.compile(r'[^\s"=\\]+')
+#: the line's own fields, which no call site's field replaces
+_HEAD = ("ts", "level", "logger", "event")
 #: syslog priorities of the levels (sd-daemon's ``<N>`` prefix)
-_PRIORITY = {"CRITICAL": 2, "ERROR": 3, "WARNING": 4, "INFO": 6, "DEBUG": 7}
+_PRIORITY = {"critical": 2, "error": 3, "warning": 4, "info": 6, "debug": 7}
 
 
-def fields(message: str) -> dict[str, str]:
-    """The ``key=value`` fields of a call site's message, in order. A value in Python's
-    quotes (``%r`` of a string) is read back exactly; any other runs to the next space.
-    Words that are no field are kept under ``msg``."""
-    out: dict[str, str] = {}
-    rest: list[str] = []
-    pos, n = 0, len(message)
-    while pos < n:
-        space = _SPACE.match(message, pos)
-        if space is not None:  # any whitespace, so the word after it is never empty
-            pos = space.end()
-            continue
-        key = _KEY.match(message, pos)
-        if key is None:
-            end = _bare_end(message, pos)
-            rest.append(message[pos:end])
-            pos = end
-            continue
-        pos = key.end()
-        value = _quoted(message, pos)
-        if value is None:
-            end = _bare_end(message, pos)
-            text, pos = message[pos:end], end
-        else:
-            text, pos = value
-        # the call site's own field comes first: a value that holds "event=..." adds none
-        out.setdefault(key.group(1), text)
-    if rest:
-        out["msg"] = " ".join(rest)
-    return out
-
-
-def _bare_end(message: str, pos: int) -> int:
-    """Where the word at ``pos`` ends: at the next whitespace of any kind (tab, U+00A0,
-    U+2003 ...: what ``\\s`` matches), or the end."""
-    word = _BARE.match(message, pos)
-    assert word is not None
-    return word.end()
-
-
-def _quoted(message: str, pos: int) -> tuple[str, int] | None:
-    m = _QUOTED.match(message, pos)
-    if m is None or (m.end() < len(message) and not _SPACE.match(message, m.end())):
-        return None
-    try:
-        value = ast.literal_eval(m.group())
-    except (ValueError, SyntaxError):
-        return None
-    return (value, m.end()) if isinstance(value, str) else None
-
-
-def logfmt(pairs: dict[str, str]) -> str:
-    """``key=value`` pairs, a value quoted (JSON's escapes) unless it is one plain word."""
-    return " ".join(
-        f"{k}={v}" if _PLAIN.fullmatch(v) else f"{k}={json.dumps(v, ensure_ascii=False)}"
-        for k, v in pairs.items()
+def get_logger(name: str) -> BoundLogger:
+    """The logger named ``name`` (``__name__``): fields as keywords, rendered by the
+    handler :func:`configure_logging` installs, filtered by the standard library's
+    levels."""
+    return cast(
+        BoundLogger,
+        structlog.wrap_logger(
+            logging.getLogger(name),
+            processors=[structlog.stdlib.filter_by_level, _to_record],
+            wrapper_class=BoundLogger,
+            cache_logger_on_first_use=True,
+        ),
     )
 
 
-def _head(record: logging.LogRecord) -> dict[str, str]:
+class _Event(dict[str, Any]):
+    """An event on its way through the standard library: a record's ``msg``. Its text
+    (what ``record.getMessage()`` gives any handler) is its logfmt."""
+
+    def __str__(self) -> str:
+        head = {"event": self["event"]} if "event" in self else {}
+        return logfmt(head | {k: v for k, v in self.items() if k not in ("event", "exc_info")})
+
+
+def _to_record(
+    logger: WrappedLogger, method: str, event_dict: EventDict
+) -> tuple[tuple[EventDict], dict[str, Any]]:
+    """The last processor of a call: hands the event to the standard library logger as
+    its record's ``msg`` (:class:`ProcessorFormatter` takes it from there), with the
+    exception (``log.exception``, ``exc_info=True``) resolved now, while it is handled."""
+    exc = event_dict.pop("exc_info", None)
+    extra: dict[str, Any] = {"_logger": logger, "_name": method}
+    if exc:
+        exc = sys.exc_info() if exc is True else exc
+        if isinstance(exc, BaseException):
+            exc = (type(exc), exc, exc.__traceback__)
+        if exc[0] is not None:
+            event_dict["exc_info"] = exc
+            return (_Event(event_dict),), {"extra": extra, "exc_info": exc}
+    return (_Event(event_dict),), {"extra": extra}
+
+
+def _head(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
+    """The line's fields in order: ``ts``, ``level``, ``logger`` from the record, then
+    ``event`` and the call's fields (or, for another library's record, its text as
+    ``message``), then ``exc``. A call's field named like one of the line's own is
+    written with a ``_`` after it; a key is letters, digits, ``_``, ``.`` and ``-``."""
+    record: logging.LogRecord = event_dict.pop("_record")
+    ours = event_dict.pop("_from_structlog")
+    exc = event_dict.pop("exc_info", None)
+    event_dict.pop("stack_info", None)
     ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-    return {
+    out: dict[str, Any] = {
         "ts": f"{ts}.{int(record.msecs):03d}Z",
         "level": record.levelname.lower(),
         "logger": record.name,
     }
+    event = event_dict.pop("event", None)
+    if not ours:
+        out["message"] = event
+    elif event is not None:
+        out["event"] = event
+    for key, value in event_dict.items():
+        k = _KEY_CHARS.sub("_", str(key)) or "_"
+        while k in out or k in _HEAD:
+            k += "_"
+        out[k] = value
+    if isinstance(exc, tuple) and exc[0] is not None:
+        out["exc"] = "".join(traceback.format_exception(*exc)).rstrip("\n")
+    return out
 
 
-def _fields(record: logging.LogRecord) -> dict[str, str]:
-    """Time, level and logger, then the message's fields: no value a call site logs can
-    stand in for the line's own ``ts``, ``level`` or ``logger``."""
-    head = _head(record)
-    return head | {k: v for k, v in fields(record.getMessage()).items() if k not in head}
+class _Renderer:
+    """The last processor of the handler: one line of logfmt or JSON, with the syslog
+    priority in front under systemd."""
 
-
-class _LogfmtFormatter(logging.Formatter):
-    def __init__(self, priority: bool = False) -> None:
-        super().__init__()
+    def __init__(self, *, as_json: bool, priority: bool) -> None:
+        self.as_json = as_json
         self.priority = priority
 
-    def format(self, record: logging.LogRecord) -> str:
-        out = _fields(record)
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        line = logfmt(out)
+    def __call__(self, _logger: WrappedLogger, _method: str, event_dict: EventDict) -> str:
+        if self.as_json:
+            line = (
+                "{" + ",".join(f"{_quote(k)}:{_json_value(v)}" for k, v in event_dict.items()) + "}"
+            )
+        else:
+            line = logfmt(event_dict)
         if self.priority:
-            line = f"<{_PRIORITY.get(record.levelname, 6)}>{line}"
+            line = f"<{_PRIORITY.get(event_dict.get('level', ''), 6)}>{line}"
         return line
 
 
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        out = _fields(record)
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, ensure_ascii=False)
+def _quote(text: str) -> str:
+    """``text`` as a JSON string on one line: JSON's escapes, and every character that is
+    not printable (U+0085, U+2028, U+00A0, a lone surrogate, ...) as ``\\uXXXX``."""
+    out = json.dumps(text, ensure_ascii=False)
+    if out.isprintable():
+        return out
+    return "".join(c if c.isprintable() else _escape(c) for c in out)
+
+
+def _escape(c: str) -> str:
+    """JSON's ``\\uXXXX`` for one character (a surrogate pair beyond U+FFFF)."""
+    n = ord(c)
+    if n < 0x10000:
+        return f"\\u{n:04x}"
+    n -= 0x10000
+    return f"\\u{0xD800 + (n >> 10):04x}\\u{0xDC00 + (n & 0x3FF):04x}"
+
+
+def _text(value: object) -> str:
+    """A value as text: a string as it is, bytes as Python writes them (``b'...'``),
+    anything else its ``str`` (a number too big for ``str``: its hex)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return repr(bytes(value))
+    try:
+        return str(value)
+    except ValueError:
+        if isinstance(value, int):
+            return hex(value)
+        raise
+    except Exception:
+        return object.__repr__(value)
+
+
+def _logfmt_value(value: object) -> str:
+    text = _text(value)
+    if text.isprintable() and _BARE.fullmatch(text):
+        return text
+    return _quote(text)
+
+
+def _json_value(value: object) -> str:
+    """A value in JSON: numbers, booleans and null as themselves, the rest as text."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, int) and abs(value) < 1 << 64:
+        return str(int(value))
+    if isinstance(value, float) and value == value and abs(value) != float("inf"):
+        return repr(float(value))
+    return _quote(_text(value))
+
+
+def logfmt(pairs: Mapping[str, object]) -> str:
+    """``key=value`` pairs, a value quoted (JSON's escapes) unless it is one plain word."""
+    return " ".join(
+        f"{_KEY_CHARS.sub('_', str(k)) or '_'}={_logfmt_value(v)}" for k, v in pairs.items()
+    )
 
 
 def log4j_pattern(*, as_json: bool = False) -> str:
@@ -161,9 +257,20 @@ def _to_journal() -> bool:
     return os.environ.get("JOURNAL_STREAM", "") == f"{st.st_dev}:{st.st_ino}"
 
 
+def formatter(*, as_json: bool = False, priority: bool = False) -> logging.Formatter:
+    """The formatter of this process's handler: our events and other libraries' records
+    alike, one line each."""
+    return ProcessorFormatter(
+        processors=[_head, _Renderer(as_json=as_json, priority=priority)],
+        use_get_message=True,
+    )
+
+
 def configure_logging(level: str = "info", *, as_json: bool = False) -> None:
+    """Every record of the process (ours and other libraries') to stderr, one line each,
+    from ``level`` up."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter() if as_json else _LogfmtFormatter(_to_journal()))
+    handler.setFormatter(formatter(as_json=as_json, priority=not as_json and _to_journal()))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -173,13 +280,13 @@ class RateLimitedLog:
     """Logs a repeated error at most once per ``interval`` seconds, counting the rest
     (a link that is down for an hour must not write a line per retry)."""
 
-    def __init__(self, logger: logging.Logger, interval: float = 30.0) -> None:
+    def __init__(self, logger: BoundLogger, interval: float = 30.0) -> None:
         self._log = logger
         self._interval = interval
         self._last: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
 
-    def warning(self, key: str, msg: str, *args: object) -> None:
+    def warning(self, key: str, event: str, **fields: object) -> None:
         now = time.monotonic()
         last = self._last.get(key)
         if last is not None and now - last < self._interval:
@@ -187,4 +294,4 @@ class RateLimitedLog:
             return
         n = self._suppressed.pop(key, 0)
         self._last[key] = now
-        self._log.warning(msg + " suppressed=%d", *args, n)
+        self._log.warning(event, **fields, suppressed=n)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import logging
 import os
 import stat
 import struct
@@ -42,6 +41,7 @@ from shorelink.contract import MAX_INT64
 from shorelink.errors import ConfigError, ContractError, ShorelinkError
 from shorelink.files import FileWatch, read_private, write_atomic
 from shorelink.identity import check_name
+from shorelink.logs import get_logger
 
 __all__ = [
     "CHUNK_RECORDS",
@@ -68,7 +68,7 @@ __all__ = [
     "signature_mode",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: records per signed chunk at most: a record's Merkle path is at most log2 of it
 CHUNK_RECORDS = 128
@@ -656,15 +656,15 @@ class WatchedShipKeys:
                 self.failures += 1
                 self.stale = True
                 log.error(
-                    "event=ship_keys_unreadable path=%s keys_in_force=previous failures=%d "
-                    "error=%r",
-                    self.path,
-                    self.failures,
-                    str(exc),
+                    "ship_keys_unreadable",
+                    path=self.path,
+                    keys_in_force="previous",
+                    failures=self.failures,
+                    error=str(exc),
                 )
             else:
                 self._keys = keys
                 self.stale = False
                 self._watch.read_at(stamp)
-                log.info("event=ship_keys_reloaded path=%s ships=%d", self.path, len(keys.ships))
+                log.info("ship_keys_reloaded", path=self.path, ships=len(keys.ships))
         return self._keys

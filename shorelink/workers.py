@@ -18,7 +18,6 @@ same care, kept here:
 from __future__ import annotations
 
 import asyncio
-import logging
 import multiprocessing
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -26,10 +25,11 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
 from shorelink.errors import ShorelinkError
+from shorelink.logs import get_logger
 
 __all__ = ["MAX_BROKEN", "WorkerDied", "WorkerPool", "WorkersUnavailable"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: pools broken in a row (no call finished by a worker in between) before giving up
 MAX_BROKEN = 3
@@ -56,8 +56,8 @@ class WorkerPool:
         initializer: Callable[..., None] | None = None,
         initargs: tuple[Any, ...] = (),
     ) -> None:
-        """``name`` prefixes the log events (``event=<name>_died``,
-        ``event=<name>_unavailable``); ``workers`` 0 means: no processes (callers use a
+        """``name`` is the ``pool`` of the log events (``event=worker_died``,
+        ``event=workers_unavailable``); ``workers`` 0 means: no processes (callers use a
         thread)."""
         self.name = name
         self.workers = workers
@@ -88,11 +88,11 @@ class WorkerPool:
         self._broken += 1
         if self._broken >= MAX_BROKEN:
             return self._give_up(exc)
-        log.error("event=%s_died error=%r", self.name, str(exc))
+        log.error("worker_died", pool=self.name, error=str(exc))
         return WorkerDied(f"{self.name}: the worker process died: {exc}")
 
     def _give_up(self, exc: Exception) -> WorkersUnavailable:
-        log.error("event=%s_unavailable fallback=thread error=%r", self.name, str(exc))
+        log.error("workers_unavailable", pool=self.name, fallback="thread", error=str(exc))
         self._drop()
         self.workers = 0
         return WorkersUnavailable(f"{self.name}: no worker process can be started: {exc}")

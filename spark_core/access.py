@@ -21,7 +21,6 @@ returns what it changed; ``shorelink-spark access apply`` prints it.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -53,6 +52,7 @@ from shorelink.contract import (
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError
+from shorelink.logs import get_logger
 from spark_core.config import SiteConfig, SitesConfig
 from spark_core.errors import SparkCoreError
 
@@ -70,7 +70,7 @@ __all__ = [
     "pull_group",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: a customer's principal is ``customer-<name>``
 CUSTOMER_PREFIX = "customer-"
@@ -327,7 +327,7 @@ def apply_access(plan: AccessPlan, admin: KafkaEndpoint, *, dry_run: bool = Fals
             retryable=exc.retryable,
         ) from exc
     for line in changes.lines():
-        log.info("event=access_%s site=%s %s", "planned" if dry_run else "changed", plan.site, line)
+        log.info("access_planned" if dry_run else "access_changed", site=plan.site, change=line)
     return changes
 
 

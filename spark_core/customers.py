@@ -29,7 +29,6 @@ after every site will have the file.
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import os
 import re
 import time
@@ -40,6 +39,7 @@ from typing import Any
 
 from shorelink.config import Secret, check_name_field, load_toml
 from shorelink.errors import ConfigError
+from shorelink.logs import get_logger
 
 __all__ = [
     "DEFAULT_STREAMS",
@@ -52,7 +52,7 @@ __all__ = [
     "retroactive_leases",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: streams whose records are keyed by container id: what customer streams carry
 DEFAULT_STREAMS = ("containers", "alerts")
@@ -295,21 +295,21 @@ class Ownership:
             # anything else (unreadable, not UTF-8, gone, a directory) is the file's
             # fault just as much
             self.reload_errors += 1
-            log.error("event=customers_reload_failed path=%s error=%r", self.path, str(exc))
+            log.error("customers_reload_failed", path=self.path, error=str(exc))
             return False
         moved = retroactive_leases(self.customers, new, int(time.time() * 1000))
         if moved:
             self.reload_errors += 1
             log.error(
-                "event=customers_reload_refused path=%s containers=%s error=%r",
-                self.path,
-                ",".join(moved[:10]),
-                "leases would give records from before now another owner (merged already, "
+                "customers_reload_refused",
+                path=self.path,
+                containers=",".join(moved[:10]),
+                error="leases would give records from before now another owner (merged already, "
                 "here and at other sites): give a changed lease a from/to after now",
             )
             return False
         self.reloads += 1
         changed = new != self.customers
         self.customers = new
-        log.info("event=customers_reloaded path=%s customers=%d", self.path, len(new.customers))
+        log.info("customers_reloaded", path=self.path, customers=len(new.customers))
         return changed

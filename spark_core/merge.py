@@ -17,7 +17,6 @@ explains why that is exactly once.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import threading
@@ -49,6 +48,7 @@ from shorelink.kafka.errors import Fenced, KafkaClientError, KafkaTransactionErr
 from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from shorelink.kafka.transactions import TransactionalProducer
 from shorelink.ledger import encode_entry
+from shorelink.logs import get_logger
 from shorelink.proof import WatchedShipKeys
 from shorelink.ranges import RangeSet
 from spark_core.config import SiteConfig, SitesConfig
@@ -97,7 +97,7 @@ __all__ = [
     "topic_stream",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass
@@ -163,7 +163,7 @@ def fence_predecessors(site: SiteConfig) -> None:
             raise MergeError(f"cannot fence an earlier merge ({tid}): {exc}") from exc
         finally:
             p.close()
-        log.info("event=merge_predecessor_fenced site=%s transactional_id=%s", site.name, tid)
+        log.info("merge_predecessor_fenced", site=site.name, transactional_id=tid)
 
 
 class Merger:
@@ -291,11 +291,11 @@ class Merger:
         if self.entries:
             self._start_index()
         log.info(
-            "event=merge_ready site=%s sources=%d ranges=%d last_batch=%s",
-            self.site.name,
-            len(self.state.held),
-            self.state.ranges(),
-            self.state.last_batch,
+            "merge_ready",
+            site=self.site.name,
+            sources=len(self.state.held),
+            ranges=self.state.ranges(),
+            last_batch=self.state.last_batch,
         )
         self.write_status("running")
 
@@ -393,11 +393,11 @@ class Merger:
         if key not in self._relays:
             if "/" not in read_from and claimed != self.site.name:
                 log.warning(
-                    "event=entry_site_mismatch site=%s topic=%s sl_site=%r "
-                    "(filed as entered here; is the gateway's site key this site's name?)",
-                    self.site.name,
-                    read_from,
-                    claimed,
+                    "entry_site_mismatch",
+                    site=self.site.name,
+                    topic=read_from,
+                    sl_site=claimed,
+                    message="filed as entered here; is the gateway's site key this site's name?",
                 )
             entry = self._entry(read_from, headers)
             topic = None if entry is None else relay_topic(entry, stream_topic[len("sl.") :])
@@ -419,11 +419,11 @@ class Merger:
             # transaction; what is left of the batch (nothing, or what came after) below
             self.totals.sliced += 1
             log.info(
-                "event=merge_batch_sliced site=%s query=%s batch=%d partitions=%d",
-                self.site.name,
-                self.query,
-                batch_id,
-                len(ends),
+                "merge_batch_sliced",
+                site=self.site.name,
+                query=self.query,
+                batch=batch_id,
+                partitions=len(ends),
             )
             self.write_through(ends)
             done = dict(self.state.offsets)
@@ -686,16 +686,13 @@ class Merger:
                 f"writes: stop it ({exc})"
             )
             self.fenced = message
-            log.error("event=merge_fenced site=%s error=%r", self.site.name, str(exc))
+            log.error("merge_fenced", site=self.site.name, error=str(exc))
             self.write_status("fenced", message)
             raise MergeError(message, fatal=True) from exc
         # whatever happened, start the next batch from what Kafka committed
         self._close_producer()
         log.error(
-            "event=merge_batch_failed site=%s outcome=%s error=%r",
-            self.site.name,
-            type(exc).__name__,
-            str(exc),
+            "merge_batch_failed", site=self.site.name, outcome=type(exc).__name__, error=str(exc)
         )
         raise MergeError(f"merge transaction failed: {exc}") from exc
 
@@ -733,26 +730,27 @@ class Merger:
             "pulled": pulled,
             "duration_ms": round(dt * 1000, 1),
         }
+        fetch_s, plan_s, txn_s = split
         log.info(
-            "event=merge_batch site=%s batch=%d pulled=%s input=%d written=%d duplicates=%d dead=%d "
-            "unproved=%d skipped=%d relayed_again=%d customer=%d replay=%s sources=%d ranges=%d "
-            "duration_ms=%.1f fetch_ms=%.1f plan_ms=%.1f txn_ms=%.1f",
-            self.site.name,
-            batch_id,
-            str(pulled).lower(),
-            plan.input,
-            len(plan.canonical),
-            plan.duplicates,
-            len(plan.dead),
-            plan.unproved,
-            plan.skipped,
-            len(plan.again),
-            customer,
-            str(replay).lower(),
-            len(self.state.held),
-            self.state.ranges(),
-            dt * 1000,
-            *(x * 1000 for x in split),
+            "merge_batch",
+            site=self.site.name,
+            batch=batch_id,
+            pulled=str(pulled).lower(),
+            input=plan.input,
+            written=len(plan.canonical),
+            duplicates=plan.duplicates,
+            dead=len(plan.dead),
+            unproved=plan.unproved,
+            skipped=plan.skipped,
+            relayed_again=len(plan.again),
+            customer=customer,
+            replay=str(replay).lower(),
+            sources=len(self.state.held),
+            ranges=self.state.ranges(),
+            duration_ms=round(dt * 1000, 1),
+            fetch_ms=round(fetch_s * 1000, 1),
+            plan_ms=round(plan_s * 1000, 1),
+            txn_ms=round(txn_s * 1000, 1),
         )
         self.write_status("running")
 
@@ -830,11 +828,11 @@ def reset_changed_checkpoints(site: SiteConfig, merges: Sequence[Merger]) -> Non
             path = site.query_checkpoint(query)
             if path.exists():
                 log.warning(
-                    "event=merge_checkpoint_reset site=%s query=%s sources=%r was=%r",
-                    site.name,
-                    query,
-                    layout.get(query),
-                    old.get(query) if isinstance(old, dict) else None,
+                    "merge_checkpoint_reset",
+                    site=site.name,
+                    query=query,
+                    sources=layout.get(query),
+                    was=old.get(query) if isinstance(old, dict) else None,
                 )
                 shutil.rmtree(path)
     write_json_atomic(stamp, layout)

@@ -12,12 +12,12 @@ its own figures (rows written, duplicates dropped, dead letters) in
 from __future__ import annotations
 
 import json
-import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from shorelink.files import write_json_atomic
+from shorelink.logs import get_logger
 
 __all__ = [
     "ProgressReporter",
@@ -28,7 +28,7 @@ __all__ = [
     "topic_lags",
 ]
 
-log = logging.getLogger("spark_core.progress")
+log = get_logger("spark_core.progress")
 
 
 def last_progress(query: Any) -> dict[str, Any] | None:
@@ -137,14 +137,13 @@ class ProgressReporter:
             if self._last_batch.get(name) != summary["batch_id"]:
                 self._last_batch[name] = summary["batch_id"]
                 log.info(
-                    "event=query_progress query=%s batch=%s input_rows=%s rows_per_s=%s "
-                    "batch_ms=%s lag_records=%s",
-                    name,
-                    summary["batch_id"],
-                    summary["input_rows"],
-                    summary["processed_rows_per_s"],
-                    summary["batch_duration_ms"],
-                    summary["lag_records"],
+                    "query_progress",
+                    query=name,
+                    batch=summary["batch_id"],
+                    input_rows=summary["input_rows"],
+                    rows_per_s=summary["processed_rows_per_s"],
+                    batch_ms=summary["batch_duration_ms"],
+                    lag_records=summary["lag_records"],
                 )
             entry.update(summary)
         if entry != self._state.get(name):

@@ -39,7 +39,6 @@ nothing, history is empty and costs a few offset requests.
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import time
 from collections import Counter
@@ -62,6 +61,7 @@ from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError, UnknownTopic, classify
 from shorelink.kafka.reading import written_ms
+from shorelink.logs import get_logger
 from spark_core.access import pull_group
 from spark_core.config import SiteConfig
 from spark_core.feed_guard import FeedGuard
@@ -78,7 +78,7 @@ from spark_core.relay_index import oldest_written_ms, read_segments, start_offse
 
 __all__ = ["Puller", "write_through"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: how long a round waits for the first record (an alert's latency on an idle link)
 _WAIT_S = 0.2
@@ -228,7 +228,7 @@ class Puller:
             except (KafkaClientError, KafkaException) as exc:
                 self._failed(exc, backoff)
             except Exception as exc:  # never let one neighbour's puller die silently
-                log.exception("event=pull_failed site=%s puller=%s", self.site.name, self.name)
+                log.exception("pull_failed", site=self.site.name, puller=self.name)
                 self._failed(exc, backoff)
             if self.error is not None:
                 stop.wait(backoff)
@@ -242,11 +242,11 @@ class Puller:
         self.idle = False
         self.close()  # the next round starts from what the merge committed
         log.warning(
-            "event=pull_failed site=%s puller=%s retry_in_s=%.1f error=%r",
-            self.site.name,
-            self.name,
-            backoff,
-            self.error,
+            "pull_failed",
+            site=self.site.name,
+            puller=self.name,
+            retry_in_s=round(backoff, 1),
+            error=self.error,
         )
 
     def round(self) -> int:
@@ -344,11 +344,11 @@ class Puller:
             unproved = self.merger.write_pulled(rows).unproved
             if self.guard.note(unproved):
                 log.warning(
-                    "event=pull_parked site=%s puller=%s unproved=%d park_s=%.0f",
-                    self.site.name,
-                    self.name,
-                    self.guard.unproved,
-                    self.guard.park_s,
+                    "pull_parked",
+                    site=self.site.name,
+                    puller=self.name,
+                    unproved=self.guard.unproved,
+                    park_s=round(self.guard.park_s),
                 )
             self.read += len(rows)
             for row in rows:  # the kinds of read beside a relay's: history, recovery
@@ -402,10 +402,7 @@ class Puller:
                 self._recover_to = self._recovery_targets(parts)
         except (KafkaClientError, KafkaException) as exc:
             log.info(
-                "event=pull_begin_deferred site=%s neighbour=%s error=%r",
-                self.site.name,
-                self.neighbour,
-                str(exc),
+                "pull_begin_deferred", site=self.site.name, neighbour=self.neighbour, error=str(exc)
             )
             return
         if recover and not self._recover_to:  # the neighbour holds nothing that entered here
@@ -428,21 +425,21 @@ class Puller:
             if stream in self.streams and stream not in self._history:
                 self._history[stream] = None
                 log.info(
-                    "event=pull_history site=%s neighbour=%s stream=%s reason=%s",
-                    self.site.name,
-                    self.neighbour,
-                    stream,
-                    why,
+                    "pull_history",
+                    site=self.site.name,
+                    neighbour=self.neighbour,
+                    stream=stream,
+                    reason=why,
                 )
 
     def _history_done(self, stream: str) -> None:
         ends = self._history.pop(stream, None) or {}
         log.info(
-            "event=pull_history_done site=%s neighbour=%s stream=%s partitions=%d",
-            self.site.name,
-            self.neighbour,
-            stream,
-            len(ends),
+            "pull_history_done",
+            site=self.site.name,
+            neighbour=self.neighbour,
+            stream=stream,
+            partitions=len(ends),
         )
 
     def _history_ends(self, stream: str, parts: list[int]) -> dict[tuple[str, int], int]:
@@ -546,11 +543,11 @@ class Puller:
     def _recover_done(self) -> None:
         self._recovering = False
         log.info(
-            "event=pull_recovered site=%s neighbour=%s puller=%s partitions=%d",
-            self.site.name,
-            self.neighbour,
-            self.name,
-            len(self._recover_to or {}),
+            "pull_recovered",
+            site=self.site.name,
+            neighbour=self.neighbour,
+            puller=self.name,
+            partitions=len(self._recover_to or {}),
         )
 
     # -- assignment -------------------------------------------------------------------------
@@ -583,9 +580,7 @@ class Puller:
             # a topic deleted and created again (or a neighbour's whole Kafka rebuilt):
             # the consumer's cached metadata (leader epochs) belongs to the old one and
             # it would wait for ever; a new consumer starts from what the merge holds
-            log.warning(
-                "event=pull_topic_recreated site=%s neighbour=%s", self.site.name, self.neighbour
-            )
+            log.warning("pull_topic_recreated", site=self.site.name, neighbour=self.neighbour)
             self.close()
             self._wanted = wanted
         for stream, ends in list(self._history.items()):
@@ -639,11 +634,11 @@ class Puller:
         fresh = bool(self._recovering)
         self._expected = {k: max(v, 0) for k, v in self._assigned.items() if v >= 0 or fresh}
         log.info(
-            "event=pull_assigned site=%s puller=%s topics=%d partitions=%d",
-            self.site.name,
-            self.name,
-            len(sources),
-            len(assignment),
+            "pull_assigned",
+            site=self.site.name,
+            puller=self.name,
+            topics=len(sources),
+            partitions=len(assignment),
         )
 
     def _first_reads(self, parts: Mapping[tuple[str, int], str]) -> dict[tuple[str, int], int]:
@@ -673,10 +668,7 @@ class Puller:
             return {}  # a neighbour that keeps no index
         except KafkaClientError as exc:
             log.warning(
-                "event=relay_index_unread site=%s neighbour=%s error=%r",
-                self.site.name,
-                self.neighbour,
-                str(exc),
+                "relay_index_unread", site=self.site.name, neighbour=self.neighbour, error=str(exc)
             )
             return {}
         state = self.merger.ready()
@@ -696,14 +688,13 @@ class Puller:
                     starts[(topic, part)] = offset
                     self.skipped_held += skipped
                     log.info(
-                        "event=pull_first_read site=%s neighbour=%s topic=%s partition=%d "
-                        "oldest=%d start=%d",
-                        self.site.name,
-                        self.neighbour,
-                        topic,
-                        part,
-                        lows[(topic, part)],
-                        offset,
+                        "pull_first_read",
+                        site=self.site.name,
+                        neighbour=self.neighbour,
+                        topic=topic,
+                        partition=part,
+                        oldest=lows[(topic, part)],
+                        start=offset,
                     )
         return starts
 
@@ -751,13 +742,13 @@ class Puller:
         for a relay topic its stream's history is read from this neighbour."""
         self.gaps += oldest - cursor
         log.warning(
-            "event=pull_gap site=%s neighbour=%s topic=%s partition=%d cursor=%d oldest=%d",
-            self.site.name,
-            self.neighbour,
-            topic,
-            part,
-            cursor,
-            oldest,
+            "pull_gap",
+            site=self.site.name,
+            neighbour=self.neighbour,
+            topic=topic,
+            partition=part,
+            cursor=cursor,
+            oldest=oldest,
         )
         relay = topic.split(".")
         if len(relay) == 4 and relay[:2] == ["sl", "relay"] and not self.local:

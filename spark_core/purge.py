@@ -23,7 +23,6 @@ planned range fails that batch (Spark's ``failOnDataLoss``).
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Mapping
 from concurrent.futures import Future
 from functools import partial
@@ -34,12 +33,12 @@ from confluent_kafka import TopicPartition
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError, kafka_errors
-from shorelink.logs import RateLimitedLog
+from shorelink.logs import RateLimitedLog, get_logger
 from spark_core.merge_state import topic_stream
 
 __all__ = ["SourcePurger", "below", "spark_position"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def spark_position(checkpoint: Path, batch_id: int) -> dict[tuple[str, int], int]:
@@ -110,6 +109,4 @@ class SourcePurger:
 
     def _failed(self, what: str, exc: BaseException) -> None:
         self.failures += 1
-        self._limited.warning(
-            "merge_purge", "event=merge_purge_failed what=%s error=%r", what, str(exc)
-        )
+        self._limited.warning("merge_purge", "merge_purge_failed", what=what, error=str(exc))

@@ -32,7 +32,6 @@ hostile neighbour can and cannot do").
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -44,6 +43,7 @@ from shorelink.contract import RELAY_INDEX_TOPIC
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
+from shorelink.logs import get_logger
 from shorelink.ranges import RangeSet
 
 __all__ = [
@@ -60,7 +60,7 @@ __all__ = [
     "start_offsets",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: how often a merge writes the seqs it relayed since the last segment (when it did)
 INDEX_EVERY_S = 5.0
@@ -187,7 +187,7 @@ def read_segments(
         value = msg.value()
         read += len(value or b"")
         if read > limit_bytes:
-            log.warning("event=relay_index_cut bootstrap=%s read_bytes=%d", kafka.bootstrap, read)
+            log.warning("relay_index_cut", bootstrap=kafka.bootstrap, read_bytes=read)
             break
         if msg.key() not in wanted:
             continue
@@ -196,7 +196,7 @@ def read_segments(
         except (ValueError, KeyError, TypeError, AttributeError):
             bad += 1
     if bad:
-        log.warning("event=relay_index_bad bootstrap=%s records=%d", kafka.bootstrap, bad)
+        log.warning("relay_index_bad", bootstrap=kafka.bootstrap, records=bad)
 
 
 #: how much earlier than the oldest record a reader reads a neighbour's index from: a

@@ -14,7 +14,6 @@ shows it: per neighbour the link and per stream the state and lag.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from confluent_kafka import KafkaException
 from shorelink.contract import relay_topic
 from shorelink.files import write_json_atomic
 from shorelink.kafka.errors import KafkaClientError
+from shorelink.logs import get_logger
 from spark_core.config import SiteConfig
 from spark_core.merge import Merger
 from spark_core.merge_state import MergeError
@@ -34,7 +34,7 @@ from spark_core.routing import LinkState
 
 __all__ = ["BULK_POOL", "URGENT_POOL", "Replicator", "history_sources"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: Spark's scheduler pools (spark.scheduler.mode=FAIR): urgent streams' queries and
 #: merge in one, everything else in the other, so neither waits for the other's jobs
@@ -114,7 +114,7 @@ class Replicator:
                 try:
                     p.begin()
                 except (MergeError, KafkaClientError, KafkaException) as exc:  # its thread retries
-                    log.warning("event=pull_begin_failed puller=%s error=%r", p.name, str(exc))
+                    log.warning("pull_begin_failed", puller=p.name, error=str(exc))
         for p in self.all_pullers:
             t = threading.Thread(
                 target=p.run, args=(self._pulling,), name=f"{p.name}@{self.site.name}", daemon=True
@@ -128,9 +128,9 @@ class Replicator:
         routes = self.links.routes()
         if routes != self.routes:
             log.info(
-                "event=routes site=%s routes=%s",
-                self.site.name,
-                ",".join(f"{e}<-{n or '-'}" for e, n in sorted(routes.items())),
+                "routes",
+                site=self.site.name,
+                routes=",".join(f"{e}<-{n or '-'}" for e, n in sorted(routes.items())),
             )
             self.routes = routes
             self.route_changes += 1
@@ -141,7 +141,7 @@ class Replicator:
             try:
                 self.tick()
             except Exception:  # never let the routing thread die: log and go on
-                log.exception("event=replication_tick_failed site=%s", self.site.name)
+                log.exception("replication_tick_failed", site=self.site.name)
 
     def failing(self) -> dict[str, tuple[float, str]]:
         """Per neighbour with a failing puller: since when the earliest has failed, and

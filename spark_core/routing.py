@@ -54,7 +54,6 @@ again; each hold in a row is twice as long, up to ``MAX_HOLD_TTLS`` report TTLs.
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 from collections import deque
@@ -68,7 +67,7 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError, KafkaUnavailable, kafka_errors
 from shorelink.kafka.reading import BEGINNING, PartitionReader
 from shorelink.kafka.topics import PlainProducer, TopicSpec, ensure_topics, producer
-from shorelink.logs import RateLimitedLog
+from shorelink.logs import RateLimitedLog, get_logger
 from spark_core.config import SiteConfig, SitesConfig
 
 __all__ = [
@@ -83,7 +82,7 @@ __all__ = [
     "plan_routes",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 Edge = tuple[str, str]  # (site, neighbour it pulls from)
 #: the highest report version (a Kafka long: what any other implementation can hold)
@@ -300,14 +299,14 @@ class LinkState:
                     link.held_until, link.pull_error = now + hold, error
                     link.counted_from = link.held_until
                     log.warning(
-                        "event=link_failing site=%s neighbour=%s hold_s=%.1f error=%r",
-                        self.site.name,
-                        name,
-                        hold,
-                        error,
+                        "link_failing",
+                        site=self.site.name,
+                        neighbour=name,
+                        hold_s=round(hold, 1),
+                        error=error,
                     )
                 elif since is None and link.strikes and now - link.held_until >= self._ttl:
-                    log.info("event=link_pulls_again site=%s neighbour=%s", self.site.name, name)
+                    log.info("link_pulls_again", site=self.site.name, neighbour=name)
                     link.strikes = 0
 
     # -- probing -----------------------------------------------------------------------
@@ -329,19 +328,14 @@ class LinkState:
             reports = self._read_reports(link)
         except (KafkaClientError, ValueError, RuntimeError) as exc:
             if link.up:
-                log.warning(
-                    "event=link_down site=%s neighbour=%s error=%r",
-                    self.site.name,
-                    link.name,
-                    str(exc),
-                )
+                log.warning("link_down", site=self.site.name, neighbour=link.name, error=str(exc))
                 link.since = now
             link.up = False
             link.error = str(exc)[:500]
             link.missed += 1
             return
         if not link.up:
-            log.info("event=link_up site=%s neighbour=%s", self.site.name, link.name)
+            log.info("link_up", site=self.site.name, neighbour=link.name)
             link.since = now
         link.up, link.last_ok, link.error, link.missed = True, now, None, 0
         self._learn(reports)
@@ -374,10 +368,7 @@ class LinkState:
                     out.append(Report.decode(key.decode(), value))
                 except (ValueError, UnicodeDecodeError) as exc:
                     self._limited.warning(
-                        "links_bad",
-                        "event=links_bad_report neighbour=%s error=%r",
-                        link.name,
-                        str(exc),
+                        "links_bad", "links_bad_report", neighbour=link.name, error=str(exc)
                     )
             if got.ends or not (got.records or got.gaps):
                 break
@@ -393,11 +384,11 @@ class LinkState:
                 if rep.version > bound:
                     self._limited.warning(
                         "links_ahead",
-                        "event=links_version_ahead site=%s of=%s version=%d bound=%d",
-                        self.site.name,
-                        rep.site,
-                        rep.version,
-                        bound,
+                        "links_version_ahead",
+                        site=self.site.name,
+                        of=rep.site,
+                        version=rep.version,
+                        bound=bound,
                     )
                     continue
                 if rep.site == self.site.name:
@@ -406,10 +397,10 @@ class LinkState:
                     # above it, or every site would keep that report and ignore ours
                     if rep.version >= self._version:
                         log.warning(
-                            "event=links_own_version_ahead site=%s version=%d ours=%d",
-                            self.site.name,
-                            rep.version,
-                            self._version,
+                            "links_own_version_ahead",
+                            site=self.site.name,
+                            version=rep.version,
+                            ours=self._version,
                         )
                         self._version = rep.version
                     continue
@@ -454,10 +445,7 @@ class LinkState:
                 self._producer.flush(self._timeout)
         except KafkaClientError as exc:  # a TopicError of ensure_topics too: next probe
             self._limited.warning(
-                "links_publish",
-                "event=links_publish_failed site=%s error=%r",
-                self.site.name,
-                str(exc),
+                "links_publish", "links_publish_failed", site=self.site.name, error=str(exc)
             )
             return
         for r in todo:

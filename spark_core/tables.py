@@ -15,7 +15,6 @@ by ``day`` (UTC date of the event time ``ts``).
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from shorelink.contract import canonical_topic
+from shorelink.logs import get_logger
 from spark_core.ais import WINDOW, NavRecord, decode_nav, fragment_info
 from spark_core.config import SiteConfig
 from spark_core.contract_sql import read_contract
@@ -38,7 +38,7 @@ __all__ = [
     "table_path",
 ]
 
-log = logging.getLogger("spark_core.tables")
+log = get_logger("spark_core.tables")
 
 #: table name -> the stream it is built from
 TABLES = {"container_readings": "containers", "alerts": "alerts", "ship_positions": "nav"}
@@ -197,15 +197,15 @@ class PositionsWriter:
                 batch_id,
             )
         log.info(
-            "event=table_batch table=ship_positions site=%s batch=%d input=%d positions=%d"
-            " fragments=%d undecodable=%d duration_ms=%d",
-            self.site.name,
-            batch_id,
-            len(recs),
-            len(positions),
-            len(frags),
-            errors,
-            (time.monotonic() - start) * 1000,
+            "table_batch",
+            table="ship_positions",
+            site=self.site.name,
+            batch=batch_id,
+            input=len(recs),
+            positions=len(positions),
+            fragments=len(frags),
+            undecodable=errors,
+            duration_ms=(time.monotonic() - start) * 1000,
         )
 
 
@@ -290,10 +290,10 @@ class TableKeeper:
         if self.config.retention_s < _DELTA_MIN_RETENTION_S:
             spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
             log.warning(
-                "event=table_retention_short site=%s retention_s=%d message=%r",
-                site.name,
-                self.config.retention_s,
-                "below Delta's 7 days: a reader of an older table version may lose its files",
+                "table_retention_short",
+                site=site.name,
+                retention_s=self.config.retention_s,
+                message="below Delta's 7 days: a reader of an older table version may lose its files",
             )
 
     def tables(self) -> list[Path]:
@@ -317,21 +317,20 @@ class TableKeeper:
                 after = int(table.detail().collect()[0]["numFiles"])
             except Exception as exc:  # a conflict, a full disk: next time
                 log.warning(
-                    "event=table_maintenance_failed site=%s table=%s error=%r",
-                    self.site.name,
-                    path.name,
-                    str(exc)[:500],
+                    "table_maintenance_failed",
+                    site=self.site.name,
+                    table=path.name,
+                    error=str(exc)[:500],
                 )
                 continue
             out[path.name] = (before, after)
             log.info(
-                "event=table_maintained site=%s table=%s files_before=%d files_after=%d"
-                " duration_ms=%d",
-                self.site.name,
-                path.name,
-                before,
-                after,
-                (time.monotonic() - start) * 1000,
+                "table_maintained",
+                site=self.site.name,
+                table=path.name,
+                files_before=before,
+                files_after=after,
+                duration_ms=(time.monotonic() - start) * 1000,
             )
         return out
 

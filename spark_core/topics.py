@@ -19,7 +19,6 @@ reported as an error, and left as it is. :func:`plan_changes` decides, without I
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Collection, Iterable, Sequence
 from concurrent.futures import Future
@@ -56,6 +55,7 @@ from shorelink.kafka.topics import (
     gateway_cursor_spec,
     ingress_spec,
 )
+from shorelink.logs import get_logger
 from spark_core.config import SiteConfig, SitesConfig
 from spark_core.customers import Customers, Ownership
 
@@ -72,7 +72,7 @@ __all__ = [
     "stream_specs",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: the topic configs apply compares and sets; every other config of a topic is left
 #: as the operator set it
@@ -425,13 +425,7 @@ def apply_topics(
             done.append(_outcome(admin, c, futs[c.topic]))
     done += [c for c in changes if c.action in ("refused", "warning")]
     for c in done:
-        log.info(
-            "event=topic_%s topic=%s detail=%r error=%r",
-            c.action,
-            c.topic,
-            c.detail,
-            c.error,
-        )
+        log.info("topic_changed", action=c.action, topic=c.topic, detail=c.detail, error=c.error)
     applied = {c.topic for c in done if c.error is None and c.action in _CHANGES}
     # a change that failed: its topic is not waited for. A refused change (an error
     # too, but nothing was tried) does not keep the topic's other changes from it
@@ -464,7 +458,7 @@ def _settle(
             break
         time.sleep(0.2)
     for c in pending:
-        log.warning("event=topic_change_not_visible topic=%s change=%r", c.topic, c.detail)
+        log.warning("topic_change_not_visible", topic=c.topic, change=c.detail)
 
 
 def _outcome(admin: Admin, change: Change, fut: Future[object]) -> Change:

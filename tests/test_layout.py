@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import subprocess
 import sys
 import tomllib
@@ -276,3 +277,75 @@ def test_librdkafkas_errors_and_clients_stay_inside_the_kafka_room() -> None:
         check=False,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+#: product code and the benchmarks: every place that logs
+LOGGING_CODE = {
+    _module_name(p): p for pkg in (*PACKAGES, "bench") for p in sorted((ROOT / pkg).rglob("*.py"))
+}
+LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}
+#: the names loggers go by: ``log = get_logger(__name__)``, a RateLimitedLog
+LOGGERS = re.compile(r"_?(log|logger|limited|errors|tls_log)")
+EVENT = re.compile(r"[a-z][a-z0-9_]*")
+#: the module behind all (RateLimitedLog passes its caller's event on), and a standard
+#: library logger handed to a library (librdkafka's)
+STDLIB_LOGGERS = {"shorelink.logs", "shorelink.kafka.endpoint"}
+
+
+def _event_name(node: ast.expr) -> bool:
+    if isinstance(node, ast.IfExp):
+        return _event_name(node.body) and _event_name(node.orelse)
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and EVENT.fullmatch(node.value) is not None
+    )
+
+
+def _receiver(call: ast.Call) -> str | None:
+    func = call.func
+    if not isinstance(func, ast.Attribute) or func.attr not in LEVELS:
+        return None
+    value = func.value
+    name = value.attr if isinstance(value, ast.Attribute) else getattr(value, "id", None)
+    return name if name is not None and LOGGERS.fullmatch(name) else None
+
+
+@pytest.mark.parametrize("module", sorted(LOGGING_CODE))
+def test_every_log_call_passes_an_event_name_and_its_fields_as_data(module: str) -> None:
+    """Review (security N2, N8; CONVENTIONS 14): messages like ``"event=x topic=%s"``
+    were parsed back into fields, so a value could hang the parser or add fields. A call
+    passes one event name (``[a-z][a-z0-9_]*``, a RateLimitedLog its key first) and its
+    fields as keywords: no %-format, f-string or ``key=`` text for a renderer to read;
+    and module loggers come from ``shorelink.logs.get_logger``."""
+    path = LOGGING_CODE[module]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    bad = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if (
+            module not in STDLIB_LOGGERS
+            and isinstance(f, ast.Attribute)
+            and f.attr == "getLogger"
+            and getattr(f.value, "id", None) == "logging"
+        ):
+            bad.append(f"{node.lineno}: logging.getLogger (use shorelink.logs.get_logger)")
+        if (name := _receiver(node)) is None or module == "shorelink.logs":
+            continue
+        n = 2 if "limited" in name or name in ("_errors", "_tls_log") else 1
+        if len(node.args) != n or not _event_name(node.args[-1]):
+            bad.append(f"{node.lineno}: {ast.unparse(node)[:100]}")
+    assert not bad, f"{path}: {bad}"
+
+
+def test_the_log_call_check_reads_every_logging_module() -> None:
+    """The check above sees the calls it guards (a renamed logger would slip past it)."""
+    seen = sum(
+        _receiver(node) is not None
+        for p in LOGGING_CODE.values()
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Call)
+    )
+    assert seen > 150

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import base64
 import json
-import logging
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from shorelink.logs import get_logger
+
 __all__ = ["CHROMIUM", "CHROMIUM_ARGS", "OpsReader", "problems"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 CHROMIUM = Path("/usr/bin/chromium")
 #: Debian's Chromium headless on a machine without the internet: no sandbox (root), no
@@ -110,7 +111,7 @@ class OpsReader:
                 finally:
                     browser.close()
         except Exception as exc:  # a browser that fails must not fail the voyage
-            log.warning("event=ops_screenshot_failed error=%r", str(exc))
+            log.warning("ops_screenshot_failed", error=str(exc))
             return f"screenshot failed: {exc}"
         return None
 

@@ -38,7 +38,6 @@ site out of order (part of a stream through another site, later).
 from __future__ import annotations
 
 import base64
-import logging
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -56,11 +55,11 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import DataLoss, KafkaClientError, KafkaNotAuthorized
 from shorelink.kafka.position import Position, PositionStore
 from shorelink.kafka.reading import BEGINNING, PartitionReader, written_ms
-from shorelink.logs import RateLimitedLog
+from shorelink.logs import RateLimitedLog, get_logger
 
 __all__ = ["Consumed", "ConsumerError", "PortableConsumer"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: how often a consumer looks for partitions added to its topics (``shorelink-spark
 #: topics apply`` grows a canonical topic); a new partition is read from its beginning
@@ -232,10 +231,10 @@ class PortableConsumer:
             raise ConsumerError(str(exc), retryable=exc.retryable) from exc
         self._refresh_at = time.monotonic() + PARTITION_REFRESH_S
         log.info(
-            "event=consumer_assigned bootstrap=%s partitions=%d from_hint=%d",
-            self.bootstrap,
-            len(starts),
-            sum(1 for at in starts.values() if at != BEGINNING),
+            "consumer_assigned",
+            bootstrap=self.bootstrap,
+            partitions=len(starts),
+            from_hint=sum(1 for at in starts.values() if at != BEGINNING),
         )
 
     def _describe(self) -> dict[str, str]:
@@ -315,13 +314,12 @@ class PortableConsumer:
         for gap in got.gaps:
             self.gaps.append(gap)
             log.warning(
-                "event=consumer_data_loss bootstrap=%s topic=%s partition=%d consumed_to=%d"
-                " reset_to=%d",
-                self.bootstrap,
-                gap.topic,
-                gap.partition,
-                gap.consumed_to,
-                gap.reset_to,
+                "consumer_data_loss",
+                bootstrap=self.bootstrap,
+                topic=gap.topic,
+                partition=gap.partition,
+                consumed_to=gap.consumed_to,
+                reset_to=gap.reset_to,
             )
         for error in got.errors:
             if not error.retryable:
@@ -330,9 +328,9 @@ class PortableConsumer:
             # while): logged, and the consumer keeps going
             self._errors.warning(
                 f"kafka:{error.code}",
-                "event=consumer_kafka_error bootstrap=%s error=%s",
-                self.bootstrap,
-                str(error).replace(" ", "_"),
+                "consumer_kafka_error",
+                bootstrap=self.bootstrap,
+                error=str(error),
             )
 
     def _refresh(self) -> None:
@@ -347,9 +345,7 @@ class PortableConsumer:
         except KafkaClientError:
             return  # the site is unreachable for now: the next refresh tries again
         if new:
-            log.info(
-                "event=consumer_partitions_added bootstrap=%s added=%d", self.bootstrap, len(new)
-            )
+            log.info("consumer_partitions_added", bootstrap=self.bootstrap, added=len(new))
 
     def _take(self, msg: Message, out: list[Consumed]) -> None:
         topic, part = msg.topic() or "", msg.partition() or 0
@@ -360,11 +356,7 @@ class PortableConsumer:
         except ContractError as exc:
             self.malformed += 1
             log.warning(
-                "event=consumer_malformed topic=%s partition=%d offset=%d error=%s",
-                topic,
-                part,
-                offset,
-                str(exc).replace(" ", "_"),
+                "consumer_malformed", topic=topic, partition=part, offset=offset, error=str(exc)
             )
             return
         i = rec.identity

@@ -28,7 +28,6 @@ them without a copy.
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -56,6 +55,7 @@ from shorelink.kafka.errors import (
     classify,
     kafka_errors,
 )
+from shorelink.logs import get_logger
 
 __all__ = [
     "BEGINNING",
@@ -68,7 +68,7 @@ __all__ = [
     "written_ms",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 Headers = list[tuple[str, str | bytes | None]]
 #: a partition: (topic, partition)
@@ -414,11 +414,11 @@ def read_to_end(
             got = reader.poll(500, timeout=0.05)
             for gap in got.gaps:
                 log.warning(
-                    "event=read_overtaken topic=%s partition=%d consumed_to=%d reset_to=%d",
-                    gap.topic,
-                    gap.partition,
-                    gap.consumed_to,
-                    gap.reset_to,
+                    "read_overtaken",
+                    topic=gap.topic,
+                    partition=gap.partition,
+                    consumed_to=gap.consumed_to,
+                    reset_to=gap.reset_to,
                 )
             if got.errors:
                 raise got.errors[0]

@@ -22,7 +22,6 @@ whatever the broker's default (1 MiB), so a record of
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from shorelink.kafka.admin import Admin
 from shorelink.kafka.auth import AuthWatch
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError, TopicExists
+from shorelink.logs import get_logger
 
 __all__ = [
     "Durability",
@@ -52,7 +52,7 @@ __all__ = [
     "segment_ms",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: replicas per partition in a production cluster (three brokers or more)
 PRODUCTION_REPLICATION_FACTOR = 3
@@ -215,14 +215,12 @@ def ensure_topics(
     rf, isr = (durability or Durability()).resolve(len(md.brokers))
     if rf < PRODUCTION_REPLICATION_FACTOR:
         log.warning(
-            "event=topics_under_replicated bootstrap=%s brokers=%d replication_factor=%d "
-            "min_insync_replicas=%d (production wants %d and %d)",
-            bootstrap,
-            len(md.brokers),
-            rf,
-            isr,
-            PRODUCTION_REPLICATION_FACTOR,
-            PRODUCTION_MIN_INSYNC,
+            "topics_under_replicated",
+            bootstrap=bootstrap,
+            brokers=len(md.brokers),
+            replication_factor=rf,
+            min_insync_replicas=isr,
+            message=f"production wants {PRODUCTION_REPLICATION_FACTOR} and {PRODUCTION_MIN_INSYNC}",
         )
     futures = admin.client.create_topics(
         [s.new_topic(rf, isr) for s in todo], operation_timeout=timeout
@@ -237,7 +235,7 @@ def ensure_topics(
             # later (``access apply``), and a writer waits for its topics
             raise TopicError(str(exc), code=exc.code) from exc
         created.append(name)
-        log.info("event=topic_created topic=%s bootstrap=%s", name, bootstrap)
+        log.info("topic_created", topic=name, bootstrap=bootstrap)
     _await_visible(admin, [s.name for s in todo], timeout)
     return created
 

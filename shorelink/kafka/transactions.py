@@ -31,7 +31,6 @@ completes the transaction the old one left).
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -50,10 +49,11 @@ from shorelink.kafka.errors import (
     kafka_error,
     kafka_errors,
 )
+from shorelink.logs import get_logger
 
 __all__ = ["TransactionalProducer"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: the transactions' deadline (retrying a commit or an abort), in ``timeout``s
 DEADLINE_TIMEOUTS = 3
@@ -127,7 +127,7 @@ class TransactionalProducer:
         try:
             p.flush(flush_timeout)
         except KafkaException as exc:
-            log.info("event=producer_closed_unflushed error=%r", str(exc))
+            log.info("producer_closed_unflushed", error=str(exc))
 
     # -- a transaction ----------------------------------------------------------------------
     @contextmanager
@@ -198,9 +198,7 @@ class TransactionalProducer:
                     )
                 self.retries += 1
                 log.warning(
-                    "event=kafka_commit_retry transactional_id=%s error=%r",
-                    self.transactional_id,
-                    err.str(),
+                    "kafka_commit_retry", transactional_id=self.transactional_id, error=err.str()
                 )
 
     def abort(self) -> None:
@@ -231,9 +229,7 @@ class TransactionalProducer:
                     )
                 self.retries += 1
                 log.warning(
-                    "event=kafka_abort_retry transactional_id=%s error=%r",
-                    self.transactional_id,
-                    err.str(),
+                    "kafka_abort_retry", transactional_id=self.transactional_id, error=err.str()
                 )
 
     # -- the outcomes -------------------------------------------------------------------------

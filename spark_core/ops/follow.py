@@ -19,7 +19,6 @@ topic that does not exist yet is looked for again every ``rescan_s``.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import deque
@@ -42,14 +41,14 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError
 from shorelink.kafka.reading import BEGINNING, PartitionReader, written_ms
 from shorelink.ledger import decode_entry
-from shorelink.logs import RateLimitedLog
+from shorelink.logs import RateLimitedLog, get_logger
 from shorelink.ranges import RangeSet
 from shorelink.ship_report import ShipReport, decode_report
 from spark_core.ais import NavRecord, decode_nav
 
 __all__ = ["Facts", "Heard", "SiteFollower"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 _limited = RateLimitedLog(log)
 
 ALERTS = "alerts"
@@ -168,7 +167,7 @@ class SiteFollower:
         with self.facts.lock:
             self.facts.error = str(err)
             self.facts.version += 1
-        _limited.warning("kafka", "event=ops_kafka_error site=%s error=%r", self.site, str(err))
+        _limited.warning("kafka", "ops_kafka_error", site=self.site, error=str(err))
 
     def _assign_new(self, reader: PartitionReader, assigned: set[tuple[str, int]]) -> None:
         try:
@@ -196,10 +195,10 @@ class SiteFollower:
                 self.facts.topics = sorted({t for t, _ in assigned})
                 self.facts.version += 1
             log.info(
-                "event=ops_following site=%s partitions=%d topics=%s",
-                self.site,
-                len(assigned),
-                ",".join(sorted({t for t, _ in assigned})),
+                "ops_following",
+                site=self.site,
+                partitions=len(assigned),
+                topics=",".join(sorted({t for t, _ in assigned})),
             )
 
     # -- one record --------------------------------------------------------------------
@@ -214,11 +213,7 @@ class SiteFollower:
                 self.facts.bad[topic] = self.facts.bad.get(topic, 0) + 1
                 self.facts.version += 1
             _limited.warning(
-                f"bad:{topic}",
-                "event=ops_bad_record site=%s topic=%s error=%r",
-                self.site,
-                topic,
-                str(exc),
+                f"bad:{topic}", "ops_bad_record", site=self.site, topic=topic, error=str(exc)
             )
 
     def _apply_locked(self, topic: str, msg: Message) -> None:

@@ -24,13 +24,13 @@ import asyncio
 import base64
 import hashlib
 import hmac
-import logging
 import secrets
 from collections.abc import Callable
 from pathlib import Path
 
 from shorelink.errors import ConfigError, ShorelinkError
 from shorelink.files import FileWatch, locked, read_private, write_atomic
+from shorelink.logs import get_logger
 
 __all__ = [
     "MAX_PASSWORD_BYTES",
@@ -44,7 +44,7 @@ __all__ = [
     "verify_password",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: scrypt's cost (N, r, p): 16 MiB of memory per check
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
@@ -161,9 +161,7 @@ class OpsUsers:
         try:
             self.reload()
         except ConfigError as exc:
-            log.error(
-                "event=ops_users_unreadable users_kept=%d error=%r", len(self._users), str(exc)
-            )
+            log.error("ops_users_unreadable", users_kept=len(self._users), error=str(exc))
 
     async def check(self, name: str, password: str) -> bool:
         """Whether ``name`` may look with ``password``; raises :class:`LoginsBusy`

@@ -50,4 +50,4 @@ def test_without_a_usable_dev_shm_batches_are_built_in_a_thread(tmp_path: Path) 
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == ["0", "1", "50", "50"]  # workers fell back to 0
-    assert "event=batch_builder_unavailable fallback=thread" in run.stderr
+    assert "event=workers_unavailable pool=batch_builder fallback=thread" in run.stderr

@@ -27,10 +27,10 @@ from local_stack.process import Proc
 from shorelink.contract import Record, customer_topic
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
-from shorelink.logs import fields
 from spark_core.config import SiteConfig
 from spark_core.tables import table_path
 from tests.helpers import eventually, kill9, run_process, unique
+from tests.logfmt import read_logfmt
 from tests.spark_core.helpers import (
     assert_exactly_once,
     canonical,
@@ -240,7 +240,9 @@ def test_driver_killed_three_times_canonical_and_table_exactly_once(
     # the JVM logs as the Python side does (spark_core/conf/log4j2.properties): logfmt,
     # warnings and worse, never Spark's own format
     assert not re.search(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (INFO|WARN|ERROR) ", text, re.M)
-    jvm = [fields(ln) for ln in text.splitlines() if ln.startswith("ts=") and 'logger="org.' in ln]
+    jvm = [
+        read_logfmt(ln) for ln in text.splitlines() if ln.startswith("ts=") and 'logger="org.' in ln
+    ]
     assert all(f["level"] in ("warning", "error", "critical") for f in jvm), jvm[:5]
     assert "event=merge_batch" in text
     assert f"event=query_started query=table-{TABLE}" in text
