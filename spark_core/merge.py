@@ -128,9 +128,17 @@ class Totals:
     largest_fetch_bytes: int = 0
     #: segments written to the relay index (spark_core/relay_index.py)
     index_segments: int = 0
+    #: times the index's tails started again, their pending seqs too many (N9)
+    index_restarts: int = 0
     #: pulled records whose ship's proof failed (dead-lettered, among ``dead``)
     unproved: int = 0
 
+
+#: pending seqs (ranges over every relay topic and origin) past which the relay index is
+#: written at once, and past which the tails start again (``Merger._bounded``): about
+#: 30 bytes each in a marker that must stay well below the record size limit
+PENDING_EARLY_RANGES = 4096
+PENDING_MAX_RANGES = 16384
 
 #: the merges a site may run (spark_core/jobs/site.py ``mergers``): one for every
 #: stream, or ``merge-urgent`` beside ``merge`` when some streams are urgent
@@ -529,8 +537,9 @@ class Merger:
             "dead": len(plan.dead),
             "ts_ms": int(time.time() * 1000),
         }
+        restart = False
         if self.entries:
-            marker_state.index = self._index_with(plan.relayed_now)
+            marker_state.index, restart = self._bounded(self._index_with(plan.relayed_now))
         marker = marker_state.marker_value(self.site.name, batch_id, extra)
         relay = self._relay if self.entries else None
         customer = self._customer if self.ownership is not None else None
@@ -570,6 +579,12 @@ class Merger:
         self.state.last_batch = batch_id
         self.state.index = marker_state.index
         self.reindex = False  # the new tails are in the marker now
+        if restart:  # the dropped tails start again at their topics' ends
+            try:
+                self._start_index()
+            except MergeError:
+                self._close_producer()  # the next batch prepares again: tails from Kafka
+                raise
         return to_customers
 
     # -- the relay index (spark_core/relay_index.py) -------------------------------------
@@ -624,6 +639,30 @@ class Merger:
             tail = index[topic] = (index.get(topic) or Tail()).copy()
             tail.pending.setdefault(origin, RangeSet()).update(RangeSet.from_seqs(seqs))
         return index
+
+    def _bounded(self, index: dict[str, Tail]) -> tuple[dict[str, Tail], bool]:
+        """The tails the marker keeps, their pending seqs bounded, and whether some
+        were dropped. The marker is rewritten whole in every transaction, and pending
+        seqs of many origins (10,000 ships in 5 s) passed the record size limit, after
+        which every transaction failed (replication review N9). Past
+        :data:`PENDING_EARLY_RANGES` the index is written at the next turn instead of
+        when due; past :data:`PENDING_MAX_RANGES` the tails with pending seqs are
+        dropped, and once the transaction committed they start again at their topics'
+        ends (:meth:`_start_index`): what lies between is named by no segment, and a
+        reader reads it."""
+        pending = sum(len(r) for t in index.values() for r in t.pending.values())
+        if pending > PENDING_EARLY_RANGES:
+            self._index_due = 0.0
+        if pending <= PENDING_MAX_RANGES:
+            return index, False
+        log.warning(
+            "event=relay_index_restarted site=%s query=%s pending_ranges=%d",
+            self.site.name,
+            self.query,
+            pending,
+        )
+        self.totals.index_restarts += 1
+        return {t: tail for t, tail in index.items() if not tail.pending}, True
 
     def write_index(self) -> int:
         """Every :data:`INDEX_EVERY_S`, one segment per relay topic with pending seqs,

@@ -11,11 +11,21 @@ from pathlib import Path
 import pytest
 
 from local_stack.kafka import KafkaBroker
-from shorelink.contract import ingress_topic
+from shorelink.contract import MARKER_TOPIC, ingress_topic, marker_key, relay_topic
+from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.reading import read_to_end
+from shorelink.ranges import RangeSet
+from spark_core.config import parse_config
 from spark_core.merge import Merger, SourceRow, fence_predecessors
 from spark_core.merge_state import MergeError
 from tests.helpers import unique
-from tests.spark_core.helpers import assert_exactly_once, canonical, make_site, record
+from tests.spark_core.helpers import (
+    assert_exactly_once,
+    canonical,
+    make_site,
+    record,
+    site_doc,
+)
 
 
 def _row(topic: str, offset: int, origin: str, stream: str, seq: int) -> SourceRow:
@@ -85,3 +95,40 @@ def test_a_site_started_with_other_urgent_streams_fences_every_earlier_merge(
     finally:
         new.close()
     assert_exactly_once(canonical(b, s), {("ship1", s): 5})
+
+
+def test_pending_relay_seqs_of_many_origins_never_push_the_marker_past_the_size_limit(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """Review (replication N9): the marker, rewritten whole in every transaction,
+    carries the seqs relayed since the last index segment; 104,000 of them (13 ships,
+    every other seq) made it larger than a record may be, and every transaction failed
+    for good. Past the bound the tails start again at their topics' ends: the batch
+    commits, the marker stays small, and the next batches are indexed as before."""
+    b, s = kafka.bootstrap, unique("s")
+    a, n = unique("site"), unique("site")
+    doc = site_doc(b, tmp_path, [s], name=a)
+    other = dict(doc["sites"][a], checkpoint_dir=str(tmp_path / "n"), neighbours=[a])
+    doc["sites"][n] = other
+    site = parse_config(doc, base=tmp_path).site(a)
+    merger = Merger(site, sites=parse_config(doc, base=tmp_path))
+    merger.prepare()
+    t = ingress_topic(s)
+    seqs = [(f"ship{k}", q) for k in range(13) for q in range(1, 16_000, 2)]
+    rows = [_row(t, i, origin, s, q) for i, (origin, q) in enumerate(seqs)]
+    try:
+        assert len(merger.write_rows(0, rows).canonical) == len(rows)
+        assert merger.totals.index_restarts == 1
+        more = [_row(t, len(rows) + i, "ship0", s, q) for i, q in enumerate(range(16_001, 16_011))]
+        assert len(merger.write_rows(1, more).canonical) == 10
+        assert merger.state.index[relay_topic(a, s)].pending["ship0"] == RangeSet(
+            [(16_001, 16_010)]
+        )
+    finally:
+        merger.close()
+    markers = [
+        len(m.value() or b"")
+        for m in read_to_end(KafkaEndpoint.plaintext(b), [MARKER_TOPIC])
+        if m.key() == marker_key(a)
+    ]
+    assert markers and max(markers) < 100_000
