@@ -6,6 +6,7 @@ in a port's data centre otherwise."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from core_gateway.config import GatewayConfig
 from edge_agent.cli import main as edge_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -270,8 +272,12 @@ def test_gateway_image_builds_with_only_the_gateway_extra(tmp_path: Path) -> Non
 
 #: the first aiohttp without the server- and client-side advisories published up to it
 #: (request smuggling, decompression bombs, pipelining without limit, the C parser's
-#: out-of-bounds read), which the gateway, the agent and the ops page all meet
-AIOHTTP_FLOOR = "3.14.3"
+#: out-of-bounds read), which the gateway, the agent and the ops page all meet; 3.14.5:
+#: the fixes scanner feeds list after 3.14.3 (review N14)
+AIOHTTP_FLOOR = "3.14.5"
+#: cryptography: 44.0.0 (GHSA-79v4-65xg-pq4g) and below 46.0.5 (CVE-2026-26007, SECT
+#: curves) excluded, though neither is reachable here (review N14)
+CRYPTOGRAPHY_FLOOR = "46.0.5"
 
 
 def test_no_extra_admits_an_aiohttp_with_known_advisories() -> None:
@@ -289,7 +295,67 @@ def test_no_extra_admits_an_aiohttp_with_known_advisories() -> None:
     ]
     assert pins
     for pin in pins:
-        older = [v for v in ("3.10.0", "3.13.3", "3.14.2") if pin.specifier.contains(v)]
+        older = [
+            v
+            for v in ("3.10.0", "3.13.3", "3.14.2", "3.14.3", "3.14.4")
+            if pin.specifier.contains(v)
+        ]
         assert not older, f"{pin} admits {older}"
         assert pin.specifier.contains(AIOHTTP_FLOOR), pin
     assert Version(AIOHTTP_FLOOR) <= Version(__import__("aiohttp").__version__)
+
+
+def test_no_extra_admits_a_cryptography_with_known_advisories() -> None:
+    """Review N14: ``cryptography>=44`` admitted 44.0.0 and every version below 46.0.5;
+    the kernel (ship signatures) and the local stack's CA both depend on it."""
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = [
+        Requirement(r)
+        for reqs in [project["dependencies"], *project["optional-dependencies"].values()]
+        for r in reqs
+        if Requirement(r).name == "cryptography"
+    ]
+    assert pins
+    for pin in pins:
+        older = [v for v in ("44.0.0", "45.0.7", "46.0.4") if pin.specifier.contains(v)]
+        assert not older, f"{pin} admits {older}"
+        assert pin.specifier.contains(CRYPTOGRAPHY_FLOOR), pin
+    assert Version(CRYPTOGRAPHY_FLOOR) <= Version(version("cryptography"))
+
+
+COMPOSE = ROOT / "deploy" / "gateway" / "compose.yaml"
+
+
+def _service(text: str, name: str) -> str:
+    """The lines of service ``name`` in a compose file (two-space indented services)."""
+    block = re.search(rf"^  {name}:\n((?:    .*\n|\s*\n)*)", text, re.M)
+    assert block, f"no service {name}"
+    return block.group(1)
+
+
+def test_the_compose_sample_bounds_the_gateways_memory_descriptors_and_privileges() -> None:
+    """Review N14: the sample ran the gateway without a memory limit (an OOM took the
+    host's other services with it), with the default soft ``nofile`` of 1,024 (about
+    the connection limit: accept() failed before the limit refused), a writable root
+    file system and every default capability."""
+    gateway = _service(COMPOSE.read_text(), "gateway")
+    limit = re.search(r"^    mem_limit: (\d+)([mg])$", gateway, re.M)
+    assert limit, gateway
+    mib = int(limit.group(1)) * (1024 if limit.group(2) == "g" else 1)
+    assert 1024 < mib <= 4096  # above the documented 1 GiB + a worker, bounded
+    soft = re.search(r"^      nofile:\n        soft: (\d+)\n        hard: (\d+)$", gateway, re.M)
+    assert soft, gateway
+    default = {f.name: f.default for f in dataclasses.fields(GatewayConfig)}["max_connections"]
+    assert isinstance(default, int)
+    max_connections = default
+    assert int(soft.group(1)) >= 2 * max_connections and int(soft.group(2)) >= int(soft.group(1))
+    assert re.search(r"^    read_only: true$", gateway, re.M)
+    assert re.search(r"^    cap_drop: \[ALL\]$", gateway, re.M)
+    assert "no-new-privileges:true" in gateway
+    # the state the gateway writes is a volume, the rest a tmpfs: nothing else to write
+    assert "gateway-state:/var/lib/shorelink" in gateway and "- /tmp" in gateway
