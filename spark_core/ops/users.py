@@ -28,9 +28,10 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 
-from shorelink.errors import ConfigError, ShorelinkError
+from shorelink.errors import ConfigError
 from shorelink.files import FileWatch, locked, read_private, write_atomic
 from shorelink.logs import get_logger
+from spark_core.errors import SparkCoreError
 
 __all__ = [
     "MAX_PASSWORD_BYTES",
@@ -119,8 +120,11 @@ def _parse(text: str, where: str) -> dict[str, str]:
     return users
 
 
-class LoginsBusy(ShorelinkError):
-    """:data:`MAX_WAITING_CHECKS` password checks wait already: try again in a moment."""
+class LoginsBusy(SparkCoreError):
+    """:data:`MAX_WAITING_CHECKS` password checks wait already: try again in a moment
+    (``retryable``)."""
+
+    retryable = True
 
 
 class OpsUsers:
