@@ -305,4 +305,22 @@ def test_the_plan_never_asks_more_in_sync_replicas_than_a_topic_has() -> None:
     changes = plan_changes([spec], {"sl.x": have}, replication_factor=3, min_insync=2)
     assert [c.action for c in changes] == ["warning"]  # under-replicated: said, not moved
     compact = plan_changes([TopicSpec("sl.x", 2, compacted=True)], {"sl.x": have}, 1, 1)
-    assert [(c.action, c.configs) for c in compact] == [("config", {"cleanup.policy": "compact"})]
+    assert [(c.action, c.configs) for c in compact] == [
+        ("config", {"cleanup.policy": "compact", "segment.ms": "3600000"})
+    ]
+
+
+def test_every_topic_rolls_segments_its_retention_or_compaction_can_act_on() -> None:
+    """Review N14 and N9: Kafka deletes or compacts whole segments only, never the
+    active one; at the broker's default (7 days or 1 GiB) a relay kept 3 days held
+    about 10, and the marker and ledger, rewritten in every transaction, kept days of
+    stale copies that each load of the merge state read. Every topic the site writes
+    rolls its segments at an eighth of its retention (a minute to a day), a compacted
+    one hourly; a topic kept for ever keeps the broker's."""
+    assert TopicSpec("r", retention_ms=3 * DAY_MS).topic_config()["segment.ms"] == str(
+        3 * DAY_MS // 8
+    )
+    assert TopicSpec("r", retention_ms=30 * DAY_MS).topic_config()["segment.ms"] == str(DAY_MS)
+    assert TopicSpec("r", retention_ms=1000).topic_config()["segment.ms"] == "60000"
+    assert TopicSpec("m", compacted=True).topic_config()["segment.ms"] == "3600000"
+    assert "segment.ms" not in TopicSpec("f", retention_ms=-1).topic_config()
