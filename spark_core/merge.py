@@ -656,10 +656,7 @@ class Merger:
         if pending <= PENDING_MAX_RANGES:
             return index, False
         log.warning(
-            "event=relay_index_restarted site=%s query=%s pending_ranges=%d",
-            self.site.name,
-            self.query,
-            pending,
+            "relay_index_restarted", site=self.site.name, query=self.query, pending_ranges=pending
         )
         self.totals.index_restarts += 1
         return {t: tail for t, tail in index.items() if not tail.pending}, True
