@@ -505,6 +505,13 @@ def ship_key_remove(ship: str, keys_path: Path) -> None:
     except ShorelinkError as exc:
         fail(exc)
     click.echo(f"ship {ship}: key removed from {keys_path}; copy the file to every site")
+    if not keys.require_signatures:  # review N10: said, not silent
+        click.echo(
+            f"warning: require_signatures = false in {keys_path}: ship {ship} is now taken "
+            "UNSIGNED at every site (its batches and any record a neighbour offers in its "
+            "name); set require_signatures = true to refuse it instead",
+            err=True,
+        )
 
 
 def _stream_seqs(items: Sequence[str]) -> dict[str, int]:

@@ -69,6 +69,8 @@ def test_new_list_replace_and_remove_keep_the_private_key_private(tmp_path: Path
     assert "redsea" in text and "taken unsigned" in text
     gone = _run("remove", "redsea", "--ship-keys", str(keys))
     assert gone.returncode == 0 and sorted(ShipKeys.load(keys).ships) == ["bigblue", "oldtimer"]
+    # review N10: without require_signatures the ship is now taken unsigned: said
+    assert "warning: require_signatures = false" in gone.stderr and "UNSIGNED" in gone.stderr
     assert ShipKeys.load(keys).unsigned_below == {"oldtimer": {"containers": 5000, "nav": 70}}
     assert _run("remove", "redsea", "--ship-keys", str(keys)).returncode == 2
     bad = _run("new", "Big Blue", "--key-file", str(tmp_path / "x.key"), "--ship-keys", str(keys))
