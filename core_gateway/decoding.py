@@ -45,8 +45,9 @@ PROCESS_DECODE_BYTES = 64 * 1024
 
 _Columns = tuple[Any, ...]
 #: what a worker needs of the ship keys for one batch: whether keys are required, and
-#: the batch's ship's public key if it has one (a ShipKeys does not cross processes)
-KeySpec = tuple[bool, dict[str, str]]
+#: the batch's ship's entry if it has a key (its keys, previous ones included: a
+#: ShipKeys does not cross processes)
+KeySpec = tuple[bool, dict[str, object]]
 
 
 def _decode_columns(body: bytes, limits: Limits, spec: KeySpec | None = None) -> _Columns:
@@ -98,7 +99,7 @@ class BatchDecoder:
         header = peek_header(body, self.limits)
         spec: KeySpec | None = None
         if keys is not None:
-            spec = (keys.require_signatures, keys.public_keys([header.origin]))
+            spec = (keys.require_signatures, keys.entries([header.origin]))
         if len(body) + header.raw_len > PROCESS_DECODE_BYTES and self.pool.workers:
             try:
                 cols = await self.pool.run(_decode_columns, body, self.limits, spec)

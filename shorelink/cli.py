@@ -19,7 +19,7 @@ import json
 import os
 import sys
 import tomllib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -380,8 +380,25 @@ _KEYS_OPTION = click.option(
 @click.option(
     "--replace",
     is_flag=True,
-    help="The ship has a key in the file already: replace it (a lost or stolen key). "
-    "Records the old key signed are refused from then on where a site lacks them.",
+    help="The ship has a key in the file already: replace it (a lost key, a rotation). "
+    "The old key stays in the file's history and still proves what it signed, at every "
+    "seq unless --revoke.",
+)
+@click.option(
+    "--revoke",
+    is_flag=True,
+    help="With --replace, the old key was stolen: it proves only records below the --from "
+    "bounds, and is refused above them (at gateways and merges).",
+)
+@click.option(
+    "--from",
+    "revoke_from",
+    multiple=True,
+    metavar="[STREAM=]SEQ",
+    help="With --revoke: the first seq the old key may not sign, per STREAM (repeatable; "
+    "a stream not named is refused whole), or one SEQ for every stream. The ship's next "
+    "seq when the key was lost (shorelink-edge status), or what sites hold (shorelink "
+    "audit): the ship's records above it must carry the new key's proof.",
 )
 @click.option(
     "--require-signatures/--no-require-signatures",
@@ -402,16 +419,20 @@ def ship_key_new(
     key_file: Path,
     keys_path: Path,
     replace: bool,
+    revoke: bool,
+    revoke_from: tuple[str, ...],
     require_signatures: bool | None,
     unsigned_below: tuple[str, ...],
 ) -> None:
-    """Make SHIP's signing key and add its public half to the ship keys file."""
+    """Make SHIP's signing key and add its public half to the ship keys file (with
+    --replace, the old key goes to the ship's previous keys)."""
     from shorelink.files import locked
     from shorelink.identity import check_name
-    from shorelink.proof import ShipKey, ShipKeys
+    from shorelink.proof import MAX_PREVIOUS_KEYS, PreviousKey, ShipKey, ShipKeys
 
     try:
         check_name("origin", ship)
+        valid_below = _revoke_bound(replace, revoke, revoke_from)
         if key_file.exists():
             raise ShorelinkError(f"{key_file} exists: a ship's key is never overwritten")
         with locked(keys_path):
@@ -427,11 +448,23 @@ def ship_key_new(
             bounds = dict(keys.unsigned_below)
             bounds.pop(ship, None)
             if unsigned_below:
-                bounds[ship] = _stream_seqs(unsigned_below)
+                bounds[ship] = _stream_seqs(unsigned_below, "--unsigned-below")
+            previous = dict(keys.previous)
+            if ship in keys.ships:  # --replace: the old key, newest first, once
+                old = keys.public_keys([ship])[ship]
+                kept = [p for p in previous.get(ship, ()) if p.public != old]
+                previous[ship] = (PreviousKey(old, keys.ships[ship], valid_below), *kept)
+                if len(previous[ship]) > MAX_PREVIOUS_KEYS:
+                    raise ShorelinkError(
+                        f"ship {ship} has {MAX_PREVIOUS_KEYS} previous keys already: edit "
+                        f"{keys_path} to drop the oldest (what they signed is then refused)"
+                    )
+            elif revoke:
+                raise ShorelinkError(f"ship {ship} has no key in {keys_path} to revoke")
             key = ShipKey.generate()
             ships = {**keys.public_keys(), ship: key.public()}
             require = keys.require_signatures if require_signatures is None else require_signatures
-            text = ShipKeys.render(ships, require, bounds)
+            text = ShipKeys.render(ships, require, bounds, previous)
             ShipKeys.parse(tomllib.loads(text))  # what it writes reads back
             key.save(key_file)
             write_atomic(keys_path, text)
@@ -463,6 +496,9 @@ def ship_key_list(keys_path: Path, as_json: bool) -> None:
                     "require_signatures": keys.require_signatures,
                     "ships": public,
                     "unsigned_below": keys.unsigned_below,
+                    "previous": {
+                        s: [p.entry() for p in before] for s, before in keys.previous.items()
+                    },
                 }
             )
         )
@@ -482,6 +518,15 @@ def ship_key_list(keys_path: Path, as_json: bool) -> None:
         ]
         for line in table(["ship", "public key", "taken unsigned"], rows):
             click.echo(line)
+        history = [
+            [s, p.public, _validity(p.valid_below)]
+            for s, before in sorted(keys.previous.items())
+            for p in before
+        ]
+        if history:
+            click.echo("previous keys (what they signed stays provable):")
+            for line in table(["ship", "previous key", "proves"], history):
+                click.echo(line)
     refused = "refused" if keys.require_signatures else "taken unsigned"
     click.echo(f"ships without a key: {refused} (require_signatures)")
 
@@ -501,7 +546,10 @@ def ship_key_remove(ship: str, keys_path: Path) -> None:
             if ships.pop(ship, None) is None:
                 raise ShorelinkError(f"ship {ship} has no key in {keys_path}")
             bounds = {s: b for s, b in keys.unsigned_below.items() if s != ship}
-            write_atomic(keys_path, ShipKeys.render(ships, keys.require_signatures, bounds))
+            previous = {s: p for s, p in keys.previous.items() if s != ship}
+            write_atomic(
+                keys_path, ShipKeys.render(ships, keys.require_signatures, bounds, previous)
+            )
     except ShorelinkError as exc:
         fail(exc)
     click.echo(f"ship {ship}: key removed from {keys_path}; copy the file to every site")
@@ -514,15 +562,46 @@ def ship_key_remove(ship: str, keys_path: Path) -> None:
         )
 
 
-def _stream_seqs(items: Sequence[str]) -> dict[str, int]:
+def _stream_seqs(items: Sequence[str], option: str) -> dict[str, int]:
     """``STREAM=SEQ`` options as a mapping; a ShorelinkError naming a bad one."""
     out = {}
     for item in items:
         stream, _, seq = item.partition("=")
         if not seq.isdigit() or int(seq) < 1:
-            raise ShorelinkError(f"--unsigned-below {item!r}: give STREAM=SEQ, SEQ >= 1")
+            raise ShorelinkError(f"{option} {item!r}: give STREAM=SEQ, SEQ >= 1")
         out[stream] = int(seq)
     return out
+
+
+def _revoke_bound(replace: bool, revoke: bool, items: Sequence[str]) -> int | dict[str, int] | None:
+    """The old key's ``valid_below`` that ``--revoke --from ...`` give (None: the old
+    key proves every seq); a ShorelinkError for options that do not go together."""
+    if revoke and not replace:
+        raise ShorelinkError("--revoke goes with --replace (it is the old key that is revoked)")
+    if items and not revoke:
+        raise ShorelinkError("--from bounds a revoked key: give --revoke with it")
+    if not revoke:
+        return None
+    if not items:
+        raise ShorelinkError(
+            "--revoke needs --from [STREAM=]SEQ: the first seq the old key may not sign (the "
+            "ship's next seq when the key was lost: shorelink-edge status; --from 1 refuses "
+            "everything it signed)"
+        )
+    if len(items) == 1 and items[0].isdigit():
+        if int(items[0]) < 1:
+            raise ShorelinkError("--from 0: give SEQ >= 1")
+        return int(items[0])
+    return _stream_seqs(items, "--from")
+
+
+def _validity(valid_below: int | Mapping[str, int] | None) -> str:
+    if valid_below is None:
+        return "every seq"
+    if isinstance(valid_below, int):
+        return f"seq < {valid_below}"
+    named = ", ".join(f"{st} < {n}" for st, n in sorted(valid_below.items()))
+    return f"{named}; no other stream"
 
 
 _ADDED: dict[str, list[str]] = {}

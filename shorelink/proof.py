@@ -46,9 +46,12 @@ from shorelink.logs import get_logger
 __all__ = [
     "CHUNK_RECORDS",
     "HASH_BYTES",
+    "KEY_CAUSES",
+    "MAX_PREVIOUS_KEYS",
     "MAX_UNSIGNED_BELOW",
     "PROOF_HELD_BYTES",
     "SIGNATURE_BYTES",
+    "PreviousKey",
     "Proof",
     "ShipKey",
     "ShipKeys",
@@ -56,6 +59,7 @@ __all__ = [
     "WatchedShipKeys",
     "chunk_message",
     "chunks",
+    "key_cause",
     "leaves_of",
     "merkle_levels",
     "merkle_path",
@@ -317,14 +321,15 @@ def _check_not_writable_by_others(path: Path, st: os.stat_result, field_name: st
         )
 
 
-def _ship_entry(field_name: str, entry: object) -> tuple[str, dict[str, int]]:
+def _ship_entry(field_name: str, entry: object) -> tuple[str, dict[str, int], list[object]]:
     """A ship's entry in the keys file: its key, or ``{ key = "...", unsigned_below =
-    { stream = seq, ... } }``."""
+    { stream = seq, ... }, previous = [ { key = "...", valid_below = ... }, ... ] }``."""
     if isinstance(entry, str):
-        return entry, {}
-    if not isinstance(entry, dict) or set(entry) - {"key", "unsigned_below"}:
+        return entry, {}, []
+    if not isinstance(entry, dict) or set(entry) - {"key", "unsigned_below", "previous"}:
         raise ConfigError(
-            field_name, 'must be "<public key>" or { key = "...", unsigned_below = {...} }'
+            field_name,
+            'must be "<public key>" or { key = "...", unsigned_below = {...}, previous = [...] }',
         )
     bounds = entry.get("unsigned_below", {})
     if not isinstance(bounds, dict) or not all(
@@ -341,7 +346,85 @@ def _ship_entry(field_name: str, entry: object) -> tuple[str, dict[str, int]]:
             check_name("stream", stream)
         except ContractError as exc:
             raise ConfigError(f"{field_name}.unsigned_below", str(exc)) from None
-    return str(entry.get("key", "")), dict(bounds)
+    previous = entry.get("previous", [])
+    if not isinstance(previous, list) or len(previous) > MAX_PREVIOUS_KEYS:
+        raise ConfigError(
+            f"{field_name}.previous",
+            f"must be a list of at most {MAX_PREVIOUS_KEYS} {{ key = ..., valid_below = ... }}",
+        )
+    return str(entry.get("key", "")), dict(bounds), previous
+
+
+def _seq_bound(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_INT64
+
+
+def _public_key(where: str, text: object) -> Ed25519PublicKey:
+    try:
+        if not isinstance(text, str):
+            raise ValueError("not a string")
+        return Ed25519PublicKey.from_public_bytes(base64.b64decode(text, validate=True))
+    except ValueError as exc:
+        raise ConfigError(where, f"not an Ed25519 public key: {exc}") from None
+
+
+#: previous keys a ship's entry holds at most (each one more signature check for a
+#: chunk no key signed, once: :meth:`ShipKeys.check` remembers it)
+MAX_PREVIOUS_KEYS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class PreviousKey:
+    """A key a ship had before its current one (``ship-key new --replace``): what it
+    signed stays provable where a site lacks it (a relay, history, a site rebuilt).
+
+    ``valid_below``: None, the key proves records at every seq (it was replaced, not
+    revoked: a lost key, or a routine rotation); an int, only seqs below it, of every
+    stream; a mapping, per stream, only seqs below the stream's bound, and nothing of a
+    stream it does not name (``--revoke``: a stolen key signs no record above the seq
+    the ship had reached). The current key proves every seq: only the ship holds it."""
+
+    public: str
+    key: Ed25519PublicKey = field(compare=False, repr=False)
+    valid_below: int | Mapping[str, int] | None = None
+
+    def valid_at(self, stream: str, seq: int) -> bool:
+        bound = self.bound(stream)
+        return bound is None or seq < bound
+
+    def bound(self, stream: str) -> int | None:
+        """The first seq of ``stream`` this key no longer proves (None: none)."""
+        if self.valid_below is None or isinstance(self.valid_below, int):
+            return self.valid_below
+        return self.valid_below.get(stream, 1)
+
+    def entry(self) -> dict[str, object]:
+        """As the keys file writes it."""
+        out: dict[str, object] = {"key": self.public}
+        if self.valid_below is not None:
+            vb = self.valid_below
+            out["valid_below"] = vb if isinstance(vb, int) else dict(vb)
+        return out
+
+    @classmethod
+    def parse(cls, where: str, item: object) -> PreviousKey:
+        if not isinstance(item, dict) or set(item) - {"key", "valid_below"} or "key" not in item:
+            raise ConfigError(where, '{ key = "<public key>", valid_below = ... } expected')
+        key = _public_key(where, item["key"])
+        vb = item.get("valid_below")
+        if vb is None or _seq_bound(vb):
+            return cls(str(item["key"]), key, vb)
+        if not isinstance(vb, dict) or not all(_seq_bound(n) for n in vb.values()):
+            raise ConfigError(
+                f"{where}.valid_below",
+                f"must be a seq (every stream) or {{ stream = seq, ... }}, seqs 1 to {MAX_INT64}",
+            )
+        for stream in vb:
+            try:
+                check_name("stream", stream)
+            except ContractError as exc:
+                raise ConfigError(f"{where}.valid_below", str(exc)) from None
+        return cls(str(item["key"]), key, dict(vb))
 
 
 class SignatureError(ShorelinkError):
@@ -352,6 +435,26 @@ class SignatureError(ShorelinkError):
     def __init__(self, reason: str, message: str) -> None:
         self.reason = reason
         super().__init__(f"{reason}: {message}")
+
+
+#: what a refusal of :meth:`ShipKeys.check` begins with when the ship keys file is its
+#: cause, so a change of the file can turn it into a proof (a merge dead-letters it and
+#: re-drives it when the file changes): the ship has no key and keys are required; a
+#: record without a proof of a ship that signs; a proof no key of the ship verifies; a
+#: proof of a previous key past its ``valid_below``
+UNKNOWN_SHIP = "unknown_ship"
+UNSIGNED = "unsigned"
+BAD_SIGNATURE = "bad_signature"
+REVOKED = "revoked"
+KEY_CAUSES = frozenset({UNKNOWN_SHIP, UNSIGNED, BAD_SIGNATURE, REVOKED})
+UNPROVED = f"{BAD_SIGNATURE}: proof does not verify: not the ship's record"
+
+
+def key_cause(reason: str) -> str | None:
+    """The ship keys file cause of a refusal of :meth:`ShipKeys.check` (one of
+    :data:`KEY_CAUSES`), or None when no change of the file can prove the record."""
+    cause = reason.partition(":")[0]
+    return cause if cause in KEY_CAUSES else None
 
 
 #: chunks whose root a :class:`ShipKeys` remembers once their signature held (about 250
@@ -378,9 +481,15 @@ class ShipKeys:
     #: what the ship sent before it had its key (a fleet moving over, a site rebuilt
     #: taking that history back); a record with a proof is always checked
     unsigned_below: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: per ship, the keys it had before its current one, newest first (:class:`PreviousKey`)
+    previous: dict[str, tuple[PreviousKey, ...]] = field(default_factory=dict)
     #: the root of each chunk whose signature held, by (origin, stream, chunk and
-    #: signature): a record of it is checked by its path alone (oldest forgotten first)
-    _roots: dict[tuple[str, str, bytes], bytes] = field(default_factory=dict, repr=False)
+    #: signature), and which of the ship's keys signed it (0: the current one, i: the
+    #: ``previous[i-1]``): a record of it is checked by its path and that key's
+    #: validity at its seq alone (oldest forgotten first)
+    _roots: dict[tuple[str, str, bytes], tuple[bytes, int]] = field(
+        default_factory=dict, repr=False
+    )
     #: (chunk, root) pairs whose signature failed (oldest forgotten first)
     _failed: dict[tuple[str, str, bytes, bytes], None] = field(default_factory=dict, repr=False)
     #: Ed25519 verifications made by :meth:`check` (what checking pulled records costs)
@@ -415,37 +524,59 @@ class ShipKeys:
             raise ConfigError(f"{where}: ships", 'must be a table: ship = "<public key>"')
         keys = {}
         below: dict[str, dict[str, int]] = {}
+        before: dict[str, tuple[PreviousKey, ...]] = {}
         for ship, entry in ships.items():
-            text, bounds = _ship_entry(f"{where}: ships.{ship}", entry)
+            where_ship = f"{where}: ships.{ship}"
+            text, bounds, previous = _ship_entry(where_ship, entry)
             try:
                 check_name("origin", ship)
-                raw = base64.b64decode(text, validate=True)
-                keys[ship] = Ed25519PublicKey.from_public_bytes(raw)
-            except (ValueError, ContractError) as exc:
-                raise ConfigError(
-                    f"{where}: ships.{ship}", f"not an Ed25519 public key: {exc}"
-                ) from None
+            except ContractError as exc:
+                raise ConfigError(where_ship, f"not an Ed25519 public key: {exc}") from None
+            keys[ship] = _public_key(where_ship, text)
             if bounds:
                 below[ship] = bounds
-        return cls(keys, require, below)
+            if previous:
+                before[ship] = tuple(
+                    PreviousKey.parse(f"{where_ship}.previous[{i}]", item)
+                    for i, item in enumerate(previous)
+                )
+        return cls(keys, require, below, before)
 
     @staticmethod
     def render(
         ships: Mapping[str, str],
         require_signatures: bool,
         unsigned_below: Mapping[str, Mapping[str, int]] | None = None,
+        previous: Mapping[str, Sequence[PreviousKey]] | None = None,
     ) -> str:
+        def table(bounds: Mapping[str, int]) -> str:
+            return "{ " + ", ".join(f"{st} = {n}" for st, n in sorted(bounds.items())) + " }"
+
+        def old(p: PreviousKey) -> str:
+            vb = p.valid_below
+            if vb is None:
+                return f'{{ key = "{p.public}" }}'
+            bound = str(vb) if isinstance(vb, int) else table(vb)
+            return f'{{ key = "{p.public}", valid_below = {bound} }}'
+
         def entry(ship: str, key: str) -> str:
             bounds = (unsigned_below or {}).get(ship)
-            if not bounds:
+            before = (previous or {}).get(ship)
+            if not bounds and not before:
                 return f'{ship} = "{key}"'
-            inner = ", ".join(f"{st} = {n}" for st, n in sorted(bounds.items()))
-            return f'{ship} = {{ key = "{key}", unsigned_below = {{ {inner} }} }}'
+            parts = [f'key = "{key}"']
+            if bounds:
+                parts.append(f"unsigned_below = {table(bounds)}")
+            if before:
+                parts.append("previous = [" + ", ".join(old(p) for p in before) + "]")
+            return f"{ship} = {{ {', '.join(parts)} }}"
 
         lines = [
             "# shorelink ship keys: every ship's public Ed25519 key (base64). Every site's",
             "# gateway and Spark application read the same file (docs/replication.md).",
             "# Managed with: shorelink ship-key new SHIP --key-file ... --ship-keys this-file",
+            "# previous = [...]: keys a ship had before (--replace), each proving the records it",
+            "# signed below valid_below (none: every seq); the current key proves every seq.",
             f"require_signatures = {'true' if require_signatures else 'false'}",
             "",
             "[ships]",
@@ -469,16 +600,47 @@ class ShipKeys:
     def verify_chunk(
         self, origin: str, stream: str, first_seq: int, count: int, root: bytes, sig: bytes
     ) -> bool:
-        """Did ``origin``'s key sign this chunk? (One Ed25519 check: :meth:`check`
-        remembers the root of a chunk that passed.)"""
+        """Did a key of ``origin`` valid for every seq of this chunk sign it? (The
+        gateway's check of a batch.)"""
+        signer = self.signer(origin, stream, first_seq, count, root, sig)
+        return signer is not None and self._valid(origin, stream, first_seq + count - 1, signer)
+
+    def signer(
+        self, origin: str, stream: str, first_seq: int, count: int, root: bytes, sig: bytes
+    ) -> int | None:
+        """Which of ``origin``'s keys signed this chunk: 0 its current key, i its
+        ``previous[i-1]``, None none (one Ed25519 check per key tried: :meth:`check`
+        remembers the answer per chunk)."""
         key = self.ships.get(origin)
         if key is None or len(sig) != SIGNATURE_BYTES:
-            return False
-        try:
-            key.verify(sig, chunk_message(origin, stream, first_seq, count, root))
-        except InvalidSignature:
-            return False
-        return True
+            return None
+        message = chunk_message(origin, stream, first_seq, count, root)
+        for i, k in enumerate([key, *(p.key for p in self.previous.get(origin, ()))]):
+            self.signature_checks += 1
+            try:
+                k.verify(sig, message)
+            except InvalidSignature:
+                continue
+            return i
+        return None
+
+    def _valid(self, origin: str, stream: str, seq: int, signer: int) -> bool:
+        """Does key ``signer`` of ``origin`` (:meth:`signer`) prove records at ``seq``?"""
+        return signer == 0 or self.previous[origin][signer - 1].valid_at(stream, seq)
+
+    def entries(self, ships: Iterable[str] | None = None) -> dict[str, object]:
+        """The entries of ``ships`` that have a key (default: all) as the keys file
+        holds them (what :meth:`parse` reads back: a worker process's copy)."""
+        names = self.ships if ships is None else [s for s in ships if s in self.ships]
+        out: dict[str, object] = {}
+        for s in names:
+            entry: dict[str, object] = {"key": _public_text(self.ships[s])}
+            if s in self.unsigned_below:
+                entry["unsigned_below"] = dict(self.unsigned_below[s])
+            if s in self.previous:
+                entry["previous"] = [p.entry() for p in self.previous[s]]
+            out[s] = entry
+        return out
 
     def verify_batch(
         self, origin: str, stream: str, first_seq: int, leaves: Sequence[bytes], sigs: bytes
@@ -554,14 +716,14 @@ class ShipKeys:
     ) -> str | None:
         if origin not in self.ships:
             return (
-                f"ship {origin} has no key and signatures are required"
+                f"{UNKNOWN_SHIP}: ship {origin} has no key and signatures are required"
                 if self.refuses(origin)
                 else None
             )
         if proof is None:
             if seq < self.unsigned_below.get(origin, {}).get(stream, 0):
                 return None  # sent before the ship had its key (unsigned_below)
-            return f"ship {origin} signs its records; this one has no proof"
+            return f"{UNSIGNED}: ship {origin} signs its records; this one has no proof"
         if not (1 <= seq <= MAX_INT64 and 0 <= ts_ms <= MAX_INT64):
             return f"seq {seq} or ts {ts_ms} is beyond the contract's 0..2**63-1"
         try:
@@ -574,20 +736,28 @@ class ShipKeys:
         chunk = (origin, stream, proof[: _PROOF.size + SIGNATURE_BYTES])
         known = self._roots.get(chunk)
         if known is not None:
-            return None if known == root else "proof does not verify: not the ship's record"
+            if known[0] != root:
+                return UNPROVED
+            return self._revoked(origin, stream, seq, known[1])
         failed = (*chunk, root)
         if failed in self._failed:
-            return "proof does not verify: not the ship's record"
-        self.signature_checks += 1
-        if not self.verify_chunk(origin, stream, p.first_seq, p.count, root, p.signature):
+            return UNPROVED
+        signer = self.signer(origin, stream, p.first_seq, p.count, root, p.signature)
+        if signer is None:
             self._failed[failed] = None
             if len(self._failed) > _FAILED_MAX:
                 self._failed.pop(next(iter(self._failed)))
-            return "proof does not verify: not the ship's record"
-        self._roots[chunk] = root
+            return UNPROVED
+        self._roots[chunk] = (root, signer)
         if len(self._roots) > _ROOTS_MAX:
             self._roots.pop(next(iter(self._roots)))
-        return None
+        return self._revoked(origin, stream, seq, signer)
+
+    def _revoked(self, origin: str, stream: str, seq: int, signer: int) -> str | None:
+        if self._valid(origin, stream, seq, signer):
+            return None
+        bound = self.previous[origin][signer - 1].bound(stream)
+        return f"{REVOKED}: signed by a previous key of {origin} valid below seq {bound} only"
 
 
 def signature_mode(
@@ -612,7 +782,10 @@ def signature_mode(
         )
     below = sum(len(b) for b in keys.unsigned_below.values())
     mode = "required" if keys.require_signatures else "per_ship"
-    return f"{mode} ships={len(keys.ships)} unsigned_below={below}", warnings
+    phrase = f"{mode} ships={len(keys.ships)} unsigned_below={below}"
+    if keys.previous:
+        phrase += f" previous_keys={sum(len(p) for p in keys.previous.values())}"
+    return phrase, warnings
 
 
 def leaves_of(

@@ -6,6 +6,7 @@ carries the signatures, and a batch whose signatures were cut or changed is refu
 from __future__ import annotations
 
 import contextlib
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,10 @@ from shorelink.proof import (
     Proof,
     ShipKey,
     ShipKeys,
+    SignatureError,
     WatchedShipKeys,
     chunks,
+    key_cause,
     leaves_of,
     merkle_levels,
     merkle_path,
@@ -246,3 +249,167 @@ def test_a_ship_keys_file_others_may_write_is_refused(tmp_path: Path) -> None:
     watched_path.chmod(0o666)  # ...by a file anyone may write: refused, the old keys kept
     eventually(lambda: watched.current() and watched.stale, within=10, what="a re-read")
     assert watched.current().signed("bigblue") and watched.failures >= 1
+
+
+def _signed_by(
+    key: ShipKey, stream: str, first: int, n: int
+) -> tuple[tuple[WireRecord, ...], list[bytes], tuple[object, ...], bytes]:
+    """Records ``first``.. of bigblue's ``stream`` as ``key`` signed them: the records,
+    each one's ``sl.proof``, the batch's columns and its signatures (the gateway's)."""
+    recs = records(first, n)
+    h, cols = decode_columns(encode_batch(Batch("bigblue", stream, recs), key=key))
+    leaves = leaves_of(h.first_seq, *cols)
+    return recs, [p.encode() for p in proofs(first, leaves, h.signatures)], cols, h.signatures
+
+
+def _verdicts(keys: ShipKeys, stream: str, recs: tuple[WireRecord, ...], ps: list[bytes]) -> list:
+    return [
+        keys.check("bigblue", stream, r.seq, r.ts_ms, r.key, r.topic, r.payload, p)
+        for r, p in zip(recs, ps, strict=True)
+    ]
+
+
+def test_records_the_old_key_signed_stay_provable_after_the_ship_key_is_replaced(
+    tmp_path: Path,
+) -> None:
+    """Review N4/security N6: after ``ship-key new --replace`` every record the old key
+    signed that some site still lacks (a relay, history, a site rebuilt later) was
+    refused for good. The old key stays in the ship's history (``previous``) and proves
+    what it signed, at the merge and at the gateway (a ship still signing with it until
+    its new key is on board); a key the ship never had still proves nothing."""
+    old_recs, old_proofs, old_cols, old_sigs = _signed_by(KEY, "containers", 1, 40)
+    new_recs, new_proofs, new_cols, new_sigs = _signed_by(OTHER, "containers", 41, 10)
+    path = tmp_path / "ship_keys.toml"
+    replaced = ShipKeys.parse(
+        {"ships": {"bigblue": {"key": OTHER.public(), "previous": [{"key": KEY.public()}]}}}
+    )
+    path.write_text(ShipKeys.render(replaced.public_keys(), True, None, replaced.previous))
+    keys = ShipKeys.load(path)
+    assert keys.previous == replaced.previous and keys.entries() == replaced.entries()
+    assert _verdicts(keys, "containers", old_recs, old_proofs) == [None] * 40
+    assert _verdicts(keys, "containers", new_recs, new_proofs) == [None] * 10
+    assert keys.prove_batch("bigblue", "containers", 1, old_cols, old_sigs) is not None
+    assert keys.prove_batch("bigblue", "containers", 41, new_cols, new_sigs) is not None
+    # the worker process's copy of the ship's entry proves the same
+    copy = ShipKeys.parse({"ships": keys.entries(["bigblue"])})
+    assert copy.prove_batch("bigblue", "containers", 1, old_cols, old_sigs) is not None
+    stranger = ShipKey.generate()
+    s_recs, s_proofs, _, _ = _signed_by(stranger, "containers", 1, 5)
+    assert all(
+        v and v.startswith("bad_signature") for v in _verdicts(keys, "containers", s_recs, s_proofs)
+    )
+    # an old file (one key per ship) loads as before, with no history
+    assert ShipKeys.parse({"ships": {"bigblue": KEY.public()}}).previous == {}
+
+
+def test_a_revoked_keys_records_above_its_bound_are_refused_and_below_it_taken() -> None:
+    """``--replace --revoke --from containers=20``: a stolen key must not sign the
+    ship's future seqs, but what it signed before stays provable. Per record (one chunk
+    of 40 spans the bound: the chunk's cached root does not carry the records above it
+    through), at the gateway per batch, and a stream the bound does not name is refused
+    whole; a single bound covers every stream."""
+    recs, ps, cols, sigs = _signed_by(KEY, "containers", 1, 40)
+    entry = {
+        "key": OTHER.public(),
+        "previous": [{"key": KEY.public(), "valid_below": {"containers": 20}}],
+    }
+    keys = ShipKeys.parse({"require_signatures": True, "ships": {"bigblue": entry}})
+    verdicts = _verdicts(keys, "containers", recs, ps)
+    assert verdicts[:19] == [None] * 19
+    assert all(v and key_cause(v) == "revoked" for v in verdicts[19:])
+    assert keys.signature_checks <= 2  # one chunk: checked once (the new key, then the old)
+    with pytest.raises(SignatureError, match="does not verify"):
+        keys.prove_batch("bigblue", "containers", 1, cols, sigs)
+    below = _signed_by(KEY, "containers", 1, 19)
+    assert keys.prove_batch("bigblue", "containers", 1, below[2], below[3]) is not None
+    nav = _signed_by(KEY, "nav", 1, 5)
+    assert all(v and key_cause(v) == "revoked" for v in _verdicts(keys, "nav", nav[0], nav[1]))
+    every = {"key": OTHER.public(), "previous": [{"key": KEY.public(), "valid_below": 3}]}
+    keys = ShipKeys.parse({"ships": {"bigblue": every}})
+    assert [v is None for v in _verdicts(keys, "nav", nav[0], nav[1])] == [True, True] + [False] * 3
+    for bad, match in [
+        ({"key": KEY.public(), "valid_below": 0}, "valid_below"),
+        ({"key": KEY.public(), "valid_below": 2**63}, "valid_below"),
+        ({"key": KEY.public(), "valid_below": {"Bad Name": 3}}, "bad stream"),
+        ({"key": KEY.public(), "valid_below": True}, "valid_below"),
+        ({"key": "AAAA"}, "not an Ed25519"),
+        ({"valid_below": 3}, "key ="),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            ShipKeys.parse({"ships": {"bigblue": {"key": OTHER.public(), "previous": [bad]}}})
+
+
+_PUBLICS = [KEY.public(), OTHER.public(), "AAAA", "", "not base64!"]
+_BOUNDS = (
+    st.none()
+    | st.integers(-2, 2**64)
+    | st.booleans()
+    | st.text(max_size=5)
+    | st.dictionaries(
+        st.sampled_from(["containers", "nav", "Bad Name", ""]),
+        st.integers(-2, 2**64) | st.text(max_size=3),
+        max_size=3,
+    )
+)
+_PREVIOUS = (
+    st.lists(
+        st.fixed_dictionaries(
+            {"key": st.sampled_from(_PUBLICS)},
+            optional={"valid_below": _BOUNDS, "extra": st.just(1)},
+        ),
+        max_size=4,
+    )
+    | st.integers()
+    | st.text(max_size=3)
+)
+_ENTRY = st.sampled_from(_PUBLICS) | st.fixed_dictionaries(
+    {"key": st.sampled_from(_PUBLICS)},
+    optional={
+        "previous": _PREVIOUS,
+        "unsigned_below": st.dictionaries(
+            st.sampled_from(["containers", "nav"]), st.integers(-2, 2**41)
+        ),
+    },
+)
+_SIGNED = {
+    (k.public(), s): _signed_by(k, s, 1, 8) for k in (KEY, OTHER) for s in ("containers", "nav")
+}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ships=st.dictionaries(st.sampled_from(["bigblue", "redsea", "Bad Ship"]), _ENTRY, max_size=3),
+    require=st.booleans() | st.just("yes"),
+    signer=st.sampled_from([KEY.public(), OTHER.public()]),
+    stream=st.sampled_from(["containers", "nav"]),
+    i=st.integers(0, 7),
+    seq=st.none() | st.integers(-(2**65), 2**65),
+    proof=st.sampled_from(["genuine", "none", "garbage", "cut"]),
+)
+def test_any_keys_file_loads_or_is_refused_by_name_and_check_gives_every_record_a_verdict(
+    ships: dict, require: object, signer: str, stream: str, i: int, seq: int | None, proof: str
+) -> None:
+    """Whatever a keys file holds (any shape of ``previous`` and its bounds), it loads
+    or is refused with a ConfigError naming the field, what loads writes back to the
+    same keys, and check() returns a verdict for any record, never an exception (a
+    raise would stop a puller at that record for good)."""
+    try:
+        keys = ShipKeys.parse({"require_signatures": require, "ships": ships})
+    except ConfigError:
+        return
+    again = ShipKeys.parse(
+        tomllib.loads(
+            ShipKeys.render(
+                keys.public_keys(), keys.require_signatures, keys.unsigned_below, keys.previous
+            )
+        )
+    )
+    assert again.entries() == keys.entries() and again.previous == keys.previous
+    recs, ps, _, _ = _SIGNED[(signer, stream)]
+    r = recs[i]
+    raw = {"genuine": ps[i], "none": None, "garbage": b"\x01" * 90, "cut": ps[i][:-3]}[proof]
+    for origin in ("bigblue", "redsea", "ghost"):
+        verdict = keys.check(
+            origin, stream, r.seq if seq is None else seq, r.ts_ms, r.key, r.topic, r.payload, raw
+        )
+        assert verdict is None or (isinstance(verdict, str) and verdict)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shorelink.proof import ShipKey, ShipKeys
+from shorelink.proof import ShipKey, ShipKeys, SignatureError
 from shorelink.wire import Batch, WireRecord, decode_columns, encode_batch
 
 
@@ -75,3 +75,57 @@ def test_new_list_replace_and_remove_keep_the_private_key_private(tmp_path: Path
     assert _run("remove", "redsea", "--ship-keys", str(keys)).returncode == 2
     bad = _run("new", "Big Blue", "--key-file", str(tmp_path / "x.key"), "--ship-keys", str(keys))
     assert bad.returncode == 2 and "bad origin name" in bad.stderr
+
+
+def _nav_batch(key: ShipKey, first: int, n: int) -> tuple[tuple[object, ...], bytes]:
+    recs = tuple(WireRecord(s, "k", s, "t", b"%d" % s) for s in range(first, first + n))
+    h, cols = decode_columns(encode_batch(Batch("bigblue", "nav", recs), key=key))
+    return cols, h.signatures
+
+
+def test_replace_keeps_what_the_old_key_signed_provable_and_revoke_bounds_it(
+    tmp_path: Path,
+) -> None:
+    """Review N4: ``--replace`` made every record the old key signed a dead letter
+    wherever a site lacked it. The old key goes to the ship's ``previous`` keys and
+    proves at every seq (a lost key); ``--revoke --from nav=20`` (a stolen one) bounds
+    it: what it signed below 20 is still taken, above refused. ``list`` shows the
+    history; a revocation without a bound is refused, not guessed."""
+    keys = tmp_path / "ship_keys.toml"
+    first, second, third = (tmp_path / f"k{i}.key" for i in range(3))
+    assert (
+        _run("new", "bigblue", "--key-file", str(first), "--ship-keys", str(keys)).returncode == 0
+    )
+    old = ShipKey.load(first)
+    swap = _run("new", "bigblue", "--key-file", str(second), "--ship-keys", str(keys), "--replace")
+    assert swap.returncode == 0, swap.stderr
+    loaded = ShipKeys.load(keys)
+    assert loaded.prove_batch("bigblue", "nav", 1, *_nav_batch(old, 1, 30)) is not None
+    assert loaded.prove_batch("bigblue", "nav", 1, *_nav_batch(ShipKey.load(second), 1, 30))
+    unbounded = _run("new", "bigblue", "--key-file", str(third), "--ship-keys", str(keys),
+                     "--replace", "--revoke")  # fmt: skip
+    assert unbounded.returncode == 2 and "--from" in unbounded.stderr and not third.exists()
+    alone = _run("new", "bigblue", "--key-file", str(third), "--ship-keys", str(keys),
+                 "--replace", "--from", "nav=20")  # fmt: skip
+    assert alone.returncode == 2 and "--revoke" in alone.stderr
+    revoke = _run("new", "bigblue", "--key-file", str(third), "--ship-keys", str(keys),
+                  "--replace", "--revoke", "--from", "nav=20")  # fmt: skip
+    assert revoke.returncode == 0, revoke.stderr
+    loaded = ShipKeys.load(keys)
+    middle = ShipKey.load(second)
+    assert loaded.prove_batch("bigblue", "nav", 1, *_nav_batch(middle, 1, 19)) is not None
+    assert loaded.prove_batch("bigblue", "nav", 1, *_nav_batch(old, 1, 30)) is not None
+    try:
+        loaded.prove_batch("bigblue", "nav", 15, *_nav_batch(middle, 15, 10))
+    except SignatureError as exc:
+        assert exc.reason == "bad_signature"
+    else:
+        raise AssertionError("a revoked key signed seqs above its bound")
+    listed = json.loads(_run("list", "--ship-keys", str(keys), "--json").stdout)
+    assert listed["previous"] == {
+        "bigblue": [{"key": middle.public(), "valid_below": {"nav": 20}}, {"key": old.public()}]
+    }
+    text = _run("list", "--ship-keys", str(keys)).stdout
+    assert "nav < 20" in text and "every seq" in text
+    assert _run("remove", "bigblue", "--ship-keys", str(keys)).returncode == 0
+    assert ShipKeys.load(keys).previous == {}
