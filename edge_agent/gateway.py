@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import ssl
 from collections import deque
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ import aiohttp
 
 from edge_agent.config import GatewayEndpoint, LinkConfig
 from edge_agent.errors import GatewayGap, GatewayRejected, LinkError
+from shorelink import strict_json
 from shorelink.config import Secret
 from shorelink.logs import RateLimitedLog, get_logger
 from shorelink.ranges import RangeSet
@@ -279,7 +279,7 @@ class _Upload:
                     self._break(f"unexpected {msg.type.name} message")
                     break
                 try:
-                    data = json.loads(msg.data)
+                    data = strict_json.loads(msg.data)
                 except ValueError:
                     data = None
                 if not isinstance(data, dict) or not self._waiting:
@@ -352,7 +352,7 @@ def _parse_hello(msg: aiohttp.WSMessage) -> dict[str, RangeSet]:
     """The gateway's first upload message: stream -> held seqs. ValueError if it is not."""
     if msg.type is not aiohttp.WSMsgType.TEXT:
         raise ValueError(f"first message is {msg.type.name}, not the holdings")
-    data = json.loads(msg.data)
+    data = strict_json.loads(msg.data)
     if not isinstance(data, dict) or data.get("type") != "holdings":
         raise ValueError(f"first message is not the holdings: {msg.data!r:.200}")
     streams = data.get("streams")

@@ -288,3 +288,38 @@ async def test_http_timeout_and_refused_connection_are_link_errors(server: Serve
     with pytest.raises(LinkError):  # a reset client connects afresh
         await dead.holdings()
     await dead.close()
+
+
+async def test_a_gateway_answering_json_nested_too_deep_is_a_link_error() -> None:
+    """Review N15 (its JSON part, on the ship's side): the agent read the gateway's
+    upload messages with plain json.loads, whose RecursionError on deep nesting is no
+    ValueError: it escaped the agent's handling instead of failing the link (retried
+    with backoff). A hostile or broken gateway's hello (and its answers) are read as
+    strict JSON: anything else is a LinkError."""
+    deep = "[" * 100_000 + "]" * 100_000
+
+    async def upload(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_str(deep)  # the hello
+        await ws.receive()
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/ships/bigblue/upload", upload)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        gw = HttpGateway(
+            GatewayEndpoint("tokyo", f"http://127.0.0.1:{port}", "port_wifi"),
+            DEFAULT_LINKS["port_wifi"],
+            "bigblue",
+            Secret(TOKEN),
+        )
+        with pytest.raises(LinkError, match="no holdings"):
+            await gw.holdings()
+        await gw.close()
+    finally:
+        await runner.cleanup()
