@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import stat
 import struct
@@ -450,11 +451,25 @@ KEY_CAUSES = frozenset({UNKNOWN_SHIP, UNSIGNED, BAD_SIGNATURE, REVOKED})
 UNPROVED = f"{BAD_SIGNATURE}: proof does not verify: not the ship's record"
 
 
+#: how the refusals began before they named their cause (dead letters written by an
+#: older merge are re-driven too)
+_LEGACY_CAUSES = (
+    ("has no key and signatures are required", UNKNOWN_SHIP),
+    ("signs its records; this one has no proof", UNSIGNED),
+    ("proof does not verify: not the ship's record", BAD_SIGNATURE),
+)
+
+
 def key_cause(reason: str) -> str | None:
     """The ship keys file cause of a refusal of :meth:`ShipKeys.check` (one of
     :data:`KEY_CAUSES`), or None when no change of the file can prove the record."""
     cause = reason.partition(":")[0]
-    return cause if cause in KEY_CAUSES else None
+    if cause in KEY_CAUSES:
+        return cause
+    for text, legacy in _LEGACY_CAUSES:
+        if reason == text or (reason.startswith("ship ") and reason.endswith(text)):
+            return legacy
+    return None
 
 
 #: chunks whose root a :class:`ShipKeys` remembers once their signature held (about 250
@@ -583,6 +598,14 @@ class ShipKeys:
             *(entry(s, k) for s, k in sorted(ships.items())),
         ]
         return "\n".join(lines) + "\n"
+
+    def fingerprint(self) -> str:
+        """What the file says, as a short hash (the same keys, the same fingerprint,
+        whatever the file's layout): a merge records the one its dead letters were last
+        tried again under (spark_core/redrive.py)."""
+        doc = {"require_signatures": self.require_signatures, "ships": self.entries()}
+        text = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.blake2b(text, digest_size=12).hexdigest()
 
     def public_keys(self, ships: Iterable[str] | None = None) -> dict[str, str]:
         """The public keys (base64) of ``ships`` that have one (default: all)."""

@@ -26,6 +26,7 @@ __all__ = [
     "pull",
     "purge",
     "query",
+    "redrive",
     "relay_index",
     "replication",
     "routing",

@@ -22,7 +22,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -132,6 +132,10 @@ class Totals:
     index_restarts: int = 0
     #: pulled records whose ship's proof failed (dead-lettered, among ``dead``)
     unproved: int = 0
+    #: dead letters tried again after a change of the ship keys (spark_core/redrive.py),
+    #: per ``cause:outcome`` (written, duplicate, refused), and the passes that did
+    redriven: dict[str, int] = field(default_factory=dict)
+    redrive_passes: int = 0
 
 
 #: pending seqs (ranges over every relay topic and origin) past which the relay index is
@@ -524,14 +528,41 @@ class Merger:
         )
         return plan
 
-    def _commit(self, batch_id: int, plan: BatchPlan) -> int:
+    def write_redriven(
+        self, rows: Sequence[SourceRow], ends: Mapping[tuple[str, int], int], keys_mark: str | None
+    ) -> BatchPlan:
+        """Write dead letters tried again (spark_core/redrive.py): ``rows`` planned with
+        the ship keys in force now, as pulled records (proved, the first copy wins, the
+        still refused dead-lettered again); the re-drive's offsets move to ``ends``
+        (past every dead letter read, retryable or not) and, with ``keys_mark``, the
+        marker says every dead letter before them was tried under those keys. One
+        transaction, between the batches."""
+        with self.busy:
+            if self.stopping.is_set():
+                raise MergeError("merge is stopping; dead letters left for the next re-drive")
+            if self._producer is None:
+                self.prepare()
+            keys = None if self.ship_keys is None else self.ship_keys.current()
+            with cyclic_gc_paused():
+                entry = self._entry if self.entries else None
+                plan = plan_batch(RowBatch(rows), self.state, entry, keys)
+            plan.offsets.update(ends)
+            self._ensure_streams(plan.streams)
+            last = self.state.last_batch
+            self._commit(-1 if last is None else last, plan, keys_mark)
+            self.totals.written += len(plan.canonical)
+            return plan
+
+    def _commit(self, batch_id: int, plan: BatchPlan, redrive_keys: str | None = None) -> int:
         """One transaction: the plan's records, their copies in the relay and customer
-        topics, the ledger, the marker. Returns how many went to customer topics."""
+        topics, the ledger, the marker (with ``redrive_keys``, the re-drive's new mark:
+        :meth:`write_redriven`). Returns how many went to customer topics."""
         p = self._producer
         assert p is not None
         offsets = dict(self.state.offsets)
         offsets.update(plan.offsets)
-        marker_state = MergeState(offsets=offsets)
+        keys_mark = redrive_keys or self.state.redrive_keys
+        marker_state = MergeState(offsets=offsets, redrive_keys=keys_mark)
         extra: dict[str, object] = {
             "written": len(plan.canonical),
             "dead": len(plan.dead),
@@ -578,6 +609,7 @@ class Merger:
         self.state.offsets = offsets
         self.state.last_batch = batch_id
         self.state.index = marker_state.index
+        self.state.redrive_keys = keys_mark
         self.reindex = False  # the new tails are in the marker now
         if restart:  # the dropped tails start again at their topics' ends
             try:
@@ -683,7 +715,9 @@ class Merger:
                 parts = {p: (start.get(p, 0), end) for p, end in ends.items()}
                 segments.append(encode_segment(topic, topic_id, parts, tail.pending))
                 index[topic] = Tail(topic_id, ends)
-            state = MergeState(offsets=self.state.offsets, index=index)
+            state = MergeState(
+                offsets=self.state.offsets, index=index, redrive_keys=self.state.redrive_keys
+            )
             last = self.state.last_batch
             marker = state.marker_value(
                 self.site.name,

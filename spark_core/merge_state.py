@@ -93,6 +93,9 @@ class MergeState:
     #: per relay topic this merge writes, where its index stands (kept in the marker:
     #: spark_core/relay_index.py)
     index: dict[str, Tail] = field(default_factory=dict)
+    #: the fingerprint of the ship keys under which the dead letters from the re-drive's
+    #: offsets on were refused (spark_core/redrive.py; None: never re-driven)
+    redrive_keys: str | None = None
 
     def held_for(self, source: Source) -> RangeSet:
         return self.held.get(source) or RangeSet()
@@ -131,6 +134,7 @@ class MergeState:
                 "batch_id": batch_id,
                 "offsets": offsets,
                 "index": dump_tails(self.index),
+                **({"redrive_keys": self.redrive_keys} if self.redrive_keys else {}),
                 **extra,
             },
             sort_keys=True,
@@ -146,6 +150,8 @@ class MergeState:
             for p, off in parts.items()
         }
         self.index = load_tails(data.get("index", {}))
+        keys = data.get("redrive_keys")
+        self.redrive_keys = keys if isinstance(keys, str) else None
 
     @classmethod
     def load(

@@ -19,6 +19,8 @@ Names start ``shorelink_spark_``; a counter's name gets ``_total`` from the clie
 - ``merged_records_total{merge,outcome}`` (written, duplicate, dead, unproved: pulled
   records whose ship's proof failed, dead-lettered too; skipped),
   ``merge_batches_total{merge}``, ``merge_failures_total{merge}``,
+  ``redriven_records_total{merge,cause,outcome}`` (dead letters the ship keys caused,
+  tried again when the keys changed: written, duplicate, refused; spark_core/redrive.py),
   ``merge_batches_sliced_total{merge}`` and ``merge_largest_fetch_bytes{merge}`` (a
   Spark batch over ``merge.max_batch_bytes`` is written in slices);
 - per Spark query (merges, tables: what ``shorelink-spark status`` shows, from the
@@ -182,8 +184,16 @@ class SiteCollector(Collector):
             "The most the driver took of one Spark batch (Arrow bytes)",
             labels=["merge"],
         )
+        redriven = CounterMetricFamily(
+            P + "redriven_records",
+            "Dead letters tried again after a change of the ship keys (spark_core/redrive.py)",
+            labels=["merge", "cause", "outcome"],
+        )
         for m in self.mergers:
             t = m.totals
+            for key, n in sorted(t.redriven.items()):
+                cause, _, outcome = key.partition(":")
+                redriven.add_metric([m.query, cause, outcome], float(n))
             sliced.add_metric([m.query], float(t.sliced))
             largest.add_metric([m.query], float(t.largest_fetch_bytes))
             for outcome, n in (
@@ -196,7 +206,7 @@ class SiteCollector(Collector):
                 merged.add_metric([m.query, outcome], float(n))
             batches.add_metric([m.query], float(t.batches))
             failures.add_metric([m.query], float(t.failures))
-        yield from (merged, batches, failures, sliced, largest)
+        yield from (merged, batches, failures, sliced, largest, redriven)
 
 
 def serve_metrics(

@@ -37,6 +37,7 @@ from spark_core.config import SiteConfig, SitesConfig, load_config
 from spark_core.merge import Merger, fence_predecessors, reset_changed_checkpoints, start_merge
 from spark_core.metrics import serve_metrics
 from spark_core.progress import ProgressReporter, last_progress
+from spark_core.redrive import Redriver
 from spark_core.replication import BULK_POOL, URGENT_POOL, Replicator
 from spark_core.session import SCHEDULER_CONF, scheduler_pool
 from spark_core.tables import TABLES, TableKeeper, start_table
@@ -292,7 +293,10 @@ def build_supervisor(
     fence_predecessors(site)  # whatever layout an earlier run had (urgent streams)
     replicator = Replicator(cfg, site, merges)
     replicator.start()
-    on_exit = [replicator.stop]
+    # dead letters the ship keys caused, tried again when the keys change
+    redriver = Redriver(merges)
+    redriver.start()
+    on_exit = [redriver.stop, replicator.stop]
     progress = ProgressReporter(site.checkpoint_dir / "queries.status.json")
     if site.metrics.port:
         server = serve_metrics(site.metrics.host, site.metrics.port, replicator, merges, progress)

@@ -648,6 +648,53 @@ def test_a_hostile_neighbour_cannot_replace_a_ships_records_nor_fill_holes_nor_i
     assert not list(converged(topo, want))
 
 
+def test_a_ship_key_that_reaches_one_site_late_loses_none_of_the_ships_records_there(
+    spark: object, healed: Mesh, tmp_path: Path
+) -> None:
+    """Review N4 (replication), N6 (security): a ship's key reaches a's keys file, not
+    yet b's (files copied to sites at different times). Its signed records enter at a;
+    b pulls them and dead-letters them as an unknown ship, and its cursor passes them.
+    When the key reaches b, b's merge re-drives those dead letters
+    (spark_core/redrive.py): b converges, every record exactly once, 0 duplicates. (Before,
+    they stayed dead at b for good, its status saying lag 0.)"""
+    stream = unique("cont")
+    ship, key = unique("ship"), ShipKey.generate()
+    keys_a, keys_b = tmp_path / "ship_keys_a.toml", tmp_path / "ship_keys_b.toml"
+    keys_a.write_text(ShipKeys.render({ship: key.public()}, require_signatures=True))
+    keys_b.write_text(ShipKeys.render({}, require_signatures=True))
+    topo = topology(healed, tmp_path, full_mesh(SLOTS[:2]), [stream], ship_keys=keys_a)
+    a, b = topo.slots
+    at_b = replace(topo, ship_keys=keys_b)  # the same sites; b reads its own keys file
+    genuine = records(a, ship, stream, range(1, 301))
+    want = {stream: ids(genuine)}
+    dead = KafkaEndpoint.plaintext(topo.bootstrap(b))
+
+    def dead_at_b() -> int:
+        try:
+            return len(list(read_to_end(dead, [dead_topic(stream)], settled=True)))
+        except UnknownTopic:
+            return 0
+
+    with Running(spark, topo) as run:
+        run.start(a)
+        run.topo = at_b
+        run.start(b)
+        enter(topo, a, genuine, signed(genuine, key, ShipKeys.load(keys_a)))
+        eventually(lambda: dead_at_b() >= len(genuine), 180, "b dead-letters the ship's records")
+        assert not identities(topo, b, stream)
+        keys_b.write_text(keys_a.read_text())  # the key reaches b
+        eventually(lambda: not list(converged(topo, want)), 120, "b took them with the key")
+        m = _scrape(at_b.metrics[b])
+        redriven = {
+            dict(labels)["outcome"]: v
+            for (name, labels), v in m.items()
+            if name == "shorelink_spark_redriven_records_total"
+            and dict(labels)["cause"] == "unknown_ship"
+        }
+        assert redriven.get("written") == len(genuine), redriven
+    assert not list(converged(topo, want))
+
+
 def test_stream_sets_that_differ_between_sites_and_change_between_runs(
     spark: object, healed: Mesh, tmp_path: Path
 ) -> None:

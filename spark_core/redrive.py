@@ -1,0 +1,294 @@
+"""Dead letters whose cause can change, tried again when it does (replication review
+N4, security review N6).
+
+A merge dead-letters a pulled record its ship's key does not prove
+(``merge_state.plan_batch``) and its cursor passes it: the record is not pulled again.
+When the cause was the ship keys file (:func:`shorelink.proof.key_cause`: a ship with no
+key where keys are required, a record without a proof, a proof no key of the ship
+verifies, a revoked key past its bound) and not the record, the file can change and
+prove it: a ship's key added at one site minutes after another (the file reaches sites
+at different times), a key given to a ship that signed before, a key's history mended.
+Without this, such a record stays lost at that site for good, while its status says
+lag 0.
+
+So each merge with a ship keys file re-drives its dead letters when the file changes:
+
+- **What.** The dead letters of ``sl.dead.<stream>`` of the merge's streams whose
+  ``sl.dead.reason`` names a ship keys cause; the rest (a record that breaks the
+  contract, a garbled proof) stay where they are: no keys file proves them.
+- **From where.** From the re-drive's own offsets in the merge's marker, kept like a
+  neighbour's cursor under the source ``~redrive/<topic id>/sl.<stream>`` (no site is
+  named ``~redrive``; the topic id ties it to that incarnation of the topic), up to
+  where the dead-letter topic ended when the change was noticed: each change reads
+  what was dead-lettered since the last one, never the whole topic again. The marker
+  also holds the fingerprint of the keys the last complete pass ran under
+  (``MergeState.redrive_keys``): a merge that starts with another file (changed while
+  it was down) re-drives once; one that starts with the same file does not.
+- **How.** Planned again as pulled records (``Merger.write_redriven``): with the keys in
+  force now, against the ledger, in one transaction with the re-drive's offsets. What
+  the site holds already is a duplicate and dropped; what is proved now is written once
+  (and relayed under the entry its ``sl.site`` names, as history is); what is still
+  refused is dead-lettered again, after the offsets, so the next change tries it again.
+  Each change costs one copy of each record still refused; the dead-letter topic's
+  retention bounds what is kept.
+- **How much at a time.** At most :data:`PASS_RECORDS` records or :data:`PASS_BYTES`
+  bytes per transaction, the merge's lock released between them.
+
+Counted per cause and outcome (``written``: proved now; ``duplicate``: held already;
+``refused``: still not proved) in the merge's totals (``redriven``), the metric
+``shorelink_spark_redriven_records_total{merge,cause,outcome}`` and the log
+(``event=dead_letters_redriven``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from shorelink.contract import H_ORIGIN, H_SEQ, H_STREAM, canonical_topic, dead_topic
+from shorelink.kafka.errors import KafkaClientError
+from shorelink.kafka.reading import read_to_end
+from shorelink.logs import get_logger
+from shorelink.proof import key_cause
+from spark_core.merge_state import (
+    H_DEAD_REASON,
+    H_DEAD_SOURCE,
+    BatchPlan,
+    MergeError,
+    SourceRow,
+    pulled_source,
+)
+
+if TYPE_CHECKING:
+    from spark_core.merge import Merger
+
+__all__ = [
+    "PASS_BYTES",
+    "PASS_RECORDS",
+    "REDRIVE",
+    "Redriver",
+    "redrive_once",
+    "redrive_source",
+    "retry_row",
+]
+
+log = get_logger(__name__)
+
+#: the neighbour part of a re-drive's source name: no site's name (``~`` is not a
+#: name's character), so no puller's cursor is ever taken for it
+REDRIVE = "~redrive"
+#: dead letters planned again in one transaction at most, and their bytes
+PASS_RECORDS = 5_000
+PASS_BYTES = 32 * 1024 * 1024
+#: how often the re-driver looks at each merge's ship keys (the file is looked at once a
+#: second by :class:`~shorelink.proof.WatchedShipKeys`)
+LOOK_S = 1.0
+
+_DEAD_HEADERS = (H_DEAD_REASON, H_DEAD_SOURCE)
+
+
+def redrive_source(topic_id: str, stream: str) -> str:
+    """The source under which a merge keeps its re-drive's offsets in
+    ``sl.dead.<stream>`` (topic ``topic_id``): a neighbour's canonical topic's form,
+    so its records are proved as pulled ones and relayed under the entry they name."""
+    return pulled_source(REDRIVE, topic_id, canonical_topic(stream))
+
+
+def retry_row(
+    source: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Any,
+) -> tuple[SourceRow, str] | None:
+    """A dead letter as the row to plan again and its cause, if a change of the ship
+    keys can prove it (its last ``sl.dead.reason``); None for any other. The row has
+    the record's own headers, without the dead-letter ones."""
+    hs = list(headers or ())
+    reason = next((v for k, v in reversed(hs) if k == H_DEAD_REASON), None)
+    if not isinstance(reason, bytes) or value is None:
+        return None
+    cause = key_cause(reason.decode(errors="replace"))
+    if cause is None:
+        return None
+    kept = [(k, v) for k, v in hs if k not in _DEAD_HEADERS]
+    return SourceRow(source, partition, offset, key, value, kept), cause
+
+
+def _identity(headers: Iterable[tuple[str, Any]]) -> tuple[Any, Any, Any]:
+    h = {k: v for k, v in headers if k in (H_ORIGIN, H_STREAM, H_SEQ)}
+    return h.get(H_ORIGIN), h.get(H_STREAM), h.get(H_SEQ)
+
+
+def tally(rows: Sequence[tuple[SourceRow, str]], plan: BatchPlan) -> dict[str, Counter[str]]:
+    """Per cause (the dead letter's), how many were ``written`` (proved now),
+    ``duplicate`` (held already) and ``refused`` (dead-lettered again)."""
+    cause_of: dict[tuple[Any, Any, Any], str] = {}
+    tried: Counter[str] = Counter()
+    for row, cause in rows:
+        cause_of.setdefault(_identity(row.headers), cause)
+        tried[cause] += 1
+    out: dict[str, Counter[str]] = {c: Counter() for c in tried}
+    for _, _, _, headers in plan.canonical:
+        out[cause_of.get(_identity(headers), "unknown")]["written"] += 1
+    for _, _, _, headers in plan.dead:
+        out[cause_of.get(_identity(headers), "unknown")]["refused"] += 1
+    for cause, n in tried.items():
+        settled = sum(out[cause].values())
+        if n > settled:
+            out[cause]["duplicate"] += n - settled
+    return out
+
+
+@dataclass
+class _Pass:
+    """A re-drive under way: the keys it runs under and where the topics ended."""
+
+    keys_mark: str
+    #: per re-drive source partition: where its dead-letter topic ended
+    ends: dict[tuple[str, int], int]
+    #: source name -> dead-letter topic
+    topics: dict[str, str]
+    counts: dict[str, Counter[str]] = field(default_factory=dict)
+    read: int = 0
+
+
+def _start(merger: Merger) -> _Pass | None:
+    """Under the merge's lock (no batch half planned with older keys): the keys now
+    and where the merge's dead-letter topics end; None when nothing is to be done."""
+    with merger.busy:
+        watched = merger.ship_keys
+        state = merger.state
+        if watched is None or state.last_batch is None or merger.stopping.is_set():
+            return None  # nothing committed yet: nothing dead-lettered by this merge
+        keys_mark = watched.current().fingerprint()
+        if keys_mark == state.redrive_keys:
+            return None
+        topics = [dead_topic(s) for s in merger.streams]
+        marks = merger._relay_marks(topics)
+    ends: dict[tuple[str, int], int] = {}
+    sources: dict[str, str] = {}
+    for topic, (topic_id, parts) in marks.items():
+        if not topic_id:
+            continue  # never written
+        source = redrive_source(topic_id, topic.removeprefix("sl.dead."))
+        sources[source] = topic
+        ends.update({(source, p): end for p, end in parts.items()})
+    return _Pass(keys_mark, ends, sources)
+
+
+def _step(merger: Merger, run: _Pass) -> bool:
+    """One transaction's worth of the pass; True once it reached the ends."""
+    cursors = merger.state.offsets
+    todo = {tp: end for tp, end in run.ends.items() if cursors.get(tp, 0) < end}
+    reached: dict[tuple[str, int], int] = {}
+    rows: list[tuple[SourceRow, str]] = []
+    full = False  # stopped at the bound of a transaction, not at the ends
+    if todo:
+        by_topic = {run.topics[s]: s for s, _ in todo}
+        # every partition of the topics read from its cursor (one without dead letters
+        # since is read from its end on, not from its start)
+        starts = {
+            (run.topics[s], p): cursors.get((s, p), 0)
+            for s, p in run.ends
+            if run.topics[s] in by_topic
+        }
+        size = 0
+        open_parts = set(todo)
+        for msg in read_to_end(merger.site.kafka, sorted(by_topic), starts=starts):
+            tp = (by_topic[msg.topic() or ""], msg.partition())
+            offset = msg.offset() or 0
+            if tp not in open_parts or offset >= todo[tp]:
+                open_parts.discard(tp)
+            else:
+                reached[tp] = offset + 1
+                run.read += 1
+                got = retry_row(tp[0], tp[1], offset, msg.key(), msg.value(), msg.headers())
+                if got is not None:
+                    rows.append(got)
+                    size += len(got[0].value or b"") + len(got[0].key or b"")
+                if offset + 1 >= todo[tp]:
+                    open_parts.discard(tp)
+                if len(rows) >= PASS_RECORDS or size >= PASS_BYTES:
+                    full = True
+                    break
+            if not open_parts:
+                break
+    if not full:  # every partition read to its end: past transaction markers and
+        # records retention deleted too, nothing below the ends is left
+        reached = {tp: max(reached.get(tp, 0), end) for tp, end in todo.items()}
+    plan = merger.write_redriven([r for r, _ in rows], reached, None if full else run.keys_mark)
+    for cause, n in tally(rows, plan).items():
+        run.counts.setdefault(cause, Counter()).update(n)
+    return not full
+
+
+def redrive_once(merger: Merger) -> dict[str, Counter[str]] | None:
+    """If the merge's ship keys changed since its dead letters were last tried: try
+    them again, to where the dead-letter topics end now. Returns the counts per cause
+    and outcome, None when there was nothing to do."""
+    run = _start(merger)
+    if run is None:
+        return None
+    while not _step(merger, run):
+        pass
+    totals = merger.totals.redriven
+    for cause, n in run.counts.items():
+        for outcome, k in n.items():
+            totals[f"{cause}:{outcome}"] = totals.get(f"{cause}:{outcome}", 0) + k
+    merger.totals.redrive_passes += 1
+    log.info(
+        "dead_letters_redriven",
+        site=merger.site.name,
+        query=merger.query,
+        read=run.read,
+        written=sum(n["written"] for n in run.counts.values()),
+        duplicate=sum(n["duplicate"] for n in run.counts.values()),
+        refused=sum(n["refused"] for n in run.counts.values()),
+        causes=",".join(
+            f"{c}:{o}={k}" for c, n in sorted(run.counts.items()) for o, k in sorted(n.items())
+        )
+        or "-",
+        keys=run.keys_mark,
+    )
+    return run.counts
+
+
+class Redriver:
+    """The site's re-drive loop: every :data:`LOOK_S`, each merge with a ship keys file
+    (:func:`redrive_once`); a failure is logged and tried again at the next look."""
+
+    def __init__(self, mergers: Sequence[Merger]) -> None:
+        self.mergers = [m for m in mergers if m.ship_keys is not None]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="redrive", daemon=True)
+        #: the last failure, per merge query (None: the last look went through)
+        self.errors: dict[str, str | None] = {}
+
+    def start(self) -> None:
+        if self.mergers:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(LOOK_S):
+            for m in self.mergers:
+                if m.stopping.is_set() or m.fenced is not None:
+                    continue
+                try:
+                    redrive_once(m)
+                    self.errors[m.query] = None
+                except (MergeError, KafkaClientError) as exc:
+                    if self.errors.get(m.query) != str(exc):  # once per new error
+                        log.warning(
+                            "redrive_failed", site=m.site.name, query=m.query, error=str(exc)
+                        )
+                    self.errors[m.query] = str(exc)
