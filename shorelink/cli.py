@@ -531,6 +531,62 @@ def ship_key_list(keys_path: Path, as_json: bool) -> None:
     click.echo(f"ships without a key: {refused} (require_signatures)")
 
 
+@ship_key.command("revoke")
+@click.argument("ship")
+@_KEYS_OPTION
+@click.option(
+    "--from",
+    "revoke_from",
+    multiple=True,
+    required=True,
+    metavar="[STREAM=]SEQ",
+    help="The first seq the key may not sign, per STREAM (repeatable; a stream not named "
+    "is refused whole), or one SEQ for every stream (--from 1: nothing it signed).",
+)
+@click.option(
+    "--key",
+    "public",
+    metavar="PUBLIC_KEY",
+    help="Which previous key (as `ship-key list` shows it); default: the most recent one.",
+)
+def ship_key_revoke(
+    ship: str, keys_path: Path, revoke_from: tuple[str, ...], public: str | None
+) -> None:
+    """Bound a previous key of SHIP (replaced as lost, then found stolen): it proves
+    only the records it signed below --from from then on. The current key is revoked
+    by replacing it: `ship-key new SHIP --replace --revoke --from ...`."""
+    from dataclasses import replace as replaced
+
+    from shorelink.files import locked
+    from shorelink.proof import ShipKeys
+
+    try:
+        bound = _revoke_bound(True, True, revoke_from)
+        with locked(keys_path):
+            keys = ShipKeys.load(keys_path)
+            before = list(keys.previous.get(ship, ()))
+            at = next((i for i, p in enumerate(before) if public in (None, p.public)), None)
+            if at is None:
+                which = f"no previous key {public}" if public else "no previous key"
+                raise ShorelinkError(
+                    f"ship {ship} has {which} in {keys_path} (a current key is revoked "
+                    "with `ship-key new SHIP --replace --revoke --from ...`)"
+                )
+            before[at] = replaced(before[at], valid_below=bound)
+            previous = {**keys.previous, ship: tuple(before)}
+            text = ShipKeys.render(
+                keys.public_keys(), keys.require_signatures, keys.unsigned_below, previous
+            )
+            ShipKeys.parse(tomllib.loads(text))  # what it writes reads back
+            write_atomic(keys_path, text)
+    except ShorelinkError as exc:
+        fail(exc)
+    click.echo(
+        f"ship {ship}: previous key {before[at].public} proves {_validity(bound)}; copy "
+        f"{keys_path} to every site"
+    )
+
+
 @ship_key.command("remove")
 @click.argument("ship")
 @_KEYS_OPTION

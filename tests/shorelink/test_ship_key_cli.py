@@ -90,7 +90,8 @@ def test_replace_keeps_what_the_old_key_signed_provable_and_revoke_bounds_it(
     wherever a site lacked it. The old key goes to the ship's ``previous`` keys and
     proves at every seq (a lost key); ``--revoke --from nav=20`` (a stolen one) bounds
     it: what it signed below 20 is still taken, above refused. ``list`` shows the
-    history; a revocation without a bound is refused, not guessed."""
+    history; a revocation without a bound is refused, not guessed; ``revoke`` bounds a
+    previous key after the fact (replaced as lost, then found stolen)."""
     keys = tmp_path / "ship_keys.toml"
     first, second, third = (tmp_path / f"k{i}.key" for i in range(3))
     assert (
@@ -127,5 +128,19 @@ def test_replace_keeps_what_the_old_key_signed_provable_and_revoke_bounds_it(
     }
     text = _run("list", "--ship-keys", str(keys)).stdout
     assert "nav < 20" in text and "every seq" in text
+    # the first key, replaced as lost, turns out stolen: bounded after the fact
+    late = _run("revoke", "bigblue", "--ship-keys", str(keys), "--key", old.public(),
+                "--from", "10")  # fmt: skip
+    assert late.returncode == 0, late.stderr
+    loaded = ShipKeys.load(keys)
+    assert loaded.prove_batch("bigblue", "nav", 1, *_nav_batch(old, 1, 9)) is not None
+    try:
+        loaded.prove_batch("bigblue", "nav", 1, *_nav_batch(old, 1, 30))
+    except SignatureError as exc:
+        assert exc.reason == "bad_signature"
+    else:
+        raise AssertionError("a key revoked later still signed seqs above its bound")
+    nothing = _run("revoke", "bigblue", "--ship-keys", str(keys), "--key", "AAAA", "--from", "1")
+    assert nothing.returncode == 2 and "no previous key" in nothing.stderr
     assert _run("remove", "bigblue", "--ship-keys", str(keys)).returncode == 0
     assert ShipKeys.load(keys).previous == {}
