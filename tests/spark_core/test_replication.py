@@ -695,6 +695,62 @@ def test_a_ship_key_that_reaches_one_site_late_loses_none_of_the_ships_records_t
     assert not list(converged(topo, want))
 
 
+def test_a_ship_key_replaced_during_replication_loses_nothing_at_any_site_of_three(
+    spark: object, healed: Mesh, tmp_path: Path
+) -> None:
+    """Security review N6: a ship's key is replaced (``ship-key new --replace``) while
+    its records replicate, and the new file reaches the sites one by one. The ship
+    signed seqs 1-100 with its first key (entered at a), 101-200 with the new one
+    (entered at b). b had no key for the ship at first, c gets the new file last: each
+    dead-letters what its file cannot prove yet, and takes it when the file arrives
+    (the first key stays in the ship's history and proves what it signed). Every site
+    ends with every record once."""
+    stream = unique("cont")
+    ship, first, second = unique("ship"), ShipKey.generate(), ShipKey.generate()
+    files = {slot: tmp_path / f"ship_keys_{slot}.toml" for slot in SLOTS[:3]}
+    old = ShipKeys.render({ship: first.public()}, require_signatures=True)
+    replaced = ShipKeys.parse(
+        {"ships": {ship: {"key": second.public(), "previous": [{"key": first.public()}]}}}
+    )
+    new = ShipKeys.render(replaced.public_keys(), True, None, replaced.previous)
+    topo = topology(healed, tmp_path, full_mesh(SLOTS[:3]), [stream])
+    a, b, c = topo.slots
+    files[topo.slots[a]].write_text(old)
+    files[topo.slots[b]].write_text(ShipKeys.render({}, require_signatures=True))
+    files[topo.slots[c]].write_text(old)
+    before = records(a, ship, stream, range(1, 101))
+    after = records(b, ship, stream, range(101, 201))
+    want = {stream: ids(before) | ids(after)}
+
+    def unproved_at(site: str) -> int:
+        ep = KafkaEndpoint.plaintext(topo.bootstrap(site))
+        try:
+            return len(list(read_to_end(ep, [dead_topic(stream)], settled=True)))
+        except UnknownTopic:
+            return 0
+
+    with Running(spark, topo) as run:
+        for site in topo.slots:
+            run.topo = replace(topo, ship_keys=files[topo.slots[site]])
+            run.start(site)
+        enter(
+            topo,
+            a,
+            before,
+            signed(before, first, ShipKeys.parse({"ships": {ship: first.public()}})),
+        )
+        eventually(lambda: unproved_at(b) >= len(before), 180, "b dead-letters the first key's")
+        eventually(lambda: set(identities(topo, c, stream)) == ids(before), 120, "c has them")
+        for site in (a, b):  # the replaced key reaches a and b; c later
+            files[topo.slots[site]].write_text(new)
+        enter(topo, b, after, signed(after, second, replaced))
+        eventually(lambda: unproved_at(c) >= len(after), 180, "c dead-letters the new key's")
+        assert set(identities(topo, c, stream)) == ids(before)
+        files[topo.slots[c]].write_text(new)
+        eventually(lambda: not list(converged(topo, want)), 180, "every site has every record")
+    assert not list(converged(topo, want))
+
+
 def test_stream_sets_that_differ_between_sites_and_change_between_runs(
     spark: object, healed: Mesh, tmp_path: Path
 ) -> None:
