@@ -241,6 +241,8 @@ def redrive_once(merger: Merger) -> dict[str, Counter[str]] | None:
         for outcome, k in n.items():
             totals[f"{cause}:{outcome}"] = totals.get(f"{cause}:{outcome}", 0) + k
     merger.totals.redrive_passes += 1
+    if not merger.stopping.is_set():
+        merger.write_status("running")  # the counts in the status file at once
     log.info(
         "dead_letters_redriven",
         site=merger.site.name,

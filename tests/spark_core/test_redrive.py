@@ -7,6 +7,7 @@ restarted merge with the same keys does not try again."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from local_stack.kafka import KafkaBroker
@@ -106,6 +107,8 @@ def test_records_dead_for_a_key_a_site_lacked_are_taken_once_when_the_key_arrive
             "unknown_ship:written": 40,
             "unknown_ship:duplicate": 40,
         }
+        status = json.loads(merger.status_path.read_text())
+        assert status["totals"]["redriven"]["unknown_ship:written"] == 40
         # another change: only what was dead-lettered since the last pass is read
         dead_before = len(_dead(kafka.bootstrap, s))
         other = ShipKey.generate()
