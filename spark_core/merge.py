@@ -365,13 +365,16 @@ class Merger:
         neighbour that serves it, like the relay topic a pulled record comes from (the
         neighbour chose that as well); one that names no site of the file (a gateway
         whose ``site`` key is not its site's name) counts as entered here."""
-        if history_stream(read_from) is not None:
-            return None if headers is None else self._claimed_entry(_header(headers, H_SITE))
-        if read_from in self._entries:
+        if headers is None and read_from in self._entries:
             return self._entries[read_from]
-        entry = source_entry(read_from)
-        if entry not in self.entries:
-            entry = self.site.name
+        entry: str | None = None
+        if history_stream(read_from) is not None:
+            if headers is not None:
+                return self._claimed_entry(_header(headers, H_SITE))
+        else:
+            entry = source_entry(read_from)
+            if entry not in self.entries:
+                entry = self.site.name
         self._entries[read_from] = entry
         return entry
 

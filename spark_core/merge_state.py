@@ -490,7 +490,7 @@ def plan_batch(
                 first = seen.get(seq)
                 key = (entry_site, *source)
                 if (
-                    (first is None or entry_of(topics[first]) != entry_site)
+                    (first is None or _row_entry(b, first, entry_of) != entry_site)
                     and (not pulled or _proved(b, i, origin, keys, rec) is None)
                     and _relay_again(key, seq, state, again_seen)
                 ):
@@ -511,6 +511,16 @@ def plan_batch(
         if len(relayed) > MAX_HOLDINGS_RANGES:  # kept small: forgetting only relays again
             plan.relayed[key] = RangeSet(list(relayed)[-MAX_HOLDINGS_RANGES:])
     return plan
+
+
+def _row_entry(b: SourceBatch, i: int, entry_of: EntryOf) -> str | None:
+    """The entry row ``i`` is relayed under: its source's, or for history (a source
+    with no entry) the one its headers name."""
+    topic = b.topics[i]
+    entry = entry_of(topic)
+    if entry is None and history_stream(topic) is not None:
+        entry = entry_of(topic, b.row(i).headers)
+    return entry
 
 
 def _proved(
@@ -624,14 +634,9 @@ def _order_new(
                 plan.dead.append(_dead_record(b.row(order[i]), source[1], reason))
             else:
                 held.add(seq)
-                if entry_of is not None:
-                    topic = b.topics[order[i]]
-                    into = entry_of(topic)
-                    if into is None and history_stream(topic) is not None:
-                        # history: relayed under the entry the record names (review N1)
-                        into = entry_of(topic, records[i][3])
-                    if into:
-                        _relayed(plan, state, (into, *source), seq)
+                # history: relayed under the entry the record names (review N1)
+                if entry_of is not None and (into := _row_entry(b, order[i], entry_of)):
+                    _relayed(plan, state, (into, *source), seq)
             i += 1
         plan.streams.add(source[1])
         if held != state.held_for(source):

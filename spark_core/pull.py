@@ -20,6 +20,17 @@ and the merge drops what it already holds. A cursor below what retention kept re
 from the oldest record left, counted and logged (``event=pull_gap``), instead of
 stalling.
 
+Gaps are never silent. The consumer runs with ``auto.offset.reset=error``: an offset
+the partition no longer holds stops that partition with an error event, whenever it is
+found, at the assignment or in the middle of a read (retention or ``delete_records``
+passing the fetch position of a slow catch-up), and the puller steps over to the
+oldest record left and treats the jump as a gap (:meth:`Puller._reset`). With
+``earliest`` librdkafka moved such a partition to its start without a word, and the
+gap was checked only at the first record after an assignment: the cursor committed
+past the hole, ``gaps`` stayed 0 and no history was read (review N2). Every other jump
+between two records (transaction markers take offsets too) is checked against the
+partition's start as the last fetch saw it, at no cost.
+
 History: what no relay topic has any more (a site that lost everything, or a gap) is
 read once from a neighbour's canonical topic ``sl.<stream>``, which keeps a stream
 longer (at headquarters: for ever): the records older than what the neighbour's relay
@@ -50,7 +61,6 @@ from confluent_kafka import (
     Consumer,
     IsolationLevel,
     KafkaError,
-    KafkaException,
     Message,
     TopicPartition,
 )
@@ -59,7 +69,13 @@ from confluent_kafka.admin import OffsetSpec
 from shorelink.contract import canonical_topic, ingress_topic, relay_topic
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
-from shorelink.kafka.errors import KafkaClientError, UnknownTopic, classify
+from shorelink.kafka.errors import (
+    DataLoss,
+    KafkaClientError,
+    UnknownTopic,
+    classify,
+    kafka_errors,
+)
 from shorelink.kafka.reading import written_ms
 from shorelink.logs import get_logger
 from spark_core.access import pull_group
@@ -144,6 +160,11 @@ class Puller:
     _assigned: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
     #: per partition assigned at a cursor: the cursor, until the first record is read
     _expected: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
+    #: per partition stepped over a gap (:meth:`_reset`): where it went on, until a
+    #: record or end there is read (records carried from before come first)
+    _stepped: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
+    #: the gaps counted: (topic, partition, cursor, oldest)
+    _counted: set[tuple[str, int, int, int]] = field(default_factory=set, repr=False)
     _described_at: float = field(default=0.0, repr=False)
     _wanted: frozenset[str] = field(default=frozenset(), repr=False)
     #: records read past their partition's share of the last batch, in order
@@ -213,7 +234,9 @@ class Puller:
         backoff = 0.5
         while not stop.is_set() and not self.merger.stopping.is_set():
             try:
-                if not self.round():
+                with kafka_errors(f"pull from {self.neighbour}"):
+                    read = self.round()
+                if not read:
                     stop.wait(_WAIT_S if self._assigned else self.site.replication.probe_interval_s)
                 if self.local:  # the merge's own loop: its relay index, when due
                     self.merger.write_index()
@@ -225,7 +248,7 @@ class Puller:
                 self._failed(exc, backoff)
                 if exc.fatal:
                     break
-            except (KafkaClientError, KafkaException) as exc:
+            except KafkaClientError as exc:
                 self._failed(exc, backoff)
             except Exception as exc:  # never let one neighbour's puller die silently
                 log.exception("pull_failed", site=self.site.name, puller=self.name)
@@ -336,6 +359,9 @@ class Puller:
                         # a cursor below a relay that retention emptied reads nothing
                         self._check_gap(*end, m.offset() or 0)
                         continue
+                    if err.code() == KafkaError._AUTO_OFFSET_RESET:  # an offset gone
+                        self._reset(str(m.topic()), m.partition() or 0, m.offset())
+                        continue
                     raise classify(err, f"pull from {self.neighbour}")
                 take(m)
         if paused:
@@ -400,7 +426,7 @@ class Puller:
                     self._history_done(stream)
             if recover:
                 self._recover_to = self._recovery_targets(parts)
-        except (KafkaClientError, KafkaException) as exc:
+        except KafkaClientError as exc:
             log.info(
                 "pull_begin_deferred", site=self.site.name, neighbour=self.neighbour, error=str(exc)
             )
@@ -444,15 +470,19 @@ class Puller:
 
     def _history_ends(self, stream: str, parts: list[int]) -> dict[tuple[str, int], int]:
         """Per partition of the neighbour's canonical topic of ``stream`` holding
-        history: the offset of its first record not older than the neighbour's relay
-        topics of the stream reach back to (its end when they have nothing)."""
+        history: the offset of its first record newer than the neighbour's relay topics
+        of the stream reach back to (its end when they have nothing). Newer, not "not
+        older": a merge writes many records in one millisecond, and a record deleted
+        from a relay can share the horizon's millisecond with the first one kept (its
+        canonical copy is never later than its relay copy); those are read as history
+        too, and what the site holds of them is dropped."""
         topic = canonical_topic(stream)
         marks = self._marks((topic, p) for p in parts)
         horizon = self._relay_horizon(stream)
         if horizon is None or not marks:
             return {tp: hi for tp, (_, hi) in marks.items()}
         assert self._admin is not None
-        spec = OffsetSpec.for_timestamp(horizon)
+        spec = OffsetSpec.for_timestamp(horizon + 1)
         found = self._admin.client.list_offsets(
             {TopicPartition(*tp): spec for tp in marks},
             isolation_level=IsolationLevel.READ_COMMITTED,
@@ -626,6 +656,10 @@ class Puller:
             )
         consumer = self._consumer or self._new_consumer()
         consumer.assign(assignment)
+        # a partition paused once (a history read at its end) stays paused through an
+        # unassign and a new assign: a second history read from this neighbour then
+        # read nothing, for ever
+        consumer.resume(assignment)
         self._carry, self._at_end = [], {}  # read again from the cursors
         self._sources = sources
         self._assigned = {(tp.topic, tp.partition): tp.offset for tp in assignment}
@@ -633,6 +667,7 @@ class Puller:
         # retention already cut is a gap too (what it lost comes from history)
         fresh = bool(self._recovering)
         self._expected = {k: max(v, 0) for k, v in self._assigned.items() if v >= 0 or fresh}
+        self._stepped = {}
         log.info(
             "pull_assigned",
             site=self.site.name,
@@ -706,7 +741,9 @@ class Puller:
                     "enable.auto.commit": False,
                     "enable.auto.offset.store": False,
                     "isolation.level": "read_committed",
-                    "auto.offset.reset": "earliest",
+                    # an offset the partition no longer holds stops it with an error
+                    # event (_reset: a gap), never a silent move to its start
+                    "auto.offset.reset": "error",
                     # where a partition ends (past transaction markers): recovery's end
                     "enable.partition.eof": True,
                     # fetch.wait.max.ms stays Kafka's 500 ms: a fetch parked at the
@@ -728,18 +765,74 @@ class Puller:
         self._assigned[(topic, part)] = offset + 1
 
     def _check_gap(self, topic: str, part: int, offset: int) -> None:
-        """The first record read, or the end found, at ``offset`` past the cursor: did
-        retention delete what lay between? (Offsets are not dense, transaction markers
-        take some: only a jump is a suspect, asked once.)"""
-        expected = self._expected.pop((topic, part), None)
-        if expected is not None and offset > expected:
-            lo = self._low(topic, part)
-            if lo is not None and lo > expected:
-                self._gap(topic, part, expected, lo)
+        """A record read, or the end found, at ``offset`` past the next offset expected
+        (the cursor, after an assignment; the last record's next): did retention delete
+        what lay between? Offsets are not dense (transaction markers take some), so a
+        jump is only a suspect: the first after an assignment asks where the partition
+        starts, every later one compares with the start the last fetch saw (no
+        request). A position that retention passes between two fetches is an error
+        event instead (:meth:`_reset`)."""
+        tp = (topic, part)
+        first = self._expected.pop(tp, None)
+        expected = first if first is not None else self._assigned.get(tp, -1)
+        stepped = self._stepped.get(tp)
+        if stepped is not None and offset >= stepped:  # that gap is counted already
+            del self._stepped[tp]
+            expected = max(expected, stepped)
+        if expected < 0 or offset <= expected:
+            return
+        lo = self._low(topic, part) if first is not None else self._cached_low(topic, part)
+        if lo is not None and lo > expected:
+            self._gap(topic, part, expected, lo)
+
+    def _reset(self, topic: str, part: int, offset: int | None) -> None:
+        """The partition stopped at an offset it no longer holds (librdkafka's reset
+        error: ``auto.offset.reset=error``): go on from its oldest record (from its end,
+        when it was truncated below the position), and what was skipped is a gap.
+        A stopped partition takes no seek: it is assigned anew. Raises the tree's error
+        when its offsets cannot be asked (the round fails; the next starts from the
+        cursors, and meets the same reset)."""
+        tp = (topic, part)
+        consumed_to = offset if offset is not None and offset >= 0 else self._assigned.get(tp, 0)
+        consumed_to = max(consumed_to, 0)
+        if consumed_to < self._assigned.get(tp, -1):
+            return  # an event from before the last step over (a fetch in flight then)
+        consumer = self._consumer
+        assert consumer is not None
+        with kafka_errors(f"offsets of {topic}[{part}] at {self.neighbour}"):
+            lo, hi = consumer.get_watermark_offsets(
+                TopicPartition(topic, part), timeout=self.site.replication.probe_timeout_s
+            )
+            reset_to = lo if consumed_to < lo else hi if consumed_to > hi else consumed_to
+            consumer.incremental_unassign([TopicPartition(topic, part)])
+            consumer.incremental_assign([TopicPartition(topic, part, reset_to)])
+            consumer.resume([TopicPartition(topic, part)])
+        self._expected.pop(tp, None)
+        self._assigned[tp] = reset_to
+        self._stepped[tp] = reset_to
+        self._at_end.pop(tp, None)
+        if reset_to > consumed_to:
+            self._gap(topic, part, consumed_to, reset_to)
+        elif reset_to < consumed_to:
+            # the partition now ends below what was read (a log lost under the same
+            # topic id, review N18): nothing to count, read on from its end
+            log.warning(
+                "pull_truncated",
+                site=self.site.name,
+                neighbour=self.neighbour,
+                error=str(DataLoss(topic, part, consumed_to, reset_to)),
+            )
 
     def _gap(self, topic: str, part: int, cursor: int, oldest: int) -> None:
         """Retention deleted records of ``topic`` past the cursor: counted, logged, and
-        for a relay topic its stream's history is read from this neighbour."""
+        for a relay topic its stream's history is read from this neighbour. A gap found
+        again (the cursor did not move before a new assignment) is counted once."""
+        relay = topic.split(".")
+        if len(relay) == 4 and relay[:2] == ["sl", "relay"] and not self.local:
+            self._read_history([relay[3]], "gap")
+        if (topic, part, cursor, oldest) in self._counted:
+            return
+        self._counted.add((topic, part, cursor, oldest))
         self.gaps += oldest - cursor
         log.warning(
             "pull_gap",
@@ -750,19 +843,31 @@ class Puller:
             cursor=cursor,
             oldest=oldest,
         )
-        relay = topic.split(".")
-        if len(relay) == 4 and relay[:2] == ["sl", "relay"] and not self.local:
-            self._read_history([relay[3]], "gap")
 
     def _low(self, topic: str, part: int) -> int | None:
+        """Where the partition starts now (asked; None: no answer)."""
         assert self._consumer is not None
         try:
-            lo, _ = self._consumer.get_watermark_offsets(
-                TopicPartition(topic, part), timeout=self.site.replication.probe_timeout_s
-            )
-        except KafkaException:
+            with kafka_errors():
+                lo, _ = self._consumer.get_watermark_offsets(
+                    TopicPartition(topic, part), timeout=self.site.replication.probe_timeout_s
+                )
+        except KafkaClientError:
             return None
         return lo
+
+    def _cached_low(self, topic: str, part: int) -> int | None:
+        """Where the partition started as its last fetch saw it (no request; None: not
+        known)."""
+        assert self._consumer is not None
+        try:
+            with kafka_errors():
+                lo, _ = self._consumer.get_watermark_offsets(
+                    TopicPartition(topic, part), cached=True
+                )
+        except KafkaClientError:
+            return None
+        return lo if lo >= 0 else None
 
     def _measure_lag(self, read: int) -> None:
         """Per relay topic, records between what was read and the neighbour's end (the
@@ -775,8 +880,9 @@ class Puller:
             # past the last record there may be a transaction marker: the end found counts
             pos = max(read_to, self._at_end.get((topic, part), -1))
             try:
-                _, hi = consumer.get_watermark_offsets(TopicPartition(topic, part), cached=True)
-            except KafkaException:
+                with kafka_errors():
+                    _, hi = consumer.get_watermark_offsets(TopicPartition(topic, part), cached=True)
+            except KafkaClientError:
                 hi = -1
             if hi < 0 or (pos < 0 and hi > 0):
                 per_topic.setdefault(topic, None)  # not fetched yet
@@ -795,12 +901,13 @@ class Puller:
     def close(self) -> None:
         c, self._consumer = self._consumer, None
         self._assigned, self._expected, self._sources = {}, {}, {}
+        self._stepped = {}
         self._wanted, self._carry, self._at_end = frozenset(), [], {}
         # history being read is read again from the cursors, to a new end
         self._history = dict.fromkeys(self._history)
         self._described_at = 0.0
         if c is not None:
-            with contextlib.suppress(KafkaException, RuntimeError):
+            with contextlib.suppress(KafkaClientError, RuntimeError), kafka_errors():
                 c.close()
 
 

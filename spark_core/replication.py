@@ -20,8 +20,6 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from confluent_kafka import KafkaException
-
 from shorelink.contract import relay_topic
 from shorelink.files import write_json_atomic
 from shorelink.kafka.errors import KafkaClientError
@@ -113,7 +111,7 @@ class Replicator:
             if self.links.links[p.neighbour].up:
                 try:
                     p.begin()
-                except (MergeError, KafkaClientError, KafkaException) as exc:  # its thread retries
+                except (MergeError, KafkaClientError) as exc:  # its thread retries
                     log.warning("pull_begin_failed", puller=p.name, error=str(exc))
         for p in self.all_pullers:
             t = threading.Thread(

@@ -395,7 +395,7 @@ class LinkState:
                     # a report of this site with a version it has not reached (its clock
                     # was ahead before a restart, or a neighbour forged one): continue
                     # above it, or every site would keep that report and ignore ours
-                    if rep.version >= self._version:
+                    if rep.version > self._version:  # (ours, passed back: nothing to do)
                         log.warning(
                             "links_own_version_ahead",
                             site=self.site.name,

@@ -167,9 +167,17 @@ def test_history_is_relayed_under_the_entry_its_records_name_and_held_history_no
         return SourceRow(hist, 0, offset, r.key, r.value, headers)
 
     state = MergeState(held={("s1", "nav"): RangeSet.parse("1")})
-    rows = [row(0, 1, "a"), row(1, 2, "a"), row(2, 3, "c"), row(3, 4, "gone")]
+    relay = pulled_source("a", "id2", relay_topic("a", "nav"))
+    rows = [
+        row(0, 1, "a"),
+        row(1, 2, "a"),
+        row(2, 3, "c"),
+        row(3, 4, "gone"),
+        # the relay's copy after history's, in the same batch: a's relay has it already
+        _row(relay, 0, "s1", "nav", 2),
+    ]
     plan = plan_batch(rows, state, merger._entry)
-    assert plan.again == [] and plan.duplicates == 1
+    assert plan.again == [] and plan.duplicates == 2
     assert {k: str(v) for k, v in plan.relayed.items()} == {
         ("a", "s1", "nav"): "2",
         ("c", "s1", "nav"): "3",

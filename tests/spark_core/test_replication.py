@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_END, Producer, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -466,6 +466,74 @@ def test_an_alert_overtakes_a_containers_catch_up(
         finally:
             healed.toxiproxy.remove_toxic(link, toxic)
         eventually(lambda: len(identities(topo, b, containers)) == len(backlog), 240, "b caught up")
+
+
+def _delete_to(bootstrap: str, topic: str, fraction: float) -> int:
+    """Delete the first ``fraction`` of every partition of ``topic`` that holds records,
+    as retention would; the records deleted."""
+    admin = Admin(KafkaEndpoint.plaintext(bootstrap))
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("marks")})
+    try:
+        parts = admin.client.list_topics(topic, timeout=20).topics[topic].partitions
+        cuts, deleted = [], 0
+        for p in parts:
+            lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=20)
+            if hi > lo:
+                cuts.append(TopicPartition(topic, p, lo + int((hi - lo) * fraction)))
+                deleted += int((hi - lo) * fraction)  # (a few are transaction markers)
+    finally:
+        consumer.close()
+    for tp, future in admin.client.delete_records(cuts).items():
+        admin.wait(future, f"delete records of {tp.topic} [{tp.partition}]")
+    return deleted
+
+
+def test_retention_passing_a_readers_position_in_the_middle_of_a_catch_up_is_a_gap(
+    spark: object, healed: Mesh, tmp_path: Path
+) -> None:
+    """Review N2: b catches up from a's relay over a slow link while a's retention
+    deletes just ahead of b's fetch position. librdkafka's auto.offset.reset=earliest
+    moved the position to the new start without a word, and the gap was checked only
+    at the first record after an assignment: b's cursor passed the hole, gaps stayed 0,
+    no history was read, and b lacked those records for good. The consumer now stops at
+    a position gone (auto.offset.reset=error), the puller counts the gap and takes the
+    records from a's canonical topic: b converges, each record once."""
+    stream = unique("cont")
+    topo = topology(healed, tmp_path, full_mesh(SLOTS[:2]), [stream])
+    a, b = topo.slots
+    rng = random.Random(7)  # payloads that do not compress: the link carries their bytes
+    backlog = [
+        replace(r, value=rng.randbytes(1000).hex().encode())
+        for r in records(a, "s1", stream, range(1, 6001))
+    ]
+    for i in range(0, len(backlog), 1000):
+        enter(topo, a, backlog[i : i + 1000])
+    want = {stream: ids(backlog)}
+    with Running(spark, topo) as run:
+        run.start(a)
+        eventually(
+            lambda: len(identities(topo, a, stream)) == len(backlog), 180, "a merged its backlog"
+        )
+        # 300 KB/s: a fetch of 1 MiB per partition takes seconds, the catch-up a minute
+        link = proxy_name(topo.slots[a], topo.slots[b])
+        toxic = healed.toxiproxy.add_toxic(link, "bandwidth", rate=300)
+        try:
+            run.start(b)
+            eventually(lambda: _crossed(run, b) > 0, 120, "b's catch-up under way")
+            assert _crossed(run, b) < len(backlog) // 3, "the catch-up was too quick to cut"
+            deleted = _delete_to(topo.bootstrap(a), relay_topic(a, stream), 0.7)
+            assert deleted > len(backlog) // 2
+        finally:
+            healed.toxiproxy.remove_toxic(link, toxic)
+        try:
+            eventually(lambda: not list(converged(topo, want)), 150, "b took the gap")
+        except AssertionError:
+            raise AssertionError((list(converged(topo, want)), _reads(run, b))) from None
+        rep = run.sups[b].replicator
+        assert rep is not None
+        assert sum(p.gaps for p in rep.pullers) > 0, _reads(run, b)
+        assert sum(p.read_history for p in rep.pullers) > 0, _reads(run, b)
+    assert not list(converged(topo, want))
 
 
 def _stamps(topo: Topology, site: str, topic: str) -> list[tuple[int, int | None]]:
