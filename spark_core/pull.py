@@ -165,6 +165,8 @@ class Puller:
     _stepped: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
     #: the gaps counted: (topic, partition, cursor, oldest)
     _counted: set[tuple[str, int, int, int]] = field(default_factory=set, repr=False)
+    #: a history read's horizon moved (a gap met meanwhile): start again from the cursors
+    _renew: bool = field(default=False, repr=False)
     _described_at: float = field(default=0.0, repr=False)
     _wanted: frozenset[str] = field(default=frozenset(), repr=False)
     #: records read past their partition's share of the last batch, in order
@@ -390,6 +392,9 @@ class Puller:
         for stream, ends in list(self._history.items()):
             if ends is not None and self.reached(ends):
                 self._history_done(stream)
+        if self._renew:  # a history read to a horizon moved since: from the cursors
+            self._renew = False
+            self.close()
         return len(rows)
 
     def _decide(self) -> None:
@@ -447,8 +452,23 @@ class Puller:
         )
 
     def _read_history(self, streams: Iterable[str], why: str) -> None:
+        """Read the history of ``streams`` from this neighbour (once at a time). A gap
+        found while a history read of the stream is under way lies past the horizon
+        that read ends at (taken before the gap): the read is taken again from the
+        cursors, to the horizon as it is now, after this round (a fresh site's first
+        history, read over a slow link, ended short of a gap its relays met meanwhile)."""
         for stream in streams:
-            if stream in self.streams and stream not in self._history:
+            if why == "gap" and self._history.get(stream) is not None:
+                self._history[stream] = None
+                self._renew = True
+                log.info(
+                    "pull_history",
+                    site=self.site.name,
+                    neighbour=self.neighbour,
+                    stream=stream,
+                    reason="gap_during_history",
+                )
+            elif stream in self.streams and stream not in self._history:
                 self._history[stream] = None
                 log.info(
                     "pull_history",
@@ -827,12 +847,12 @@ class Puller:
         """Retention deleted records of ``topic`` past the cursor: counted, logged, and
         for a relay topic its stream's history is read from this neighbour. A gap found
         again (the cursor did not move before a new assignment) is counted once."""
-        relay = topic.split(".")
-        if len(relay) == 4 and relay[:2] == ["sl", "relay"] and not self.local:
-            self._read_history([relay[3]], "gap")
         if (topic, part, cursor, oldest) in self._counted:
             return
         self._counted.add((topic, part, cursor, oldest))
+        relay = topic.split(".")
+        if len(relay) == 4 and relay[:2] == ["sl", "relay"] and not self.local:
+            self._read_history([relay[3]], "gap")
         self.gaps += oldest - cursor
         log.warning(
             "pull_gap",
