@@ -47,7 +47,7 @@ from shorelink.kafka.admin import Admin
 from shorelink.kafka.errors import Fenced, KafkaClientError, KafkaTransactionError
 from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from shorelink.kafka.transactions import TransactionalProducer
-from shorelink.ledger import encode_entry
+from shorelink.ledger import MAX_HOLDINGS_RANGES, encode_entry
 from shorelink.logs import get_logger
 from shorelink.proof import WatchedShipKeys
 from shorelink.ranges import RangeSet
@@ -199,6 +199,9 @@ class Merger:
         #: ``sl.relay.<entry>.<stream>`` in the same transaction
         self._sites = sites
         self.entries = frozenset(relay_entries(site, sites))
+        #: the most ranges one (origin, stream) may hold (the bound on holes; a test of
+        #: what reaches it lowers it here)
+        self.max_ranges = MAX_HOLDINGS_RANGES
         self._relays: dict[tuple[str, str, str | bool | None], str | None] = {}
         self._entries: dict[str, str | None] = {}
         self.transactional_id = merge_transactional_id(site, query)
@@ -510,7 +513,13 @@ class Merger:
         )
         with cyclic_gc_paused():
             keys = None if self.ship_keys is None else self.ship_keys.current()
-            plan = plan_batch(batch, self.state, self._entry if self.entries else None, keys)
+            plan = plan_batch(
+                batch,
+                self.state,
+                self._entry if self.entries else None,
+                keys,
+                self.max_ranges,
+            )
             self._ensure_streams(plan.streams)
             t2 = time.monotonic()
             before = dict(self.state.offsets)  # what the batch before this one committed
@@ -548,7 +557,7 @@ class Merger:
             keys = None if self.ship_keys is None else self.ship_keys.current()
             with cyclic_gc_paused():
                 entry = self._entry if self.entries else None
-                plan = plan_batch(RowBatch(rows), self.state, entry, keys)
+                plan = plan_batch(RowBatch(rows), self.state, entry, keys, self.max_ranges)
             plan.offsets.update(ends)
             self._ensure_streams(plan.streams)
             last = self.state.last_batch

@@ -409,6 +409,7 @@ def plan_batch(
     state: MergeState,
     entry_of: EntryOf | None = None,
     keys: ShipKeys | None = None,
+    max_ranges: int = MAX_HOLDINGS_RANGES,
 ) -> BatchPlan:
     """Pure: dedup ``batch`` against ``state`` and within itself (the first copy of an
     identity wins), order the new identities by seq per ``(origin, stream)``.
@@ -504,7 +505,9 @@ def plan_batch(
         seen[seq] = i
     if tp is not None and high:
         plan.offsets[tp] = high
-    _order_new(b, {source: seen for source, (seen, _, _) in new.items()}, state, plan, entry_of)
+    _order_new(
+        b, {source: seen for source, (seen, _, _) in new.items()}, state, plan, entry_of, max_ranges
+    )
     if again:
         _plan_again(b, again, state, plan)
     for key, relayed in plan.relayed.items():
@@ -602,6 +605,7 @@ def _order_new(
     state: MergeState,
     plan: BatchPlan,
     entry_of: EntryOf | None = None,
+    max_ranges: int = MAX_HOLDINGS_RANGES,
 ) -> None:
     """Seq order per source; the new ledger entries; fetch the written rows at once.
 
@@ -624,11 +628,11 @@ def _order_new(
     for source, seqs in sources:
         held = state.held_for(source).copy()
         # each new seq adds at most one range: only a source near the bound is checked
-        bounded = len(held) + len(seqs) > MAX_HOLDINGS_RANGES
+        bounded = len(held) + len(seqs) > max_ranges
         for seq in seqs:
             if i in big:
                 plan.dead.append(_too_large(records[i], b.row(order[i]), source[1]))
-            elif bounded and _splits(held, seq) and len(held) >= MAX_HOLDINGS_RANGES:
+            elif bounded and _splits(held, seq) and len(held) >= max_ranges:
                 big.add(i)  # (not written either)
                 reason = f"{source[0]}/{source[1]} holds {len(held)} ranges already"
                 plan.dead.append(_dead_record(b.row(order[i]), source[1], reason))

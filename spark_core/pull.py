@@ -20,6 +20,11 @@ and the merge drops what it already holds. A cursor below what retention kept re
 from the oldest record left, counted and logged (``event=pull_gap``), instead of
 stalling.
 
+Each round takes each partition's share, and no record newer than every other
+partition of its topic has been read to (:meth:`Puller._align`): one ship's seqs are
+spread over the partitions, and read out of time order they leave holes in the ledger,
+which is bounded (review N3).
+
 Gaps are never silent. The consumer runs with ``auto.offset.reset=error``: an offset
 the partition no longer holds stops that partition with an error event, whenever it is
 found, at the assignment or in the middle of a read (retention or ``delete_records``
@@ -167,6 +172,8 @@ class Puller:
     _counted: set[tuple[str, int, int, int]] = field(default_factory=set, repr=False)
     #: a history read's horizon moved (a gap met meanwhile): start again from the cursors
     _renew: bool = field(default=False, repr=False)
+    #: per partition: the timestamp of the last record it delivered (:meth:`_align`)
+    _last_ts: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
     _described_at: float = field(default=0.0, repr=False)
     _wanted: frozenset[str] = field(default=frozenset(), repr=False)
     #: records read past their partition's share of the last batch, in order
@@ -297,13 +304,15 @@ class Puller:
         assert consumer is not None
         limit = self.site.replication.max_offsets_per_trigger
         budget = self.site.merge.max_batch_bytes
-        # each partition its share of the batch: one origin's seqs are spread over the
-        # partitions by key, so a batch that took one partition far ahead of the others
-        # would leave holes in the ledger (bounded: MAX_HOLDINGS_RANGES); what a
-        # partition brings beyond its share waits, in order, for the next round
+        # each partition its share of the batch, and no record newer than what every
+        # other partition of its topic has been read to (_align): one origin's seqs are
+        # spread over the partitions by key, so a batch that took one partition far
+        # ahead of the others would leave holes in the ledger (bounded:
+        # MAX_HOLDINGS_RANGES); what waits, waits in order for the next round
         share = max(1, limit // len(self._assigned))
         taken: Counter[tuple[str, int]] = Counter()
         rows: list[SourceRow] = []
+        picked: list[Message] = []  # the message of each row
         size = 0
         carried, self._carry = self._carry, []
         paused: list[TopicPartition] = []
@@ -325,6 +334,9 @@ class Puller:
                 consumer.pause([TopicPartition(*tp)])
                 return
             key, value = m.key(), m.value()
+            ts = written_ms(m)
+            if ts is not None:
+                self._last_ts[tp] = ts
             headers: Headers = list(m.headers() or [])  # type: ignore[arg-type]
             nbytes = len(key or b"") + len(value or b"")
             nbytes += sum(len(k) + len(v or b"") for k, v in headers)
@@ -339,7 +351,8 @@ class Puller:
             taken[tp] += 1
             offset = m.offset() or 0
             source = self._sources[tp[0]]
-            rows.append(SourceRow(source, tp[1], offset, key, value, headers, written_ms(m)))
+            rows.append(SourceRow(source, tp[1], offset, key, value, headers, ts))
+            picked.append(m)
             size += nbytes
             self._note_read(tp[0], tp[1], offset)
 
@@ -347,7 +360,10 @@ class Puller:
         for m in carried:
             take(m)
         wait = _WAIT_S
-        while len(rows) < limit and not full and len(self._carry) < limit:
+        # no bound on the carry here: a partition is paused once past its share, so it
+        # waits with at most its share and one fetch; one that _align holds back (a
+        # cold partition ahead in time) must not stop the others being read
+        while len(rows) < limit and not full:
             msgs = consumer.consume(min(limit - len(rows), 5000), timeout=wait)
             if not msgs:
                 break
@@ -368,6 +384,7 @@ class Puller:
                 take(m)
         if paused:
             consumer.resume(paused)
+        rows = self._align(rows, picked, history_ends)
         if rows:
             unproved = self.merger.write_pulled(rows).unproved
             if self.guard.note(unproved):
@@ -396,6 +413,63 @@ class Puller:
             self._renew = False
             self.close()
         return len(rows)
+
+    def _align(
+        self,
+        rows: list[SourceRow],
+        picked: list[Message],
+        history_ends: Mapping[tuple[str, int], int],
+    ) -> list[SourceRow]:
+        """The rows no newer than every other partition of their topic has been read
+        to; the rest go back to the carry, in order, and are read again next round.
+
+        A partition has been read to the time of the first record it has waiting (what
+        it brought past its share), else of the last record it delivered; one at its end
+        (or a history partition past its end) holds nothing back. One that has
+        delivered nothing yet holds its whole topic until it does (its first fetch).
+        An equal count per partition was not enough (review N3): after an outage, a
+        cold partition (a ship's few containers there, among other ships' busy ones)
+        ran days ahead of the busy ones, its seqs came in isolated, the ship's ledger
+        entry reached the bound on holes and the merge dead-lettered records the
+        gateway had acknowledged. Timestamps are compared only within one topic,
+        whose partitions one writer fills (the gateway, or the neighbour's merge)."""
+        if not rows:
+            return rows
+        waiting: dict[tuple[str, int], int] = {}
+        for m in self._carry:
+            tp = (str(m.topic()), m.partition() or 0)
+            if tp not in waiting and (ts := written_ms(m)) is not None:
+                waiting[tp] = ts
+        cut: dict[str, float] = {}
+        for tp, nxt in self._assigned.items():
+            bound: float
+            if tp in waiting:
+                bound = waiting[tp]
+            elif self._at_end.get(tp, -1) >= nxt or (
+                tp in history_ends and nxt >= history_ends[tp]
+            ):
+                bound = float("inf")
+            else:
+                last = self._last_ts.get(tp)
+                bound = float("-inf") if last is None else last
+            cut[tp[0]] = min(cut.get(tp[0], float("inf")), bound)
+        kept: list[SourceRow] = []
+        back: list[Message] = []
+        moved: set[tuple[str, int]] = set()
+        topics = {src: t for t, src in self._sources.items()}
+        for row, m in zip(rows, picked, strict=True):
+            limit = cut.get(topics.get(row.topic, ""), float("inf"))
+            if row.written_ms is None or row.written_ms <= limit:
+                kept.append(row)
+                continue
+            tp = (str(m.topic()), m.partition() or 0)
+            if tp not in moved:
+                moved.add(tp)
+                self._assigned[tp] = row.offset  # read again from there
+            back.append(m)
+        if back:
+            self._carry = back + self._carry
+        return kept
 
     def _decide(self) -> None:
         """Once, with the merge's state loaded: does this run take back what entered
@@ -680,7 +754,7 @@ class Puller:
         # unassign and a new assign: a second history read from this neighbour then
         # read nothing, for ever
         consumer.resume(assignment)
-        self._carry, self._at_end = [], {}  # read again from the cursors
+        self._carry, self._at_end, self._last_ts = [], {}, {}  # again from the cursors
         self._sources = sources
         self._assigned = {(tp.topic, tp.partition): tp.offset for tp in assignment}
         # a site that starts with nothing reads relays from their start: one that
@@ -922,7 +996,7 @@ class Puller:
         c, self._consumer = self._consumer, None
         self._assigned, self._expected, self._sources = {}, {}, {}
         self._stepped = {}
-        self._wanted, self._carry, self._at_end = frozenset(), [], {}
+        self._wanted, self._carry, self._at_end, self._last_ts = frozenset(), [], {}, {}
         # history being read is read again from the cursors, to a new end
         self._history = dict.fromkeys(self._history)
         self._described_at = 0.0

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import base64
 import time
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 
 from local_stack.kafka import KafkaBroker
-from shorelink.contract import canonical_topic, relay_topic
+from shorelink.contract import canonical_topic, dead_topic, ingress_topic, relay_topic
 from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import UnknownTopic
+from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.config import parse_config
 from spark_core.merge import Merger
@@ -28,10 +32,10 @@ from spark_core.merge_state import (
     source_stream,
     topic_stream,
 )
-from spark_core.pull import Puller
+from spark_core.pull import Puller, write_through
 from spark_core.replication import history_sources
 from tests.helpers import unique
-from tests.spark_core.helpers import canonical, graph_doc, make_site, record
+from tests.spark_core.helpers import canonical, create_ingress, graph_doc, make_site, record
 from tests.strategies import DIGITS, LOWER, words
 
 _NAME = words(LOWER, LOWER + DIGITS + "-", 20)
@@ -142,3 +146,78 @@ def test_a_site_that_starts_with_nothing_takes_as_history_only_what_no_relay_hol
     finally:
         puller.close()
         merger.close()
+
+
+def test_a_catch_up_of_the_ingress_dead_letters_no_acknowledged_record_at_the_bound_on_holes(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """Review N3: a site's merge catches up on its ingress (its application was down
+    while the gateway acknowledged uploads). Ship X's containers spread its seqs over
+    every partition; the other ships' records fill all but one, so X's partition there
+    is cold. Read by an equal count per partition, the cold partition ran days ahead of
+    the others: X's seqs from it came in isolated, its ledger entry reached the bound on
+    holes, and the merge dead-lettered records the gateway had acknowledged (the ship
+    freed them: lost everywhere). Read aligned on time across a topic's partitions,
+    X's seqs come in order and every record is written (the bound lowered to 20)."""
+    b = kafka.bootstrap
+    s = unique("s")
+    create_ingress(b, [s], partitions=4)
+    site, _ = make_site(b, tmp_path, [s])
+    # 400 records a round: 100 from each partition
+    site = replace(site, replication=replace(site.replication, max_offsets_per_trigger=400))
+    p = Producer({"bootstrap.servers": b, "transactional.id": unique("gw"), "linger.ms": 5})
+    p.init_transactions(20)
+    p.begin_transaction()
+    base = int(time.time() * 1000) - 200_000
+    want = set()
+    for t in range(100):  # an upload a second: 4 of X's seqs, 30 of other ships'
+        batch = [
+            (record("x", s, 4 * t + i, key=f"c{(4 * t + i) % 20}"), (4 * t + i) % 4)
+            for i in range(1, 5)
+        ]
+        batch += [
+            (record(f"o{k}", s, 10 * t + j, key=f"o{k}"), k)
+            for k in (1, 2, 3)
+            for j in range(1, 11)
+        ]
+        for r, part in batch:
+            want.add(r.identity)
+            p.produce(
+                ingress_topic(s),
+                key=r.key,
+                value=r.value,
+                headers=r.headers(),
+                partition=part,
+                timestamp=base + 1000 * t,
+            )
+    p.commit_transaction(30)
+    merger = Merger(site)
+    merger.max_ranges = 20
+    ends = {
+        (ingress_topic(s), part): hi
+        for part in range(4)
+        for _, hi in [_watermarks(b, ingress_topic(s), part)]
+    }
+    try:
+        write_through(merger, ends)
+    finally:
+        merger.close()
+    got = Counter(r.identity for r in canonical(b, s))
+    assert set(got) == want and max(got.values()) == 1
+    assert merger.totals.dead == 0
+    assert _dead(b, s) == []
+
+
+def _watermarks(bootstrap: str, topic: str, part: int) -> tuple[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("marks")})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=20)
+    finally:
+        consumer.close()
+
+
+def _dead(bootstrap: str, stream: str) -> list[object]:
+    try:
+        return list(read_to_end(KafkaEndpoint.plaintext(bootstrap), [dead_topic(stream)]))
+    except UnknownTopic:
+        return []
