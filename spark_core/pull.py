@@ -174,6 +174,8 @@ class Puller:
     _renew: bool = field(default=False, repr=False)
     #: per partition: the timestamp of the last record it delivered (:meth:`_align`)
     _last_ts: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
+    #: per partition: when (monotonic) it last delivered a record or its end
+    _heard: dict[tuple[str, int], float] = field(default_factory=dict, repr=False)
     _described_at: float = field(default=0.0, repr=False)
     _wanted: frozenset[str] = field(default=frozenset(), repr=False)
     #: records read past their partition's share of the last batch, in order
@@ -322,10 +324,12 @@ class Puller:
         }
 
         full = False  # the batch has its bytes: the rest waits for the next round
+        heard_at = time.monotonic()
 
         def take(m: Message) -> None:
             nonlocal size, full
             tp = (str(m.topic()), m.partition() or 0)
+            self._heard[tp] = heard_at
             end = history_ends.get(tp)
             if end is not None and (m.offset() or 0) >= end:
                 # history is read up to where it ended: the rest of the neighbour's
@@ -374,6 +378,7 @@ class Puller:
                     if err.code() == KafkaError._PARTITION_EOF:  # past the last record
                         end = (str(m.topic()), m.partition() or 0)
                         self._at_end[end] = m.offset() or 0
+                        self._heard[end] = heard_at
                         # a cursor below a relay that retention emptied reads nothing
                         self._check_gap(*end, m.offset() or 0)
                         continue
@@ -426,7 +431,9 @@ class Puller:
         A partition has been read to the time of the first record it has waiting (what
         it brought past its share), else of the last record it delivered; one at its end
         (or a history partition past its end) holds nothing back. One that has
-        delivered nothing yet holds its whole topic until it does (its first fetch).
+        delivered nothing yet holds its whole topic until it does (its first fetch), or
+        until it has been silent for the Kafka timeout (a partition whose leader is
+        gone holds nothing up for good).
         An equal count per partition was not enough (review N3): after an outage, a
         cold partition (a ship's few containers there, among other ships' busy ones)
         ran days ahead of the busy ones, its seqs came in isolated, the ship's ledger
@@ -441,12 +448,15 @@ class Puller:
             if tp not in waiting and (ts := written_ms(m)) is not None:
                 waiting[tp] = ts
         cut: dict[str, float] = {}
+        now, silent_s = time.monotonic(), self.kafka.timeout_s
         for tp, nxt in self._assigned.items():
             bound: float
             if tp in waiting:
                 bound = waiting[tp]
-            elif self._at_end.get(tp, -1) >= nxt or (
-                tp in history_ends and nxt >= history_ends[tp]
+            elif (
+                self._at_end.get(tp, -1) >= nxt
+                or (tp in history_ends and nxt >= history_ends[tp])
+                or now - self._heard.get(tp, now) > silent_s  # (its leader gone: not waited for)
             ):
                 bound = float("inf")
             else:
@@ -757,6 +767,7 @@ class Puller:
         self._carry, self._at_end, self._last_ts = [], {}, {}  # again from the cursors
         self._sources = sources
         self._assigned = {(tp.topic, tp.partition): tp.offset for tp in assignment}
+        self._heard = dict.fromkeys(self._assigned, time.monotonic())
         # a site that starts with nothing reads relays from their start: one that
         # retention already cut is a gap too (what it lost comes from history)
         fresh = bool(self._recovering)
@@ -904,6 +915,7 @@ class Puller:
         self._expected.pop(tp, None)
         self._assigned[tp] = reset_to
         self._stepped[tp] = reset_to
+        self._heard[tp] = time.monotonic()
         self._at_end.pop(tp, None)
         if reset_to > consumed_to:
             self._gap(topic, part, consumed_to, reset_to)
