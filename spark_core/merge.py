@@ -71,6 +71,7 @@ from spark_core.merge_state import (
     history_stream,
     plan_batch,
     source_entry,
+    superseded_sources,
     topic_stream,
 )
 from spark_core.purge import SourcePurger, below, spark_position
@@ -573,6 +574,9 @@ class Merger:
         assert p is not None
         offsets = dict(self.state.offsets)
         offsets.update(plan.offsets)
+        if any(k not in self.state.offsets for k in plan.offsets):  # a source read first
+            gone = superseded_sources({src for src, _ in offsets}, {src for src, _ in plan.offsets})
+            offsets = {k: v for k, v in offsets.items() if k[0] not in gone}
         keys_mark = redrive_keys or self.state.redrive_keys
         marker_state = MergeState(offsets=offsets, redrive_keys=keys_mark)
         extra: dict[str, object] = {

@@ -62,6 +62,7 @@ __all__ = [
     "pulled_source",
     "source_entry",
     "source_stream",
+    "superseded_sources",
     "topic_stream",
 ]
 
@@ -346,6 +347,24 @@ def pulled_source(neighbour: str, topic_id: str, topic: str) -> str:
     the site's cursor there, tied to the topic's id: a topic deleted and recreated is a
     new source, read from its start (spark_core/pull.py)."""
     return f"{neighbour}/{topic_id}/{topic}"
+
+
+def superseded_sources(known: Iterable[str], new: Iterable[str]) -> set[str]:
+    """The pulled sources of ``known`` that a source of ``new`` replaces: the same
+    neighbour's topic under another topic id (deleted and created again, or the
+    neighbour's Kafka rebuilt: a topic id is never used twice). Their cursors can never
+    be used again, and every marker carried them for good (review N9)."""
+    latest: dict[tuple[str, str], str] = {}
+    for src in new:
+        if "/" in src:
+            latest[(src.partition("/")[0], src.rsplit("/", 1)[1])] = src
+    out = set()
+    for src in known:
+        if "/" in src:
+            keep = latest.get((src.partition("/")[0], src.rsplit("/", 1)[1]))
+            if keep is not None and keep != src:
+                out.add(src)
+    return out
 
 
 def source_stream(source: str) -> str | None:

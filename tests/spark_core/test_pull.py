@@ -30,6 +30,7 @@ from spark_core.merge_state import (
     pulled_source,
     source_entry,
     source_stream,
+    superseded_sources,
     topic_stream,
 )
 from spark_core.pull import Puller, write_through
@@ -64,6 +65,21 @@ def test_a_pulled_source_names_its_stream_whatever_its_topic_id_holds(
     history = pulled_source(neighbour, topic_id, canonical_topic(stream))
     assert (source_stream(history), history_stream(history)) == (stream, stream)
     assert source_entry(history) is None and topic_stream(history) is None
+
+
+def test_a_recreated_topics_old_cursors_are_superseded_and_nothing_else() -> None:
+    """Review N9: a neighbour's topic created again (a new id) is a new source; the old
+    id's cursors can never be used again and were kept in every marker for good. Only
+    the same neighbour's same topic under another id is superseded (ids hold "/")."""
+    relay = relay_topic("tokyo", "nav")
+    old, new = pulled_source("hq", "a/b+c", relay), pulled_source("hq", "d/e", relay)
+    other_site = pulled_source("syd", "a/b+c", relay)
+    other_topic = pulled_source("hq", "a/b+c", relay_topic("tokyo", "alerts"))
+    history = pulled_source("hq", "x/y", canonical_topic("nav"))
+    known = {old, new, other_site, other_topic, history, ingress_topic("nav")}
+    assert superseded_sources(known, {new}) == {old}
+    assert superseded_sources(known, {old}) == {new}  # (whichever is read now)
+    assert superseded_sources(known, {ingress_topic("nav")}) == set()
 
 
 def test_local_sources_keep_their_streams_and_other_names_have_none() -> None:

@@ -631,6 +631,18 @@ def test_a_relay_topic_recreated_under_a_running_neighbour_is_read_from_its_star
         enter(topo, a, later)
         want = {stream: ids(first) | ids(later)}
         eventually(lambda: not list(converged(topo, want)), 120, "b has a's new records")
+        # b's marker keeps the cursors of the new topic only (review N9): the old id's
+        # can never be used again
+        rep = run.sups[b].replicator
+        assert rep is not None
+        suffix = f"/{relay_topic(a, stream)}"
+        kept = {
+            src
+            for p in rep.pullers
+            for src, _ in p.merger.state.offsets
+            if src.startswith(f"{a}/") and src.endswith(suffix)
+        }
+        assert len(kept) == 1, kept
         # a turns hostile: its relay offers a forged copy of a record b holds, garbage,
         # and a record whose header names another stream; then genuine records again
         forged = records(a, "s1", stream, [1], size=16)[0]
