@@ -717,10 +717,10 @@ class Merger:
         with self.busy:
             if self._producer is None or self.stopping.is_set():
                 return 0
-            self._index_due = time.monotonic() + INDEX_EVERY_S
             due = [t for t, tail in self.state.index.items() if tail.pending]
             if not due:
-                return 0
+                return 0  # not due later for it: the next pending seqs are written at once
+            self._index_due = time.monotonic() + INDEX_EVERY_S
             index = dict(self.state.index)
             segments = []
             for topic, (topic_id, ends) in self._relay_marks(due).items():

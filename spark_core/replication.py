@@ -62,6 +62,7 @@ class Replicator:
         self.cfg = cfg
         self.site = site
         self.links = LinkState(cfg, site)
+        self.mergers = list(mergers)
         self.routes: dict[str, str | None] = {}
         #: how often the routes changed (the first routes count)
         self.route_changes = 0
@@ -121,6 +122,12 @@ class Replicator:
             self._threads.append(t)
 
     def tick(self) -> None:
+        for m in self.mergers:  # a merge no ingest puller's loop drives: its relay index
+            if not m.ingest_puller:
+                try:
+                    m.write_index()
+                except (MergeError, KafkaClientError) as exc:  # its next batch retries
+                    log.warning("relay_index_failed", site=self.site.name, error=str(exc))
         self.links.probe()
         self.links.note_pulls(self.failing())
         routes = self.links.routes()
