@@ -182,8 +182,8 @@ class MergeMemoryBench:
 def child(a: argparse.Namespace) -> int:
     """One variant, in this process: the merge over all of ingress, once."""
     from spark_core.config import load_config
+    from spark_core.ingest_pull import write_through
     from spark_core.merge import Merger, start_merge
-    from spark_core.pull import write_through
     from spark_core.session import local_session
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -25,9 +25,11 @@ from shorelink.files import write_json_atomic
 from shorelink.kafka.errors import KafkaClientError
 from shorelink.logs import get_logger
 from spark_core.config import SiteConfig
+from spark_core.feed import FEED_BATCHES, ByteBudget, Feed, feed_prefetch
+from spark_core.ingest_pull import IngestPuller, write_through
 from spark_core.merge import Merger
 from spark_core.merge_state import MergeError
-from spark_core.pull import Puller, write_through
+from spark_core.pull import Puller
 from spark_core.routing import LinkState
 
 __all__ = ["BULK_POOL", "URGENT_POOL", "Replicator", "history_sources"]
@@ -86,12 +88,21 @@ class Replicator:
         #: between the gateway and the merge on a record's way (the merge's Spark query
         #: reads the same topics and writes what this has not, spark_core/merge.py)
         self.ingest = [
-            Puller.ingest(m) for m in mergers if m.streams and not site.merge.source_pattern
+            IngestPuller.of(m) for m in mergers if m.streams and not site.merge.source_pattern
         ]
         for m in mergers:  # a Spark batch too big for the driver: in slices, pulled
             m.write_through = partial(write_through, m)
         for p in self.ingest:  # the merge's Spark query is then the backstop
             p.merger.ingest_puller = True
+        #: what the site's feeds hold at once (replication review N12): the rows read
+        #: and not yet written, and librdkafka's prefetch, per driver, not per feed
+        self.budget = ByteBudget(FEED_BATCHES * site.merge.max_batch_bytes)
+        feeds = self.all_pullers
+        prefetch = feed_prefetch(site.merge.max_batch_bytes, len(feeds))
+        for feed in feeds:
+            feed.reader_config = {**prefetch, **feed.reader_config}
+            if not feed.urgent:  # an alert's small batch never waits for a catch-up's
+                feed.budget = self.budget
         self._stop = threading.Event()
         self._pulling = threading.Event()
         self._thread: threading.Thread | None = None
@@ -114,9 +125,12 @@ class Replicator:
                     p.begin()
                 except (MergeError, KafkaClientError) as exc:  # its thread retries
                     log.warning("pull_begin_failed", puller=p.name, error=str(exc))
-        for p in self.all_pullers:
+        for feed in self.all_pullers:
             t = threading.Thread(
-                target=p.run, args=(self._pulling,), name=f"{p.name}@{self.site.name}", daemon=True
+                target=feed.run,
+                args=(self._pulling,),
+                name=f"{feed.name}@{self.site.name}",
+                daemon=True,
             )
             t.start()
             self._threads.append(t)
@@ -167,7 +181,7 @@ class Replicator:
         self._threads = []
 
     @property
-    def all_pullers(self) -> list[Puller]:
+    def all_pullers(self) -> list[Feed]:
         """The pullers from neighbours and from the site's own ingress."""
         return [*self.ingest, *self.pullers] if self.site.neighbours else list(self.ingest)
 

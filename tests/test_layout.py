@@ -239,24 +239,13 @@ def test_a_deployable_lists_every_module(package: str) -> None:
     assert sorted(importlib.import_module(package).__all__) == sorted(modules)
 
 
-#: files that still use librdkafka's errors or clients directly while another change
-#: rewrites them (issue 39 item 3: they move onto shorelink.kafka.reading.PartitionReader)
-KAFKA_DOOR_PENDING = frozenset(
-    {
-        "spark_core/pull.py",
-        "spark_core/merge.py",
-        "spark_core/merge_state.py",
-        "spark_core/replication.py",
-    }
-)
-
-
 def test_librdkafkas_errors_and_clients_stay_inside_the_kafka_room() -> None:
     """ "Kafka errors are wrapped at the room's door" held until new code was written
     after it (five raw excepts regrew in replication code): a lint rule keeps it now.
     Ruff's banned-API rule refuses librdkafka's exceptions, error codes, consumers and
     producers outside shorelink/kafka/; the only files exempt are the room, the tests
-    and the named follow-ups, so a new exemption shows up here, and the tree passes."""
+    (no other file: the replication code moved onto the room's PartitionReader), so a
+    new exemption shows up here, and the tree passes."""
     lint = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]
     assert "TID251" in lint["select"]
     banned = set(lint["flake8-tidy-imports"]["banned-api"])
@@ -265,7 +254,7 @@ def test_librdkafkas_errors_and_clients_stay_inside_the_kafka_room() -> None:
         for name in ("KafkaException", "KafkaError", "Consumer", "Producer")
     } <= banned
     exempt = {path for path, rules in lint["per-file-ignores"].items() if "TID251" in rules}
-    assert exempt == {"shorelink/kafka/**", "tests/**", *KAFKA_DOOR_PENDING}
+    assert exempt == {"shorelink/kafka/**", "tests/**"}
     ruff = Path(sys.executable).with_name("ruff")
     if not ruff.exists():
         pytest.skip("ruff is not installed (the dev extra)")

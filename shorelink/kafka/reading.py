@@ -303,9 +303,10 @@ class PartitionReader:
                 # the partition stopped at an offset it no longer holds (its offset, or
                 # none after a truncation found by leader epoch: the reader's own)
                 offset = m.offset()
-                self._reset(
-                    tp, offset if offset is not None and offset >= 0 else self._next.get(tp, 0), out
-                )
+                at = offset if offset is not None and offset >= 0 else self._next.get(tp, 0)
+                if self._next.get(tp, -1) >= 0 and at < self._next[tp]:
+                    continue  # an event queued before the partition was stepped over
+                self._reset(tp, at, out)
             else:
                 error = classify(err, self.what)
                 if error.fatal:

@@ -38,6 +38,7 @@ from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from shorelink.ledger import MAX_HOLDINGS_RANGES
 from shorelink.ranges import RangeSet
 from spark_core.config import parse_config
+from spark_core.ingest_pull import write_through
 from spark_core.merge import Merger, SourceRow, plan_batch, start_merge
 from spark_core.merge_batch import ArrowBatch, batch_frame, unwritten
 from spark_core.merge_state import (
@@ -48,7 +49,6 @@ from spark_core.merge_state import (
     source_entry,
 )
 from spark_core.metrics import serve_metrics
-from spark_core.pull import write_through
 from tests.helpers import unique
 from tests.spark_core.helpers import (
     assert_exactly_once,
