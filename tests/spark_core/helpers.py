@@ -12,12 +12,13 @@ import tomli_w
 from confluent_kafka import Producer
 
 from local_stack.spark import spark_driver_conf
-from shorelink.contract import LEDGER_TOPIC, Record, canonical_topic, ingress_topic
+from shorelink.contract import H_PROOF, LEDGER_TOPIC, Record, canonical_topic, ingress_topic
 from shorelink.identity import Identity
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.ledger import decode_entry
+from shorelink.proof import ShipKey, leaves_of
 from shorelink.ranges import RangeSet
 from spark_core.config import SiteConfig, parse_config
 from tests.helpers import unique, write_toml
@@ -192,4 +193,34 @@ def ledger(bootstrap: str) -> dict[tuple[str, str], RangeSet]:
     for m in read_to_end(KafkaEndpoint.plaintext(bootstrap), [LEDGER_TOPIC], settled=True):
         origin, stream, held = decode_entry(m.key(), m.value())
         out[(origin, stream)] = held
+    return out
+
+
+def signed_relayed(
+    key: ShipKey, stream: str, seqs: range, *, forged: bool = False
+) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
+    """Ship ``bigblue``'s records as entry e1's relay topic holds them, each with the
+    proof ``key`` makes; ``forged``: each a forger's, its chunk as the ship's and a
+    signature of its own making, its payload changed."""
+    recs = [
+        Record(
+            Identity("bigblue", stream, q), b"C1", b'{"q":%d}' % q, 1_767_225_600_000 + q, "e1", "t"
+        )
+        for q in seqs
+    ]
+    leaves = leaves_of(
+        seqs.start,
+        [r.key for r in recs],
+        [r.ts_ms for r in recs],
+        [r.mqtt_topic for r in recs],
+        [r.value for r in recs],
+    )
+    out = []
+    for i, (r, p) in enumerate(
+        zip(recs, key.proofs("bigblue", stream, seqs.start, leaves), strict=True)
+    ):
+        if forged:
+            p = p[:10] + bytes([i % 251 + 1]) * 32 + p[42:]
+            r = Record(r.identity, r.key, b'{"forged":1}', r.ts_ms, r.site, r.mqtt_topic)
+        out.append((r.key, r.value, [*r.headers(), (H_PROOF, p)]))
     return out

@@ -12,46 +12,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from local_stack.kafka import KafkaBroker
-from shorelink.contract import H_PROOF, Record, relay_topic
-from shorelink.identity import Identity
+from shorelink.contract import relay_topic
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.topics import TopicSpec, ensure_topics
-from shorelink.proof import ShipKey, ShipKeys, WatchedShipKeys, leaves_of
+from shorelink.proof import ShipKey, ShipKeys, WatchedShipKeys
 from spark_core.feed_guard import FeedGuard
 from spark_core.merge import Merger
 from spark_core.pull import Puller
 from tests.helpers import unique
-from tests.spark_core.helpers import canonical, make_site, produce_raw
+from tests.spark_core.helpers import canonical, make_site, produce_raw, signed_relayed
 
 KEY = ShipKey.generate()
-
-
-def _relayed(
-    stream: str, seqs: range, forged: bool
-) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
-    """Records of ship ``bigblue`` as a relay topic holds them: the ship's own, each
-    with its proof, or forged ones, each with a proof of its own making."""
-    recs = [
-        Record(
-            Identity("bigblue", stream, q), b"C1", b'{"q":%d}' % q, 1_767_225_600_000 + q, "e1", "t"
-        )
-        for q in seqs
-    ]
-    leaves = leaves_of(
-        seqs.start,
-        [r.key for r in recs],
-        [r.ts_ms for r in recs],
-        [r.mqtt_topic for r in recs],
-        [r.value for r in recs],
-    )
-    proofs = KEY.proofs("bigblue", stream, seqs.start, leaves)
-    out = []
-    for i, (r, p) in enumerate(zip(recs, proofs, strict=True)):
-        if forged:  # the chunk as the ship's, a signature of the forger's
-            p = p[:10] + bytes([i % 251 + 1]) * 32 + p[42:]
-            r = Record(r.identity, r.key, b'{"forged":1}', r.ts_ms, r.site, r.mqtt_topic)
-        out.append((r.key, r.value, [*r.headers(), (H_PROOF, p)]))
-    return out
 
 
 def test_a_neighbour_that_forges_is_parked_and_its_genuine_records_come_after(
@@ -62,8 +33,8 @@ def test_a_neighbour_that_forges_is_parked_and_its_genuine_records_come_after(
     ep = KafkaEndpoint.plaintext(neighbour.bootstrap)
     topic = relay_topic("e1", s)
     ensure_topics(ep, [TopicSpec(topic, 1)])
-    produce_raw(neighbour.bootstrap, topic, _relayed(s, range(1, 301), forged=True))
-    produce_raw(neighbour.bootstrap, topic, _relayed(s, range(1, 41), forged=False))
+    produce_raw(neighbour.bootstrap, topic, signed_relayed(KEY, s, range(1, 301), forged=True))
+    produce_raw(neighbour.bootstrap, topic, signed_relayed(KEY, s, range(1, 41)))
     keys_file = tmp_path / "ship_keys.toml"
     keys_file.write_text(ShipKeys.render({"bigblue": KEY.public()}, require_signatures=True))
     site, _ = make_site(kafka.bootstrap, tmp_path, [s])

@@ -11,39 +11,17 @@ import json
 from pathlib import Path
 
 from local_stack.kafka import KafkaBroker
-from shorelink.contract import H_PROOF, Record, dead_topic, relay_topic
-from shorelink.identity import Identity
+from shorelink.contract import dead_topic, relay_topic
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
-from shorelink.proof import ShipKey, ShipKeys, WatchedShipKeys, key_cause, leaves_of
+from shorelink.proof import ShipKey, ShipKeys, WatchedShipKeys, key_cause
 from spark_core.merge import Merger
 from spark_core.merge_state import H_DEAD_REASON, SourceRow, pulled_source
 from spark_core.redrive import redrive_once, retry_row
 from tests.helpers import eventually, unique
-from tests.spark_core.helpers import canonical, make_site
+from tests.spark_core.helpers import canonical, make_site, signed_relayed
 
 KEY = ShipKey.generate()
-
-
-def _relayed(stream: str, seqs: range) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
-    """Ship ``bigblue``'s records as entry e1's relay topic holds them, with proofs."""
-    recs = [
-        Record(
-            Identity("bigblue", stream, q), b"C1", b'{"q":%d}' % q, 1_767_225_600_000 + q, "e1", "t"
-        )
-        for q in seqs
-    ]
-    leaves = leaves_of(
-        seqs.start,
-        [r.key for r in recs],
-        [r.ts_ms for r in recs],
-        [r.mqtt_topic for r in recs],
-        [r.value for r in recs],
-    )
-    proofs = KEY.proofs("bigblue", stream, seqs.start, leaves)
-    return [
-        (r.key, r.value, [*r.headers(), (H_PROOF, p)]) for r, p in zip(recs, proofs, strict=True)
-    ]
 
 
 def _dead(bootstrap: str, stream: str) -> list[str]:
@@ -81,7 +59,7 @@ def test_records_dead_for_a_key_a_site_lacked_are_taken_once_when_the_key_arrive
     rows = [
         SourceRow(pulled_source(n, "tid", relay_topic("e1", s)), 0, off, k, v, h)
         for n in ("tokyo", "sydney")
-        for off, (k, v, h) in enumerate(_relayed(s, range(1, 41)))
+        for off, (k, v, h) in enumerate(signed_relayed(KEY, s, range(1, 41)))
     ]
     try:
         merger.ready()
