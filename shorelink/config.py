@@ -610,25 +610,40 @@ def _value(k: Key, sec: Section, name: str, default: Any, base: Path | None) -> 
     elif kind == "strings":
         v = tuple(sec.strings(name, None if d is None else list(d)))
     elif kind == "sections":
+        # every table read, each bad one named (not only the first table's errors)
         entries = dict(d or {})
+        errors = Errors()
         for entry, sub in sec.sections(name).items():
-            if k.names:
-                check_name_field(sub.path, k.names, entry)
-            named: dict[str, Any] = {}
-            if any(e.kind == "name" for e in keys_of(k.of)):
-                named["name"] = entry
-            d_entry = entries.get(entry)
-            entries[entry] = read(
-                k.of,
-                sub,
-                base=base,
-                keys=k.keys,
-                defaults=_defaults(d_entry) if d_entry is not None else None,
-                **named,
-            )
+
+            def read_entry(entry: str = entry, sub: Section = sub) -> Any:
+                if k.names:
+                    check_name_field(sub.path, k.names, entry)
+                named: dict[str, Any] = {}
+                if any(e.kind == "name" for e in keys_of(k.of)):
+                    named["name"] = entry
+                d_entry = entries.get(entry)
+                return read(
+                    k.of,
+                    sub,
+                    base=base,
+                    keys=k.keys,
+                    defaults=_defaults(d_entry) if d_entry is not None else None,
+                    **named,
+                )
+
+            got = errors.attempt(read_entry, None)
+            if got is not None:
+                entries[entry] = got
+        errors.check()
         return entries
     elif kind == "array":
-        return tuple(read(k.of, sub, base=base, keys=k.keys) for sub in sec.array(name))
+        errors = Errors()
+        items = [
+            errors.attempt(partial(read, k.of, sub, base=base, keys=k.keys), None)
+            for sub in sec.array(name)
+        ]
+        errors.check()
+        return tuple(items)
     else:
         raise TypeError(f"{field}: no config kind {kind!r}")
     if k.names:

@@ -28,6 +28,7 @@ from shorelink.errors import ContractError
 from shorelink.identity import NOT_STREAMS, Identity, check_name
 
 __all__ = [
+    "CANONICAL_INDEX_TOPIC",
     "DEAD_UNKNOWN_TOPIC",
     "GATEWAY_CURSOR_TOPIC",
     "HEADER_LAYOUT",
@@ -120,6 +121,10 @@ RELAYED_TOPIC = "sl.merge.relayed"
 #: and the seqs written there, so a neighbour's first read of a relay topic starts at
 #: what it lacks (spark_core/relay_index.py); retention as the relay topics'
 RELAY_INDEX_TOPIC = "sl.relay.index"
+#: the same for this site's canonical topics (key a canonical topic), so a neighbour
+#: that lacks records this site holds finds them by identity, not by a scan
+#: (spark_core/repair.py); retention as the canonical topics'
+CANONICAL_INDEX_TOPIC = "sl.canonical.index"
 #: malformed records whose source topic names no valid stream (the merge's dead letters)
 DEAD_UNKNOWN_TOPIC = "sl.dead.unknown"
 #: compacted; key: a site's name, value JSON: which of its neighbours that site could

@@ -181,6 +181,30 @@ class RangeSet:
             out.add_range(cur, hi)
         return out
 
+    def difference(self, other: RangeSet) -> RangeSet:
+        """The seqs of this set that ``other`` does not hold (one pass over both)."""
+        out = RangeSet()
+        los, his = other._los, other._his
+        j, n = 0, len(los)
+        for lo, hi in self:
+            cur = lo
+            while j < n and his[j] < cur:
+                j += 1
+            k = j
+            while k < n and los[k] <= hi:
+                if los[k] > cur:
+                    out._los.append(cur)
+                    out._his.append(los[k] - 1)
+                cur = max(cur, his[k] + 1)
+                if his[k] > hi:
+                    break
+                k += 1
+            j = k
+            if cur <= hi:
+                out._los.append(cur)
+                out._his.append(hi)
+        return out
+
     # -- dunder -------------------------------------------------------------------------
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RangeSet) and self._los == other._los and self._his == other._his

@@ -31,6 +31,7 @@ __all__ = [
     "query",
     "redrive",
     "relay_index",
+    "repair",
     "replication",
     "routing",
     "session",

@@ -42,6 +42,7 @@ from confluent_kafka.admin import (
 
 from shorelink.config import Secret
 from shorelink.contract import (
+    CANONICAL_INDEX_TOPIC,
     GATEWAY_CURSOR_TOPIC,
     LEDGER_TOPIC,
     LINKS_TOPIC,
@@ -258,7 +259,7 @@ def _application(plan: AccessPlan, s: SiteConfig) -> None:
     # what it reads and purges: the gateway's ingress
     plan.allow(who, TOPIC, "sl.ingress.", PREFIXED, (*_READ, "DELETE", "DESCRIBE_CONFIGS"))
     # what it alone writes
-    own = [LEDGER_TOPIC, MARKER_TOPIC, RELAYED_TOPIC]
+    own = [LEDGER_TOPIC, MARKER_TOPIC, RELAYED_TOPIC, CANONICAL_INDEX_TOPIC]
     for topic in [canonical_topic(st) for st in s.streams] + own:
         plan.allow(who, TOPIC, topic, LITERAL, _OWN)
     plan.allow(who, TOPIC, LINKS_TOPIC, LITERAL, _OWN)
@@ -305,6 +306,10 @@ def _neighbour(plan: AccessPlan, site: SiteConfig, other: SiteConfig) -> None:
     for stream in site.streams:
         plan.allow(who, TOPIC, canonical_topic(stream), LITERAL, _READ)
     plan.allow(who, TOPIC, LINKS_TOPIC, LITERAL, _READ)
+    # repair by identity (spark_core/repair.py): what this site holds, and where in
+    # its canonical topics each seq lies
+    plan.allow(who, TOPIC, LEDGER_TOPIC, LITERAL, _READ)
+    plan.allow(who, TOPIC, CANONICAL_INDEX_TOPIC, LITERAL, _READ)
     plan.allow(who, GROUP, f"shorelink-links-{other.name}", LITERAL, ("READ", "DESCRIBE"))
     # the pullers' consumers name a group (librdkafka looks its coordinator up even
     # for assigned partitions); it never joins it nor commits there

@@ -105,6 +105,10 @@ class ReplicationConfig:
     probe_timeout_s: float = field(default=5.0, metadata=key("probe_timeout", gt=0))
     #: a site's link report older than this no longer counts (its application is down)
     report_ttl_s: float = field(default=30.0, metadata=key("report_ttl", gt=0))
+    #: how often the site compares each neighbour's holdings with its own and takes
+    #: what it lacks (spark_core/repair.py); a record is repaired once it has been
+    #: held there and missing here for a whole interval
+    repair_interval_s: float = field(default=60.0, metadata=key("repair_interval", gt=0))
     #: retention of ``sl.relay.<entry>.<stream>``: the longest outage a neighbour can
     #: catch up from through this site
     relay_retention_ms: int = field(

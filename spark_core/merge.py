@@ -36,8 +36,8 @@ from shorelink.contract import (
     KAFKA_MAX_MESSAGE_BYTES,
     LEDGER_TOPIC,
     MARKER_TOPIC,
-    RELAY_INDEX_TOPIC,
     RELAYED_TOPIC,
+    canonical_topic,
     customer_topic,
     marker_key,
     relay_topic,
@@ -75,9 +75,10 @@ from spark_core.merge_state import (
     topic_stream,
 )
 from spark_core.purge import SourcePurger, below, spark_position
-from spark_core.relay_index import INDEX_EVERY_S, Tail, encode_segment
+from spark_core.relay_index import INDEX_EVERY_S, Tail, encode_segment, index_topic
 from spark_core.session import trigger
 from spark_core.topics import (
+    canonical_index_spec,
     customer_ownership,
     customer_specs,
     relay_entries,
@@ -273,6 +274,7 @@ class Merger:
         ]
         if self.entries:
             specs.append(relay_index_spec(self.site))
+        specs.append(canonical_index_spec(self.site))
         self._ensure([*specs, *self._stream_specs(self.site.streams)])  # one admin round
         self._close_producer()
         p = TransactionalProducer(
@@ -304,8 +306,7 @@ class Merger:
         )
         if self.fresh is None:
             self.fresh = self.state.last_batch is None and not self.state.offsets
-        if self.entries:
-            self._start_index()
+        self._start_index()
         log.info(
             "merge_ready",
             site=self.site.name,
@@ -479,15 +480,19 @@ class Merger:
             return None
         return {(t, p): last + 1 for t, p, _, last in sizes}
 
-    def write_pulled(self, rows: Sequence[SourceRow]) -> BatchPlan:
+    def write_pulled(self, rows: Sequence[SourceRow], *, cursors: bool = True) -> BatchPlan:
         """Write what a puller read from a neighbour's relay topics (sources named by
         ``pulled_source``): one transaction with the records, the ledger and the
-        cursors, between the Spark batches (the Spark batch id stays as it was)."""
+        cursors, between the Spark batches (the Spark batch id stays as it was).
+        ``cursors=False``: the rows' sources keep their cursors (a repair reads single
+        ranges of a neighbour's canonical topic: spark_core/repair.py)."""
         with self.busy:
             if self.stopping.is_set():
                 raise MergeError("merge is stopping; pulled rows left for the next run")
             last = self.state.last_batch
-            return self.write_batch(-1 if last is None else last, RowBatch(rows), pulled=True)
+            return self.write_batch(
+                -1 if last is None else last, RowBatch(rows), pulled=True, cursors=cursors
+            )
 
     def ready(self) -> MergeState:
         """The state, loaded (prepared) if it is not: what a puller starts from."""
@@ -501,7 +506,13 @@ class Merger:
         return self.write_batch(batch_id, RowBatch(rows))
 
     def write_batch(
-        self, batch_id: int, batch: SourceBatch, *, t0: float | None = None, pulled: bool = False
+        self,
+        batch_id: int,
+        batch: SourceBatch,
+        *,
+        t0: float | None = None,
+        pulled: bool = False,
+        cursors: bool = True,
     ) -> BatchPlan:
         t1 = time.monotonic()
         t0 = t1 if t0 is None else t0
@@ -522,6 +533,8 @@ class Merger:
                 self.max_ranges,
             )
             self._ensure_streams(plan.streams)
+            if not cursors:
+                plan.offsets.clear()
             t2 = time.monotonic()
             before = dict(self.state.offsets)  # what the batch before this one committed
             customer = 0
@@ -585,8 +598,7 @@ class Merger:
             "ts_ms": int(time.time() * 1000),
         }
         restart = False
-        if self.entries:
-            marker_state.index, restart = self._bounded(self._index_with(plan.relayed_now))
+        marker_state.index, restart = self._bounded(self._index_with(plan.relayed_now, plan))
         marker = marker_state.marker_value(self.site.name, batch_id, extra)
         relay = self._relay if self.entries else None
         customer = self._customer if self.ownership is not None else None
@@ -641,6 +653,13 @@ class Merger:
         """The relay topics this merge writes."""
         return sorted(relay_topic(e, s) for e in self.entries for s in self.streams)
 
+    @property
+    def indexed_topics(self) -> list[str]:
+        """The topics whose seqs this merge indexes: its relay topics (a neighbour's
+        first read of one) and its canonical topics (a neighbour's repair by identity:
+        spark_core/repair.py)."""
+        return [*self.relay_topics, *sorted(canonical_topic(s) for s in self.streams)]
+
     def _start_index(self) -> None:
         """A relay topic the marker has no tail for gets one at its end now: what it
         holds already (written before the index existed) is named by no segment. A tail
@@ -650,42 +669,59 @@ class Merger:
         records and name only this one's seqs, and a reader's walk would skip them
         (replication review N7). What lies between is named by no segment: a reader
         reads it."""
-        mine = set(self.relay_topics)
+        mine = set(self.indexed_topics)
         for topic in [t for t in self.state.index if t not in mine]:
             del self.state.index[topic]
         if self.reindex:
-            missing = list(self.relay_topics)
+            missing = list(self.indexed_topics)
         else:
-            missing = [t for t in self.relay_topics if t not in self.state.index]
+            missing = [t for t in self.indexed_topics if t not in self.state.index]
         try:
-            marks = self._relay_marks(missing)
+            marks = self._relay_marks(missing, committed=False)
         except KafkaClientError as exc:
             raise MergeError(f"cannot read where the relay topics end: {exc}") from exc
         for topic, (topic_id, ends) in marks.items():
             self.state.index[topic] = Tail(topic_id, ends)
 
-    def _relay_marks(self, topics: Sequence[str]) -> dict[str, tuple[str, dict[int, int]]]:
+    def _relay_marks(
+        self, topics: Sequence[str], *, committed: bool = True
+    ) -> dict[str, tuple[str, dict[int, int]]]:
         """Per topic of ``topics``, its id and where each partition ends now ("" and no
-        partitions for a topic that does not exist yet)."""
+        partitions for a topic that does not exist yet): its last stable offset, or
+        with ``committed=False`` its high watermark. The index takes the high
+        watermark: a transaction's commit returns before the broker has written its
+        markers, and the last stable offset asked right after it can still end before
+        that transaction's records; a segment that ended there named seqs whose records
+        lay in the next one (a repair read the wrong offsets: CI found it). No
+        transaction of the merge is open while it asks (its lock), and the merge alone
+        writes these topics, so everything below the high watermark is committed or
+        aborted."""
         if not topics:
             return {}
         if self._admin is None:
             self._admin = Admin(self.site.kafka)
         described = self._admin.describe(topics)
         parts = [(t, p.id) for t, desc in described.items() for p in desc.partitions]
-        ends = self._admin.offsets(parts, OffsetSpec.latest(), committed=True)
+        ends = self._admin.offsets(parts, OffsetSpec.latest(), committed=committed)
         marks: dict[str, tuple[str, dict[int, int]]] = {t: ("", {}) for t in topics}
         for t, desc in described.items():
             marks[t] = (str(desc.topic_id), {p.id: ends[(t, p.id)].offset for p in desc.partitions})
         return marks
 
-    def _index_with(self, relayed: Mapping[Relayed, list[int]]) -> dict[str, Tail]:
-        """The tails once ``relayed`` is written (the state's are left as they are)."""
+    def _index_with(self, relayed: Mapping[Relayed, list[int]], plan: BatchPlan) -> dict[str, Tail]:
+        """The tails once ``relayed`` and the plan's canonical records are written (the
+        state's are left as they are)."""
         index = dict(self.state.index)
         for (entry, origin, stream), seqs in relayed.items():
             topic = relay_topic(entry, stream)
             tail = index[topic] = (index.get(topic) or Tail()).copy()
             tail.pending.setdefault(origin, RangeSet()).update(RangeSet.from_seqs(seqs))
+        for (origin, stream), held in plan.ledger.items():
+            new = held.difference(self.state.held_for((origin, stream)))
+            if new:
+                topic = canonical_topic(stream)
+                tail = index[topic] = (index.get(topic) or Tail()).copy()
+                tail.pending.setdefault(origin, RangeSet()).update(new)
         return index
 
     def _bounded(self, index: dict[str, Tail]) -> tuple[dict[str, Tail], bool]:
@@ -712,7 +748,7 @@ class Merger:
     def write_index(self) -> int:
         """Every :data:`INDEX_EVERY_S`, one segment per relay topic with pending seqs,
         in a transaction of its own with the marker. Returns the segments written."""
-        if not self.entries or time.monotonic() < self._index_due:
+        if time.monotonic() < self._index_due:
             return 0
         with self.busy:
             if self._producer is None or self.stopping.is_set():
@@ -723,7 +759,7 @@ class Merger:
             self._index_due = time.monotonic() + INDEX_EVERY_S
             index = dict(self.state.index)
             segments = []
-            for topic, (topic_id, ends) in self._relay_marks(due).items():
+            for topic, (topic_id, ends) in self._relay_marks(due, committed=False).items():
                 if not topic_id:
                     continue  # deleted under the merge: its seqs stay pending
                 tail = index[topic]
@@ -744,7 +780,7 @@ class Merger:
             try:
                 with p.transaction():
                     for key, value in segments:
-                        p.produce(RELAY_INDEX_TOPIC, key, value, None)
+                        p.produce(index_topic(key.decode()), key, value, None)
                     p.produce(MARKER_TOPIC, marker_key(self.site.name, self.query), marker, None)
             except KafkaTransactionError as exc:
                 self._fail(exc)

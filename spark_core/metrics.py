@@ -23,6 +23,10 @@ Names start ``shorelink_spark_``; a counter's name gets ``_total`` from the clie
   tried again when the keys changed: written, duplicate, refused; spark_core/redrive.py),
   ``merge_batches_sliced_total{merge}`` and ``merge_largest_fetch_bytes{merge}`` (a
   Spark batch over ``merge.max_batch_bytes`` is written in slices);
+- repair by identity (spark_core/repair.py): ``holds_all`` (1 when the site held
+  everything each neighbour held at the last round, 0 when not; absent before every
+  neighbour was compared once), ``repair_lacking{neighbour,stream}`` (seqs the
+  neighbour holds and the site does not), ``repaired_records_total{neighbour,stream}``;
 - per Spark query (merges, tables: what ``shorelink-spark status`` shows, from the
   supervisor's :class:`~spark_core.progress.ProgressReporter`): ``query_state{query,
   state}`` (1 for running, failed, finished or stopped), ``query_batch{query}``,
@@ -129,6 +133,7 @@ class SiteCollector(Collector):
                 for s in STATES:
                     state.add_metric([n, stream, s], 1.0 if st["state"] == s else 0.0)
         yield from (up, failing, lag_r, lag_s, state)
+        yield from _repair(status)
         read = CounterMetricFamily(P + "pulled_records", "Records pulled", labels=["puller"])
         batches = CounterMetricFamily(
             P + "pulled_batches", "Batches handed to the merge", labels=["puller"]
@@ -219,3 +224,34 @@ def serve_metrics(
     registry.register(SiteCollector(replicator, mergers, progress))
     server, _thread = start_http_server(port, host, registry=registry)
     return server
+
+
+def _repair(status: dict[str, Any]) -> Iterator[Metric]:
+    """Repair by identity, from the replication status (spark_core/repair.py)."""
+    lacking = GaugeMetricFamily(
+        P + "repair_lacking",
+        "Seqs the neighbour holds and this site does not (at the last comparison)",
+        labels=["neighbour", "stream"],
+    )
+    repaired = CounterMetricFamily(
+        P + "repaired_records",
+        "Records this site took from the neighbour's canonical topic by identity",
+        labels=["neighbour", "stream"],
+    )
+    for n, info in sorted(status["neighbours"].items()):
+        totals: dict[str, list[float]] = {}
+        for r in (info.get("repair") or {}).values():
+            for stream, count in r["lacking"].items():
+                totals.setdefault(stream, [0.0, 0.0])[0] += count
+            for stream, count in r["repaired"].items():
+                totals.setdefault(stream, [0.0, 0.0])[1] += count
+        for stream, (lack, done) in sorted(totals.items()):
+            lacking.add_metric([n, stream], lack)
+            repaired.add_metric([n, stream], done)
+    yield from (lacking, repaired)
+    if status.get("holds_all") is not None:
+        holds = GaugeMetricFamily(
+            P + "holds_all", "1 when the site holds everything its neighbours hold"
+        )
+        holds.add_metric([], 1.0 if status["holds_all"] else 0.0)
+        yield holds

@@ -44,9 +44,15 @@ from dataclasses import dataclass, field
 from confluent_kafka import IsolationLevel, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
-from shorelink.contract import canonical_topic, relay_topic
+from shorelink.contract import (
+    CANONICAL_INDEX_TOPIC,
+    RELAY_INDEX_TOPIC,
+    canonical_topic,
+    relay_topic,
+)
 from shorelink.kafka.errors import KafkaClientError, UnknownTopic
 from shorelink.logs import get_logger
+from spark_core.access import pull_group
 from spark_core.feed import Feed
 from spark_core.merge_state import SourceRow, history_stream, pulled_source
 from spark_core.pull_plan import Part, keep_parts
@@ -324,22 +330,7 @@ class Puller(Feed):
         """Where each partition of ``parts`` that holds committed records starts and
         ends now: its last stable offset, so a transaction still open there (records
         the neighbour is writing now, in its relay topics too) is not counted."""
-        tps = [TopicPartition(t, p) for t, p in parts]
-        if not tps:
-            return {}
-        admin = self.admin()
-        first = admin.client.list_offsets({tp: OffsetSpec.earliest() for tp in tps})
-        stable = admin.client.list_offsets(
-            {tp: OffsetSpec.latest() for tp in tps}, isolation_level=IsolationLevel.READ_COMMITTED
-        )
-        marks = {}
-        for tp in tps:
-            what = f"offsets of {tp.topic} at {self.neighbour}"
-            lo = admin.wait(first[tp], what).offset
-            hi = admin.wait(stable[tp], what).offset
-            if hi > lo:
-                marks[(tp.topic, tp.partition)] = (lo, hi)
-        return marks
+        return self.admin().spans(parts, f" at {self.neighbour}")
 
     def _recovery_targets(self, parts: Mapping[Part, str]) -> dict[Part, int]:
         """Where this site's own relay topics at the neighbour end now, per partition
@@ -361,14 +352,28 @@ class Puller(Feed):
     # -- assignment -------------------------------------------------------------------------
     # -- first reads ------------------------------------------------------------------
     def first_reads(self, parts: Mapping[Part, str]) -> dict[Part, int]:
-        """Where relay partitions read for the first time (no cursor) start: past what
-        the neighbour's relay index proves this site holds (spark_core/relay_index.py).
-        A partition it proves nothing of, or any when the index cannot be read, is not
+        """Where partitions read for the first time (no cursor) start: a relay's past
+        what the neighbour's relay index proves this site holds, history (a canonical
+        topic) past what its canonical index does (spark_core/relay_index.py). A
+        partition it proves nothing of, or any when the index cannot be read, is not
         named: read from its start. Not while taking back what entered here (the site
         lost what it held)."""
-        parts = {tp: src for tp, src in parts.items() if history_stream(src) is None}
         if not parts or self._recovering:
             return {}
+        relays = {tp: src for tp, src in parts.items() if history_stream(src) is None}
+        history = {tp: src for tp, src in parts.items() if history_stream(src) is not None}
+        starts = self._walk(relays, RELAY_INDEX_TOPIC) if relays else {}
+        if history:
+            # review N10: a route parked longer than the relay retention met a gap and
+            # read the neighbour's whole canonical topic, though the site lacked only
+            # what the relay lost; it starts past the segments whose seqs it holds
+            starts.update(self._walk(history, CANONICAL_INDEX_TOPIC))
+        return starts
+
+    def _walk(self, parts: Mapping[Part, str], index: str) -> dict[Part, int]:
+        """Per partition of ``parts`` (of topics ``index`` indexes), the end of the
+        chain of segments from its oldest offset whose seqs this site holds (and, for a
+        relay, has relayed under that entry when it relays: ``MergeState.skips``)."""
         lows = {tp: lo for tp, (lo, _) in self._marks(parts).items()}
         if not lows:
             return {}
@@ -382,25 +387,37 @@ class Puller(Feed):
                     limit_bytes=self.site.merge.max_batch_bytes,
                     # not the segments of what retention deleted (review N8)
                     since_ms=oldest_written_ms(self.kafka, lows),
+                    index=index,
+                    # the group the neighbour's ACLs let this site's pullers name
+                    group=pull_group(self.site.name),
                 )
             )
         except UnknownTopic:
             return {}  # a neighbour that keeps no index
         except KafkaClientError as exc:
             log.warning(
-                "relay_index_unread", site=self.site.name, neighbour=self.neighbour, error=str(exc)
+                "relay_index_unread",
+                site=self.site.name,
+                neighbour=self.neighbour,
+                index=index,
+                error=str(exc),
             )
             return {}
         state = self.merger.ready()
         starts: dict[Part, int] = {}
         for topic in topics:
-            _, _, entry, stream = topic.split(".")  # sl.relay.<entry>.<stream>
+            names = topic.split(".")
+            if len(names) == 2:  # sl.<stream>: history, held is enough
+                stream = names[1]
+                holds = state.skips("", stream, relays=False)
+            else:  # sl.relay.<entry>.<stream>
+                holds = state.skips(names[2], names[3], relays=bool(self.merger.entries))
             at = start_offsets(
                 segments,
                 topic,
                 self._ids.get(topic, ""),
                 {p: lo for (t, p), lo in lows.items() if t == topic},
-                state.skips(entry, stream, relays=bool(self.merger.entries)),
+                holds,
             )
             for part, offset in at.items():
                 skipped = offset - lows[(topic, part)]

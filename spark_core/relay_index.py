@@ -39,7 +39,7 @@ from confluent_kafka import Message
 from confluent_kafka.admin import OffsetSpec
 
 from shorelink import strict_json
-from shorelink.contract import RELAY_INDEX_TOPIC
+from shorelink.contract import CANONICAL_INDEX_TOPIC, RELAY_INDEX_TOPIC
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
@@ -54,6 +54,7 @@ __all__ = [
     "Tail",
     "dump_tails",
     "encode_segment",
+    "index_topic",
     "load_tails",
     "oldest_written_ms",
     "read_segments",
@@ -81,6 +82,13 @@ class Tail:
 
     def copy(self) -> Tail:
         return Tail(self.topic_id, dict(self.to), {o: s.copy() for o, s in self.pending.items()})
+
+
+def index_topic(topic: str) -> str:
+    """Where the segments of ``topic`` go: :data:`RELAY_INDEX_TOPIC` for a relay topic
+    (``sl.relay.<entry>.<stream>``), :data:`CANONICAL_INDEX_TOPIC` for a canonical one
+    (``sl.<stream>``: spark_core/repair.py reads it), kept as long as what they index."""
+    return RELAY_INDEX_TOPIC if topic.startswith("sl.relay.") else CANONICAL_INDEX_TOPIC
 
 
 def dump_tails(tails: Mapping[str, Tail]) -> dict[str, object]:
@@ -166,28 +174,31 @@ def read_segments(
     timeout: float,
     limit_bytes: int,
     since_ms: int | None = None,
+    index: str = RELAY_INDEX_TOPIC,
+    group: str = "shorelink-read-to-end",
 ) -> Iterator[Segment]:
-    """The segments of ``topics`` in a site's index (at ``kafka``), in the order they
-    were written, at most ``limit_bytes`` of the index read; a record that is no
-    segment is skipped (counted in the log). ``since_ms``: from the first segment
+    """The segments of ``topics`` in a site's ``index`` topic (at ``kafka``), in the
+    order they were written, at most ``limit_bytes`` of the index read; a record that
+    is no segment is skipped (counted in the log). ``since_ms``: from the first segment
     written at or after that time (:func:`oldest_written_ms`), not from the index's
-    start. Raises what ``read_to_end`` raises (an index that does not exist:
+    start. ``group``: as ``read_to_end``'s (a neighbour's ACLs name the groups its
+    principal may use). Raises what ``read_to_end`` raises (an index that does not exist:
     :class:`~shorelink.kafka.errors.UnknownTopic`)."""
     wanted = {t.encode() for t in topics}
     read = bad = 0
     starts = None
     if since_ms is not None:
-        at = Admin(kafka).offsets([(RELAY_INDEX_TOPIC, 0)], OffsetSpec.for_timestamp(since_ms))
-        offset = at[(RELAY_INDEX_TOPIC, 0)].offset
+        at = Admin(kafka).offsets([(index, 0)], OffsetSpec.for_timestamp(since_ms))
+        offset = at[(index, 0)].offset
         if offset < 0:
             return  # nothing was written since then
-        starts = {(RELAY_INDEX_TOPIC, 0): offset}
+        starts = {(index, 0): offset}
     msg: Message
-    for msg in read_to_end(kafka, [RELAY_INDEX_TOPIC], timeout=timeout, starts=starts):
+    for msg in read_to_end(kafka, [index], timeout=timeout, starts=starts, group=group):
         value = msg.value()
         read += len(value or b"")
         if read > limit_bytes:
-            log.warning("relay_index_cut", bootstrap=kafka.bootstrap, read_bytes=read)
+            log.warning("relay_index_cut", bootstrap=kafka.bootstrap, index=index, read_bytes=read)
             break
         if msg.key() not in wanted:
             continue
@@ -196,7 +207,7 @@ def read_segments(
         except (ValueError, KeyError, TypeError, AttributeError):
             bad += 1
     if bad:
-        log.warning("relay_index_bad", bootstrap=kafka.bootstrap, records=bad)
+        log.warning("relay_index_bad", bootstrap=kafka.bootstrap, index=index, records=bad)
 
 
 #: how much earlier than the oldest record a reader reads a neighbour's index from: a

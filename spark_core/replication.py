@@ -30,6 +30,7 @@ from spark_core.ingest_pull import IngestPuller, write_through
 from spark_core.merge import Merger
 from spark_core.merge_state import MergeError
 from spark_core.pull import Puller
+from spark_core.repair import Repairer
 from spark_core.routing import LinkState
 
 __all__ = ["BULK_POOL", "URGENT_POOL", "Replicator", "history_sources"]
@@ -103,6 +104,10 @@ class Replicator:
             feed.reader_config = {**prefetch, **feed.reader_config}
             if not feed.urgent:  # an alert's small batch never waits for a catch-up's
                 feed.budget = self.budget
+        #: each neighbour's holdings against the site's, per merge (spark_core/repair.py)
+        self.repairers = [
+            Repairer(p.neighbour, p.kafka, p.merger) for p in self.pullers if p.streams
+        ]
         self._stop = threading.Event()
         self._pulling = threading.Event()
         self._thread: threading.Thread | None = None
@@ -125,6 +130,10 @@ class Replicator:
                     p.begin()
                 except (MergeError, KafkaClientError) as exc:  # its thread retries
                     log.warning("pull_begin_failed", puller=p.name, error=str(exc))
+        if self.repairers:
+            t = threading.Thread(target=self._repair, name="replication-repair", daemon=True)
+            t.start()
+            self._threads.append(t)
         for feed in self.all_pullers:
             t = threading.Thread(
                 target=feed.run,
@@ -161,6 +170,36 @@ class Replicator:
                 self.tick()
             except Exception:  # never let the routing thread die: log and go on
                 log.exception("replication_tick_failed", site=self.site.name)
+
+    def _repair(self) -> None:
+        """Every ``repair_interval``, each repairer of a neighbour that answers, one
+        after the other (one thread, whatever the number of neighbours)."""
+        while not self._pulling.wait(self.site.replication.repair_interval_s):
+            self.repair_round()
+
+    def repair_round(self) -> int:
+        """One round of every repairer whose neighbour answers; returns the records
+        repaired. A repairer's failure is its status's error, and the next round tries
+        again."""
+        written = 0
+        for r in self.repairers:
+            if self._pulling.is_set():
+                break
+            if not self.links.links[r.neighbour].up:
+                continue
+            try:
+                written += r.round()
+            except (KafkaClientError, MergeError) as exc:
+                r.error = str(exc)
+                log.warning("repair_failed", site=self.site.name, repairer=r.name, error=str(exc))
+        return written
+
+    def holds_all(self) -> bool | None:
+        """Does the site hold everything its neighbours hold (as their last round
+        found)? None before every repairer has compared once."""
+        if any(r.rounds == 0 for r in self.repairers):
+            return None
+        return not any(sum(r.lacking.values()) for r in self.repairers)
 
     def failing(self) -> dict[str, tuple[float, str]]:
         """Per neighbour with a failing puller: since when the earliest has failed, and
@@ -233,11 +272,17 @@ class Replicator:
                     "entries": entries,
                     "error": next((p.error for p in pullers if p.error), None),
                 }
-            neighbours[name] = {**link, "streams": streams}
+            repair = [r for r in self.repairers if r.neighbour == name]
+            neighbours[name] = {
+                **link,
+                "streams": streams,
+                "repair": {r.merger.query: r.status() for r in repair},
+            }
         return {
             "site": self.site.name,
             "updated_at": now,
             "routes": routes,
+            "holds_all": self.holds_all(),
             "neighbours": neighbours,
             "pullers": {
                 p.name: {

@@ -158,6 +158,30 @@ def _replication_problems(replication: dict[str, Any]) -> list[str]:
 # -- layout ----------------------------------------------------------------------------
 
 
+def _holdings(rep: dict[str, Any], width: int | None) -> list[str]:
+    """Repair by identity (spark_core/repair.py): whether the site holds everything its
+    neighbours hold, else per neighbour and stream what it lacks."""
+    holds = rep.get("holds_all")
+    if holds is None:
+        return wrap("holdings: not compared with every neighbour yet", width, "", "  ")
+    lines = []
+    for name, n in sorted((rep.get("neighbours") or {}).items()):
+        for merge, r in sorted(((n or {}).get("repair") or {}).items()):
+            r = r or {}
+            repaired = r.get("repaired") or {}
+            for stream, count in sorted((r.get("lacking") or {}).items()):
+                lines.append(
+                    f"lacks {count} of {stream} that {name} holds ({merge}; repaired so far "
+                    f"{repaired.get(stream, 0)})"
+                )
+            unserved = r.get("unserved") or {}
+            if unserved:
+                lines.append(f"{name} names and does not serve: {', '.join(sorted(unserved))}")
+    if holds:
+        return wrap("holdings: holds everything its neighbours hold", width, "", "  ")
+    return block("holdings: lacks what a neighbour holds", lines or ["?"], width)
+
+
 def _age(seconds: float) -> str:
     s = max(0, int(seconds))
     if s < 120:
@@ -247,6 +271,8 @@ def render(status: SiteStatus, now: float | None = None, width: int | None = Non
                 )
         header = ["neighbour", "stream", "state", "lag records", "lag (s)", "last success"]
         out += ["", *table(header, rows, width, right={3, 4}), *errors]
+    if "holds_all" in rep:
+        out += ["", *_holdings(rep, width)]
     routes = rep.get("routes") or {}
     if routes:
         shown = [

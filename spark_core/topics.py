@@ -33,6 +33,7 @@ from confluent_kafka.admin import (
 )
 
 from shorelink.contract import (
+    CANONICAL_INDEX_TOPIC,
     DEAD_UNKNOWN_TOPIC,
     LEDGER_TOPIC,
     LINKS_TOPIC,
@@ -163,6 +164,15 @@ def relay_index_spec(site: SiteConfig) -> TopicSpec:
     )
 
 
+def canonical_index_spec(site: SiteConfig) -> TopicSpec:
+    """``sl.canonical.index`` (spark_core/relay_index.py, read by spark_core/repair.py):
+    one partition, kept as long as the longest-kept canonical topic of the site's
+    streams (for ever if one is)."""
+    keeps = [site.policy(s).retention_ms for s in site.streams]
+    keep = -1 if not keeps or None in keeps else max(k for k in keeps if k is not None)
+    return TopicSpec(CANONICAL_INDEX_TOPIC, partitions=1, retention_ms=keep)
+
+
 def keyed_topics(site: SiteConfig, cfg: SitesConfig | None) -> set[str]:
     """The topics whose partition count places keys for consumers (the canonical and
     relay topics): one with more partitions than the policy asks is an error, not a
@@ -177,7 +187,7 @@ def site_specs(cfg: SitesConfig, site: SiteConfig | str) -> list[TopicSpec]:
     """Every topic ``site`` needs: its gateway's (``sl.ingress.<stream>``,
     ``sl.gateway.cursor``), the merge's (canonical, dead, relay,
     ``sl.ledger``, ``sl.merge.marker``, ``sl.merge.relayed``, ``sl.relay.index``,
-    ``sl.dead.unknown``) and the link reports
+    ``sl.canonical.index``, ``sl.dead.unknown``) and the link reports
     (``sl.links``)."""
     s = cfg.site(site) if isinstance(site, str) else site
     return [
@@ -185,6 +195,7 @@ def site_specs(cfg: SitesConfig, site: SiteConfig | str) -> list[TopicSpec]:
         gateway_cursor_spec(),
         *stream_specs(s, cfg, s.streams),
         *([relay_index_spec(s)] if relay_entries(s, cfg) else []),
+        canonical_index_spec(s),
         *_customer_specs(cfg, s),
         TopicSpec(LEDGER_TOPIC, partitions=1, compacted=True),
         TopicSpec(MARKER_TOPIC, partitions=1, compacted=True),

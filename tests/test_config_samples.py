@@ -126,6 +126,24 @@ def test_every_bad_key_of_a_file_is_reported_at_once(deployable: str, data: st.D
     assert str(caught.value).count("\n") == len(named) - 1
 
 
+def test_bad_keys_in_two_tables_of_one_kind_are_both_reported() -> None:
+    """Found by the property test above in CI: ``[sites.S.topics.<stream>]`` tables
+    were read one after the other and the first bad one stopped the rest, so a file
+    with a bad ``partitions`` in two streams' tables named only the first."""
+    _, sample = SAMPLES["spark"]
+    parsed = tomllib.loads(sample.read_text())
+    topics = parsed["sites"]["tokyo"]["topics"]
+    assert len(topics) >= 2
+    for table in topics.values():
+        table["partitions"] = {"not": "a value"}
+    with pytest.raises(ConfigError) as caught:
+        PARSERS["spark"](parsed, sample.parent)
+    named = caught.value.errors if isinstance(caught.value, ConfigErrors) else (caught.value,)
+    assert sorted(e.field for e in named) == sorted(
+        f"sites.tokyo.topics.{stream}.partitions" for stream in topics
+    )
+
+
 @pytest.mark.parametrize("deployable", sorted(PARSERS))
 def test_check_config_prints_every_bad_key_on_a_line_of_its_own(
     deployable: str, tmp_path: Path

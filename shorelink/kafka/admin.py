@@ -94,3 +94,25 @@ class Admin:
             (tp.topic, tp.partition): self.wait(futures[tp], f"offsets of {tp.topic}{where}")
             for tp in tps
         }
+
+    def spans(
+        self, parts: Iterable[tuple[str, int]], where: str = ""
+    ) -> dict[tuple[str, int], tuple[int, int]]:
+        """Per partition of ``parts`` that holds committed records: its oldest offset and
+        its last stable offset (a transaction still open there is not counted). Two
+        requests."""
+        tps = [TopicPartition(t, p) for t, p in parts]
+        if not tps:
+            return {}
+        first = self.client.list_offsets({tp: OffsetSpec.earliest() for tp in tps})
+        stable = self.client.list_offsets(
+            {tp: OffsetSpec.latest() for tp in tps}, isolation_level=IsolationLevel.READ_COMMITTED
+        )
+        out = {}
+        for tp in tps:
+            what = f"offsets of {tp.topic}{where}"
+            lo = self.wait(first[tp], what).offset
+            hi = self.wait(stable[tp], what).offset
+            if hi > lo:
+                out[(tp.topic, tp.partition)] = (lo, hi)
+        return out

@@ -370,6 +370,7 @@ def read_to_end(
     extra: dict[str, object] | None = None,
     settled: bool = False,
     starts: Mapping[Part, int] | None = None,
+    group: str = "shorelink-read-to-end",
 ) -> Iterator[Message]:
     """Yield every message of ``topics`` at ``kafka`` from the beginning (or from
     ``starts``, per partition, where given) up to their current end (the last stable
@@ -385,7 +386,8 @@ def read_to_end(
     A :class:`PartitionReader`'s ends, so it never waits on an idle poll. It reads what
     the topics hold: if retention deletes records ahead of it while it reads (a long
     audit of a busy topic), it goes on from the oldest record left and logs the jump
-    (``event=read_overtaken``). Raises
+    (``event=read_overtaken``). ``group``: the ``group.id`` named (never joined nor
+    committed; at a neighbour's Kafka, one its ACLs let this principal use). Raises
     :class:`~shorelink.kafka.errors.KafkaClientError` on a consumer error
     (:class:`~shorelink.kafka.errors.UnknownTopic` for a topic that does not exist), or
     :class:`~shorelink.kafka.errors.KafkaUnavailable` if the end is not reached within
@@ -393,9 +395,7 @@ def read_to_end(
     """
     topics = list(topics)
     what = f"reading {', '.join(topics)} at {kafka.bootstrap}"
-    with PartitionReader(
-        kafka, group="shorelink-read-to-end", isolation=isolation, what=what, extra=extra
-    ) as reader:
+    with PartitionReader(kafka, group=group, isolation=isolation, what=what, extra=extra) as reader:
         found = reader.partitions(topics, timeout=10)
         missing = [t for t in topics if t not in found]
         if missing:

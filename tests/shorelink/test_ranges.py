@@ -43,6 +43,15 @@ def test_missing_is_the_complement_within_bounds(
     assert _model(list(got)) == set(range(lo, hi + 1)) - _model(rs)
 
 
+@given(ranges, ranges)
+def test_difference_is_the_set_difference_in_canonical_form(
+    a: list[tuple[int, int]], b: list[tuple[int, int]]
+) -> None:
+    got = RangeSet(a).difference(RangeSet(b))
+    assert _model(list(got)) == _model(a) - _model(b)
+    assert got == RangeSet(list(got))  # sorted, disjoint, non-touching
+
+
 @given(ranges)
 def test_text_and_json_forms_round_trip(rs: list[tuple[int, int]]) -> None:
     r = RangeSet(rs)

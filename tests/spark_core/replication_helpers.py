@@ -132,6 +132,10 @@ class Topology:
     trigger: str = "300ms"
     #: the merges' Spark queries' interval beside their ingest pullers
     backstop: str = "30s"
+    #: how often each site compares its neighbours' holdings with its own and takes
+    #: what it lacks (spark_core/repair.py): rarely, unless a test is about it, so that
+    #: no other test's replication is mended behind its back
+    repair: str = "1h"
     #: site name -> its own streams, where not ``streams``
     only: dict[str, list[str]] = field(default_factory=dict)
     #: the ship keys file every site reads (``ship_keys_file``), if any
@@ -176,6 +180,7 @@ max_offsets_per_trigger = {self.max_offsets}
 probe_interval = "500ms"
 probe_timeout = "2s"
 report_ttl = "10s"
+repair_interval = "{self.repair}"
 [sites.{name}.replication.via]
 """
             )

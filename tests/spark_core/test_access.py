@@ -35,6 +35,7 @@ from tests.spark_core.helpers import record
 TOPICS = [
     "sl.containers",
     "sl.ledger",
+    "sl.canonical.index",
     "sl.ingress.containers",
     "sl.relay.tokyo.containers",
     "sl.customer.acme.containers",
@@ -261,6 +262,7 @@ def test_a_customer_reads_its_own_stream_and_nothing_else(site: Site) -> None:
         "sl.customer.globex.containers",
         "sl.containers",
         "sl.ledger",
+        "sl.canonical.index",
         "sl.relay.tokyo.containers",
     ):
         assert _refused(acme, topic) == KafkaError.TOPIC_AUTHORIZATION_FAILED, topic
@@ -328,13 +330,21 @@ def test_the_gateway_writes_its_ingress_and_not_the_canonical_topics(site: Site)
 
 def test_a_neighbour_reads_the_relay_and_canonical_topics_and_writes_nothing(site: Site) -> None:
     """A neighbour reads the relay topics and, for history (what a relay no longer has:
-    spark_core/pull.py), the canonical topics; nothing else, and writes nothing."""
+    spark_core/pull.py), the canonical topics, and for repair by identity
+    (spark_core/repair.py) the ledger and the canonical index; nothing else, and writes
+    nothing."""
     hq = site.conf("site-hq")
-    assert _read(hq, "sl.relay.tokyo.containers") == [b"first record of sl.relay.tokyo.containers"]
-    assert _read(hq, "sl.containers") == [b"first record of sl.containers"]
-    for topic in ("sl.ledger", "sl.ingress.containers", "sl.customer.acme.containers"):
+    for topic in ("sl.relay.tokyo.containers", "sl.containers", "sl.ledger", "sl.canonical.index"):
+        assert _read(hq, topic) == [f"first record of {topic}".encode()], topic
+    for topic in ("sl.ingress.containers", "sl.customer.acme.containers"):
         assert _refused(hq, topic) == KafkaError.TOPIC_AUTHORIZATION_FAILED, topic
-    for topic in ("sl.relay.tokyo.containers", "sl.ingress.containers", "sl.containers"):
+    for topic in (
+        "sl.relay.tokyo.containers",
+        "sl.ingress.containers",
+        "sl.containers",
+        "sl.ledger",
+        "sl.canonical.index",
+    ):
         before = site.count(topic)
         err = _produce(hq, topic)
         assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, topic

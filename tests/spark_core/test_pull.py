@@ -31,6 +31,7 @@ from spark_core.feed import ByteBudget
 from spark_core.ingest_pull import write_through
 from spark_core.merge import Merger
 from spark_core.merge_state import (
+    SourceRow,
     history_stream,
     pulled_source,
     source_entry,
@@ -128,16 +129,17 @@ def test_a_site_that_starts_with_nothing_takes_as_history_only_what_no_relay_hol
     relayed = [record("ship1", s, q) for q in range(6, 9)]
     p = Producer({"bootstrap.servers": neighbour.bootstrap, "transactional.id": unique("m")})
     p.init_transactions(20)
-    for batch, topics in (
-        (before, [canonical_topic(s)]),
-        (relayed, [canonical_topic(s), relay_topic("e1", s)]),
+    base = int(time.time() * 1000) - 10_000
+    for batch, topics, at in (
+        (before, [canonical_topic(s)], base),
+        (relayed, [canonical_topic(s), relay_topic("e1", s)], base + 100),
     ):
         p.begin_transaction()
         for r in batch:
-            # the merge writes both copies in one transaction; one timestamp for both
-            # (else a millisecond between the two calls moves the history's end, found
-            # by time, one record on: CI saw (6, 6))
-            ts = int(time.time() * 1000)
+            # the merge writes both copies in one transaction, at one time; a record a
+            # millisecond: times taken from the clock made the history's end (found by
+            # time) depend on how fast the loop ran, and CI saw (6, 6) and (8, 8)
+            ts = at + r.identity.seq
             for t in topics:
                 p.produce(t, key=r.key, value=r.value, headers=r.headers(), timestamp=ts)
         p.commit_transaction(20)
@@ -349,6 +351,100 @@ def test_records_retention_takes_in_the_middle_of_a_read_are_a_gap_and_come_from
             if not puller.round() and puller.idle and not puller.reading_history:
                 break
         assert sorted(r.identity.seq for r in canonical(kafka.bootstrap, s)) == list(range(1, 3001))
+    finally:
+        puller.close()
+        merger.close()
+
+
+def test_history_after_a_gap_starts_past_what_the_canonical_index_proves_held(
+    kafka: KafkaBroker,
+    kafka_sites: Callable[..., dict[str, KafkaBroker]],
+    tmp_path: Path,
+) -> None:
+    """Review (replication N10): a puller that met a gap read the neighbour's canonical
+    topic for history from its start (a parked route reused after the relay retention:
+    at HQ, all of history), though it lacked only what the relay lost. The neighbour's
+    merge indexes its canonical topic now (``sl.canonical.index``), and a first history
+    read starts past the segments whose seqs the site holds. Here the site read 1,500
+    of 3,000 records through the relay, the relay lost everything below 2,000, and the
+    history read takes about the 500 it lacks (within a segment at each end), not
+    2,000."""
+    s = unique("s")
+    neighbour = kafka_sites("tokyo")["tokyo"]
+    ep = KafkaEndpoint.plaintext(neighbour.bootstrap)
+    there, _ = make_site(neighbour.bootstrap, tmp_path / "tokyo", [s])
+    writer = Merger(there)
+    writer.prepare()
+    t = ingress_topic(s)
+    for b in range(30):  # the neighbour's merge: 30 batches, a segment of its index each
+        rows = []
+        for q in range(100 * b + 1, 100 * b + 101):
+            r = record("ship1", s, q)
+            rows.append(SourceRow(t, 0, q, r.key, r.value, list(r.headers())))
+        writer.write_rows(b, rows)
+        writer._index_due = 0.0
+        assert writer.write_index() >= 1
+    writer.close()
+    relay = relay_topic("e1", s)
+    ensure_topics(ep, [TopicSpec(relay, 1)])
+    p = Producer({"bootstrap.servers": neighbour.bootstrap, "linger.ms": 0})
+    for m in read_to_end(ep, [canonical_topic(s)], settled=True):  # the relay's copies
+        p.produce(
+            relay, key=m.key(), value=m.value(), headers=m.headers(), timestamp=m.timestamp()[1]
+        )
+        if (m.offset() or 0) % 50 == 0:
+            assert p.flush(20) == 0
+    assert p.flush(20) == 0
+    site, _ = make_site(kafka.bootstrap, tmp_path / "here", [s])
+    slow = replace(site, replication=replace(site.replication, max_offsets_per_trigger=100))
+    merger = Merger(site)
+    fetch = 4096
+    puller = Puller(
+        slow,
+        "tokyo",
+        ep,
+        (s,),
+        urgent=False,
+        merger=merger,
+        routes=lambda: {"e1": "tokyo"},
+        sites=("e1",),
+        reader_config={
+            "fetch.max.bytes": fetch,
+            "message.max.bytes": fetch,
+            "max.partition.fetch.bytes": fetch,
+            "queued.max.messages.kbytes": fetch // 1024,
+            "queued.min.messages": 20,
+        },
+    )
+    try:
+        for _ in range(500):  # bounded: a round takes at most 100
+            if puller.read >= 1500:
+                break
+            puller.round()
+        at_gap = puller.read
+        assert 1500 <= at_gap < 2000
+        admin = AdminClient({"bootstrap.servers": neighbour.bootstrap})
+        (done,) = admin.delete_records([TopicPartition(relay, 0, 2000)]).values()
+        done.result(20)
+        for _ in range(50):  # bounded: the gap is found at the next fetch
+            if puller.gaps:
+                break
+            puller.round()
+        assert puller.gaps
+        puller.site, puller.reader_config = site, {}  # the rest at full speed
+        puller.close()
+        for _ in range(200):  # bounded: a round reads what is there and returns
+            if merger.state.held_for(("ship1", s)).count() == 3000:
+                break
+            puller.round()
+        got = Counter(r.identity.seq for r in canonical(kafka.bootstrap, s))
+        assert sorted(got) == list(range(1, 3001)) and max(got.values()) == 1
+        lacked = 2000 - at_gap
+        # a segment (here a batch of 100) at each end at most: the walk starts at the
+        # first segment the site does not wholly hold, and history ends past the
+        # millisecond of the relay's oldest record (a batch shares it); before: 2,000+
+        assert puller.read_history <= lacked + 200, (puller.read_history, lacked)
+        assert puller.skipped_held >= 1000
     finally:
         puller.close()
         merger.close()

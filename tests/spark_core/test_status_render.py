@@ -57,6 +57,19 @@ def neighbours(draw: st.DrawFn) -> dict[str, Any]:
                 max_size=4,
             )
         ),
+        "repair": draw(
+            st.dictionaries(
+                names,
+                st.fixed_dictionaries(
+                    {
+                        "lacking": st.dictionaries(names, figures, max_size=3),
+                        "repaired": st.dictionaries(names, figures, max_size=3),
+                        "unserved": st.dictionaries(names, st.text(max_size=80), max_size=2),
+                    }
+                ),
+                max_size=2,
+            )
+        ),
     }
 
 
@@ -66,6 +79,8 @@ def statuses(draw: st.DrawFn) -> SiteStatus:
         "neighbours": draw(st.dictionaries(names, neighbours(), max_size=3)),
         "routes": draw(st.dictionaries(names, st.one_of(st.none(), names), max_size=4)),
     }
+    if draw(st.booleans()):
+        replication["holds_all"] = draw(st.sampled_from([None, True, False]))
     return SiteStatus(
         draw(names),
         Path("/var/lib/shorelink/checkpoints"),
@@ -101,6 +116,30 @@ def test_every_line_fits_80_columns_and_every_lag_is_whole(status: SiteStatus) -
         assert name in words, name
     for entry, via in rep["routes"].items():
         assert (f"{entry} via {via}" if via else f"{entry}: no route") in "\n".join(lines)
+
+
+def test_holdings_say_everything_is_held_or_what_is_lacking_where() -> None:
+    def status(holds: bool | None) -> SiteStatus:
+        repair = {
+            "merge": {
+                "lacking": {"containers": 50},
+                "repaired": {"containers": 7},
+                "unserved": {"ship1/containers": "401-410"},
+            }
+        }
+        replication = {
+            "holds_all": holds,
+            "neighbours": {"tokyo": {"state": "up", "streams": {}, "repair": repair}},
+        }
+        return SiteStatus("hq", Path("/c"), {"queries": []}, replication)
+
+    assert "holdings: holds everything its neighbours hold" in render(status(True), NOW, 80)
+    assert "holdings: not compared with every neighbour yet" in render(status(None), NOW, 80)
+    text = "\n".join(render(status(False), NOW, 80))
+    assert "lacks 50 of containers that tokyo holds (merge; repaired so far 7)" in " ".join(
+        text.split()
+    )
+    assert "tokyo names and does not serve: ship1/containers" in " ".join(text.split())
 
 
 SITES = """

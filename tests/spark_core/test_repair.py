@@ -1,0 +1,271 @@
+"""Repair by identity (spark_core/repair.py): a site takes from its neighbour's canonical
+topic what the neighbour holds and it lacks, found through the neighbour's canonical
+index. The pure parts over their whole input space (what is lacking, which offsets to
+read, a model of many sites repairing each other after any loss), then the real thing
+on two Kafka brokers: the neighbour's merge writes its records and index, the site's
+merge takes what it lacks, once."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from local_stack.kafka import KafkaBroker
+from shorelink.contract import canonical_topic, ingress_topic
+from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.ranges import RangeSet
+from spark_core.merge import Merger
+from spark_core.merge_state import SourceRow
+from spark_core.relay_index import Segment
+from spark_core.repair import Repairer, lacking, plan_reads
+from tests.helpers import unique
+from tests.spark_core.helpers import canonical, make_site, record
+
+_seqs = st.lists(st.integers(1, 60), max_size=40).map(RangeSet.from_seqs)
+_holdings = st.dictionaries(
+    st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["s", "t"])), _seqs, max_size=6
+)
+
+
+@given(_holdings, _holdings, st.sets(st.sampled_from(["s", "t", "u"])))
+def test_lacking_is_what_they_hold_of_the_streams_and_we_do_not(
+    theirs: dict[tuple[str, str], RangeSet],
+    ours: dict[tuple[str, str], RangeSet],
+    streams: set[str],
+) -> None:
+    got = lacking(theirs, ours, streams)
+    for source, held in theirs.items():
+        want = {s for lo, hi in held for s in range(lo, hi + 1)}
+        if source[1] in streams:
+            want -= {s for lo, hi in ours.get(source, RangeSet()) for s in range(lo, hi + 1)}
+        else:
+            want = set()
+        have = {s for lo, hi in got.get(source, RangeSet()) for s in range(lo, hi + 1)}
+        assert have == want
+    assert all(got.values())  # nothing lacking: no entry
+
+
+@st.composite
+def _layouts(draw: st.DrawFn) -> tuple[dict[int, list[tuple[str, int]]], list[Segment], int]:
+    """A canonical topic as a neighbour holds it: per partition its records (origin,
+    seq) by offset, the oldest ones maybe taken by retention (``low``), and its index:
+    segments over consecutive offsets from some point on (what came before the index
+    is named by none), some too large to name their seqs, some missing (a hole in the
+    chain), some of another topic id (a topic recreated)."""
+    parts: dict[int, list[tuple[str, int]]] = {}
+    segments: list[Segment] = []
+    seqs: Counter[str] = Counter()
+    for part in range(draw(st.integers(1, 3))):
+        records = []
+        for _ in range(draw(st.integers(0, 40))):
+            origin = draw(st.sampled_from(["a", "b", "c"]))
+            seqs[origin] += 1
+            records.append((origin, seqs[origin]))
+        parts[part] = records
+        at = draw(st.integers(0, len(records)))  # the index starts here
+        while at < len(records):
+            to = min(len(records), at + draw(st.integers(1, 8)))
+            kind = draw(st.sampled_from(["named", "named", "named", "unnamed", "lost", "other"]))
+            named: dict[str, RangeSet] = {}
+            for origin, seq in records[at:to]:
+                named.setdefault(origin, RangeSet()).add(seq)
+            if kind != "lost":
+                segments.append(
+                    Segment(
+                        "sl.s",
+                        "other-id" if kind == "other" else "id",
+                        {part: (at, to)},
+                        None if kind == "unnamed" else named,
+                    )
+                )
+            at = to
+    low = draw(st.integers(0, 5))
+    return parts, draw(st.permutations(segments)), low
+
+
+@given(_layouts(), st.data())
+@settings(max_examples=300)
+def test_the_reads_planned_hold_every_lacking_record_the_partitions_still_hold(
+    layout: tuple[dict[int, list[tuple[str, int]]], list[Segment], int], data: st.DataObject
+) -> None:
+    parts, segments, low = layout
+    held = [(p, off, r) for p, recs in parts.items() for off, r in enumerate(recs)]
+    lost = data.draw(st.sets(st.sampled_from(held))) if held else set()
+    lack: dict[str, RangeSet] = {}
+    for _, _, (origin, seq) in lost:
+        lack.setdefault(origin, RangeSet()).add(seq)
+    marks = {p: (min(low, len(recs)), len(recs)) for p, recs in parts.items() if recs}
+    reads = plan_reads(segments, "sl.s", "id", marks, lack)
+    for part, ranges in reads.items():
+        lo_p, hi_p = marks[part]
+        assert all(lo_p <= lo < hi <= hi_p for lo, hi in ranges)
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(ranges))
+    for part, off, _ in lost:
+        if part in marks and off >= marks[part][0]:  # not taken by retention
+            assert any(lo <= off < hi for lo, hi in reads.get(part, [])), (part, off)
+
+
+def test_a_lack_the_index_names_reads_only_its_segments() -> None:
+    segments = [
+        Segment(
+            "sl.s", "id", {0: (10 * i, 10 * i + 10)}, {"a": RangeSet([(10 * i + 1, 10 * i + 10)])}
+        )
+        for i in range(100)
+    ]
+    marks = {0: (0, 1000)}
+    reads = plan_reads(segments, "sl.s", "id", marks, {"a": RangeSet([(401, 405)])})
+    assert reads == {0: [(400, 410)]}
+    # a seq no segment names: what no segment covers is read too (here: nothing more)
+    assert plan_reads(segments, "sl.s", "id", marks, {"a": RangeSet([(5000, 5000)])}) == {}
+    # the index starts at offset 200: what lies before it is read for such a seq
+    assert plan_reads(segments[20:], "sl.s", "id", marks, {"a": RangeSet([(5000, 5000)])}) == {
+        0: [(0, 200)]
+    }
+
+
+@st.composite
+def _fleets(draw: st.DrawFn) -> tuple[dict[int, set[int]], list[set[int]]]:
+    """Sites 0..n-1 in a connected graph; identities (seqs) 1..k, each held by some
+    sites: what replication delivered before it lost the rest (a relay's retention, a
+    cursor moved past records, a neighbour that withheld them)."""
+    n = draw(st.integers(2, 6))
+    edges: dict[int, set[int]] = {i: set() for i in range(n)}
+    for i in range(1, n):  # a random spanning tree, then random extra links
+        j = draw(st.integers(0, i - 1))
+        edges[i].add(j)
+        edges[j].add(i)
+    for _ in range(draw(st.integers(0, n))):
+        i, j = draw(st.integers(0, n - 1)), draw(st.integers(0, n - 1))
+        if i != j:
+            edges[i].add(j)
+            edges[j].add(i)
+    k = draw(st.integers(1, 30))
+    return edges, [draw(st.sets(st.integers(1, k))) for _ in range(n)]
+
+
+@given(_fleets())
+@settings(max_examples=300)
+def test_in_a_model_fleet_repair_brings_every_identity_to_every_site(
+    fleet: tuple[dict[int, set[int]], list[set[int]]],
+) -> None:
+    """The repairer's rule on a model: each round, each site takes from each neighbour
+    what that neighbour held at the round before and it still lacks (``lacking``
+    decides; a record repaired is held, and served on). After two rounds per hop of
+    the graph's diameter (one to see, one to take), every site holds every identity
+    some site held, once, and nothing else."""
+    edges, holds = fleet
+    n = len(holds)
+    ours = [{("o", "s"): RangeSet.from_seqs(h)} for h in holds]
+    before: list[list[dict[tuple[str, str], RangeSet]]] = [[{} for _ in range(n)] for _ in range(n)]
+    for _ in range(2 * n):
+        snapshot = [{k: v.copy() for k, v in o.items()} for o in ours]
+        for i in range(n):
+            for j in sorted(edges[i]):
+                due = lacking(before[i][j], ours[i], ["s"]).get(("o", "s"), RangeSet())
+                assert not any(due.overlaps(lo, hi) for lo, hi in ours[i][("o", "s")])
+                ours[i][("o", "s")].update(due)
+                before[i][j] = snapshot[j]
+    union = set().union(*holds)
+    for i in range(n):
+        assert {s for lo, hi in ours[i][("o", "s")] for s in range(lo, hi + 1)} == union
+
+
+def _write(merger: Merger, stream: str, origin: str, seqs: range, *, index: bool) -> None:
+    """``seqs`` of ``origin`` as the merge's next Spark batch (from its ingress topic,
+    at the offsets past what it read), then, with ``index``, a segment of its index."""
+    t = ingress_topic(stream)
+    at = merger.state.offsets.get((t, 0), 0)
+    rows = []
+    for i, q in enumerate(seqs):
+        r = record(origin, stream, q, key=f"c{q % 3}")
+        rows.append(SourceRow(t, 0, at + i, r.key, r.value, list(r.headers())))
+    merger.write_rows((merger.state.last_batch or 0) + 1, rows)
+    if index:
+        merger._index_due = 0.0  # due now: a segment per batch
+        assert merger.write_index() >= 1
+
+
+def test_a_site_takes_what_it_lacks_from_its_neighbours_canonical_topic_by_identity(
+    kafka: KafkaBroker, kafka_sites: Callable[..., dict[str, KafkaBroker]], tmp_path: Path
+) -> None:
+    """Review (replication N13, issue 40): a site that lacks records its neighbour holds
+    (a relay's retention, a withholding neighbour, any replication bug) had no way to
+    notice. The neighbour's merge writes ship1 1-1000 in ten batches, a segment of its
+    canonical index after each; this site holds all but 401-450 (and nothing of
+    ship2, which the neighbour holds 1-30). The first round sees the difference and
+    repairs nothing (in flight a moment ago?); the second takes exactly what it lacks,
+    reading the index's segments that name it, not the topic; the third finds nothing
+    lacking. Every identity once."""
+    s = unique("s")
+    tokyo = kafka_sites("tokyo")["tokyo"]
+    there, _ = make_site(tokyo.bootstrap, tmp_path / "tokyo", [s])
+    here, _ = make_site(kafka.bootstrap, tmp_path / "here", [s])
+    n, m = Merger(there), Merger(here)
+    try:
+        n.prepare()
+        m.prepare()
+        for b in range(10):
+            _write(n, s, "ship1", range(100 * b + 1, 100 * b + 101), index=True)
+        _write(n, s, "ship2", range(1, 31), index=True)
+        _write(m, s, "ship1", range(1, 401), index=False)
+        _write(m, s, "ship1", range(451, 1001), index=False)
+        r = Repairer("tokyo", KafkaEndpoint.plaintext(tokyo.bootstrap), m)
+        assert r.round() == 0
+        assert dict(r.lacking) == {s: 80}
+        assert r.round() == 80
+        assert dict(r.repaired) == {s: 80}
+        assert r.read <= 200  # the segments naming 401-450 and ship2's: not 1,030 records
+        assert r.round() == 0 and not r.lacking and not r.unserved
+        got = Counter(x.identity for x in canonical(kafka.bootstrap, s))
+        assert max(got.values()) == 1
+        assert {(i.origin, i.seq) for i in got} == {("ship1", q) for q in range(1, 1001)} | {
+            ("ship2", q) for q in range(1, 31)
+        }
+    finally:
+        n.close()
+        m.close()
+
+
+def test_what_the_neighbour_no_longer_serves_is_counted_and_not_looked_for_again(
+    kafka: KafkaBroker, kafka_sites: Callable[..., dict[str, KafkaBroker]], tmp_path: Path
+) -> None:
+    """A neighbour with no segment for its records (written before its index existed)
+    is scanned; what its retention took, though its ledger still names it, is
+    ``unserved`` and no later round reads for it."""
+    s = unique("s")
+    tokyo = kafka_sites("tokyo")["tokyo"]
+    there, _ = make_site(tokyo.bootstrap, tmp_path / "tokyo", [s])
+    here, _ = make_site(kafka.bootstrap, tmp_path / "here", [s])
+    n, m = Merger(there), Merger(here)
+    try:
+        n.prepare()
+        m.prepare()
+        _write(n, s, "ship1", range(1, 101), index=False)
+        admin = AdminClient({"bootstrap.servers": tokyo.bootstrap})
+        topic = canonical_topic(s)
+        parts = admin.list_topics(topic, timeout=20).topics[topic].partitions
+        # retention takes the oldest 10 records of every partition
+        done = admin.delete_records([TopicPartition(topic, p, 10) for p in parts])
+        for f in done.values():
+            f.result(20)
+        r = Repairer("tokyo", KafkaEndpoint.plaintext(tokyo.bootstrap), m)
+        r.round()
+        written = r.round()
+        got = {x.identity.seq for x in canonical(kafka.bootstrap, s)}
+        held = {x.identity.seq for x in canonical(tokyo.bootstrap, s)}
+        assert written == len(got) == len(held) and got == held
+        unserved = r.unserved[("ship1", s)]
+        assert unserved.count() == 100 - len(held)
+        read = r.read
+        assert r.round() == 0 and r.read == read  # not looked for again
+        assert dict(r.lacking) == {s: 100 - len(held)}
+    finally:
+        n.close()
+        m.close()
