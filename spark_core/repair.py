@@ -22,8 +22,9 @@ per merge:
    its entry, so the sites behind get it too.
 
 What was repaired is counted per neighbour and stream; what the neighbour claims and
-does not serve (retention took it, or its ledger lies) is counted as ``unserved`` and
-not looked for again while the application runs. ``replication.status.json`` says per
+does not serve (retention took it, or its ledger lies), or serves and the merge does not
+take (its ship's proof fails), is counted as ``unserved`` and not looked for there
+again while the application runs. ``replication.status.json`` says per
 site whether it holds everything its neighbours hold, else the difference
 (docs/replication.md, "Repair by identity").
 """
@@ -304,6 +305,8 @@ class Repairer:
             ident = _identity(headers)
             if ident is None or ident[0] not in lack or ident[1] not in lack[ident[0]]:
                 continue
+            if ident[1] in found[ident[0]]:
+                continue  # delivered again after a seek
             found[ident[0]].add(ident[1])
             key, value = m.key(), m.value()
             rows.append(
@@ -317,7 +320,13 @@ class Repairer:
                 rows, size = [], 0
         if rows:
             written += self._write(stream, rows)
-        self._unserved(stream, {o: s.difference(found[o]) for o, s in lack.items()})
+        # not found there, or found and not taken (its proof failed, the bound on holes):
+        # not looked for at this neighbour again, so a forgery is refused once, not
+        # every round
+        held = self.merger.state.held
+        self._unserved(
+            stream, {o: s.difference(held.get((o, stream)) or RangeSet()) for o, s in lack.items()}
+        )
         if written:
             log.info(
                 "repaired",

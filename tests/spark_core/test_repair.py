@@ -18,8 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from local_stack.kafka import KafkaBroker
-from shorelink.contract import canonical_topic, ingress_topic
+from shorelink.contract import canonical_topic, dead_topic, ingress_topic
 from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.reading import read_to_end
+from shorelink.proof import ShipKey, ShipKeys, WatchedShipKeys
 from shorelink.ranges import RangeSet
 from spark_core.merge import Merger
 from spark_core.merge_state import SourceRow
@@ -266,6 +268,42 @@ def test_what_the_neighbour_no_longer_serves_is_counted_and_not_looked_for_again
         read = r.read
         assert r.round() == 0 and r.read == read  # not looked for again
         assert dict(r.lacking) == {s: 100 - len(held)}
+    finally:
+        n.close()
+        m.close()
+
+
+def test_records_a_neighbour_serves_that_fail_their_proof_are_refused_once(
+    kafka: KafkaBroker, kafka_sites: Callable[..., dict[str, KafkaBroker]], tmp_path: Path
+) -> None:
+    """A neighbour whose canonical topic holds copies of a ship's records without the
+    ship's proof (forged, or a site that skipped the check): the repair hands them to
+    the merge, which dead-letters them as it does any unproved pulled record; they are
+    then ``unserved`` there, so the next round neither reads nor dead-letters them
+    again."""
+    s = unique("s")
+    tokyo = kafka_sites("tokyo")["tokyo"]
+    there, _ = make_site(tokyo.bootstrap, tmp_path / "tokyo", [s])
+    here, _ = make_site(kafka.bootstrap, tmp_path / "here", [s])
+    keys_file = tmp_path / "ship_keys.toml"
+    keys_file.write_text(ShipKeys.render({"ship1": ShipKey.generate().public()}, False))
+    n, m = Merger(there), Merger(here)
+    m.ship_keys = WatchedShipKeys(keys_file)
+    try:
+        n.prepare()
+        m.prepare()
+        _write(n, s, "ship1", range(1, 51), index=True)
+        r = Repairer("tokyo", KafkaEndpoint.plaintext(tokyo.bootstrap), m)
+        r.round()
+        assert r.round() == 0
+        assert r.unproved == 50 and r.unserved[("ship1", s)].count() == 50
+        dead = len(list(read_to_end(KafkaEndpoint.plaintext(kafka.bootstrap), [dead_topic(s)])))
+        assert dead == 50
+        read = r.read
+        assert r.round() == 0 and r.read == read
+        again = list(read_to_end(KafkaEndpoint.plaintext(kafka.bootstrap), [dead_topic(s)]))
+        assert len(again) == dead
+        assert not list(canonical(kafka.bootstrap, s))
     finally:
         n.close()
         m.close()
