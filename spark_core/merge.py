@@ -65,6 +65,7 @@ from spark_core.merge_state import (
     MergeState,
     Relayed,
     RowBatch,
+    Source,
     SourceBatch,
     SourceRow,
     encode_relayed,
@@ -553,6 +554,38 @@ class Merger:
             batch_id, plan, t3 - t0, replay, (t1 - t0, t2 - t1, t3 - t2), customer, pulled
         )
         return plan
+
+    def forget(self, lost: Mapping[Source, RangeSet]) -> dict[Source, RangeSet]:
+        """Stop holding ``lost`` (per origin and stream, seqs whose records this site's
+        canonical topic lost before its retention: spark_core/repair.py ``SelfCheck``):
+        one transaction with the ledger entries less those seqs, so that the site lacks
+        them again (its neighbours' repair offers them, and the merge writes them once
+        more). Returns what was held and is forgotten."""
+        with self.busy:
+            if self.stopping.is_set():
+                raise MergeError("merge is stopping; nothing forgotten")
+            if self._producer is None:
+                self.prepare()
+            forgotten: dict[Source, RangeSet] = {}
+            ledger: dict[Source, RangeSet] = {}
+            for source, seqs in lost.items():
+                held = self.state.held_for(source)
+                gone = seqs.difference(seqs.difference(held))  # what of it is held
+                if gone:
+                    forgotten[source] = gone
+                    ledger[source] = held.difference(gone)
+            if not ledger:
+                return {}
+            p = self._producer
+            assert p is not None
+            try:
+                with p.transaction():
+                    for (origin, stream), held in ledger.items():
+                        p.produce(LEDGER_TOPIC, *encode_entry(origin, stream, held), None)
+            except KafkaTransactionError as exc:
+                self._fail(exc)
+            self.state.held.update(ledger)
+            return forgotten
 
     def write_redriven(
         self, rows: Sequence[SourceRow], ends: Mapping[tuple[str, int], int], keys_mark: str | None

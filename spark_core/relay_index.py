@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from confluent_kafka import Message
 from confluent_kafka.admin import OffsetSpec
@@ -50,6 +50,7 @@ __all__ = [
     "INDEX_EVERY_S",
     "INDEX_SLACK_MS",
     "SEGMENT_MAX_BYTES",
+    "IndexTooLarge",
     "Segment",
     "Tail",
     "dump_tails",
@@ -135,6 +136,10 @@ def encode_segment(
     return topic.encode(), value
 
 
+class IndexTooLarge(Exception):
+    """An index read that must be whole passed its byte limit."""
+
+
 @dataclass(frozen=True)
 class Segment:
     """One record of a neighbour's index, as read: ``seqs`` None when it names none."""
@@ -143,6 +148,8 @@ class Segment:
     topic_id: str
     parts: dict[int, tuple[int, int]]
     seqs: dict[str, RangeSet] | None
+    #: when the index record was written (epoch ms; None where not read from Kafka)
+    written_ms: int | None = None
 
 
 def decode_segment(key: bytes | None, value: bytes | None) -> Segment:
@@ -176,13 +183,16 @@ def read_segments(
     since_ms: int | None = None,
     index: str = RELAY_INDEX_TOPIC,
     group: str = "shorelink-read-to-end",
+    whole: bool = False,
 ) -> Iterator[Segment]:
     """The segments of ``topics`` in a site's ``index`` topic (at ``kafka``), in the
     order they were written, at most ``limit_bytes`` of the index read; a record that
     is no segment is skipped (counted in the log). ``since_ms``: from the first segment
     written at or after that time (:func:`oldest_written_ms`), not from the index's
     start. ``group``: as ``read_to_end``'s (a neighbour's ACLs name the groups its
-    principal may use). Raises what ``read_to_end`` raises (an index that does not exist:
+    principal may use). ``whole``: past ``limit_bytes`` raise :class:`IndexTooLarge`
+    instead of stopping (a reader that must see every segment). Raises what
+    ``read_to_end`` raises (an index that does not exist:
     :class:`~shorelink.kafka.errors.UnknownTopic`)."""
     wanted = {t.encode() for t in topics}
     read = bad = 0
@@ -198,14 +208,19 @@ def read_segments(
         value = msg.value()
         read += len(value or b"")
         if read > limit_bytes:
+            if whole:
+                raise IndexTooLarge(f"{index} at {kafka.bootstrap}: over {limit_bytes} bytes")
             log.warning("relay_index_cut", bootstrap=kafka.bootstrap, index=index, read_bytes=read)
             break
         if msg.key() not in wanted:
             continue
         try:
-            yield decode_segment(msg.key(), value)
+            seg = decode_segment(msg.key(), value)
         except (ValueError, KeyError, TypeError, AttributeError):
             bad += 1
+            continue
+        _, ts = msg.timestamp()
+        yield replace(seg, written_ms=ts if ts >= 0 else None)
     if bad:
         log.warning("relay_index_bad", bootstrap=kafka.bootstrap, index=index, records=bad)
 

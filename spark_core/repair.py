@@ -37,6 +37,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import Message
+from confluent_kafka.admin import OffsetSpec
 
 from shorelink.contract import (
     CANONICAL_INDEX_TOPIC,
@@ -56,9 +57,17 @@ from shorelink.ranges import RangeSet
 from spark_core.access import pull_group
 from spark_core.merge import Merger
 from spark_core.merge_state import Headers, MergeError, Source, SourceRow, pulled_source
-from spark_core.relay_index import Segment, read_segments
+from spark_core.relay_index import IndexTooLarge, Segment, read_segments
 
-__all__ = ["Repairer", "lacking", "plan_reads"]
+__all__ = [
+    "Repairer",
+    "SelfCheck",
+    "gone_early",
+    "lacking",
+    "plan_reads",
+    "read_ranges",
+    "remaining",
+]
 
 log = get_logger(__name__)
 
@@ -145,6 +154,164 @@ def _merge(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             out.append((lo, hi))
     return out
+
+
+#: how much younger than its retention a segment must be for its records' absence to be
+#: a loss, not retention doing its work (retention acts on whole log segments, a little
+#: after their time)
+RETENTION_SLACK_MS = 10 * 60_000
+
+
+def gone_early(
+    segments: Iterable[Segment],
+    topic: str,
+    topic_id: str,
+    lows: Mapping[int, int],
+    now_ms: int,
+    retention_ms: int | None,
+    present: Mapping[str, RangeSet] | None = None,
+) -> dict[str, RangeSet]:
+    """Per origin, the seqs a site's own canonical ``topic`` (id ``topic_id``, each
+    partition's oldest offset in ``lows``) no longer holds though its retention
+    (``retention_ms``, None: for ever) has not passed: named by a segment of its index
+    that deletion cut (an offset range starting below its partition's oldest offset, or
+    of a former topic id: the topic was deleted and created again), written less than
+    the retention ago; less what ``present`` says those segments' remaining offsets
+    hold (:func:`remaining`, read by the caller) and what any segment deletion did not
+    touch names (a seq lost and written again since)."""
+    gone: dict[str, RangeSet] = {}
+    kept: dict[str, RangeSet] = {}
+    for seg in segments:
+        if seg.topic != topic or seg.seqs is None:
+            continue
+        if _cut(seg, topic_id, lows):
+            young = retention_ms is None or (
+                seg.written_ms is not None
+                and now_ms - seg.written_ms < retention_ms - RETENTION_SLACK_MS
+            )
+            into = gone if young else None
+        else:
+            into = kept
+        if into is not None:
+            for origin, seqs in seg.seqs.items():
+                into.setdefault(origin, RangeSet()).update(seqs)
+    out = {}
+    for origin, seqs in gone.items():
+        rest = seqs.difference(kept.get(origin) or RangeSet())
+        rest = rest.difference((present or {}).get(origin) or RangeSet())
+        if rest:
+            out[origin] = rest
+    return out
+
+
+def _cut(seg: Segment, topic_id: str, lows: Mapping[int, int]) -> bool:
+    """Did deletion take some of ``seg``'s records (or the whole topic it indexed)?"""
+    spans = [(p, lo, hi) for p, (lo, hi) in seg.parts.items() if hi > lo]
+    return bool(spans) and (
+        seg.topic_id != topic_id or any(lo < lows.get(p, 0) for p, lo, _ in spans)
+    )
+
+
+def remaining(
+    segments: Iterable[Segment], topic: str, topic_id: str, lows: Mapping[int, int]
+) -> Ranges:
+    """The offsets the topic still holds of the segments deletion cut (where their
+    seqs may still lie): what a self-check reads before it forgets anything."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for seg in segments:
+        if seg.topic != topic or seg.topic_id != topic_id or not _cut(seg, topic_id, lows):
+            continue
+        for p, (lo, hi) in seg.parts.items():
+            start = max(lo, lows.get(p, 0))
+            if hi > start:
+                out.setdefault(p, []).append((start, hi))
+    return {p: _merge(r) for p, r in out.items()}
+
+
+class SelfCheck:
+    """A site's own canonical topics against its ledger (per merge): what a topic lost
+    before its retention (records deleted, the topic wiped and created again) is
+    forgotten (``Merger.forget``), so the site lacks it again and its neighbours'
+    holdings bring it back by repair. Looked at when a partition's oldest offset moved
+    (or the topic's id changed) since the last look."""
+
+    def __init__(self, merger: Merger) -> None:
+        self.merger = merger
+        self.site = merger.site
+        #: per canonical topic: its id and its partitions' oldest offsets at the last look
+        self._seen: dict[str, tuple[str, dict[int, int]]] = {}
+        #: per stream: seqs forgotten since the start
+        self.forgotten: Counter[str] = Counter()
+        self._admin: Admin | None = None
+
+    def admin(self) -> Admin:
+        if self._admin is None:
+            self._admin = Admin(self.site.kafka)
+        return self._admin
+
+    def round(self) -> int:
+        """Look, forget what was lost; returns the seqs forgotten."""
+        topics = {canonical_topic(s): s for s in self.merger.streams}
+        described = self.admin().describe(topics)
+        total = 0
+        for topic, desc in sorted(described.items()):
+            topic_id = str(desc.topic_id)
+            parts = [(topic, p.id) for p in desc.partitions]
+            lows = {
+                p: a.offset
+                for (_, p), a in self.admin().offsets(parts, OffsetSpec.earliest()).items()
+            }
+            seen = self._seen.get(topic)
+            self._seen[topic] = (topic_id, lows)
+            if seen == (topic_id, lows) or (seen is None and not any(lows.values())):
+                continue  # nothing deleted since the last look
+            total += self._check(topics[topic], topic, topic_id, lows)
+        return total
+
+    def _check(self, stream: str, topic: str, topic_id: str, lows: dict[int, int]) -> int:
+        retention = self.site.policy(stream).retention_ms
+        now = int(time.time() * 1000)
+        try:
+            segments = list(
+                read_segments(
+                    self.site.kafka,
+                    [topic],
+                    timeout=self.site.kafka.timeout_s,
+                    limit_bytes=self.site.merge.max_batch_bytes,
+                    since_ms=None if retention is None else now - retention,
+                    index=CANONICAL_INDEX_TOPIC,
+                    whole=True,
+                )
+            )
+        except UnknownTopic:
+            return 0
+        except IndexTooLarge as exc:  # a partial view could forget what is still held
+            log.warning("self_check_skipped", site=self.site.name, topic=topic, error=str(exc))
+            return 0
+        present: dict[str, RangeSet] = {}
+        reads = remaining(segments, topic, topic_id, lows)
+        what = f"self-check of {topic} at {self.site.name}"
+        for m in read_ranges(self.site.kafka, pull_group(self.site.name), what, topic, reads):
+            ident = _identity(list(m.headers() or []))  # type: ignore[arg-type]
+            if ident is not None:
+                present.setdefault(ident[0], RangeSet()).add(ident[1])
+        lost = gone_early(segments, topic, topic_id, lows, now, retention, present)
+        if not lost:
+            return 0
+        forgotten = self.merger.forget({(o, stream): seqs for o, seqs in lost.items()})
+        count = sum(seqs.count() for seqs in forgotten.values())
+        if count:
+            self.forgotten[stream] += count
+            log.warning(
+                "canonical_lost",
+                site=self.site.name,
+                stream=stream,
+                seqs=count,
+                origins=len(forgotten),
+                message="records the canonical topic lost before its retention; "
+                "forgotten, to be repaired from the neighbours that hold them",
+            )
+        return count
 
 
 def _identity(headers: Headers) -> tuple[str, int] | None:
@@ -299,7 +466,9 @@ class Repairer:
         written = 0
         rows: list[SourceRow] = []
         size = 0
-        for m in self._read(topic, reads):
+        for m in read_ranges(
+            self.kafka, pull_group(self.site.name), f"repair from {self.neighbour}", topic, reads
+        ):
             headers: Headers = list(m.headers() or [])  # type: ignore[arg-type]
             self.read += 1
             ident = _identity(headers)
@@ -363,46 +532,6 @@ class Repairer:
             p: span for (_, p), span in self.admin().spans(parts, f" at {self.neighbour}").items()
         }
 
-    def _read(self, topic: str, reads: Ranges) -> Iterator[Message]:
-        """The records of ``reads`` (per partition, offset ranges), each partition's
-        ranges in order, each offset once; a range whose records retention took
-        meanwhile yields what is left of it."""
-        todo = {(topic, p): list(ranges) for p, ranges in reads.items() if ranges}
-        if not todo:
-            return
-        with PartitionReader(
-            self.kafka, group=pull_group(self.site.name), what=f"repair from {self.neighbour}"
-        ) as reader:
-            reader.assign({tp: ranges[0][0] for tp, ranges in todo.items()})
-            deadline = time.monotonic() + self.kafka.timeout_s
-            while todo:
-                got = reader.poll(500, timeout=0.2)
-                if got.errors:
-                    raise got.errors[0]
-                if got.records or got.gaps or got.ends:
-                    deadline = time.monotonic() + self.kafka.timeout_s
-                elif time.monotonic() > deadline:
-                    raise MergeError(f"repair from {self.neighbour}: no record for a while")
-                for m in got.records:
-                    tp = (str(m.topic()), m.partition() or 0)
-                    ranges = todo.get(tp)
-                    offset = m.offset() or 0
-                    if ranges and offset >= ranges[0][1]:
-                        # past the range (its last offset was a transaction marker):
-                        # on to the next, which this record may be the start of
-                        _next_range(reader, todo, tp, offset)
-                        continue
-                    if not ranges or offset < ranges[0][0]:
-                        continue  # fetched before a seek
-                    yield m
-                    if offset + 1 >= ranges[0][1]:
-                        _next_range(reader, todo, tp, offset + 1)
-                for end in got.ends:
-                    tp = (end.topic, end.partition)
-                    ranges = todo.get(tp)
-                    if ranges and end.offset >= ranges[0][0]:
-                        _next_range(reader, todo, tp, end.offset, at_end=True)
-
     def status(self) -> dict[str, object]:
         return {
             "lacking": dict(self.lacking),
@@ -413,6 +542,47 @@ class Repairer:
             "last_round": self.last_round,
             "error": self.error,
         }
+
+
+def read_ranges(
+    kafka: KafkaEndpoint, group: str, what: str, topic: str, reads: Ranges
+) -> Iterator[Message]:
+    """The records of ``reads`` (per partition of ``topic``, offset ranges), each
+    partition's ranges in order, each offset once; a range whose records retention took
+    meanwhile yields what is left of it."""
+    todo = {(topic, p): list(ranges) for p, ranges in reads.items() if ranges}
+    if not todo:
+        return
+    with PartitionReader(kafka, group=group, what=what) as reader:
+        reader.assign({tp: ranges[0][0] for tp, ranges in todo.items()})
+        deadline = time.monotonic() + kafka.timeout_s
+        while todo:
+            got = reader.poll(500, timeout=0.2)
+            if got.errors:
+                raise got.errors[0]
+            if got.records or got.gaps or got.ends:
+                deadline = time.monotonic() + kafka.timeout_s
+            elif time.monotonic() > deadline:
+                raise MergeError(f"{what}: no record for a while")
+            for m in got.records:
+                tp = (str(m.topic()), m.partition() or 0)
+                ranges = todo.get(tp)
+                offset = m.offset() or 0
+                if ranges and offset >= ranges[0][1]:
+                    # past the range (its last offset was a transaction marker): on to
+                    # the next, which this record may be the start of
+                    _next_range(reader, todo, tp, offset)
+                    continue
+                if not ranges or offset < ranges[0][0]:
+                    continue  # fetched before a seek
+                yield m
+                if offset + 1 >= ranges[0][1]:
+                    _next_range(reader, todo, tp, offset + 1)
+            for end in got.ends:
+                tp = (end.topic, end.partition)
+                ranges = todo.get(tp)
+                if ranges and end.offset >= ranges[0][0]:
+                    _next_range(reader, todo, tp, end.offset, at_end=True)
 
 
 def _next_range(

@@ -30,7 +30,7 @@ from spark_core.ingest_pull import IngestPuller, write_through
 from spark_core.merge import Merger
 from spark_core.merge_state import MergeError
 from spark_core.pull import Puller
-from spark_core.repair import Repairer
+from spark_core.repair import Repairer, SelfCheck
 from spark_core.routing import LinkState
 
 __all__ = ["BULK_POOL", "URGENT_POOL", "Replicator", "history_sources"]
@@ -108,6 +108,9 @@ class Replicator:
         self.repairers = [
             Repairer(p.neighbour, p.kafka, p.merger) for p in self.pullers if p.streams
         ]
+        #: each merge's own canonical topics against its ledger (what they lost early
+        #: is forgotten, then repaired from the neighbours)
+        self.checks = [SelfCheck(m) for m in mergers if m.streams] if self.repairers else []
         self._stop = threading.Event()
         self._pulling = threading.Event()
         self._thread: threading.Thread | None = None
@@ -182,6 +185,11 @@ class Replicator:
         repaired. A repairer's failure is its status's error, and the next round tries
         again."""
         written = 0
+        for check in self.checks:
+            try:
+                check.round()
+            except (KafkaClientError, MergeError) as exc:
+                log.warning("self_check_failed", site=self.site.name, error=str(exc))
         for r in self.repairers:
             if self._pulling.is_set():
                 break
@@ -283,6 +291,11 @@ class Replicator:
             "updated_at": now,
             "routes": routes,
             "holds_all": self.holds_all(),
+            # per stream: seqs the site's canonical topics lost before their retention,
+            # forgotten to be repaired (spark_core/repair.py SelfCheck)
+            "lost_here": {
+                stream: n for c in self.checks for stream, n in sorted(c.forgotten.items())
+            },
             "neighbours": neighbours,
             "pullers": {
                 p.name: {

@@ -177,9 +177,15 @@ def _holdings(rep: dict[str, Any], width: int | None) -> list[str]:
             unserved = r.get("unserved") or {}
             if unserved:
                 lines.append(f"{name} names and does not serve: {', '.join(sorted(unserved))}")
+    lost = rep.get("lost_here") or {}
+    forgotten = [
+        f"its canonical topic lost {n} of {stream} early (forgotten, repaired from neighbours)"
+        for stream, n in sorted(lost.items())
+    ]
     if holds:
-        return wrap("holdings: holds everything its neighbours hold", width, "", "  ")
-    return block("holdings: lacks what a neighbour holds", lines or ["?"], width)
+        out = wrap("holdings: holds everything its neighbours hold", width, "", "  ")
+        return out + [ln for f in forgotten for ln in wrap(f, width, "  ", "    ")]
+    return block("holdings: lacks what a neighbour holds", [*lines, *forgotten] or ["?"], width)
 
 
 def _age(seconds: float) -> str:

@@ -13,12 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, OffsetSpec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import canonical_topic, dead_topic, ingress_topic
+from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
 from shorelink.proof import ShipKey, ShipKeys, WatchedShipKeys
@@ -26,7 +27,14 @@ from shorelink.ranges import RangeSet
 from spark_core.merge import Merger
 from spark_core.merge_state import SourceRow
 from spark_core.relay_index import Segment
-from spark_core.repair import Repairer, lacking, plan_reads
+from spark_core.repair import (
+    Repairer,
+    SelfCheck,
+    gone_early,
+    lacking,
+    plan_reads,
+    remaining,
+)
 from tests.helpers import unique
 from tests.spark_core.helpers import canonical, make_site, record
 
@@ -307,3 +315,162 @@ def test_records_a_neighbour_serves_that_fail_their_proof_are_refused_once(
     finally:
         n.close()
         m.close()
+
+
+@st.composite
+def _own_topics(
+    draw: st.DrawFn,
+) -> tuple[dict[int, list[tuple[str, int]]], list[Segment], dict[int, int]]:
+    """A site's own canonical topic: per partition its records (origin, seq) by offset,
+    some seqs written twice (lost and written again), its index's segments (some of a
+    former topic id), and how far deletion went in each partition."""
+    parts: dict[int, list[tuple[str, int]]] = {}
+    segments: list[Segment] = []
+    for part in range(draw(st.integers(1, 3))):
+        records = draw(
+            st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 30)), max_size=40)
+        )
+        parts[part] = records
+        at = 0
+        while at < len(records):
+            to = min(len(records), at + draw(st.integers(1, 8)))
+            named: dict[str, RangeSet] = {}
+            for origin, seq in records[at:to]:
+                named.setdefault(origin, RangeSet()).add(seq)
+            age = draw(st.sampled_from([0, 10**9]))  # young, or older than any retention
+            tid = draw(st.sampled_from(["id", "id", "id", "old"]))
+            segments.append(Segment("sl.s", tid, {part: (at, to)}, named, 10**10 - age))
+            at = to
+    lows = {p: draw(st.integers(0, len(recs))) for p, recs in parts.items()}
+    return parts, segments, lows
+
+
+@given(_own_topics(), st.sampled_from([None, 10**8]))
+@settings(max_examples=300)
+def test_a_site_forgets_of_its_own_topic_exactly_what_deletion_took_early(
+    topic: tuple[dict[int, list[tuple[str, int]]], list[Segment], dict[int, int]],
+    retention: int | None,
+) -> None:
+    """Forgetting a seq the topic still holds would write it twice; not forgetting one
+    it lost leaves it lost. With what the cut segments' remaining offsets hold (as the
+    self-check reads them), ``gone_early`` names no seq the topic still holds under its
+    current id, and every seq a young segment named that deletion took and no other
+    segment names."""
+    parts, segments, lows = topic
+    reads = remaining(segments, "sl.s", "id", lows)
+    present: dict[str, RangeSet] = {}
+    for p, ranges in reads.items():
+        for lo, hi in ranges:
+            for origin, seq in parts[p][lo:hi]:
+                present.setdefault(origin, RangeSet()).add(seq)
+    gone = gone_early(segments, "sl.s", "id", lows, 10**10, retention, present)
+    current = [x for x in segments if x.topic_id == "id"]
+    still = {
+        (origin, seq)
+        for x in current
+        for p, (lo, hi) in x.parts.items()
+        for origin, seq in parts[p][max(lo, lows[p]) : hi]
+    }
+    named = {(o, q) for o, seqs in gone.items() for lo, hi in seqs for q in range(lo, hi + 1)}
+    assert not named & still
+    untouched = {
+        (o, q)
+        for x in segments
+        if x.topic_id == "id" and all(lo >= lows[p] for p, (lo, hi) in x.parts.items())
+        for o, seqs in (x.seqs or {}).items()
+        for lo, hi in seqs
+        for q in range(lo, hi + 1)
+    }
+    for x in segments:
+        cut = x.topic_id != "id" or any(lo < lows[p] for p, (lo, hi) in x.parts.items())
+        young = retention is None or 10**10 - (x.written_ms or 0) < retention - 600_000
+        if cut and young:
+            for o, seqs in (x.seqs or {}).items():
+                for lo, hi in seqs:
+                    for q in range(lo, hi + 1):
+                        if (o, q) not in still and (o, q) not in untouched:
+                            assert (o, q) in named, (o, q)
+
+
+def test_a_segment_deleted_while_young_is_gone_and_one_retention_took_is_not() -> None:
+    young, old = 10**10, 10**10 - 10**9
+    segments = [
+        Segment("sl.s", "id", {0: (0, 10)}, {"a": RangeSet([(1, 10)])}, young),
+        Segment("sl.s", "id", {0: (10, 20)}, {"a": RangeSet([(11, 20)])}, young),
+        Segment("sl.s", "id", {1: (0, 10)}, {"b": RangeSet([(1, 10)])}, old),
+    ]
+    lows = {0: 15, 1: 10}
+    assert remaining(segments, "sl.s", "id", lows) == {0: [(15, 20)]}
+    present = {"a": RangeSet([(16, 20)])}  # what offsets 15-19 hold
+    got = gone_early(segments, "sl.s", "id", lows, 10**10, 10**8, present)
+    assert got == {"a": RangeSet([(1, 15)])}  # b's: retention's work
+    assert gone_early(segments, "sl.s", "id", lows, 10**10, None, present) == {
+        "a": RangeSet([(1, 15)]),
+        "b": RangeSet([(1, 10)]),
+    }
+    # the topic created again: everything the old one held (and nothing written since)
+    again = [*segments, Segment("sl.s", "new", {0: (0, 5)}, {"a": RangeSet([(3, 4)])}, young)]
+    assert gone_early(again, "sl.s", "new", {0: 0, 1: 0}, 10**10, None) == {
+        "a": RangeSet([(1, 2), (5, 20)]),
+        "b": RangeSet([(1, 10)]),
+    }
+
+
+def test_records_a_sites_own_canonical_topic_lost_early_come_back_from_a_neighbour(
+    kafka: KafkaBroker, kafka_sites: Callable[..., dict[str, KafkaBroker]], tmp_path: Path
+) -> None:
+    """Issue 40: records deleted from one site's canonical topic (by hand, a tool, a
+    broker that lost a log) while its ledger still said it held them: nothing brought
+    them back, and every neighbour comparing with it found nothing lacking. The site's
+    self-check sees its index's segments below the partitions' oldest offsets, written
+    well within the retention: it forgets those seqs, its repair takes them from the
+    neighbour, and they are held (and in the topic) once; a second look forgets
+    nothing."""
+    s = unique("s")
+    tokyo = kafka_sites("tokyo")["tokyo"]
+    there, _ = make_site(tokyo.bootstrap, tmp_path / "tokyo", [s])
+    here, _ = make_site(kafka.bootstrap, tmp_path / "here", [s])
+    n, m = Merger(there), Merger(here)
+    try:
+        n.prepare()
+        m.prepare()
+        for b in range(4):
+            _write(n, s, "ship1", range(25 * b + 1, 25 * b + 26), index=True)
+            _write(m, s, "ship1", range(25 * b + 1, 25 * b + 26), index=True)
+        topic = canonical_topic(s)
+        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+        parts = admin.list_topics(topic, timeout=20).topics[topic].partitions
+        # the first half of every partition deleted: about its first two batches' records
+        cut = {}
+        for p in parts:
+            lo, hi = _watermarks(kafka.bootstrap, topic, p)
+            cut[p] = (lo + hi) // 2
+        done = admin.delete_records([TopicPartition(topic, p, off) for p, off in cut.items()])
+        for f in done.values():
+            f.result(20)
+        left = {x.identity.seq for x in canonical(kafka.bootstrap, s)}
+        assert len(left) < 100
+        check = SelfCheck(m)
+        forgotten = check.round()
+        assert forgotten == 100 - len(left)
+        assert check.round() == 0  # nothing moved since
+        r = Repairer("tokyo", KafkaEndpoint.plaintext(tokyo.bootstrap), m)
+        r.round()
+        assert r.round() == forgotten
+        got = Counter(x.identity.seq for x in canonical(kafka.bootstrap, s))
+        assert max(got.values()) == 1
+        assert set(got) == set(range(1, 101))
+        assert m.state.held_for(("ship1", s)).contains_all(RangeSet.from_seqs(got))
+        m._index_due = 0.0
+        m.write_index()
+        assert SelfCheck(m).round() == 0  # written again, named by a live segment
+    finally:
+        n.close()
+        m.close()
+
+
+def _watermarks(bootstrap: str, topic: str, part: int) -> tuple[int, int]:
+    admin = Admin(KafkaEndpoint.plaintext(bootstrap))
+    lo = admin.offsets([(topic, part)], OffsetSpec.earliest())[(topic, part)].offset
+    hi = admin.offsets([(topic, part)], OffsetSpec.latest())[(topic, part)].offset
+    return lo, hi

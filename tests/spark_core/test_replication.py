@@ -18,7 +18,13 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from confluent_kafka.admin import (
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    OffsetSpec,
+    ResourceType,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from local_stack.toxiproxy import ToxiproxyServer
@@ -1168,7 +1174,8 @@ def test_a_neighbour_that_withholds_what_it_holds_is_repaired_around_by_identity
     lag is 0, and before repair c lacked every record of a for good. Each site now
     compares its neighbours' ledgers with its own every ``repair_interval`` and takes
     what it lacks from their canonical topics, by identity: c gets every record of a,
-    once, and says so (``holds_all``, ``repaired``)."""
+    once, and says so (``holds_all``, ``repaired``). Then half of c's own canonical
+    topic is deleted: c forgets what it lost and takes it from b again, each once."""
     stream = unique("cont")
     ra, rb, rc = SLOTS[:3]
     topo = topology(healed, tmp_path, {ra: [rb], rb: [ra, rc], rc: [rb]}, [stream], repair="2s")
@@ -1193,6 +1200,21 @@ def test_a_neighbour_that_withholds_what_it_holds_is_repaired_around_by_identity
         eventually(lambda: rep_c.holds_all() is True, 60, "c holds all b holds")
         status = read_status(topo.cfg.site(c))
         assert status.replication is not None and status.replication["holds_all"] is True
+        # then c's own canonical topic loses its oldest half (deleted by hand): c's
+        # ledger still says it holds those records; its self-check forgets them, and
+        # its repair takes them from b again
+        topic = canonical_topic(stream)
+        admin = Admin(KafkaEndpoint.plaintext(topo.bootstrap(c)))
+        parts = [(topic, p.id) for p in admin.describe([topic])[topic].partitions]
+        ends = admin.offsets(parts, OffsetSpec.latest())
+        done = admin.client.delete_records(
+            [TopicPartition(t, p, ends[(t, p)].offset // 2) for t, p in parts]
+        )
+        for f in done.values():
+            f.result(20)
+        assert list(converged(topo, want)), "c lost records"
+        eventually(lambda: not list(converged(topo, want)), 120, "c repaired its own loss")
+        assert sum(ch.forgotten[stream] for ch in rep_c.checks) > 0
     assert not list(converged(topo, want))
 
 

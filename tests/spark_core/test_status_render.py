@@ -81,6 +81,7 @@ def statuses(draw: st.DrawFn) -> SiteStatus:
     }
     if draw(st.booleans()):
         replication["holds_all"] = draw(st.sampled_from([None, True, False]))
+        replication["lost_here"] = draw(st.dictionaries(names, figures, max_size=2))
     return SiteStatus(
         draw(names),
         Path("/var/lib/shorelink/checkpoints"),
@@ -134,6 +135,12 @@ def test_holdings_say_everything_is_held_or_what_is_lacking_where() -> None:
         return SiteStatus("hq", Path("/c"), {"queries": []}, replication)
 
     assert "holdings: holds everything its neighbours hold" in render(status(True), NOW, 80)
+    lost = status(True)
+    assert lost.replication is not None
+    lost.replication["lost_here"] = {"containers": 12}
+    assert "its canonical topic lost 12 of containers early" in " ".join(
+        " ".join(render(lost, NOW, 80)).split()
+    )
     assert "holdings: not compared with every neighbour yet" in render(status(None), NOW, 80)
     text = "\n".join(render(status(False), NOW, 80))
     assert "lacks 50 of containers that tokyo holds (merge; repaired so far 7)" in " ".join(
