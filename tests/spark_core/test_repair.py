@@ -141,10 +141,11 @@ def test_a_lack_the_index_names_reads_only_its_segments() -> None:
 
 
 @st.composite
-def _fleets(draw: st.DrawFn) -> tuple[dict[int, set[int]], list[set[int]]]:
+def _fleets(draw: st.DrawFn) -> tuple[dict[int, set[int]], list[set[int]], list[set[int]]]:
     """Sites 0..n-1 in a connected graph; identities (seqs) 1..k, each held by some
-    sites: what replication delivered before it lost the rest (a relay's retention, a
-    cursor moved past records, a neighbour that withheld them)."""
+    sites (what replication delivered before it lost the rest: a relay's retention, a
+    cursor moved past records, a neighbour that withheld them), and per site what its
+    canonical topic still serves of what its ledger holds (records deleted from it)."""
     n = draw(st.integers(2, 6))
     edges: dict[int, set[int]] = {i: set() for i in range(n)}
     for i in range(1, n):  # a random spanning tree, then random extra links
@@ -157,34 +158,44 @@ def _fleets(draw: st.DrawFn) -> tuple[dict[int, set[int]], list[set[int]]]:
             edges[i].add(j)
             edges[j].add(i)
     k = draw(st.integers(1, 30))
-    return edges, [draw(st.sets(st.integers(1, k))) for _ in range(n)]
+    holds = [draw(st.sets(st.integers(1, k))) for _ in range(n)]
+    serves = [draw(st.sets(st.sampled_from(sorted(h)))) if h else set() for h in holds]
+    return edges, holds, serves
 
 
 @given(_fleets())
 @settings(max_examples=300)
-def test_in_a_model_fleet_repair_brings_every_identity_to_every_site(
-    fleet: tuple[dict[int, set[int]], list[set[int]]],
+def test_in_a_model_fleet_repair_brings_every_served_identity_to_every_site(
+    fleet: tuple[dict[int, set[int]], list[set[int]], list[set[int]]],
 ) -> None:
-    """The repairer's rule on a model: each round, each site takes from each neighbour
-    what that neighbour held at the round before and it still lacks (``lacking``
-    decides; a record repaired is held, and served on). After two rounds per hop of
-    the graph's diameter (one to see, one to take), every site holds every identity
-    some site held, once, and nothing else."""
-    edges, holds = fleet
+    """The repair's rules on a model: each round, each site first forgets what its
+    ledger holds and its canonical topic lost (``SelfCheck``), then takes from each
+    neighbour what that neighbour held at the round before, still lacks, and the
+    neighbour serves (``lacking`` decides; a record repaired is held and served on).
+    After two rounds per hop of the graph's diameter and one more (to forget), every
+    site holds every identity some site served at the start, once, and nothing else.
+    Without the self-check a hub whose topic lost a record held it by its ledger, and
+    the sites behind it never got it (this test found that)."""
+    edges, holds, serves = fleet
     n = len(holds)
     ours = [{("o", "s"): RangeSet.from_seqs(h)} for h in holds]
+    served = [set(x) for x in serves]
     before: list[list[dict[tuple[str, str], RangeSet]]] = [[{} for _ in range(n)] for _ in range(n)]
-    for _ in range(2 * n):
+    for _ in range(2 * n + 1):
+        for i in range(n):  # the self-check: the ledger forgets what is not served
+            ours[i][("o", "s")] = RangeSet.from_seqs(served[i])
         snapshot = [{k: v.copy() for k, v in o.items()} for o in ours]
         for i in range(n):
             for j in sorted(edges[i]):
                 due = lacking(before[i][j], ours[i], ["s"]).get(("o", "s"), RangeSet())
                 assert not any(due.overlaps(lo, hi) for lo, hi in ours[i][("o", "s")])
-                ours[i][("o", "s")].update(due)
+                got = {q for lo, hi in due for q in range(lo, hi + 1)} & served[j]
+                ours[i][("o", "s")].update(RangeSet.from_seqs(got))
+                served[i] |= got
                 before[i][j] = snapshot[j]
-    union = set().union(*holds)
+    start = set().union(*serves)
     for i in range(n):
-        assert {s for lo, hi in ours[i][("o", "s")] for s in range(lo, hi + 1)} == union
+        assert {q for lo, hi in ours[i][("o", "s")] for q in range(lo, hi + 1)} == start
 
 
 def _write(merger: Merger, stream: str, origin: str, seqs: range, *, index: bool) -> None:
