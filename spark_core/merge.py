@@ -458,8 +458,15 @@ class Merger:
         if not self.ingest_puller:
             # no ingest puller's loop writes the relay index (merge.source_pattern): the
             # query's own batches do, when due, or its pending seqs grow in every marker
-            # until the marker passes the record size limit (replication review N16)
-            self.write_index()
+            # until the marker passes the record size limit (replication review N16).
+            # The batch is committed: a Kafka that does not answer now (a broker being
+            # replaced) leaves the seqs pending for the next batch, never fails the query
+            try:
+                self.write_index()
+            except (KafkaClientError, MergeError) as exc:
+                if isinstance(exc, MergeError) and exc.fatal:
+                    raise
+                log.warning("relay_index_failed", site=self.site.name, error=str(exc))
 
     def _oversized(
         self, df: Any, batch_id: int, done: Mapping[tuple[str, int], int]
