@@ -45,6 +45,7 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
 from shorelink.logs import get_logger
 from shorelink.ranges import RangeSet
+from spark_core.errors import SparkCoreError
 
 __all__ = [
     "INDEX_EVERY_S",
@@ -136,7 +137,7 @@ def encode_segment(
     return topic.encode(), value
 
 
-class IndexTooLarge(Exception):
+class IndexTooLarge(SparkCoreError):
     """An index read that must be whole passed its byte limit."""
 
 
