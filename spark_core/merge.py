@@ -181,6 +181,10 @@ def fence_predecessors(site: SiteConfig) -> None:
         log.info("merge_predecessor_fenced", site=site.name, transactional_id=tid)
 
 
+#: how long the index waits after its Kafka did not answer (seconds)
+INDEX_BACKOFF_S = 60.0
+
+
 class Merger:
     """The driver-side half of the merge query: state, topics, the transactional
     producer, per-batch logic (``process_batch`` is the ``foreachBatch`` function)."""
@@ -799,7 +803,14 @@ class Merger:
             self._index_due = time.monotonic() + INDEX_EVERY_S
             index = dict(self.state.index)
             segments = []
-            for topic, (topic_id, ends) in self._relay_marks(due, committed=False).items():
+            try:
+                marks = self._relay_marks(due, committed=False)
+            except KafkaClientError:
+                # a Kafka that does not answer (a broker lost): the seqs stay pending,
+                # and the merge's lock is not held for the timeout again for a minute
+                self._index_due = time.monotonic() + INDEX_BACKOFF_S
+                raise
+            for topic, (topic_id, ends) in marks.items():
                 if not topic_id:
                     continue  # deleted under the merge: its seqs stay pending
                 tail = index[topic]
