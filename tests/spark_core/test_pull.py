@@ -26,7 +26,7 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import UnknownTopic
 from shorelink.kafka.reading import PartitionReader, Polled, read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics
-from spark_core.config import parse_config
+from spark_core.config import SiteConfig, parse_config
 from spark_core.feed import ByteBudget
 from spark_core.ingest_pull import write_through
 from spark_core.merge import Merger
@@ -285,6 +285,32 @@ def _dead(bootstrap: str, stream: str) -> list[object]:
         return []
 
 
+def _slow_puller(
+    site: SiteConfig, ep: KafkaEndpoint, stream: str, merger: Merger, fetch: int = 4096
+) -> Puller:
+    """A puller from tokyo's relay of entry e1 over a slow link: at most 100 records a
+    round, a fetch of ``fetch`` bytes and a prefetch as small (the test sets ``site``
+    and ``reader_config`` back for full speed)."""
+    slow = replace(site, replication=replace(site.replication, max_offsets_per_trigger=100))
+    return Puller(
+        slow,
+        "tokyo",
+        ep,
+        (stream,),
+        urgent=False,
+        merger=merger,
+        routes=lambda: {"e1": "tokyo"},
+        sites=("e1",),
+        reader_config={
+            "fetch.max.bytes": fetch,
+            "message.max.bytes": fetch,
+            "max.partition.fetch.bytes": fetch,
+            "queued.max.messages.kbytes": fetch // 1024,
+            "queued.min.messages": 20,
+        },
+    )
+
+
 def test_records_retention_takes_in_the_middle_of_a_read_are_a_gap_and_come_from_history(
     kafka: KafkaBroker,
     kafka_sites: Callable[..., dict[str, KafkaBroker]],
@@ -311,26 +337,8 @@ def test_records_retention_takes_in_the_middle_of_a_read_are_a_gap_and_come_from
         if q % 50 == 0:
             assert p.flush(20) == 0  # small batches: a fetch brings a few of them
     site, _ = make_site(kafka.bootstrap, tmp_path, [s])
-    slow = replace(site, replication=replace(site.replication, max_offsets_per_trigger=100))
     merger = Merger(site)
-    fetch = 4096
-    puller = Puller(
-        slow,
-        "tokyo",
-        ep,
-        (s,),
-        urgent=False,
-        merger=merger,
-        routes=lambda: {"e1": "tokyo"},
-        sites=("e1",),
-        reader_config={
-            "fetch.max.bytes": fetch,
-            "message.max.bytes": fetch,
-            "max.partition.fetch.bytes": fetch,
-            "queued.max.messages.kbytes": fetch // 1024,
-            "queued.min.messages": 20,
-        },
-    )
+    puller = _slow_puller(site, ep, s, merger)
     try:
         for _ in range(50):  # bounded: the first fetches may take a round or two
             if puller.read >= 100:
@@ -396,26 +404,8 @@ def test_history_after_a_gap_starts_past_what_the_canonical_index_proves_held(
             assert p.flush(20) == 0
     assert p.flush(20) == 0
     site, _ = make_site(kafka.bootstrap, tmp_path / "here", [s])
-    slow = replace(site, replication=replace(site.replication, max_offsets_per_trigger=100))
     merger = Merger(site)
-    fetch = 4096
-    puller = Puller(
-        slow,
-        "tokyo",
-        ep,
-        (s,),
-        urgent=False,
-        merger=merger,
-        routes=lambda: {"e1": "tokyo"},
-        sites=("e1",),
-        reader_config={
-            "fetch.max.bytes": fetch,
-            "message.max.bytes": fetch,
-            "max.partition.fetch.bytes": fetch,
-            "queued.max.messages.kbytes": fetch // 1024,
-            "queued.min.messages": 20,
-        },
-    )
+    puller = _slow_puller(site, ep, s, merger, fetch=16384)  # a prefetch of ~120
     try:
         for _ in range(500):  # bounded: a round takes at most 100
             if puller.read >= 1500:

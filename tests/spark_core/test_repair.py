@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from hypothesis import given, settings
@@ -198,6 +200,35 @@ def test_in_a_model_fleet_repair_brings_every_served_identity_to_every_site(
         assert {q for lo, hi in ours[i][("o", "s")] for q in range(lo, hi + 1)} == start
 
 
+@dataclass
+class Pair:
+    """A stream, the neighbour tokyo's Kafka, its merge (``there``) and this site's
+    (``here``), both prepared."""
+
+    stream: str
+    tokyo: KafkaBroker
+    there: Merger
+    here: Merger
+
+
+@pytest.fixture
+def pair(
+    kafka: KafkaBroker, kafka_sites: Callable[..., dict[str, KafkaBroker]], tmp_path: Path
+) -> Iterator[Pair]:
+    s = unique("s")
+    tokyo = kafka_sites("tokyo")["tokyo"]
+    there, _ = make_site(tokyo.bootstrap, tmp_path / "tokyo", [s])
+    here, _ = make_site(kafka.bootstrap, tmp_path / "here", [s])
+    n, m = Merger(there), Merger(here)
+    try:
+        n.prepare()
+        m.prepare()
+        yield Pair(s, tokyo, n, m)
+    finally:
+        n.close()
+        m.close()
+
+
 def _write(merger: Merger, stream: str, origin: str, seqs: range, *, index: bool) -> None:
     """``seqs`` of ``origin`` as the merge's next Spark batch (from its ingress topic,
     at the offsets past what it read), then, with ``index``, a segment of its index."""
@@ -214,7 +245,7 @@ def _write(merger: Merger, stream: str, origin: str, seqs: range, *, index: bool
 
 
 def test_a_site_takes_what_it_lacks_from_its_neighbours_canonical_topic_by_identity(
-    kafka: KafkaBroker, kafka_sites: Callable[..., dict[str, KafkaBroker]], tmp_path: Path
+    kafka: KafkaBroker, pair: Pair, tmp_path: Path
 ) -> None:
     """Review (replication N13, issue 40): a site that lacks records its neighbour holds
     (a relay's retention, a withholding neighbour, any replication bug) had no way to
@@ -224,108 +255,78 @@ def test_a_site_takes_what_it_lacks_from_its_neighbours_canonical_topic_by_ident
     repairs nothing (in flight a moment ago?); the second takes exactly what it lacks,
     reading the index's segments that name it, not the topic; the third finds nothing
     lacking. Every identity once."""
-    s = unique("s")
-    tokyo = kafka_sites("tokyo")["tokyo"]
-    there, _ = make_site(tokyo.bootstrap, tmp_path / "tokyo", [s])
-    here, _ = make_site(kafka.bootstrap, tmp_path / "here", [s])
-    n, m = Merger(there), Merger(here)
-    try:
-        n.prepare()
-        m.prepare()
-        for b in range(10):
-            _write(n, s, "ship1", range(100 * b + 1, 100 * b + 101), index=True)
-        _write(n, s, "ship2", range(1, 31), index=True)
-        _write(m, s, "ship1", range(1, 401), index=False)
-        _write(m, s, "ship1", range(451, 1001), index=False)
-        r = Repairer("tokyo", KafkaEndpoint.plaintext(tokyo.bootstrap), m)
-        assert r.round() == 0
-        assert dict(r.lacking) == {s: 80}
-        assert r.round() == 80
-        assert dict(r.repaired) == {s: 80}
-        assert r.read <= 200  # the segments naming 401-450 and ship2's: not 1,030 records
-        assert r.round() == 0 and not r.lacking and not r.unserved
-        got = Counter(x.identity for x in canonical(kafka.bootstrap, s))
-        assert max(got.values()) == 1
-        assert {(i.origin, i.seq) for i in got} == {("ship1", q) for q in range(1, 1001)} | {
-            ("ship2", q) for q in range(1, 31)
-        }
-    finally:
-        n.close()
-        m.close()
+    s, tokyo, n, m = pair.stream, pair.tokyo, pair.there, pair.here
+    for b in range(10):
+        _write(n, s, "ship1", range(100 * b + 1, 100 * b + 101), index=True)
+    _write(n, s, "ship2", range(1, 31), index=True)
+    _write(m, s, "ship1", range(1, 401), index=False)
+    _write(m, s, "ship1", range(451, 1001), index=False)
+    r = Repairer("tokyo", KafkaEndpoint.plaintext(tokyo.bootstrap), m)
+    assert r.round() == 0
+    assert dict(r.lacking) == {s: 80}
+    assert r.round() == 80
+    assert dict(r.repaired) == {s: 80}
+    assert r.read <= 200  # the segments naming 401-450 and ship2's: not 1,030 records
+    assert r.round() == 0 and not r.lacking and not r.unserved
+    got = Counter(x.identity for x in canonical(kafka.bootstrap, s))
+    assert max(got.values()) == 1
+    assert {(i.origin, i.seq) for i in got} == {("ship1", q) for q in range(1, 1001)} | {
+        ("ship2", q) for q in range(1, 31)
+    }
 
 
 def test_what_the_neighbour_no_longer_serves_is_counted_and_not_looked_for_again(
-    kafka: KafkaBroker, kafka_sites: Callable[..., dict[str, KafkaBroker]], tmp_path: Path
+    kafka: KafkaBroker, pair: Pair, tmp_path: Path
 ) -> None:
     """A neighbour with no segment for its records (written before its index existed)
     is scanned; what its retention took, though its ledger still names it, is
     ``unserved`` and no later round reads for it."""
-    s = unique("s")
-    tokyo = kafka_sites("tokyo")["tokyo"]
-    there, _ = make_site(tokyo.bootstrap, tmp_path / "tokyo", [s])
-    here, _ = make_site(kafka.bootstrap, tmp_path / "here", [s])
-    n, m = Merger(there), Merger(here)
-    try:
-        n.prepare()
-        m.prepare()
-        _write(n, s, "ship1", range(1, 101), index=False)
-        admin = AdminClient({"bootstrap.servers": tokyo.bootstrap})
-        topic = canonical_topic(s)
-        parts = admin.list_topics(topic, timeout=20).topics[topic].partitions
-        # retention takes the oldest 10 records of every partition
-        done = admin.delete_records([TopicPartition(topic, p, 10) for p in parts])
-        for f in done.values():
-            f.result(20)
-        r = Repairer("tokyo", KafkaEndpoint.plaintext(tokyo.bootstrap), m)
-        r.round()
-        written = r.round()
-        got = {x.identity.seq for x in canonical(kafka.bootstrap, s)}
-        held = {x.identity.seq for x in canonical(tokyo.bootstrap, s)}
-        assert written == len(got) == len(held) and got == held
-        unserved = r.unserved[("ship1", s)]
-        assert unserved.count() == 100 - len(held)
-        read = r.read
-        assert r.round() == 0 and r.read == read  # not looked for again
-        assert dict(r.lacking) == {s: 100 - len(held)}
-    finally:
-        n.close()
-        m.close()
+    s, tokyo, n, m = pair.stream, pair.tokyo, pair.there, pair.here
+    _write(n, s, "ship1", range(1, 101), index=False)
+    admin = AdminClient({"bootstrap.servers": tokyo.bootstrap})
+    topic = canonical_topic(s)
+    parts = admin.list_topics(topic, timeout=20).topics[topic].partitions
+    # retention takes the oldest 10 records of every partition
+    done = admin.delete_records([TopicPartition(topic, p, 10) for p in parts])
+    for f in done.values():
+        f.result(20)
+    r = Repairer("tokyo", KafkaEndpoint.plaintext(tokyo.bootstrap), m)
+    r.round()
+    written = r.round()
+    got = {x.identity.seq for x in canonical(kafka.bootstrap, s)}
+    held = {x.identity.seq for x in canonical(tokyo.bootstrap, s)}
+    assert written == len(got) == len(held) and got == held
+    unserved = r.unserved[("ship1", s)]
+    assert unserved.count() == 100 - len(held)
+    read = r.read
+    assert r.round() == 0 and r.read == read  # not looked for again
+    assert dict(r.lacking) == {s: 100 - len(held)}
 
 
 def test_records_a_neighbour_serves_that_fail_their_proof_are_refused_once(
-    kafka: KafkaBroker, kafka_sites: Callable[..., dict[str, KafkaBroker]], tmp_path: Path
+    kafka: KafkaBroker, pair: Pair, tmp_path: Path
 ) -> None:
     """A neighbour whose canonical topic holds copies of a ship's records without the
     ship's proof (forged, or a site that skipped the check): the repair hands them to
     the merge, which dead-letters them as it does any unproved pulled record; they are
     then ``unserved`` there, so the next round neither reads nor dead-letters them
     again."""
-    s = unique("s")
-    tokyo = kafka_sites("tokyo")["tokyo"]
-    there, _ = make_site(tokyo.bootstrap, tmp_path / "tokyo", [s])
-    here, _ = make_site(kafka.bootstrap, tmp_path / "here", [s])
+    s, tokyo, n, m = pair.stream, pair.tokyo, pair.there, pair.here
     keys_file = tmp_path / "ship_keys.toml"
     keys_file.write_text(ShipKeys.render({"ship1": ShipKey.generate().public()}, False))
-    n, m = Merger(there), Merger(here)
     m.ship_keys = WatchedShipKeys(keys_file)
-    try:
-        n.prepare()
-        m.prepare()
-        _write(n, s, "ship1", range(1, 51), index=True)
-        r = Repairer("tokyo", KafkaEndpoint.plaintext(tokyo.bootstrap), m)
-        r.round()
-        assert r.round() == 0
-        assert r.unproved == 50 and r.unserved[("ship1", s)].count() == 50
-        dead = len(list(read_to_end(KafkaEndpoint.plaintext(kafka.bootstrap), [dead_topic(s)])))
-        assert dead == 50
-        read = r.read
-        assert r.round() == 0 and r.read == read
-        again = list(read_to_end(KafkaEndpoint.plaintext(kafka.bootstrap), [dead_topic(s)]))
-        assert len(again) == dead
-        assert not list(canonical(kafka.bootstrap, s))
-    finally:
-        n.close()
-        m.close()
+    _write(n, s, "ship1", range(1, 51), index=True)
+    r = Repairer("tokyo", KafkaEndpoint.plaintext(tokyo.bootstrap), m)
+    r.round()
+    assert r.round() == 0
+    assert r.unproved == 50 and r.unserved[("ship1", s)].count() == 50
+    dead = len(list(read_to_end(KafkaEndpoint.plaintext(kafka.bootstrap), [dead_topic(s)])))
+    assert dead == 50
+    read = r.read
+    assert r.round() == 0 and r.read == read
+    again = list(read_to_end(KafkaEndpoint.plaintext(kafka.bootstrap), [dead_topic(s)]))
+    assert len(again) == dead
+    assert not list(canonical(kafka.bootstrap, s))
 
 
 @st.composite
@@ -428,7 +429,7 @@ def test_a_segment_deleted_while_young_is_gone_and_one_retention_took_is_not() -
 
 
 def test_records_a_sites_own_canonical_topic_lost_early_come_back_from_a_neighbour(
-    kafka: KafkaBroker, kafka_sites: Callable[..., dict[str, KafkaBroker]], tmp_path: Path
+    kafka: KafkaBroker, pair: Pair, tmp_path: Path
 ) -> None:
     """Issue 40: records deleted from one site's canonical topic (by hand, a tool, a
     broker that lost a log) while its ledger still said it held them: nothing brought
@@ -437,47 +438,37 @@ def test_records_a_sites_own_canonical_topic_lost_early_come_back_from_a_neighbo
     well within the retention: it forgets those seqs, its repair takes them from the
     neighbour, and they are held (and in the topic) once; a second look forgets
     nothing."""
-    s = unique("s")
-    tokyo = kafka_sites("tokyo")["tokyo"]
-    there, _ = make_site(tokyo.bootstrap, tmp_path / "tokyo", [s])
-    here, _ = make_site(kafka.bootstrap, tmp_path / "here", [s])
-    n, m = Merger(there), Merger(here)
-    try:
-        n.prepare()
-        m.prepare()
-        for b in range(4):
-            _write(n, s, "ship1", range(25 * b + 1, 25 * b + 26), index=True)
-            _write(m, s, "ship1", range(25 * b + 1, 25 * b + 26), index=True)
-        topic = canonical_topic(s)
-        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
-        parts = admin.list_topics(topic, timeout=20).topics[topic].partitions
-        # the first half of every partition deleted: about its first two batches' records
-        cut = {}
-        for p in parts:
-            lo, hi = _watermarks(kafka.bootstrap, topic, p)
-            cut[p] = (lo + hi) // 2
-        done = admin.delete_records([TopicPartition(topic, p, off) for p, off in cut.items()])
-        for f in done.values():
-            f.result(20)
-        left = {x.identity.seq for x in canonical(kafka.bootstrap, s)}
-        assert len(left) < 100
-        check = SelfCheck(m)
-        forgotten = check.round()
-        assert forgotten == 100 - len(left)
-        assert check.round() == 0  # nothing moved since
-        r = Repairer("tokyo", KafkaEndpoint.plaintext(tokyo.bootstrap), m)
-        r.round()
-        assert r.round() == forgotten
-        got = Counter(x.identity.seq for x in canonical(kafka.bootstrap, s))
-        assert max(got.values()) == 1
-        assert set(got) == set(range(1, 101))
-        assert m.state.held_for(("ship1", s)).contains_all(RangeSet.from_seqs(got))
-        m._index_due = 0.0
-        m.write_index()
-        assert SelfCheck(m).round() == 0  # written again, named by a live segment
-    finally:
-        n.close()
-        m.close()
+    s, tokyo, n, m = pair.stream, pair.tokyo, pair.there, pair.here
+    for b in range(4):
+        _write(n, s, "ship1", range(25 * b + 1, 25 * b + 26), index=True)
+        _write(m, s, "ship1", range(25 * b + 1, 25 * b + 26), index=True)
+    topic = canonical_topic(s)
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    parts = admin.list_topics(topic, timeout=20).topics[topic].partitions
+    # the first half of every partition deleted: about its first two batches' records
+    cut = {}
+    for p in parts:
+        lo, hi = _watermarks(kafka.bootstrap, topic, p)
+        cut[p] = (lo + hi) // 2
+    done = admin.delete_records([TopicPartition(topic, p, off) for p, off in cut.items()])
+    for f in done.values():
+        f.result(20)
+    left = {x.identity.seq for x in canonical(kafka.bootstrap, s)}
+    assert len(left) < 100
+    check = SelfCheck(m)
+    forgotten = check.round()
+    assert forgotten == 100 - len(left)
+    assert check.round() == 0  # nothing moved since
+    r = Repairer("tokyo", KafkaEndpoint.plaintext(tokyo.bootstrap), m)
+    r.round()
+    assert r.round() == forgotten
+    got = Counter(x.identity.seq for x in canonical(kafka.bootstrap, s))
+    assert max(got.values()) == 1
+    assert set(got) == set(range(1, 101))
+    assert m.state.held_for(("ship1", s)).contains_all(RangeSet.from_seqs(got))
+    m._index_due = 0.0
+    m.write_index()
+    assert SelfCheck(m).round() == 0  # written again, named by a live segment
 
 
 def _watermarks(bootstrap: str, topic: str, part: int) -> tuple[int, int]:
