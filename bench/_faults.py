@@ -165,7 +165,7 @@ class Fault:
 
     @property
     def end(self) -> float:
-        return self.at + self.duration
+        return round(self.at + self.duration, 1)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -217,6 +217,7 @@ def draw(
     t = rng.uniform(1.0, mean_gap)
     # bounded: each turn either adds a fault or moves t forward by at least a second
     for _ in range(int(horizon) * 4 + 100):
+        t = round(t, 1)  # the times a fault is printed with: what replays
         if t >= horizon - 1.0:
             break
         active = sorted(f.end for f in out if f.at <= t < f.end)
@@ -232,9 +233,7 @@ def draw(
             target = rng.choice(free)
             lo, hi = DURATION[kind]
             duration = round(min(rng.uniform(lo, hi), max(0.0, horizon - t - 1.0)), 1)
-            fault = Fault(
-                round(t, 1), kind, target, duration, _detail(rng, kind, target, w, duration)
-            )
+            fault = Fault(t, kind, target, duration, _detail(rng, kind, target, w, duration))
             out.append(fault)
             busy[w.holds(kind, target)] = fault.end + 2.0  # a moment to recover
         else:

@@ -49,14 +49,17 @@ ALONE = ("tests/voyage/test_voyage.py",)
 #: on the 2-core machine): one unit of work, one file after another (the docstring)
 HEAVY = (
     "tests/spark_core/test_replication.py",
+    "tests/spark_core/test_soak.py",
     "tests/spark_core/test_crash.py",
     "tests/local_stack/test_cluster.py",
 )
 #: the ``HEAVY`` files in two units of work: the replication mesh (its longest file)
-#: on one worker, the Spark driver killed and the three-node cluster one after the
-#: other on another; never more than two heavy files at once
+#: then the fault soak's short seed on one worker, the Spark driver killed and the
+#: three-node cluster one after the other on another; never more than two heavy files
+#: at once
 HEAVY_UNITS = {
     "tests/spark_core/test_replication.py": "heavy-mesh",
+    "tests/spark_core/test_soak.py": "heavy-mesh",
     "tests/spark_core/test_crash.py": "heavy-restarts",
     "tests/local_stack/test_cluster.py": "heavy-restarts",
 }
