@@ -205,11 +205,11 @@ def _text(value: object) -> str:
         return repr(bytes(value))
     try:
         return str(value)
-    except ValueError:
-        if isinstance(value, int):
-            return hex(value)
-        raise
     except Exception:
+        if isinstance(value, int):  # past the digits str writes
+            return hex(value)
+        # (a ValueError, UnicodeError among them, was raised on and lost the whole
+        # line: bench/fuzz.py found it)
         return object.__repr__(value)
 
 
@@ -232,10 +232,19 @@ def _json_value(value: object) -> str:
 
 
 def logfmt(pairs: Mapping[str, object]) -> str:
-    """``key=value`` pairs, a value quoted (JSON's escapes) unless it is one plain word."""
-    return " ".join(
-        f"{_KEY_CHARS.sub('_', str(k)) or '_'}={_logfmt_value(v)}" for k, v in pairs.items()
-    )
+    """``key=value`` pairs, a value quoted (JSON's escapes) unless it is one plain word;
+    a key as a line writes it (:func:`_head`), with a ``_`` after it while an earlier
+    pair has it, so that keys that differ only in characters a key cannot hold stay two
+    fields (bench/fuzz.py found ``{"a b": 1, "a_b": 2}`` written as ``a_b`` twice)."""
+    seen: set[str] = set()
+    out = []
+    for k, v in pairs.items():
+        key = _KEY_CHARS.sub("_", str(k)) or "_"
+        while key in seen:
+            key += "_"
+        seen.add(key)
+        out.append(f"{key}={_logfmt_value(v)}")
+    return " ".join(out)
 
 
 def log4j_pattern(*, as_json: bool = False) -> str:

@@ -194,6 +194,45 @@ def test_any_handler_reads_a_records_message_as_logfmt(caplog: pytest.LogCapture
     ]
 
 
+def test_keys_that_differ_only_in_characters_a_key_cannot_hold_stay_two_fields(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """bench/fuzz.py (the log target) found it: a record's message wrote ``{"a b": 1,
+    "a_b": 2}`` as ``a_b=1 a_b=2``, one key twice, so a reader kept one value of two.
+    Every field is its own key, in the line and in the message, as ``_head`` writes it."""
+    caplog.set_level(logging.INFO, logger=NAME)
+    fields: dict[str, object] = {"a b": 1, "a_b": 2, "a\nb": 3, "": 4, "\u00e9": 5}
+    get_logger(NAME).info("keys", **fields)
+    (line,) = _lines(lambda log: log.info("keys", **fields))
+    assert caplog.records[0].getMessage() == "event=keys a_b=1 a_b_=2 a_b__=3 _=4 __=5"
+    back = read_logfmt(line)
+    assert list(back)[4:] == ["a_b", "a_b_", "a_b__", "_", "__"]
+    assert list(back.values())[4:] == ["1", "2", "3", "4", "5"]
+
+
+class _Unwritable:
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    def __str__(self) -> str:
+        raise self.exc
+
+
+@pytest.mark.parametrize("exc", [ValueError("v"), UnicodeError("u"), RuntimeError("r")])
+def test_a_value_whose_text_raises_is_written_as_its_type_not_lost_with_its_line(
+    exc: Exception,
+) -> None:
+    """bench/fuzz.py (the log target) found it: a value whose ``str`` raised a
+    ValueError (UnicodeError among them) took the whole line with it (the standard
+    library's "--- Logging error ---" on stderr instead). Any value is written: one
+    that cannot be text as its type and address."""
+    value = _Unwritable(exc)
+    for kw in ({}, {"as_json": True}):
+        (line,) = _lines(lambda log: log.error("odd", value=value, after=1), **kw)
+        back = json.loads(line) if kw else read_logfmt(line)
+        assert back["value"] == object.__repr__(value) and str(back["after"]) == "1"
+
+
 def test_a_repeated_error_is_logged_once_then_counted() -> None:
     """RateLimitedLog: the first of a run is written, the rest counted into the next."""
 

@@ -1,0 +1,244 @@
+"""bench/fuzz.py's ``wire`` target: an upload body through the decoder as the gateway
+calls it (``peek_header``, then ``decode_columns``: core_gateway/service.py and
+core_gateway/decoding.py, default limits), with what the decoder promises as the oracle.
+
+An input's first byte chooses how the rest becomes a body, so that mutations reach past
+the CRC and the zstd frame (a mutated byte almost never keeps a CRC right):
+
+- 0: the rest is the body, as a ship (or anyone) would send it;
+- 1: the same with its header's CRC made right (mutations of the header and the frame);
+- 2: a decompressed body: flags (1 byte), count - 1 (2 bytes, little-endian), the chunk
+  signatures if signed, then the columns, compressed and framed here with a right CRC
+  (mutations of the columns: what ``shorelink/wire_body.py`` parses).
+
+A finding is any of: an exception that is not :class:`WireError`; a ``WireError`` that
+the decoder's catch-all made of another exception (``"undecodable batch: "``: a check
+missing before the code that failed); more bytes allocated than ``decode_cost_bound``
+(tracemalloc, whether it took the batch or refused it); more CPU than :data:`CPU_FIXED_S`
+plus :data:`CPU_PER_BYTE_S` per byte and decompressed byte and :data:`CPU_PER_RECORD_S`
+per record; a batch taken whose records break the format's rules, or that does not come
+back the same through ``encode_batch`` and ``decode_batch``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import tracemalloc
+import zlib
+from collections import Counter
+from typing import Any
+
+import zstandard
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from telemetry import fleet
+
+from shorelink.contract import MAX_RECORD_BYTES, record_bytes
+from shorelink.proof import CHUNK_RECORDS, SIGNATURE_BYTES, ShipKey
+from shorelink.wire import (
+    DEFAULT_LIMITS,
+    FLAG_SIGNED,
+    Batch,
+    Body,
+    Limits,
+    WireError,
+    WireRecord,
+    decode_batch,
+    decode_columns,
+    decode_cost_bound,
+    encode_batch,
+    encode_body,
+    frame_batch,
+    peek_header,
+)
+from shorelink.wire_body import I64_MAX, I64_MIN
+from tests import wire_bombs
+
+__all__ = ["CPU_FIXED_S", "CPU_PER_BYTE_S", "CPU_PER_RECORD_S", "DICTIONARY", "check", "seeds"]
+
+#: the modules whose coverage guides the fuzzer
+INSTRUMENT = ["shorelink.wire", "shorelink.wire_body", "shorelink.contract", "shorelink.identity"]
+LIMITS = DEFAULT_LIMITS
+#: the re-encoded batch is decoded again without the limits' caps (it may come out larger)
+_UNCAPPED = Limits(max_records=2**32 - 1, max_decompressed_bytes=2**32 - 1)
+ORIGIN, STREAM = "fuzzship", "containers"
+#: CPU per input (this thread's process time, under tracemalloc: about 3 times the
+#: decode's own), at most: generous for a loaded machine, tight enough that anything
+#: worse than linear in a fuzzer's input (4 KiB to 64 KiB) shows (the decoder's own
+#: cost: about 2 µs a record, 40 ns a decompressed byte)
+CPU_FIXED_S = 0.25
+CPU_PER_BYTE_S = 1e-6
+CPU_PER_RECORD_S = 20e-6
+#: tokens for libFuzzer's dictionary: the header's magic, column codes, number shapes
+DICTIONARY = [b"SLKB", b"SLKB\x02", b"\x28\xb5\x2f\xfd", b"\x20", b"\x30", b"\x13", b"-0.5", b"1e5"]
+
+_ZSTD = zstandard.ZstdCompressor(level=1, write_content_size=True, write_checksum=False)
+_CRC_AT = 36
+
+#: what the inputs came to: "ok" or the refusal's reason; the worst ratios to the bounds
+stats: dict[str, Any] = {
+    "outcomes": Counter(),
+    "peak_bytes": 0,
+    "peak_over_bound": 0.0,
+    "cpu_s": 0.0,
+    "cpu_over_bound": 0.0,
+}
+
+
+def body_of(data: bytes) -> bytes:
+    """The upload body an input stands for (see the module's docstring)."""
+    if not data:
+        return b""
+    mode, rest = data[0] % 3, data[1:]
+    if mode == 0 or (mode == 1 and len(rest) < _CRC_AT + 4):
+        return rest
+    if mode == 1:
+        crc = zlib.crc32(rest[_CRC_AT + 4 :], zlib.crc32(rest[:_CRC_AT]))
+        return rest[:_CRC_AT] + crc.to_bytes(4, "little") + rest[_CRC_AT + 4 :]
+    if len(rest) < 3:
+        return rest
+    flags, count = rest[0] & 0x03, 1 + int.from_bytes(rest[1:3], "little")
+    raw, sigs = rest[3:], b""
+    if flags & FLAG_SIGNED:
+        n = -(-count // CHUNK_RECORDS) * SIGNATURE_BYTES
+        sigs, raw = raw[:n], raw[n:]
+    body = Body(flags, 1, count, len(raw), _ZSTD.compress(raw), 0, sigs)
+    return frame_batch(ORIGIN, STREAM, body, 1)
+
+
+def _decode(body: bytes) -> tuple[Batch | WireError, int, int]:
+    """The gateway's decode of ``body``: the batch or the refusal, with the header's
+    ``raw_len`` and ``count`` (0 when the header itself is refused)."""
+    try:
+        h = peek_header(body, LIMITS)
+    except WireError as exc:
+        return exc, 0, 0
+    try:
+        hd, columns = decode_columns(body, LIMITS)
+        batch = Batch.from_columns(
+            hd.origin, hd.stream, hd.first_seq, hd.first_available, columns, hd.signatures
+        )
+    except WireError as exc:
+        return exc, h.raw_len, h.count
+    return batch, h.raw_len, h.count
+
+
+def check(data: bytes) -> None:
+    """Raise on a finding (see the module's docstring); return on anything the decoder
+    promises."""
+    body = body_of(data)
+    tracemalloc.start()  # around the decode alone: tracing costs it about 3 times the CPU
+    try:
+        t0 = time.thread_time()
+        out, raw_len, count = _decode(body)
+        cpu = time.thread_time() - t0
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    if isinstance(out, WireError):
+        stats["outcomes"][out.reason] += 1
+        text = str(out)
+        if "undecodable batch: " in text or "unreadable header: " in text:
+            raise AssertionError(f"the decoder's catch-all caught another exception: {text}")
+        decoded = LIMITS.max_decompressed_bytes if raw_len else 0
+    else:
+        stats["outcomes"]["ok"] += 1
+        decoded = out.decoded_size
+    bound = decode_cost_bound(len(body), raw_len, count, decoded)
+    stats["peak_bytes"] = max(stats["peak_bytes"], peak)
+    stats["peak_over_bound"] = max(stats["peak_over_bound"], peak / bound)
+    if peak > bound:
+        raise AssertionError(f"decoding allocated {peak} bytes > the bound {bound}")
+    cpu_bound = CPU_FIXED_S + CPU_PER_BYTE_S * (len(body) + raw_len) + CPU_PER_RECORD_S * count
+    stats["cpu_s"] = max(stats["cpu_s"], cpu)
+    stats["cpu_over_bound"] = max(stats["cpu_over_bound"], cpu / cpu_bound)
+    if cpu > cpu_bound:
+        raise AssertionError(f"decoding took {cpu:.3f} s of CPU > the bound {cpu_bound:.3f} s")
+    if isinstance(out, Batch):
+        _check_batch(out, raw_len)
+
+
+def _check_batch(batch: Batch, raw_len: int) -> None:
+    """A batch taken obeys the format's rules and comes back the same when encoded."""
+    assert 1 <= batch.first_available <= batch.first_seq, batch.first_available
+    assert batch.decoded_size <= LIMITS.max_decompressed_bytes, batch.decoded_size
+    for i, r in enumerate(batch.records):
+        assert r.seq == batch.first_seq + i, (i, r.seq)
+        assert type(r.key) is str and type(r.topic) is str and type(r.payload) is bytes, r
+        assert type(r.ts_ms) is int and I64_MIN <= r.ts_ms <= I64_MAX, r.ts_ms
+        assert record_bytes(r.key, r.payload, r.topic) <= MAX_RECORD_BYTES, r.seq
+    again = decode_batch(encode_batch(batch, level=1), _UNCAPPED)
+    assert again.records == batch.records, "the batch does not come back through encode_batch"
+    assert (again.origin, again.stream, again.first_available) == (
+        batch.origin,
+        batch.stream,
+        batch.first_available,
+    )
+
+
+def _forms(batch: Batch, key: ShipKey | None = None) -> list[bytes]:
+    """The three inputs (modes 0, 1 and 2) that stand for ``batch``."""
+    data = encode_batch(batch, key=key)
+    body = encode_body(
+        batch.records,
+        first_available=batch.first_available,
+        signer=None if key is None else (key, batch.origin, batch.stream),
+    )
+    raw = zstandard.ZstdDecompressor().decompress(body.data)
+    head = bytes((body.flags,)) + (body.count - 1).to_bytes(2, "little") + body.signatures
+    return [b"\x00" + data, b"\x01" + data, b"\x02" + head + raw]
+
+
+def seeds() -> list[bytes]:
+    """Real bodies: container telemetry and positions as the edge agent sends them, plain
+    payloads, names and keys of every kind, a signed batch, and small versions of the
+    hostile bodies of tests/wire_bombs.py."""
+    rng = random.Random(40)
+    t0 = 1_767_225_600_000
+    boxes = fleet(rng, 12)
+    telemetry = [
+        WireRecord(
+            i + 1, c.id, t0 + i * 5000, c.topic(ORIGIN), c.reading(rng, t0 + i * 5000, style)
+        )
+        for i, (c, style) in enumerate(
+            (c, style) for style in ("compact", "python") for c in boxes for _ in range(3)
+        )
+    ]
+    nav = [
+        WireRecord(
+            i + 1,
+            "position",
+            t0 + i * 10_000,
+            f"{ORIGIN}/nav/position",
+            b'{"lat":%.6f,"lon":%.6f,"sog":%.1f,"hdg":%d}'
+            % (35.28 - i / 1e3, 139.81 - i / 7e3, 18.2, (211 + i) % 360),
+        )
+        for i in range(20)
+    ]
+    binary = [
+        WireRecord(7 + i, f"k{i % 3}", t0 - i, f"a/b/{i}", rng.randbytes(rng.randint(0, 40)))
+        for i in range(10)
+    ]
+    odd = [
+        WireRecord(1, "", 0, "", b""),
+        WireRecord(2, "\u00e9\u2028\x00", I64_MIN, "\ud7ff/\U0001f6a2", b"-0.0 1e5 007 -12.50"),
+        WireRecord(3, "k", I64_MAX, "t/" + "x" * 50, b"1.5,2.25,-3,4.000001"),
+    ]
+    key = ShipKey(Ed25519PrivateKey.from_private_bytes(bytes(range(32))))
+    out: list[bytes] = []
+    out += _forms(Batch(ORIGIN, STREAM, tuple(telemetry)))
+    out += _forms(Batch(ORIGIN, "nav", tuple(nav), first_available=1))
+    out += _forms(Batch(ORIGIN, STREAM, tuple(binary), first_available=3))
+    out += _forms(Batch(ORIGIN, STREAM, tuple(odd)))
+    out += _forms(Batch(ORIGIN, STREAM, tuple(telemetry[:5])), key)
+    for raw, n in (
+        (wire_bombs.number_columns(4, 40), 40),
+        (wire_bombs.many_templates(12, 3), 12),
+        (wire_bombs.many_templates(6, 2, text=True), 6),
+        (wire_bombs.segment_lengths(30), 1),
+        (wire_bombs.templated(24, 3, [2, 0, 3], [(0, 0, 1, b"\x01"), (1, 1, 2, b"\xff")]), 24),
+        (wire_bombs.templated(9, 2, [1], [(2, 0, 1, b"")]), 9),
+    ):
+        out.append(b"\x02\x01" + (n - 1).to_bytes(2, "little") + raw)
+        out.append(b"\x00" + wire_bombs.batch(raw, n))
+    return out
