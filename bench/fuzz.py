@@ -1,5 +1,6 @@
 """Benchmark: coverage-guided fuzzing of the boundaries that take outside bytes: the wire
-decoder on an upload body and the log formatter, for a time limit.
+decoder on an upload body, the log formatter and the edge agent's MQTT mapping, for a
+time limit.
 
 atheris runs libFuzzer in this Python: it mutates inputs, keeps those that reach new
 lines and branches of the instrumented modules (the corpus), and stops at the first
@@ -18,7 +19,11 @@ Targets (each module's docstring states its oracle):
 - ``logs`` (bench/_fuzz_logs.py): an event through ``shorelink/logs.py``'s formatter in
   logfmt, logfmt with the journal's priority and JSON: one line, read back by a strict
   reader, its ``ts``, ``level``, ``logger`` and ``event`` the call's, one field per value,
-  every value back exactly, bounded output.
+  every value back exactly, bounded output;
+- ``mqtt`` (bench/_fuzz_mqtt.py): an MQTT topic and payload through the edge agent's
+  mapping rules (``map_message``) as ingest takes them: the stream and key MQTT's own
+  matching and the rule's template say, an event time in range or a listed reason, or
+  ``UnusableMessage``, never another exception.
 
 The corpus is seeded from real bodies (the encoder's batches of container telemetry and
 positions, signed and plain; tests/wire_bombs.py's hostile bodies) and kept between runs
@@ -64,6 +69,7 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
         ["shorelink.wire", "shorelink.wire_body", "shorelink.contract", "shorelink.identity"],
     ),
     "logs": ("_fuzz_logs", ["shorelink.logs", "structlog"]),
+    "mqtt": ("_fuzz_mqtt", ["edge_agent.rules"]),
 }
 #: a hidden target with a planted bug behind a 4-byte pattern that only a fuzzer guided
 #: by coverage finds in seconds (tests/test_fuzz_bench.py: the harness really fuzzes)
@@ -124,6 +130,10 @@ def _child(target: str, stats_path: Path, libfuzzer_args: list[str]) -> None:
     mod = _load(target, instrument=True)
     check = mod.check
     due = [time.monotonic() + STATS_EVERY_S]
+    # libFuzzer ends the process without Python's atexit: the stats are written every
+    # second and at the last input of a run limited in inputs
+    runs = [int(a.split("=", 1)[1]) for a in libfuzzer_args if a.startswith("-runs=")]
+    last = [runs[-1] if runs else -1, 0]
 
     def write_stats() -> None:
         tmp = stats_path.with_suffix(".tmp")
@@ -134,11 +144,14 @@ def _child(target: str, stats_path: Path, libfuzzer_args: list[str]) -> None:
         if time.monotonic() >= due[0]:
             write_stats()
             due[0] = time.monotonic() + STATS_EVERY_S
+        last[1] += 1
         try:
             check(data)
         except BaseException:
             write_stats()
             raise
+        if last[1] >= last[0] > 0:
+            write_stats()
 
     atheris.Setup([sys.argv[0], *libfuzzer_args], one)
     atheris.Fuzz()

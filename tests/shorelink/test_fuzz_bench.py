@@ -1,9 +1,10 @@
-"""bench/fuzz.py, short: the coverage-guided fuzzers of the wire decoder and the log
-formatter run for seconds and find nothing, and the harness does find a planted bug.
-Long runs are the bench's (docs/wire-format.md, "Fuzzing"); here each fuzzer runs long
-enough to show it is fuzzing (thousands of inputs, a corpus that grows past its seeds),
-so that a fuzzer that silently stopped fuzzing (an import that lost its coverage, an
-oracle that can never fail) fails a test instead of reporting 0 findings for ever."""
+"""bench/fuzz.py, short: the coverage-guided fuzzers of the wire decoder, the log
+formatter and the MQTT mapping run for seconds and find nothing, and the harness does
+find a planted bug. Long runs are the bench's (docs/wire-format.md, "Fuzzing"); here
+each fuzzer runs long enough to show it is fuzzing (thousands of inputs, a corpus that
+grows past its seeds), so that a fuzzer that silently stopped fuzzing (an import that
+lost its coverage, an oracle that can never fail) fails a test instead of reporting 0
+findings for ever."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def _fuzz(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any]]:
 #: inputs per target: a few seconds each on an idle machine (the wire target makes about
 #: 2,000 a second, the log target 1,000), a limit in inputs rather than seconds so that
 #: a loaded machine makes the test slower, not weaker (90 s at most)
-RUNS = {"wire": 6000, "logs": 3000}
+RUNS = {"wire": 6000, "logs": 3000, "mqtt": 20000}
 
 
 @pytest.mark.parametrize("target", sorted(RUNS))
@@ -63,8 +64,10 @@ def test_the_fuzzer_runs_thousands_of_inputs_and_finds_nothing(target: str, tmp_
     outcomes = out["checks"]["outcomes"]
     if target == "wire":  # batches taken and refusals of several kinds
         assert outcomes["ok"] > 0 and len(outcomes) >= 5, outcomes
-    else:  # our events of several levels and other libraries' records
+    elif target == "logs":  # our events of several levels and other libraries' records
         assert outcomes["library"] > 0 and len(outcomes) >= 5, outcomes
+    else:  # messages mapped, with and without their event time, and refused
+        assert outcomes["ok"] > 0 and outcomes["unmapped_topic"] > 0, outcomes
     assert not list((tmp_path / "crashes").iterdir())
 
 
