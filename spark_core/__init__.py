@@ -28,6 +28,7 @@ __all__ = [
     "pull",
     "pull_plan",
     "purge",
+    "quarantine",
     "query",
     "redrive",
     "relay_index",

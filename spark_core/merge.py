@@ -76,6 +76,7 @@ from spark_core.merge_state import (
     topic_stream,
 )
 from spark_core.purge import SourcePurger, below, spark_position
+from spark_core.quarantine import CONTRACT, dead_cause
 from spark_core.relay_index import INDEX_EVERY_S, Tail, encode_segment, index_topic
 from spark_core.session import trigger
 from spark_core.topics import (
@@ -139,6 +140,9 @@ class Totals:
     #: per ``cause:outcome`` (written, duplicate, refused), and the passes that did
     redriven: dict[str, int] = field(default_factory=dict)
     redrive_passes: int = 0
+    #: records this merge's batches quarantined, per ``stream:cause``
+    #: (spark_core/quarantine.py; a re-drive's refusals are among ``redriven``)
+    quarantined: dict[str, int] = field(default_factory=dict)
 
 
 #: pending seqs (ranges over every relay topic and origin) past which the relay index is
@@ -209,6 +213,9 @@ class Merger:
         #: the most ranges one (origin, stream) may hold (the bound on holes; a test of
         #: what reaches it lowers it here)
         self.max_ranges = MAX_HOLDINGS_RANGES
+        #: transactions this merge committed since it started (the re-drive tells the
+        #: sources held back before its pass from those held back during it)
+        self.commits = 0
         self._relays: dict[tuple[str, str, str | bool | None], str | None] = {}
         self._entries: dict[str, str | None] = {}
         self.transactional_id = merge_transactional_id(site, query)
@@ -599,14 +606,19 @@ class Merger:
             return forgotten
 
     def write_redriven(
-        self, rows: Sequence[SourceRow], ends: Mapping[tuple[str, int], int], keys_mark: str | None
+        self,
+        rows: Sequence[SourceRow],
+        ends: Mapping[tuple[str, int], int],
+        finished: tuple[str | None, int] | None,
     ) -> BatchPlan:
         """Write dead letters tried again (spark_core/redrive.py): ``rows`` planned with
         the ship keys in force now, as pulled records (proved, the first copy wins, the
         still refused dead-lettered again); the re-drive's offsets move to ``ends``
-        (past every dead letter read, retryable or not) and, with ``keys_mark``, the
-        marker says every dead letter before them was tried under those keys. One
-        transaction, between the batches."""
+        (past every dead letter read, retryable or not). With ``finished``, the pass
+        reached its ends: ``(keys mark, commit)``, the marker says every dead letter
+        before them was tried under those keys, and the sources held back at the bound
+        on holes up to that commit were tried (those refused again are held back anew).
+        One transaction, between the batches."""
         with self.busy:
             if self.stopping.is_set():
                 raise MergeError("merge is stopping; dead letters left for the next re-drive")
@@ -619,14 +631,16 @@ class Merger:
             plan.offsets.update(ends)
             self._ensure_streams(plan.streams)
             last = self.state.last_batch
-            self._commit(-1 if last is None else last, plan, keys_mark)
+            self._commit(-1 if last is None else last, plan, finished)
             self.totals.written += len(plan.canonical)
             return plan
 
-    def _commit(self, batch_id: int, plan: BatchPlan, redrive_keys: str | None = None) -> int:
+    def _commit(
+        self, batch_id: int, plan: BatchPlan, finished: tuple[str | None, int] | None = None
+    ) -> int:
         """One transaction: the plan's records, their copies in the relay and customer
-        topics, the ledger, the marker (with ``redrive_keys``, the re-drive's new mark:
-        :meth:`write_redriven`). Returns how many went to customer topics."""
+        topics, the ledger, the marker (with ``finished``, a re-drive's pass that reached
+        its ends: :meth:`write_redriven`). Returns how many went to customer topics."""
         p = self._producer
         assert p is not None
         offsets = dict(self.state.offsets)
@@ -634,8 +648,19 @@ class Merger:
         if any(k not in self.state.offsets for k in plan.offsets):  # a source read first
             gone = superseded_sources({src for src, _ in offsets}, {src for src, _ in plan.offsets})
             offsets = {k: v for k, v in offsets.items() if k[0] not in gone}
-        keys_mark = redrive_keys or self.state.redrive_keys
-        marker_state = MergeState(offsets=offsets, redrive_keys=keys_mark)
+        keys_mark = self.state.redrive_keys if finished is None else finished[0]
+        commit = self.commits + 1
+        held_back = self.state.held_back
+        if finished is not None:  # tried: held back again only if refused again
+            held_back = {src: c for src, c in held_back.items() if c > finished[1]}
+        held_back = {**held_back, **dict.fromkeys(plan.held_back, commit)}
+        held_back_all = self.state.held_back_all and finished is None
+        marker_state = self.state.carried(
+            offsets=offsets,
+            redrive_keys=keys_mark,
+            held_back=held_back,
+            held_back_all=held_back_all,
+        )
         extra: dict[str, object] = {
             "written": len(plan.canonical),
             "dead": len(plan.dead),
@@ -682,6 +707,8 @@ class Merger:
         self.state.last_batch = batch_id
         self.state.index = marker_state.index
         self.state.redrive_keys = keys_mark
+        self.state.held_back, self.state.held_back_all = held_back, held_back_all
+        self.commits = commit
         self.reindex = False  # the new tails are in the marker now
         if restart:  # the dropped tails start again at their topics' ends
             try:
@@ -818,9 +845,7 @@ class Merger:
                 parts = {p: (start.get(p, 0), end) for p, end in ends.items()}
                 segments.append(encode_segment(topic, topic_id, parts, tail.pending))
                 index[topic] = Tail(topic_id, ends)
-            state = MergeState(
-                offsets=self.state.offsets, index=index, redrive_keys=self.state.redrive_keys
-            )
+            state = self.state.carried(offsets=self.state.offsets, index=index)
             last = self.state.last_batch
             marker = state.marker_value(
                 self.site.name,
@@ -887,6 +912,9 @@ class Merger:
         t.duplicates += plan.duplicates
         t.dead += len(plan.dead)
         t.unproved += plan.unproved
+        for topic, _, _, headers in plan.dead:
+            where = f"{topic.removeprefix('sl.dead.')}:{dead_cause(headers) or CONTRACT}"
+            t.quarantined[where] = t.quarantined.get(where, 0) + 1
         t.skipped += plan.skipped
         t.relayed_again += len(plan.again)
         self.last = {

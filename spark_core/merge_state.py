@@ -45,6 +45,15 @@ from shorelink.ledger import MAX_HOLDINGS_RANGES, decode_entry
 from shorelink.proof import ShipKeys
 from shorelink.ranges import RangeSet
 from spark_core.errors import SparkCoreError
+from spark_core.quarantine import (
+    CONTRACT,
+    H_DEAD_CAUSE,
+    H_DEAD_REASON,
+    H_DEAD_SOURCE,
+    HOLES,
+    TOO_LARGE,
+    cause_of,
+)
 from spark_core.relay_index import Tail, dump_tails, load_tails
 
 __all__ = [
@@ -67,6 +76,10 @@ __all__ = [
 ]
 
 Source = tuple[str, str]  # (origin, stream)
+#: sources held back at the bound on holes that a marker names one by one (about 30
+#: bytes each); past it the marker says ``*``: a merge that starts from it tries every
+#: dead letter at the bound once (spark_core/redrive.py) and knows them one by one again
+HELD_BACK_MAX = 1024
 TopicPart = tuple[str, int]  # (topic, partition)
 Relayed = tuple[str, str, str]  # (entry, origin, stream)
 
@@ -97,6 +110,12 @@ class MergeState:
     #: the fingerprint of the ship keys under which the dead letters from the re-drive's
     #: offsets on were refused (spark_core/redrive.py; None: never re-driven)
     redrive_keys: str | None = None
+    #: the (origin, stream) of records quarantined at the bound on holes and not tried
+    #: since, each with the commit that last put one there (0: read from the marker):
+    #: the re-drive tries them once their entry has room (spark_core/redrive.py). Past
+    #: :data:`HELD_BACK_MAX` sources the marker says ``*`` (read: ``held_back_all``)
+    held_back: dict[Source, int] = field(default_factory=dict)
+    held_back_all: bool = False
 
     def held_for(self, source: Source) -> RangeSet:
         return self.held.get(source) or RangeSet()
@@ -136,6 +155,7 @@ class MergeState:
                 "offsets": offsets,
                 "index": dump_tails(self.index),
                 **({"redrive_keys": self.redrive_keys} if self.redrive_keys else {}),
+                **({"held_back": self._held_back_names()} if self.held_back_or_all else {}),
                 **extra,
             },
             sort_keys=True,
@@ -153,6 +173,33 @@ class MergeState:
         self.index = load_tails(data.get("index", {}))
         keys = data.get("redrive_keys")
         self.redrive_keys = keys if isinstance(keys, str) else None
+        names = data.get("held_back")
+        names = names if isinstance(names, list) else []
+        self.held_back_all = "*" in names
+        self.held_back = {}
+        for name in names:
+            origin, _, stream = str(name).partition("/")
+            if stream:
+                self.held_back[(origin, stream)] = 0
+
+    @property
+    def held_back_or_all(self) -> bool:
+        return self.held_back_all or bool(self.held_back)
+
+    def _held_back_names(self) -> list[str]:
+        if self.held_back_all or len(self.held_back) > HELD_BACK_MAX:
+            return ["*"]
+        return sorted(f"{o}/{s}" for o, s in self.held_back)
+
+    def carried(self, **changes: Any) -> MergeState:
+        """A state for a new marker: what it carries from this one (the re-drive's mark
+        and the sources held back), with ``changes``."""
+        kept: dict[str, Any] = {
+            "redrive_keys": self.redrive_keys,
+            "held_back": self.held_back,
+            "held_back_all": self.held_back_all,
+        }
+        return MergeState(**{**kept, **changes})
 
     @classmethod
     def load(
@@ -209,9 +256,6 @@ def decode_relayed(key: bytes | None, value: bytes | None) -> tuple[Relayed, Ran
         raise ContractError(f"bad relayed entry {key!r}: {exc}") from exc
 
 
-#: headers added to a dead-lettered record (the original ones are kept as they were)
-H_DEAD_REASON = "sl.dead.reason"
-H_DEAD_SOURCE = "sl.dead.source"
 #: a dead-lettered record over the size limit keeps this much of its value
 DEAD_VALUE_MAX = 64 * 1024
 
@@ -338,6 +382,9 @@ class BatchPlan:
     #: pulled records of a ship with a key whose proof failed (dead-lettered, among
     #: ``dead``): what a hostile or broken neighbour offered as the ship's
     unproved: int = 0
+    #: the (origin, stream) of records dead-lettered at the bound on holes: tried again
+    #: once their ledger entry has room (spark_core/redrive.py)
+    held_back: set[Source] = field(default_factory=set)
 
 
 def pulled_source(neighbour: str, topic_id: str, topic: str) -> str:
@@ -496,7 +543,7 @@ def plan_batch(
                 origin, row_stream, seq = rec.identity.origin, rec.identity.stream, rec.identity.seq
             except ContractError as exc:
                 plan.streams.update([stream] if stream else [])
-                plan.dead.append(_dead_record(row, stream, str(exc)))
+                plan.dead.append(_dead_record(row, stream, str(exc), CONTRACT))
                 continue
         source = (origin, row_stream)
         entry = new.get(source)
@@ -519,7 +566,7 @@ def plan_batch(
         if pulled and (why := _proved(b, i, origin, keys, rec)) is not None:
             plan.unproved += 1
             plan.streams.add(row_stream)
-            plan.dead.append(_dead_record(b.row(i), row_stream, why))
+            plan.dead.append(_dead_record(b.row(i), row_stream, why, cause_of(why)))
             continue
         seen[seq] = i
     if tp is not None and high:
@@ -654,7 +701,8 @@ def _order_new(
             elif bounded and _splits(held, seq) and len(held) >= max_ranges:
                 big.add(i)  # (not written either)
                 reason = f"{source[0]}/{source[1]} holds {len(held)} ranges already"
-                plan.dead.append(_dead_record(b.row(order[i]), source[1], reason))
+                plan.dead.append(_dead_record(b.row(order[i]), source[1], reason, HOLES))
+                plan.held_back.add(source)
             else:
                 held.add(seq)
                 # history: relayed under the entry the record names (review N1)
@@ -708,13 +756,16 @@ def _too_large(out: Out, row: SourceRow, stream: str) -> Out:
     _, key, value, _ = out
     value = value or b""
     reason = f"record of {len(value)} value bytes > MAX_RECORD_BYTES {MAX_RECORD_BYTES}"
-    topic, key, _, headers = _dead_record(row, stream, reason)
+    topic, key, _, headers = _dead_record(row, stream, reason, TOO_LARGE)
     return (topic, key, value[:DEAD_VALUE_MAX], headers)
 
 
-def _dead_record(row: SourceRow, stream: str | None, reason: str) -> Out:
+def _dead_record(row: SourceRow, stream: str | None, reason: str, cause: str) -> Out:
+    """``row`` quarantined (spark_core/quarantine.py): its own headers, then its cause,
+    the reason in words and where it was read."""
     headers = [
         *row.headers,
+        (H_DEAD_CAUSE, cause.encode()),
         (H_DEAD_REASON, reason.encode()),
         (H_DEAD_SOURCE, f"{row.topic}/{row.partition}/{row.offset}".encode()),
     ]

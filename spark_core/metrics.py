@@ -19,8 +19,10 @@ Names start ``shorelink_spark_``; a counter's name gets ``_total`` from the clie
 - ``merged_records_total{merge,outcome}`` (written, duplicate, dead, unproved: pulled
   records whose ship's proof failed, dead-lettered too; skipped),
   ``merge_batches_total{merge}``, ``merge_failures_total{merge}``,
-  ``redriven_records_total{merge,cause,outcome}`` (dead letters the ship keys caused,
-  tried again when the keys changed: written, duplicate, refused; spark_core/redrive.py),
+  ``redriven_records_total{merge,cause,outcome}`` (dead letters whose cause changed,
+  tried again: written, duplicate, refused; spark_core/redrive.py),
+  ``quarantined_records_total{merge,stream,cause}`` (what the merge's batches
+  dead-lettered, per cause: spark_core/quarantine.py),
   ``merge_batches_sliced_total{merge}`` and ``merge_largest_fetch_bytes{merge}`` (a
   Spark batch over ``merge.max_batch_bytes`` is written in slices);
 - repair by identity (spark_core/repair.py): ``holds_all`` (1 when the site held
@@ -194,8 +196,16 @@ class SiteCollector(Collector):
             "Dead letters tried again after a change of the ship keys (spark_core/redrive.py)",
             labels=["merge", "cause", "outcome"],
         )
+        quarantined = CounterMetricFamily(
+            P + "quarantined_records",
+            "Records a merge quarantined in sl.dead.<stream>, per cause (spark_core/quarantine.py)",
+            labels=["merge", "stream", "cause"],
+        )
         for m in self.mergers:
             t = m.totals
+            for key, n in sorted(t.quarantined.items()):
+                stream, _, cause = key.rpartition(":")
+                quarantined.add_metric([m.query, stream, cause], float(n))
             for key, n in sorted(t.redriven.items()):
                 cause, _, outcome = key.partition(":")
                 redriven.add_metric([m.query, cause, outcome], float(n))
@@ -211,7 +221,7 @@ class SiteCollector(Collector):
                 merged.add_metric([m.query, outcome], float(n))
             batches.add_metric([m.query], float(t.batches))
             failures.add_metric([m.query], float(t.failures))
-        yield from (merged, batches, failures, sliced, largest, redriven)
+        yield from (merged, batches, failures, sliced, largest, redriven, quarantined)
 
 
 def serve_metrics(

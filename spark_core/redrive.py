@@ -1,43 +1,47 @@
 """Dead letters whose cause can change, tried again when it does (replication review
-N4, security review N6).
+N4, security review N6, issue 40's quarantine).
 
-A merge dead-letters a pulled record its ship's key does not prove
-(``merge_state.plan_batch``) and its cursor passes it: the record is not pulled again.
-When the cause was the ship keys file (:func:`shorelink.proof.key_cause`: a ship with no
-key where keys are required, a record without a proof, a proof no key of the ship
-verifies, a revoked key past its bound) and not the record, the file can change and
-prove it: a ship's key added at one site minutes after another (the file reaches sites
-at different times), a key given to a ship that signed before, a key's history mended.
-Without this, such a record stays lost at that site for good, while its status says
-lag 0.
+A merge quarantines what it cannot write in ``sl.dead.<stream>`` with its cause
+(spark_core/quarantine.py) and its cursor passes it: the record is not read again from
+its source. Two causes can change, and without this such a record stays lost at that
+site for good, while its status says lag 0:
 
-So each merge with a ship keys file re-drives its dead letters when the file changes:
+- **The ship keys file** (:func:`shorelink.proof.key_cause`: a ship with no key where
+  keys are required, a record without a proof, a proof no key of the ship verifies, a
+  revoked key past its bound): the file can change and prove it: a ship's key added at
+  one site minutes after another (the file reaches sites at different times), a key
+  given to a ship that signed before, a key's history mended. Tried again when the
+  file's fingerprint differs from the one the last complete pass ran under
+  (``MergeState.redrive_keys``): a merge that starts with another file (changed while it
+  was down) re-drives once; one that starts with the same file does not.
+- **The bound on holes** (``MAX_HOLDINGS_RANGES`` ranges in one ship's ledger entry):
+  the entry's holes fill as the records between them arrive. The merge keeps the
+  sources it held back (``MergeState.held_back``, in its marker) and tries again once
+  one of them holds at most :data:`HOLES_ROOM` of the bound.
 
-- **What.** The dead letters of ``sl.dead.<stream>`` of the merge's streams whose
-  ``sl.dead.reason`` names a ship keys cause; the rest (a record that breaks the
-  contract, a garbled proof) stay where they are: no keys file proves them.
+The rest (a record that breaks the contract, one over the size limit) stay where they
+are, counted per cause: no change here proves them.
+
 - **From where.** From the re-drive's own offsets in the merge's marker, kept like a
   neighbour's cursor under the source ``~redrive/<topic id>/sl.<stream>`` (no site is
   named ``~redrive``; the topic id ties it to that incarnation of the topic), up to
-  where the dead-letter topic ended when the change was noticed: each change reads
-  what was dead-lettered since the last one, never the whole topic again. The marker
-  also holds the fingerprint of the keys the last complete pass ran under
-  (``MergeState.redrive_keys``): a merge that starts with another file (changed while
-  it was down) re-drives once; one that starts with the same file does not.
-- **How.** Planned again as pulled records (``Merger.write_redriven``): with the keys in
+  where the dead-letter topic ended when the change was noticed: each pass reads
+  what was dead-lettered since the last one, never the whole topic again.
+- **How.** Every dead letter of a cause that can change, whichever change started the
+  pass, planned again as pulled records (``Merger.write_redriven``): with the keys in
   force now, against the ledger, in one transaction with the re-drive's offsets. What
-  the site holds already is a duplicate and dropped; what is proved now is written once
-  (and relayed under the entry its ``sl.site`` names, as history is); what is still
-  refused is dead-lettered again, after the offsets, so the next change tries it again.
-  Each change costs one copy of each record still refused; the dead-letter topic's
-  retention bounds what is kept.
+  the site holds already is a duplicate and dropped; what is proved now and fits is
+  written once (and relayed under the entry its ``sl.site`` names, as history is); what
+  is still refused is dead-lettered again, after the offsets, so the next change tries
+  it again. Each pass costs one copy of each record still refused; the dead-letter
+  topic's retention bounds what is kept.
 - **How much at a time.** At most :data:`PASS_RECORDS` records or :data:`PASS_BYTES`
   bytes per transaction, the merge's lock released between them.
 
-Counted per cause and outcome (``written``: proved now; ``duplicate``: held already;
-``refused``: still not proved) in the merge's totals (``redriven``), the metric
+Counted per cause and outcome (``written``: taken now; ``duplicate``: held already;
+``refused``: still refused) in the merge's totals (``redriven``), the metric
 ``shorelink_spark_redriven_records_total{merge,cause,outcome}`` and the log
-(``event=dead_letters_redriven``).
+(``event=dead_letters_redriven``, with what started the pass).
 """
 
 from __future__ import annotations
@@ -52,20 +56,20 @@ from shorelink.contract import H_ORIGIN, H_SEQ, H_STREAM, canonical_topic, dead_
 from shorelink.kafka.errors import KafkaClientError
 from shorelink.kafka.reading import read_to_end
 from shorelink.logs import get_logger
-from shorelink.proof import key_cause
 from spark_core.merge_state import (
-    H_DEAD_REASON,
-    H_DEAD_SOURCE,
     BatchPlan,
     MergeError,
+    MergeState,
     SourceRow,
     pulled_source,
 )
+from spark_core.quarantine import H_DEAD_HEADERS, REDRIVE, RETRIED_CAUSES, dead_cause
 
 if TYPE_CHECKING:
     from spark_core.merge import Merger
 
 __all__ = [
+    "HOLES_ROOM",
     "PASS_BYTES",
     "PASS_RECORDS",
     "REDRIVE",
@@ -77,17 +81,15 @@ __all__ = [
 
 log = get_logger(__name__)
 
-#: the neighbour part of a re-drive's source name: no site's name (``~`` is not a
-#: name's character), so no puller's cursor is ever taken for it
-REDRIVE = "~redrive"
 #: dead letters planned again in one transaction at most, and their bytes
 PASS_RECORDS = 5_000
 PASS_BYTES = 32 * 1024 * 1024
-#: how often the re-driver looks at each merge's ship keys (the file is looked at once a
-#: second by :class:`~shorelink.proof.WatchedShipKeys`)
+#: how often the re-driver looks at each merge's ship keys and held back sources (the
+#: file is looked at once a second by :class:`~shorelink.proof.WatchedShipKeys`)
 LOOK_S = 1.0
-
-_DEAD_HEADERS = (H_DEAD_REASON, H_DEAD_SOURCE)
+#: a source held back at the bound on holes is tried again once its ledger entry holds
+#: at most this share of the bound: room for a quarter of it, not one pass per hole
+HOLES_ROOM = 0.75
 
 
 def redrive_source(topic_id: str, stream: str) -> str:
@@ -105,17 +107,14 @@ def retry_row(
     value: bytes | None,
     headers: Any,
 ) -> tuple[SourceRow, str] | None:
-    """A dead letter as the row to plan again and its cause, if a change of the ship
-    keys can prove it (its last ``sl.dead.reason``); None for any other. The row has
-    the record's own headers, without the dead-letter ones."""
+    """A dead letter as the row to plan again and its cause, if a change can lift it
+    (:data:`~spark_core.quarantine.RETRIED_CAUSES`); None for any other. The row has the
+    record's own headers, without the dead-letter ones."""
     hs = list(headers or ())
-    reason = next((v for k, v in reversed(hs) if k == H_DEAD_REASON), None)
-    if not isinstance(reason, bytes) or value is None:
+    cause = dead_cause(hs)
+    if cause not in RETRIED_CAUSES or value is None:
         return None
-    cause = key_cause(reason.decode(errors="replace"))
-    if cause is None:
-        return None
-    kept = [(k, v) for k, v in hs if k not in _DEAD_HEADERS]
+    kept = [(k, v) for k, v in hs if k not in H_DEAD_HEADERS]
     return SourceRow(source, partition, offset, key, value, kept), cause
 
 
@@ -146,9 +145,12 @@ def tally(rows: Sequence[tuple[SourceRow, str]], plan: BatchPlan) -> dict[str, C
 
 @dataclass
 class _Pass:
-    """A re-drive under way: the keys it runs under and where the topics ended."""
+    """A re-drive under way: the keys it runs under, the merge's commit when it started,
+    what started it, and where the topics ended."""
 
-    keys_mark: str
+    keys_mark: str | None
+    since: int
+    why: str
     #: per re-drive source partition: where its dead-letter topic ended
     ends: dict[tuple[str, int], int]
     #: source name -> dead-letter topic
@@ -157,17 +159,34 @@ class _Pass:
     read: int = 0
 
 
+def _why(state: MergeState, keys_mark: str | None, max_ranges: int) -> str | None:
+    """What calls for a pass now: ``keys`` (the ship keys changed since the last pass),
+    ``holes`` (a source held back at the bound on holes has room, or the marker said
+    ``*``), or None."""
+    if keys_mark != state.redrive_keys:
+        return "keys"
+    room = int(max_ranges * HOLES_ROOM)
+    if state.held_back_all or any(len(state.held_for(src)) <= room for src in state.held_back):
+        return "holes"
+    return None
+
+
 def _start(merger: Merger) -> _Pass | None:
-    """Under the merge's lock (no batch half planned with older keys): the keys now
-    and where the merge's dead-letter topics end; None when nothing is to be done."""
+    """Under the merge's lock (no batch half planned with older keys or a fuller
+    ledger): whether a pass is called for, the keys now and where the merge's
+    dead-letter topics end; None when nothing is to be done."""
+    if merger.ship_keys is None and not merger.state.held_back_or_all:
+        return None  # nothing can change: no lock taken
     with merger.busy:
         watched = merger.ship_keys
         state = merger.state
-        if watched is None or state.last_batch is None or merger.stopping.is_set():
+        if state.last_batch is None or merger.stopping.is_set():
             return None  # nothing committed yet: nothing dead-lettered by this merge
-        keys_mark = watched.current().fingerprint()
-        if keys_mark == state.redrive_keys:
+        keys_mark = None if watched is None else watched.current().fingerprint()
+        why = _why(state, keys_mark, merger.max_ranges)
+        if why is None:
             return None
+        since = merger.commits
         topics = [dead_topic(s) for s in merger.streams]
         marks = merger._relay_marks(topics)
     ends: dict[tuple[str, int], int] = {}
@@ -178,7 +197,7 @@ def _start(merger: Merger) -> _Pass | None:
         source = redrive_source(topic_id, topic.removeprefix("sl.dead."))
         sources[source] = topic
         ends.update({(source, p): end for p, end in parts.items()})
-    return _Pass(keys_mark, ends, sources)
+    return _Pass(keys_mark, since, why, ends, sources)
 
 
 def _step(merger: Merger, run: _Pass) -> bool:
@@ -221,16 +240,18 @@ def _step(merger: Merger, run: _Pass) -> bool:
     if not full:  # every partition read to its end: past transaction markers and
         # records retention deleted too, nothing below the ends is left
         reached = {tp: max(reached.get(tp, 0), end) for tp, end in todo.items()}
-    plan = merger.write_redriven([r for r, _ in rows], reached, None if full else run.keys_mark)
+    finished = None if full else (run.keys_mark, run.since)
+    plan = merger.write_redriven([r for r, _ in rows], reached, finished)
     for cause, n in tally(rows, plan).items():
         run.counts.setdefault(cause, Counter()).update(n)
     return not full
 
 
 def redrive_once(merger: Merger) -> dict[str, Counter[str]] | None:
-    """If the merge's ship keys changed since its dead letters were last tried: try
-    them again, to where the dead-letter topics end now. Returns the counts per cause
-    and outcome, None when there was nothing to do."""
+    """If a cause of the merge's dead letters changed since they were last tried (its
+    ship keys; room in an entry held back at the bound on holes): try them again, to
+    where the dead-letter topics end now. Returns the counts per cause and outcome,
+    None when there was nothing to do."""
     run = _start(merger)
     if run is None:
         return None
@@ -247,6 +268,7 @@ def redrive_once(merger: Merger) -> dict[str, Counter[str]] | None:
         "dead_letters_redriven",
         site=merger.site.name,
         query=merger.query,
+        why=run.why,
         read=run.read,
         written=sum(n["written"] for n in run.counts.values()),
         duplicate=sum(n["duplicate"] for n in run.counts.values()),
@@ -255,17 +277,17 @@ def redrive_once(merger: Merger) -> dict[str, Counter[str]] | None:
             f"{c}:{o}={k}" for c, n in sorted(run.counts.items()) for o, k in sorted(n.items())
         )
         or "-",
-        keys=run.keys_mark,
+        keys=run.keys_mark or "-",
     )
     return run.counts
 
 
 class Redriver:
-    """The site's re-drive loop: every :data:`LOOK_S`, each merge with a ship keys file
+    """The site's re-drive loop: every :data:`LOOK_S`, each merge
     (:func:`redrive_once`); a failure is logged and tried again at the next look."""
 
     def __init__(self, mergers: Sequence[Merger]) -> None:
-        self.mergers = [m for m in mergers if m.ship_keys is not None]
+        self.mergers = list(mergers)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="redrive", daemon=True)
         #: the last failure, per merge query (None: the last look went through)

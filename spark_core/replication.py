@@ -297,6 +297,7 @@ class Replicator:
                 stream: n for c in self.checks for stream, n in sorted(c.forgotten.items())
             },
             "neighbours": neighbours,
+            "quarantine": self.quarantine(),
             "pullers": {
                 p.name: {
                     "read": p.read,
@@ -314,6 +315,24 @@ class Replicator:
                 for p in self.all_pullers
             },
         }
+
+    def quarantine(self) -> dict[str, Any]:
+        """What this site's merges quarantined since they started, per stream and cause
+        (``quarantined``), and of the dead letters tried again, how many were taken per
+        cause (``taken_again``: written or held already): spark_core/quarantine.py,
+        spark_core/redrive.py."""
+        quarantined: dict[str, dict[str, int]] = {}
+        taken: dict[str, int] = {}
+        for m in self.mergers:
+            for where, n in m.totals.quarantined.items():
+                stream, _, cause = where.rpartition(":")
+                counts = quarantined.setdefault(stream, {})
+                counts[cause] = counts.get(cause, 0) + n
+            for key, n in m.totals.redriven.items():
+                cause, _, outcome = key.partition(":")
+                if outcome in ("written", "duplicate"):
+                    taken[cause] = taken.get(cause, 0) + n
+        return {"quarantined": quarantined, "taken_again": taken}
 
     def write_status(self) -> None:
         """Rewrite ``replication.status.json`` (one writer at a time: the routing thread

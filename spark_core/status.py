@@ -27,6 +27,7 @@ from typing import Any
 
 from shorelink.textout import block, table, wrap
 from spark_core.config import SiteConfig
+from spark_core.quarantine import retried_when
 
 __all__ = [
     "DEFAULT_MAX_AGE_S",
@@ -188,6 +189,24 @@ def _holdings(rep: dict[str, Any], width: int | None) -> list[str]:
     return block("holdings: lacks what a neighbour holds", [*lines, *forgotten] or ["?"], width)
 
 
+def _quarantine(rep: dict[str, Any], width: int | None) -> list[str]:
+    """What the merges quarantined since they started (spark_core/quarantine.py), per
+    stream and cause, with what lifts each cause; and what was taken again."""
+    q = rep.get("quarantine") or {}
+    lines = []
+    for stream, causes in sorted((q.get("quarantined") or {}).items()):
+        for cause, n in sorted((causes or {}).items()):
+            lines.append(f"{n} of {stream}: {cause}, {retried_when(cause)}")
+    taken = q.get("taken_again") or {}
+    if taken:
+        lines.append(
+            "taken again: " + ", ".join(f"{n} {cause}" for cause, n in sorted(taken.items()))
+        )
+    if not lines:
+        return []
+    return ["", *block("quarantine (sl.dead.<stream>, since the start)", lines, width)]
+
+
 def _age(seconds: float) -> str:
     s = max(0, int(seconds))
     if s < 120:
@@ -279,6 +298,7 @@ def render(status: SiteStatus, now: float | None = None, width: int | None = Non
         out += ["", *table(header, rows, width, right={3, 4}), *errors]
     if "holds_all" in rep:
         out += ["", *_holdings(rep, width)]
+    out += _quarantine(rep, width)
     routes = rep.get("routes") or {}
     if routes:
         shown = [

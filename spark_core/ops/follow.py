@@ -45,6 +45,7 @@ from shorelink.logs import RateLimitedLog, get_logger
 from shorelink.ranges import RangeSet
 from shorelink.ship_report import ShipReport, decode_report
 from spark_core.ais import NavRecord, decode_nav
+from spark_core.quarantine import CONTRACT, H_DEAD_SOURCE, REDRIVE, dead_cause
 
 __all__ = ["Facts", "Heard", "SiteFollower"]
 
@@ -82,8 +83,9 @@ class Facts:
     alerts: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=MAX_ALERTS))
     #: ship -> its own positions, oldest first: (event time ms, lat, lon)
     tracks: dict[str, deque[tuple[int, float, float]]] = field(default_factory=dict)
-    #: dead-letter topic -> records read
-    dead: dict[str, int] = field(default_factory=dict)
+    #: (dead-letter topic, cause) -> records quarantined there (spark_core/quarantine.py;
+    #: a re-drive's refusal again is the same record, not counted twice)
+    dead: dict[tuple[str, str], int] = field(default_factory=dict)
     #: records that broke the contract, per topic
     bad: dict[str, int] = field(default_factory=dict)
     #: topics being followed, and the last Kafka error ("" when none since)
@@ -223,7 +225,11 @@ class SiteFollower:
             f.ledger[(origin, stream)] = held
             return
         if topic in self.dead_topics:
-            f.dead[topic] = f.dead.get(topic, 0) + 1
+            headers = msg.headers() or []
+            source = next((v for k, v in reversed(headers) if k == H_DEAD_SOURCE), None)
+            if not (isinstance(source, bytes) and source.startswith(REDRIVE.encode() + b"/")):
+                where = (topic, dead_cause(headers) or CONTRACT)
+                f.dead[where] = f.dead.get(where, 0) + 1
             return
         rec = Record.from_kafka(msg.key(), msg.value(), msg.headers())
         origin = rec.identity.origin

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shorelink.ranges import RangeSet
 from spark_core.ops.follow import Facts
+from spark_core.quarantine import retried_when
 from spark_core.status import SiteStatus
 
 __all__ = ["FOLLOWER_STALE_S", "alerts_view", "gateway_view", "map_view", "ships_view", "site_view"]
@@ -113,7 +114,10 @@ def site_view(
         "replication": {"neighbours": neighbours, "routes": rep.get("routes") or {}},
         "queries": queries,
         "gateway": gateway,
-        "dead_letters": [{"topic": t, "records": n} for t, n in sorted(dead.items())],
+        "dead_letters": [
+            {"topic": t, "cause": c, "records": n, "tried_again_when": retried_when(c)}
+            for (t, c), n in sorted(dead.items())
+        ],
         "problems": problems,
     }
 

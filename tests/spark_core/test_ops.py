@@ -385,7 +385,15 @@ def test_the_api_shows_the_sites_facts(site: Site) -> None:
     assert {"origin": ship, "records": 5, "last_seq": 5, "gaps": 0} in containers["origins"]
     # the dead letters are counted by a scan of their own, which may come a moment later
     eventually(
-        lambda: {"topic": "sl.dead.nav", "records": 1} in site.get("/api/site")["dead_letters"],
+        lambda: (
+            {
+                "topic": "sl.dead.nav",
+                "cause": "contract",
+                "records": 1,
+                "tried_again_when": "not tried again: its writer must be mended",
+            }
+            in site.get("/api/site")["dead_letters"]
+        ),
         within=20,
         what="the dead letter counted",
     )

@@ -1,8 +1,9 @@
-"""Dead letters the ship keys caused are tried again when the keys change
-(spark_core/redrive.py; replication review N4): a ship's key that reaches a site after
-the ship's records did must not leave them dead there for good. On real Kafka with the
-site's merge (what its pullers hand it), without Spark: the re-drive reads only what
-was dead-lettered since its last pass, writes what is proved now exactly once, and a
+"""Dead letters whose cause can change are tried again when it does
+(spark_core/redrive.py, spark_core/quarantine.py; replication review N4): a ship's key
+that reaches a site after the ship's records did, or a ship's ledger entry at the bound
+on holes, must not leave records dead there for good. On real Kafka with the site's
+merge (what its pullers hand it), without Spark: the re-drive reads only what was
+dead-lettered since its last pass, writes what is taken now exactly once, and a
 restarted merge with the same keys does not try again."""
 
 from __future__ import annotations
@@ -16,10 +17,18 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
 from shorelink.proof import ShipKey, ShipKeys, WatchedShipKeys, key_cause
 from spark_core.merge import Merger
-from spark_core.merge_state import H_DEAD_REASON, SourceRow, pulled_source
+from spark_core.merge_state import SourceRow, pulled_source
+from spark_core.quarantine import (
+    CAUSES,
+    H_DEAD_CAUSE,
+    H_DEAD_REASON,
+    H_DEAD_SOURCE,
+    RETRIED_CAUSES,
+    dead_cause,
+)
 from spark_core.redrive import redrive_once, retry_row
 from tests.helpers import eventually, unique
-from tests.spark_core.helpers import canonical, make_site, signed_relayed
+from tests.spark_core.helpers import canonical, make_site, record, signed_relayed
 
 KEY = ShipKey.generate()
 
@@ -108,10 +117,10 @@ def test_records_dead_for_a_key_a_site_lacked_are_taken_once_when_the_key_arrive
         again.close()
 
 
-def test_only_dead_letters_a_change_of_the_keys_can_prove_are_tried_again() -> None:
-    """A record that broke the contract or carries a garbled proof stays dead: no keys
-    file proves it. Dead letters an older merge wrote (reasons without a cause in
-    front) are recognised too."""
+def test_only_dead_letters_whose_cause_can_change_are_tried_again() -> None:
+    """A record that broke the contract, carries a garbled proof or is over the size
+    limit stays dead: no change here takes it. Dead letters an older merge wrote
+    (reasons without a cause in front, no ``sl.dead.cause``) are recognised too."""
     cases = {
         "unknown_ship: ship x has no key and signatures are required": "unknown_ship",
         "unsigned: ship x signs its records; this one has no proof": "unsigned",
@@ -124,7 +133,7 @@ def test_only_dead_letters_a_change_of_the_keys_can_prove_are_tried_again() -> N
         "bad record: seq out of range": None,
         "header sl.stream=a but topic is sl.ingress.b": None,
         "record of 9 value bytes > MAX_RECORD_BYTES 8": None,
-        "x/y holds 4096 ranges already": None,
+        "x/y holds 4096 ranges already": "holes",
     }
     for reason, cause in cases.items():
         headers = [
@@ -138,3 +147,83 @@ def test_only_dead_letters_a_change_of_the_keys_can_prove_are_tried_again() -> N
             assert got[0].headers == [("sl.origin", b"x")] and got[0].offset == 7
     assert retry_row("src", 0, 1, b"k", None, [(H_DEAD_REASON, b"unsigned: x")]) is None
     assert retry_row("src", 0, 1, b"k", b"v", None) is None
+
+
+def test_the_cause_header_decides_and_a_reason_alone_is_read_for_one() -> None:
+    """``sl.dead.cause`` names the cause (the last one, if a record was quarantined
+    again); a cause it does not know falls back on the reason; a record with neither is
+    no dead letter of a merge."""
+    assert dead_cause([(H_DEAD_CAUSE, b"holes"), (H_DEAD_REASON, b"anything")]) == "holes"
+    twice = [(H_DEAD_CAUSE, b"contract"), (H_DEAD_CAUSE, b"unsigned")]
+    assert dead_cause(twice) == "unsigned"
+    assert dead_cause(
+        [(H_DEAD_CAUSE, b"\xff?"), (H_DEAD_REASON, b"a/b holds 9 ranges already")]
+    ) == ("holes")
+    assert dead_cause([(H_DEAD_REASON, b"\xff\xfe")]) == "contract"
+    assert dead_cause([("sl.origin", b"x")]) is None and dead_cause(None) is None
+    assert RETRIED_CAUSES < CAUSES
+
+
+def _dead_causes(bootstrap: str, stream: str) -> list[tuple[str, str]]:
+    """(cause, source) of the site's dead letters of ``stream``, in offset order."""
+    ep = KafkaEndpoint.plaintext(bootstrap)
+    out = []
+    for m in read_to_end(ep, [dead_topic(stream)], settled=True):
+        h = dict(m.headers() or [])
+        out.append((h[H_DEAD_CAUSE].decode(), h[H_DEAD_SOURCE].decode()))
+    return out
+
+
+def test_records_held_back_at_the_bound_on_holes_are_taken_once_their_entry_has_room(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """A ship's entry at the bound on holes (4 ranges here): the records that would
+    split it again are quarantined as ``holes`` and the entry held back (in the marker:
+    a restarted merge knows). Nothing is tried while the entry is full; once the holes
+    between fill, the re-drive takes what fits and quarantines the rest again, and when
+    every hole is filled it takes the last one: every seq once, nothing lost."""
+    s = unique("s")
+    site, _ = make_site(kafka.bootstrap, tmp_path, [s])
+    source = pulled_source("tokyo", "tid", relay_topic("e1", s))
+    offsets = iter(range(1000))
+
+    def rows(seqs: list[int]) -> list[SourceRow]:
+        out = []
+        for q in seqs:
+            r = record("bigblue", s, q)
+            out.append(SourceRow(source, 0, next(offsets), r.key, r.value, r.headers()))
+        return out
+
+    merger = Merger(site)
+    merger.max_ranges = 4
+    try:
+        merger.ready()
+        merger.write_pulled(rows([1, 3, 5, 7, 9, 11, 13]))
+        assert [c for c, _ in _dead_causes(kafka.bootstrap, s)] == ["holes"] * 3
+        assert set(merger.state.held_back) == {("bigblue", s)}
+        assert merger.totals.quarantined == {f"{s}:holes": 3}
+        assert redrive_once(merger) is None  # four ranges: no room
+    finally:
+        merger.close()
+    merger = Merger(site)  # the marker says which entries are held back
+    merger.max_ranges = 4
+    try:
+        merger.ready()
+        assert set(merger.state.held_back) == {("bigblue", s)}
+        assert redrive_once(merger) is None
+        merger.write_pulled(rows([2, 4]))  # [1-5] [7]: room for two
+        counts = redrive_once(merger)
+        assert counts is not None and dict(counts["holes"]) == {"written": 2, "refused": 1}
+        assert set(merger.state.held_back) == {("bigblue", s)}  # 13 is still held back
+        assert redrive_once(merger) is None  # full again
+        merger.write_pulled(rows([6, 8, 10, 12]))
+        counts = redrive_once(merger)
+        assert counts is not None and dict(counts["holes"]) == {"written": 1}
+        assert merger.state.held_back == {} and redrive_once(merger) is None
+        assert merger.totals.quarantined == {}  # this run's batches quarantined nothing
+    finally:
+        merger.close()
+    assert sorted(r.identity.seq for r in canonical(kafka.bootstrap, s)) == list(range(1, 14))
+    dead = _dead_causes(kafka.bootstrap, s)
+    assert [c for c, _ in dead] == ["holes"] * 4  # three first, 13 again
+    assert dead[-1][1].startswith("~redrive/")

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_core.cli import main
+from spark_core.quarantine import CAUSES
 from spark_core.status import SiteStatus, render
 from tests.strategies import DIGITS, LOWER, words
 
@@ -82,6 +83,14 @@ def statuses(draw: st.DrawFn) -> SiteStatus:
     if draw(st.booleans()):
         replication["holds_all"] = draw(st.sampled_from([None, True, False]))
         replication["lost_here"] = draw(st.dictionaries(names, figures, max_size=2))
+    if draw(st.booleans()):
+        causes = st.sampled_from(sorted(CAUSES))
+        replication["quarantine"] = {
+            "quarantined": draw(
+                st.dictionaries(names, st.dictionaries(causes, figures, max_size=3), max_size=2)
+            ),
+            "taken_again": draw(st.dictionaries(causes, figures, max_size=2)),
+        }
     return SiteStatus(
         draw(names),
         Path("/var/lib/shorelink/checkpoints"),
@@ -147,6 +156,28 @@ def test_holdings_say_everything_is_held_or_what_is_lacking_where() -> None:
         text.split()
     )
     assert "tokyo names and does not serve: ship1/containers" in " ".join(text.split())
+
+
+def test_the_quarantine_says_per_stream_and_cause_what_waits_and_what_lifts_it() -> None:
+    replication = {
+        "neighbours": {},
+        "quarantine": {
+            "quarantined": {"containers": {"holes": 3, "contract": 1}},
+            "taken_again": {"unknown_ship": 40},
+        },
+    }
+    text = " ".join(
+        " ".join(
+            render(SiteStatus("hq", Path("/c"), {"queries": []}, replication), NOW, 80)
+        ).split()
+    )
+    assert "quarantine (sl.dead.<stream>, since the start)" in text
+    assert "3 of containers: holes, tried again when the ship's ledger entry has room" in text
+    assert "1 of containers: contract, not tried again: its writer must be mended" in text
+    assert "taken again: 40 unknown_ship" in text
+    quiet = {"neighbours": {}, "quarantine": {"quarantined": {}, "taken_again": {}}}
+    lines = render(SiteStatus("hq", Path("/c"), {"queries": []}, quiet), NOW, 80)
+    assert not any("quarantine" in ln for ln in lines)
 
 
 SITES = """

@@ -182,7 +182,8 @@ function renderRecords(streams) {
 function renderDead(dead) {
   $("#dead-empty").hidden = dead.length > 0;
   fill($("#dead tbody"), dead.map((d) =>
-    el("tr", {}, el("td", {}, d.topic), el("td", { class: "num" }, num(d.records)))));
+    el("tr", {}, el("td", {}, d.topic), el("td", {}, d.cause),
+      el("td", { class: "num" }, num(d.records)), el("td", { class: "then" }, d.tried_again_when))));
 }
 
 function render(snap) {
