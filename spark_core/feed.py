@@ -197,6 +197,12 @@ class Feed:
     def prepare_round(self) -> None:
         """Before each round (a kind's: a neighbour's puller decides on recovery)."""
 
+    def described(self, ids: Mapping[str, str]) -> list[str]:
+        """The wanted topics' ids as just described ("": not there), before the feed
+        assigns them; returns the topics whose cursors were dropped (a kind's: the
+        site's own ingress, recreated under it)."""
+        return []
+
     def narrow(
         self, parts: dict[Part, str], sources: dict[str, str]
     ) -> tuple[dict[Part, str], dict[str, str]]:
@@ -528,6 +534,7 @@ class Feed:
         sources, parts, self._ids, renewed = plan_parts(
             self.describe(wanted), wanted, self._ids, self.source
         )
+        renewed |= bool(self.described({t: i for t, i in self._ids.items() if t in wanted}))
         if renewed and self._reader is not None:
             # a topic deleted and created again (or a neighbour's whole Kafka rebuilt):
             # the consumer's cached metadata (leader epochs) belongs to the old one and

@@ -54,6 +54,12 @@ class IngestPuller(Feed):
     def source(self, topic: str, topic_id: str) -> str:
         return topic
 
+    def described(self, ids: Mapping[str, str]) -> list[str]:
+        # a source is named by its topic here, so a topic deleted and created again
+        # under the site (review N11) is told by its id: its cursors go, and it is read
+        # from its start
+        return self.merger.adopt_sources(ids)
+
     def after_turn(self) -> None:
         self.merger.write_index()  # the merge's own loop: its relay index, when due
 

@@ -39,6 +39,7 @@ from shorelink.contract import (
     RELAYED_TOPIC,
     canonical_topic,
     customer_topic,
+    ingress_topic,
     marker_key,
     relay_topic,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "merge_transactional_id",
     "plan_batch",
     "reset_changed_checkpoints",
+    "reset_recreated_checkpoint",
     "start_merge",
     "topic_stream",
 ]
@@ -605,6 +607,52 @@ class Merger:
             self.state.held.update(ledger)
             return forgotten
 
+    def adopt_sources(self, ids: Mapping[str, str]) -> list[str]:
+        """The site's own source topics as described now (topic -> its id; "" or absent:
+        not there). One whose id differs from the id the marker's cursors were taken in
+        was deleted and created again under the site (review N11): its cursors are
+        dropped, so its records are read from its start (the ledger drops what was
+        written already), and what was purged of it is forgotten. A topic first seen is
+        adopted as it is. One marker transaction when anything changed; returns the
+        topics found recreated."""
+        with self.busy:
+            if self._producer is None:
+                self.prepare()
+            known = self.state.source_ids
+            changed = {t: i for t, i in ids.items() if i and known.get(t) != i}
+            if not changed:
+                return []
+            recreated = sorted(t for t in changed if t in known)
+            offsets = {tp: o for tp, o in self.state.offsets.items() if tp[0] not in recreated}
+            state = self.state.carried(
+                offsets=offsets, index=self.state.index, source_ids={**known, **changed}
+            )
+            last = self.state.last_batch
+            marker = state.marker_value(
+                self.site.name,
+                -1 if last is None else last,
+                {"written": 0, "dead": 0, "ts_ms": int(time.time() * 1000)},
+            )
+            p = self._producer
+            assert p is not None
+            try:
+                with p.transaction():
+                    p.produce(MARKER_TOPIC, marker_key(self.site.name, self.query), marker, None)
+            except KafkaTransactionError as exc:
+                self._fail(exc)
+            self.state.offsets, self.state.source_ids = offsets, state.source_ids
+        for topic in recreated:
+            log.warning(
+                "source_topic_recreated",
+                site=self.site.name,
+                query=self.query,
+                topic=topic,
+                was=known[topic],
+                now=changed[topic],
+            )
+        self._purger.forget(recreated)
+        return recreated
+
     def write_redriven(
         self,
         rows: Sequence[SourceRow],
@@ -1039,12 +1087,47 @@ def reset_changed_checkpoints(site: SiteConfig, merges: Sequence[Merger]) -> Non
     write_json_atomic(stamp, layout)
 
 
+def reset_recreated_checkpoint(merger: Merger) -> None:
+    """Before the merge's query starts: its own source topics as they are now (its
+    ingress topics, and any local topic its cursors name), adopted by the merge
+    (:meth:`Merger.adopt_sources`: a recreated one is read from its start), and the
+    query started afresh when one of them is not the topic its checkpoint was taken in
+    (review N11). Spark keys its offsets by topic name: a topic deleted and created
+    again under a running query fails it on every start with ``fail_on_data_loss``
+    ("offset was changed"), or skips the new topic's first records without. The ids
+    each start saw are kept in ``<checkpoint_dir>/<query>.sources.json``."""
+    site = merger.site
+    topics = {ingress_topic(s) for s in merger.streams}
+    topics |= {t for t, _ in merger.state.offsets if "/" not in t}
+    described = Admin(site.kafka).describe(topics, f" at {site.name}")
+    ids = {t: str(d.topic_id) for t, d in described.items()}
+    merger.adopt_sources(ids)
+    stamp = site.checkpoint_dir / f"{merger.query}.sources.json"
+    try:
+        old = json.loads(stamp.read_text())
+    except (FileNotFoundError, ValueError):
+        old = {}
+    old = old if isinstance(old, dict) else {}
+    recreated = sorted(t for t, i in ids.items() if old.get(t) not in (None, i))
+    path = site.query_checkpoint(merger.query)
+    if recreated and path.exists():
+        log.warning(
+            "merge_checkpoint_reset",
+            site=site.name,
+            query=merger.query,
+            recreated=",".join(recreated),
+        )
+        shutil.rmtree(path)
+    write_json_atomic(stamp, {**old, **ids})
+
+
 def start_merge(spark: Any, merger: Merger, *, available_now: bool = False) -> Any:
     """Start the merge query; returns the StreamingQuery."""
     site = merger.site
     m = site.merge
     with merger.busy:  # a puller may be writing through this merger
         merger.prepare()
+    reset_recreated_checkpoint(merger)
     df = (
         spark.readStream.format("kafka")
         .options(**site.kafka.spark_options())

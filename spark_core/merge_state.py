@@ -116,6 +116,10 @@ class MergeState:
     #: :data:`HELD_BACK_MAX` sources the marker says ``*`` (read: ``held_back_all``)
     held_back: dict[Source, int] = field(default_factory=dict)
     held_back_all: bool = False
+    #: per local source topic (the site's ``sl.ingress.*``), the topic id its cursors in
+    #: ``offsets`` were taken in: a topic deleted and created again under the site is
+    #: read from its start, not from the old topic's offsets (review N11)
+    source_ids: dict[str, str] = field(default_factory=dict)
 
     def held_for(self, source: Source) -> RangeSet:
         return self.held.get(source) or RangeSet()
@@ -156,6 +160,9 @@ class MergeState:
                 "index": dump_tails(self.index),
                 **({"redrive_keys": self.redrive_keys} if self.redrive_keys else {}),
                 **({"held_back": self._held_back_names()} if self.held_back_or_all else {}),
+                **(
+                    {"source_ids": dict(sorted(self.source_ids.items()))} if self.source_ids else {}
+                ),
                 **extra,
             },
             sort_keys=True,
@@ -173,6 +180,8 @@ class MergeState:
         self.index = load_tails(data.get("index", {}))
         keys = data.get("redrive_keys")
         self.redrive_keys = keys if isinstance(keys, str) else None
+        ids = data.get("source_ids")
+        self.source_ids = {str(t): str(i) for t, i in ids.items()} if isinstance(ids, dict) else {}
         names = data.get("held_back")
         names = names if isinstance(names, list) else []
         self.held_back_all = "*" in names
@@ -198,6 +207,7 @@ class MergeState:
             "redrive_keys": self.redrive_keys,
             "held_back": self.held_back,
             "held_back_all": self.held_back_all,
+            "source_ids": self.source_ids,
         }
         return MergeState(**{**kept, **changes})
 

@@ -23,7 +23,7 @@ planned range fails that batch (Spark's ``failOnDataLoss``).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
@@ -75,6 +75,11 @@ class SourcePurger:
         #: records of the source topics deleted so far (by offset arithmetic)
         self.requested = 0
         self.failures = 0
+
+    def forget(self, topics: Iterable[str]) -> None:
+        """``topics`` were deleted and created again: their offsets start at 0 again."""
+        gone = set(topics)
+        self._purged = {tp: o for tp, o in self._purged.items() if tp[0] not in gone}
 
     def purge(self, committed: Mapping[tuple[str, int], int]) -> int:
         """Delete records below ``committed`` (next offset not handled, per source

@@ -37,6 +37,7 @@ from shorelink.contract import (
     canonical_topic,
     dead_topic,
     entered_ms,
+    ingress_topic,
     record_bytes,
     relay_topic,
 )
@@ -576,6 +577,42 @@ def _recreate(bootstrap: str, topic: str, partitions: int) -> None:
         return True
 
     eventually(created, 60, f"{topic} created again")
+
+
+def test_an_ingress_topic_recreated_under_a_running_site_loses_none_of_its_records(
+    spark: object, healed: Mesh, tmp_path: Path
+) -> None:
+    """Replication review N11: the site's own cursors in ``sl.ingress.<s>`` were keyed
+    by the topic's name, so after the topic was deleted and created again under the
+    running site its first records (offsets below the old topic's) were skipped as
+    written, and the Spark query failed on every start ("offset was changed"). The
+    merge now keeps the id its cursors were taken in: the new topic is read from its
+    start, every record reaches both sites once, and the merge's query runs again."""
+    stream = unique("cont")
+    topo = topology(healed, tmp_path, full_mesh(SLOTS[:2]), [stream])
+    a, _ = topo.slots
+    first = records(a, "s1", stream, range(1, 301))
+    enter(topo, a, first)
+    with Running(spark, topo) as run:
+        run.start()
+        eventually(lambda: not list(converged(topo, {stream: ids(first)})), 180, "b has a's")
+        _recreate(topo.bootstrap(a), ingress_topic(stream), partitions=2)
+        later = records(a, "s1", stream, range(301, 331))  # far below a's old offsets
+        enter(topo, a, later)
+        want = {stream: ids(first) | ids(later)}
+        eventually(lambda: not list(converged(topo, want)), 120, "a's new records everywhere")
+        merge = next(r for r in run.sups[a].runners if r.name == "merge")
+
+        def running_again() -> bool:
+            query = merge.query
+            return query is not None and query.isActive and merge.failures == 0
+
+        eventually(running_again, 120, "a's merge query running again")
+        more = records(a, "s1", stream, range(331, 341))
+        enter(topo, a, more)
+        want[stream] |= ids(more)
+        eventually(lambda: not list(converged(topo, want)), 120, "and after")
+    assert not list(converged(topo, want))
 
 
 def test_history_taken_after_a_gap_is_relayed_on_to_the_sites_behind(
