@@ -34,6 +34,7 @@ __all__ = [
     "QUERIES_FILE",
     "REPLICATION_FILE",
     "SiteStatus",
+    "lacking",
     "read_status",
     "render",
 ]
@@ -159,23 +160,42 @@ def _replication_problems(replication: dict[str, Any]) -> list[str]:
 # -- layout ----------------------------------------------------------------------------
 
 
+def lacking(rep: dict[str, Any]) -> list[dict[str, Any]]:
+    """Of a replication status: per neighbour, merge and stream, how many seqs the
+    neighbour holds and the site does not (repair by identity: spark_core/repair.py),
+    and how many it repaired so far."""
+    out = []
+    for name, n in sorted((rep.get("neighbours") or {}).items()):
+        for merge, r in sorted(((n or {}).get("repair") or {}).items()):
+            r = r or {}
+            repaired = r.get("repaired") or {}
+            for stream, count in sorted((r.get("lacking") or {}).items()):
+                out.append(
+                    {
+                        "neighbour": name,
+                        "merge": merge,
+                        "stream": stream,
+                        "records": count,
+                        "repaired": repaired.get(stream, 0),
+                    }
+                )
+    return out
+
+
 def _holdings(rep: dict[str, Any], width: int | None) -> list[str]:
     """Repair by identity (spark_core/repair.py): whether the site holds everything its
     neighbours hold, else per neighbour and stream what it lacks."""
     holds = rep.get("holds_all")
     if holds is None:
         return wrap("holdings: not compared with every neighbour yet", width, "", "  ")
-    lines = []
+    lines = [
+        f"lacks {x['records']} of {x['stream']} that {x['neighbour']} holds ({x['merge']}; "
+        f"repaired so far {x['repaired']})"
+        for x in lacking(rep)
+    ]
     for name, n in sorted((rep.get("neighbours") or {}).items()):
-        for merge, r in sorted(((n or {}).get("repair") or {}).items()):
-            r = r or {}
-            repaired = r.get("repaired") or {}
-            for stream, count in sorted((r.get("lacking") or {}).items()):
-                lines.append(
-                    f"lacks {count} of {stream} that {name} holds ({merge}; repaired so far "
-                    f"{repaired.get(stream, 0)})"
-                )
-            unserved = r.get("unserved") or {}
+        for _, r in sorted(((n or {}).get("repair") or {}).items()):
+            unserved = (r or {}).get("unserved") or {}
             if unserved:
                 lines.append(f"{name} names and does not serve: {', '.join(sorted(unserved))}")
     lost = rep.get("lost_here") or {}

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from shorelink.ranges import RangeSet
 from spark_core.ops.follow import Facts
 from spark_core.quarantine import retried_when
-from spark_core.status import SiteStatus
+from spark_core.status import SiteStatus, lacking
 
 __all__ = ["FOLLOWER_STALE_S", "alerts_view", "gateway_view", "map_view", "ships_view", "site_view"]
 
@@ -111,7 +111,15 @@ def site_view(
             {"stream": s, "records": sum(o["records"] for o in origins), "origins": origins}
             for s, origins in per_stream.items()
         ],
-        "replication": {"neighbours": neighbours, "routes": rep.get("routes") or {}},
+        "replication": {
+            "neighbours": neighbours,
+            "routes": rep.get("routes") or {},
+            # repair by identity (spark_core/repair.py): None before every neighbour
+            # was compared once; absent where the site has no repair (no neighbours)
+            **({"holds_all": rep["holds_all"]} if "holds_all" in rep else {}),
+            "lacking": lacking(rep),
+            "lost_here": rep.get("lost_here") or {},
+        },
         "queries": queries,
         "gateway": gateway,
         "dead_letters": [

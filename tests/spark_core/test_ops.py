@@ -157,7 +157,13 @@ class Site:
                 }
             },
             "routes": {"hq2": "hq2"},
+            "holds_all": not lag_records,
+            "lost_here": {},
         }
+        if lag_records:  # repair by identity: what the site lacks that hq2 holds
+            r["neighbours"]["hq2"]["repair"] = {
+                "merge": {"lacking": {"nav": lag_records}, "repaired": {"nav": 3}}
+            }
         for name, doc in (("queries.status.json", q), ("replication.status.json", r)):
             tmp = self.checkpoints / f".{name}.tmp"
             tmp.write_text(json.dumps(doc))
@@ -416,6 +422,10 @@ def test_the_api_shows_the_sites_facts(site: Site) -> None:
     info = site.get("/api/site")
     (n,) = info["replication"]["neighbours"]
     assert (n["neighbour"], n["streams"][0]["lag_records"]) == ("hq2", 120)
+    assert info["replication"]["holds_all"] is False
+    assert info["replication"]["lacking"] == [
+        {"neighbour": "hq2", "merge": "merge", "stream": "nav", "records": 120, "repaired": 3}
+    ]
     assert {q["query"] for q in info["queries"]} == {
         "merge",
         "inbox-hq2-nav",
@@ -658,9 +668,15 @@ def test_the_page_in_a_real_browser(site: Site) -> None:
         expect(row).to_contain_text("satellite")
         expect(row).to_contain_text("18.0 KB of 20.0 KB")
 
-        # replication catches up: the lag figure changes
+        holdings = page.locator("#holdings")
+        expect(holdings).to_have_text(
+            "holdings: lacks 120 of nav that hq2 holds (repaired so far 3)", timeout=10_000
+        )
+        # replication catches up: the lag figure changes, and then nothing is lacking
         site.status(lag_records=7)
         expect(lag).to_have_text("7", timeout=10_000)
+        site.status(lag_records=0)
+        expect(holdings).to_have_text("holdings: holds everything its neighbours hold")
 
         # an alert comes in
         site.put("alerts", ship, 1, "CMAU1234563", b'{"alarm": "overboard"}', now, entered_ms=now)
