@@ -627,12 +627,7 @@ class Merger:
             state = self.state.carried(
                 offsets=offsets, index=self.state.index, source_ids={**known, **changed}
             )
-            last = self.state.last_batch
-            marker = state.marker_value(
-                self.site.name,
-                -1 if last is None else last,
-                {"written": 0, "dead": 0, "ts_ms": int(time.time() * 1000)},
-            )
+            marker = self._marker_between(state)
             p = self._producer
             assert p is not None
             try:
@@ -652,6 +647,16 @@ class Merger:
             )
         self._purger.forget(recreated)
         return recreated
+
+    def _marker_between(self, state: MergeState) -> bytes:
+        """The marker of a transaction between the batches (no records written: the
+        relay index, a recreated source): ``state`` under the last batch's id."""
+        last = self.state.last_batch
+        return state.marker_value(
+            self.site.name,
+            -1 if last is None else last,
+            {"written": 0, "dead": 0, "ts_ms": int(time.time() * 1000)},
+        )
 
     def write_redriven(
         self,
@@ -893,12 +898,8 @@ class Merger:
                 parts = {p: (start.get(p, 0), end) for p, end in ends.items()}
                 segments.append(encode_segment(topic, topic_id, parts, tail.pending))
                 index[topic] = Tail(topic_id, ends)
-            state = self.state.carried(offsets=self.state.offsets, index=index)
-            last = self.state.last_batch
-            marker = state.marker_value(
-                self.site.name,
-                -1 if last is None else last,
-                {"written": 0, "dead": 0, "ts_ms": int(time.time() * 1000)},
+            marker = self._marker_between(
+                self.state.carried(offsets=self.state.offsets, index=index)
             )
             p = self._producer
             try:

@@ -28,7 +28,7 @@ from shorelink.kafka.reading import PartitionReader, Polled, read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.config import SiteConfig, parse_config
 from spark_core.feed import ByteBudget
-from spark_core.ingest_pull import write_through
+from spark_core.ingest_pull import IngestPuller, write_through
 from spark_core.merge import Merger
 from spark_core.merge_state import (
     SourceRow,
@@ -42,7 +42,14 @@ from spark_core.merge_state import (
 from spark_core.pull import Puller
 from spark_core.replication import history_sources
 from tests.helpers import eventually, unique
-from tests.spark_core.helpers import canonical, create_ingress, graph_doc, make_site, record
+from tests.spark_core.helpers import (
+    canonical,
+    create_ingress,
+    graph_doc,
+    make_site,
+    produce,
+    record,
+)
 from tests.strategies import DIGITS, LOWER, words
 
 _NAME = words(LOWER, LOWER + DIGITS + "-", 20)
@@ -510,3 +517,54 @@ def test_a_sites_bulk_feeds_hold_their_shared_budget_while_the_merge_is_busy(
         for f in feeds:
             f.close()
         merger.close()
+
+
+def test_an_ingress_topic_recreated_under_the_ingest_puller_is_read_from_its_start(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """Replication review N11, without Spark: the ingest puller has read the site's
+    ingress to offset 200; the topic is deleted and created again, and 30 new records
+    land at offsets 0-29 of the new one. The merge's cursors were taken in the old
+    topic (its id in the marker): they are dropped, the new topic is read from its
+    start and all 30 are written, once; a merge started afterwards knows the new id."""
+    b = kafka.bootstrap
+    s = unique("s")
+    create_ingress(b, [s], partitions=1)
+    site, _ = make_site(b, tmp_path, [s])
+    produce(b, [record("x", s, q) for q in range(1, 201)])
+    merger = Merger(site)
+    puller = IngestPuller.of(merger)
+    try:
+        eventually(lambda: puller.round() == 0 and len(canonical(b, s)) == 200, 60, "200 read")
+        old_id = merger.state.source_ids[ingress_topic(s)]
+        assert merger.state.offsets[(ingress_topic(s), 0)] == 200
+        admin = AdminClient({"bootstrap.servers": b})
+        admin.delete_topics([ingress_topic(s)])[ingress_topic(s)].result(30)
+
+        def created() -> bool:
+            try:
+                create_ingress(b, [s], partitions=1)
+            except Exception:  # still marked for deletion
+                return False
+            return True
+
+        eventually(created, 60, "the topic created again")
+        produce(b, [record("x", s, q) for q in range(201, 231)])
+
+        def all_written() -> bool:
+            puller.round()
+            return len(canonical(b, s)) == 230
+
+        eventually(all_written, 60, "the new topic's records written")
+        got = Counter(r.identity.seq for r in canonical(b, s))
+        assert set(got) == set(range(1, 231)) and max(got.values()) == 1
+        assert merger.state.source_ids[ingress_topic(s)] != old_id
+    finally:
+        puller.close()
+        merger.close()
+    again = Merger(site)
+    try:
+        assert again.ready().source_ids == merger.state.source_ids
+        assert again.state.offsets[(ingress_topic(s), 0)] == 30
+    finally:
+        again.close()
