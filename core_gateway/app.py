@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from core_gateway import upload
 from core_gateway.errors import ApiError
 from core_gateway.service import GatewayService
+from shorelink.boundary import boundary
 from shorelink.tls import common_name
 
 __all__ = ["create_app"]
@@ -94,11 +95,18 @@ async def _metrics(request: web.Request) -> web.Response:
     )
 
 
+@boundary
 def bearer_token(request: web.Request) -> str:
+    """The request's bearer token; 401 without one. A token is printable ASCII (what
+    ``ships add`` makes): a header byte that is not UTF-8 reaches here as a lone
+    surrogate, which no token holds and which hashing it would raise on (a 500)."""
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
         raise ApiError(401, "unauthorized", "missing bearer token")
-    return token.strip()
+    if not (token.isascii() and token.isprintable()):
+        raise ApiError(401, "unauthorized", "unknown or revoked token")
+    return token
 
 
 def client_cert_name(request: web.Request) -> str | None:
@@ -145,6 +153,7 @@ def _authenticate(request: web.Request) -> tuple[str, str]:
     return ship, token
 
 
+@boundary
 async def _holdings(request: web.Request) -> web.Response:
     service: GatewayService = request.app[SERVICE]
     ship, _token = _authenticate(request)
@@ -153,6 +162,7 @@ async def _holdings(request: web.Request) -> web.Response:
     )
 
 
+@boundary
 async def _batch(request: web.Request) -> web.Response:
     service: GatewayService = request.app[SERVICE]
     cfg = service.cfg
@@ -186,6 +196,7 @@ async def _batch(request: web.Request) -> web.Response:
     return web.json_response(await answer)
 
 
+@boundary
 async def _upload(request: web.Request) -> web.StreamResponse:
     service: GatewayService = request.app[SERVICE]
     ship, token = _authenticate(request)

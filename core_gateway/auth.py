@@ -23,6 +23,7 @@ from pathlib import Path
 
 from core_gateway.errors import GatewayError
 from shorelink import strict_json
+from shorelink.boundary import boundary
 from shorelink.files import FileWatch, locked, write_json_atomic
 from shorelink.identity import check_name
 from shorelink.logs import get_logger
@@ -77,6 +78,7 @@ class Credentials:
                 error=str(exc),
             )
 
+    @boundary
     def reload(self) -> None:
         """Read the file (raises :class:`GatewayError` if it does not parse)."""
         stamp = self._watch.stamp()

@@ -11,6 +11,7 @@ import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shorelink.boundary import boundary
 from shorelink.config import LOG_LEVELS, Errors, Section, key, read, read_key, resolve_secrets
 from shorelink.config import load_config as load_file
 from shorelink.errors import ConfigError
@@ -160,5 +161,6 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayCo
     return cfg
 
 
+@boundary
 def load_config(path: str | Path) -> GatewayConfig:
     return load_file(path, parse_config)

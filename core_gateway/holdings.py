@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from shorelink import strict_json
+from shorelink.boundary import boundary
 from shorelink.ranges import RangeSet
 
 __all__ = ["Holdings", "SourceHoldings"]
@@ -49,11 +51,19 @@ class Holdings:
     def get(self, origin: str, stream: str) -> SourceHoldings:
         return self._by_source.setdefault((origin, stream), SourceHoldings())
 
+    @boundary
     def restore_cursor(self, origin: str, stream: str, value: bytes) -> None:
-        data = json.loads(value)
+        """Restore one cursor record of ``sl.gateway.cursors``; ``ValueError`` if it
+        is not one (nothing restored: the start fails naming it rather than guess)."""
+        data = strict_json.loads(value)  # nesting too deep: a ValueError too
+        if not isinstance(data, dict):
+            raise ValueError(f"gateway cursor {origin}/{stream} is not a JSON object")
+        written, abandoned = data.get("written", ""), data.get("abandoned", "")
+        if not isinstance(written, str) or not isinstance(abandoned, str):
+            raise ValueError(f"gateway cursor {origin}/{stream}: ranges are not text")
+        written_set, abandoned_set = RangeSet.parse(written), RangeSet.parse(abandoned)
         h = self.get(origin, stream)
-        h.written = RangeSet.parse(data.get("written", ""))
-        h.abandoned = RangeSet.parse(data.get("abandoned", ""))
+        h.written, h.abandoned = written_set, abandoned_set
 
     def set_replicated(self, origin: str, stream: str, held: RangeSet) -> None:
         self.get(origin, stream).replicated = held

@@ -41,6 +41,7 @@ from dataclasses import field as dc_field
 from typing import Any, Protocol
 
 from edge_agent.rules import _filter_regex
+from shorelink.boundary import boundary
 from shorelink.config import Section, read
 from shorelink.config import key as config_key
 from shorelink.errors import ConfigError
@@ -254,6 +255,7 @@ _UNPARSED: Any = object()
 _BAD: Any = object()
 
 
+@boundary
 def _parse(payload: bytes) -> Any:
     try:
         return json.loads(payload)
@@ -261,6 +263,7 @@ def _parse(payload: bytes) -> Any:
         return _BAD
 
 
+@boundary
 def _value(doc: Any, path: str) -> float | None:
     """The finite number at ``path``, or None (missing, not a number, NaN, too large)."""
     if doc is _BAD:

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from edge_agent.alarms import Alarm
 from edge_agent.rules import Rule
+from shorelink.boundary import boundary
 from shorelink.config import (
     LOG_LEVELS,
     Errors,
@@ -346,6 +347,7 @@ def _uplink(s: Section, base: Path | None) -> UplinkConfig:
     return out
 
 
+@boundary
 def load_signing_key(path: Path | None) -> ShipKey | None:
     """The ship's signing key in ``path`` (``uplink.signing_key_file``), None without
     one; a :class:`ConfigError` naming that key if the file is missing, readable by
@@ -488,6 +490,7 @@ def _report(top: Section, streams: Mapping[str, object]) -> ReportConfig:
     return report
 
 
+@boundary
 def load_config(path: str | Path) -> EdgeConfig:
     """Load and validate; relative paths in the file are relative to the file. A file
     that holds the token itself (``uplink.token`` without ``${ENV}``) must be as private

@@ -39,6 +39,7 @@ import aiohttp
 from edge_agent.config import GatewayEndpoint, LinkConfig
 from edge_agent.errors import GatewayGap, GatewayRejected, LinkError
 from shorelink import strict_json
+from shorelink.boundary import boundary
 from shorelink.config import Secret
 from shorelink.logs import RateLimitedLog, get_logger
 from shorelink.ranges import RangeSet
@@ -348,6 +349,7 @@ def _tls_failure(exc: BaseException) -> str:
     return ""
 
 
+@boundary
 def _parse_hello(msg: aiohttp.WSMessage) -> dict[str, RangeSet]:
     """The gateway's first upload message: stream -> held seqs. ValueError if it is not."""
     if msg.type is not aiohttp.WSMsgType.TEXT:

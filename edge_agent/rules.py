@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from edge_agent.errors import UnusableMessage
+from shorelink.boundary import boundary
 from shorelink.config import Section
 from shorelink.errors import ConfigError
 
@@ -156,6 +157,7 @@ def _as_ms(doc: Any) -> int | None:
     return None
 
 
+@boundary
 def map_message(rules: tuple[Rule, ...], topic: str, payload: bytes, recv_ms: int) -> Mapped:
     """The stream, key and event time of a message; raises :class:`UnusableMessage`."""
     for rule in rules:

@@ -31,6 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from shorelink.boundary import boundary
 from shorelink.errors import ConfigError, ConfigErrors
 from shorelink.identity import check_name
 
@@ -129,6 +130,7 @@ def resolve_secrets(cfg: Any) -> None:
             resolve_secrets(x)
 
 
+@boundary
 def expand_env(value: str, field: str) -> str:
     def sub(m: re.Match[str]) -> str:
         name, default = m.group(1), m.group(2)
@@ -141,15 +143,42 @@ def expand_env(value: str, field: str) -> str:
     return _ENV_RE.sub(sub, value)
 
 
+#: the most levels a TOML key may have (``a.b.c = 1``, ``[a.b.c]``): tomllib keeps
+#: every prefix of a dotted key, so its memory grows with the square of the depth (a
+#: 16 KB file of one key 8,000 levels deep took 259 MB). No config of ours needs 8.
+MAX_KEY_DEPTH = 32
+_STRING = re.compile(r'"""[\s\S]*?"""|\'\'\'[\s\S]*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'')
+_DEEP_KEY = re.compile(rf"(?:[\w-]+\s*\.\s*){{{MAX_KEY_DEPTH}}}[\w-]")
+
+
+@boundary
+def parse_toml(text: str) -> dict[str, Any]:
+    """``tomllib.loads(text)``, refusing (``ValueError``) a key deeper than
+    :data:`MAX_KEY_DEPTH` before tomllib reads it, and nesting past the parser's
+    recursion limit (a ``ValueError``, not a ``RecursionError``). Raises
+    ``tomllib.TOMLDecodeError`` (a ``ValueError``) for the rest."""
+    if _DEEP_KEY.search(_STRING.sub("s", text)):
+        raise ValueError(f"a key has more than {MAX_KEY_DEPTH} levels")
+    try:
+        return tomllib.loads(text)
+    except RecursionError:  # arrays or inline tables nested past the parser's limit
+        raise ValueError("nested too deep") from None
+
+
+@boundary
 def load_toml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     try:
         with open(p, "rb") as f:
-            return tomllib.load(f)
+            raw = f.read()
     except FileNotFoundError:
         raise ConfigError(str(p), "file not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(str(p), f"not valid TOML: {exc}") from exc
+    try:
+        return parse_toml(raw.decode())
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(p), f"not UTF-8: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(str(p), f"not valid TOML: {exc}") from None
 
 
 _SIZE_UNITS = {
@@ -165,28 +194,39 @@ _SIZE_UNITS = {
     "tib": 1024**4,
 }
 _DUR_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+#: the largest size and duration a config may give: past them a number is a typo or a
+#: hostile file (a float of 400 digits is infinity, and ``int()`` of it raises)
+MAX_SIZE = 2**63 - 1
+MAX_DURATION_S = 100 * 365 * 86400.0
 
 
 def parse_size(value: object, field: str) -> int:
-    """``1048576``, ``"512MiB"``, ``"2 GB"`` -> bytes."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SIZE:
         return value
     if isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", value)
+        m = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*([A-Za-z]*)\s*", value)
         if m and m.group(2).lower() in _SIZE_UNITS:
-            return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
-    raise ConfigError(field, f"expected a size like 1048576 or '512MiB', got {value!r}")
+            size = float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
+            if size <= MAX_SIZE:
+                return int(size)
+    raise ConfigError(field, f"expected a size like 1048576 or '512MiB', got {value!r:.80}")
 
 
 def parse_duration(value: object, field: str) -> float:
-    """``30`` (seconds), ``"5ms"``, ``"30d"``, ``"1h"`` -> seconds."""
+    """``30`` (seconds), ``"5ms"``, ``"30d"``, ``"1h"`` -> seconds (at most
+    :data:`MAX_DURATION_S`)."""
+    seconds = None
     if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-        return float(value)
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*", value)
+        seconds = float(value)
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d{1,30}(?:\.\d{1,30})?)\s*(ms|s|m|h|d)\s*", value)
         if m:
-            return float(m.group(1)) * _DUR_UNITS[m.group(2)]
-    raise ConfigError(field, f"expected a duration like 30, '5ms' or '30d', got {value!r}")
+            seconds = float(m.group(1)) * _DUR_UNITS[m.group(2)]
+    if seconds is not None and seconds <= MAX_DURATION_S:  # NaN and infinity too
+        return seconds
+    raise ConfigError(
+        field, f"expected a duration like 30, '5ms' or '30d' (at most 100 years), got {value!r:.80}"
+    )
 
 
 class Section:
@@ -240,7 +280,7 @@ class Section:
         expanded = expand_env(text, self.field(key))
         try:
             return tomllib.loads(f"v = {expanded}")["v"]
-        except tomllib.TOMLDecodeError:
+        except (tomllib.TOMLDecodeError, RecursionError):  # RecursionError: nested too deep
             raise ConfigError(
                 self.field(key), f"expected {what}, got {expanded!r} (from {text})"
             ) from None
@@ -566,7 +606,10 @@ def read(
         if id(t) not in unread:
             errors.attempt(t.done, None)
     errors.check()
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ValueError as exc:  # the dataclass's own check of its values (Limits' bounds)
+        raise ConfigError(sec.path or cls.__name__, str(exc)) from None
 
 
 def _value(k: Key, sec: Section, name: str, default: Any, base: Path | None) -> Any:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shorelink.boundary import boundary
 from shorelink.errors import ContractError
 from shorelink.identity import NOT_STREAMS, Identity, check_name
 
@@ -235,6 +236,7 @@ class Record:
         )
 
     @classmethod
+    @boundary
     def from_kafka(
         cls, key: bytes | None, value: bytes | None, headers: HeaderList | None
     ) -> Record:

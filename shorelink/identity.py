@@ -28,7 +28,7 @@ def check_name(kind: str, value: str) -> str:
     """Return ``value`` if it is a valid origin/stream/site name, else raise."""
     if not isinstance(value, str) or not NAME_RE.fullmatch(value):
         raise ContractError(
-            f"bad {kind} name {value!r}: use 1-63 of a-z 0-9 _ - (starting with a letter or digit)"
+            f"bad {kind} name {value!r:.80}: use 1-63 of a-z 0-9 _ - (starting with a letter or digit)"
         )
     if kind == "stream" and value in NOT_STREAMS:
         raise ContractError(f"bad stream name {value!r}: sl.{value} is not a stream's topic")

@@ -9,6 +9,7 @@ by replication.
 
 from __future__ import annotations
 
+from shorelink.boundary import boundary
 from shorelink.errors import ContractError
 from shorelink.identity import check_name
 from shorelink.ranges import RangeSet
@@ -35,12 +36,20 @@ def encode_entry(origin: str, stream: str, held: RangeSet) -> tuple[bytes, bytes
     return ledger_key(origin, stream), str(held).encode()
 
 
+@boundary
 def decode_entry(key: bytes | None, value: bytes | None) -> tuple[str, str, RangeSet]:
-    """Parse one ledger record; raises ContractError if it is not one."""
+    """Parse one ledger record; raises ContractError if it is not one, or if it holds
+    more than :data:`MAX_HOLDINGS_RANGES` ranges (no site writes one: refused before its
+    ranges are built)."""
+    raw = value or b""
+    if raw.count(b",") >= MAX_HOLDINGS_RANGES:
+        raise ContractError(
+            f"ledger entry {(key or b'')[:80]!r}: more than {MAX_HOLDINGS_RANGES} ranges"
+        )
     try:
         origin, _, stream = (key or b"").decode().partition("/")
         check_name("origin", origin)
         check_name("stream", stream)
-        return origin, stream, RangeSet.parse((value or b"").decode())
+        return origin, stream, RangeSet.parse(raw.decode())
     except (UnicodeDecodeError, ValueError) as exc:
-        raise ContractError(f"bad ledger entry {key!r}: {exc}") from exc
+        raise ContractError(f"bad ledger entry {(key or b'')[:80]!r}: {exc}") from exc

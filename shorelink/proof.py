@@ -29,7 +29,6 @@ import json
 import os
 import stat
 import struct
-import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +37,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from shorelink.boundary import boundary
+from shorelink.config import parse_toml
 from shorelink.contract import MAX_INT64
 from shorelink.errors import ConfigError, ContractError, ShorelinkError
 from shorelink.files import FileWatch, read_private, write_atomic
@@ -244,6 +245,7 @@ class ShipKey:
         return cls(Ed25519PrivateKey.generate())
 
     @classmethod
+    @boundary
     def load(cls, path: Path, field: str = "signing_key_file") -> ShipKey:
         """The key in ``path`` (``ed25519-secret:`` and the base64 of its 32-byte
         seed, as :meth:`save` writes it), refused if others may read it or if it holds
@@ -511,6 +513,7 @@ class ShipKeys:
     signature_checks: int = 0
 
     @classmethod
+    @boundary
     def load(cls, path: Path, field_name: str = "ship_keys_file") -> ShipKeys:
         """The file at ``path``; refused if others may write it (world-writable, or
         group-writable by a group other than this process's own): whoever may write it
@@ -519,10 +522,10 @@ class ShipKeys:
         try:
             with open(path, "rb") as f:
                 _check_not_writable_by_others(path, os.fstat(f.fileno()), field_name)
-                data = tomllib.loads(f.read().decode())
+                data = parse_toml(f.read().decode())
         except OSError as exc:
             raise ConfigError(field_name, f"cannot read {path}: {exc.strerror or exc}") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        except ValueError as exc:  # not UTF-8 or not TOML (nested too deep, too)
             raise ConfigError(field_name, f"{path} is not TOML: {exc}") from None
         return cls.parse(data, f"{field_name} {path}")
 

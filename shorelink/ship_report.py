@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shorelink import strict_json
+from shorelink.boundary import boundary
 from shorelink.errors import ContractError
 from shorelink.identity import check_name
 
@@ -97,6 +98,7 @@ def encode_report(report: ShipReport) -> bytes:
     return out
 
 
+@boundary
 def decode_report(payload: bytes) -> ShipReport:
     """The report in ``payload``; :class:`ContractError` saying why it is not one."""
     if len(payload) > MAX_REPORT_BYTES:

@@ -16,6 +16,8 @@ import json
 import math
 from typing import Any
 
+from shorelink.boundary import boundary
+
 __all__ = ["dumps", "finite", "loads"]
 
 
@@ -30,6 +32,7 @@ def _finite(text: str) -> float:
     return value
 
 
+@boundary
 def loads(data: str | bytes) -> Any:
     """The JSON value of ``data``; ValueError for anything but strict JSON (RFC 8259):
     ``NaN``/``Infinity``, numbers beyond a double, nesting deeper than the parser can

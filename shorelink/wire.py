@@ -23,6 +23,7 @@ from typing import Any
 
 import zstandard
 
+from shorelink.boundary import boundary
 from shorelink.contract import MAX_RECORD_BYTES, oversized_record, record_bytes
 from shorelink.errors import ContractError
 from shorelink.identity import check_name
@@ -373,6 +374,7 @@ def _check_limits(count: int, total: int, raw: int, decoded: int, limits: Limits
 # --------------------------------------------------------------------------- decode
 
 
+@boundary
 def peek_header(data: bytes, limits: Limits = DEFAULT_LIMITS, *, complete: bool = True) -> Header:
     """Read and check the header without decompressing: magic, version, flags, names,
     seq range and every length against ``limits``. With ``complete`` (the default)
@@ -387,6 +389,7 @@ def peek_header(data: bytes, limits: Limits = DEFAULT_LIMITS, *, complete: bool 
         raise WireError("malformed", f"unreadable header: {exc!r}") from None
 
 
+@boundary
 def decode_batch(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Batch:
     """Decode and fully check one batch; raise :class:`WireError` on anything wrong."""
     h, columns = decode_columns(data, limits)
@@ -395,6 +398,7 @@ def decode_batch(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Batch:
     )
 
 
+@boundary
 def decode_columns(
     data: bytes, limits: Limits = DEFAULT_LIMITS
 ) -> tuple[Header, tuple[list[str], list[int], list[str], list[bytes]]]:

@@ -18,6 +18,7 @@ from typing import Any
 from pyais import decode as ais_decode
 
 from shorelink import strict_json
+from shorelink.boundary import boundary
 
 __all__ = ["WINDOW", "Fragment", "NavRecord", "Position", "assemble", "decode_nav", "fragment_info"]
 
@@ -161,6 +162,7 @@ def _position(r: NavRecord, d: dict[str, Any]) -> Position | None:
     )
 
 
+@boundary
 def decode_nav(
     records: Iterable[NavRecord], lookup: Lookup = _no_store
 ) -> tuple[list[Position], int]:

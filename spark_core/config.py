@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
+from shorelink.boundary import boundary
 from shorelink.config import (
     LOG_LEVELS,
     Errors,
@@ -468,5 +469,6 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> SitesConf
     return cfg
 
 
+@boundary
 def load_config(path: str | Path) -> SitesConfig:
     return load_file(path, parse_config)

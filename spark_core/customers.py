@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shorelink.boundary import boundary
 from shorelink.config import Secret, check_name_field, load_toml
 from shorelink.errors import ConfigError
 from shorelink.logs import get_logger
@@ -240,6 +241,7 @@ def parse_customers(data: Mapping[str, Any], source: str = "customers") -> Custo
     return Customers(out)
 
 
+@boundary
 def load_customers(path: Path) -> Customers:
     """The customers file at ``path``."""
     return parse_customers(load_toml(path), str(path))

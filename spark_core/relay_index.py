@@ -39,6 +39,7 @@ from confluent_kafka import Message
 from confluent_kafka.admin import OffsetSpec
 
 from shorelink import strict_json
+from shorelink.boundary import boundary
 from shorelink.contract import CANONICAL_INDEX_TOPIC, RELAY_INDEX_TOPIC
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
@@ -153,6 +154,7 @@ class Segment:
     written_ms: int | None = None
 
 
+@boundary
 def decode_segment(key: bytes | None, value: bytes | None) -> Segment:
     """Parse one index record (a neighbour's: anything may come); raises ValueError
     (and its kin: KeyError, TypeError, AttributeError) on anything else. Strict JSON

@@ -61,6 +61,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from shorelink import strict_json
+from shorelink.boundary import boundary
 from shorelink.contract import LINKS_TOPIC
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
@@ -163,6 +164,7 @@ class Report:
         return json.dumps(doc).encode()
 
     @classmethod
+    @boundary
     def decode(cls, site: str, value: bytes) -> Report:
         """Raises ValueError for anything but ``{"up": [names], "version": int}`` with
         an optional ``"failing": [names]``."""

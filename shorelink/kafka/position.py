@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from confluent_kafka import Producer
 
 from shorelink import strict_json
+from shorelink.boundary import boundary
 from shorelink.errors import ContractError, ShorelinkError
 from shorelink.files import write_atomic
 from shorelink.identity import Identity, check_name
@@ -185,6 +186,7 @@ class Position:
         return json.dumps(self.to_json(), separators=(",", ":")).encode()
 
     @classmethod
+    @boundary
     def loads(cls, raw: bytes | str) -> Position:
         if len(raw) > MAX_POSITION_BYTES:
             raise PositionError(f"larger than {MAX_POSITION_BYTES} bytes")

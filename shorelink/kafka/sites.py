@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shorelink.boundary import boundary
 from shorelink.config import Section, check_name_field, key, load_toml, read
 from shorelink.errors import ConfigError
 from shorelink.kafka.endpoint import KafkaEndpoint
@@ -42,6 +43,7 @@ class SiteKafka:
     )
 
 
+@boundary
 def load_sites(path: str | Path) -> dict[str, SiteKafka]:
     """Every ``[sites.NAME]`` of the sites file at ``path``, in file order; raise
     :class:`~shorelink.errors.ConfigError` naming the field when one is missing or bad."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import contextlib
 import importlib.resources
 import time
@@ -35,6 +34,7 @@ from prometheus_client import (
 )
 
 from shorelink import strict_json
+from shorelink.boundary import boundary
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.logs import get_logger
 from shorelink.metrics import process_registry
@@ -241,6 +241,7 @@ SECURITY_HEADERS = {
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 
 
+@boundary
 def _host_name(host: str) -> str:
     """The name of a ``Host`` header, without its port (``[::1]:8090`` -> ``[::1]``)."""
     if host.startswith("["):
@@ -272,6 +273,7 @@ async def _headers(request: web.Request, handler: Handler) -> web.StreamResponse
 
 
 @web.middleware
+@boundary
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     ops = request.app[OPS]
     if request.method != "GET" and request.method != "HEAD":
@@ -305,6 +307,7 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     return await handler(request)
 
 
+@boundary
 def _basic_login(header: str) -> tuple[str, str] | None:
     """(name, password) of an HTTP Basic ``Authorization`` header."""
     scheme, _, token = header.partition(" ")
@@ -312,7 +315,9 @@ def _basic_login(header: str) -> tuple[str, str] | None:
         return None
     try:
         user, sep, password = base64.b64decode(token.strip(), validate=True).decode().partition(":")
-    except (binascii.Error, UnicodeDecodeError):
+    except (
+        ValueError
+    ):  # not base64 (binascii.Error), not ASCII (a header byte past 0x7f), not UTF-8
         return None
     return (user, password) if sep else None
 
@@ -355,6 +360,7 @@ async def _index(_request: web.Request) -> web.Response:
     return web.Response(body=_asset("index.html"), content_type="text/html", charset="utf-8")
 
 
+@boundary
 async def _static(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     if name not in _STATIC:

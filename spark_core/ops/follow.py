@@ -28,6 +28,7 @@ from typing import Any
 from confluent_kafka import Message
 
 from shorelink import strict_json
+from shorelink.boundary import boundary
 from shorelink.contract import (
     DEAD_UNKNOWN_TOPIC,
     LEDGER_TOPIC,
@@ -204,6 +205,7 @@ class SiteFollower:
             )
 
     # -- one record --------------------------------------------------------------------
+    @boundary
     def _apply(self, msg: Message) -> None:
         topic = msg.topic() or ""
         try:

@@ -28,6 +28,7 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 
+from shorelink.boundary import boundary
 from shorelink.errors import ConfigError
 from shorelink.files import FileWatch, locked, read_private, write_atomic
 from shorelink.logs import get_logger
@@ -97,6 +98,7 @@ def _unb64(text: str) -> bytes:
     return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
 
 
+@boundary
 def _parse(text: str, where: str) -> dict[str, str]:
     users: dict[str, str] = {}
     for i, line in enumerate(text.splitlines(), 1):

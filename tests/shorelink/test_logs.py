@@ -30,6 +30,7 @@ from local_stack.process import free_port
 from shorelink.kafka.endpoint import KafkaEndpoint, name_clients
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.logs import Logger, RateLimitedLog, formatter, get_logger, logfmt
+from tests.bounds import KIB, Bound, within
 from tests.helpers import eventually, unique
 from tests.logfmt import read_logfmt
 
@@ -106,6 +107,10 @@ def _back(text: object, value: object) -> bool:
     return text == value
 
 
+#: what rendering one line may cost (docs/boundaries.md, the renderer's row)
+_BOUND = Bound(256 * KIB, 32, cpu_s=0.5, cpu_per_mib=8)
+
+
 @settings(max_examples=200, deadline=5000)
 @given(st.lists(st.tuples(_keys, _values), max_size=6).map(dict))
 def test_every_value_comes_back_exactly_and_none_changes_the_lines_own_fields(
@@ -120,8 +125,14 @@ def test_every_value_comes_back_exactly_and_none_changes_the_lines_own_fields(
     per value, and each value comes back exactly, in logfmt (with or without the
     journal's priority) and in JSON."""
     want = list(values.values())
+    size = sum(len(v) if isinstance(v, str | bytes) else 32 for v in want) + sum(map(len, values))
     for kw in ({}, {"priority": True}, {"as_json": True}):
-        (line,) = _lines(lambda log: log.warning("warned", **values), **kw)
+        if kw:
+            (line,) = _lines(lambda log: log.warning("warned", **values), **kw)
+        else:  # measured once: tracemalloc slows every allocation down
+            (line,) = _lines(
+                lambda log: within(_BOUND, (), lambda: log.warning("warned", **values), size=size)
+            )
         assert len(line.splitlines()) == 1 and line.isprintable()
         if kw.get("as_json"):
             back = json.loads(line)
@@ -148,7 +159,9 @@ def test_another_librarys_record_is_its_text_as_one_value(text: str, arg: str) -
     lib = "aiohttp.test"
     for kw in ({}, {"as_json": True}):
         with _capture(name=lib, **kw) as out:
-            logging.getLogger(lib).error("%s event=x level=debug %s", text, arg)
+            error = logging.getLogger(lib).error
+            size = len(text) + len(arg)
+            within(_BOUND, (), error, "%s event=x level=debug %s", text, arg, size=size)
         (line,) = out.getvalue().split("\n")[:-1]
         back = json.loads(line) if kw else read_logfmt(line)
         assert list(back) == ["ts", "level", "logger", "message"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import http.client
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -31,6 +33,8 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from core_gateway.auth import Credentials
 from local_stack.kafka import KafkaBroker
@@ -45,6 +49,7 @@ from spark_core.ops.coast import PACKAGE, coastlines, parse_gshhs
 from spark_core.ops.users import OpsUsers, hash_password
 from tests.core_gateway.helpers import batch, run_gateway, wait_ready
 from tests.helpers import eventually, run_process, unique, write_toml
+from tests.strategies import any_bytes, any_text, header_text
 from voyage.ops import CHROMIUM, CHROMIUM_ARGS
 
 SITE = "ops"
@@ -853,3 +858,55 @@ def test_a_flood_of_login_guesses_is_answered_busy_not_queued(site: Site) -> Non
     # at most 1 + MAX_WAITING_CHECKS were in progress at once: the rest of a burst busy
     assert set(answers) == {401, 503}, answers
     assert status(STAFF) == 200
+
+
+_HEADER_TEXT = header_text(80)
+_LOGIN = base64.b64encode(f"{STAFF[0]}:{STAFF[1]}".encode()).decode()
+
+
+@settings(max_examples=60, deadline=10_000, suppress_health_check=list(HealthCheck))
+@given(
+    method=st.one_of(  # mostly GET: any other method is refused before the login is read
+        st.just("GET"), st.sampled_from(["HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"])
+    ),
+    path=st.one_of(
+        st.sampled_from(["/", "/api", "/api/ships", "/api/map", "/metrics", "/healthz"]),
+        any_text(40).map(
+            lambda t: "/static/" + urllib.parse.quote(t.encode("utf-8", "surrogatepass"), safe="")
+        ),
+        any_text(40).map(lambda t: "/" + urllib.parse.quote(t.encode("utf-8", "surrogatepass"))),
+    ),
+    auth=st.one_of(
+        st.none(),
+        _HEADER_TEXT,
+        _HEADER_TEXT.map(lambda t: "Basic " + t),
+        any_bytes(60).map(lambda b: "Basic " + base64.b64encode(b).decode()),
+        st.just("Basic " + _LOGIN),
+    ),
+    host=st.one_of(st.none(), _HEADER_TEXT, st.sampled_from(["[::1", "localhost:1", ""])),
+)
+def test_any_request_to_the_ops_page_is_answered_without_a_server_error(
+    site: Site, method: str, path: str, auth: str | None, host: str | None
+) -> None:
+    """The page's middleware (method, Host, login) and its static route over any
+    request a browser or a scanner sends: an answer below 500 (or 503 ``busy``, the
+    logins' own back-pressure), never the handler's exception."""
+    parsed = urllib.parse.urlsplit(site.url)
+    conn = http.client.HTTPConnection(parsed.hostname or "", parsed.port, timeout=30)
+    try:
+        conn.putrequest(method, path, skip_host=host is not None, skip_accept_encoding=True)
+        if host is not None:
+            conn.putheader("Host", host.encode("latin-1"))
+        if auth is not None:
+            conn.putheader("Authorization", auth.encode("latin-1"))
+        conn.endheaders()
+        r = conn.getresponse()
+        body = r.read()
+    finally:
+        conn.close()
+    if r.status >= 500:
+        assert r.status == 503 and b"busy" in body, (r.status, body[:300])
+    if path == "/api/ships" and method == "GET" and auth == "Basic " + _LOGIN:
+        assert r.status == 200
+    elif auth != "Basic " + _LOGIN and path != "/healthz":
+        assert r.status in (400, 401, 404, 405, 421, 503), (r.status, body[:300])

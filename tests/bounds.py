@@ -1,0 +1,79 @@
+"""What a boundary function may cost, measured (docs/boundaries.md): every property
+test of a boundary calls it through :func:`within`, which returns what the function
+returned or the documented error it raised, lets any other exception through (the
+test fails on it), and fails when the call's tracemalloc peak or its process time
+passed the row's bound."""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+KIB = 1024
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Bound:
+    """At most ``per_byte * n + fixed_bytes`` of memory (tracemalloc's peak) and
+    ``cpu_s + cpu_per_mib * n / MiB`` seconds of process time for an input of ``n``
+    bytes. CPU bounds are generous (tracemalloc slows Python down about threefold, and
+    other threads of the test process count): they catch the quadratic and the
+    unbounded, not a slow machine."""
+
+    fixed_bytes: int
+    per_byte: float = 0.0
+    cpu_s: float = 1.0
+    cpu_per_mib: float = 0.0
+
+    def memory(self, n: int) -> int:
+        return int(self.fixed_bytes + self.per_byte * n)
+
+    def cpu(self, n: int) -> float:
+        return self.cpu_s + self.cpu_per_mib * n / MIB
+
+
+def within(
+    bound: Bound,
+    errors: tuple[type[BaseException], ...],
+    fn: Callable[..., Any],
+    *args: Any,
+    size: int | None = None,
+    **kwargs: Any,
+) -> Any:
+    """``fn(*args, **kwargs)``'s result, or the instance of ``errors`` it raised, once
+    its memory peak and its process time are within ``bound`` for an input of ``size``
+    bytes (default: the length of the first argument, 0 where it has none)."""
+    if size is None:
+        size = _size(args[0]) if args else 0
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    t0 = time.process_time()
+    try:
+        result: Any = fn(*args, **kwargs)
+    except errors as exc:
+        result = exc
+    finally:
+        cpu = time.process_time() - t0
+        peak = tracemalloc.get_traced_memory()[1] - base
+        if not was_tracing:
+            tracemalloc.stop()
+    name = getattr(fn, "__qualname__", repr(fn))
+    assert peak <= bound.memory(size), (
+        f"{name}: peak {peak} bytes > bound {bound.memory(size)} for {size} bytes of input"
+    )
+    assert cpu <= bound.cpu(size), f"{name}: {cpu:.3f} s > bound {bound.cpu(size):.3f} s"
+    return result
+
+
+def _size(arg: object) -> int:
+    try:
+        return len(arg)  # type: ignore[arg-type]
+    except TypeError:
+        return 0

@@ -1,0 +1,145 @@
+"""The edge agent's boundaries over the whole input space (docs/boundaries.md): a
+sensor's message is mapped or quarantined with its reason, the alarms read a number or
+nothing, a gateway's first message is holdings or a ValueError, a key file is a key or
+a ConfigError; each within its row's bound. One message that escapes as another
+exception is retried one by one forever, and ingest stalls behind it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import aiohttp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edge_agent.alarms import _BAD, _parse, _value
+from edge_agent.config import load_signing_key
+from edge_agent.errors import UnusableMessage
+from edge_agent.gateway import _parse_hello
+from edge_agent.rules import MAX_EVENT_MS, MIN_EVENT_MS, Mapped, Rule, map_message
+from shorelink import strict_json
+from shorelink.config import Section
+from shorelink.errors import ConfigError
+from shorelink.proof import ShipKey
+from tests.bounds import KIB, Bound, within
+from tests.strategies import HUGE_INTS, any_bytes, any_text, deep_json, json_values, mutated
+
+FAST = settings(max_examples=80, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+
+STREAMS = {"containers": 1, "nav": 1, "alerts": 1}
+RULES = tuple(
+    Rule.from_section(Section(kw, f"rules[{i}]"), STREAMS)
+    for i, kw in enumerate(
+        [
+            {
+                "filter": "ship/+/containers/+/env",
+                "stream": "containers",
+                "key": "{2}/{4}",
+                "ts_field": "meta.ts",
+            },
+            {"filter": "ship/nav/#", "stream": "nav", "key": "{9}", "ts_field": "t"},
+            {"filter": "#", "stream": "alerts", "key": "{1}"},
+        ]
+    )
+)
+
+_TOPICS = st.one_of(
+    any_text(80),
+    st.lists(
+        st.one_of(any_text(10), st.sampled_from(["ship", "containers", "env", "nav"])), max_size=12
+    ).map("/".join),
+)
+_TIMES = st.one_of(
+    st.integers(),
+    HUGE_INTS,
+    st.floats(),
+    any_text(30),
+    st.sampled_from(["2024-01-01T00:00:00Z", "9999-12-31T23:59:59", "0001-01-01", "+inf"]),
+)
+_PAYLOADS = st.one_of(
+    any_bytes(300),
+    deep_json(),
+    _TIMES.map(lambda t: b'{"meta": {"ts": %s}, "t": %s}' % (repr(t).encode(), repr(t).encode())),
+    json_values().map(lambda d: strict_json.dumps({"meta": d, "t": d}).encode()),
+    mutated(b'{"meta": {"ts": 1700000000000}, "t": "2024-01-01T00:00:00Z"}'),
+)
+
+
+@FAST
+@given(topic=_TOPICS, payload=_PAYLOADS)
+def test_any_topic_and_payload_is_mapped_or_unusable(topic: str, payload: bytes) -> None:
+    out = within(
+        Bound(256 * KIB, 16, cpu_s=0.5),
+        (UnusableMessage,),
+        map_message,
+        RULES,
+        topic,
+        payload,
+        1_700_000_000_000,
+        size=len(topic) + len(payload),
+    )
+    if isinstance(out, Mapped):
+        assert MIN_EVENT_MS <= out.ts_ms < MAX_EVENT_MS and isinstance(out.key, str)
+    else:
+        assert out.reason in ("bad_key", "unmapped_topic")
+
+
+@FAST
+@given(
+    payload=_PAYLOADS,
+    path=st.one_of(st.sampled_from(["meta.ts", "t", "a.b.c", "0", ""]), any_text(20)),
+)
+def test_an_alarms_reading_of_any_payload_is_a_finite_number_or_none(
+    payload: bytes, path: str
+) -> None:
+    doc = within(Bound(256 * KIB, 16, cpu_s=0.5), (), _parse, payload)
+    value = within(Bound(64 * KIB), (), _value, doc, path, size=0)
+    assert value is None or (isinstance(value, float) and math.isfinite(value))
+    assert doc is not _BAD or value is None
+
+
+def _hello(text: str) -> aiohttp.WSMessage:
+    return aiohttp.WSMessage(aiohttp.WSMsgType.TEXT, text, None)
+
+
+@FAST
+@given(
+    st.one_of(
+        any_text(300),
+        deep_json().map(bytes.decode),
+        json_values().map(lambda d: strict_json.dumps({"type": "holdings", "streams": d})),
+        st.dictionaries(any_text(10), st.one_of(any_text(30), HUGE_INTS)).map(
+            lambda d: strict_json.dumps({"type": "holdings", "streams": d})
+        ),
+        mutated(b'{"type": "holdings", "streams": {"containers": "1-5,9"}}').map(
+            lambda b: b.decode(errors="replace")
+        ),
+    )
+)
+def test_the_gateways_first_message_is_holdings_or_a_value_error(text: str) -> None:
+    within(
+        Bound(256 * KIB, 32, cpu_s=0.5), (ValueError,), _parse_hello, _hello(text), size=len(text)
+    )
+
+
+_KEY = ShipKey.generate()
+
+
+@settings(
+    max_examples=40,
+    deadline=2000,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(st.one_of(any_bytes(200), st.binary(max_size=60).map(lambda b: b"ed25519-secret:" + b)))
+def test_a_signing_key_file_is_loaded_or_refused_with_a_config_error(
+    tmp_path: Path, data: bytes
+) -> None:
+    path = tmp_path / "ship.key"
+    path.unlink(missing_ok=True)
+    path.write_bytes(data)
+    path.chmod(0o600)
+    out = within(
+        Bound(64 * KIB, 8, cpu_s=0.2), (ConfigError,), load_signing_key, path, size=len(data)
+    )
+    assert isinstance(out, ShipKey | ConfigError)
