@@ -192,7 +192,7 @@ def _quote(text: str) -> str:
     return "".join(_printable(out[i : i + _STRETCH]) for i in range(0, len(out), _STRETCH))
 
 
-_STRETCH = 4096
+_STRETCH = 512
 
 
 def _printable(text: str) -> str:

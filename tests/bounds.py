@@ -73,6 +73,8 @@ def within(
 
 
 def _size(arg: object) -> int:
+    if isinstance(arg, str):  # in bytes, as the rows count it
+        return len(arg.encode("utf-8", "surrogatepass"))
     try:
         return len(arg)  # type: ignore[arg-type]
     except TypeError:

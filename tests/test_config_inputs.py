@@ -39,7 +39,7 @@ LOADERS: dict[str, tuple[Callable[[Path], Any], Path]] = {
 #: as load_toml's row, and what the values make (a few objects per byte of a value)
 BOUND = Bound(2048 * KIB, 64, cpu_s=2.0, cpu_per_mib=8)
 SETTINGS = settings(
-    max_examples=25,
+    max_examples=15,
     deadline=5000,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )

@@ -35,7 +35,7 @@ from tests.strategies import HUGE_INTS, any_bytes, any_text, deep_json, json_val
 
 FAST = settings(max_examples=80, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 FILES = settings(
-    max_examples=40,
+    max_examples=30,
     deadline=3000,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )

@@ -107,6 +107,12 @@ def _back(text: object, value: object) -> bool:
     return text == value
 
 
+def _bytes(value: object) -> int:
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogatepass"))
+    return len(value) if isinstance(value, bytes) else 32
+
+
 #: what rendering one line may cost (docs/boundaries.md, the renderer's row)
 _BOUND = Bound(256 * KIB, 32, cpu_s=0.5, cpu_per_mib=8)
 
@@ -125,7 +131,7 @@ def test_every_value_comes_back_exactly_and_none_changes_the_lines_own_fields(
     per value, and each value comes back exactly, in logfmt (with or without the
     journal's priority) and in JSON."""
     want = list(values.values())
-    size = sum(len(v) if isinstance(v, str | bytes) else 32 for v in want) + sum(map(len, values))
+    size = sum(map(_bytes, want)) + sum(map(_bytes, values))  # the bound's n: UTF-8 bytes
     for kw in ({}, {"priority": True}, {"as_json": True}):
         if kw:
             (line,) = _lines(lambda log: log.warning("warned", **values), **kw)
@@ -160,7 +166,7 @@ def test_another_librarys_record_is_its_text_as_one_value(text: str, arg: str) -
     for kw in ({}, {"as_json": True}):
         with _capture(name=lib, **kw) as out:
             error = logging.getLogger(lib).error
-            size = len(text) + len(arg)
+            size = _bytes(text) + _bytes(arg)
             within(_BOUND, (), error, "%s event=x level=debug %s", text, arg, size=size)
         (line,) = out.getvalue().split("\n")[:-1]
         back = json.loads(line) if kw else read_logfmt(line)
