@@ -152,6 +152,7 @@ class HttpGateway:
         answer = await upload.send(body, self._link.timeout_s)
         return self._result(stream, answer, len(body))
 
+    @boundary
     def _result(self, stream: str, data: dict[str, Any], nbytes: int) -> SendResult:
         status = data.get("status", 200)
         if not isinstance(status, int):

@@ -253,6 +253,7 @@ class Record:
         return cls(identity, key or b"", value or b"", ts, site, topic)
 
 
+@boundary
 def entered_ms(headers: HeaderList | None) -> int | None:
     """The :data:`H_ENTERED` header's value (epoch ms), None where a record has none
     (an ingress record) or one that is no decimal number: it only informs."""

@@ -709,6 +709,7 @@ class ShipKeys:
             raise SignatureError("bad_signature", why)
         return [p.encode() for p in proofs(first_seq, leaves, sigs)]
 
+    @boundary
     def check(
         self,
         origin: str,

@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge_agent.alarms import _BAD, _parse, _value
-from edge_agent.config import load_signing_key
-from edge_agent.errors import UnusableMessage
-from edge_agent.gateway import _parse_hello
+from edge_agent.config import DEFAULT_LINKS, GatewayEndpoint, load_signing_key
+from edge_agent.errors import UnusableMessage, UplinkError
+from edge_agent.gateway import HttpGateway, SendResult, _parse_hello
 from edge_agent.rules import MAX_EVENT_MS, MIN_EVENT_MS, Mapped, Rule, map_message
 from shorelink import strict_json
-from shorelink.config import Section
+from shorelink.config import Secret, Section
 from shorelink.errors import ConfigError
 from shorelink.proof import ShipKey
 from tests.bounds import KIB, Bound, within
@@ -143,3 +143,41 @@ def test_a_signing_key_file_is_loaded_or_refused_with_a_config_error(
         Bound(64 * KIB, 8, cpu_s=0.2), (ConfigError,), load_signing_key, path, size=len(data)
     )
     assert isinstance(out, ShipKey | ConfigError)
+
+
+_GATEWAY = HttpGateway(
+    GatewayEndpoint("tokyo", "http://127.0.0.1:1", "port_wifi"),
+    DEFAULT_LINKS["port_wifi"],
+    "bigblue",
+    Secret("t"),
+)
+_ANSWER_VALUES = st.one_of(json_values(), any_text(40), HUGE_INTS, st.integers(0, 600))
+
+
+@FAST
+@given(
+    st.one_of(
+        st.dictionaries(
+            st.sampled_from(["status", "held", "written", "error", "message", "x"]),
+            _ANSWER_VALUES,
+            max_size=6,
+        ),
+        st.tuples(st.integers(100, 599), _ANSWER_VALUES, any_text(30)).map(
+            lambda s: {"status": s[0], "held": s[1], "error": s[2], "message": s[1]}
+        ),
+    )
+)
+def test_the_gateways_answer_is_a_result_or_an_uplink_error(data: dict[str, object]) -> None:
+    """The ship trusts its gateway's TLS, not its every byte: an answer of any shape is
+    a result or an error of the uplink's tree, which the session knows how to take."""
+    size = len(strict_json.dumps(data))
+    out = within(
+        Bound(256 * KIB, 32, cpu_s=0.5),
+        (UplinkError,),
+        _GATEWAY._result,
+        "containers",
+        data,
+        10,
+        size=size,
+    )
+    assert isinstance(out, SendResult | UplinkError)

@@ -13,12 +13,22 @@ from hypothesis import strategies as st
 
 from shorelink import strict_json
 from shorelink.config import expand_env, load_toml, parse_toml
-from shorelink.contract import H_MQTT_TOPIC, H_ORIGIN, H_SEQ, H_SITE, H_STREAM, H_TS, Record
+from shorelink.contract import (
+    H_ENTERED,
+    H_MQTT_TOPIC,
+    H_ORIGIN,
+    H_SEQ,
+    H_SITE,
+    H_STREAM,
+    H_TS,
+    Record,
+    entered_ms,
+)
 from shorelink.errors import ConfigError, ContractError
 from shorelink.identity import Identity
 from shorelink.kafka.position import Position, PositionError
 from shorelink.ledger import MAX_HOLDINGS_RANGES, decode_entry, encode_entry
-from shorelink.proof import ShipKey, ShipKeys
+from shorelink.proof import CHUNK_RECORDS, ShipKey, ShipKeys, proofs, record_hash, sign_records
 from shorelink.ranges import RangeSet
 from shorelink.ship_report import ShipReport, decode_report, encode_report
 from shorelink.wire import (
@@ -40,7 +50,9 @@ FILES = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 
-_HEADER_NAMES = st.sampled_from([H_ORIGIN, H_STREAM, H_SEQ, H_TS, H_SITE, H_MQTT_TOPIC, "x"])
+_HEADER_NAMES = st.sampled_from(
+    [H_ORIGIN, H_STREAM, H_SEQ, H_TS, H_SITE, H_MQTT_TOPIC, H_ENTERED, "x"]
+)
 _HEADER_VALUES = st.one_of(
     st.none(),
     any_bytes(60),
@@ -85,6 +97,8 @@ def test_a_kafka_record_is_read_or_refused_with_a_contract_error(
     )
     if isinstance(out, Record):
         assert 1 <= out.identity.seq <= 2**63 - 1 and 0 <= out.ts_ms <= 2**63 - 1
+    entered = within(Bound(64 * KIB, 4, cpu_s=0.2), (), entered_ms, headers, size=size)
+    assert entered is None or 0 <= entered < 10**18
 
 
 def _ranges_text(pairs: list[tuple[int, int]], reverse: bool) -> bytes:
@@ -248,3 +262,52 @@ _POSITION = Position.of([Identity("ship-1", "containers", s) for s in (1, 2, 3, 
 @given(st.one_of(any_bytes(300), mutated(_POSITION, 6), deep_json()))
 def test_a_position_is_read_or_refused_with_a_position_error(raw: bytes) -> None:
     within(Bound(256 * KIB, 32, cpu_s=0.5, cpu_per_mib=4), (PositionError,), Position.loads, raw)
+
+
+_SIGNER = ShipKey.generate()
+_SIGNED_KEYS = ShipKeys.parse(
+    {"require_signatures": True, "ships": {"ship-1": _SIGNER.public()}}, "test"
+)
+_LEAVES = [record_hash(s, 1000 + s, "k", "t/1", b"%d" % s) for s in range(1, 201)]
+_PROOFS = [
+    p.encode()
+    for p in proofs(1, _LEAVES, sign_records(_SIGNER, "ship-1", "containers", 1, _LEAVES))
+]
+
+
+@FAST
+@given(
+    origin=st.one_of(st.just("ship-1"), any_text(20)),
+    seq=st.one_of(st.integers(1, 201), st.integers(), HUGE_INTS),
+    ts=st.one_of(st.integers(1000, 1300), st.integers(), HUGE_INTS),
+    key=st.one_of(st.just("k"), any_text(20), any_bytes(20)),
+    payload=any_bytes(100),
+    proof=st.one_of(
+        st.none(),
+        any_bytes(300),
+        st.sampled_from(_PROOFS[: CHUNK_RECORDS + 2]),
+        st.sampled_from(_PROOFS).flatmap(lambda p: mutated(p, 3)),
+    ),
+)
+def test_a_records_proof_is_checked_to_a_verdict_whatever_it_holds(
+    origin: str, seq: int, ts: int, key: str | bytes, payload: bytes, proof: bytes | None
+) -> None:
+    """A neighbour's record whose proof, seq or time are anything: a verdict (None or
+    the reason), never an exception that would stop the puller at that record."""
+    verdict = within(
+        Bound(64 * KIB, 4, cpu_s=0.5),
+        (),
+        _SIGNED_KEYS.check,
+        origin,
+        "containers",
+        seq,
+        ts,
+        key,
+        "t/1",
+        payload,
+        proof,
+        size=len(payload) + len(proof or b""),
+    )
+    assert verdict is None or isinstance(verdict, str)
+    if verdict is None:
+        assert origin == "ship-1" and proof in _PROOFS
