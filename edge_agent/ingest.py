@@ -51,8 +51,7 @@ from edge_agent.config import EdgeConfig
 from edge_agent.errors import LogError, LogFullError, UnusableMessage
 from edge_agent.log import CommitResult, EdgeLog, Incoming, Quarantined, message_digest
 from edge_agent.metrics import EdgeMetrics
-from edge_agent.rules import map_message
-from shorelink.contract import MAX_RECORD_BYTES, record_bytes
+from edge_agent.rules import admit_message
 from shorelink.logs import RateLimitedLog, get_logger
 
 __all__ = ["Ingest"]
@@ -413,29 +412,14 @@ class Ingest:
             payload = bytes(r.msg.payload)
             try:
                 try:
-                    topic = raw_topic.decode("utf-8")
-                except UnicodeDecodeError:
-                    raise UnusableMessage(
-                        "bad_topic", f"topic is not UTF-8: {raw_topic[:80]!r}"
-                    ) from None
-                if len(payload) > max_payload:
-                    raise UnusableMessage(
-                        "oversized", f"{len(payload)} bytes > max_payload_bytes {max_payload}"
+                    topic, mapped = admit_message(
+                        self.cfg.rules, raw_topic, payload, r.recv_ms, max_payload
                     )
-                try:
-                    mapped = map_message(self.cfg.rules, topic, payload, r.recv_ms)
                 except UnusableMessage:
                     raise
                 except Exception as exc:  # no payload may stop ingest
-                    log.exception("mapping_error", topic=topic[:200])
+                    log.exception("mapping_error", topic=raw_topic[:200])
                     raise UnusableMessage("mapping_error", repr(exc)[:300]) from exc
-                size = record_bytes(mapped.key, payload, topic)
-                if size > MAX_RECORD_BYTES:  # the one record limit of every hop
-                    raise UnusableMessage(
-                        "oversized",
-                        f"record of {size} bytes (payload, key and topic) > MAX_RECORD_BYTES"
-                        f" {MAX_RECORD_BYTES}",
-                    )
             except UnusableMessage as exc:
                 quarantined.append(Quarantined(r.recv_ms, raw_topic, exc.reason, str(exc), payload))
                 self.metrics.quarantined.labels(exc.reason).inc()

@@ -27,6 +27,7 @@ from typing import Any
 from edge_agent.errors import UnusableMessage
 from shorelink.boundary import boundary
 from shorelink.config import Section
+from shorelink.contract import MAX_RECORD_BYTES, record_bytes
 from shorelink.errors import ConfigError
 
 __all__ = ["Mapped", "Rule", "map_message"]
@@ -168,3 +169,30 @@ def map_message(rules: tuple[Rule, ...], topic: str, payload: bytes, recv_ms: in
             ts, problem = _event_time(payload, rule.ts_field)
             return Mapped(rule.stream, key, recv_ms if ts is None else ts, problem)
     raise UnusableMessage("unmapped_topic", f"no rule maps topic {topic!r}")
+
+
+@boundary
+def admit_message(
+    rules: tuple[Rule, ...], raw_topic: bytes, payload: bytes, recv_ms: int, max_payload: int
+) -> tuple[str, Mapped]:
+    """A received MQTT message, as the broker sent it: its topic as text and its
+    :func:`map_message`, or :class:`UnusableMessage` saying why ingest quarantines it
+    (``bad_topic``: not UTF-8; ``oversized``: past ``max_payload`` or, as a record, past
+    :data:`~shorelink.contract.MAX_RECORD_BYTES`; ``unmapped_topic``, ``bad_key``)."""
+    try:
+        topic = raw_topic.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UnusableMessage("bad_topic", f"topic is not UTF-8: {raw_topic[:80]!r}") from None
+    if len(payload) > max_payload:
+        raise UnusableMessage(
+            "oversized", f"{len(payload)} bytes > max_payload_bytes {max_payload}"
+        )
+    mapped = map_message(rules, topic, payload, recv_ms)
+    size = record_bytes(mapped.key, payload, topic)
+    if size > MAX_RECORD_BYTES:  # the one record limit of every hop
+        raise UnusableMessage(
+            "oversized",
+            f"record of {size} bytes (payload, key and topic) > MAX_RECORD_BYTES"
+            f" {MAX_RECORD_BYTES}",
+        )
+    return topic, mapped

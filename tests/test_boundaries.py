@@ -26,7 +26,7 @@ UNMARKED = {
 #: functions the scan below finds that are not boundaries, each with why
 ALLOWED = {
     "edge_agent.ingest:Ingest._on_message": "queues the message as received; "
-    "Ingest._prepare checks its topic and size and calls map_message",
+    "Ingest._prepare hands each to admit_message (marked)",
     "edge_agent.gateway:_Upload._read": "the gateway's answers: only checked to be a JSON "
     "object (strict_json.loads, marked) before the session reads each field",
     "core_gateway.app:_healthz": "reads nothing of the request",

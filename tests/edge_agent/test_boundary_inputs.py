@@ -17,9 +17,10 @@ from edge_agent.alarms import _BAD, _parse, _value
 from edge_agent.config import DEFAULT_LINKS, GatewayEndpoint, load_signing_key
 from edge_agent.errors import UnusableMessage, UplinkError
 from edge_agent.gateway import HttpGateway, SendResult, _parse_hello
-from edge_agent.rules import MAX_EVENT_MS, MIN_EVENT_MS, Mapped, Rule, map_message
+from edge_agent.rules import MAX_EVENT_MS, MIN_EVENT_MS, Mapped, Rule, admit_message, map_message
 from shorelink import strict_json
 from shorelink.config import Secret, Section
+from shorelink.contract import MAX_RECORD_BYTES
 from shorelink.errors import ConfigError
 from shorelink.proof import ShipKey
 from tests.bounds import KIB, Bound, within
@@ -83,6 +84,38 @@ def test_any_topic_and_payload_is_mapped_or_unusable(topic: str, payload: bytes)
         assert MIN_EVENT_MS <= out.ts_ms < MAX_EVENT_MS and isinstance(out.key, str)
     else:
         assert out.reason in ("bad_key", "unmapped_topic")
+
+
+@FAST
+@given(
+    topic=st.one_of(
+        any_bytes(120),
+        _TOPICS.map(lambda t: t.encode("utf-8", "surrogatepass")),
+        st.integers(0, 70_000).map(lambda n: b"ship/nav/" + b"a" * n),
+    ),
+    payload=st.one_of(_PAYLOADS, st.integers(0, 1_100_000).map(bytes)),
+    max_payload=st.sampled_from([0, 100, 256 * 1024, 4 * 1024 * 1024]),
+)
+def test_any_message_the_broker_delivers_is_admitted_or_unusable(
+    topic: bytes, payload: bytes, max_payload: int
+) -> None:
+    out = within(
+        Bound(256 * KIB, 16, cpu_s=0.5),
+        (UnusableMessage,),
+        admit_message,
+        RULES,
+        topic,
+        payload,
+        1_700_000_000_000,
+        max_payload,
+        size=len(topic) + len(payload),
+    )
+    if isinstance(out, UnusableMessage):
+        assert out.reason in ("bad_topic", "oversized", "unmapped_topic", "bad_key")
+    else:
+        text, mapped = out
+        assert text.encode() == topic and len(payload) <= max_payload
+        assert len(payload) + len(mapped.key) + len(topic) <= MAX_RECORD_BYTES
 
 
 @FAST
