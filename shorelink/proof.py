@@ -683,6 +683,7 @@ class ShipKeys:
                 return f"seqs {first}-{first + count - 1}: signature does not verify"
         return None
 
+    @boundary
     def prove_batch(
         self,
         origin: str,
@@ -725,6 +726,10 @@ class ShipKeys:
         and keys are not required), else why not. Never raises, whatever a neighbour
         put in the record: a record that cannot be checked is not proved (a raise would
         stop the puller at that record for good)."""
+        if not isinstance(seq, int) or not 1 <= seq <= MAX_INT64:
+            # no identity has it; below 1 it would pass for a seq sent before the ship
+            # had its key (unsigned_below)
+            return f"bad record: seq {seq!r:.30} is not 1 to 2**63-1"
         try:
             return self._check(origin, stream, seq, ts_ms, key, topic, payload, proof)
         except (ValueError, TypeError, OverflowError, struct.error, UnicodeError) as exc:

@@ -28,7 +28,16 @@ from shorelink.errors import ConfigError, ContractError
 from shorelink.identity import Identity
 from shorelink.kafka.position import Position, PositionError
 from shorelink.ledger import MAX_HOLDINGS_RANGES, decode_entry, encode_entry
-from shorelink.proof import CHUNK_RECORDS, ShipKey, ShipKeys, proofs, record_hash, sign_records
+from shorelink.proof import (
+    CHUNK_RECORDS,
+    ShipKey,
+    ShipKeys,
+    SignatureError,
+    leaves_of,
+    proofs,
+    record_hash,
+    sign_records,
+)
 from shorelink.ranges import RangeSet
 from shorelink.ship_report import ShipReport, decode_report, encode_report
 from shorelink.wire import (
@@ -311,3 +320,36 @@ def test_a_records_proof_is_checked_to_a_verdict_whatever_it_holds(
     assert verdict is None or isinstance(verdict, str)
     if verdict is None:
         assert origin == "ship-1" and proof in _PROOFS
+
+
+_COLUMNS = (
+    ["k"] * 200,
+    [1000 + s for s in range(1, 201)],
+    ["t/1"] * 200,
+    [b"%d" % s for s in range(1, 201)],
+)
+_SIGS = sign_records(_SIGNER, "ship-1", "containers", 1, leaves_of(1, *_COLUMNS))
+
+
+@FAST
+@given(
+    origin=st.one_of(st.just("ship-1"), st.just("ship-2")),
+    first_seq=st.one_of(st.just(1), st.integers(1, 2**63 - 201)),
+    sigs=st.one_of(st.just(_SIGS), any_bytes(300), mutated(_SIGS, 3)),
+)
+def test_a_batchs_signatures_prove_it_or_are_refused_with_a_signature_error(
+    origin: str, first_seq: int, sigs: bytes
+) -> None:
+    out = within(
+        Bound(256 * KIB, 8, cpu_s=0.5),
+        (SignatureError,),
+        _SIGNED_KEYS.prove_batch,
+        origin,
+        "containers",
+        first_seq,
+        _COLUMNS,
+        sigs,
+        size=len(sigs),
+    )
+    if isinstance(out, list):
+        assert origin == "ship-1" and first_seq == 1 and sigs == _SIGS and len(out) == 200
