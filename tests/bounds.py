@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,33 @@ class Bound:
         return self.cpu_s + self.cpu_per_mib * n / MIB
 
 
+@dataclass
+class Measure:
+    """What a block cost: tracemalloc's peak above where it started, process time."""
+
+    peak: int = 0
+    cpu_s: float = 0.0
+
+
+@contextmanager
+def measured() -> Iterator[Measure]:
+    """Measure the block (the one way every boundary test measures)."""
+    m = Measure()
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    t0 = time.process_time()
+    try:
+        yield m
+    finally:
+        m.cpu_s = time.process_time() - t0
+        m.peak = tracemalloc.get_traced_memory()[1] - base
+        if not was_tracing:
+            tracemalloc.stop()
+
+
 def within(
     bound: Bound,
     errors: tuple[type[BaseException], ...],
@@ -49,26 +77,16 @@ def within(
     bytes (default: the length of the first argument, 0 where it has none)."""
     if size is None:
         size = _size(args[0]) if args else 0
-    was_tracing = tracemalloc.is_tracing()
-    if not was_tracing:
-        tracemalloc.start()
-    tracemalloc.reset_peak()
-    base = tracemalloc.get_traced_memory()[0]
-    t0 = time.process_time()
-    try:
-        result: Any = fn(*args, **kwargs)
-    except errors as exc:
-        result = exc
-    finally:
-        cpu = time.process_time() - t0
-        peak = tracemalloc.get_traced_memory()[1] - base
-        if not was_tracing:
-            tracemalloc.stop()
+    with measured() as m:
+        try:
+            result: Any = fn(*args, **kwargs)
+        except errors as exc:
+            result = exc
     name = getattr(fn, "__qualname__", repr(fn))
-    assert peak <= bound.memory(size), (
-        f"{name}: peak {peak} bytes > bound {bound.memory(size)} for {size} bytes of input"
+    assert m.peak <= bound.memory(size), (
+        f"{name}: peak {m.peak} bytes > bound {bound.memory(size)} for {size} bytes of input"
     )
-    assert cpu <= bound.cpu(size), f"{name}: {cpu:.3f} s > bound {bound.cpu(size):.3f} s"
+    assert m.cpu_s <= bound.cpu(size), f"{name}: {m.cpu_s:.3f} s > bound {bound.cpu(size):.3f} s"
     return result
 
 

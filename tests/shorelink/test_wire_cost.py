@@ -7,34 +7,35 @@ whether the decoder takes them or refuses them."""
 
 from __future__ import annotations
 
-import tracemalloc
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shorelink.wire import Limits, WireError, decode_columns, decode_cost_bound, peek_header
 from tests import wire_bombs
+from tests.bounds import Bound, measured
 
+#: what decoding may take of the CPU: per MiB of body and decompressed bytes
+CPU = Bound(0, cpu_s=2.0, cpu_per_mib=16)
 #: a lower cap than the default, so that a refused body's bound is not mostly the cap
 LIMITS = Limits(max_decompressed_bytes=8 * 1024 * 1024)
 
 
 def _peak_within_bound(data: bytes, limits: Limits = LIMITS) -> tuple[str, int, int]:
-    """Decode ``data`` under tracemalloc: (outcome, peak bytes, the bound)."""
+    """Decode ``data``, measured (tests/bounds.py): (outcome, peak bytes, the bound).
+    Its process time is held to :data:`CPU` too (generous: it catches the quadratic)."""
     h = peek_header(data, limits)
-    tracemalloc.start()
-    try:
-        _, (keys, _, topics, payloads) = decode_columns(data, limits)
-        decoded = sum(map(len, payloads)) + sum(map(len, keys)) + sum(map(len, topics))
-        outcome = "ok"
-    except WireError as exc:
-        decoded, outcome = limits.max_decompressed_bytes, exc.reason
-    finally:
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
+    with measured() as m:
+        try:
+            _, (keys, _, topics, payloads) = decode_columns(data, limits)
+            decoded = sum(map(len, payloads)) + sum(map(len, keys)) + sum(map(len, topics))
+            outcome = "ok"
+        except WireError as exc:
+            decoded, outcome = limits.max_decompressed_bytes, exc.reason
     bound = decode_cost_bound(len(data), h.raw_len, h.count, decoded)
-    assert peak <= bound, f"{outcome}: peak {peak} > bound {bound} ({h.raw_len} raw bytes)"
-    return outcome, peak, bound
+    assert m.peak <= bound, f"{outcome}: peak {m.peak} > bound {bound} ({h.raw_len} raw bytes)"
+    cpu = CPU.cpu(len(data) + h.raw_len)
+    assert m.cpu_s <= cpu, f"{outcome}: {m.cpu_s:.2f} s > {cpu:.2f} s ({h.raw_len} raw bytes)"
+    return outcome, m.peak, bound
 
 
 def test_the_reviews_batch_costs_what_it_is_charged() -> None:
@@ -69,7 +70,7 @@ _COLUMNS = st.tuples(
 )
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=20_000, suppress_health_check=[HealthCheck.too_slow])
 @given(
     count=st.integers(1, 1500),
     n_keys=st.integers(1, 40),
@@ -96,7 +97,7 @@ def test_one_record_per_template_of_many_slots_is_refused_before_a_column_is_ope
         assert outcome == "malformed" and peak < len(raw) + 8 * 1024 * 1024
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=20_000, suppress_health_check=[HealthCheck.too_slow])
 @given(
     n_templates=st.integers(1, 4000),
     slots=st.integers(0, 200),
