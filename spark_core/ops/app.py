@@ -161,12 +161,23 @@ def _facts(snap: dict[str, Any]) -> Any:
     return site, ships, snap.get("alerts")
 
 
+#: the most of a gateway's ``/metrics`` the page reads (a gateway's is a few KiB; what
+#: answers at its address is not trusted to end)
+MAX_GATEWAY_METRICS_BYTES = 1024 * 1024
+
+
 async def _read_gateway(http: aiohttp.ClientSession, url: str, ssl: Any) -> dict[str, Any]:
     try:
         async with http.get(f"{url}/metrics", ssl=ssl if ssl is not None else True) as r:
             if r.status != 200:
                 return gateway_view(url, None, f"/metrics answered {r.status}")
-            return gateway_view(url, await r.text())
+            body = await r.content.read(MAX_GATEWAY_METRICS_BYTES + 1)
+            if len(body) > MAX_GATEWAY_METRICS_BYTES:
+                return gateway_view(
+                    url, None, f"/metrics larger than {MAX_GATEWAY_METRICS_BYTES} bytes"
+                )
+            # Prometheus's text format is UTF-8
+            return gateway_view(url, body.decode("utf-8", "replace"))
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         return gateway_view(url, None, f"unreachable: {exc or type(exc).__name__}")
 

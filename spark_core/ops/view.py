@@ -6,11 +6,13 @@ own and the page, the API and the live updates show the same figures.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from shorelink.boundary import boundary
 from shorelink.ranges import RangeSet
 from spark_core.ops.follow import Facts
 from spark_core.quarantine import retried_when
@@ -217,9 +219,12 @@ def map_view(facts: Facts) -> dict[str, Any]:
     return {"tracks": tracks}
 
 
+@boundary
 def gateway_view(url: str, metrics_text: str | None, error: str = "") -> dict[str, Any]:
     """The gateway's state from its Prometheus text: ships connected now, batches and
-    records written, refusals by reason, failed Kafka transactions."""
+    records written, refusals by reason, failed Kafka transactions. Never raises: text
+    that is no Prometheus exposition is the view's ``error``, and a sample that is no
+    finite number is not counted (``NaN`` or ``+Inf`` stopped the page's refresh)."""
     out: dict[str, Any] = {
         "url": url,
         "error": error,
@@ -238,15 +243,15 @@ def gateway_view(url: str, metrics_text: str | None, error: str = "") -> dict[st
         for family in text_string_to_metric_families(metrics_text):
             for sample in family.samples:
                 name = sample.name
-                if not name.startswith(_GATEWAY):
+                if not name.startswith(_GATEWAY) or not math.isfinite(sample.value):
                     continue
                 short = name.removeprefix(_GATEWAY)
                 if short == "rejected_batches_total":
                     reason = sample.labels.get("reason", "?")
                     refusals[reason] = refusals.get(reason, 0) + sample.value
                 sums[short] = sums.get(short, 0) + sample.value
-    except ValueError as exc:
-        out["error"] = f"unreadable metrics: {exc}"
+    except (ValueError, OverflowError) as exc:  # OverflowError: an integer past a float
+        out["error"] = f"unreadable metrics: {exc}"[:300]
         return out
 
     def count(name: str) -> int | None:

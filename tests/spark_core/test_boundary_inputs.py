@@ -37,6 +37,7 @@ from spark_core.ops.app import _basic_login, _host_name
 from spark_core.ops.follow import MAX_ALERT_TEXT, MAX_TRACK, SiteFollower
 from spark_core.ops.users import _parse as parse_users
 from spark_core.ops.users import hash_password
+from spark_core.ops.view import gateway_view
 from spark_core.relay_index import SEGMENT_MAX_BYTES, decode_segment, encode_segment
 from spark_core.routing import Report
 from tests.bounds import KIB, Bound, within
@@ -311,3 +312,56 @@ def test_an_ops_users_file_is_read_or_refused_with_a_config_error(text: str) -> 
         Bound(64 * KIB, 16, cpu_s=0.5, cpu_per_mib=4), (ConfigError,), parse_users, text, "users"
     )
     assert isinstance(out, dict | ConfigError)
+
+
+_METRICS = """# HELP shorelink_gateway_records_written_total Records written.
+# TYPE shorelink_gateway_records_written_total counter
+shorelink_gateway_records_written_total 120.0
+# TYPE shorelink_gateway_rejected_batches_total counter
+shorelink_gateway_rejected_batches_total{reason="bad_checksum"} 1.0
+shorelink_gateway_ready 1.0
+"""
+_NUMBERS = st.one_of(
+    st.sampled_from(["NaN", "+Inf", "-Inf", "1e400", "-0", "0x10", "1_0"]),
+    st.floats().map(repr),
+    HUGE_INTS.map(str),
+)
+
+
+def _refusals(reason_value: tuple[str, str]) -> str:
+    reason, value = reason_value
+    return (
+        f"shorelink_gateway_rejected_batches_total{{reason={strict_json.dumps(reason)}}} {value}\n"
+    )
+
+
+@FAST
+@given(
+    st.one_of(
+        any_text(300),
+        mutated(_METRICS.encode(), 8).map(lambda b: b.decode(errors="replace")),
+        st.lists(
+            st.tuples(
+                st.sampled_from(
+                    ["records_written_total", "ready", "upload_connections", "kafka_errors_total"]
+                ),
+                _NUMBERS,
+            ),
+            max_size=6,
+        ).map(lambda xs: "".join(f"shorelink_gateway_{n} {v}\n" for n, v in xs)),
+        st.tuples(any_text(20), _NUMBERS).map(_refusals),
+    )
+)
+def test_any_gateway_metrics_text_is_a_view_never_an_exception(text: str) -> None:
+    """The page reads the gateway's figures every few seconds: an exception here
+    stopped its refresh for good (the property test found NaN and +Inf)."""
+    view = within(
+        Bound(256 * KIB, 64, cpu_s=0.5, cpu_per_mib=8),
+        (),
+        gateway_view,
+        "u",
+        text,
+        size=len(text.encode("utf-8", "surrogatepass")),
+    )
+    for name in ("connected", "batches", "records", "kafka_errors"):
+        assert view[name] is None or isinstance(view[name], int)
