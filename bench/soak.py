@@ -27,8 +27,8 @@ started again (as systemd would) and counted.
 When the faults are over, the publishers stop, every link and broker is healed and
 every process is running; the checker then reads each ship's log (its SQLite file: the
 identities the ship holds) and each site's canonical topics (``shorelink.kafka.audit``)
-until every site holds every identity (bounded by ``--converge-timeout``), and once more
-a few seconds later for duplicates. Verdict ``clean``: nothing missing, nothing doubled,
+until every site holds every identity and still does ``--settle`` seconds later (a late
+duplicate is seen), bounded by ``--converge-timeout``. Verdict ``clean``: nothing missing, nothing doubled,
 nothing extra at any site.
 
 Progress goes to stderr; one JSON object goes to stdout (exit status 2 when a run is not
@@ -821,19 +821,22 @@ def run_once(work: Path, w: World, args: argparse.Namespace) -> dict[str, Any]:
             stack.copy_keys(s)
         t_heal = time.monotonic()
         result: dict[str, Any] = {}
-        converged = None
+        converged: float | None = None  # clean since (s after the heal)
         while time.monotonic() - t_heal < args.converge_timeout:
             stack.supervise()
             result = check(stack)
-            if _clean(result):
-                converged = round(time.monotonic() - t_heal, 1)
-                break
-            lacking = {s: v.get("missing", v.get("error")) for s, v in result["sites"].items()}
-            say(f"converging ({time.monotonic() - t_heal:.0f}s): missing {lacking}")
-            time.sleep(5)
-        if converged is not None:
-            time.sleep(args.settle)  # late duplicates (a repair or a redrive after the check)
-            result = check(stack)
+            since = round(time.monotonic() - t_heal, 1)
+            if not _clean(result):
+                converged = None  # a record the agent logged late: not there yet
+                lacking = {s: v.get("missing", v.get("error")) for s, v in result["sites"].items()}
+                say(f"converging ({since:.0f}s): missing {lacking}")
+            elif converged is None:
+                converged = since
+            elif since - converged >= args.settle:
+                break  # clean, and still clean a while later (no late duplicate)
+            time.sleep(min(5.0, args.settle))
+        else:
+            converged = None
         out.update(
             {
                 "faults": kinds_of(schedule),
