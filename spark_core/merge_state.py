@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from shorelink.boundary import boundary
 from shorelink.contract import (
     DEAD_UNKNOWN_TOPIC,
     H_ENTERED,
@@ -242,7 +243,7 @@ class MergeState:
                 except ContractError:
                     continue  # not ours to judge; the merge never writes such entries
                 state.held[(origin, stream)] = held
-        except (KafkaClientError, ValueError, KeyError) as exc:
+        except (KafkaClientError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise MergeError(f"cannot load merge state from {kafka.bootstrap}: {exc}") from exc
         return state
 
@@ -665,6 +666,7 @@ def _relayed(plan: BatchPlan, state: MergeState, key: Relayed, seq: int) -> None
     plan.relayed_now.setdefault(key, []).append(seq)
 
 
+@boundary
 def _checked_record(row: SourceRow, stream: str | None) -> Record:
     """``Record.from_kafka`` plus: the ``sl.stream`` header names the topic's stream."""
     if stream is None:
