@@ -71,7 +71,8 @@ _STDLIB_LEVELS = {
 #: keys that are structlog's or the standard library's machinery, not a call site's
 #: field (``event`` is the call's first argument)
 _MACHINERY = {"event", "exc_info", "stack_info", "_record", "_from_structlog"}
-_HEAD = ("ts", "level", "logger", "event")
+#: the line's own fields: a call's field of one of these names gets a ``_`` after it
+_OWN = ("ts", "level", "logger", "event", "exc")
 _KEY_CHARS = re.compile(r"[^A-Za-z0-9_.\-]")
 _TS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 DICTIONARY = [
@@ -209,7 +210,7 @@ def _same(got: object, want: object) -> bool:
 
 def _keys(fields: dict[str, object]) -> list[str]:
     """The keys the line writes the fields under (documented in shorelink/logs.py)."""
-    seen, out = set(_HEAD), []
+    seen, out = set(_OWN), []
     for key in fields:
         k = _KEY_CHARS.sub("_", key) or "_"
         while k in seen:

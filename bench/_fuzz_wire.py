@@ -1,9 +1,11 @@
 """bench/fuzz.py's ``wire`` target: an upload body through the decoder as the gateway
 calls it (``peek_header``, then ``decode_columns``: core_gateway/service.py and
-core_gateway/decoding.py, default limits), with what the decoder promises as the oracle.
+core_gateway/decoding.py), with what the decoder promises as the oracle.
 
-An input's first byte chooses how the rest becomes a body, so that mutations reach past
-the CRC and the zstd frame (a mutated byte almost never keeps a CRC right):
+An input's first byte chooses the limits (``// 3 % 2``: the gateway's defaults, or small
+ones that inputs of a few KiB can reach) and (``% 3``) how the rest becomes a body, so
+that mutations reach past the CRC and the zstd frame (a mutated byte almost never keeps
+a CRC right):
 
 - 0: the rest is the body, as a ship (or anyone) would send it;
 - 1: the same with its header's CRC made right (mutations of the header and the frame);
@@ -17,8 +19,8 @@ missing before the code that failed); more bytes allocated than ``decode_cost_bo
 (tracemalloc, whether it took the batch or refused it: every input whose header
 declares 256 KiB or more, one in eight of the rest); more CPU than :data:`CPU_FIXED_S`
 plus :data:`CPU_PER_BYTE_S` per byte and decompressed byte and :data:`CPU_PER_RECORD_S`
-per record; a batch taken whose records break the format's rules, or that does not come
-back the same through ``encode_batch`` and ``decode_batch``.
+per record; a batch taken whose records break the format's rules or the limits, or that
+does not come back the same through ``encode_batch`` and ``decode_batch``.
 """
 
 from __future__ import annotations
@@ -62,7 +64,13 @@ __all__ = ["CPU_FIXED_S", "CPU_PER_BYTE_S", "CPU_PER_RECORD_S", "DICTIONARY", "c
 
 #: the modules whose coverage guides the fuzzer
 INSTRUMENT = ["shorelink.wire", "shorelink.wire_body", "shorelink.contract", "shorelink.identity"]
-LIMITS = DEFAULT_LIMITS
+#: the gateway's default limits, and small ones (a gateway's limits are its config's):
+#: an input's first byte chooses (small ones let inputs of a few KiB reach the caps'
+#: refusals: the decoded-size budget, the record count)
+LIMITS = (
+    DEFAULT_LIMITS,
+    Limits(max_records=300, max_compressed_bytes=4096, max_decompressed_bytes=8192),
+)
 #: the re-encoded batch is decoded again without the limits' caps (it may come out larger)
 _UNCAPPED = Limits(max_records=2**32 - 1, max_decompressed_bytes=2**32 - 1)
 ORIGIN, STREAM = "fuzzship", "containers"
@@ -113,15 +121,20 @@ def body_of(data: bytes) -> bytes:
     return frame_batch(ORIGIN, STREAM, body, 1)
 
 
-def _decode(body: bytes) -> tuple[Batch | WireError, int, int]:
+def limits_of(data: bytes) -> Limits:
+    """The limits an input is decoded with (its first byte: ``// 3 % 2``)."""
+    return LIMITS[data[0] // 3 % 2] if data else LIMITS[0]
+
+
+def _decode(body: bytes, limits: Limits) -> tuple[Batch | WireError, int, int]:
     """The gateway's decode of ``body``: the batch or the refusal, with the header's
     ``raw_len`` and ``count`` (0 when the header itself is refused)."""
     try:
-        h = peek_header(body, LIMITS)
+        h = peek_header(body, limits)
     except WireError as exc:
         return exc, 0, 0
     try:
-        hd, columns = decode_columns(body, LIMITS)
+        hd, columns = decode_columns(body, limits)
         batch = Batch.from_columns(
             hd.origin, hd.stream, hd.first_seq, hd.first_available, columns, hd.signatures
         )
@@ -139,7 +152,7 @@ class _Tracer:
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def peak(self, body: bytes) -> int:
+    def peak(self, body: bytes, limits: Limits) -> int:
         """The bytes decoding ``body`` allocated at its peak."""
         if self.proc is None or self.proc.poll() is not None:
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
@@ -147,7 +160,8 @@ class _Tracer:
                 [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
             )
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(len(body).to_bytes(8, "little") + body)
+        small = (limits is LIMITS[1]).to_bytes(1, "little")
+        self.proc.stdin.write(small + len(body).to_bytes(8, "little") + body)
         self.proc.stdin.flush()
         answer = self.proc.stdout.read(8)
         if len(answer) != 8:
@@ -156,14 +170,15 @@ class _Tracer:
 
 
 def _serve() -> None:
-    """The tracer's side: a body in (its length, 8 bytes, then its bytes), the peak out."""
+    """The tracer's side: a body in (small limits or not, 1 byte; its length, 8 bytes;
+    its bytes), the peak out."""
     tracemalloc.start()
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    while head := stdin.read(8):
-        body = stdin.read(int.from_bytes(head, "little"))
+    while head := stdin.read(9):
+        body = stdin.read(int.from_bytes(head[1:], "little"))
         base = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
-        _decode(body)
+        _decode(body, LIMITS[head[0]])
         stdout.write((tracemalloc.get_traced_memory()[1] - base).to_bytes(8, "little"))
         stdout.flush()
 
@@ -174,18 +189,19 @@ _TRACER = _Tracer()
 def check(data: bytes) -> None:
     """Raise on a finding (see the module's docstring); return on anything the decoder
     promises. Memory is measured (by :class:`_Tracer`) for every input whose header
-    declares :data:`TRACE_RAW_BYTES` or more and one in eight of the rest (by its last
-    byte: a replay measures what the run did)."""
+    declares :data:`TRACE_RAW_BYTES` or more and one in eight of the rest (by its CRC:
+    a replay measures what the run did)."""
     body = body_of(data)
     t0 = time.thread_time()
-    out, raw_len, count = _decode(body)
+    limits = limits_of(data)
+    out, raw_len, count = _decode(body, limits)
     cpu = time.thread_time() - t0
     if isinstance(out, WireError):
         stats["outcomes"][out.reason] += 1
         text = str(out)
         if "undecodable batch: " in text or "unreadable header: " in text:
             raise AssertionError(f"the decoder's catch-all caught another exception: {text}")
-        decoded = LIMITS.max_decompressed_bytes if raw_len else 0
+        decoded = limits.max_decompressed_bytes if raw_len else 0
     else:
         stats["outcomes"]["ok"] += 1
         decoded = out.decoded_size
@@ -194,8 +210,8 @@ def check(data: bytes) -> None:
     stats["cpu_over_bound"] = max(stats["cpu_over_bound"], cpu / cpu_bound)
     if cpu > cpu_bound:
         raise AssertionError(f"decoding took {cpu:.3f} s of CPU > the bound {cpu_bound:.3f} s")
-    if raw_len >= TRACE_RAW_BYTES or data[-1:] < b"\x20":
-        peak = _TRACER.peak(body)
+    if raw_len >= TRACE_RAW_BYTES or zlib.crc32(data) % 8 == 0:
+        peak = _TRACER.peak(body, limits)
         bound = decode_cost_bound(len(body), raw_len, count, decoded)
         stats["traced"] += 1
         stats["peak_bytes"] = max(stats["peak_bytes"], peak)
@@ -203,13 +219,14 @@ def check(data: bytes) -> None:
         if peak > bound:
             raise AssertionError(f"decoding allocated {peak} bytes > the bound {bound}")
     if isinstance(out, Batch):
-        _check_batch(out, raw_len)
+        _check_batch(out, limits)
 
 
-def _check_batch(batch: Batch, raw_len: int) -> None:
+def _check_batch(batch: Batch, limits: Limits) -> None:
     """A batch taken obeys the format's rules and comes back the same when encoded."""
     assert 1 <= batch.first_available <= batch.first_seq, batch.first_available
-    assert batch.decoded_size <= LIMITS.max_decompressed_bytes, batch.decoded_size
+    assert batch.decoded_size <= limits.max_decompressed_bytes, batch.decoded_size
+    assert batch.count <= limits.max_records, batch.count
     for i, r in enumerate(batch.records):
         assert r.seq == batch.first_seq + i, (i, r.seq)
         assert type(r.key) is str and type(r.topic) is str and type(r.payload) is bytes, r
@@ -289,7 +306,7 @@ def seeds() -> list[bytes]:
     ):
         out.append(b"\x02\x01" + (n - 1).to_bytes(2, "little") + raw)
         out.append(b"\x00" + wire_bombs.batch(raw, n))
-    return out
+    return out + [bytes((d[0] + 3,)) + d[1:] for d in out if len(d) <= 8192]  # small limits
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ in the call's order: in logfmt a value is bare when it is one plain printable wo
 otherwise in double quotes with JSON's escapes (``--log-json``: one JSON object a line).
 Every character that is not printable (controls, U+2028, U+00A0, a lone surrogate ...)
 is written as its ``\\uXXXX`` escape, so no value can end a line, add a field or stand in
-for the line's own ``ts``, ``level``, ``logger`` or ``event``, and each comes back
+for the line's own ``ts``, ``level``, ``logger``, ``event`` or ``exc`` (a call's field
+of one of those names is written with a ``_`` after it), and each comes back
 exactly (``json.loads`` of the quoted text; bytes as ``b'...'``; a key is letters,
 digits, ``_``, ``.`` and ``-``, any other character of it ``_``). Under systemd (``JOURNAL_STREAM`` names
 stderr) each line starts with its syslog priority (``<4>`` for a warning), so
@@ -77,8 +78,9 @@ _LEVELS = {
 _KEY_CHARS = re.compile(r"[^A-Za-z0-9_.\-]")
 #: a value written without quotes (also printable, see :func:`_logfmt_value`)
 _BARE = re.compile(r'[^\s"=\\]+')
-#: the line's own fields, which no call site's field replaces
-_HEAD = ("ts", "level", "logger", "event")
+#: the line's own fields, which no call site's field replaces (``exc``: the traceback
+#: of ``log.exception``, which replaced a call's ``exc`` field)
+_OWN = ("ts", "level", "logger", "event", "exc")
 #: syslog priorities of the levels (sd-daemon's ``<N>`` prefix)
 _PRIORITY = {"critical": 2, "error": 3, "warning": 4, "info": 6, "debug": 7}
 
@@ -152,7 +154,7 @@ def _head(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventD
         out["event"] = event
     for key, value in event_dict.items():
         k = _KEY_CHARS.sub("_", str(key)) or "_"
-        while k in out or k in _HEAD:
+        while k in out or k in _OWN:
             k += "_"
         out[k] = value
     if isinstance(exc, tuple) and exc[0] is not None:

@@ -201,6 +201,25 @@ def test_an_exception_is_one_quoted_value() -> None:
     assert back["exc"].startswith("Traceback") and "event=forged" in back["exc"]
 
 
+def test_a_field_named_exc_is_kept_beside_the_exceptions_traceback() -> None:
+    """``log.exception("x", exc=...)`` wrote the traceback over the call's own ``exc``
+    field: the field was lost (found while writing bench/fuzz.py's log oracle, which
+    expects every field back). The line's ``exc`` is the traceback, the field ``exc_``."""
+
+    def emit(log: Logger) -> None:
+        try:
+            raise KeyError("k")
+        except KeyError:
+            log.exception("failed", exc="the caller's", exc_="another")
+        log.info("plain", exc="no exception")
+
+    failed, plain = (read_logfmt(line) for line in _lines(emit))
+    assert list(failed)[4:] == ["exc_", "exc__", "exc"]
+    assert failed["exc_"] == "the caller's" and failed["exc__"] == "another"
+    assert failed["exc"].startswith("Traceback") and "KeyError: 'k'" in failed["exc"]
+    assert list(plain)[4:] == ["exc_"] and plain["exc_"] == "no exception"
+
+
 def test_any_handler_reads_a_records_message_as_logfmt(caplog: pytest.LogCaptureFixture) -> None:
     """A record's message for any other handler (pytest's, a default one before
     ``configure_logging``) is its event and fields in logfmt, not a dict's repr."""
