@@ -41,7 +41,6 @@ from tests.logfmt import read_logfmt
 
 __all__ = ["CPU_FIXED_S", "CPU_PER_CHAR_S", "DICTIONARY", "check", "seeds"]
 
-INSTRUMENT = ["shorelink.logs", "structlog"]
 NAME = "shorelink.fuzz"
 LIBRARY = "aiohttp.fuzz"
 EVENT = "fuzzed"

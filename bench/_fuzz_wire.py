@@ -62,8 +62,6 @@ from tests import wire_bombs
 
 __all__ = ["CPU_FIXED_S", "CPU_PER_BYTE_S", "CPU_PER_RECORD_S", "DICTIONARY", "check", "seeds"]
 
-#: the modules whose coverage guides the fuzzer
-INSTRUMENT = ["shorelink.wire", "shorelink.wire_body", "shorelink.contract", "shorelink.identity"]
 #: the gateway's default limits, and small ones (a gateway's limits are its config's):
 #: an input's first byte chooses (small ones let inputs of a few KiB reach the caps'
 #: refusals: the decoded-size budget, the record count)
@@ -298,6 +296,7 @@ def seeds() -> list[bytes]:
     out += _forms(Batch(ORIGIN, STREAM, tuple(telemetry[:5])), key)
     for raw, n in (
         (wire_bombs.number_columns(4, 40), 40),
+        (wire_bombs.number_columns(16, 60), 60),  # past the small limits' budget
         (wire_bombs.many_templates(12, 3), 12),
         (wire_bombs.many_templates(6, 2, text=True), 6),
         (wire_bombs.segment_lengths(30), 1),

@@ -72,7 +72,7 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
     "mqtt": ("_fuzz_mqtt", ["edge_agent.rules"]),
 }
 #: a hidden target with a planted bug behind a 4-byte pattern that only a fuzzer guided
-#: by coverage finds in seconds (tests/test_fuzz_bench.py: the harness really fuzzes)
+#: by coverage finds in seconds (tests/shorelink/test_fuzz_bench.py: the harness fuzzes)
 SELFCHECK = "selfcheck"
 STATS_EVERY_S = 1.0
 #: how long past its time limit libFuzzer may take to stop before it is killed
