@@ -110,6 +110,12 @@ class ReplicationConfig:
     #: what it lacks (spark_core/repair.py); a record is repaired once it has been
     #: held there and missing here for a whole interval
     repair_interval_s: float = field(default=60.0, metadata=key("repair_interval", gt=0))
+    #: how long a move of a canonical partition's oldest offset must hold before the
+    #: self-check forgets what it took (spark_core/repair.py ``SelfCheck``): Kafka keeps
+    #: a partition's new start offset in memory and writes it down every
+    #: ``log.flush.start.offset.checkpoint.interval.ms`` (60 s by default), so a broker
+    #: that crashes before brings the deleted records back
+    self_check_settle_s: float = field(default=90.0, metadata=key("self_check_settle", min=0))
     #: retention of ``sl.relay.<entry>.<stream>``: the longest outage a neighbour can
     #: catch up from through this site
     relay_retention_ms: int = field(

@@ -181,6 +181,7 @@ probe_interval = "500ms"
 probe_timeout = "2s"
 report_ttl = "10s"
 repair_interval = "{self.repair}"
+self_check_settle = "1s"
 [sites.{name}.replication.via]
 """
             )
