@@ -705,8 +705,12 @@ class Merger:
         commit = self.commits + 1
         held_back = self.state.held_back
         if finished is not None:  # tried: held back again only if refused again
-            held_back = {src: c for src, c in held_back.items() if c > finished[1]}
-        held_back = {**held_back, **dict.fromkeys(plan.held_back, commit)}
+            held_back = {src: c for src, c in held_back.items() if c[0] > finished[1]}
+        held_back = dict(held_back)
+        for src in plan.held_back:  # what the entry held when first held back counts
+            prev = held_back.get(src)
+            now = (plan.ledger.get(src) or self.state.held_for(src)).count()
+            held_back[src] = (commit, now if prev is None else prev[1])
         held_back_all = self.state.held_back_all and finished is None
         marker_state = self.state.carried(
             offsets=offsets,

@@ -115,7 +115,8 @@ class MergeState:
     #: since, each with the commit that last put one there (0: read from the marker):
     #: the re-drive tries them once their entry has room (spark_core/redrive.py). Past
     #: :data:`HELD_BACK_MAX` sources the marker says ``*`` (read: ``held_back_all``)
-    held_back: dict[Source, int] = field(default_factory=dict)
+    #: (and the seqs its entry held then: -1 when read from the marker)
+    held_back: dict[Source, tuple[int, int]] = field(default_factory=dict)
     held_back_all: bool = False
     #: per local source topic (the site's ``sl.ingress.*``), the topic id its cursors in
     #: ``offsets`` were taken in: a topic deleted and created again under the site is
@@ -190,7 +191,7 @@ class MergeState:
         for name in names:
             origin, _, stream = str(name).partition("/")
             if stream:
-                self.held_back[(origin, stream)] = 0
+                self.held_back[(origin, stream)] = (0, -1)
 
     @property
     def held_back_or_all(self) -> bool:

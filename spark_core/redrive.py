@@ -17,7 +17,8 @@ site for good, while its status says lag 0:
 - **The bound on holes** (``MAX_HOLDINGS_RANGES`` ranges in one ship's ledger entry):
   the entry's holes fill as the records between them arrive. The merge keeps the
   sources it held back (``MergeState.held_back``, in its marker) and tries again once
-  one of them holds at most :data:`HOLES_ROOM` of the bound.
+  one of them holds at most :data:`HOLES_ROOM` of the bound, or holds seqs it did not
+  hold then (the records held back are often the very ones that fill its holes).
 
 The rest (a record that breaks the contract, one over the size limit) stay where they
 are, counted per cause: no change here proves them.
@@ -166,9 +167,14 @@ def _why(state: MergeState, keys_mark: str | None, max_ranges: int) -> str | Non
     if keys_mark != state.redrive_keys:
         return "keys"
     room = int(max_ranges * HOLES_ROOM)
-    if state.held_back_all or any(len(state.held_for(src)) <= room for src in state.held_back):
-        return "holes"
-    return None
+    for src, (_, count) in state.held_back.items():
+        held = state.held_for(src)
+        # room at the bound, or seqs written since it was held back: the records held
+        # back are often the very ones that fill the entry's holes (they came before
+        # their neighbours), and one that fills a hole never splits the entry
+        if len(held) <= room or held.count() != count:
+            return "holes"
+    return "holes" if state.held_back_all else None
 
 
 def _start(merger: Merger) -> _Pass | None:
