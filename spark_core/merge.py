@@ -70,11 +70,13 @@ from spark_core.merge_state import (
     SourceBatch,
     SourceRow,
     encode_relayed,
+    held_back_after,
     history_stream,
     plan_batch,
     source_entry,
     superseded_sources,
     topic_stream,
+    tried_seqs,
 )
 from spark_core.purge import SourcePurger, below, spark_position
 from spark_core.quarantine import CONTRACT, dead_cause
@@ -669,9 +671,10 @@ class Merger:
         still refused dead-lettered again); the re-drive's offsets move to ``ends``
         (past every dead letter read, retryable or not). With ``finished``, the pass
         reached its ends: ``(keys mark, commit)``, the marker says every dead letter
-        before them was tried under those keys, and the sources held back at the bound
-        on holes up to that commit were tried (those refused again are held back anew).
-        One transaction, between the batches."""
+        before them was tried under those keys, and the records held back at the bound
+        on holes up to that commit were tried (those refused again are held back anew:
+        :func:`~spark_core.merge_state.held_back_after`). One transaction, between the
+        batches."""
         with self.busy:
             if self.stopping.is_set():
                 raise MergeError("merge is stopping; dead letters left for the next re-drive")
@@ -684,16 +687,21 @@ class Merger:
             plan.offsets.update(ends)
             self._ensure_streams(plan.streams)
             last = self.state.last_batch
-            self._commit(-1 if last is None else last, plan, finished)
+            self._commit(-1 if last is None else last, plan, finished, tried_seqs(rows))
             self.totals.written += len(plan.canonical)
             return plan
 
     def _commit(
-        self, batch_id: int, plan: BatchPlan, finished: tuple[str | None, int] | None = None
+        self,
+        batch_id: int,
+        plan: BatchPlan,
+        finished: tuple[str | None, int] | None = None,
+        tried: Mapping[Source, RangeSet] | None = None,
     ) -> int:
         """One transaction: the plan's records, their copies in the relay and customer
-        topics, the ledger, the marker (with ``finished``, a re-drive's pass that reached
-        its ends: :meth:`write_redriven`). Returns how many went to customer topics."""
+        topics, the ledger, the marker (with ``tried``, a re-drive's step: the seqs it
+        planned again; with ``finished``, one that reached its ends:
+        :meth:`write_redriven`). Returns how many went to customer topics."""
         p = self._producer
         assert p is not None
         offsets = dict(self.state.offsets)
@@ -703,14 +711,15 @@ class Merger:
             offsets = {k: v for k, v in offsets.items() if k[0] not in gone}
         keys_mark = self.state.redrive_keys if finished is None else finished[0]
         commit = self.commits + 1
-        held_back = self.state.held_back
-        if finished is not None:  # tried: held back again only if refused again
-            held_back = {src: c for src, c in held_back.items() if c[0] > finished[1]}
-        held_back = dict(held_back)
-        for src in plan.held_back:  # what the entry held when first held back counts
-            prev = held_back.get(src)
-            now = (plan.ledger.get(src) or self.state.held_for(src)).count()
-            held_back[src] = (commit, now if prev is None else prev[1])
+        held_back = held_back_after(
+            self.state,
+            plan,
+            commit,
+            self.max_ranges,
+            tried=tried,
+            since=None if finished is None else finished[1],
+            now=time.monotonic(),
+        )
         held_back_all = self.state.held_back_all and finished is None
         marker_state = self.state.carried(
             offsets=offsets,

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from shorelink.boundary import boundary
@@ -26,7 +26,10 @@ from shorelink.contract import (
     DEAD_UNKNOWN_TOPIC,
     H_ENTERED,
     H_MQTT_TOPIC,
+    H_ORIGIN,
     H_PROOF,
+    H_SEQ,
+    H_STREAM,
     LEDGER_TOPIC,
     MARKER_TOPIC,
     MAX_RECORD_BYTES,
@@ -58,8 +61,12 @@ from spark_core.quarantine import (
 from spark_core.relay_index import Tail, dump_tails, load_tails
 
 __all__ = [
+    "HOLES_BACKOFF_MAX_S",
+    "HOLES_BACKOFF_S",
+    "HOLES_ROOM",
     "BatchPlan",
     "EntryOf",
+    "HeldBack",
     "MergeError",
     "MergeState",
     "RowBatch",
@@ -67,13 +74,16 @@ __all__ = [
     "SourceRow",
     "decode_relayed",
     "encode_relayed",
+    "held_back_after",
     "history_stream",
     "plan_batch",
     "pulled_source",
     "source_entry",
     "source_stream",
     "superseded_sources",
+    "takeable",
     "topic_stream",
+    "tried_seqs",
 ]
 
 Source = tuple[str, str]  # (origin, stream)
@@ -81,6 +91,15 @@ Source = tuple[str, str]  # (origin, stream)
 #: bytes each); past it the marker says ``*``: a merge that starts from it tries every
 #: dead letter at the bound once (spark_core/redrive.py) and knows them one by one again
 HELD_BACK_MAX = 1024
+#: a source held back at the bound on holes whose ledger entry holds at most this share
+#: of the bound has room for every record held back (a quarter of the bound), not for
+#: one at a time: one pass then, not one per hole filled
+HOLES_ROOM = 0.75
+#: a pass that ended with records of a source still looking takeable (they were not:
+#: another one took the room, or their dead letters are gone) tries them again only
+#: after this, doubling while it happens again, up to the cap
+HOLES_BACKOFF_S = 60.0
+HOLES_BACKOFF_MAX_S = 3600.0
 TopicPart = tuple[str, int]  # (topic, partition)
 Relayed = tuple[str, str, str]  # (entry, origin, stream)
 
@@ -93,6 +112,26 @@ class MergeError(SparkCoreError):
     def __init__(self, message: str, *, fatal: bool = False) -> None:
         super().__init__(message, retryable=not fatal)
         self.fatal = fatal
+
+
+@dataclass(frozen=True)
+class HeldBack:
+    """A source whose records were quarantined at the bound on holes and are not taken
+    yet: which, and what the re-drive made of them last (spark_core/redrive.py)."""
+
+    #: the merge's commit that last quarantined one of them (0: read from the marker)
+    commit: int
+    #: their seqs, less those tried again since and those the entry holds now
+    seqs: RangeSet
+    #: read from the marker, which names the source only: which seqs is not known, and
+    #: the next pass tries every dead letter at the bound once
+    unknown: bool = False
+    #: of ``seqs``, those that looked takeable when the last pass ended (a prediction
+    #: that failed): no reason for another pass before ``due`` (monotonic seconds)
+    looked: RangeSet = field(default_factory=RangeSet)
+    due: float = 0.0
+    #: the back-off that set ``due``: doubles while passes end with seqs looking takeable
+    backoff: float = 0.0
 
 
 @dataclass
@@ -111,12 +150,11 @@ class MergeState:
     #: the fingerprint of the ship keys under which the dead letters from the re-drive's
     #: offsets on were refused (spark_core/redrive.py; None: never re-driven)
     redrive_keys: str | None = None
-    #: the (origin, stream) of records quarantined at the bound on holes and not tried
-    #: since, each with the commit that last put one there (0: read from the marker):
-    #: the re-drive tries them once their entry has room (spark_core/redrive.py). Past
-    #: :data:`HELD_BACK_MAX` sources the marker says ``*`` (read: ``held_back_all``)
-    #: (and the seqs its entry held then: -1 when read from the marker)
-    held_back: dict[Source, tuple[int, int]] = field(default_factory=dict)
+    #: per (origin, stream), its records quarantined at the bound on holes and not taken
+    #: since (:class:`HeldBack`): the re-drive tries them once some can be taken
+    #: (spark_core/redrive.py). The marker names the sources only; past
+    #: :data:`HELD_BACK_MAX` of them it says ``*`` (read: ``held_back_all``)
+    held_back: dict[Source, HeldBack] = field(default_factory=dict)
     held_back_all: bool = False
     #: per local source topic (the site's ``sl.ingress.*``), the topic id its cursors in
     #: ``offsets`` were taken in: a topic deleted and created again under the site is
@@ -191,7 +229,7 @@ class MergeState:
         for name in names:
             origin, _, stream = str(name).partition("/")
             if stream:
-                self.held_back[(origin, stream)] = (0, -1)
+                self.held_back[(origin, stream)] = HeldBack(0, RangeSet(), unknown=True)
 
     @property
     def held_back_or_all(self) -> bool:
@@ -394,9 +432,9 @@ class BatchPlan:
     #: pulled records of a ship with a key whose proof failed (dead-lettered, among
     #: ``dead``): what a hostile or broken neighbour offered as the ship's
     unproved: int = 0
-    #: the (origin, stream) of records dead-lettered at the bound on holes: tried again
-    #: once their ledger entry has room (spark_core/redrive.py)
-    held_back: set[Source] = field(default_factory=set)
+    #: per (origin, stream), the seqs dead-lettered at the bound on holes: tried again
+    #: once some of them can be taken (spark_core/redrive.py)
+    held_back: dict[Source, RangeSet] = field(default_factory=dict)
 
 
 def pulled_source(neighbour: str, topic_id: str, topic: str) -> str:
@@ -715,7 +753,7 @@ def _order_new(
                 big.add(i)  # (not written either)
                 reason = f"{source[0]}/{source[1]} holds {len(held)} ranges already"
                 plan.dead.append(_dead_record(b.row(order[i]), source[1], reason, HOLES))
-                plan.held_back.add(source)
+                plan.held_back.setdefault(source, RangeSet()).add(seq)
             else:
                 held.add(seq)
                 # history: relayed under the entry the record names (review N1)
@@ -746,6 +784,89 @@ def _stamp_entered(
         topic, key, value, headers = records[i]
         kept = [h for h in headers if h[0] != H_ENTERED]
         records[i] = (topic, key, value, [*kept, (H_ENTERED, b"%d" % ms)])
+
+
+def takeable(seqs: RangeSet, held: RangeSet, max_ranges: int) -> RangeSet:
+    """Of the seqs held back at the bound on holes, those a pass could take now: every
+    one while the entry has :data:`HOLES_ROOM` of the bound free, otherwise the runs
+    next to a seq it holds (one that fills a hole or extends a range adds none). A seq
+    that arrived meanwhile is no longer held back (:func:`held_back_after`)."""
+    if len(held) <= int(max_ranges * HOLES_ROOM):
+        return seqs.copy()
+    out = RangeSet()
+    for lo, hi in seqs:
+        if held.overlaps(lo - 1, hi + 1):
+            out.add_range(lo, hi)
+    return out
+
+
+def tried_seqs(rows: Iterable[SourceRow]) -> dict[Source, RangeSet]:
+    """Per (origin, stream), the seqs of ``rows`` (dead letters planned again): their
+    identity headers as written (one that breaks the contract was never held back)."""
+    out: dict[Source, RangeSet] = {}
+    for row in rows:
+        h = {
+            k: v.decode() if isinstance(v, bytes) else v
+            for k, v in row.headers
+            if k in (H_ORIGIN, H_STREAM, H_SEQ)
+        }
+        try:
+            origin, stream, seq = str(h[H_ORIGIN]), str(h[H_STREAM]), int(str(h[H_SEQ]))
+        except (KeyError, UnicodeDecodeError, ValueError):
+            continue
+        if seq > 0:
+            out.setdefault((origin, stream), RangeSet()).add(seq)
+    return out
+
+
+def held_back_after(
+    state: MergeState,
+    plan: BatchPlan,
+    commit: int,
+    max_ranges: int,
+    *,
+    tried: Mapping[Source, RangeSet] | None = None,
+    since: int | None = None,
+    now: float = 0.0,
+) -> dict[Source, HeldBack]:
+    """Pure: the sources held back once ``plan`` commits as ``commit``.
+
+    ``tried``: the seqs a re-drive step planned again (what it refuses again is in
+    ``plan.held_back`` anew). ``since``: the step ends a pass that started after commit
+    ``since`` and read every dead letter written before: a source none of whose records
+    was quarantined since is done with (what is left of it was not found: retention),
+    none is unknown any more, and what still looks takeable is a prediction that failed:
+    not tried again before :data:`HOLES_BACKOFF_S` (doubling, to
+    :data:`HOLES_BACKOFF_MAX_S`). So no pass follows another unless records became
+    takeable in between (finding 1 of review 9: a ship writing at the bound re-drove
+    its held-back records every second; finding 2: a pass of several transactions left
+    a stale count and was repeated forever)."""
+    out = dict(state.held_back)
+    for src, seqs in (tried or {}).items():
+        if (hb := out.get(src)) is not None:
+            out[src] = replace(hb, seqs=hb.seqs.difference(seqs))
+    if since is not None:
+        out = {s: replace(hb, unknown=False) for s, hb in out.items() if hb.commit > since}
+    for src, seqs in plan.held_back.items():
+        hb = out.get(src) or HeldBack(commit, RangeSet())
+        both = hb.seqs.copy()
+        both.update(seqs)
+        out[src] = replace(hb, commit=commit, seqs=both)
+    for src, hb in list(out.items()):
+        held = plan.ledger.get(src) or state.held_for(src)
+        seqs = hb.seqs.difference(held) if src in plan.ledger else hb.seqs
+        if not seqs and not hb.unknown:
+            del out[src]  # every one is held now (another copy came, or a pass took it)
+            continue
+        if since is not None:
+            looked = takeable(seqs, held, max_ranges)
+            backoff = 0.0
+            if looked:
+                was = hb.backoff if hb.looked else 0.0
+                backoff = min(HOLES_BACKOFF_MAX_S, 2 * was) if was else HOLES_BACKOFF_S
+            hb = replace(hb, looked=looked, due=now + backoff, backoff=backoff)
+        out[src] = replace(hb, seqs=seqs)
+    return out
 
 
 def _splits(held: RangeSet, seq: int) -> bool:

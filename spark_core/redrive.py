@@ -15,10 +15,17 @@ site for good, while its status says lag 0:
   (``MergeState.redrive_keys``): a merge that starts with another file (changed while it
   was down) re-drives once; one that starts with the same file does not.
 - **The bound on holes** (``MAX_HOLDINGS_RANGES`` ranges in one ship's ledger entry):
-  the entry's holes fill as the records between them arrive. The merge keeps the
-  sources it held back (``MergeState.held_back``, in its marker) and tries again once
-  one of them holds at most :data:`HOLES_ROOM` of the bound, or holds seqs it did not
-  hold then (the records held back are often the very ones that fill its holes).
+  the entry's holes fill as the records between them arrive. The merge keeps the seqs it
+  held back (``MergeState.held_back``; the sources by name in its marker: a restarted
+  merge tries them once) and passes again once one of them can be taken and could not
+  when the last pass ended (:func:`~spark_core.merge_state.takeable`: the entry holds at
+  most :data:`HOLES_ROOM` of the bound, or a seq next to it; the records held back are
+  often the very ones that fill its holes). Not on any change of the entry: a ship
+  writing at the bound changes it at every batch, and each look copied its held-back
+  records once more, for good (review 9, finding 1). One that still looks takeable when
+  a pass ends (the room went to another, its dead letter is gone) waits a back-off per
+  source (``HOLES_BACKOFF_S``, doubling to ``HOLES_BACKOFF_MAX_S``): no pass follows
+  another unless something could be taken in between.
 
 The rest (a record that breaks the contract, one over the size limit) stay where they
 are, counted per cause: no change here proves them.
@@ -48,6 +55,7 @@ Counted per cause and outcome (``written``: taken now; ``duplicate``: held alrea
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -58,11 +66,13 @@ from shorelink.kafka.errors import KafkaClientError
 from shorelink.kafka.reading import read_to_end
 from shorelink.logs import get_logger
 from spark_core.merge_state import (
+    HOLES_ROOM,
     BatchPlan,
     MergeError,
     MergeState,
     SourceRow,
     pulled_source,
+    takeable,
 )
 from spark_core.quarantine import H_DEAD_HEADERS, REDRIVE, RETRIED_CAUSES, dead_cause
 
@@ -88,9 +98,6 @@ PASS_BYTES = 32 * 1024 * 1024
 #: how often the re-driver looks at each merge's ship keys and held back sources (the
 #: file is looked at once a second by :class:`~shorelink.proof.WatchedShipKeys`)
 LOOK_S = 1.0
-#: a source held back at the bound on holes is tried again once its ledger entry holds
-#: at most this share of the bound: room for a quarter of it, not one pass per hole
-HOLES_ROOM = 0.75
 
 
 def redrive_source(topic_id: str, stream: str) -> str:
@@ -160,19 +167,18 @@ class _Pass:
     read: int = 0
 
 
-def _why(state: MergeState, keys_mark: str | None, max_ranges: int) -> str | None:
+def _why(state: MergeState, keys_mark: str | None, max_ranges: int, now: float) -> str | None:
     """What calls for a pass now: ``keys`` (the ship keys changed since the last pass),
-    ``holes`` (a source held back at the bound on holes has room, or the marker said
-    ``*``), or None."""
+    ``holes`` (records held back at the bound on holes can be taken now and could not
+    when the last pass ended, or could then and their back-off is over; the marker
+    named a source or said ``*``: once after a start), or None."""
     if keys_mark != state.redrive_keys:
         return "keys"
-    room = int(max_ranges * HOLES_ROOM)
-    for src, (_, count) in state.held_back.items():
-        held = state.held_for(src)
-        # room at the bound, or seqs written since it was held back: the records held
-        # back are often the very ones that fill the entry's holes (they came before
-        # their neighbours), and one that fills a hole never splits the entry
-        if len(held) <= room or held.count() != count:
+    for src, hb in state.held_back.items():
+        if hb.unknown:
+            return "holes"
+        can = takeable(hb.seqs, state.held_for(src), max_ranges)
+        if can and (not hb.looked.contains_all(can) or now >= hb.due):
             return "holes"
     return "holes" if state.held_back_all else None
 
@@ -189,7 +195,7 @@ def _start(merger: Merger) -> _Pass | None:
         if state.last_batch is None or merger.stopping.is_set():
             return None  # nothing committed yet: nothing dead-lettered by this merge
         keys_mark = None if watched is None else watched.current().fingerprint()
-        why = _why(state, keys_mark, merger.max_ranges)
+        why = _why(state, keys_mark, merger.max_ranges, time.monotonic())
         if why is None:
             return None
         since = merger.commits

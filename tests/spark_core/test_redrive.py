@@ -9,13 +9,17 @@ restarted merge with the same keys does not try again."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import dead_topic, relay_topic
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
 from shorelink.proof import ShipKey, ShipKeys, WatchedShipKeys, key_cause
+from spark_core import redrive
 from spark_core.merge import Merger
 from spark_core.merge_state import SourceRow, pulled_source
 from spark_core.quarantine import (
@@ -230,3 +234,92 @@ def test_records_held_back_at_the_bound_on_holes_are_taken_once_their_entry_has_
     dead = _dead_causes(kafka.bootstrap, s)
     assert [c for c, _ in dead] == ["holes"] * 7  # three first, three at the restart, 13
     assert dead[-1][1].startswith("~redrive/")
+
+
+def _rows_of(s: str, entry: str = "e1") -> Callable[[list[int]], list[SourceRow]]:
+    """Rows of ship bigblue's seqs as pulled from tokyo, at the next offsets."""
+    source = pulled_source("tokyo", "tid", relay_topic(entry, s))
+    offsets = iter(range(100_000))
+
+    def rows(seqs: list[int]) -> list[SourceRow]:
+        out = []
+        for q in seqs:
+            r = record("bigblue", s, q)
+            out.append(SourceRow(source, 0, next(offsets), r.key, r.value, r.headers()))
+        return out
+
+    return rows
+
+
+def test_a_ship_writing_at_the_bound_does_not_re_drive_its_held_back_record_at_every_look(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """Review 9, finding 1: a ship's entry at the bound, one of its records held back,
+    and the ship keeps sending in order (each seq extends a range: written). Its entry's
+    count changed at every batch and every look re-drove the held-back record: a new
+    copy in ``sl.dead.<stream>`` each second, forever. Now a look passes only when a
+    held-back record can be taken: none while the ship writes 8..18, and the pass that
+    follows 19 takes 20. One copy of it in the dead-letter topic, not one per look."""
+    s = unique("s")
+    site, _ = make_site(kafka.bootstrap, tmp_path, [s])
+    rows = _rows_of(s)
+    merger = Merger(site)
+    merger.max_ranges = 4
+    try:
+        merger.ready()
+        merger.write_pulled(rows([1, 3, 5, 7, 20]))
+        assert set(merger.state.held_back) == {("bigblue", s)}
+        for q in range(8, 19):
+            merger.write_pulled(rows([q]))
+            assert redrive_once(merger) is None, q
+        assert len(_dead_causes(kafka.bootstrap, s)) == 1
+        merger.write_pulled(rows([19]))  # 20 can be taken now
+        counts = redrive_once(merger)
+        assert counts is not None and dict(counts["holes"]) == {"written": 1}
+        assert merger.state.held_back == {} and redrive_once(merger) is None
+    finally:
+        merger.close()
+    assert sorted(r.identity.seq for r in canonical(kafka.bootstrap, s)) == [1, 3, 5, *range(7, 21)]
+    assert len(_dead_causes(kafka.bootstrap, s)) == 1
+
+
+def test_a_pass_of_several_transactions_is_not_repeated_while_nothing_can_be_taken(
+    kafka: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 9, finding 2: a pass that needs more than one transaction (two dead
+    letters each here) kept, for the source refused in a step before the last, the
+    count its entry had before the pass (after a restart: none), so every look found it
+    changed and passed again, forever, copying every held-back record each time. Now the
+    pass ends knowing which records it refused: no other pass follows while none of them
+    can be taken, whatever the ship writes meanwhile, and the one that can is taken."""
+    monkeypatch.setattr(redrive, "PASS_RECORDS", 2)
+    s = unique("s")
+    site, _ = make_site(kafka.bootstrap, tmp_path, [s])
+    rows = _rows_of(s)
+    merger = Merger(site)
+    merger.max_ranges = 4
+    try:
+        merger.ready()
+        merger.write_pulled(rows([1, 3, 5, 7, 20, 30, 40, 50, 60]))
+        assert len(_dead_causes(kafka.bootstrap, s)) == 5
+    finally:
+        merger.close()
+    merger = Merger(site)  # the marker names the source, not its seqs: one pass of 3
+    merger.max_ranges = 4
+    try:
+        merger.ready()
+        first = redrive_once(merger)
+        assert first is not None and dict(first["holes"]) == {"refused": 5}
+        assert merger.commits == 3
+        assert redrive_once(merger) is None
+        for q in (8, 9, 10):  # the ship writes on: its entry's count changes
+            merger.write_pulled(rows([q]))
+            assert redrive_once(merger) is None, q
+        assert len(_dead_causes(kafka.bootstrap, s)) == 10
+        merger.write_pulled(rows(list(range(11, 20))))  # 20 can be taken now
+        counts = redrive_once(merger)
+        assert counts is not None and dict(counts["holes"]) == {"written": 1, "refused": 4}
+        assert redrive_once(merger) is None
+    finally:
+        merger.close()
+    assert len(_dead_causes(kafka.bootstrap, s)) == 14
