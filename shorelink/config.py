@@ -148,7 +148,9 @@ def expand_env(value: str, field: str) -> str:
 #: 16 KB file of one key 8,000 levels deep took 259 MB). No config of ours needs 8.
 MAX_KEY_DEPTH = 32
 _STRING = re.compile(r'"""[\s\S]*?"""|\'\'\'[\s\S]*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'')
-_DEEP_KEY = re.compile(rf"(?:[\w-]+\s*\.\s*){{{MAX_KEY_DEPTH}}}[\w-]")
+#: tried only where a bare word starts: tried inside one too, a long word cost the
+#: square of its length (64 KiB of letters took 30 s)
+_DEEP_KEY = re.compile(rf"(?<![\w-])(?:[\w-]+\s*\.\s*){{{MAX_KEY_DEPTH}}}[\w-]")
 
 
 @boundary

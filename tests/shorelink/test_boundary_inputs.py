@@ -208,6 +208,7 @@ _TOML_BOUND = Bound(1024 * KIB, 64, cpu_s=1.0, cpu_per_mib=8)
         st.integers(1, 100_000).map(lambda n: b"a = " + b"[" * n + b"]" * n),
         st.integers(1, 100_000).map(lambda n: b"a = " + b"{b = " * n + b"1" + b"}" * n),
         st.integers(1, 2000).map(lambda n: b"a" + b".a" * n + b" = 1"),
+        st.integers(1, 64 * KIB).map(lambda n: b"a" * n + b" = 1"),
     )
 )
 def test_any_toml_file_is_loaded_or_refused_with_a_config_error(
@@ -218,6 +219,17 @@ def test_any_toml_file_is_loaded_or_refused_with_a_config_error(
     within(_TOML_BOUND, (ConfigError,), load_toml, path, size=len(data))
     text = data.decode(errors="surrogateescape")
     within(_TOML_BOUND, (ValueError,), parse_toml, text, size=len(data))
+
+
+def test_a_toml_key_of_one_long_bare_word_is_read_in_linear_time() -> None:
+    """A config or ship keys file is read again on change: the key-depth check tried
+    at every character of a long bare word took the square of its length (64 KiB,
+    one key: 30 s of CPU, the row allows 1.5 s)."""
+    for text in ("a" * 64 * KIB + " = 1", "a" * 64 * KIB):
+        within(_TOML_BOUND, (ValueError,), parse_toml, text)
+    deep = "a" * 32 * KIB + ".a" * 40 + " = 1"
+    refused = within(_TOML_BOUND, (ValueError,), parse_toml, deep)
+    assert isinstance(refused, ValueError) and "levels" in str(refused)
 
 
 @FAST
