@@ -16,8 +16,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "docs" / "boundaries.md"
 PACKAGES = ("shorelink", "edge_agent", "core_gateway", "spark_core")
-#: files another session owns this round: their boundaries have rows but no mark
-#: rows whose function may not carry the mark, and why
 
 #: functions the scan below finds that are not boundaries, each with why
 ALLOWED = {
