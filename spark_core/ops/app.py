@@ -166,13 +166,27 @@ def _facts(snap: dict[str, Any]) -> Any:
 MAX_GATEWAY_METRICS_BYTES = 1024 * 1024
 
 
+async def _read_capped(content: aiohttp.StreamReader, cap: int) -> bytes | None:
+    """The body to its end, or None once it passed ``cap`` bytes. One ``read(n)``
+    returns what has arrived so far, not ``n`` bytes: over a real network it cut a
+    gateway's figures short (a last line ``..._total 12`` for ``..._total 1234``)."""
+    parts: list[bytes] = []
+    size = 0
+    while chunk := await content.read(cap + 1 - size):
+        parts.append(chunk)
+        size += len(chunk)
+        if size > cap:
+            return None
+    return b"".join(parts)
+
+
 async def _read_gateway(http: aiohttp.ClientSession, url: str, ssl: Any) -> dict[str, Any]:
     try:
         async with http.get(f"{url}/metrics", ssl=ssl if ssl is not None else True) as r:
             if r.status != 200:
                 return gateway_view(url, None, f"/metrics answered {r.status}")
-            body = await r.content.read(MAX_GATEWAY_METRICS_BYTES + 1)
-            if len(body) > MAX_GATEWAY_METRICS_BYTES:
+            body = await _read_capped(r.content, MAX_GATEWAY_METRICS_BYTES)
+            if body is None:
                 return gateway_view(
                     url, None, f"/metrics larger than {MAX_GATEWAY_METRICS_BYTES} bytes"
                 )

@@ -10,6 +10,7 @@ refuses one.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import dataclasses
@@ -31,7 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 from confluent_kafka import Producer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -45,6 +48,7 @@ from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.ledger import encode_entry
 from shorelink.ranges import RangeSet
 from shorelink.ship_report import REPORT_MQTT_TOPIC, ShipReport, encode_report
+from spark_core.ops.app import _read_gateway
 from spark_core.ops.coast import PACKAGE, coastlines, parse_gshhs
 from spark_core.ops.users import OpsUsers, hash_password
 from tests.core_gateway.helpers import batch, run_gateway, wait_ready
@@ -835,6 +839,48 @@ async def test_an_unknown_login_name_costs_what_a_known_one_costs(tmp_path: Path
     assert await users.check("ana", "a long enough password")
     assert await users.check("ana", "a long enough password")  # remembered: no scrypt
     assert users.scrypt_checks == 3
+
+
+_METRICS_CHUNKS = (
+    b"# TYPE shorelink_gateway_records_written_total counter\n"
+    b"shorelink_gateway_records_written_total 12",
+    b"34",
+    b"567\n# TYPE shorelink_gateway_ready gauge\n",
+    b"shorelink_gateway_ready 1\n",
+)
+
+
+async def test_a_gateways_figures_sent_in_pieces_are_read_whole() -> None:
+    """Review 9, finding 4: the page read a gateway's ``/metrics`` with one
+    ``read(n)``, which returns what has arrived, so over a real network it showed a cut
+    body (``..._total 12`` for ``..._total 1234567``, or "unreadable metrics"). A real
+    server here sends the body in pieces with a pause between them, as a network does;
+    one that never stops past the cap is still cut off."""
+
+    async def pieces(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        chunks = _METRICS_CHUNKS if request.path == "/ok/metrics" else (b"# x\n" * 65536,) * 6
+        for chunk in chunks:
+            await resp.write(chunk)
+            await asyncio.sleep(0.05)  # the network's pause between two pieces
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/{where}/metrics", pieces)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    server = web.TCPSite(runner, "127.0.0.1", 0)
+    await server.start()
+    port = runner.addresses[0][1]
+    try:
+        async with aiohttp.ClientSession() as http:
+            ok = await _read_gateway(http, f"http://127.0.0.1:{port}/ok", None)
+            big = await _read_gateway(http, f"http://127.0.0.1:{port}/big", None)
+    finally:
+        await runner.cleanup()
+    assert ok["error"] == "" and ok["records"] == 1234567 and ok["ready"] is True, ok
+    assert big["records"] is None and "larger than" in big["error"], big
 
 
 def test_a_flood_of_login_guesses_is_answered_busy_not_queued(site: Site) -> None:
