@@ -340,9 +340,7 @@ def _basic_login(header: str) -> tuple[str, str] | None:
         return None
     try:
         user, sep, password = base64.b64decode(token.strip(), validate=True).decode().partition(":")
-    except (
-        ValueError
-    ):  # not base64 (binascii.Error), not ASCII (a header byte past 0x7f), not UTF-8
+    except ValueError:  # not base64 (binascii.Error), not ASCII (a byte past 0x7f), not UTF-8
         return None
     return (user, password) if sep else None
 
