@@ -79,12 +79,16 @@ def test_a_short_seed_ends_with_every_identity_once_at_every_site(tmp_path: Path
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=err_file, start_new_session=True, cwd=ROOT
         )
-        try:
-            out, _ = proc.communicate(timeout=600)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)  # the soak stops every process it started
-            proc.communicate(timeout=60)
-            raise
+        try:  # under the test's timeout, which would end the test inside communicate
+            out, _ = proc.communicate(timeout=540)
+        finally:
+            if proc.returncode is None:  # the soak stops every process it started
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.communicate(timeout=50)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.communicate()
     err = (tmp_path / "soak.err").read_text(errors="replace")
     assert out, f"no result; the soak's progress:\n{err[-5000:]}"
     result = json.loads(out)
