@@ -820,6 +820,13 @@ class Merger:
         for topic, (topic_id, ends) in marks.items():
             self.state.index[topic] = Tail(topic_id, ends)
 
+    def admin(self) -> Admin:
+        """The merge's Kafka admin client (made once: under the merge's lock, or by the
+        thread that holds its other uses off)."""
+        if self._admin is None:
+            self._admin = Admin(self.site.kafka)
+        return self._admin
+
     def _relay_marks(
         self, topics: Sequence[str], *, committed: bool = True
     ) -> dict[str, tuple[str, dict[int, int]]]:
@@ -835,11 +842,10 @@ class Merger:
         aborted."""
         if not topics:
             return {}
-        if self._admin is None:
-            self._admin = Admin(self.site.kafka)
-        described = self._admin.describe(topics)
+        admin = self.admin()
+        described = admin.describe(topics)
         parts = [(t, p.id) for t, desc in described.items() for p in desc.partitions]
-        ends = self._admin.offsets(parts, OffsetSpec.latest(), committed=committed)
+        ends = admin.offsets(parts, OffsetSpec.latest(), committed=committed)
         marks: dict[str, tuple[str, dict[int, int]]] = {t: ("", {}) for t in topics}
         for t, desc in described.items():
             marks[t] = (str(desc.topic_id), {p.id: ends[(t, p.id)].offset for p in desc.partitions})

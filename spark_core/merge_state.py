@@ -834,7 +834,10 @@ def held_back_after(
     ``tried``: the seqs a re-drive step planned again (what it refuses again is in
     ``plan.held_back`` anew). ``since``: the step ends a pass that started after commit
     ``since`` and read every dead letter written before: a source none of whose records
-    was quarantined since is done with (what is left of it was not found: retention),
+    was quarantined since is done with (what is left of it was not found: retention;
+    one of commit ``since`` itself keeps what was not tried: the ends are asked right
+    after it, and a commit returns before its markers are written, so its last dead
+    letters can lie past them),
     none is unknown any more, and what still looks takeable is a prediction that failed:
     not tried again before :data:`HOLES_BACKOFF_S` (doubling, to
     :data:`HOLES_BACKOFF_MAX_S`). So no pass follows another unless records became
@@ -846,7 +849,7 @@ def held_back_after(
         if (hb := out.get(src)) is not None:
             out[src] = replace(hb, seqs=hb.seqs.difference(seqs))
     if since is not None:
-        out = {s: replace(hb, unknown=False) for s, hb in out.items() if hb.commit > since}
+        out = {s: replace(hb, unknown=False) for s, hb in out.items() if hb.commit >= since}
     for src, seqs in plan.held_back.items():
         hb = out.get(src) or HeldBack(commit, RangeSet())
         both = hb.seqs.copy()

@@ -80,6 +80,8 @@ if TYPE_CHECKING:
     from spark_core.merge import Merger
 
 __all__ = [
+    "FAIL_BACKOFF_MAX_S",
+    "FAIL_BACKOFF_S",
     "HOLES_ROOM",
     "PASS_BYTES",
     "PASS_RECORDS",
@@ -98,6 +100,9 @@ PASS_BYTES = 32 * 1024 * 1024
 #: how often the re-driver looks at each merge's ship keys and held back sources (the
 #: file is looked at once a second by :class:`~shorelink.proof.WatchedShipKeys`)
 LOOK_S = 1.0
+#: after a failed look at a merge, how long until the next (doubling while it fails)
+FAIL_BACKOFF_S = 2.0
+FAIL_BACKOFF_MAX_S = 60.0
 
 
 def redrive_source(topic_id: str, stream: str) -> str:
@@ -184,9 +189,13 @@ def _why(state: MergeState, keys_mark: str | None, max_ranges: int, now: float) 
 
 
 def _start(merger: Merger) -> _Pass | None:
-    """Under the merge's lock (no batch half planned with older keys or a fuller
-    ledger): whether a pass is called for, the keys now and where the merge's
-    dead-letter topics end; None when nothing is to be done."""
+    """Whether a pass is called for, the keys now and the merge's commit (under its lock:
+    no batch half planned with older keys or a fuller ledger), then where the merge's
+    dead-letter topics end (after: Kafka's admin calls never hold the lock, whose
+    batches would wait out their timeout when a broker does not answer; review 9,
+    finding 5). The ends, asked after the commit, hold every dead letter it wrote;
+    those of a batch in between are read too and tried, no harm). None when nothing is
+    to be done."""
     if merger.ship_keys is None and not merger.state.held_back_or_all:
         return None  # nothing can change: no lock taken
     with merger.busy:
@@ -200,7 +209,8 @@ def _start(merger: Merger) -> _Pass | None:
             return None
         since = merger.commits
         topics = [dead_topic(s) for s in merger.streams]
-        marks = merger._relay_marks(topics)
+        merger.admin()  # made under the lock, used outside it
+    marks = merger._relay_marks(topics)
     ends: dict[tuple[str, int], int] = {}
     sources: dict[str, str] = {}
     for topic, (topic_id, parts) in marks.items():
@@ -296,7 +306,11 @@ def redrive_once(merger: Merger) -> dict[str, Counter[str]] | None:
 
 class Redriver:
     """The site's re-drive loop: every :data:`LOOK_S`, each merge
-    (:func:`redrive_once`); a failure is logged and tried again at the next look."""
+    (:func:`redrive_once`). A failure is logged (once per new error) and the merge is
+    tried again after :data:`FAIL_BACKOFF_S`, doubling while it fails, up to
+    :data:`FAIL_BACKOFF_MAX_S`: a Kafka that does not answer is not asked every second
+    (review 9, finding 5). Whatever it raises, the loop goes on (finding 9: an
+    unexpected error stopped it for good, silently)."""
 
     def __init__(self, mergers: Sequence[Merger]) -> None:
         self.mergers = list(mergers)
@@ -304,6 +318,8 @@ class Redriver:
         self._thread = threading.Thread(target=self._run, name="redrive", daemon=True)
         #: the last failure, per merge query (None: the last look went through)
         self.errors: dict[str, str | None] = {}
+        #: per merge query after a failure: its back-off, and when it is looked at again
+        self._backoff: dict[str, tuple[float, float]] = {}
 
     def start(self) -> None:
         if self.mergers:
@@ -319,12 +335,27 @@ class Redriver:
             for m in self.mergers:
                 if m.stopping.is_set() or m.fenced is not None:
                     continue
+                if time.monotonic() < self._backoff.get(m.query, (0.0, 0.0))[1]:
+                    continue
                 try:
                     redrive_once(m)
-                    self.errors[m.query] = None
                 except (MergeError, KafkaClientError) as exc:
-                    if self.errors.get(m.query) != str(exc):  # once per new error
-                        log.warning(
-                            "redrive_failed", site=m.site.name, query=m.query, error=str(exc)
-                        )
-                    self.errors[m.query] = str(exc)
+                    self._failed(m, exc, expected=True)
+                except Exception as exc:  # never let the loop die: log and go on
+                    self._failed(m, exc, expected=False)
+                else:
+                    self.errors[m.query] = None
+                    self._backoff.pop(m.query, None)
+
+    def _failed(self, m: Merger, exc: Exception, *, expected: bool) -> None:
+        was = self._backoff.get(m.query, (0.0, 0.0))[0]
+        backoff = min(FAIL_BACKOFF_MAX_S, 2 * was) if was else FAIL_BACKOFF_S
+        self._backoff[m.query] = (backoff, time.monotonic() + backoff)
+        error = f"{type(exc).__name__}: {exc}" if not expected else str(exc)
+        if self.errors.get(m.query) != error:  # once per new error
+            fields = {"site": m.site.name, "query": m.query, "error": error, "retry_s": backoff}
+            if expected:
+                log.warning("redrive_failed", **fields)
+            else:
+                log.exception("redrive_failed", **fields)
+        self.errors[m.query] = error

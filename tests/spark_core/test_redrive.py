@@ -8,15 +8,21 @@ restarted merge with the same keys does not try again."""
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import dead_topic, relay_topic
 from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import KafkaClientError
 from shorelink.kafka.reading import read_to_end
 from shorelink.proof import ShipKey, ShipKeys, WatchedShipKeys, key_cause
 from spark_core import redrive
@@ -323,3 +329,76 @@ def test_a_pass_of_several_transactions_is_not_repeated_while_nothing_can_be_tak
     finally:
         merger.close()
     assert len(_dead_causes(kafka.bootstrap, s)) == 14
+
+
+def test_a_pass_asks_kafka_where_the_dead_letters_end_without_the_merges_lock(
+    kafka: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 9, finding 5: the re-drive asked Kafka's admin API where the dead-letter
+    topics end while it held the merge's lock, once a second: a broker that does not
+    answer held every batch of the merge for the admin timeout, again and again. The
+    pass decides under the lock and asks after it."""
+    s = unique("s")
+    site, _ = make_site(kafka.bootstrap, tmp_path, [s])
+    rows = _rows_of(s)
+    merger = Merger(site)
+    merger.max_ranges = 4
+    asked_free: list[bool] = []
+    marks = Merger._relay_marks
+
+    def watched(self: Merger, topics: Sequence[str], *, committed: bool = True) -> Any:
+        free = self.busy.acquire(blocking=False)
+        if free:
+            self.busy.release()
+        asked_free.append(free)
+        return marks(self, topics, committed=committed)
+
+    try:
+        merger.ready()
+        merger.write_pulled(rows([1, 3, 5, 7, 20]))
+        merger.write_pulled(rows(list(range(8, 20))))
+        monkeypatch.setattr(Merger, "_relay_marks", watched)
+        counts = redrive_once(merger)
+        assert counts is not None and dict(counts["holes"]) == {"written": 1}
+    finally:
+        merger.close()
+    assert asked_free == [True]
+
+
+def test_the_redrive_loop_outlives_any_error_and_backs_off_while_it_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review 9, findings 9 and 5: an error other than the merge's or Kafka's ended the
+    re-drive thread for good, silently (no dead letter re-driven at that site until a
+    restart); and a failing merge was tried again every second. Here the looks fail
+    three times (an unexpected error, then Kafka's, twice): the loop goes on, waits
+    longer after each failure, and the fourth look goes through. A stand-in merge (the
+    loop needs only its name and flags): this is about the loop, not the pass."""
+    monkeypatch.setattr(redrive, "LOOK_S", 0.01)
+    monkeypatch.setattr(redrive, "FAIL_BACKOFF_S", 0.2, raising=False)
+    looks: list[float] = []
+    fails: list[Exception] = [
+        RuntimeError("a bug"),
+        KafkaClientError("no broker"),
+        KafkaClientError("no broker still"),
+    ]
+
+    def look(merger: object) -> None:
+        looks.append(time.monotonic())
+        if len(looks) <= len(fails):
+            raise fails[len(looks) - 1]
+
+    monkeypatch.setattr(redrive, "redrive_once", look)
+    merge = SimpleNamespace(
+        stopping=threading.Event(), fenced=None, query="merge", site=SimpleNamespace(name="a")
+    )
+    loop = redrive.Redriver([merge])  # type: ignore[list-item]
+    loop.start()
+    try:
+        eventually(lambda: len(looks) >= 4, 20, "a look after three failures")
+        assert loop._thread.is_alive()
+        eventually(lambda: loop.errors["merge"] is None, 5, "the error cleared")
+    finally:
+        loop.stop()
+    gaps = [b - a for a, b in itertools.pairwise(looks[:4])]
+    assert gaps[0] >= 0.2 and gaps[1] >= 0.4 and gaps[2] >= 0.8, gaps
