@@ -17,7 +17,10 @@ Kinds (every one heals: a process restarts, a link comes back, a broker resumes)
   SIGCONT after ``duration``;
 - ``retention``: records deleted from the start of a site's relay or canonical topic of
   a stream up to ``fraction`` of each partition (Kafka's ``delete_records``; on a
-  canonical topic only what another site holds, see ``bench/soak.py``);
+  canonical topic only what another site holds, see ``bench/soak.py``). Its broker may
+  be killed or paused at any time after: one killed before Kafka checkpoints the new
+  start offset (once a minute) brings the deleted records back, the case the
+  self-check's ``replication.self_check_settle`` waits out;
 - ``wipe``: a site's application killed, its checkpoint directory removed, started
   again;
 - ``ship_key``: a ship's key replaced (``shorelink ship-key new --replace``), its agent
@@ -58,11 +61,6 @@ DURATION: dict[str, tuple[float, float]] = {
     "wipe": (1.0, 10.0),
     "ship_key": (0.0, 30.0),
 }
-
-
-#: how long after a deletion its broker is neither killed nor paused (Kafka's
-#: ``log.flush.start.offset.checkpoint.interval.ms``, 60 s, and a margin)
-RETENTION_CHECKPOINT_S = 70.0
 
 
 @dataclass(frozen=True)
@@ -241,12 +239,6 @@ def draw(
             fault = Fault(t, kind, target, duration, _detail(rng, kind, target, w, duration))
             out.append(fault)
             busy[w.holds(kind, target)] = fault.end + 2.0  # a moment to recover
-            if kind == "retention":
-                # Kafka checkpoints a partition's new start offset once a minute: a broker
-                # killed before that brings the deleted records back (beside their
-                # repaired copies); the soak keeps that apart (reported, not drawn)
-                broker = "kafka:" + target.split(":", 1)[1].split("/")[0]
-                busy[broker] = max(busy.get(broker, -1.0), t + RETENTION_CHECKPOINT_S)
         else:
             deck.insert(0, kind)  # dealt again later
         t += min(max(rng.expovariate(1.0 / mean_gap), 1.0), 3 * mean_gap)
