@@ -147,9 +147,12 @@ def test_a_ledger_entry_of_holes_listed_backwards_is_read_in_linear_time() -> No
     key, _ = encode_entry("ship-1", "containers", RangeSet())
     _, _, held = within(_LEDGER_BOUND, (), decode_entry, key, value, size=len(value))
     assert len(held) == MAX_HOLDINGS_RANGES
-    over = value + b",99999999"
-    refused = within(_LEDGER_BOUND, (ContractError,), decode_entry, key, over, size=len(over))
-    assert isinstance(refused, ContractError) and "MAX_HOLDINGS_RANGES" not in str(refused)
+    # refused by its count before parsing: the unparsable last range is never read, and
+    # nothing of the size of its ranges is built
+    over = value + b",not-a-range"
+    refused = within(Bound(16 * KIB), (ContractError,), decode_entry, key, over, size=len(over))
+    assert isinstance(refused, ContractError)
+    assert f"more than {MAX_HOLDINGS_RANGES} ranges" in str(refused)
 
 
 _REPORT = encode_report(ShipReport(1, "sat", {"containers": (5, 2)}, {"sat": (1, 2)}, 3, 4))
@@ -244,7 +247,11 @@ def test_env_expansion_of_any_text_is_text_or_a_config_error(
             os.environ.pop(k, None)
         os.environ.update({k: v.replace("\x00", "") for k, v in env.items()})
         out = within(Bound(64 * KIB, 8, cpu_s=0.2), (ConfigError,), expand_env, text, "f")
-        assert isinstance(out, str | ConfigError)
+        if "${SL_A}" in text:  # a variable without a default: its value, or the field named
+            if "SL_A" not in env:
+                assert isinstance(out, ConfigError) and out.field == "f"
+            elif isinstance(out, str):
+                assert env["SL_A"].replace("\x00", "") in out
     except UnicodeEncodeError:
         pass  # a lone surrogate cannot be put in the environment at all
     finally:

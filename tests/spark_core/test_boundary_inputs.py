@@ -311,7 +311,9 @@ def test_an_ops_users_file_is_read_or_refused_with_a_config_error(text: str) -> 
     out = within(
         Bound(64 * KIB, 16, cpu_s=0.5, cpu_per_mib=4), (ConfigError,), parse_users, text, "users"
     )
-    assert isinstance(out, dict | ConfigError)
+    if isinstance(out, dict):  # each login a line of the file: a name, then its scrypt hash
+        lines = {line.strip() for line in text.splitlines()}
+        assert all(f"{n} {h}" in lines and h.startswith("scrypt$") for n, h in out.items())
 
 
 _METRICS = """# HELP shorelink_gateway_records_written_total Records written.
