@@ -179,7 +179,7 @@ def test_a_site_that_starts_with_nothing_takes_as_history_only_what_no_relay_hol
         merger.close()
 
 
-def test_a_catch_up_of_the_ingress_dead_letters_no_acknowledged_record_at_the_bound_on_holes(
+def test_a_catch_up_of_the_ingress_loses_no_acknowledged_record_what_the_bound_holds_back_is_redriven(
     kafka: KafkaBroker, tmp_path: Path
 ) -> None:
     """Review N3: a site's merge catches up on its ingress (its application was down
