@@ -34,6 +34,7 @@ __all__ = [
     "QUERIES_FILE",
     "REPLICATION_FILE",
     "SiteStatus",
+    "holdings",
     "lacking",
     "read_status",
     "render",
@@ -182,12 +183,23 @@ def lacking(rep: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _holdings(rep: dict[str, Any], width: int | None) -> list[str]:
-    """Repair by identity (spark_core/repair.py): whether the site holds everything its
-    neighbours hold, else per neighbour and stream what it lacks."""
-    holds = rep.get("holds_all")
+def holdings(rep: dict[str, Any]) -> tuple[str, list[str]] | None:
+    """Repair by identity (spark_core/repair.py) in words, for this command and the
+    operations page alike: a headline (whether the site holds everything its neighbours
+    hold), then what it lacks of each neighbour's and stream's, what a neighbour names
+    and does not serve, and what its own canonical topic lost early. None where the
+    site has no repair (no neighbours)."""
+    if "holds_all" not in rep:
+        return None
+    holds = rep["holds_all"]
     if holds is None:
-        return wrap("holdings: not compared with every neighbour yet", width, "", "  ")
+        return "holdings: not compared with every neighbour yet", []
+    lost = [
+        f"its canonical topic lost {n} of {stream} early (forgotten, repaired from neighbours)"
+        for stream, n in sorted((rep.get("lost_here") or {}).items())
+    ]
+    if holds:
+        return "holdings: holds everything its neighbours hold", lost
     lines = [
         f"lacks {x['records']} of {x['stream']} that {x['neighbour']} holds ({x['merge']}; "
         f"repaired so far {x['repaired']})"
@@ -198,15 +210,19 @@ def _holdings(rep: dict[str, Any], width: int | None) -> list[str]:
             unserved = (r or {}).get("unserved") or {}
             if unserved:
                 lines.append(f"{name} names and does not serve: {', '.join(sorted(unserved))}")
-    lost = rep.get("lost_here") or {}
-    forgotten = [
-        f"its canonical topic lost {n} of {stream} early (forgotten, repaired from neighbours)"
-        for stream, n in sorted(lost.items())
+    return "holdings: lacks what a neighbour holds", [*lines, *lost]
+
+
+def _holdings(rep: dict[str, Any], width: int | None) -> list[str]:
+    said = holdings(rep)
+    if said is None:
+        return []
+    head, details = said
+    if rep["holds_all"] is not None and not rep["holds_all"]:  # what it lacks, packed
+        return block(head, details, width)
+    return wrap(head, width, "", "  ") + [
+        ln for d in details for ln in wrap(d, width, "  ", "    ")
     ]
-    if holds:
-        out = wrap("holdings: holds everything its neighbours hold", width, "", "  ")
-        return out + [ln for f in forgotten for ln in wrap(f, width, "  ", "    ")]
-    return block("holdings: lacks what a neighbour holds", [*lines, *forgotten] or ["?"], width)
 
 
 def _quarantine(rep: dict[str, Any], width: int | None) -> list[str]:

@@ -16,7 +16,7 @@ from shorelink.boundary import boundary
 from shorelink.ranges import RangeSet
 from spark_core.ops.follow import Facts
 from spark_core.quarantine import retried_when
-from spark_core.status import SiteStatus, lacking
+from spark_core.status import SiteStatus, holdings, lacking
 
 __all__ = ["FOLLOWER_STALE_S", "alerts_view", "gateway_view", "map_view", "ships_view", "site_view"]
 
@@ -121,6 +121,8 @@ def site_view(
             **({"holds_all": rep["holds_all"]} if "holds_all" in rep else {}),
             "lacking": lacking(rep),
             "lost_here": rep.get("lost_here") or {},
+            # the same words as `shorelink-spark status` (the page shows them as they are)
+            "holdings": _holdings_text(rep),
         },
         "queries": queries,
         "gateway": gateway,
@@ -130,6 +132,11 @@ def site_view(
         ],
         "problems": problems,
     }
+
+
+def _holdings_text(rep: dict[str, Any]) -> dict[str, Any] | None:
+    said = holdings(rep)
+    return None if said is None else {"headline": said[0], "details": said[1]}
 
 
 def _gaps(held: RangeSet) -> int:

@@ -435,6 +435,11 @@ def test_the_api_shows_the_sites_facts(site: Site) -> None:
     assert info["replication"]["lacking"] == [
         {"neighbour": "hq2", "merge": "merge", "stream": "nav", "records": 120, "repaired": 3}
     ]
+    # in the words of `shorelink-spark status`, produced once (spark_core/status.py)
+    assert info["replication"]["holdings"] == {
+        "headline": "holdings: lacks what a neighbour holds",
+        "details": ["lacks 120 of nav that hq2 holds (merge; repaired so far 3)"],
+    }
     assert {q["query"] for q in info["queries"]} == {
         "merge",
         "inbox-hq2-nav",
@@ -677,15 +682,17 @@ def test_the_page_in_a_real_browser(site: Site) -> None:
         expect(row).to_contain_text("satellite")
         expect(row).to_contain_text("18.0 KB of 20.0 KB")
 
-        holdings = page.locator("#holdings")
-        expect(holdings).to_have_text(
-            "holdings: lacks 120 of nav that hq2 holds (repaired so far 3)", timeout=10_000
+        holdings = page.locator("#holdings p")
+        expect(holdings).to_have_text("holdings: lacks what a neighbour holds", timeout=10_000)
+        expect(page.locator("#holdings li")).to_have_text(
+            ["lacks 120 of nav that hq2 holds (merge; repaired so far 3)"]
         )
         # replication catches up: the lag figure changes, and then nothing is lacking
         site.status(lag_records=7)
         expect(lag).to_have_text("7", timeout=10_000)
         site.status(lag_records=0)
         expect(holdings).to_have_text("holdings: holds everything its neighbours hold")
+        expect(page.locator("#holdings li")).to_have_count(0)
 
         # an alert comes in
         site.put("alerts", ship, 1, "CMAU1234563", b'{"alarm": "overboard"}', now, entered_ms=now)

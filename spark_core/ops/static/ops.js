@@ -132,23 +132,19 @@ function renderReplication(rep) {
     }
   }
   fill($("#replication tbody"), rows);
-  $("#holdings").textContent = holdings(rep);
+  renderHoldings(rep.holdings);
   const routes = Object.entries(rep.routes || {});
   $("#routes").textContent = routes.length
     ? "routes: " + routes.map(([e, v]) => (v ? `${e} via ${v}` : `${e}: no route`)).join(", ")
     : "";
 }
 
-// repair by identity: whether the site holds everything its neighbours hold
-function holdings(rep) {
-  if (rep.holds_all === undefined) return "";
-  if (rep.holds_all === null) return "holdings: not compared with every neighbour yet";
-  const lost = Object.entries(rep.lost_here || {}).map(([s, n]) =>
-    `its canonical topic lost ${num(n)} of ${s} early (repaired from neighbours)`);
-  if (rep.holds_all) return ["holdings: holds everything its neighbours hold", ...lost].join("; ");
-  const lacks = (rep.lacking || []).map((x) =>
-    `lacks ${num(x.records)} of ${x.stream} that ${x.neighbour} holds (repaired so far ${num(x.repaired)})`);
-  return ["holdings: " + (lacks.length ? lacks.join("; ") : "lacks what a neighbour holds"), ...lost].join("; ");
+// repair by identity, in the words `shorelink-spark status` uses (site_view's holdings)
+function renderHoldings(h) {
+  const box = $("#holdings");
+  if (!h) { box.replaceChildren(); return; }
+  const details = h.details.length ? [el("ul", {}, ...h.details.map((d) => el("li", {}, d)))] : [];
+  box.replaceChildren(el("p", {}, h.headline), ...details);
 }
 
 function renderGateway(g) {
