@@ -39,8 +39,9 @@ def encode_entry(origin: str, stream: str, held: RangeSet) -> tuple[bytes, bytes
 @boundary
 def decode_entry(key: bytes | None, value: bytes | None) -> tuple[str, str, RangeSet]:
     """Parse one ledger record; raises ContractError if it is not one, or if it holds
-    more than :data:`MAX_HOLDINGS_RANGES` ranges (no site writes one: refused before its
-    ranges are built)."""
+    more than :data:`MAX_HOLDINGS_RANGES` ranges (refused before its ranges are built; no
+    merge writes one: its batches and ``Merger.forget`` keep within the bound, and a
+    merge refuses to start from its own ledger holding one)."""
     raw = value or b""
     if raw.count(b",") >= MAX_HOLDINGS_RANGES:
         raise ContractError(

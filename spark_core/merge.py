@@ -70,6 +70,7 @@ from spark_core.merge_state import (
     SourceBatch,
     SourceRow,
     encode_relayed,
+    forgettable,
     held_back_after,
     history_stream,
     plan_batch,
@@ -314,12 +315,17 @@ class Merger:
         except KafkaClientError as exc:
             raise MergeError(f"cannot init transactions: {exc}") from exc
         self._producer = p
-        self.state = MergeState.load(
-            self.site.kafka,
-            self.site.name,
-            timeout=self.site.kafka.timeout_s * 2,
-            query=self.query,
-        )
+        try:
+            self.state = MergeState.load(
+                self.site.kafka,
+                self.site.name,
+                timeout=self.site.kafka.timeout_s * 2,
+                query=self.query,
+            )
+        except MergeError:
+            # no batch is planned against a state not loaded: the next one prepares again
+            self._close_producer()
+            raise
         if self.fresh is None:
             self.fresh = self.state.last_batch is None and not self.state.offsets
         self._start_index()
@@ -582,7 +588,9 @@ class Merger:
         canonical topic lost before its retention: spark_core/repair.py ``SelfCheck``):
         one transaction with the ledger entries less those seqs, so that the site lacks
         them again (its neighbours' repair offers them, and the merge writes them once
-        more). Returns what was held and is forgotten."""
+        more). An entry stays within the bound on holes: what would split it past the
+        bound is still held (:func:`~spark_core.merge_state.forgettable`; logged as
+        ``forget_bounded``). Returns what was held and is forgotten."""
         with self.busy:
             if self.stopping.is_set():
                 raise MergeError("merge is stopping; nothing forgotten")
@@ -590,12 +598,23 @@ class Merger:
                 self.prepare()
             forgotten: dict[Source, RangeSet] = {}
             ledger: dict[Source, RangeSet] = {}
+            kept = 0
             for source, seqs in lost.items():
                 held = self.state.held_for(source)
-                gone = seqs.difference(seqs.difference(held))  # what of it is held
+                gone = forgettable(held, seqs, self.max_ranges)
+                kept += seqs.difference(seqs.difference(held)).count() - gone.count()
                 if gone:
                     forgotten[source] = gone
                     ledger[source] = held.difference(gone)
+            if kept:
+                log.warning(
+                    "forget_bounded",
+                    site=self.site.name,
+                    query=self.query,
+                    kept=kept,
+                    message="seqs lost from the canonical topic still held: forgetting "
+                    "them would pass the bound on holes",
+                )
             if not ledger:
                 return {}
             p = self._producer

@@ -74,6 +74,7 @@ __all__ = [
     "SourceRow",
     "decode_relayed",
     "encode_relayed",
+    "forgettable",
     "held_back_after",
     "history_stream",
     "plan_batch",
@@ -259,6 +260,7 @@ class MergeState:
         ``kafka`` to their committed end (within ``timeout``)."""
         state = cls()
         key = marker_key(site, query)
+        oversized: dict[bytes, int] = {}  # ledger key -> ranges, of its last entry
         try:
             # one consumer for both, and no fetch parked at the end of a small topic
             # waiting for data (fetch.wait.max.ms, 500 ms by default): start-up is quick
@@ -277,6 +279,10 @@ class MergeState:
                         relay, seqs = decode_relayed(msg.key(), value)
                         state.relayed[relay] = seqs
                     continue
+                if value.count(b",") >= MAX_HOLDINGS_RANGES:
+                    oversized[msg.key() or b""] = value.count(b",") + 1
+                    continue  # unless a later entry of the key replaces it
+                oversized.pop(msg.key() or b"", None)
                 try:
                     origin, stream, held = decode_entry(msg.key(), value)
                 except ContractError:
@@ -284,6 +290,16 @@ class MergeState:
                 state.held[(origin, stream)] = held
         except (KafkaClientError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise MergeError(f"cannot load merge state from {kafka.bootstrap}: {exc}") from exc
+        if oversized:
+            # skipped, the merge would hold nothing of the ship and write every seq of it
+            # again (review 9, finding 3): no merge starts from such a ledger
+            key, n = next(iter(oversized.items()))
+            raise MergeError(
+                f"{LEDGER_TOPIC} at {kafka.bootstrap}: the entry {key[:80]!r} holds {n} "
+                f"ranges, more than {MAX_HOLDINGS_RANGES} (and {len(oversized) - 1} more "
+                "such): not loaded, its seqs would be written again",
+                fatal=True,
+            )
         return state
 
 
@@ -784,6 +800,39 @@ def _stamp_entered(
         topic, key, value, headers = records[i]
         kept = [h for h in headers if h[0] != H_ENTERED]
         records[i] = (topic, key, value, [*kept, (H_ENTERED, b"%d" % ms)])
+
+
+def forgettable(held: RangeSet, lost: RangeSet, max_ranges: int) -> RangeSet:
+    """Of ``lost``, what the ledger entry ``held`` may stop holding and keep within
+    ``max_ranges`` ranges (``Merger.forget``): every held run of it that takes a range
+    away or leaves the count as it is, and, lowest seqs first, as many of those that
+    split a range as the bound leaves room for. A ship's seqs are spread over a topic's
+    partitions by container, so a partition's lost prefix is interleaved with seqs still
+    held, and forgetting all of it could pass the bound; an entry past it is refused by every
+    reader of the ledger (:func:`shorelink.ledger.decode_entry`), and a merge that
+    skipped its own wrote every seq again (review 9, finding 3). What is kept is not
+    repaired (the site lacks it and says it holds it), never written twice."""
+    gone = lost.difference(lost.difference(held))
+    ranges = list(held)
+    # each run of it lies within one held range (the ranges are maximal) and touches no
+    # other run: forgetting it takes that range away (the whole of it), leaves the count
+    # (at an end of it) or splits it, whatever else of the range is forgotten
+    splits: list[tuple[int, int]] = []
+    out = RangeSet()
+    n = len(ranges)
+    j = 0
+    for lo, hi in gone:
+        while ranges[j][1] < lo:
+            j += 1
+        a, b = ranges[j]
+        if lo == a or hi == b:
+            n -= lo == a and hi == b
+            out.add_range(lo, hi)
+        else:
+            splits.append((lo, hi))
+    for lo, hi in splits[: max(0, max_ranges - n)]:
+        out.add_range(lo, hi)
+    return out
 
 
 def takeable(seqs: RangeSet, held: RangeSet, max_ranges: int) -> RangeSet:

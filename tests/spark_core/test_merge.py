@@ -25,6 +25,7 @@ from shorelink.contract import (
     H_SEQ,
     H_SITE,
     HEADER_LAYOUT,
+    LEDGER_TOPIC,
     MAX_RECORD_BYTES,
     canonical_topic,
     dead_topic,
@@ -44,7 +45,9 @@ from spark_core.merge_batch import ArrowBatch, batch_frame, unwritten
 from spark_core.merge_state import (
     DEAD_VALUE_MAX,
     Headers,
+    MergeError,
     MergeState,
+    forgettable,
     pulled_source,
     source_entry,
 )
@@ -730,3 +733,108 @@ def test_spark_reads_every_hostile_record_as_the_plan_does(
     by_spark = plan_batch(batch, MergeState())
     _accounted(by_spark, len(rows))
     assert by_spark == plan_batch(source, MergeState())
+
+
+@settings(max_examples=100, deadline=2000)
+@given(
+    st.lists(st.integers(1, 60), max_size=40),
+    st.lists(st.integers(1, 60), max_size=40),
+    st.integers(1, 12),
+)
+def test_forgetting_keeps_an_entry_within_the_bound_and_forgets_all_that_fits(
+    held_seqs: list[int], lost_seqs: list[int], bound: int
+) -> None:
+    """Review 9, finding 3: forgetting what a canonical topic lost (a partition's
+    prefix, interleaved with seqs still held) split a ship's entry past the bound on
+    holes, and every reader of the ledger refuses such an entry. What is forgotten is
+    held and lost; the entry stays within the bound (or within what it was, if past
+    it already); when forgetting all of it fits, all of it is forgotten; and no more is
+    left held than the bound forces (each split kept is one the bound had no room for)."""
+    held, lost = RangeSet.from_seqs(held_seqs), RangeSet.from_seqs(lost_seqs)
+    gone = forgettable(held, lost, bound)
+    both = lost.difference(lost.difference(held))
+    assert both.contains_all(gone)
+    left = held.difference(gone)
+    assert len(left) <= max(bound, len(held))
+    if len(held.difference(both)) <= bound:
+        assert gone == both
+    kept = both.difference(gone)
+    if kept:  # one more run forgotten would pass the bound
+        lo, hi = next(iter(kept))
+        more = gone.copy()
+        more.add_range(lo, hi)
+        assert len(held.difference(more)) > bound
+
+
+def test_forgetting_a_lost_prefix_keeps_the_ledger_entry_within_the_bound(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """Review 9, finding 3, on real Kafka: seqs 1-20 held, every even one up to 12 lost
+    (the ship's other container's partition lost its prefix). Forgetting all of them
+    made 7 ranges of an entry whose bound is 4; the merge forgets 2, 4 and 6 (4 ranges)
+    and still holds the rest: the entry in sl.ledger and in memory is within the bound,
+    and a merge that starts from it holds what it says."""
+    s = unique("s")
+    site, _ = make_site(kafka.bootstrap, tmp_path, [s])
+    source = pulled_source("tokyo", "tid", relay_topic("e1", s))
+    rows = [
+        SourceRow(source, 0, q, r.key, r.value, list(r.headers()))
+        for q in range(1, 21)
+        for r in [record("bigblue", s, q)]
+    ]
+    merger = Merger(site)
+    merger.max_ranges = 4
+    try:
+        merger.ready()
+        merger.write_pulled(rows)
+        lost = RangeSet.from_seqs([2, 4, 6, 8, 10, 12])
+        forgotten = merger.forget({("bigblue", s): lost})
+        assert forgotten == {("bigblue", s): RangeSet.from_seqs([2, 4, 6])}
+        want = RangeSet.from_seqs([1, 3, 5, *range(7, 21)])
+        assert merger.state.held_for(("bigblue", s)) == want
+    finally:
+        merger.close()
+    assert ledger(kafka.bootstrap)[("bigblue", s)] == want
+    again = Merger(site)
+    try:
+        again.ready()
+        assert again.state.held_for(("bigblue", s)) == want
+    finally:
+        again.close()
+
+
+def test_a_merge_refuses_to_start_from_its_ledger_with_an_entry_past_the_bound(
+    kafka_sites: Any, tmp_path: Path
+) -> None:
+    """Review 9, finding 3: an entry past the bound on holes in the site's own ledger
+    was skipped at start-up, so the merge held nothing of that ship and wrote every
+    seq of it again (repair and pullers offer them): duplicates. It refuses to start
+    instead, naming the entry, and starts once a later entry of the key replaces it.
+    (A broker of its own: the entry would trouble every test that reads the ledger.)"""
+    b = kafka_sites("ledger")["ledger"].bootstrap
+    s = unique("s")
+    site, _ = make_site(b, tmp_path, [s])
+    first = Merger(site)  # the site's topics made
+    first.ready()
+    first.close()
+    p = Producer({"bootstrap.servers": b})
+    key = f"bigblue/{s}".encode()
+    p.produce(LEDGER_TOPIC, key=key, value=",".join(str(2 * i + 1) for i in range(10_001)))
+    assert p.flush(30) == 0
+    refusing = Merger(site)
+    try:
+        with pytest.raises(MergeError, match="more than 10000") as refused:
+            refusing.ready()
+        assert key.decode() in str(refused.value) and refused.value.retryable is False
+        with pytest.raises(MergeError, match="more than 10000"):  # nor a batch after it
+            refusing.write_pulled([])
+    finally:
+        refusing.close()
+    p.produce(LEDGER_TOPIC, key=key, value=b"1-5")
+    assert p.flush(30) == 0
+    merger = Merger(site)
+    try:
+        merger.ready()
+        assert merger.state.held_for(("bigblue", s)) == RangeSet([(1, 5)])
+    finally:
+        merger.close()
