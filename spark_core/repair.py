@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import Message
@@ -170,6 +170,7 @@ def gone_early(
     now_ms: int,
     retention_ms: int | None,
     present: Mapping[str, RangeSet] | None = None,
+    unsettled: Mapping[int, int] | None = None,
 ) -> dict[str, RangeSet]:
     """Per origin, the seqs a site's own canonical ``topic`` (id ``topic_id``, each
     partition's oldest offset in ``lows``) no longer holds though its retention
@@ -178,13 +179,18 @@ def gone_early(
     of a former topic id: the topic was deleted and created again), written less than
     the retention ago; less what ``present`` says those segments' remaining offsets
     hold (:func:`remaining`, read by the caller) and what any segment deletion did not
-    touch names (a seq lost and written again since)."""
+    touch names (a seq lost and written again since). ``unsettled``: partitions whose
+    oldest offset moved to where it stands here too recently to be acted on (their
+    ``lows`` are where it was): a segment with records below that is taken as
+    untouched, its seqs held (which of them lay in that partition is not known)."""
     gone: dict[str, RangeSet] = {}
     kept: dict[str, RangeSet] = {}
     for seg in segments:
         if seg.topic != topic or seg.seqs is None:
             continue
-        if _cut(seg, topic_id, lows):
+        if _deferred(seg, topic_id, unsettled):
+            into: dict[str, RangeSet] | None = kept
+        elif _cut(seg, topic_id, lows):
             young = retention_ms is None or (
                 seg.written_ms is not None
                 and now_ms - seg.written_ms < retention_ms - RETENTION_SLACK_MS
@@ -204,6 +210,15 @@ def gone_early(
     return out
 
 
+def _deferred(seg: Segment, topic_id: str, unsettled: Mapping[int, int] | None) -> bool:
+    """Does ``seg`` hold records a move not acted on yet may have taken?"""
+    if not unsettled or seg.topic_id != topic_id:
+        return False
+    return any(
+        hi > lo and p in unsettled and lo < unsettled[p] for p, (lo, hi) in seg.parts.items()
+    )
+
+
 def _cut(seg: Segment, topic_id: str, lows: Mapping[int, int]) -> bool:
     """Did deletion take some of ``seg``'s records (or the whole topic it indexed)?"""
     spans = [(p, lo, hi) for p, (lo, hi) in seg.parts.items() if hi > lo]
@@ -213,13 +228,20 @@ def _cut(seg: Segment, topic_id: str, lows: Mapping[int, int]) -> bool:
 
 
 def remaining(
-    segments: Iterable[Segment], topic: str, topic_id: str, lows: Mapping[int, int]
+    segments: Iterable[Segment],
+    topic: str,
+    topic_id: str,
+    lows: Mapping[int, int],
+    unsettled: Mapping[int, int] | None = None,
 ) -> Ranges:
     """The offsets the topic still holds of the segments deletion cut (where their
-    seqs may still lie): what a self-check reads before it forgets anything."""
+    seqs may still lie): what a self-check reads before it forgets anything (none of a
+    segment :func:`gone_early` takes as untouched for ``unsettled``)."""
     out: dict[int, list[tuple[int, int]]] = {}
     for seg in segments:
         if seg.topic != topic or seg.topic_id != topic_id or not _cut(seg, topic_id, lows):
+            continue
+        if _deferred(seg, topic_id, unsettled):
             continue
         for p, (lo, hi) in seg.parts.items():
             start = max(lo, lows.get(p, 0))
@@ -244,11 +266,17 @@ class SelfCheck:
         self.merger = merger
         self.site = merger.site
         self.settle_s = merger.site.replication.self_check_settle_s
+        #: monotonic seconds (a test's own clock: the settle time is what it tests)
+        self.clock: Callable[[], float] = time.monotonic
         #: per canonical topic: its id and its partitions' oldest offsets at the last look
         #: acted on
         self._seen: dict[str, tuple[str, dict[int, int]]] = {}
-        #: per canonical topic: a move not acted on yet, and since when it has held
-        self._moved: dict[str, tuple[str, dict[int, int], float]] = {}
+        #: per canonical topic under the id it was acted on under: per partition whose
+        #: oldest offset moved since, where it stands and since when it has held there
+        self._moved: dict[str, tuple[str, dict[int, tuple[int, float]]]] = {}
+        #: per canonical topic first looked at with records deleted, or created again: its
+        #: id and oldest offsets, and since when they have held (settled as one)
+        self._whole: dict[str, tuple[str, dict[int, int], float]] = {}
         #: per stream: seqs forgotten since the start
         self.forgotten: Counter[str] = Counter()
         self._admin: Admin | None = None
@@ -264,32 +292,70 @@ class SelfCheck:
         described = self.admin().describe(topics)
         total = 0
         for topic, desc in sorted(described.items()):
-            topic_id = str(desc.topic_id)
             parts = [(topic, p.id) for p in desc.partitions]
             lows = {
                 p: a.offset
                 for (_, p), a in self.admin().offsets(parts, OffsetSpec.earliest()).items()
             }
-            seen = self._seen.get(topic)
-            if seen is None and not any(lows.values()):
-                self._seen[topic] = (topic_id, lows)
-            if self._seen.get(topic) == (topic_id, lows):
-                self._moved.pop(topic, None)
-                continue  # nothing deleted since the last look (or the deletion undone)
-            moved = self._moved.get(topic)
-            now = time.monotonic()
-            if moved is None or moved[:2] != (topic_id, lows):
-                self._moved[topic] = (topic_id, lows, now)
-                if self.settle_s > 0:
-                    continue  # a move first seen: looked at again once it has held
-            elif now - moved[2] < self.settle_s:
-                continue
-            self._moved.pop(topic, None)
-            self._seen[topic] = (topic_id, lows)
-            total += self._check(topics[topic], topic, topic_id, lows)
+            total += self._look(topics[topic], topic, str(desc.topic_id), lows)
         return total
 
-    def _check(self, stream: str, topic: str, topic_id: str, lows: dict[int, int]) -> int:
+    def _look(self, stream: str, topic: str, topic_id: str, lows: dict[int, int]) -> int:
+        """One topic: what of its move has held for :attr:`settle_s`, acted on. Per
+        partition: a busy topic whose retention moves some partition more often than
+        that put off a deletion on another for good when the whole topic's timer
+        started again at every move (review 9, finding 10). The look is recorded as
+        acted on only once the check went through: one that failed is tried again at
+        the next round (finding 6: the deletion it detected was never acted on)."""
+        seen = self._seen.get(topic)
+        if seen is None and not any(lows.values()):
+            seen = self._seen[topic] = (topic_id, lows)
+        if seen == (topic_id, lows):
+            self._moved.pop(topic, None)
+            self._whole.pop(topic, None)
+            return 0  # nothing deleted since the last look (or the deletion undone)
+        now = self.clock()
+        if seen is None or seen[0] != topic_id:  # nothing to compare with partition-wise
+            whole = self._whole.get(topic)
+            if whole is None or whole[:2] != (topic_id, lows):
+                self._whole[topic] = (topic_id, lows, now)
+                if self.settle_s > 0:
+                    return 0  # a move first seen: looked at again once it has held
+            elif now - whole[2] < self.settle_s:
+                return 0
+            count = self._check(stream, topic, topic_id, lows)
+            self._whole.pop(topic, None)
+            self._moved.pop(topic, None)
+            self._seen[topic] = (topic_id, lows)
+            return count
+        acted = seen[1]
+        was = self._moved.get(topic)
+        before = was[1] if was is not None and was[0] == topic_id else {}
+        marks: dict[int, tuple[int, float]] = {}
+        for p, low in lows.items():
+            if low == acted.get(p, 0):
+                continue  # not moved (or moved back: a deletion undone)
+            mark = before.get(p)
+            marks[p] = mark if mark is not None and mark[0] == low else (low, now)
+        settled = {p: low for p, (low, at) in marks.items() if now - at >= self.settle_s}
+        self._moved[topic] = (topic_id, marks)
+        if not settled:
+            return 0
+        acting = {p: acted.get(p, 0) for p in lows} | settled
+        unsettled = {p: low for p, (low, _) in marks.items() if p not in settled}
+        count = self._check(stream, topic, topic_id, acting, unsettled)
+        self._seen[topic] = (topic_id, acting)
+        self._moved[topic] = (topic_id, {p: m for p, m in marks.items() if p not in settled})
+        return count
+
+    def _check(
+        self,
+        stream: str,
+        topic: str,
+        topic_id: str,
+        lows: dict[int, int],
+        unsettled: Mapping[int, int] | None = None,
+    ) -> int:
         retention = self.site.policy(stream).retention_ms
         now = int(time.time() * 1000)
         try:
@@ -310,13 +376,13 @@ class SelfCheck:
             log.warning("self_check_skipped", site=self.site.name, topic=topic, error=str(exc))
             return 0
         present: dict[str, RangeSet] = {}
-        reads = remaining(segments, topic, topic_id, lows)
+        reads = remaining(segments, topic, topic_id, lows, unsettled)
         what = f"self-check of {topic} at {self.site.name}"
         for m in read_ranges(self.site.kafka, pull_group(self.site.name), what, topic, reads):
             ident = _identity(list(m.headers() or []))  # type: ignore[arg-type]
             if ident is not None:
                 present.setdefault(ident[0], RangeSet()).add(ident[1])
-        lost = gone_early(segments, topic, topic_id, lows, now, retention, present)
+        lost = gone_early(segments, topic, topic_id, lows, now, retention, present, unsettled)
         if not lost:
             return 0
         forgotten = self.merger.forget({(o, stream): seqs for o, seqs in lost.items()})

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -28,7 +29,7 @@ from shorelink.kafka.reading import read_to_end
 from shorelink.proof import ShipKey, ShipKeys, WatchedShipKeys
 from shorelink.ranges import RangeSet
 from spark_core.merge import Merger
-from spark_core.merge_state import SourceRow
+from spark_core.merge_state import MergeError, SourceRow
 from spark_core.relay_index import Segment
 from spark_core.repair import (
     Repairer,
@@ -526,6 +527,134 @@ def test_a_deletion_a_broker_crash_undoes_is_not_forgotten(
     finally:
         m.close()
         broker.proc.stop(grace=5)
+
+
+def _spread(merger: Merger, stream: str, seqs: range) -> None:
+    """``_write`` with ten containers: the seqs spread over every canonical partition."""
+    t = ingress_topic(stream)
+    at = merger.state.offsets.get((t, 0), 0)
+    rows = []
+    for i, q in enumerate(seqs):
+        r = record("ship1", stream, q, key=f"c{q % 10}")
+        rows.append(SourceRow(t, 0, at + i, r.key, r.value, list(r.headers())))
+    merger.write_rows((merger.state.last_batch or 0) + 1, rows)
+    merger._index_due = 0.0
+    assert merger.write_index() >= 1
+
+
+def _where(bootstrap: str, topic: str) -> dict[tuple[int, int], int]:
+    """(partition, offset) -> seq of every record of ``topic``."""
+    out = {}
+    for m in read_to_end(KafkaEndpoint.plaintext(bootstrap), [topic], settled=True):
+        seq = int(dict(m.headers() or [])["sl.seq"])
+        out[(m.partition() or 0, m.offset() or 0)] = seq
+    return out
+
+
+def _delete_below(bootstrap: str, topic: str, part: int, offset: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.delete_records([TopicPartition(topic, part, offset)]).values():
+        f.result(20)
+
+
+def test_a_deletion_is_acted_on_once_it_held_while_retention_keeps_moving_another_partition(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """Review 9, finding 10: a move of any partition's oldest offset started the whole
+    topic's settle time again, so on a busy topic whose retention moves some partition
+    more often than ``self_check_settle`` a deletion on another was put off for good.
+    Settled per partition: partition A's deletion (three segments' records, the first
+    one's and most of the others') is acted on 100 s later though B's oldest offset
+    moved at 0, 60 and 100 s (within the first segment). The first segment holds
+    records B's unsettled move may have taken: none of its seqs is forgotten yet; once
+    B's move has held, its lost seqs, A's and B's, are. A clock of the test's own: the
+    settle time is what is under test."""
+    s = unique("s")
+    site, _ = make_site(kafka.bootstrap, tmp_path, [s])
+    m = Merger(site)
+    try:
+        m.prepare()
+        topic = canonical_topic(s)
+        check = SelfCheck(m)
+        check.settle_s = 90.0
+        now = [0.0]
+        check.clock = lambda: now[0]
+        assert check.round() == 0  # nothing deleted yet: the look to compare with
+        for first in (1, 31, 61):
+            _spread(m, s, range(first, first + 30))
+        where = _where(kafka.bootstrap, topic)
+        counts = Counter(p for p, _ in where)
+        assert len(counts) >= 2, counts
+        # B: a partition with at least four records of the first segment (1-30)
+        b = next(p for p in sorted(counts) if all(where.get((p, o), 99) <= 30 for o in range(4)))
+        a = next(p for p in sorted(counts) if p != b)
+        cut = max(o for (p, o) in where if p == a)  # all of A but its last record
+        _delete_below(kafka.bootstrap, topic, a, cut)
+        _delete_below(kafka.bootstrap, topic, b, 1)
+        assert check.round() == 0  # t=0: both moves seen
+        now[0] = 60.0
+        _delete_below(kafka.bootstrap, topic, b, 2)
+        assert check.round() == 0
+        now[0] = 100.0
+        _delete_below(kafka.bootstrap, topic, b, 3)
+        lost_a = {q for (p, o), q in where.items() if p == a and o < cut}
+        lost_b = {q for (p, o), q in where.items() if p == b and o < 3}
+        first = {q for q in lost_a if q > 30}
+        assert first and check.round() == len(first)
+        held = m.state.held_for(("ship1", s))
+        assert not any(q in held for q in first)
+        assert all(q in held for q in (lost_a - first) | lost_b)
+        now[0] = 150.0
+        assert check.round() == 0  # B's move of 100 s has not held long enough
+        now[0] = 190.0
+        rest = (lost_a - first) | lost_b
+        assert check.round() == len(rest)
+        held = m.state.held_for(("ship1", s))
+        assert held == RangeSet.from_seqs(set(range(1, 91)) - lost_a - lost_b)
+    finally:
+        m.close()
+
+
+def test_a_deletion_the_self_check_failed_on_is_acted_on_at_the_next_round(
+    kafka: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 9, finding 6: the self-check recorded a deletion as acted on before it
+    acted; when forgetting failed (the merge stopping, Kafka not answering), the next
+    round found nothing moved since, and the lost records stayed held for good: never
+    repaired. The next round acts on it."""
+    s = unique("s")
+    site, _ = make_site(kafka.bootstrap, tmp_path, [s])
+    m = Merger(site)
+    try:
+        m.prepare()
+        check = SelfCheck(m)
+        check.settle_s = 0.0
+        assert check.round() == 0
+        for first in (1, 31):
+            _spread(m, s, range(first, first + 30))
+        topic = canonical_topic(s)
+        where = _where(kafka.bootstrap, topic)
+        a = min(p for p, _ in where)
+        cut = max(o for (p, o) in where if p == a)
+        _delete_below(kafka.bootstrap, topic, a, cut)
+        lost = {q for (p, o), q in where.items() if p == a and o < cut}
+        forget = m.forget
+        calls = []
+
+        def failing_once(lost: Any) -> Any:
+            calls.append(1)
+            if len(calls) == 1:
+                raise MergeError("merge is stopping; nothing forgotten")
+            return forget(lost)
+
+        monkeypatch.setattr(m, "forget", failing_once)
+        with pytest.raises(MergeError):
+            check.round()
+        assert check.round() == len(lost) > 0
+        assert not any(q in m.state.held_for(("ship1", s)) for q in lost)
+        assert check.round() == 0
+    finally:
+        m.close()
 
 
 def _watermarks(bootstrap: str, topic: str, part: int) -> tuple[int, int]:
