@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -33,7 +33,7 @@ from spark_core.pull import Puller
 from spark_core.repair import Repairer, SelfCheck
 from spark_core.routing import LinkState
 
-__all__ = ["BULK_POOL", "URGENT_POOL", "Replicator", "history_sources"]
+__all__ = ["BULK_POOL", "URGENT_POOL", "Replicator", "history_sources", "quarantine_of"]
 
 log = get_logger(__name__)
 
@@ -41,6 +41,25 @@ log = get_logger(__name__)
 #: merge in one, everything else in the other, so neither waits for the other's jobs
 URGENT_POOL = "urgent"
 BULK_POOL = "bulk"
+
+
+def quarantine_of(mergers: Iterable[Merger]) -> dict[str, Any]:
+    """What ``mergers`` quarantined since they started, per stream and cause
+    (``quarantined``), and of the dead letters tried again, how many were written per
+    cause (``taken_again``; one held already, a copy that came another way, was not
+    taken: review 9, finding 21): spark_core/quarantine.py, spark_core/redrive.py."""
+    quarantined: dict[str, dict[str, int]] = {}
+    taken: dict[str, int] = {}
+    for m in mergers:
+        for where, n in m.totals.quarantined.items():
+            stream, _, cause = where.rpartition(":")
+            counts = quarantined.setdefault(stream, {})
+            counts[cause] = counts.get(cause, 0) + n
+        for key, n in m.totals.redriven.items():
+            cause, _, outcome = key.partition(":")
+            if outcome == "written":
+                taken[cause] = taken.get(cause, 0) + n
+    return {"quarantined": quarantined, "taken_again": taken}
 
 
 def history_sources(cfg: Any, site: SiteConfig) -> dict[str, str]:
@@ -317,22 +336,8 @@ class Replicator:
         }
 
     def quarantine(self) -> dict[str, Any]:
-        """What this site's merges quarantined since they started, per stream and cause
-        (``quarantined``), and of the dead letters tried again, how many were taken per
-        cause (``taken_again``: written or held already): spark_core/quarantine.py,
-        spark_core/redrive.py."""
-        quarantined: dict[str, dict[str, int]] = {}
-        taken: dict[str, int] = {}
-        for m in self.mergers:
-            for where, n in m.totals.quarantined.items():
-                stream, _, cause = where.rpartition(":")
-                counts = quarantined.setdefault(stream, {})
-                counts[cause] = counts.get(cause, 0) + n
-            for key, n in m.totals.redriven.items():
-                cause, _, outcome = key.partition(":")
-                if outcome in ("written", "duplicate"):
-                    taken[cause] = taken.get(cause, 0) + n
-        return {"quarantined": quarantined, "taken_again": taken}
+        """:func:`quarantine_of` this site's merges."""
+        return quarantine_of(self.mergers)
 
     def write_status(self) -> None:
         """Rewrite ``replication.status.json`` (one writer at a time: the routing thread

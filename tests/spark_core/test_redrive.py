@@ -26,7 +26,7 @@ from shorelink.kafka.errors import KafkaClientError
 from shorelink.kafka.reading import read_to_end
 from shorelink.proof import ShipKey, ShipKeys, WatchedShipKeys, key_cause
 from spark_core import redrive
-from spark_core.merge import Merger
+from spark_core.merge import Merger, Totals
 from spark_core.merge_state import SourceRow, pulled_source
 from spark_core.quarantine import (
     CAUSES,
@@ -37,6 +37,7 @@ from spark_core.quarantine import (
     dead_cause,
 )
 from spark_core.redrive import redrive_once, retry_row
+from spark_core.replication import quarantine_of
 from tests.helpers import eventually, unique
 from tests.spark_core.helpers import canonical, make_site, record, signed_relayed
 
@@ -402,3 +403,23 @@ def test_the_redrive_loop_outlives_any_error_and_backs_off_while_it_fails(
         loop.stop()
     gaps = [b - a for a, b in itertools.pairwise(looks[:4])]
     assert gaps[0] >= 0.2 and gaps[1] >= 0.4 and gaps[2] >= 0.8, gaps
+
+
+def test_what_the_status_says_was_taken_again_is_what_a_re_drive_wrote() -> None:
+    """Review 9, finding 21: the status's "taken again" counted the dead letters a
+    re-drive found held already (a copy that came another way) with those it wrote,
+    so 40 records of a ship that reached the site twice showed as 80 taken."""
+    totals = Totals(
+        redriven={
+            "unknown_ship:written": 40,
+            "unknown_ship:duplicate": 40,
+            "unknown_ship:refused": 80,
+            "holes:duplicate": 3,
+        },
+        quarantined={"nav:unknown_ship": 80},
+    )
+    got = quarantine_of([SimpleNamespace(totals=totals)])  # type: ignore[list-item]
+    assert got == {
+        "quarantined": {"nav": {"unknown_ship": 80}},
+        "taken_again": {"unknown_ship": 40},
+    }
