@@ -11,6 +11,7 @@ __all__ = [
     "GatewayRejected",
     "LinkError",
     "LogError",
+    "LogFromNewerAgent",
     "LogFullError",
     "UnusableMessage",
     "UplinkError",
@@ -30,6 +31,34 @@ class LogFullError(LogError):
     is acknowledged and the broker keeps the messages; retrying after space frees helps."""
 
     retryable = True
+
+
+class LogFromNewerAgent(LogError):
+    """The log was migrated by a newer agent (its schema is past the migrations this one
+    knows): this agent would write rows without the newer columns' meaning, so it refuses
+    to open the log. Retrying does not help: run the newer agent again, or restore the
+    copy taken before the migration (docs/edge-agent.md, "Upgrades and rollbacks")."""
+
+    retryable = False
+
+    def __init__(self, path: str, schema: int, known: int, newer: list[str], copy: str | None):
+        self.path = path
+        #: the log's schema (its newest migration) and the newest this agent knows
+        self.schema = schema
+        self.known = known
+        #: the copy of the log taken before it left this agent's schema, if it is there
+        self.copy = copy
+        way_back = (
+            f"to go back to this version, stop the agent, move {path} aside and restore "
+            f"{copy} in its place (records received since the upgrade stay in the moved log)"
+            if copy
+            else f"no copy of the log at schema {known} is beside it to go back to"
+        )
+        super().__init__(
+            f"log {path} was migrated by a newer agent (schema {schema}: {', '.join(newer)}; "
+            f"this agent knows schema {known}) and this agent will not run on it: run the "
+            f"newer agent again, or {way_back} (docs/edge-agent.md, Upgrades and rollbacks)"
+        )
 
 
 class UnusableMessage(EdgeError):

@@ -150,7 +150,11 @@ class EdgeLog:
                 migrate(sqlite_utils.Database(self._conn))
                 self._check_origin()
         except sqlite3.Error as exc:
+            self._close_if_open()
             raise LogError(f"cannot open log {self.path}: {exc}") from exc
+        except LogError:  # a log from a newer agent, or its copy could not be taken
+            self._close_if_open()
+            raise
         self._retention = Retention(self._conn, streams, cfg)
         #: bumped whenever seqs are moved (:meth:`reconcile`): work built before is stale
         self.numbering_epoch = 0
@@ -166,6 +170,11 @@ class EdgeLog:
                 numbering.mark_open(
                     conn, [(n, st.next_seq) for n, st in self._retention.state.items()]
                 )
+
+    def _close_if_open(self) -> None:
+        conn = self.__dict__.get("_conn")
+        if conn is not None:
+            conn.close()
 
     # -- state ---------------------------------------------------------------------------
     def _check_origin(self) -> None:
