@@ -670,7 +670,7 @@ def _added_options(cmd: click.Command) -> list[str]:
 
 def _missing(name: str, exc: ImportError) -> click.Command:
     """A command whose package is installed without what it needs (a lean install,
-    README "Install"): it says so instead of the whole ``shorelink`` failing."""
+    docs/install.md): it says so instead of the whole ``shorelink`` failing."""
 
     @click.command(
         name,

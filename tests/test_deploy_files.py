@@ -28,7 +28,7 @@ UNIT = ROOT / "deploy" / "edge" / "shorelink-edge.service"
 EDGE_SAMPLE = ROOT / "deploy" / "edge" / "edge.toml"
 CONTAINERFILE = ROOT / "deploy" / "gateway" / "Containerfile"
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze") or "/usr/bin/systemd-analyze"
-#: where README's "Installing the edge agent" puts the agent, as the unit names it
+#: where docs/install.md ("A ship: the edge agent") puts the agent, as the unit names it
 UNIT_BINARY = "/opt/shorelink/.venv/bin/shorelink-edge"
 
 needs_systemd_analyze = pytest.mark.skipif(

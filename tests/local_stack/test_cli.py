@@ -1,6 +1,6 @@
 """What the local stack adds to the kernel's ``shorelink`` command (entry points in
 pyproject.toml): ``shorelink audit --stack DIR`` finds a site's Kafka in stack.json, as
-the README promises, though the kernel knows nothing of stacks."""
+docs/commands.md promises, though the kernel knows nothing of stacks."""
 
 from __future__ import annotations
 
