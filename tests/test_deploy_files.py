@@ -359,3 +359,48 @@ def test_the_compose_sample_bounds_the_gateways_memory_descriptors_and_privilege
     assert "no-new-privileges:true" in gateway
     # the state the gateway writes is a volume, the rest a tmpfs: nothing else to write
     assert "gateway-state:/var/lib/shorelink" in gateway and "- /tmp" in gateway
+
+
+#: the runbooks: every page and sample that says how to make the gateway's TLS files
+#: or what to mount into its container
+RUNBOOKS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted(p for p in (ROOT / "deploy").rglob("*") if p.is_file()),
+]
+_ARG = r"(?:[ \t\\]*\n[ \t#]*|[ \t]+)([^\s`]+)"
+#: ``make-tls.sh HOST [CA_DIR [OUT_DIR]]`` as a runbook writes it, over a line break too
+_MAKE_TLS = re.compile(rf"make-tls\.sh[ \t]+([^\s`]+)(?:{_ARG})?(?:{_ARG})?")
+#: a container mount's host side: ``-v SRC:DST`` (podman, docker) or ``- SRC:DST`` (compose)
+_MOUNT = re.compile(r"(?:-v\s+|^\s*-\s+)([~./][^\s:`]*):/", re.M)
+
+
+def _inside(path: str, mount: str) -> bool:
+    path, mount = os.path.normpath(path), os.path.normpath(mount)
+    return path == mount or path.startswith(mount.rstrip("/") + "/")
+
+
+def test_no_runbook_mounts_the_cas_key_into_the_gateway() -> None:
+    """Review (ecosystem §4): the container runbook wrote ``ca.key`` into
+    ``/etc/shorelink/tls`` and then mounted ``/etc/shorelink`` into the gateway, whose
+    compromise would then sign certificates ships trust. Every ``make-tls.sh`` line in the
+    docs and samples keeps the CA (its second argument, ``./ca`` by default) outside
+    every directory any of them mounts into the container."""
+    made: list[tuple[str, str]] = []
+    mounts: list[tuple[str, str]] = []
+    for page in RUNBOOKS:
+        text = page.read_text(errors="replace")
+        name = page.relative_to(ROOT).as_posix()
+        for _host, ca, _out in _MAKE_TLS.findall(text):
+            if ca.startswith("["):
+                continue  # the usage line: HOST [CA_DIR [OUT_DIR]]
+            made.append((name, ca or "ca"))
+        mounts += [(name, m) for m in _MOUNT.findall(text)]
+    assert len(made) >= 2 and len(mounts) >= 3, (made, mounts)  # the check sees the runbooks
+    wrong = [
+        f"{where}: CA in {ca}, which {there} mounts as {mount}"
+        for where, ca in made
+        for there, mount in mounts
+        if _inside(ca, mount)
+    ]
+    assert not wrong, wrong

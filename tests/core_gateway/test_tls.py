@@ -319,15 +319,27 @@ async def test_the_documented_certificate_script_makes_files_a_ship_verifies(
 ) -> None:
     """``deploy/gateway/make-tls.sh`` (docs/gateway-api.md, "TLS"): its files load as
     the gateway's, a ship trusting only its ``ca.crt`` verifies the gateway by the host
-    it was made for, and the keys are its owner's alone."""
+    it was made for, and the keys are their owner's alone. The CA's key stays in the CA's
+    directory: the gateway's holds its pair and the CA's certificate only, and the script
+    refuses a gateway directory that is (inside) the CA's (review, ecosystem §4: the
+    runbook mounted the CA's key into the gateway)."""
     script = SAMPLE.with_name("make-tls.sh")
+    ca, tls = tmp_path / "ca", tmp_path / "tls"
     made = await asyncio.create_subprocess_exec(
-        str(script), "127.0.0.1", str(tmp_path / "tls"), stderr=asyncio.subprocess.PIPE
+        str(script), "127.0.0.1", str(ca), str(tls), stderr=asyncio.subprocess.PIPE
     )
     _, err = await asyncio.wait_for(made.communicate(), 60)
     assert made.returncode == 0, err.decode()
-    tls = tmp_path / "tls"
-    assert all((tls / f).stat().st_mode & 0o077 == 0 for f in ("ca.key", "gateway.key"))
+    assert sorted(p.name for p in tls.iterdir()) == ["ca.crt", "gateway.crt", "gateway.key"]
+    assert (ca / "ca.key").is_file()
+    assert all(p.stat().st_mode & 0o077 == 0 for p in (ca / "ca.key", tls / "gateway.key"))
+    for out in (ca, ca / "gateway"):
+        refused = await asyncio.create_subprocess_exec(
+            str(script), "127.0.0.1", str(ca), str(out), stderr=asyncio.subprocess.PIPE
+        )
+        _, err = await asyncio.wait_for(refused.communicate(), 60)
+        assert refused.returncode == 2 and b"CA's key" in err, err.decode()
+        assert not (out / "gateway.key").exists()
     cfg = replace(
         gateway_config(tmp_path, kafka),
         tls_cert_file=tls / "gateway.crt",
