@@ -33,7 +33,17 @@ Names start ``shorelink_spark_``; a counter's name gets ``_total`` from the clie
   supervisor's :class:`~spark_core.progress.ProgressReporter`): ``query_state{query,
   state}`` (1 for running, failed, finished or stopped), ``query_batch{query}``,
   ``query_lag_records{query}``, ``query_rows_per_second{query}``,
-  ``query_batch_seconds{query}`` (absent until the query's first batch).
+  ``query_batch_seconds{query}`` (absent until the query's first batch);
+- table maintenance (spark_core/tables.py, ``TableKeeper``; absent when its interval is
+  0): ``table_maintenance_interval_seconds``, ``table_compacted_timestamp_seconds{table}``
+  (when the table was last compacted and vacuumed; the keeper's start until its first
+  round that did, so a table never compacted is overdue too),
+  ``table_files{table}`` (its data files after that round),
+  ``table_maintenance_failures_total{table}``.
+
+Every family is served from the first scrape, without samples while nothing is known,
+so a dashboard or an alert rule names only what the application serves
+(tests/test_monitoring.py).
 """
 
 from __future__ import annotations
@@ -45,11 +55,11 @@ from prometheus_client import (
     start_http_server,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from shorelink.metrics import process_registry
 
-__all__ = ["STATES", "SiteCollector", "serve_metrics"]
+__all__ = ["STATES", "SiteCollector", "serve_metrics", "site_registry"]
 
 P = "shorelink_spark_"
 #: a replicated stream's states (spark_core/replication.py, ``Replicator.status``)
@@ -59,15 +69,51 @@ STATES = ("up", "catching_up", "down", "idle")
 class SiteCollector(Collector):
     """Reads the replicator and the merges at each scrape (no state of its own)."""
 
-    def __init__(self, replicator: Any, mergers: Sequence[Any], progress: Any = None) -> None:
+    def __init__(
+        self, replicator: Any, mergers: Sequence[Any], progress: Any = None, keeper: Any = None
+    ) -> None:
         self.replicator = replicator
         self.mergers = list(mergers)
         self.progress = progress
+        self.keeper = keeper
 
     def collect(self) -> Iterator[Metric]:
         yield from self._replication()
         yield from self._merges()
         yield from self._queries()
+        yield from self._tables()
+
+    def _tables(self) -> Iterator[Metric]:
+        keeper = self.keeper
+        if keeper is None:
+            return
+        interval = GaugeMetricFamily(
+            P + "table_maintenance_interval_seconds",
+            "How often the tables are compacted and vacuumed (table_maintenance.interval)",
+        )
+        compacted = GaugeMetricFamily(
+            P + "table_compacted_timestamp_seconds",
+            "When the table was last compacted and vacuumed (the keeper's start before that)",
+            labels=["table"],
+        )
+        files = GaugeMetricFamily(
+            P + "table_files", "The table's data files after its last compaction", labels=["table"]
+        )
+        failures = CounterMetricFamily(
+            P + "table_maintenance_failures",
+            "Compaction rounds of the table that failed (tried again next interval)",
+            labels=["table"],
+        )
+        if keeper.config.interval_s:
+            interval.add_metric([], keeper.config.interval_s)
+            # copies: the keeper's thread adds tables meanwhile
+            for table, at in sorted(dict(keeper.compacted_at).items()):
+                compacted.add_metric([table], at)
+            for table, n in sorted(dict(keeper.files).items()):
+                files.add_metric([table], float(n))
+            for table, n in sorted(dict(keeper.failures).items()):
+                failures.add_metric([table], float(n))
+        yield from (interval, compacted, files, failures)
 
     def _queries(self) -> Iterator[Metric]:
         if self.progress is None:
@@ -224,14 +270,27 @@ class SiteCollector(Collector):
         yield from (merged, batches, failures, sliced, largest, redriven, quarantined)
 
 
-def serve_metrics(
-    host: str, port: int, replicator: Any, mergers: Sequence[Any], progress: Any = None
-) -> Any:
-    """Serve the site's metrics on ``host:port`` (0: a free port) in a thread of its
-    own; returns the server (``server_port``, ``shutdown()``)."""
-    # the driver's own figures (RSS, CPU seconds, open files, Python), then the site's
+def site_registry(
+    replicator: Any, mergers: Sequence[Any], progress: Any = None, keeper: Any = None
+) -> CollectorRegistry:
+    """What a site's application serves: the driver's own figures (RSS, CPU seconds,
+    open files, Python), then the site's."""
     registry = process_registry()
-    registry.register(SiteCollector(replicator, mergers, progress))
+    registry.register(SiteCollector(replicator, mergers, progress, keeper))
+    return registry
+
+
+def serve_metrics(
+    host: str,
+    port: int,
+    replicator: Any,
+    mergers: Sequence[Any],
+    progress: Any = None,
+    keeper: Any = None,
+) -> Any:
+    """Serve the site's metrics (:func:`site_registry`) on ``host:port`` (0: a free
+    port) in a thread of its own; returns the server (``server_port``, ``shutdown()``)."""
+    registry = site_registry(replicator, mergers, progress, keeper)
     server, _thread = start_http_server(port, host, registry=registry)
     return server
 
@@ -258,10 +317,9 @@ def _repair(status: dict[str, Any]) -> Iterator[Metric]:
         for stream, (lack, done) in sorted(totals.items()):
             lacking.add_metric([n, stream], lack)
             repaired.add_metric([n, stream], done)
-    yield from (lacking, repaired)
-    if status.get("holds_all") is not None:
-        holds = GaugeMetricFamily(
-            P + "holds_all", "1 when the site holds everything its neighbours hold"
-        )
+    holds = GaugeMetricFamily(
+        P + "holds_all", "1 when the site holds everything its neighbours hold"
+    )
+    if status.get("holds_all") is not None:  # no sample before every neighbour was compared
         holds.add_metric([], 1.0 if status["holds_all"] else 0.0)
-        yield holds
+    yield from (lacking, repaired, holds)

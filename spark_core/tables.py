@@ -287,6 +287,13 @@ class TableKeeper:
         self.config = site.table_maintenance
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: per table, for the site's metrics (spark_core/metrics.py): when it was last
+        #: compacted (the keeper's start until its first round that did), its data
+        #: files after that round, and its rounds that failed
+        self.started = time.time()
+        self.compacted_at: dict[str, float] = {}
+        self.files: dict[str, int] = {}
+        self.failures: dict[str, int] = {}
         if self.config.retention_s < _DELTA_MIN_RETENTION_S:
             spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
             log.warning(
@@ -309,6 +316,8 @@ class TableKeeper:
         hours = self.config.retention_s / 3600
         for path in self.tables():
             start = time.monotonic()
+            self.compacted_at.setdefault(path.name, self.started)
+            self.failures.setdefault(path.name, 0)
             try:
                 table = DeltaTable.forPath(self.spark, str(path))
                 before = int(table.detail().collect()[0]["numFiles"])
@@ -316,6 +325,7 @@ class TableKeeper:
                 table.vacuum(hours)
                 after = int(table.detail().collect()[0]["numFiles"])
             except Exception as exc:  # a conflict, a full disk: next time
+                self.failures[path.name] += 1
                 log.warning(
                     "table_maintenance_failed",
                     site=self.site.name,
@@ -324,6 +334,8 @@ class TableKeeper:
                 )
                 continue
             out[path.name] = (before, after)
+            self.compacted_at[path.name] = time.time()
+            self.files[path.name] = after
             log.info(
                 "table_maintained",
                 site=self.site.name,
@@ -338,6 +350,9 @@ class TableKeeper:
         """Every ``interval`` until :meth:`stop` (not at all when it is 0)."""
         if not self.config.interval_s:
             return
+        for path in self.tables():  # overdue from now on, not from their first round
+            self.compacted_at.setdefault(path.name, self.started)
+            self.failures.setdefault(path.name, 0)
         self._thread = threading.Thread(
             target=self._loop, name=f"table-keeper-{self.site.name}", daemon=True
         )

@@ -298,14 +298,16 @@ def build_supervisor(
     redriver.start()
     on_exit = [redriver.stop, replicator.stop]
     progress = ProgressReporter(site.checkpoint_dir / "queries.status.json")
+    keeper = TableKeeper(spark, site) if site.tables and not available_now else None
     if site.metrics.port:
-        server = serve_metrics(site.metrics.host, site.metrics.port, replicator, merges, progress)
+        server = serve_metrics(
+            site.metrics.host, site.metrics.port, replicator, merges, progress, keeper
+        )
         log.info(
             "metrics_listening", site=site.name, address=f"{site.metrics.host}:{server.server_port}"
         )
         on_exit.append(server.shutdown)
-    if site.tables and not available_now:
-        keeper = TableKeeper(spark, site)
+    if keeper is not None:
         keeper.start()
         on_exit.insert(0, keeper.stop)
     sup = Supervisor(

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from pyais import decode as ais_decode
 from pyais import encode_dict
 
@@ -20,6 +23,7 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.ais import WINDOW, NavRecord, assemble, decode_nav
 from spark_core.config import SiteConfig, TableMaintenanceConfig
+from spark_core.metrics import site_registry
 from spark_core.query import container_history, latest_positions
 from spark_core.tables import FRAGMENTS, TableKeeper, start_table, start_tables, table_path
 from tests.conftest import AIS_SAMPLE
@@ -342,8 +346,9 @@ def test_compaction_keeps_the_file_count_bounded_while_the_stream_writes(
     spark = small_delta
     bs = kafka.bootstrap
     site, _ = make_site(bs, tmp_path, ["containers"], tables=True)
+    # an interval, for the metrics; the rounds are run here, the keeper is not started
     site = dataclasses.replace(
-        site, table_maintenance=TableMaintenanceConfig(interval_s=0, retention_s=0)
+        site, table_maintenance=TableMaintenanceConfig(interval_s=3600, retention_s=0)
     )
     prefix = unique("keep")
     ensure_topics(KafkaEndpoint.plaintext(bs), [TopicSpec(f"{prefix}.containers", partitions=1)])
@@ -376,9 +381,21 @@ def test_compaction_keeps_the_file_count_bounded_while_the_stream_writes(
                 f"{seq} readings in the table",
             )
             if burst % 2:  # the stream is idle between bursts: vacuum at 0 retention is safe
+                round_at = time.time()
                 (before, after) = keeper.run_once()["container_readings"]
                 assert before >= 2 and after == 1, (before, after)
                 assert len(list(path.glob("day=*/*.parquet"))) == 1  # on disk too
+                # and the site's metrics say so (the alert ShorelinkTableNotCompacted)
+                m = _table_metrics(keeper)
+                assert m[("shorelink_spark_table_files", "container_readings")] == 1
+                assert (
+                    m[("shorelink_spark_table_compacted_timestamp_seconds", "container_readings")]
+                    >= round_at
+                )
+                assert (
+                    m[("shorelink_spark_table_maintenance_failures_total", "container_readings")]
+                    == 0
+                )
         assert query.isActive and query.exception() is None
         assert _identities(_rows(spark, site, "container_readings")) == [
             ("ship-k", q) for q in range(1, seq + 1)
@@ -387,3 +404,14 @@ def test_compaction_keeps_the_file_count_bounded_while_the_stream_writes(
         query.stop()
         spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
         spark.conf.unset(listing)
+
+
+def _table_metrics(keeper: TableKeeper) -> dict[tuple[str, str], float]:
+    """The keeper's figures as the site application serves them: (name, table) -> value."""
+    text = generate_latest(site_registry(None, [], None, keeper)).decode()
+    return {
+        (s.name, s.labels["table"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if "table" in s.labels
+    }
