@@ -31,7 +31,7 @@ class _CountedElsewhere(Collector):
 class GatewayMetrics:
     def __init__(self) -> None:
         # the process's own figures first: RSS, CPU seconds, open files, Python
-        r = self.registry = process_registry()
+        r = self.registry = process_registry("gateway")
         p = "shorelink_gateway_"
         self.requests = Counter(p + "requests", "HTTP requests", ["route", "status"], registry=r)
         self.rejected = Counter(

@@ -26,7 +26,7 @@ _LATENCY = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0
 class EdgeMetrics:
     def __init__(self) -> None:
         # the process's own figures first: RSS, CPU seconds, open files, Python
-        r = self.registry = process_registry()
+        r = self.registry = process_registry("edge")
         p = "shorelink_edge_"
         self.ingested = Counter(
             p + "ingested_records", "Records committed to the log", ["stream"], registry=r

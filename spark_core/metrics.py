@@ -4,6 +4,8 @@
 
 Names start ``shorelink_spark_``; a counter's name gets ``_total`` from the client:
 
+- ``build_info{version,python,spark}``: 1, the build the application runs and the
+  Spark it runs on;
 - ``link_up{neighbour}``: 1 while the neighbour's Kafka answers the link probe;
 - ``link_failing{neighbour}``: 1 while the site routes around the neighbour because its
   pullers from it kept failing (spark_core/routing.py, ``LinkState.note_pulls``);
@@ -271,11 +273,17 @@ class SiteCollector(Collector):
 
 
 def site_registry(
-    replicator: Any, mergers: Sequence[Any], progress: Any = None, keeper: Any = None
+    replicator: Any,
+    mergers: Sequence[Any],
+    progress: Any = None,
+    keeper: Any = None,
+    *,
+    spark_version: str = "",
 ) -> CollectorRegistry:
     """What a site's application serves: the driver's own figures (RSS, CPU seconds,
-    open files, Python), then the site's."""
-    registry = process_registry()
+    open files, Python, this build and ``spark_version``, the Spark the application runs
+    on: ``shorelink_spark_build_info``), then the site's."""
+    registry = process_registry("spark", spark=spark_version)
     registry.register(SiteCollector(replicator, mergers, progress, keeper))
     return registry
 
@@ -287,10 +295,12 @@ def serve_metrics(
     mergers: Sequence[Any],
     progress: Any = None,
     keeper: Any = None,
+    *,
+    spark_version: str = "",
 ) -> Any:
     """Serve the site's metrics (:func:`site_registry`) on ``host:port`` (0: a free
     port) in a thread of its own; returns the server (``server_port``, ``shutdown()``)."""
-    registry = site_registry(replicator, mergers, progress, keeper)
+    registry = site_registry(replicator, mergers, progress, keeper, spark_version=spark_version)
     server, _thread = start_http_server(port, host, registry=registry)
     return server
 

@@ -143,3 +143,15 @@ def kill9(proc: Proc, *, group: bool = False, timeout: float = 30) -> None:
     else:
         proc.popen.send_signal(signal.SIGKILL)
     proc.popen.wait(timeout)
+
+
+def build_info_line(deployable: str, **extra: str) -> str:
+    """The ``shorelink_<deployable>_build_info`` sample this installation's processes
+    export (prometheus-client's text format: labels sorted by name)."""
+    import platform
+
+    from shorelink.version import version
+
+    labels = {"python": platform.python_version(), "version": version(), **extra}
+    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return f"shorelink_{deployable}_build_info{{{inner}}} 1.0"

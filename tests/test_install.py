@@ -6,6 +6,7 @@ every package it does not need is one more that can fail to install at sea."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -50,6 +51,21 @@ def copy_source(dst: Path) -> Path:
     return dst
 
 
+@functools.cache
+def checkout_version() -> str:
+    """The version a build of this checkout gets (setuptools-scm, as pip's build would):
+    the wheels below are built from a copy without git, and are given it."""
+    out = subprocess.run(
+        [sys.executable, "-m", "setuptools_scm"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
 def clean_env() -> dict[str, str]:
     """This process's environment without what would let the checkout or the dev venv
     leak into the lean one."""
@@ -68,11 +84,19 @@ def lean_venv(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]
     root = tmp_path_factory.mktemp("install")
     src = copy_source(root / "src")
 
-    def pip(*args: str) -> None:
+    def pip(*args: str, **env: str) -> None:
         cmd = [sys.executable, "-m", "pip", *args]
-        subprocess.run(cmd, check=True, timeout=300, env=clean_env(), cwd=root)
+        subprocess.run(cmd, check=True, timeout=300, env={**clean_env(), **env}, cwd=root)
 
-    pip("wheel", "-q", "--no-deps", "-w", str(root), str(src))
+    pip(
+        "wheel",
+        "-q",
+        "--no-deps",
+        "-w",
+        str(root),
+        str(src),
+        SETUPTOOLS_SCM_PRETEND_VERSION_FOR_SHORELINK=checkout_version(),
+    )
     (wheel,) = root.glob("shorelink-*.whl")
     made: dict[str, Path] = {}
 
@@ -179,6 +203,11 @@ def test_edge_agent_ingests_from_its_lean_install(
         [edge, "--help"], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path
     )
     assert helped.returncode == 0 and "Usage: shorelink-edge" in helped.stdout, helped.stderr
+    # the version the wheel was built with (from this checkout's git), as the ship says it
+    version = subprocess.run(
+        [edge, "--version"], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path
+    )
+    assert version.stdout.split()[-1] == checkout_version(), version.stdout
 
     port = free_port()
     cfg = write_config(tmp_path, mosquitto)
@@ -198,6 +227,10 @@ def test_edge_agent_ingests_from_its_lean_install(
                 return False
 
         eventually(connected, within=30, what="the agent connected", proc=proc)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            build = next(ln for ln in r.read().decode().splitlines() if "_build_info{" in ln)
+        assert build.startswith("shorelink_edge_build_info{"), build
+        assert f'version="{checkout_version()}"' in build, build
         for i in range(20):
             publisher.publish(
                 f"bigblue/d1/containers/C{i % 4}/env", f'{{"ts": 1700000000, "i": {i}}}'.encode()

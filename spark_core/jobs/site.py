@@ -301,7 +301,13 @@ def build_supervisor(
     keeper = TableKeeper(spark, site) if site.tables and not available_now else None
     if site.metrics.port:
         server = serve_metrics(
-            site.metrics.host, site.metrics.port, replicator, merges, progress, keeper
+            site.metrics.host,
+            site.metrics.port,
+            replicator,
+            merges,
+            progress,
+            keeper,
+            spark_version=spark.version,
         )
         log.info(
             "metrics_listening", site=site.name, address=f"{site.metrics.host}:{server.server_port}"

@@ -276,7 +276,7 @@ def _host_name(host: str) -> str:
 
 #: the page process's own figures (RSS, CPU seconds, open files, Python), as every
 #: shorelink process has them; behind the page's logins like the rest
-_REGISTRY = process_registry()
+_REGISTRY = process_registry("ops")
 
 
 async def _metrics(request: web.Request) -> web.Response:

@@ -32,7 +32,7 @@ from tests.core_gateway.helpers import (
     settled_ingress_seqs,
     start_gateway,
 )
-from tests.helpers import unique
+from tests.helpers import build_info_line, unique
 from tests.shorelink.test_contract import crafted_batch
 
 
@@ -159,6 +159,7 @@ async def test_bad_batches_get_4xx_write_nothing_and_the_gateway_keeps_serving(
         assert 'shorelink_gateway_rejected_batches_total{reason="bad_checksum"} 1.0' in metrics
         # the process's own figures, as every exporter has them; a count is a counter
         assert "process_resident_memory_bytes" in metrics and "process_open_fds" in metrics
+        assert build_info_line("gateway") in metrics  # and the build it runs
         assert "# TYPE shorelink_gateway_kafka_retries_total counter" in metrics
         # still serving, and the good batch goes through
         assert (await _post(s, gateway, good))[0] == 200

@@ -15,7 +15,7 @@ from pathlib import Path
 from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import free_port
 from tests.edge_agent.helpers import Publisher, write_config
-from tests.helpers import eventually, run_process
+from tests.helpers import build_info_line, eventually, run_process
 
 EDGE = [sys.executable, "-m", "edge_agent.cli"]
 
@@ -86,6 +86,8 @@ def test_metrics_status_and_tail(
         # the process's own figures, as every exporter has them
         rss = next(ln for ln in metrics.splitlines() if ln.startswith("process_resident_memory"))
         assert float(rss.split()[-1]) > 10e6 and "process_open_fds" in metrics
+        # and the build it runs (an upgrade seen on a dashboard)
+        assert build_info_line("edge") in metrics
 
         st = subprocess.run(
             [*EDGE, "status", "--config", str(cfg), "--json"],

@@ -53,7 +53,7 @@ from spark_core.ops.app import _read_gateway
 from spark_core.ops.coast import DATA, coastlines, parse_gshhs
 from spark_core.ops.users import OpsUsers, hash_password
 from tests.core_gateway.helpers import batch, run_gateway, wait_ready
-from tests.helpers import eventually, run_process, unique, write_toml
+from tests.helpers import build_info_line, eventually, run_process, unique, write_toml
 from tests.strategies import any_bytes, any_text, header_text
 from voyage.ops import CHROMIUM, CHROMIUM_ARGS
 
@@ -513,6 +513,7 @@ def test_the_page_process_exports_its_own_metrics_to_its_logins(site: Site) -> N
     assert figures["process_resident_memory_bytes"] > 10 * 2**20
     assert figures["process_open_fds"] > 3 and figures["process_cpu_seconds_total"] > 0
     assert any(name.startswith("python_info") for name in figures)
+    assert build_info_line("ops") in text  # and the build it runs
 
 
 def test_the_pages_logins_are_its_own_and_a_removal_applies_at_once(site: Site) -> None:
