@@ -28,6 +28,7 @@ import click
 
 from shorelink.cli_support import BOOTSTRAP_LOCATOR, fail
 from shorelink.errors import ShorelinkError
+from shorelink.extras import missing_extra, needs_extra
 from shorelink.files import write_atomic
 from shorelink.textout import table, wrap
 
@@ -42,7 +43,26 @@ COMMANDS = "shorelink.commands"
 OPTIONS = "shorelink.options"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Shorelink(click.Group):
+    """``shorelink``: each subcommand runs under ``needs_extra`` (a package its extra
+    brings, missing here, is one line naming that extra, not a traceback)."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name, cmd, rest = super().resolve_command(ctx, args)
+        ctx.meta["shorelink.command"] = f"shorelink {name}"
+        return name, cmd, rest
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except ImportError:
+            with needs_extra(ctx.meta.get("shorelink.command", "shorelink")):
+                raise
+
+
+@click.group(cls=_Shorelink, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="shorelink")
 def main() -> None:
     """shorelink: every sensor reading from ship to every port and HQ, exactly once."""
@@ -670,20 +690,19 @@ def _added_options(cmd: click.Command) -> list[str]:
 
 def _missing(name: str, exc: ImportError) -> click.Command:
     """A command whose package is installed without what it needs (a lean install,
-    docs/install.md): it says so instead of the whole ``shorelink`` failing."""
+    docs/install.md): it says so, naming the extra that brings it, instead of the whole
+    ``shorelink`` failing."""
+    error = missing_extra(f"shorelink {name}", exc) or ShorelinkError(
+        f"`shorelink {name}` needs a package this install lacks ({exc})"
+    )
 
     @click.command(
         name,
-        help=f"(not available here: {exc})",
+        help=f"(not available here: {error})",
         context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
     )
     def missing() -> None:
-        fail(
-            ShorelinkError(
-                f"`shorelink {name}` needs a package this install lacks ({exc}): install "
-                "the extra that carries it, e.g. pip install 'shorelink[all]'"
-            )
-        )
+        fail(error)
 
     return missing
 

@@ -175,21 +175,25 @@ def test_gateway_install_has_no_spark_arrow_or_edge_packages(
     )
     assert helped.returncode == 0 and "Usage: shorelink-gateway" in helped.stdout, helped.stderr
     # the kernel's command starts in a lean install too; a command whose package needs
-    # what this install lacks (the local stack: cryptography) says what is missing
+    # what this install lacks says so in one line naming the extra that brings it: the
+    # local stack's (tomli_w) and the voyage's (rich; review, ecosystem §4: a traceback)
     kernel = str(venv / "bin" / "shorelink")
     helped = subprocess.run(
         [kernel, "--help"], capture_output=True, text=True, timeout=60, env=clean_env(), cwd=venv
     )
     assert helped.returncode == 0 and "audit" in helped.stdout, helped.stderr
-    stack = subprocess.run(
-        [kernel, "stack", "status"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=clean_env(),
-        cwd=venv,
-    )
-    assert stack.returncode == 2 and "needs a package this install lacks" in stack.stderr
+    for command in (["stack", "status"], ["demo", "--ships", "1"]):
+        res = subprocess.run(
+            [kernel, *command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=clean_env(),
+            cwd=venv,
+        )
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: "), res.stderr
+        assert "comes with shorelink's [demo] extra" in res.stderr, res.stderr
 
 
 def test_edge_agent_ingests_from_its_lean_install(
