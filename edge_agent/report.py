@@ -7,7 +7,8 @@ ship with nothing new writes nothing new: its reports do not keep its own log bu
 
 It is built from the same facts as ``shorelink-edge status`` (edge_agent/status.py):
 per stream the last seq and the records no site has confirmed; per link class today's
-spend and budget; the link class of the gateway the ship last reached.
+spend and budget; the link class of the gateway the ship last reached; this agent's
+version.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from edge_agent.log import EdgeLog, Incoming
 from edge_agent.status import collect_status
 from shorelink.logs import get_logger
 from shorelink.ship_report import REPORT_MQTT_TOPIC, ShipReport, encode_report
+from shorelink.version import version
 
 __all__ = ["Reporter", "build_report", "write_report"]
 
@@ -44,6 +46,7 @@ def build_report(cfg: EdgeConfig, edge_log: EdgeLog, now_ms: int | None = None) 
         links=links,
         log_bytes=st["log_record_bytes"],
         log_budget=st["log_budget_bytes"],
+        agent=version(),
     )
 
 

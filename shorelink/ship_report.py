@@ -6,14 +6,19 @@ It travels like any other record (uploaded by priority, merged, replicated to ev
 site), so every site's operations page (spark_core/ops/) knows each ship's last word,
 whichever port or satellite carried it: where the ship's log is (the last seq of each
 stream and how much of it no site has confirmed: the backlog at sea), the link class it
-last reached a site over, and today's spend of each link class against its budget.
+last reached a site over, today's spend of each link class against its budget, and the
+agent's version (an upgrade or a rollback at sea seen ashore).
 
 The value is compact JSON (a few hundred bytes: the satellite carries it):
 
     {"v": 1, "at": <epoch ms>, "link": "satellite" | null,
      "streams": {"nav": [last_seq, backlog_records], ...},
      "links": {"satellite": [spent_today, daily_budget], ...},
-     "log": [record_bytes, budget_bytes]}
+     "log": [record_bytes, budget_bytes], "agent": "0.2.0"}
+
+``agent`` (the agent's version, shorelink/version.py) came after version 1 was out: a
+report without it is still a version 1 report (an agent from before), and a site from
+before ignores it.
 
 :func:`decode_report` is the one reader, and a site reads what arrives from the sea:
 anything that is not a report of this shape is a :class:`~shorelink.errors.ContractError`
@@ -23,6 +28,7 @@ naming what is wrong, never another exception.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +54,8 @@ REPORT_MQTT_TOPIC = "$shorelink/report"
 MAX_REPORT_BYTES = 64 * 1024
 #: seqs, byte counts and times are non-negative and fit a signed 64-bit integer
 _MAX_INT = 2**63 - 1
+#: an agent's version: PEP 440's characters (a local part included), at most 64 of them
+_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+!_-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,8 @@ class ShipReport:
     #: the log's record bytes and its budget
     log_bytes: int = 0
     log_budget: int = 0
+    #: the version of the agent that wrote it (None: an agent from before it said so)
+    agent: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The report as the operations page's API shows it."""
@@ -81,6 +91,7 @@ class ShipReport:
             },
             "log_bytes": self.log_bytes,
             "log_budget": self.log_budget,
+            "agent": self.agent,
         }
 
 
@@ -93,6 +104,8 @@ def encode_report(report: ShipReport) -> bytes:
         "links": {s: list(v) for s, v in sorted(report.links.items())},
         "log": [report.log_bytes, report.log_budget],
     }
+    if report.agent is not None:
+        body["agent"] = report.agent
     out = json.dumps(body, separators=(",", ":")).encode()
     decode_report(out)  # what this side writes, the other side reads
     return out
@@ -116,6 +129,9 @@ def decode_report(payload: bytes) -> ShipReport:
         link = _name("link", link, "link")
     log = doc.get("log", [0, 0])
     log_bytes, log_budget = _pair("log", log)
+    agent = doc.get("agent")
+    if agent is not None and (not isinstance(agent, str) or not _VERSION.fullmatch(agent)):
+        raise ContractError(f"ship report agent: expected a version, got {agent!r:.40}")
     return ShipReport(
         at_ms=_count("at", doc.get("at")),
         link=link,
@@ -123,6 +139,7 @@ def decode_report(payload: bytes) -> ShipReport:
         links=_pairs("links", doc.get("links"), "link"),
         log_bytes=log_bytes,
         log_budget=log_budget,
+        agent=agent,
     )
 
 

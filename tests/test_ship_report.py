@@ -27,6 +27,7 @@ reports = st.builds(
     links=st.dictionaries(names, pairs, max_size=4),
     log_bytes=counts,
     log_budget=counts,
+    agent=st.one_of(st.none(), words(DIGITS, LOWER + DIGITS + ".+_-", 63)),
 )
 
 json_values = st.recursive(
@@ -57,6 +58,7 @@ def test_any_bytes_are_a_report_or_a_contract_error(payload: bytes) -> None:
             "streams": json_values | st.dictionaries(names, json_values, max_size=3),
             "links": json_values,
             "log": json_values,
+            "agent": json_values | st.text(max_size=70),
         },
     )
 )
@@ -78,6 +80,11 @@ def test_hostile_json_is_a_contract_error(doc: dict[str, object]) -> None:
         ({"v": 1, "at": 1, "streams": {"nav": [1]}, "links": {}}, "streams.nav: expected [a, b]"),
         ({"v": 2, "at": 1, "streams": {}, "links": {}}, "version 2"),
         ({"v": 1, "at": 1, "streams": [], "links": {}}, "streams: expected an object"),
+        (
+            {"v": 1, "at": 1, "streams": {}, "links": {}, "agent": "1 0"},
+            "agent: expected a version",
+        ),
+        ({"v": 1, "at": 1, "streams": {}, "links": {}, "agent": 1}, "agent: expected a version"),
     ],
 )
 def test_errors_say_what_is_wrong(doc: dict[str, object], says: str) -> None:
@@ -88,3 +95,12 @@ def test_errors_say_what_is_wrong(doc: dict[str, object], says: str) -> None:
 def test_a_report_over_the_limit_is_refused_unread() -> None:
     with pytest.raises(ContractError, match="at most"):
         decode_report(b" " * (MAX_REPORT_BYTES + 1))
+
+
+def test_a_report_from_an_agent_before_versions_is_read_without_one() -> None:
+    """Ships are upgraded one by one: a site reads the reports of agents that do not say
+    their version yet (the field came after version 1), and an older site ignores it."""
+    old = {"v": 1, "at": 5, "link": None, "streams": {"nav": [3, 1]}, "links": {}}
+    assert decode_report(json.dumps(old).encode()).agent is None
+    new = json.loads(encode_report(ShipReport(5, None, {"nav": (3, 1)}, {}, agent="0.2.0")))
+    assert new["agent"] == "0.2.0" and new["v"] == 1

@@ -178,7 +178,12 @@ def ships_view(facts: Facts, now_ms: int | None = None) -> list[dict[str, Any]]:
         rep = reports.get(ship)
         if rep is not None:
             report, _ts, site = rep
-            row["report"] = {"at_ms": report.at_ms, "site": site, "link": report.link}
+            row["report"] = {
+                "at_ms": report.at_ms,
+                "site": site,
+                "link": report.link,
+                "agent": report.agent,  # the agent's version (None: from before versions)
+            }
             total = 0
             for stream, (last_seq, ship_backlog) in sorted(report.streams.items()):
                 held = ledger.get((ship, stream), RangeSet())

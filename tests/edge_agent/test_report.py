@@ -21,6 +21,7 @@ from local_stack.process import free_port
 from shorelink.errors import ConfigError
 from shorelink.ranges import RangeSet
 from shorelink.ship_report import REPORT_MQTT_TOPIC, ShipReport, decode_report
+from shorelink.version import version
 from tests.edge_agent.helpers import Publisher, write_config
 from tests.helpers import eventually, run_process
 
@@ -49,6 +50,7 @@ def test_a_report_carries_the_logs_figures(tmp_path: Path, mosquitto: MosquittoB
         log.set_holdings("tokyo", "containers", RangeSet.parse("1-3"))
         r = build_report(cfg, log, now_ms=5000)
         assert r.at_ms == 5000 and r.link is None
+        assert r.agent == version()  # an upgrade or a rollback at sea is seen ashore
         assert r.streams["containers"] == (7, 4)
         assert r.streams["agent"] == (0, 0)
         seq = write_report(cfg, log)

@@ -360,6 +360,7 @@ def test_the_api_shows_the_sites_facts(site: Site) -> None:
             links={"satellite": (1500, 20000), "port_wifi": (10**6, 0)},
             log_bytes=12345,
             log_budget=10**9,
+            agent="0.2.1.dev4+g1a2b3c4",
         ),
     )
     overboard = b'{"alarm": "overboard", "value": 1}'
@@ -381,6 +382,7 @@ def test_the_api_shows_the_sites_facts(site: Site) -> None:
     row = ship_row()
     assert row is not None
     assert row["via"] == "tokyo" and row["report"]["link"] == "port_wifi"
+    assert row["report"]["agent"] == "0.2.1.dev4+g1a2b3c4"  # which version the ship runs
     # containers: the ship had 9, the site holds 1-5: 4 at sea; nav: none
     assert row["backlog_records"] == 4
     by_stream = {s["stream"]: s for s in row["streams"]}
@@ -689,10 +691,20 @@ def test_the_page_in_a_real_browser(site: Site) -> None:
         site.report(
             ship,
             1,
-            ShipReport(now, "satellite", {"containers": (130, 30)}, {"satellite": (18000, 20000)}),
+            ShipReport(
+                now,
+                "satellite",
+                {"containers": (130, 30)},
+                {"satellite": (18000, 20000)},
+                agent="0.2.1.dev4+g1a2b3c4",
+            ),
         )
         row = page.locator(f'#ships tr[data-ship="{ship}"]')
         expect(row).to_be_visible(timeout=10_000)
+        # the agent's version under the ship's name, the whole of it in the tooltip
+        version = row.locator(".agent-version")
+        expect(version).to_have_text("0.2.1.dev4")
+        expect(version).to_have_attribute("title", "agent 0.2.1.dev4+g1a2b3c4")
         expect(row.locator("td.backlog")).to_have_text("30")
         expect(row).to_contain_text("satellite")
         expect(row).to_contain_text("18.0 KB of 20.0 KB")

@@ -71,7 +71,7 @@ function renderShips(ships) {
     behind.title = s.streams.map((x) =>
       `${x.stream}: ship at ${x.ship_last_seq}, held here ${x.held_last_seq} (${x.behind} behind)`).join("\n");
     return el("tr", { "data-ship": s.ship },
-      el("td", {}, s.ship),
+      el("td", {}, s.ship, agentVersion(s)),
       el("td", {}, age(s.last_heard_age_s)),
       el("td", {}, s.via ?? "–"),
       el("td", {}, s.report?.link ?? "–"),
@@ -79,6 +79,15 @@ function renderShips(ships) {
       el("td", {}, satCell),
       el("td", {}, pos));
   }));
+}
+
+// the version of the agent the ship last reported, under its name: its public part
+// (a build between releases as 0.2.1.dev4), the whole in the tooltip
+function agentVersion(s) {
+  const v = s.report?.agent;
+  if (typeof v !== "string" || !v) return "";
+  const short = el("span", { class: "muted agent-version", title: `agent ${v}` }, v.split("+")[0]);
+  return el("span", {}, el("br"), short);
 }
 
 function renderAlerts(alerts) {
