@@ -7,7 +7,9 @@ serves: a running agent's and a running gateway's ``/metrics``, and the registry
 site application serves (spark_core/metrics.py ``site_registry``, built from a real
 site's replicator, merges, query progress and table keeper, served and scraped over
 HTTP: no Spark needed, the names are the collector's). The rules file is checked
-against the shape Prometheus reads (promtool is not installed here)."""
+against the shape we ask of it (a severity, a summary, a description, a ``for``), and
+Prometheus's own code (local_stack/promcheck: its rules loader and PromQL parser, what
+``promtool check rules`` runs) reads the rules and every dashboard query."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import asyncio
 import dataclasses
 import json
 import re
+import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
@@ -28,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from core_gateway.cli import serve
 from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import free_port
+from local_stack.tools import promcheck_bin
 from spark_core.config import parse_config as parse_sites
 from spark_core.jobs.site import mergers
 from spark_core.metrics import serve_metrics
@@ -391,6 +395,42 @@ def test_the_rule_check_refuses_a_broken_rule(break_it: Any, problem: str) -> No
     doc = rules()
     break_it(doc["groups"][0]["rules"][0])
     assert any(problem in p for p in rule_problems(doc)), rule_problems(doc)
+
+
+def test_prometheus_own_code_reads_the_rules_and_every_dashboard_query(tmp_path: Path) -> None:
+    """The check above is ours; this one is Prometheus's (local_stack/promcheck: its
+    rulefmt loads the rules file as Prometheus does, templates and all, and its PromQL
+    parser reads every rule, panel and variable query), and it refuses a file broken in
+    each way it checks, so a pass means something."""
+    check = [promcheck_bin(), str(RULES), *map(str, sorted(DASHBOARDS.glob("*.json")))]
+    run = subprocess.run(check, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    queries = sum(len(dashboard_exprs(dashboard(board))) for board, _ in WATCHED.values())
+    n_rules = sum(len(g["rules"]) for g in rules()["groups"])
+    assert f"checked {queries + n_rules} rules and queries, 0 problems" in run.stdout
+    text = RULES.read_text()
+    # a file that does not decode is refused before its rules are read: a file of its own
+    (tmp_path / "duration.yml").write_text(text.replace("for: 1h", "for: an hour"))
+    (tmp_path / "rules.yml").write_text(
+        text.replace("shorelink_spark_holds_all == 0", "shorelink_spark_holds_all == == 0").replace(
+            "humanizeDuration }}", "humanizeDuration }"
+        )
+    )
+    board = json.loads((DASHBOARDS / "shorelink-site.json").read_text())
+    board["panels"][2]["targets"][0]["expr"] += ")"
+    (tmp_path / "broken.json").write_text(json.dumps(board))
+    run = subprocess.run(
+        [
+            promcheck_bin(),
+            *(str(tmp_path / f) for f in ("duration.yml", "rules.yml", "broken.json")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 1
+    for said in ("could not parse expression", "template", "an hour", "broken.json: panel"):
+        assert said in run.stdout, run.stdout
 
 
 @pytest.mark.parametrize("name", sorted(board for board, _ in WATCHED.values()))
