@@ -69,7 +69,11 @@ from paho.mqtt.properties import Properties
 
 from bench._common import exit_on_signals, progress, work_dir
 from bench._faults import KINDS, Fault, World, draw, kinds_of, world
-from local_stack.kafka import CLIENT_COMPILER, KafkaBroker, LinkListener, start_kafka
+from local_stack.kafka import (
+    KafkaBroker,
+    LinkListener,
+    start_site_broker,
+)
 from local_stack.mosquitto import start_mosquitto
 from local_stack.process import Proc, free_ports, group_alive, stop_procs
 from local_stack.spark import spark_driver_conf
@@ -217,17 +221,7 @@ class Stack:
             s: {r: LinkListener(next(free), next(free)) for r in w.neighbours(s)} for s in w.sites
         }
         for s in w.sites:
-            b = start_kafka(
-                s,
-                self.site_dir(s) / "kafka",
-                self.logs,
-                port=next(free),
-                controller_port=next(free),
-                heap="384m",
-                wait=False,
-                links=listeners[s],
-                jvm_opts=CLIENT_COMPILER,
-            )
+            b = start_site_broker(s, self.site_dir(s) / "kafka", self.logs, free, listeners[s])
             self.brokers[s] = b
             self.comps[f"kafka:{s}"] = Component(f"kafka:{s}", b.argv, b.proc.log, b.proc)
             for r, ln in listeners[s].items():

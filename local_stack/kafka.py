@@ -24,6 +24,7 @@ import base64
 import os
 import tempfile
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +59,7 @@ __all__ = [
     "link_listener_properties",
     "start_kafka",
     "start_kafka_cluster",
+    "start_site_broker",
 ]
 
 HOST = "127.0.0.1"
@@ -484,6 +486,32 @@ def start_kafka(
     if wait:
         proc.wait_ready(broker.ready, timeout=90)
     return broker
+
+
+def start_site_broker(
+    site: str,
+    root: Path,
+    logs: Path,
+    ports: Iterator[int],
+    links: dict[str, LinkListener],
+    security: BrokerSecurity | None = None,
+) -> KafkaBroker:
+    """A site's broker as the voyage, the fault soak and the replication tests start
+    several on one machine: its two ports the next of ``ports`` (reserved with its
+    links' at once, :func:`free_ports`), 384 MB of heap, the client compiler, not waited
+    for (start them all, then wait on each)."""
+    return start_kafka(
+        site,
+        root,
+        logs,
+        port=next(ports),
+        controller_port=next(ports),
+        heap="384m",
+        wait=False,
+        links=links,
+        jvm_opts=CLIENT_COMPILER,
+        security=security,
+    )
 
 
 def start_kafka_cluster(

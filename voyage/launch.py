@@ -25,7 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from local_stack.errors import StackError
-from local_stack.kafka import CLIENT_COMPILER, KafkaBroker, LinkListener, start_kafka
+from local_stack.kafka import (
+    KafkaBroker,
+    LinkListener,
+    start_site_broker,
+)
 from local_stack.mosquitto import start_mosquitto
 from local_stack.process import Proc, free_ports, port_open, stop_procs
 from local_stack.stack import HOST, StackInfo, down
@@ -155,17 +159,8 @@ def launch(
             + [env_var("customer", c) for c in CUSTOMERS],
         )
         for s in SITES:
-            brokers[s] = start_kafka(
-                s,
-                dir / "sites" / s / "kafka",
-                logs,
-                port=next(free),
-                controller_port=next(free),
-                heap="384m",
-                wait=False,
-                links=listeners[s],
-                jvm_opts=CLIENT_COMPILER,
-                security=sec.broker(),
+            brokers[s] = start_site_broker(
+                s, dir / "sites" / s / "kafka", logs, free, listeners[s], sec.broker()
             )
             started.append(brokers[s].proc)
             info.sites[s] = {

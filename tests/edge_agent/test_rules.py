@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench._fuzz_mqtt import mqtt_matches
 from edge_agent.config import load_config
 from edge_agent.errors import UnusableMessage
 from edge_agent.rules import MAX_EVENT_MS, MIN_EVENT_MS, Rule, map_message
@@ -41,18 +42,6 @@ def test_mqtt_filter_matching(flt: str, topic: str, match: bool) -> None:
     assert _rule(filter=flt, stream="nav").matches(topic) is match
 
 
-def _mqtt_matches(flt: str, topic: str) -> bool:
-    """MQTT's rule, level by level (the spec's, written plainly): ``+`` is one level,
-    ``#`` the rest (the parent level included)."""
-    f, t = flt.split("/"), topic.split("/")
-    for i, lvl in enumerate(f):
-        if lvl == "#":
-            return True
-        if i >= len(t) or (lvl != "+" and lvl != t[i]):
-            return False
-    return len(f) == len(t)
-
-
 _level = st.text(st.characters(codec="utf-8", exclude_characters="/+#"), max_size=4)
 _filters = st.lists(st.one_of(st.just("+"), _level), min_size=1, max_size=4).flatmap(
     lambda ls: st.sampled_from(["/".join(ls), "/".join([*ls, "#"])])
@@ -70,7 +59,7 @@ def test_a_filter_matches_exactly_the_topics_mqtt_says(flt: str, data: st.DataOb
     topic = data.draw(
         st.one_of(st.text(max_size=20), st.sampled_from([near, near + "\n", near + "/\n"]))
     )
-    assert _rule(filter=flt, stream="nav").matches(topic) is _mqtt_matches(flt, topic)
+    assert _rule(filter=flt, stream="nav").matches(topic) is mqtt_matches(flt, topic)
     assert not _rule(filter="a/b", stream="nav").matches("a/b\n")
 
 

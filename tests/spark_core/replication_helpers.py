@@ -21,6 +21,7 @@ from local_stack.kafka import (
     KafkaBroker,
     LinkListener,
     start_kafka,
+    start_site_broker,
 )
 from local_stack.process import free_ports
 from local_stack.spark import spark_driver_conf
@@ -97,17 +98,7 @@ def start_mesh(root: Path, logs: Path, toxiproxy: Toxiproxy) -> Mesh:
                 toxiproxy.create_proxy(
                     proxy_name(s, r), f"127.0.0.1:{ln.advertised}", f"127.0.0.1:{ln.port}"
                 )
-            brokers[s] = start_kafka(
-                s,
-                root / s,
-                logs,
-                port=next(free),
-                controller_port=next(free),
-                heap="384m",
-                wait=False,
-                links=ports[s],
-                jvm_opts=CLIENT_COMPILER,
-            )
+            brokers[s] = start_site_broker(s, root / s, logs, free, ports[s])
         for b in brokers.values():
             b.proc.wait_ready(b.ready, timeout=90)
     except BaseException:
