@@ -155,3 +155,20 @@ def build_info_line(deployable: str, **extra: str) -> str:
     labels = {"python": platform.python_version(), "version": version(), **extra}
     inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
     return f"shorelink_{deployable}_build_info{{{inner}}} 1.0"
+
+
+def build_version(tree: Path) -> str:
+    """The version a build of ``tree`` gets (setuptools-scm reads its pyproject.toml and
+    its git, as pip's build does)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "setuptools_scm"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return out.stdout.strip().splitlines()[-1]

@@ -26,7 +26,7 @@ from local_stack.kafka import KafkaBroker
 from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import free_port
 from tests.edge_agent.helpers import Publisher, write_config
-from tests.helpers import eventually, run_process, unique
+from tests.helpers import build_version, eventually, run_process, unique
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,15 +55,7 @@ def copy_source(dst: Path) -> Path:
 def checkout_version() -> str:
     """The version a build of this checkout gets (setuptools-scm, as pip's build would):
     the wheels below are built from a copy without git, and are given it."""
-    out = subprocess.run(
-        [sys.executable, "-m", "setuptools_scm"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return out.stdout.strip().splitlines()[-1]
+    return build_version(ROOT)
 
 
 def clean_env() -> dict[str, str]:

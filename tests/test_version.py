@@ -10,25 +10,13 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from packaging.version import Version
 
+from tests.helpers import build_version
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _version(tree: Path) -> str:
-    """What a build of ``tree`` would be versioned (setuptools-scm reads its pyproject)."""
-    out = subprocess.run(
-        [sys.executable, "-m", "setuptools_scm"],
-        cwd=tree,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return out.stdout.strip().splitlines()[-1]
 
 
 def _git(repo: Path, *args: str) -> None:
@@ -50,20 +38,20 @@ def test_a_release_tag_is_the_version_and_every_later_build_sorts_after_it(
     _git(repo, "init", "-q")
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "one")
-    untagged = _version(repo)  # a clone without tags (a shallow CI checkout)
+    untagged = build_version(repo)  # a clone without tags (a shallow CI checkout)
     assert re.fullmatch(r"0\.1\.1\.dev1\+g[0-9a-f]{7,}", untagged), untagged
     assert Version(untagged) > Version("0.1.0")
 
     _git(repo, "tag", "-a", "v0.2.0", "-m", "release 0.2.0")
-    assert _version(repo) == "0.2.0"
+    assert build_version(repo) == "0.2.0"
     (repo / "CHANGELOG.md").write_text("next\n")
     _git(repo, "add", ".")
     _git(repo, "commit", "-qm", "two")
-    after = _version(repo)
+    after = build_version(repo)
     assert re.fullmatch(r"0\.2\.1\.dev1\+g[0-9a-f]{7,}", after), after
     assert Version(after) > Version("0.2.0")
 
     copied = tmp_path / "copied"  # a folder without git: the fallback, as it is
     copied.mkdir()
     shutil.copy2(ROOT / "pyproject.toml", copied)
-    assert _version(copied) == "0.1.0"
+    assert build_version(copied) == "0.1.0"

@@ -3,11 +3,12 @@ as a real subprocess, and a QoS 1 publisher with a persistent session."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
@@ -17,6 +18,9 @@ from paho.mqtt.properties import Properties
 from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import Proc
 from tests.helpers import grows_to, kill9, run_process, write_toml
+
+if TYPE_CHECKING:
+    from edge_agent.agent import Agent
 
 
 def status_of(cfg: Any, stream: str) -> dict[str, Any]:
@@ -89,6 +93,18 @@ def edge_config_doc(tmp_path: Path, broker: MosquittoBroker, **overrides: Any) -
 def write_config(tmp_path: Path, broker: MosquittoBroker, **overrides: Any) -> Path:
     """:func:`edge_config_doc` written to ``tmp_path/edge.toml``."""
     return write_toml(tmp_path / "edge.toml", edge_config_doc(tmp_path, broker, **overrides))
+
+
+async def start_agent(cfg_path: Path) -> tuple[Agent, asyncio.Task[None]]:
+    """The agent of ``cfg_path`` run in this process's event loop (stopped by setting
+    its ``stop``), once it is connected to its broker."""
+    from edge_agent.agent import Agent
+    from edge_agent.config import load_config
+
+    agent = Agent(load_config(cfg_path))
+    task = asyncio.create_task(agent.run(install_signals=False))
+    await asyncio.wait_for(agent.ingest.connected.wait(), 10)
+    return agent, task
 
 
 class AgentProcess:

@@ -18,7 +18,7 @@ from edge_agent.agent import Agent
 from edge_agent.config import load_config
 from local_stack.mosquitto import MosquittoBroker
 from tests.conftest import AIS_SAMPLE
-from tests.edge_agent.helpers import AgentProcess, Publisher, write_config
+from tests.edge_agent.helpers import AgentProcess, Publisher, start_agent, write_config
 from tests.helpers import eventually, grows_to
 
 
@@ -122,18 +122,11 @@ def test_messages_published_while_agent_is_stopped_arrive_after_restart(
     ]
 
 
-async def _run_agent(cfg_path: Path) -> tuple[Agent, asyncio.Task[None]]:
-    agent = Agent(load_config(cfg_path))
-    task = asyncio.create_task(agent.run(install_signals=False))
-    await asyncio.wait_for(agent.ingest.connected.wait(), 10)
-    return agent, task
-
-
 async def test_rules_map_topics_to_stream_and_key_and_bad_input_is_quarantined(
     tmp_path: Path, mosquitto: MosquittoBroker, publisher: Publisher
 ) -> None:
     cfg = write_config(tmp_path, mosquitto, max_payload="1KiB")
-    agent, task = await _run_agent(cfg)
+    agent, task = await start_agent(cfg)
     publisher.publish("bigblue/deck2/containers/MSCU1234567/env", b'{"ts": 1700000000123, "t": 3}')
     publisher.publish("bigblue/deck2/containers/MSCU7654321/alert", b'{"door": "open"}')
     publisher.publish("bigblue/nav/ais", b"!AIVDM,1,1,,B,,0*25")
@@ -181,7 +174,7 @@ async def test_real_ais_sample_is_stored_byte_for_byte(
     lines = [ln for ln in AIS_SAMPLE.read_bytes().split(b"\n") if ln]
     assert len(lines) >= 897 - 1
     cfg = write_config(tmp_path, mosquitto)
-    agent, task = await _run_agent(cfg)
+    agent, task = await start_agent(cfg)
     for ln in lines:
         publisher.publish("bigblue/nav/ais", ln)
     publisher.wait_all_acked()
@@ -200,7 +193,7 @@ async def test_budget_full_drops_oldest_telemetry_keeps_every_alert_and_keeps_ru
     tmp_path: Path, mosquitto: MosquittoBroker, publisher: Publisher
 ) -> None:
     cfg = write_config(tmp_path, mosquitto, max_bytes=60_000, reserve=20_000)
-    agent, task = await _run_agent(cfg)
+    agent, task = await start_agent(cfg)
     for i in range(600):
         publisher.publish(
             f"bigblue/d1/containers/C{i % 9}/env", f'{{"i": {i}, "pad": "{"x" * 60}"}}'.encode()

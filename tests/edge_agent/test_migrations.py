@@ -19,12 +19,11 @@ from types import SimpleNamespace
 import pytest
 
 from edge_agent import migrations
-from edge_agent.agent import Agent
 from edge_agent.config import load_config
 from edge_agent.errors import LogError, LogFromNewerAgent
 from edge_agent.status import open_log
 from local_stack.mosquitto import MosquittoBroker
-from tests.edge_agent.helpers import Publisher, edge_config_doc, write_config
+from tests.edge_agent.helpers import Publisher, edge_config_doc, start_agent, write_config
 from tests.edge_agent.uplink_helpers import fill, uplink_config
 from tests.helpers import eventually_async, write_toml
 
@@ -70,13 +69,6 @@ def _restore(db: Path, copy: Path) -> None:
     shutil.copy2(copy, db)
 
 
-async def _run_agent(cfg_path: Path) -> tuple[Agent, asyncio.Task[None]]:
-    agent = Agent(load_config(cfg_path))
-    task = asyncio.create_task(agent.run(install_signals=False))
-    await asyncio.wait_for(agent.ingest.connected.wait(), 10)
-    return agent, task
-
-
 async def test_an_upgrade_while_sensors_publish_keeps_every_acknowledged_record(
     tmp_path: Path,
     mosquitto: MosquittoBroker,
@@ -101,7 +93,7 @@ async def test_an_upgrade_while_sensors_publish_keeps_every_acknowledged_record(
 
     with monkeypatch.context() as m:
         _old_agent(m)
-        old, task = await _run_agent(cfg)
+        old, task = await start_agent(cfg)
 
         def probed() -> bool:  # the broker keeps messages for the agent from here on
             publisher.publish("bigblue/nav/ais", b"probe")
@@ -116,7 +108,7 @@ async def test_an_upgrade_while_sensors_publish_keeps_every_acknowledged_record(
     assert _schema(db) == list(range(1, OLD + 1))
     before = _rows(db)
 
-    new, task = await _run_agent(cfg)
+    new, task = await start_agent(cfg)
     try:
         assert _schema(db) == list(range(1, NEW + 1))
         await eventually_async(lambda: len(_rows(db)) >= len(before) + 300, within=20)
