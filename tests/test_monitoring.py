@@ -6,7 +6,9 @@ rule is pulled out of its PromQL and looked up in what the deployable it watches
 serves: a running agent's and a running gateway's ``/metrics``, and the registry the
 site application serves (spark_core/metrics.py ``site_registry``, built from a real
 site's replicator, merges, query progress and table keeper, served and scraped over
-HTTP: no Spark needed, the names are the collector's). The rules file is checked
+HTTP: no Spark needed, the names are the collector's); and every label a selector
+matches on (``{state="down"}``) is one the metric has, as its registry declares it. The
+rules file is checked
 against the shape we ask of it (a severity, a summary, a description, a ``for``), and
 Prometheus's own code (local_stack/promcheck: its rules loader and PromQL parser, what
 ``promtool check rules`` runs) reads the rules and every dashboard query."""
@@ -27,14 +29,17 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
 
 from core_gateway.cli import serve
+from core_gateway.metrics import GatewayMetrics
+from edge_agent.metrics import EdgeMetrics
 from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import free_port
 from local_stack.tools import promcheck_bin
 from spark_core.config import parse_config as parse_sites
 from spark_core.jobs.site import mergers
-from spark_core.metrics import serve_metrics
+from spark_core.metrics import serve_metrics, site_registry
 from spark_core.progress import ProgressReporter
 from spark_core.replication import Replicator
 from spark_core.tables import TableKeeper
@@ -134,6 +139,24 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
+def selector_labels(expr: str) -> dict[str, set[str]]:
+    """metric name -> the label names its selectors in ``expr`` match on
+    (``m{a="x", b=~"y"}``): a matcher on a label the family lacks matches nothing, so a
+    panel stays empty and an alert never fires."""
+    tokens = [(m.lastgroup, m.group()) for m in _TOKEN.finditer(expr)]
+    out: dict[str, set[str]] = {}
+    for i, (kind, text) in enumerate(tokens[:-1]):
+        if kind != "id" or text.lower() in KEYWORDS or tokens[i + 1][1] != "{":
+            continue
+        labels = out.setdefault(text, set())
+        j = i + 2
+        while j < len(tokens) and tokens[j][1] != "}":
+            if tokens[j][0] == "id" and j + 1 < len(tokens) and tokens[j + 1][1] in "=!":
+                labels.add(tokens[j][1])
+            j += 1
+    return out
+
+
 def variable_expr(query: str) -> str:
     """The PromQL inside a Grafana variable's query (``label_values(EXPR, label)``,
     ``query_result(EXPR)``); "" when it names no metric (``label_values(label)``)."""
@@ -175,18 +198,48 @@ def group_exprs(group: str) -> list[str]:
     return [r["expr"] for r in g["rules"]]
 
 
+def exprs_of(deployable: str) -> list[tuple[str, str]]:
+    """(file, expr) of the deployable's dashboard and its group of rules."""
+    board, group = WATCHED[deployable]
+    return [
+        *((board, e) for e in dashboard_exprs(dashboard(board))),
+        *((RULES.name, e) for e in group_exprs(group)),
+    ]
+
+
 def used_by(deployable: str) -> dict[str, set[str]]:
     """metric name -> where the deployable's dashboard and rules use it."""
-    board, group = WATCHED[deployable]
     used: dict[str, set[str]] = {}
-    for where, exprs in (
-        (board, dashboard_exprs(dashboard(board))),
-        (RULES.name, group_exprs(group)),
-    ):
-        for expr in exprs:
-            for name in metric_names(expr):
-                used.setdefault(name, set()).add(where)
+    for where, expr in exprs_of(deployable):
+        for name in metric_names(expr):
+            used.setdefault(name, set()).add(where)
     return used
+
+
+#: labels Prometheus gives every series it scrapes (the target's)
+TARGET_LABELS = frozenset({"job", "instance"})
+
+
+def registry_labels(registry: CollectorRegistry) -> dict[str, set[str]]:
+    """Family name -> its label names, as the process's registry declares them (a
+    family without samples shows none in ``/metrics``): a metric's ``labelnames``, a
+    collector's families' ``labels``, and what samples carry (an info's keys)."""
+    out: dict[str, set[str]] = {}
+    for collector in list(registry._collector_to_names):
+        for family in collector.collect():
+            names = out.setdefault(family.name, set())
+            names.update(getattr(family, "_labelnames", ()))
+            names.update(label for sample in family.samples for label in sample.labels)
+        if hasattr(collector, "_labelnames"):  # a metric whose children are not there yet
+            out.setdefault(collector._name, set()).update(collector._labelnames)
+    return out
+
+
+def family_of(series: str, families: dict[str, set[str]]) -> str:
+    for suffix in ("_total", "_created", "_bucket", "_sum", "_count", "_info", ""):
+        if suffix and series.endswith(suffix) and series.removesuffix(suffix) in families:
+            return series.removesuffix(suffix)
+    return series
 
 
 def served_series(text: str) -> set[str]:
@@ -206,12 +259,28 @@ def served_series(text: str) -> set[str]:
     }
 
 
-def assert_serves_what_is_used(deployable: str, text: str) -> None:
+def assert_serves_what_is_used(deployable: str, text: str, registry: CollectorRegistry) -> None:
+    """Every metric the deployable's dashboard and rules name is in ``text`` (what it
+    served), and every label their selectors match on is one ``registry`` (its own,
+    built as the process builds it) gives that metric, or a target's."""
     served = served_series(text)
     used = used_by(deployable)
     assert len(used) >= 10, f"the {deployable}'s dashboard and rules name {sorted(used)}"
     missing = {name: sorted(where) for name, where in used.items() if name not in served}
     assert not missing, f"named but not served by the {deployable}: {missing}"
+    families = registry_labels(registry)
+    wrong = []
+    for where, expr in exprs_of(deployable):
+        for series, labels in selector_labels(expr).items():
+            family = family_of(series, families)
+            has = (
+                families.get(family, set())
+                | TARGET_LABELS
+                | ({"le"} if series.endswith("_bucket") else set())
+            )
+            if labels - has:
+                wrong.append(f"{where}: {series}{{{', '.join(sorted(labels - has))}}}")
+    assert not wrong, f"matchers on labels the {deployable}'s metrics lack: {wrong}"
 
 
 #: a Kafka where nothing listens (the discard port)
@@ -264,6 +333,14 @@ def test_promql_metric_names_are_found_behind_functions_matchers_and_modifiers(
     every check below; one that missed a metric would pass a dashboard that draws
     nothing."""
     assert metric_names(expr) == names
+
+
+def test_selector_label_matchers_are_found_per_metric() -> None:
+    expr = (
+        'sum by (a) (rate(x_total{reason!~"gap|busy", instance=~"$i"}[5m])) '
+        'or y{state="down"} == 1 unless z and {__name__="w"}'
+    )
+    assert selector_labels(expr) == {"x_total": {"reason", "instance"}, "y": {"state"}}
 
 
 def test_grafana_variable_queries_give_their_metric() -> None:
@@ -483,7 +560,7 @@ def test_every_metric_the_edge_dashboard_and_rules_name_is_served_by_a_running_a
         eventually(served, 30, "the agent's /metrics, connected to its broker", proc=proc)
     finally:
         proc.stop(grace=5)
-    assert_serves_what_is_used("edge", text)
+    assert_serves_what_is_used("edge", text, EdgeMetrics().registry)
 
 
 async def test_every_metric_the_gateway_dashboard_and_rules_name_is_served_by_a_running_gateway(
@@ -506,7 +583,7 @@ async def test_every_metric_the_gateway_dashboard_and_rules_name_is_served_by_a_
         stop.set()
         await asyncio.wait_for(task, 30)
     assert "shorelink_gateway_ready 0.0" in text
-    assert_serves_what_is_used("gateway", text)
+    assert_serves_what_is_used("gateway", text, GatewayMetrics().registry)
 
 
 def test_every_metric_the_site_dashboard_and_rules_name_is_served_by_the_site_application(
@@ -547,4 +624,4 @@ def test_every_metric_the_site_dashboard_and_rules_name_is_served_by_the_site_ap
     finally:
         server.shutdown()
     assert len(merges) == 2 and replicator.pullers
-    assert_serves_what_is_used("site", text)
+    assert_serves_what_is_used("site", text, site_registry(replicator, merges, progress, keeper))
