@@ -128,6 +128,8 @@ def _site_run(tmp: Path, partial: Path) -> None:
             text=True,
             timeout=600,
             check=False,
+            # the archive is of this environment's pyspark, not of a SPARK_HOME's Spark
+            env={k: v for k, v in os.environ.items() if k != "SPARK_HOME"},
         )
         if run.returncode != 0:
             raise StackError(f"the site application failed: {run.stderr[-300:]}")

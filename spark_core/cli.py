@@ -19,7 +19,7 @@ from shorelink.logs import log4j_pattern
 from shorelink.textout import table, wrap
 from spark_core import session
 from spark_core.config import SitesConfig, load_config
-from spark_core.packages import SPARK_PACKAGES, spark_package_conf
+from spark_core.packages import spark_package_conf, spark_packages, spark_submit
 
 if TYPE_CHECKING:
     from spark_core.access import AccessChanges
@@ -41,10 +41,9 @@ LOG4J_CONFIG = Path(__file__).resolve().parent / "conf" / "log4j2.properties"
 
 
 def spark_submit_bin() -> Path:
-    """spark-submit of the installed pyspark (its version matches the pinned packages)."""
-    import pyspark
-
-    return Path(pyspark.__file__).resolve().parent / "bin" / "spark-submit"
+    """spark-submit of ``$SPARK_HOME`` when set (the platform's Spark), else of the
+    installed pyspark (spark_core/packages.py)."""
+    return spark_submit()
 
 
 def spark_submit_argv(
@@ -58,8 +57,11 @@ def spark_submit_argv(
     """spark-submit's command line. The packages' and scheduler's settings are on it;
     ``[spark.conf]``, whose values may be secrets (``${ENV}``: an object store's keys),
     is not: it goes in the 0600 ``properties`` file (:func:`write_spark_properties`),
-    which ``ps`` and ``--dry-run`` do not show (review L9)."""
-    conf = spark_package_conf(str(ivy_dir))
+    which ``ps`` and ``--dry-run`` do not show (review L9). spark-submit and the
+    packages are those of the Spark that runs (``SPARK_HOME``, else pyspark's):
+    :class:`~spark_core.packages.UnknownSpark` when its line has none known."""
+    packages = spark_packages()
+    conf = spark_package_conf(str(ivy_dir), packages)
     conf.pop("spark.jars.packages")  # given as --packages
     conf["spark.sql.streaming.stopTimeout"] = "60s"
     # urgent streams' queries and merge run in their own pool (spark_core/pools.xml)
@@ -73,7 +75,7 @@ def spark_submit_argv(
         "--name",
         "shorelink-" + site.replace(",", "-"),
         "--packages",
-        ",".join(SPARK_PACKAGES),
+        ",".join(packages),
     ]
     if properties is not None:
         argv += ["--properties-file", str(properties)]
@@ -157,7 +159,10 @@ def site_cmd(
     extra = [*(["--available-now"] if available_now else []), *(["--log-json"] if log_json else [])]
     properties = spark_properties_path(cfg, site_name) if cfg.spark.conf else None
     ivy = ivy_dir or session.ivy_dir()
-    argv = spark_submit_argv(cfg, site_name, config_path, ivy, extra, properties)
+    try:
+        argv = spark_submit_argv(cfg, site_name, config_path, ivy, extra, properties)
+    except ShorelinkError as exc:
+        fail(exc)
     # the driver and executors run this interpreter (where shorelink is installed)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     # the JVM's log as the Python side's (spark_core/conf/log4j2.properties), named by
@@ -191,7 +196,11 @@ def install_cmd(ivy_dir: Path | None) -> None:
     application, queries and tests start without the network. Idempotent; `shorelink
     stack install` runs it."""
     target = ivy_dir or session.ivy_dir()
-    click.echo(f"spark packages: {', '.join(SPARK_PACKAGES)} in {target}", err=True)
+    try:
+        packages = spark_packages()
+    except ShorelinkError as exc:
+        fail(exc)
+    click.echo(f"spark packages: {', '.join(packages)} in {target}", err=True)
     resolved = session.resolve_packages(target)
     click.echo("spark packages: " + ("resolved" if resolved else "present"), err=True)
 

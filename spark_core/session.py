@@ -1,9 +1,9 @@
 """A local Spark session and the Ivy cache its JVM packages come from, built in one place.
 
 ``shorelink-spark query``, the tests and the merge benchmark all run Spark in their own
-process; each needs the same pinned packages (``spark_core/packages.py``) resolved from
-the Ivy cache ``scripts/setup`` fills, so none of them spells the cache's place or the
-session's make-up again. The site application itself goes through ``spark-submit``
+process; each needs the same packages (``spark_core/packages.py``: those of the Spark
+that runs) resolved from the Ivy cache ``scripts/setup`` fills, so none of them spells
+the cache's place or the session's make-up again. The site application itself goes through ``spark-submit``
 (``spark_core/cli.py``), which takes :func:`ivy_dir` too. :func:`resolve_packages` fills
 that cache once (``shorelink-spark install``, which ``shorelink stack install`` runs).
 
@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from spark_core.packages import SPARK_PACKAGES, spark_package_conf
+from spark_core.packages import spark_package_conf, spark_packages
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -94,12 +94,13 @@ def local_session(
 
 
 def resolve_packages(ivy: Path | None = None) -> bool:
-    """Resolve the pinned packages into the Ivy cache ``ivy`` (default :func:`ivy_dir`)
+    """Resolve the packages of the Spark that runs into the Ivy cache ``ivy`` (default :func:`ivy_dir`)
     once, so the site application, queries and tests start without the network. A marker
     per set of packages makes a second call a no-op: True when this call resolved them,
     False when they were there."""
     ivy = ivy or ivy_dir()
-    digest = hashlib.sha256(",".join(SPARK_PACKAGES).encode()).hexdigest()[:12]
+    packages = spark_packages()
+    digest = hashlib.sha256(",".join(packages).encode()).hexdigest()[:12]
     marker = ivy / f".resolved-{digest}"
     if marker.exists():
         return False
@@ -109,5 +110,5 @@ def resolve_packages(ivy: Path | None = None) -> bool:
         spark.range(1).count()
     finally:
         spark.stop()
-    marker.write_text(",".join(SPARK_PACKAGES) + "\n")
+    marker.write_text(",".join(packages) + "\n")
     return True
