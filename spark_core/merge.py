@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka.admin import OffsetSpec
 
 from shorelink.contract import (
@@ -233,6 +235,12 @@ class Merger:
         self._ensured: set[str] = set()
         self._purger = SourcePurger(site.kafka)
         self._admin: Admin | None = None
+        #: local source topics found recreated (:meth:`adopt_sources`), each with the
+        #: count of recreations when it was; and that count when the Spark query's last
+        #: batch was written (None: its first batch not yet): review 9, finding 7
+        self._recreations = 0
+        self._recreated: dict[str, int] = {}
+        self._spark_seen: int | None = None
         self._index_due = 0.0  # monotonic time of the next relay index segment
         #: who owns which container when: each new record of a customer's container
         #: also goes to ``sl.customer.<name>.<stream>``, in the same transaction
@@ -452,6 +460,8 @@ class Merger:
         if self.stopping.is_set():
             raise MergeError("merge is stopping; batch left for the next run")
         t0 = time.monotonic()
+        if self._spark_seen is None:  # a query's first batch: planned after its start
+            self._spark_seen = self._recreations
         # Arrow, not collect(): no Row objects; duplicates never leave Arrow buffers.
         # Outside the lock: the pullers write meanwhile (spark_core/pull.py); what the
         # ingest puller wrote already stays on the executors
@@ -475,7 +485,11 @@ class Merger:
         with self.busy:
             if self.stopping.is_set():
                 raise MergeError("merge is stopping; batch left for the next run")
+            stale = sorted(t for t, n in self._recreated.items() if n > self._spark_seen)
+            if stale:
+                batch = ArrowBatch(self._drop_recreated(table, stale, batch_id))
             self.write_batch(batch_id, batch, t0=t0)
+            self._spark_seen = self._recreations
         if not self.ingest_puller:
             # no ingest puller's loop writes the relay index (merge.source_pattern): the
             # query's own batches do, when due, or its pending seqs grow in every marker
@@ -488,6 +502,27 @@ class Merger:
                 if isinstance(exc, MergeError) and exc.fatal:
                     raise
                 log.warning("relay_index_failed", site=self.site.name, error=str(exc))
+
+    def _drop_recreated(self, table: pa.Table, topics: Sequence[str], batch_id: int) -> pa.Table:
+        """The batch without the rows of ``topics``, found recreated (their cursors
+        dropped: :meth:`adopt_sources`) since the query planned it: rows of the former
+        topic, or of the new one at the former one's offsets. Written, their offsets were
+        the new topic's cursors, and the ingest puller skipped its first records, which
+        only this site holds (review 9, finding 7). The puller reads the new topic from
+        its start; the query's next batch fails on the changed offsets
+        (``fail_on_data_loss``) and the site starts it afresh
+        (:func:`reset_recreated_checkpoint`)."""
+        kept = table.filter(pc.invert(pc.is_in(table.column("topic"), pa.array(list(topics)))))
+        log.warning(
+            "merge_batch_rows_dropped",
+            site=self.site.name,
+            query=self.query,
+            batch=batch_id,
+            topics=",".join(topics),
+            rows=table.num_rows - kept.num_rows,
+            message="source topics recreated while the batch was under way",
+        )
+        return kept
 
     def _oversized(
         self, df: Any, batch_id: int, done: Mapping[tuple[str, int], int]
@@ -644,6 +679,9 @@ class Merger:
             if not changed:
                 return []
             recreated = sorted(t for t in changed if t in known)
+            if recreated:  # what a Spark batch under way read of them is not written
+                self._recreations += 1
+                self._recreated.update(dict.fromkeys(recreated, self._recreations))
             offsets = {tp: o for tp, o in self.state.offsets.items() if tp[0] not in recreated}
             state = self.state.carried(
                 offsets=offsets, index=self.state.index, source_ids={**known, **changed}
@@ -1141,6 +1179,7 @@ def reset_recreated_checkpoint(merger: Merger) -> None:
     described = Admin(site.kafka).describe(topics, f" at {site.name}")
     ids = {t: str(d.topic_id) for t, d in described.items()}
     merger.adopt_sources(ids)
+    merger._spark_seen = None  # the query (re)starts: its first batch is planned after this
     stamp = site.checkpoint_dir / f"{merger.query}.sources.json"
     try:
         old = json.loads(stamp.read_text())

@@ -38,6 +38,7 @@ from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
 from shorelink.ledger import MAX_HOLDINGS_RANGES
 from shorelink.ranges import RangeSet
+from spark_core import merge as merge_module
 from spark_core.config import parse_config
 from spark_core.ingest_pull import write_through
 from spark_core.merge import Merger, SourceRow, plan_batch, start_merge
@@ -838,3 +839,47 @@ def test_a_merge_refuses_to_start_from_its_ledger_with_an_entry_past_the_bound(
         assert merger.state.held_for(("bigblue", s)) == RangeSet([(1, 5)])
     finally:
         merger.close()
+
+
+@pytest.mark.spark
+def test_a_spark_batch_under_way_when_its_source_topic_is_recreated_writes_none_of_it(
+    spark: Any, kafka: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 9, finding 7: the query's batch has read offsets 5000-5004 of the site's
+    ingress topic when the ingest puller's round finds the topic deleted and created
+    again (its cursors dropped: read from its start). Written, the batch set the new
+    topic's cursor to 5005, and the puller skipped its first 5005 records, which only
+    this site holds. The batch writes nothing of that topic; its cursor stays dropped.
+    The query's next batch, planned after, is written as usual."""
+    s = unique("s")
+    t = ingress_topic(s)
+    site, _ = make_site(kafka.bootstrap, tmp_path, [s])
+    m = Merger(site)
+
+    def rows(first: int, seqs: range) -> list[SourceRow]:
+        return [
+            SourceRow(t, 0, first + i, r.key, r.value, list(r.headers()), 1_700_000_000_000)
+            for i, q in enumerate(seqs)
+            for r in [record("bigblue", s, q)]
+        ]
+
+    try:
+        m.ready()
+        assert m.adopt_sources({t: "first-id"}) == []
+        under_way = merge_module.ArrowBatch
+
+        def recreated_meanwhile(table: Any) -> Any:
+            if m.state.source_ids[t] == "first-id":  # once: the puller's round
+                assert m.adopt_sources({t: "second-id"}) == [t]
+            return under_way(table)
+
+        monkeypatch.setattr(merge_module, "ArrowBatch", recreated_meanwhile)
+        m.process_batch(_kafka_frame(spark, rows(5000, range(1, 6))), 0)
+        assert (t, 0) not in m.state.offsets
+        assert canonical(kafka.bootstrap, s) == []
+        monkeypatch.setattr(merge_module, "ArrowBatch", under_way)
+        m.process_batch(_kafka_frame(spark, rows(0, range(1, 4))), 1)
+        assert m.state.offsets[(t, 0)] == 3
+        assert sorted(r.identity.seq for r in canonical(kafka.bootstrap, s)) == [1, 2, 3]
+    finally:
+        m.close()
