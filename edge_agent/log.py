@@ -31,7 +31,7 @@ from edge_agent import numbering
 from edge_agent.config import LogConfig, StreamConfig
 from edge_agent.errors import LogError, LogFullError
 from edge_agent.linkstate import Links
-from edge_agent.migrations import migrate
+from edge_agent.migrations import migrate, schema_of
 from edge_agent.numbering import StreamState
 from edge_agent.quarantine import Quarantine, Quarantined
 from edge_agent.redelivery import Redelivery
@@ -454,6 +454,11 @@ class EdgeLog:
                 p.stat().st_size for p in self.path.parent.glob(self.path.name + "*") if p.is_file()
             ),
         )
+
+    def schema(self) -> dict[int, str]:
+        """The migrations applied to the log (edge_agent/migrations.py): number -> name."""
+        with self._lock:
+            return schema_of(sqlite_utils.Database(self._conn))
 
     def close(self) -> None:
         with self._lock:

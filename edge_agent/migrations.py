@@ -27,7 +27,7 @@ from edge_agent import systemd
 from edge_agent.errors import LogError, LogFromNewerAgent
 from shorelink.logs import get_logger
 
-__all__ = ["KEEP_COPIES", "MIGRATIONS", "copy_path", "migrate", "schema_of"]
+__all__ = ["KEEP_COPIES", "MIGRATIONS", "copies_of", "copy_path", "migrate", "schema_of"]
 
 log = get_logger(__name__)
 
@@ -204,7 +204,7 @@ def migrate(db: sqlite_utils.Database, *, keep_copies: int = KEEP_COPIES) -> lis
     path = _main_file(db.conn)
     newer = sorted(n for n in done if n > known)
     if newer:
-        copies = _copies(path)
+        copies = copies_of(path)
         back = copies.get(max((n for n in copies if n <= known), default=-1))
         raise LogFromNewerAgent(
             str(path),
@@ -284,15 +284,15 @@ def _copy_before_migrating(conn: sqlite3.Connection, path: Path, schema: int, ke
         bytes=dst.stat().st_size,
         seconds=round(time.monotonic() - t0, 3),
     )
-    _prune_copies(path, keep)
+    _prunecopies_of(path, keep)
     return dst
 
 
 _COPY = re.compile(r"\.schema-(\d+)\.bak\Z")
 
 
-def _copies(path: Path | None) -> dict[int, Path]:
-    """The copies beside the log: schema -> file."""
+def copies_of(path: Path | None) -> dict[int, Path]:
+    """The copies taken before a migration beside the log at ``path``: schema -> file."""
     copies = {}
     if path is not None:
         for p in path.parent.glob(f"{glob.escape(path.name)}.schema-*.bak"):
@@ -302,8 +302,8 @@ def _copies(path: Path | None) -> dict[int, Path]:
     return copies
 
 
-def _prune_copies(path: Path, keep: int) -> None:
+def _prunecopies_of(path: Path, keep: int) -> None:
     """Remove all but the ``keep`` copies of the highest schemas."""
-    for _schema, p in sorted(_copies(path).items(), reverse=True)[keep:]:
+    for _schema, p in sorted(copies_of(path).items(), reverse=True)[keep:]:
         p.unlink(missing_ok=True)
         log.info("log_copy_removed", copy=str(p))

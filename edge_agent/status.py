@@ -1,16 +1,20 @@
 """What ``shorelink-edge status`` reports: per stream, what the log holds and what shore
 has confirmed; per gateway, whether its link is up and today's bytes against the link's
-budget. Read from the log file, so it works while the agent runs."""
+budget; this agent's version, the log's schema and the copy taken before its last
+migration (docs/edge-agent.md, "Upgrades and rollbacks"). Read from the log file, so it
+works while the agent runs, and on a log a newer agent migrated."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from edge_agent import migrations
 from edge_agent.budget import utc_day
 from edge_agent.config import EdgeConfig
 from edge_agent.log import EdgeLog
 from shorelink.textout import block, terminal_width, wrap
+from shorelink.version import version
 
 __all__ = ["collect_status", "open_log", "render"]
 
@@ -51,7 +55,14 @@ def collect_status(cfg: EdgeConfig, edge_log: EdgeLog) -> dict[str, Any]:
     sizes = edge_log.sizes()
     return {
         "ship": cfg.ship,
+        "agent": version(),
         "log": str(cfg.log.path),
+        # the log's schema against this agent's, and the way back of the last upgrade
+        "log_schema": max(edge_log.schema(), default=0),
+        "agent_schema": len(migrations.MIGRATIONS),
+        "log_copies": {
+            str(n): str(p) for n, p in sorted(migrations.copies_of(cfg.log.path).items())
+        },
         "log_record_bytes": sizes.records,
         "log_budget_bytes": cfg.log.max_bytes,
         "log_file_bytes": sizes.files,
@@ -95,7 +106,17 @@ def render(report: dict[str, Any], width: int | None = None) -> list[str]:
     """The report as text that fits ``width`` columns (default: the terminal's; 80
     piped): one block per stream and per gateway, long values wrapped whole, never cut."""
     width = width or terminal_width()
-    lines = wrap(f"ship {report['ship']}  log {report['log']}", width)
+    lines = wrap(f"ship {report['ship']}  agent {report['agent']}  log {report['log']}", width)
+    schema, known = report["log_schema"], report["agent_schema"]
+    lines += wrap(
+        f"log schema {schema}"
+        + (f" (a newer agent migrated it: this agent knows {known})" if schema > known else "")
+        + "".join(
+            f"; copy at schema {n}: {p}"
+            for n, p in sorted(report["log_copies"].items(), key=lambda c: int(c[0]))
+        ),
+        width,
+    )
     for name, s in report["streams"].items():
         age = s["oldest_undelivered_age_s"]
         held = "; ".join(f"{site}:{r}" for site, r in s["held"].items()) or "-"

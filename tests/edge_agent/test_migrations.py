@@ -21,7 +21,7 @@ import pytest
 from edge_agent import migrations
 from edge_agent.config import load_config
 from edge_agent.errors import LogError, LogFromNewerAgent
-from edge_agent.status import open_log
+from edge_agent.status import collect_status, open_log, render
 from local_stack.mosquitto import MosquittoBroker
 from tests.edge_agent.helpers import Publisher, edge_config_doc, start_agent, write_config
 from tests.edge_agent.uplink_helpers import fill, uplink_config
@@ -164,6 +164,15 @@ def test_an_older_agent_refuses_the_migrated_log_untouched_and_the_copy_brings_i
             assert words in message
         assert _digest(*files) == unchanged, "the refused log was written to"
         assert _schema(db) == list(range(1, NEW + 1))
+        # `status` reads it (read only) and says what the operator needs to go back
+        reader = open_log(cfg, readonly=True)
+        try:
+            report = collect_status(cfg, reader)
+        finally:
+            reader.close()
+        assert (report["log_schema"], report["agent_schema"]) == (NEW, OLD)
+        assert report["log_copies"] == {str(OLD): str(copy)}
+        assert f"a newer agent migrated it: this agent knows {OLD}" in " ".join(render(report))
 
         _restore(db, copy)
         edge_log = open_log(cfg)

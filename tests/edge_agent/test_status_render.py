@@ -52,9 +52,15 @@ def reports(draw: st.DrawFn) -> dict[str, Any]:
         }
         for _ in range(draw(st.integers(0, 4)))
     ]
+    log = "/var/lib/shorelink/" + draw(names) + ".db"
+    schema = draw(st.integers(0, 99))
     return {
         "ship": draw(names),
-        "log": "/var/lib/shorelink/" + draw(names) + ".db",
+        "agent": draw(st.sampled_from(["0.1.0", "0.2.1.dev558+gfded72fe1.d20261129"])),
+        "log": log,
+        "log_schema": schema,
+        "agent_schema": draw(st.integers(1, 99)),
+        "log_copies": draw(st.sampled_from([{}, {str(max(0, schema - 1)): f"{log}.schema-5.bak"}])),
         "streams": streams,
         "links": links,
         "log_record_bytes": draw(counts),
@@ -80,3 +86,5 @@ def test_every_line_fits_80_columns_and_every_figure_is_whole(report: dict[str, 
     for g in report["links"]:
         assert str(g["today_bytes"]) in words
     assert str(report["quarantined"]) in words
+    assert report["agent"] in words and str(report["log_schema"]) in words
+    assert all(p in words for p in report["log_copies"].values())
