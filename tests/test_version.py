@@ -1,7 +1,7 @@
 """The version a build gets from git (setuptools-scm with pyproject.toml's settings,
 shorelink/version.py): a release tag is the version, every commit after it sorts after
-it, a clone without tags sorts after the 0.1.0 every build said before, and a tree with
-no git at all builds the fallback. Ships are upgraded and rolled back by these numbers
+it, a clone without tags sorts after the 0.1.0 every build said before, a tree with no
+git at all builds the fallback, and an unpacked sdist the version it was made with. Ships are upgraded and rolled back by these numbers
 (the ship report and ``*_build_info`` carry them): one that went backwards would make a
 newer build look older to pip and to an operator."""
 
@@ -55,3 +55,6 @@ def test_a_release_tag_is_the_version_and_every_later_build_sorts_after_it(
     copied.mkdir()
     shutil.copy2(ROOT / "pyproject.toml", copied)
     assert build_version(copied) == "0.1.0"
+    # an unpacked sdist has no git either, and builds the version it was made with
+    (copied / "PKG-INFO").write_text("Metadata-Version: 2.4\nName: shorelink\nVersion: 0.2.0\n")
+    assert build_version(copied) == "0.2.0"
