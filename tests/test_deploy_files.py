@@ -98,6 +98,15 @@ def test_systemd_verify_rejects_a_broken_unit(
     assert problems(path) != "", what
 
 
+def test_edge_unit_does_not_restart_an_agent_that_refuses_what_a_restart_cannot_mend() -> None:
+    """The agent's refusals exit 2 (``shorelink.cli_support.fail``: a bad config, a log a
+    newer agent migrated, ``tests/edge_agent/test_migrations.py``): systemd leaves it
+    stopped rather than starting it every 2 s to refuse again."""
+    text = UNIT.read_text()
+    assert unit_values(text, "Restart") == ["always"]
+    assert "2" in unit_values(text, "RestartPreventExitStatus")[0].split()
+
+
 def test_edge_unit_runs_a_command_the_agent_has_with_its_files_where_systemd_allows() -> None:
     """ExecStart parses as a ``shorelink-edge`` command line; the config is in the unit's
     ConfigurationDirectory and the sample's log in its StateDirectory, the one place
