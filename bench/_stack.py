@@ -131,11 +131,17 @@ class Stack:
         self.toxiproxy: Toxiproxy | None = None
         self.gateway: Proc | None = None
         self.gw_port = free_port()
+        self.gw_metrics_port = free_port()
         self.tokens: dict[str, str] = {}
 
     @property
     def gw_url(self) -> str:
         return f"{'https' if self.secure else 'http'}://127.0.0.1:{self.gw_port}"
+
+    @property
+    def gw_metrics_url(self) -> str:
+        """The gateway's metrics listener (``[metrics]``: /metrics, /readyz), plain HTTP."""
+        return f"http://127.0.0.1:{self.gw_metrics_port}"
 
     @property
     def endpoint(self) -> KafkaEndpoint:
@@ -149,7 +155,7 @@ class Stack:
         return self.security.authority.ca_cert if self.security else None
 
     def client_tls(self) -> ssl.SSLContext | None:
-        """For HTTP requests to the gateway (its /metrics and /readyz)."""
+        """For HTTPS requests to the gateway's ships' port (its /readyz)."""
         return ssl.create_default_context(cafile=str(self.ca_file)) if self.secure else None
 
     @property
@@ -197,6 +203,7 @@ class Stack:
             "streams": ["alerts", "nav", "containers"],
             "log_level": "info",
             "listen": {"host": "127.0.0.1", "port": self.gw_port},
+            "metrics": {"host": "127.0.0.1", "port": self.gw_metrics_port},
             "kafka": {
                 "bootstrap": self.kafka.bootstrap,
                 "transactional_id": txn,

@@ -133,8 +133,6 @@ class Bench:
         from shorelink.wire import Batch, encode_batch
 
         a = self.args
-        gw_url = self.stack.gw_url
-        tls = self.stack.client_tls()
         ensure_topics(self.stack.endpoint, [TopicSpec(BARE_TOPIC, partitions=INGRESS_PARTITIONS)])
         per_ship = a.ingest_records // len(self.ships)
         gw_rates: list[float] = []
@@ -154,11 +152,11 @@ class Bench:
                 for s, rs in recs.items()
             }
             n = sum(len(rs) for rs in recs.values())
-            g0 = scrape(gw_url + "/metrics", tls)
+            g0 = scrape(self.stack.gw_metrics_url + "/metrics", None)
             say(f"ingest round {r}/{a.ingest_rounds}: gateway, {n} records")  # 0: warm-up
             last = {s: rs[-1].seq for s, rs in recs.items()}
             elapsed, lat = asyncio.run(self.stack.upload(bodies, last, a.ingest_window))
-            g1 = scrape(gw_url + "/metrics", tls)
+            g1 = scrape(self.stack.gw_metrics_url + "/metrics", None)
             if not r:
                 self.bare_produce(recs)
                 say("ingest: warm-up round done (not counted)")

@@ -391,7 +391,7 @@ class Bench:
         toxics = sorted(t["name"] for t in tp.proxies()[proxy]["toxics"])
         record = self.work / ship / "sends.json"
         agent_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
-        g0 = scrape(self.gw_url + "/metrics")
+        g0 = scrape(self.stack.gw_metrics_url + "/metrics")
         say(
             f"link: {ship}'s agent drains {a.records} records over {a.link} "
             f"({a.bandwidth} B/s, {a.latency_ms} ms, {a.outage_s:g}s outage every "
@@ -456,7 +456,7 @@ class Bench:
             say(f"link: drained in {t_done - (t_first or t_start):.1f}s; {len(outages)} outages")
             time.sleep(0.3)  # the agent settles the last reply
             m = scrape(agent_metrics)
-            g1 = scrape(self.gw_url + "/metrics")
+            g1 = scrape(self.stack.gw_metrics_url + "/metrics")
             toxics_after = sorted(t["name"] for t in tp.proxies()[proxy]["toxics"])
         finally:
             tp.set_enabled(proxy, True)

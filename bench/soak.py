@@ -358,6 +358,8 @@ class Stack:
             "ship_keys_file": str(self.site_keys(s)),
             "streams": list(self.w.streams),
             "listen": {"host": HOST, "port": port},
+            # several gateways on one host: the metrics listener is not read here
+            "metrics": {"port": 0},
             "kafka": {
                 "bootstrap": self.brokers[s].bootstrap,
                 "ingress_partitions": 1,

@@ -1,6 +1,12 @@
 """The gateway's HTTP API (docs/gateway-api.md): the routes, their authentication and
 the JSON error bodies. What a request does is the service's (service.py); the WebSocket
 upload is upload.py's.
+
+Two applications: the ships' (:func:`create_app`, on ``[listen]``, reached from outside)
+and the operators' (:func:`create_metrics_app`, on ``[metrics]``: Prometheus and the
+probes, plain HTTP, loopback by default). The ships' port answers ``/metrics`` only with
+``metrics.on_ships_port``: unauthenticated figures about every ship's traffic are not for
+whoever can reach the port ships upload to.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from core_gateway.service import GatewayService
 from shorelink.boundary import boundary
 from shorelink.tls import common_name
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "create_metrics_app"]
 
 SERVICE = web.AppKey("service", GatewayService)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -35,10 +41,21 @@ def create_app(service: GatewayService) -> web.Application:
     app.on_shutdown.append(upload.close_uploads)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
-    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/metrics", _metrics if cfg.metrics_on_ships_port else _metrics_moved)
     app.router.add_get("/v1/ships/{ship}/holdings", _holdings)
     app.router.add_post("/v1/ships/{ship}/streams/{stream}/batches", _batch)
     app.router.add_get(upload.ROUTE, _upload)
+    return app
+
+
+def create_metrics_app(service: GatewayService) -> web.Application:
+    """``/metrics``, ``/healthz`` and ``/readyz`` for Prometheus and a platform's probes
+    (``[metrics]``): no ship route, no body taken."""
+    app = web.Application(client_max_size=1024)
+    app[SERVICE] = service
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
     return app
 
 
@@ -92,6 +109,16 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(
         body=generate_latest(service.metrics.registry),
         headers={"Content-Type": CONTENT_TYPE_LATEST},
+    )
+
+
+async def _metrics_moved(_request: web.Request) -> web.Response:
+    """A scraper still pointed at the ships' port learns where the figures went."""
+    return _json_error(
+        404,
+        "not_found",
+        "metrics are served on the gateway's metrics listener ([metrics] host and port), "
+        'not on the ships\' port (docs/gateway-api.md, "Metrics and probes")',
     )
 
 

@@ -17,7 +17,7 @@ import click
 from core_gateway.auth import Credentials, ShipCredential
 from core_gateway.config import GatewayConfig, load_config
 from shorelink.cli_support import config_option, fail, load_or_exit
-from shorelink.errors import ShorelinkError
+from shorelink.errors import ConfigError, ShorelinkError
 from shorelink.kafka.endpoint import name_clients
 from shorelink.logs import configure_logging, get_logger
 from shorelink.proof import ShipKeys, signature_mode
@@ -128,7 +128,7 @@ async def serve(
 ) -> None:
     from aiohttp import web
 
-    from core_gateway.app import create_app
+    from core_gateway.app import create_app, create_metrics_app
     from core_gateway.service import GatewayService
     from shorelink.listen import CappedSite
 
@@ -147,6 +147,18 @@ async def serve(
         ssl_context=ctx,
     )
     await site.start()
+    operators = web.AppRunner(create_metrics_app(service), access_log=None)
+    await operators.setup()
+    if cfg.metrics_port:
+        try:
+            await web.TCPSite(operators, cfg.metrics_host, cfg.metrics_port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            await operators.cleanup()
+            raise ConfigError(
+                "metrics.port",
+                f"cannot listen on {cfg.metrics_host}:{cfg.metrics_port}: {exc.strerror or exc}",
+            ) from exc
     stop = stop or asyncio.Event()
     if install_signals:
         loop = asyncio.get_running_loop()
@@ -154,7 +166,11 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
     starter = asyncio.create_task(service.start())
     log.info(
-        "gateway_listening", site=cfg.site, address=f"{cfg.host}:{cfg.port}", tls=_tls_mode(cfg)
+        "gateway_listening",
+        site=cfg.site,
+        address=f"{cfg.host}:{cfg.port}",
+        tls=_tls_mode(cfg),
+        metrics=f"{cfg.metrics_host}:{cfg.metrics_port}" if cfg.metrics_port else "off",
     )
     if ctx is None and not is_loopback(cfg.host):
         log.warning(
@@ -185,6 +201,7 @@ async def serve(
         await stop.wait()
     finally:
         starter.cancel()
+        await operators.cleanup()
         await runner.cleanup()
         await service.stop()
 

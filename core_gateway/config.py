@@ -64,6 +64,15 @@ class GatewayConfig:
     upload_heartbeat_s: float = field(
         default=20.0, metadata=key("listen.upload_heartbeat", gt=0, why="must be > 0")
     )
+    #: Prometheus ``/metrics`` and the probes' ``/healthz`` and ``/readyz``, plain HTTP
+    #: on a listener of their own, never the ships' port (whose clients are outside):
+    #: loopback by default, like the edge agent's; 0.0.0.0 where a scraper or a
+    #: kubelet's probe comes from another address (Kubernetes); port 0 turns it off
+    metrics_host: str = field(default="127.0.0.1", metadata=key("metrics.host"))
+    metrics_port: int = field(default=9465, metadata=key("metrics.port", min=0, max=65535))
+    #: also answer ``/metrics`` on the ships' port, unauthenticated, as gateways before
+    #: the metrics listener did (a bridge while scrapers move; off by default)
+    metrics_on_ships_port: bool = field(default=False, metadata=key("metrics.on_ships_port"))
     limits: Limits = field(
         default_factory=Limits,
         metadata=key(
@@ -155,6 +164,11 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayCo
         raise ConfigError("kafka.ca_file", f"{ca} is not a file")
     if cfg.max_inflight_bytes < cfg.limits.max_compressed_bytes:
         raise ConfigError("limits.max_inflight_bytes", "must be at least limits.max_batch_bytes")
+    if cfg.metrics_port != 0 and cfg.metrics_port == cfg.port:
+        raise ConfigError(
+            "metrics.port",
+            f"is listen.port ({cfg.port}): metrics need a port of their own, away from ships",
+        )
     if not cfg.streams:
         raise ConfigError("streams", "list at least one stream")
     resolve_secrets(cfg)  # the gateway uses every secret of its file: an unset one fails now

@@ -196,8 +196,9 @@ class OpsConfig:
     idle_timeout_s: float = field(
         default=30.0, metadata=key("listen.idle_timeout", gt=0, why="must be > 0")
     )
-    #: the site's gateway (``https://host:port``; "": the page shows no gateway), whose
-    #: ``/metrics`` the page reads; its certificate verified against ``gateway_ca_file``
+    #: the site's gateway's metrics listener (its ``[metrics]``, ``http://host:port``;
+    #: "": the page shows no gateway), whose ``/metrics`` the page reads; an
+    #: ``https://`` one (a TLS proxy in front) verified against ``gateway_ca_file``
     gateway: str = ""
     gateway_ca_file: Path | None = None
     #: the page's own logins, hashed (``shorelink ops-users add NAME``; never Kafka

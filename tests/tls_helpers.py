@@ -37,6 +37,7 @@ def tls_gateway_config(
         "credentials_file": "ships.json",
         "streams": list(STREAMS),
         "listen": listen,
+        "metrics": {"port": free_port()},
         "kafka": {
             "bootstrap": kafka.bootstrap,
             "transactional_id": unique("gw-tls"),

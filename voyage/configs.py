@@ -50,6 +50,9 @@ class SiteEndpoints:
     via: Mapping[str, str]  # neighbour -> the neighbour's Kafka as this site reaches it
     #: the site's operations page (``shorelink ops``; 0: none)
     ops_port: int = 0
+    #: the gateway's metrics listener (``[metrics]``: what the page and a scraper
+    #: read; 0: none)
+    gateway_metrics_port: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,8 @@ def gateway_config(site: SiteEndpoints, credentials: Path, tls: Tls, ship_keys: 
                 # it, besides its token (ships added with --require-client-cert)
                 "client_ca_file": str(tls.ca_file),
             },
+            # Prometheus and the probes: plain HTTP on loopback, not the ships' port
+            "metrics": {"host": "127.0.0.1", "port": site.gateway_metrics_port},
             "kafka": {
                 "bootstrap": site.kafka,
                 "ingress_partitions": 1,
@@ -173,8 +178,8 @@ def _site(root: Path, s: SiteEndpoints, ca_file: Path) -> dict[str, Any]:
         site["ops"] = {
             # its logins: `shorelink ops-users add` at launch (voyage/launch.py)
             "users_file": str(root / name / "ops-users"),
-            "gateway": f"https://127.0.0.1:{s.gateway_port}",
-            "gateway_ca_file": str(ca_file),
+            # the gateway's metrics listener (its ships' port serves no /metrics)
+            "gateway": f"http://127.0.0.1:{s.gateway_metrics_port}",
             "refresh": "1s",
             # the whole voyage's tracks on the map (positions are a small part of sl.nav:
             # AIS of other vessels is most of it)

@@ -148,7 +148,7 @@ def launch(
         # per site, one listener per neighbour, reached through that link's proxy
         n_links = sum(len(neighbours(s)) for s in SITES)
         # every port at once: a port reserved but not yet bound must not be handed out again
-        free = iter(free_ports(2 * n_links + 4 * len(SITES) + 4 + (len(SITES) + 2) * len(ships)))
+        free = iter(free_ports(2 * n_links + 5 * len(SITES) + 4 + (len(SITES) + 2) * len(ships)))
         listeners = {
             s: {r: LinkListener(next(free), next(free)) for r in neighbours(s)} for s in SITES
         }
@@ -186,6 +186,7 @@ def launch(
         info.save()
         launched = Launched(dir, info, tp.client(), security=sec)
         gateway_ports = {s: next(free) for s in SITES}
+        gateway_metrics_ports = {s: next(free) for s in SITES}
         ops_port = next(free)
         for s in SITES:
             b = brokers[s]
@@ -210,6 +211,7 @@ def launch(
                 # headquarters' operations page (one page: the machine's two cores
                 # are shared by four data centres already)
                 ops_port=ops_port if s == HQ else 0,
+                gateway_metrics_port=gateway_metrics_ports[s],
             )
         for ship in ships:
             links = {}

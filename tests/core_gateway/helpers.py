@@ -65,6 +65,7 @@ def gateway_config(
         "credentials_file": str(tmp_path / "ships.json"),
         "streams": list(STREAMS),
         "listen": {"host": "127.0.0.1", "port": port or free_port(), "body_timeout": "2s"},
+        "metrics": {"port": free_port()},
         "kafka": {
             "bootstrap": kafka.bootstrap,
             "transactional_id": unique("gw"),
@@ -76,12 +77,22 @@ def gateway_config(
     return parse_config(data)
 
 
+def metrics_url(cfg: GatewayConfig) -> str:
+    """The gateway's metrics listener (``[metrics]``), with no path."""
+    return f"http://{cfg.metrics_host}:{cfg.metrics_port}"
+
+
 @dataclass
 class RunningGateway:
     cfg: GatewayConfig
     url: str
     ship: str
     token: str
+
+    @property
+    def metrics_url(self) -> str:
+        """Where Prometheus and the probes reach this gateway (``[metrics]``)."""
+        return metrics_url(self.cfg)
 
     def headers(self, token: str | None = None) -> dict[str, str]:
         return {

@@ -154,7 +154,7 @@ async def test_bad_batches_get_4xx_write_nothing_and_the_gateway_keeps_serving(
         big = zlib.compress(b"x") * 1
         st, out = await _post(s, gateway, big + b"\0" * (9 * 1024 * 1024))
         assert (st, out["error"]) == (413, "too_large")
-        async with s.get(gateway.url + "/metrics") as r:
+        async with s.get(gateway.metrics_url + "/metrics") as r:
             metrics = await r.text()
         assert 'shorelink_gateway_rejected_batches_total{reason="bad_checksum"} 1.0' in metrics
         # the process's own figures, as every exporter has them; a count is a counter
@@ -240,7 +240,7 @@ async def test_connections_past_the_limit_are_closed_and_a_freed_one_is_taken(
                     break
                 await asyncio.sleep(0.1)
             assert status == 200
-            async with s.get(f"{gw.url}/metrics") as r:
+            async with s.get(f"{gw.metrics_url}/metrics") as r:
                 text = await r.text()
         (line,) = [ln for ln in text.splitlines() if ln.startswith(REFUSED)]
         assert float(line.split()[1]) >= 1
@@ -259,7 +259,7 @@ async def test_a_flood_of_readiness_probes_asks_kafka_about_once_a_second(
     (once a second at most, one question in flight, its answer shared)."""
 
     async def checks(s: aiohttp.ClientSession) -> float:
-        async with s.get(f"{gateway.url}/metrics") as r:
+        async with s.get(f"{gateway.metrics_url}/metrics") as r:
             text = await r.text()
         (line,) = [ln for ln in text.splitlines() if ln.startswith(READINESS_CHECKS)]
         return float(line.split()[1])
@@ -311,3 +311,47 @@ async def test_holdings_include_the_ledger_and_first_available_abandons_dropped_
         assert (st, body["held"]) == (200, "41-70")
     nav = settled_ingress_seqs(kafka, gateway.ship, range(301, 311), "nav")
     assert sorted(nav) == list(range(301, 311))
+
+
+async def test_metrics_and_probes_are_on_their_own_listener_not_the_ships_port(
+    gateway: RunningGateway,
+) -> None:
+    """Review (ecosystem, 7): ``/metrics`` was served, unauthenticated, on the port
+    ships reach from outside. The ships' port now answers it 404 with where it went; the
+    metrics listener serves it with the probes, and none of the ships' routes."""
+    async with aiohttp.ClientSession() as s:
+        async with s.get(gateway.url + "/metrics") as r:
+            assert r.status == 404
+            said = await r.json()
+            assert said["error"] == "not_found" and "[metrics]" in said["message"]
+        async with s.get(gateway.metrics_url + "/metrics") as r:
+            assert r.status == 200
+            assert "shorelink_gateway_requests_total" in await r.text()
+        for path in ("/healthz", "/readyz"):
+            async with s.get(gateway.metrics_url + path) as r:
+                assert r.status == 200, path
+        async with s.get(f"{gateway.metrics_url}/v1/ships/{gateway.ship}/holdings") as r:
+            assert r.status == 404
+        # the ships' port keeps its probes (the image's HEALTHCHECK, a load balancer)
+        async with s.get(gateway.url + "/healthz") as r:
+            assert r.status == 200
+
+
+async def test_metrics_stay_on_the_ships_port_only_when_the_config_says_so(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """An operator upgrading can keep scraping the ships' port for a while
+    (``metrics.on_ships_port``), here with the metrics listener off (port 0)."""
+    cfg = replace(gateway_config(tmp_path, kafka), metrics_on_ships_port=True, metrics_port=0)
+    stop = asyncio.Event()
+    task = await start_gateway(cfg, stop)
+    try:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(f"http://127.0.0.1:{cfg.port}/metrics") as r,
+        ):
+            assert r.status == 200
+            assert "shorelink_gateway_requests_total" in await r.text()
+    finally:
+        stop.set()
+        await task

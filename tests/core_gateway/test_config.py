@@ -20,6 +20,12 @@ def test_sample_config_is_valid(tmp_path: Path) -> None:
     assert (cfg.site, cfg.port, cfg.streams) == ("tokyo", 8443, ("alerts", "nav", "containers"))
     assert cfg.transactional_id == "shorelink-gateway-tokyo"
     assert cfg.limits.max_compressed_bytes == 8 * 1024 * 1024
+    # metrics on loopback, on a port of their own, not on the ships' port
+    assert (cfg.metrics_host, cfg.metrics_port, cfg.metrics_on_ships_port) == (
+        "127.0.0.1",
+        9465,
+        False,
+    )
 
 
 @pytest.mark.parametrize(
@@ -33,6 +39,9 @@ def test_sample_config_is_valid(tmp_path: Path) -> None:
         # a CA that is not there: named at load, not by librdkafka at the first connection
         ("kafka", "ca_file", "/nonexistent/ca.pem", "kafka.ca_file"),
         (None, "streams", [], "streams"),
+        # metrics share no port with ships
+        ("metrics", "port", 8443, "metrics.port"),
+        ("metrics", "on_ships_port", "yes", "metrics.on_ships_port"),
     ],
 )
 def test_invalid_config_names_the_field(

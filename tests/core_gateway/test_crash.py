@@ -35,6 +35,7 @@ def _write_config(tmp_path: Path, kafka: KafkaBroker, port: int) -> Path:
             "credentials_file": "ships.json",
             "streams": ["containers"],
             "listen": {"host": "127.0.0.1", "port": port},
+            "metrics": {"port": free_port()},
             "kafka": {
                 "bootstrap": kafka.bootstrap,
                 "transactional_id": unique("gw"),

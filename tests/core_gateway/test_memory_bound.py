@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from core_gateway.auth import Credentials
-from core_gateway.config import parse_config
+from core_gateway.config import GatewayConfig, parse_config
 from edge_agent.config import GatewayEndpoint, LinkConfig
 from edge_agent.errors import LinkError
 from edge_agent.gateway import HttpGateway
@@ -37,6 +37,7 @@ from tests.core_gateway.helpers import (
     assert_exactly_once,
     batch,
     gateway_config,
+    metrics_url,
     run_gateway,
     start_gateway,
     wait_ready,
@@ -140,7 +141,7 @@ def test_ships_sending_max_size_batches_at_once_keep_the_gateway_under_its_bound
     once over the real edge client to `shorelink-gateway run`: its peak RSS (VmHWM)
     stays under the documented bound, the batches that do not fit are answered 503
     busy, and every ship's batch is eventually written exactly once."""
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     creds = tmp_path / "ships.json"
     config = tmp_path / "gateway.toml"
     write_toml(
@@ -151,6 +152,7 @@ def test_ships_sending_max_size_batches_at_once_keep_the_gateway_under_its_bound
             "streams": list(STREAMS),
             "decode_workers": 0,
             "listen": {"host": "127.0.0.1", "port": port},
+            "metrics": {"port": metrics_port},
             "kafka": {
                 "bootstrap": kafka.bootstrap,
                 "transactional_id": unique("gw"),
@@ -183,7 +185,7 @@ def test_ships_sending_max_size_batches_at_once_keep_the_gateway_under_its_bound
         seconds = time.monotonic() - t0
         hwm = _vm_hwm(gateway.pid)
         workers = [_vm_hwm(pid) for pid in _children(gateway.pid)]
-        with urllib.request.urlopen(url + "/metrics") as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as r:
             metrics = r.read().decode()
         assert gateway.alive(), "the gateway died"
     finally:
@@ -412,8 +414,8 @@ def _empty_records(ship: str, first: int, count: int) -> bytes:
     return frame_batch(ship, "containers", encode_body(recs), first)
 
 
-async def _inflight_bytes(s: aiohttp.ClientSession, port: int) -> float:
-    async with s.get(f"http://127.0.0.1:{port}/metrics") as r:
+async def _inflight_bytes(s: aiohttp.ClientSession, cfg: GatewayConfig) -> float:
+    async with s.get(f"{metrics_url(cfg)}/metrics") as r:
         for line in (await r.text()).splitlines():
             if line.startswith("shorelink_gateway_inflight_bytes "):
                 return float(line.split()[1])
@@ -449,7 +451,7 @@ async def test_a_batch_of_empty_records_is_charged_for_its_records_not_its_bytes
             )
             await holder.drain()
             for _ in range(1000):  # until the gateway has taken the body's charge
-                if await _inflight_bytes(s, cfg.port) >= 256 * 1024:
+                if await _inflight_bytes(s, cfg) >= 256 * 1024:
                     break
                 await asyncio.sleep(0.02)
             else:
@@ -460,7 +462,7 @@ async def test_a_batch_of_empty_records_is_charged_for_its_records_not_its_bytes
                 assert (r.status, (await r.json())["error"]) == (503, "busy")
             holder.close()
             for _ in range(1000):  # the held body released
-                if await _inflight_bytes(s, cfg.port) == 0:
+                if await _inflight_bytes(s, cfg) == 0:
                     break
                 await asyncio.sleep(0.02)
             async with s.post(url, data=big, headers=headers) as r:

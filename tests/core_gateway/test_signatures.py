@@ -191,7 +191,7 @@ async def test_a_large_batch_is_proved_in_a_decode_worker_as_a_small_one_in_a_th
 
 
 async def _metric(s: aiohttp.ClientSession, gw: RunningGateway, name: str) -> float:
-    async with s.get(f"{gw.url}/metrics") as r:
+    async with s.get(f"{gw.metrics_url}/metrics") as r:
         for line in (await r.text()).splitlines():
             if line.startswith(name + " "):
                 return float(line.split()[1])

@@ -41,6 +41,7 @@ from tests.core_gateway.helpers import (
     batch,
     gateway_config,
     ingress_seqs,
+    metrics_url,
     sample_config,
 )
 from tests.helpers import unique, write_toml
@@ -520,7 +521,7 @@ async def test_tls_handshakes_count_toward_the_connection_limit_and_a_ship_gets_
                 except aiohttp.ClientConnectionError:
                     await asyncio.sleep(0.1)
             assert status == 200
-            async with s.get(f"https://127.0.0.1:{cfg.port}/metrics", ssl=ctx) as r:
+            async with s.get(f"{metrics_url(cfg)}/metrics") as r:
                 text = await r.text()
         (line,) = [
             ln

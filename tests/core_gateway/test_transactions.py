@@ -35,6 +35,7 @@ from tests.core_gateway.helpers import (
     batch,
     gateway_config,
     ingress_seqs,
+    metrics_url,
     start_gateway,
 )
 from tests.helpers import unique
@@ -65,7 +66,7 @@ async def _readyz(s: aiohttp.ClientSession, cfg: GatewayConfig) -> tuple[int, di
 
 
 async def _metric(s: aiohttp.ClientSession, cfg: GatewayConfig, name: str) -> float:
-    async with s.get(f"http://127.0.0.1:{cfg.port}/metrics") as r:
+    async with s.get(f"{metrics_url(cfg)}/metrics") as r:
         text = await r.text()
     return sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(name + " "))
 
@@ -119,7 +120,7 @@ async def test_a_fenced_gateway_stops_accepting_and_never_fences_back(
     exit would have its supervisor restart it, fencing the new one: a loop)."""
     caplog.set_level(logging.ERROR, logger="core_gateway.ingress")
     cfg_a = replace(gateway_config(tmp_path, kafka), decode_workers=0)
-    cfg_b = replace(cfg_a, port=free_port())
+    cfg_b = replace(cfg_a, port=free_port(), metrics_port=free_port())
     ship = unique("ship")
     token = Credentials(cfg_a.credentials_file).add(ship)
     stop_a, stop_b = asyncio.Event(), asyncio.Event()

@@ -104,6 +104,7 @@ def _write_gateway_config(tmp_path: Path, cluster: KafkaCluster, port: int) -> P
             "credentials_file": "ships.json",
             "streams": ["containers"],
             "listen": {"host": "127.0.0.1", "port": port},
+            "metrics": {"port": free_port()},
             "kafka": {
                 "bootstrap": cluster.bootstrap,
                 "transactional_id": unique("gw"),

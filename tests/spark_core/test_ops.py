@@ -253,7 +253,7 @@ bootstrap = "127.0.0.1:1"
     return path
 
 
-def _gateway_toml(tmp: Path, bootstrap: str, port: int) -> Path:
+def _gateway_toml(tmp: Path, bootstrap: str, port: int, metrics_port: int) -> Path:
     return write_toml(
         tmp / "gateway.toml",
         {
@@ -261,6 +261,7 @@ def _gateway_toml(tmp: Path, bootstrap: str, port: int) -> Path:
             "credentials_file": str(tmp / "ships.json"),
             "streams": list(STREAMS),
             "listen": {"host": "127.0.0.1", "port": port},
+            "metrics": {"port": metrics_port},
             "kafka": {
                 "bootstrap": bootstrap,
                 "transactional_id": unique("gw"),
@@ -282,10 +283,11 @@ def site(kafka_sites: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         + [TopicSpec(canonical_topic(s), 2) for s in STREAMS]
         + [TopicSpec(dead_topic("nav"), 1)],
     )
-    gw_port, port = free_port(), free_port()
-    gw_config = _gateway_toml(tmp, broker.bootstrap, gw_port)
+    gw_port, gw_metrics_port, port = free_port(), free_port(), free_port()
+    gw_config = _gateway_toml(tmp, broker.bootstrap, gw_port, gw_metrics_port)
     gateway = run_gateway(gw_config, tmp / "gateway.log")
-    config = _sites_toml(tmp, broker.bootstrap, port, f"http://127.0.0.1:{gw_port}")
+    # the page reads the gateway's metrics listener, not the ships' port
+    config = _sites_toml(tmp, broker.bootstrap, port, f"http://127.0.0.1:{gw_metrics_port}")
     made = _ops_users(config, "add", STAFF[0], password=STAFF[1])
     assert made.returncode == 0, made.stderr
     page: Proc | None = None
