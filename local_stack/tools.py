@@ -3,7 +3,9 @@
 Everything comes from the registries this project may use: the Kafka broker and
 MirrorMaker 2 as jars from Maven Central (``deploy/kafka/pom.xml``), toxiproxy from the
 Go module proxy, Prometheus's rules and PromQL checker built from its Go module
-(``local_stack/promcheck/``), Mosquitto from Debian, Spark's Kafka connector and Delta into an Ivy
+(``local_stack/promcheck/``), Quadlet's generator (podman's ``cmd/quadlet``) from the
+Go module proxy where the machine's podman has none (Debian 12's 4.3 predates Quadlet),
+Mosquitto from Debian, Spark's Kafka connector and Delta into an Ivy
 cache (by ``shorelink-spark install``). Each install is idempotent: a marker file per
 pinned version makes a second run a no-op. ``SHORELINK_TOOLS`` moves the tools directory
 (default ``~/.cache/shorelink``).
@@ -32,6 +34,7 @@ __all__ = [
     "keep_cds_archive",
     "mosquitto_bin",
     "promcheck_bin",
+    "quadlet_bin",
     "say",
     "tools_dir",
     "toxiproxy_bin",
@@ -39,6 +42,10 @@ __all__ = [
 
 KAFKA_VERSION = "4.1.1"
 TOXIPROXY_VERSION = "v2.12.0"
+#: the last podman 4 line: its Quadlet reads the units podman 4.4 and later run
+QUADLET_VERSION = "v4.9.5"
+#: where a podman with Quadlet keeps its generator
+SYSTEM_QUADLET = Path("/usr/libexec/podman/quadlet")
 
 REPO = Path(__file__).resolve().parents[1]
 KAFKA_POM = REPO / "deploy" / "kafka" / "pom.xml"
@@ -138,6 +145,20 @@ def promcheck_bin() -> str:
     return str(path)
 
 
+def _quadlet_dir() -> Path:
+    return tools_dir() / f"quadlet-{QUADLET_VERSION}"
+
+
+def quadlet_bin() -> str:
+    """Quadlet's generator: the machine's podman's, else the one built here."""
+    if SYSTEM_QUADLET.exists():
+        return str(SYSTEM_QUADLET)
+    path = _quadlet_dir() / "quadlet"
+    if not path.exists():
+        raise _missing(f"quadlet {QUADLET_VERSION}")
+    return str(path)
+
+
 def mosquitto_bin() -> str:
     found = shutil.which("mosquitto") or next(
         (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if Path(p).exists()), None
@@ -222,6 +243,42 @@ def install_promcheck() -> None:
     )
     (target / "promcheck.partial").rename(target / "promcheck")
 
+def install_quadlet() -> None:
+    """podman's Quadlet generator, built from the Go module proxy when the machine's
+    podman has none (tests/test_deploy_files.py checks deploy/gateway's unit with it).
+    ``go install`` of podman is refused (the proxy will not list its versions), so it
+    is built from a module of its own that requires it."""
+    target = _quadlet_dir()
+    if SYSTEM_QUADLET.exists() or (target / "quadlet").exists():
+        say(f"quadlet: present ({quadlet_bin()})")
+        return
+    if shutil.which("podman") is None:  # scripts/setup --demo: no podman, no unit to check
+        say("quadlet: skipped (no podman)")
+        return
+    say(f"quadlet {QUADLET_VERSION}: go build")
+    work = target / "src"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "go.mod").write_text(
+        f"module quadletbuild\n\ngo 1.22\n\nrequire github.com/containers/podman/v4 {QUADLET_VERSION}\n"
+    )
+    env = dict(os.environ, GOFLAGS="-mod=mod")
+    tags = "remote exclude_graphdriver_btrfs btrfs_noversion exclude_graphdriver_devicemapper"
+    _run(
+        [
+            "go",
+            "build",
+            "-tags",
+            f"{tags} containers_image_openpgp",
+            "-o",
+            str(target / "quadlet.partial"),
+            "github.com/containers/podman/v4/cmd/quadlet",
+        ],
+        env=env,
+        cwd=work,
+    )
+    (target / "quadlet.partial").rename(target / "quadlet")
+    shutil.rmtree(work, ignore_errors=True)
+
 
 def install_spark_packages() -> None:
     """Resolve the Spark Kafka connector and Delta into the Ivy cache once, so tests and
@@ -236,5 +293,6 @@ def install_all() -> None:
     install_kafka()
     install_toxiproxy()
     install_promcheck()
+    install_quadlet()
     mosquitto_bin()  # apt installs it (scripts/setup); fail early with a clear message
     install_spark_packages()

@@ -6,22 +6,38 @@ in a port's data centre otherwise."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
 import re
 import shlex
 import shutil
+import ssl
 import subprocess
 import sys
+import time
 import tomllib
+import urllib.error
+import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import tomli_w
+import yaml
 
+from core_gateway.auth import Credentials
 from core_gateway.config import GatewayConfig
 from edge_agent.cli import main as edge_main
+from local_stack.kafka import KafkaBroker
+from local_stack.process import free_port
+from local_stack.tls import make_authority
+from local_stack.tools import quadlet_bin
+from tests.core_gateway.helpers import batch, settled_ingress_seqs
+from tests.helpers import eventually, unique
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = ROOT / "deploy" / "edge" / "shorelink-edge.service"
@@ -197,19 +213,26 @@ def _runtime(base: str) -> list[str]:
     pytest.fail(f"podman cannot run a container here: {tried}")
 
 
-@pytest.mark.timeout(900)
-def test_gateway_image_builds_with_only_the_gateway_extra(tmp_path: Path) -> None:
-    """The Containerfile builds from this checkout as its context (.containerignore
-    keeps .venv, the voyage's runs and .git out), its entry point answers --help, every
-    gateway module imports in it, and it holds no Spark, Arrow or edge agent: a port's
-    gateway image carries what the gateway runs. It runs as a numeric user (Kubernetes'
-    runAsNonRoot) and carries the OCI labels."""
+@dataclasses.dataclass(frozen=True)
+class GatewayImage:
+    """The gateway image built once for the session from this checkout."""
+
+    tag: str
+    base: str
+    #: podman's global options that make a container start here (``--runtime runc``)
+    runtime: list[str]
+
+
+@pytest.fixture(scope="session")
+def gateway_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayImage]:
+    """Builds deploy/gateway/Containerfile from this checkout once (about 15 s on a
+    local base; a minute more the first time, making the base): the image test and
+    the Kubernetes manifests' test share it."""
     assert PODMAN is not None, "podman is not installed: scripts/setup installs it"
     base = _base_image()
     if base == LOCAL_BASE and _podman("image", "exists", LOCAL_BASE).returncode != 0:
-        _make_local_base(tmp_path)
+        _make_local_base(tmp_path_factory.mktemp("base"))
     runtime = _runtime(base)
-
     # pip in the build trusts what the host's pip trusts (a proxy's CA, a pip.conf)
     mounts = [
         f"--volume={p}:{p}:ro"
@@ -234,6 +257,22 @@ def test_gateway_image_builds_with_only_the_gateway_extra(tmp_path: Path) -> Non
     )
     try:
         assert build.returncode == 0, build.stderr[-3000:]
+        yield GatewayImage(tag, base, runtime)
+    finally:
+        _podman("rmi", "-f", tag)
+
+
+@pytest.mark.timeout(900)
+def test_gateway_image_builds_with_only_the_gateway_extra(
+    gateway_image: GatewayImage, tmp_path: Path
+) -> None:
+    """The Containerfile builds from this checkout as its context (.containerignore
+    keeps .venv, the voyage's runs and .git out), its entry point answers --help, every
+    gateway module imports in it, and it holds no Spark, Arrow or edge agent: a port's
+    gateway image carries what the gateway runs. It runs as a numeric user (Kubernetes'
+    runAsNonRoot) and carries the OCI labels."""
+    tag, base, runtime = gateway_image.tag, gateway_image.base, gateway_image.runtime
+    try:
         helped = _podman(*runtime, "run", "--rm", *ULIMITS, tag, "--help")
         assert helped.returncode == 0, helped.stderr
         assert "Usage: shorelink-gateway run" in helped.stdout
@@ -276,7 +315,7 @@ def test_gateway_image_builds_with_only_the_gateway_extra(tmp_path: Path) -> Non
             "shorelink",
         ], listing.stdout
     finally:
-        _podman("rmi", "-f", tag, f"{tag}-context")
+        _podman("rmi", "-f", f"{tag}-context")
 
 
 #: the first aiohttp without the server- and client-side advisories published up to it
@@ -413,3 +452,269 @@ def test_no_runbook_mounts_the_cas_key_into_the_gateway() -> None:
         if _inside(ca, mount)
     ]
     assert not wrong, wrong
+
+# -- the gateway on Kubernetes, played by podman ----------------------------------------
+
+KUBE = ROOT / "deploy" / "kubernetes"
+QUADLET_UNIT = ROOT / "deploy" / "gateway" / "shorelink-gateway.container"
+
+
+def _kube_docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((KUBE / name).read_text()) if d]
+
+
+def _deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    return dep
+
+
+def test_the_kubernetes_gateway_is_a_singleton_with_its_secrets_out_of_the_config() -> None:
+    """What Kubernetes would get wrong silently: a second replica or a rolling update
+    (two gateways fencing each other), a secret in a ConfigMap, probes on a port that
+    does not exist, the metrics port on the ships' Service, a root or writable
+    container."""
+    docs = _kube_docs("gateway.yaml")
+    dep = _deployment(docs)
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001  # the image's USER
+    (c,) = pod["containers"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert {"cpu", "memory"} <= set(c["resources"]["requests"]) | set(c["resources"]["limits"])
+    assert "memory" in c["resources"]["limits"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    cfg = tomllib.loads(cm["data"]["gateway.toml"])
+    assert ports == {"ships": cfg["listen"]["port"], "metrics": cfg["metrics"]["port"]}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert c["livenessProbe"]["exec"]["command"] == ["shorelink-gateway", "health"]
+    # no secret in the ConfigMap: the password is an environment variable from a Secret
+    assert cfg["kafka"]["password"] == "${SL_GATEWAY_KAFKA_PASSWORD}"
+    (pw,) = [e for e in c["env"] if e["name"] == "SL_GATEWAY_KAFKA_PASSWORD"]
+    assert pw["valueFrom"]["secretKeyRef"]["name"] == "shorelink-gateway-kafka"
+    # every file the config names is on a mount: the ConfigMap's or a Secret's
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    secret_dirs = {mounts[n] for n, v in volumes.items() if "secret" in v}
+    for f in (
+        cfg["credentials_file"],
+        cfg["listen"]["tls_cert_file"],
+        cfg["listen"]["tls_key_file"],
+        cfg["kafka"]["ca_file"],
+    ):
+        assert str(Path(f).parent) in secret_dirs, f
+    assert str(Path(cfg["ship_keys_file"]).parent) == mounts["config"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["SHORELINK_GATEWAY_CONFIG"] == f"{mounts['config']}/gateway.toml"
+    # the example Secrets are the ones the pod mounts, and none is in gateway.yaml
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    examples = {d["metadata"]["name"] for d in _kube_docs("secrets.example.yaml")}
+    assert examples == {v["secret"]["secretName"] for v in volumes.values() if "secret" in v}
+    # ships reach the ships' port only; the metrics Service is the cluster's
+    services = {d["metadata"]["name"]: d for d in _kube_docs("service.yaml")}
+    assert [p["targetPort"] for p in services["shorelink-gateway"]["spec"]["ports"]] == ["ships"]
+    assert services["shorelink-gateway-metrics"]["spec"]["type"] == "ClusterIP"
+    kustomization = yaml.safe_load((KUBE / "kustomization.yaml").read_text())
+    assert all((KUBE / r).exists() for r in kustomization["resources"])
+
+
+def _podman_secret(name: str, items: dict[str, bytes], *, env: bool) -> None:
+    """A Secret as Debian 12's podman 4.3 reads one that ``kube play`` did not make (its
+    own Secret documents it stores in a form it then cannot read): for an environment
+    variable, a JSON map of base64 values; for a volume, a document whose ``data``
+    holds each file as it is."""
+    if env:
+        doc = json.dumps({k: base64.b64encode(v).decode() for k, v in items.items()})
+    else:
+        doc = json.dumps({"data": {k: v.decode() for k, v in items.items()}})
+    _podman("secret", "rm", name)
+    res = subprocess.run(
+        [str(PODMAN), "secret", "create", name, "-"],
+        input=doc,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.timeout(600)
+def test_the_kubernetes_manifests_run_the_gateway_under_podman_kube_play(
+    gateway_image: GatewayImage, kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """deploy/kubernetes/gateway.yaml, played by ``podman kube play`` with the image of
+    this checkout: the gateway starts from the ConfigMap, the Secrets' files and the
+    Secret's environment variable, as user 10001 on a read-only root file system, turns
+    ready on its metrics listener, takes a ship's batch over TLS with a token from the
+    ships' Secret into Kafka, serves its metrics there and not on the ships' port, and
+    its liveness probe passes inside the container. The pod shares the host's network
+    (the test's Kafka is on loopback) with its ports moved to free ones on 127.0.0.1."""
+    suffix = uuid.uuid4().hex[:8]
+    docs = _kube_docs("gateway.yaml")
+    dep = _deployment(docs)
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    port, metrics_port = free_port(), free_port()
+    cfg = tomllib.loads(cm["data"]["gateway.toml"])
+    cfg["listen"] |= {"host": "127.0.0.1", "port": port}
+    cfg["metrics"] |= {"host": "127.0.0.1", "port": metrics_port}
+    # the test's broker is a plain one: no principal, no CA
+    cfg["kafka"] = {
+        "bootstrap": kafka.bootstrap,
+        "transactional_id": f"kube-play-{suffix}",
+        "ingress_partitions": 1,
+    }
+    cm["data"]["gateway.toml"] = tomli_w.dumps(cfg)
+    cm["data"]["ship_keys.toml"] = "require_signatures = false\n\n[ships]\n"
+    # names of this run's own: nothing another run made is replaced or removed
+    own = f"slgw-{suffix}"
+
+    def rename(name: str) -> str:
+        return name.replace("shorelink-gateway", own)
+
+    cm["metadata"]["name"] = rename(cm["metadata"]["name"])
+    dep["metadata"]["name"] = own
+    spec = dep["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    c["image"] = gateway_image.tag
+    # on the host's network (the test's Kafka is on loopback) podman maps no ports
+    del c["ports"]
+    for e in c["env"]:
+        if "valueFrom" in e:
+            ref = e["valueFrom"]["secretKeyRef"]
+            ref["name"] = rename(ref["name"])
+    for v in spec["volumes"]:
+        if "secret" in v:
+            v["secret"]["secretName"] = rename(v["secret"]["secretName"])
+        if "configMap" in v:
+            v["configMap"]["name"] = rename(v["configMap"]["name"])
+    kube_yaml = tmp_path / "gateway.yaml"
+    kube_yaml.write_text(yaml.safe_dump_all(docs))
+
+    authority = make_authority(tmp_path / "ca")
+    server = authority.issue("gateway")
+    ship = unique("ship")
+    token = Credentials(tmp_path / "ships.json").add(ship)
+    secrets = {
+        f"slgw-{suffix}-tls": (
+            {"tls.crt": server.cert.read_bytes(), "tls.key": server.key.read_bytes()},
+            False,
+        ),
+        f"slgw-{suffix}-ships": ({"ships.json": (tmp_path / "ships.json").read_bytes()}, False),
+        f"slgw-{suffix}-kafka": ({"password": b"not-used-by-a-plain-broker"}, True),
+    }
+    conf = tmp_path / "containers.conf"  # rlimits below the sandbox's (ULIMITS)
+    conf.write_text('[containers]\ndefault_ulimits = ["nofile=4096:4096", "nproc=1024:1024"]\n')
+    env = dict(os.environ, CONTAINERS_CONF=str(conf))
+    pod = f"{own}-pod-0"
+    container = f"{pod}-{c['name']}"
+    runtime = gateway_image.runtime
+    t0 = time.monotonic()
+    try:
+        for name, (items, as_env) in secrets.items():
+            _podman_secret(name, items, env=as_env)
+        played = subprocess.run(
+            [str(PODMAN), *runtime, "kube", "play", "--network=host", str(kube_yaml)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        assert played.returncode == 0, played.stderr[-3000:]
+        metrics = f"http://127.0.0.1:{metrics_port}"
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(metrics + "/readyz", timeout=2) as r:
+                    return r.status == 200
+            except OSError:
+                state = _podman("inspect", container, "--format", "{{.State.Status}}")
+                assert state.stdout.strip() == "running", _podman("logs", container).stderr
+                return False
+
+        eventually(ready, 90, "the pod's gateway ready on its metrics listener", interval=0.5)
+        started = time.monotonic() - t0
+
+        ctx = ssl.create_default_context(cafile=str(authority.ca_cert))
+        req = urllib.request.Request(
+            f"https://127.0.0.1:{port}/v1/ships/{ship}/streams/containers/batches",
+            data=batch(ship, 1, 20),
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Content-Type": "application/x-shorelink-batch",
+            },
+        )
+        with urllib.request.urlopen(req, timeout=30, context=ctx) as r:
+            assert r.status == 200
+        assert sorted(settled_ingress_seqs(kafka, ship, range(1, 21))) == list(range(1, 21))
+        with urllib.request.urlopen(metrics + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+        assert 'shorelink_gateway_batches_written_total{stream="containers"} 1.0' in text
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=5, context=ctx)
+        assert refused.value.code == 404
+        refused.value.close()
+
+        # the liveness probe (exec: shorelink-gateway health), run as podman runs it
+        health = subprocess.run(
+            [str(PODMAN), *runtime, "healthcheck", "run", container],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert health.returncode == 0, health.stdout + health.stderr
+        inspect = json.loads(_podman("inspect", container).stdout)[0]
+        assert inspect["Config"]["User"] == "10001:10001"
+        assert inspect["HostConfig"]["ReadonlyRootfs"] is True
+        assert inspect["HostConfig"]["Memory"] == 1536 * 1024 * 1024
+        wrote = _podman("exec", container, "touch", "/opt/shorelink/x")
+        assert wrote.returncode != 0 and "Read-only file system" in wrote.stderr
+        print(f"kube play: the gateway ready {started:.1f} s after the play began")
+    finally:
+        _podman("pod", "rm", "-f", "-t", "5", pod, timeout=120)
+        for name in [*secrets, cm["metadata"]["name"]]:
+            _podman("volume", "rm", "-f", name)
+            _podman("secret", "rm", name)
+
+
+def _quadlet(units: Path) -> subprocess.CompletedProcess[str]:
+    """Quadlet's generator on the units in ``units``, printing what it would write."""
+    return subprocess.run(
+        [quadlet_bin(), "-dryrun"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, QUADLET_UNIT_DIRS=str(units)),
+    )
+
+
+def test_the_quadlet_unit_passes_the_generator(tmp_path: Path) -> None:
+    """deploy/gateway/shorelink-gateway.container is a unit Quadlet turns into a
+    service whose ``podman run`` publishes the ships' port, the metrics port on the
+    host's loopback only, takes the Kafka password from a podman secret and runs
+    read-only as the image's user; a misspelt key fails the generator (so a pass means
+    something: Quadlet ignores no key it does not know)."""
+    units = tmp_path / "units"
+    units.mkdir()
+    shutil.copy(QUADLET_UNIT, units / QUADLET_UNIT.name)
+    res = _quadlet(units)
+    assert res.returncode == 0, res.stderr
+    service = res.stdout
+    assert "---shorelink-gateway.service---" in service
+    (start,) = unit_values(service, "ExecStart")
+    argv = shlex.split(start)
+    assert argv[:2] == ["/usr/bin/podman", "run"]
+    assert "--publish" in argv and "8443:8443" in argv
+    assert "127.0.0.1:9465:9465" in argv  # metrics: the host's loopback only
+    assert "--read-only" in argv and "--cap-drop=all" in argv
+    assert argv[argv.index("--user") + 1] == "10001:10001"
+    assert "shorelink-gateway-kafka,type=env,target=SL_GATEWAY_KAFKA_PASSWORD" in argv
+    assert unit_values(service, "Restart") == ["always"]
+    broken = units / QUADLET_UNIT.name
+    broken.write_text(QUADLET_UNIT.read_text().replace("HealthInterval=", "HealthIntervl="))
+    res = _quadlet(units)
+    assert res.returncode != 0 and "HealthIntervl" in res.stderr, res.stderr
