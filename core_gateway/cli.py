@@ -54,7 +54,9 @@ def check_config(config_file: Path) -> None:
         keys = load_or_exit(ShipKeys.load, cfg.ship_keys_file)
     signatures, unenforced = signature_mode(keys, cfg.ship_keys_file)
     click.echo(
-        f"ok: site={cfg.site} listen={cfg.host}:{cfg.port} kafka={cfg.kafka.bootstrap} "
+        f"ok: site={cfg.site} listen={cfg.host}:{cfg.port} "
+        f"metrics={f'{cfg.metrics_host}:{cfg.metrics_port}' if cfg.metrics_port else 'off'} "
+        f"kafka={cfg.kafka.bootstrap} "
         f"streams={','.join(cfg.streams)} tls={_tls_mode(cfg)} signatures={signatures}"
     )
     for warning in [*_in_clear(cfg), *unenforced]:

@@ -62,6 +62,7 @@ def test_check_config_cli(tmp_path: Path) -> None:
         timeout=60,
     )
     assert res.returncode == 0 and "site=tokyo" in res.stdout
+    assert "metrics=127.0.0.1:9465" in res.stdout  # where Prometheus and probes go
 
 
 def test_env_stands_for_a_number_a_flag_a_size_or_a_duration(
