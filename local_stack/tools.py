@@ -243,6 +243,7 @@ def install_promcheck() -> None:
     )
     (target / "promcheck.partial").rename(target / "promcheck")
 
+
 def install_quadlet() -> None:
     """podman's Quadlet generator, built from the Go module proxy when the machine's
     podman has none (tests/test_deploy_files.py checks deploy/gateway's unit with it).

@@ -453,6 +453,7 @@ def test_no_runbook_mounts_the_cas_key_into_the_gateway() -> None:
     ]
     assert not wrong, wrong
 
+
 # -- the gateway on Kubernetes, played by podman ----------------------------------------
 
 KUBE = ROOT / "deploy" / "kubernetes"

@@ -578,7 +578,7 @@ async def test_every_metric_the_gateway_dashboard_and_rules_name_is_served_by_a_
     task = asyncio.create_task(serve(cfg, install_signals=False, started=started, stop=stop))
     try:
         await asyncio.wait_for(started.wait(), 30)
-        text = await asyncio.to_thread(scrape, cfg.port)
+        text = await asyncio.to_thread(scrape, cfg.metrics_port)
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
