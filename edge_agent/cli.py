@@ -129,5 +129,82 @@ def tail(config_path: Path, stream: str, count: int, follow: bool) -> None:
         fail(exc)
 
 
+@main.command()
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The bundle to write: a .tar (or .tar.gz).",
+)
+@click.option(
+    "--arch",
+    default=None,
+    help="The ship's machine, as uname -m says (x86_64, aarch64). [default: this machine's]",
+)
+@click.option(
+    "--python",
+    "python_version",
+    default=None,
+    help="The ship's Python, X.Y (Debian 12: 3.11). [default: this machine's]",
+)
+@click.option(
+    "--glibc",
+    default=None,
+    help="The ship's glibc, X.Y (Debian 12: 2.36): wheels for a newer one are not taken. [default: this machine's]",
+)
+@click.option(
+    "--source",
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    default=None,
+    help="The shorelink checkout to take the wheel and deploy/edge/ from. [default: the one this command runs from]",
+)
+@click.option(
+    "--wheel",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    default=None,
+    help="A shorelink wheel to carry instead of building one from the checkout.",
+)
+@click.option(
+    "--find-links",
+    multiple=True,
+    help="Passed to pip: a folder or page of wheels to take from too.",
+)
+@click.option("--index-url", default=None, help="Passed to pip: the index (a mirror of PyPI).")
+@click.option("--no-index", is_flag=True, help="Passed to pip: only --find-links, no index.")
+def bundle(
+    out: Path,
+    arch: str | None,
+    python_version: str | None,
+    glibc: str | None,
+    source: Path | None,
+    wheel: Path | None,
+    find_links: tuple[str, ...],
+    index_url: str | None,
+    no_index: bool,
+) -> None:
+    """Build one file that installs the agent on a ship with no network: the wheels of
+    shorelink[edge] for the ship's machine and Python, the systemd unit, a sysusers.d
+    file, the sample config, install.sh and SHA256SUMS (checked by install.sh). Needs
+    the index ashore (PyPI or --index-url, --find-links); a dependency with no wheel for
+    the target is named and nothing is written. On the ship: tar -xf FILE && sudo
+    ./shorelink-edge-*/install.sh (docs/edge-agent.md, "Installing a ship from a
+    bundle")."""
+    from edge_agent.bundle import Target, build_bundle, describe
+
+    pip_opts = [f"--find-links={f}" for f in find_links]
+    pip_opts += [f"--index-url={index_url}"] if index_url else []
+    pip_opts += ["--no-index"] if no_index else []
+    try:
+        here = Target.here()
+        target = Target(arch or here.machine, python_version or here.python, glibc or here.glibc)
+        made = build_bundle(
+            out, target, source=source, wheel=wheel, pip_opts=pip_opts,
+            say=lambda s: click.echo(s, err=True),
+        )  # fmt: skip
+    except ShorelinkError as exc:
+        fail(exc)
+    click.echo(describe(made))
+
+
 if __name__ == "__main__":
     main()

@@ -37,6 +37,7 @@ from local_stack.process import stop_procs
 from local_stack.spark import spark_driver_conf
 from local_stack.tls import make_authority
 from local_stack.toxiproxy import Toxiproxy, ToxiproxyServer, start_toxiproxy
+from tests.debian_base import DebianBase, ensure_base
 
 #: the real AIS sample the tests read: fleet_sim's package data, declared there
 AIS_SAMPLE = DEFAULT_AIS
@@ -228,3 +229,10 @@ def spark(stack_root: Path) -> Iterator[object]:
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def debian_base(tmp_path_factory: pytest.TempPathFactory) -> DebianBase:
+    """A Debian 12 image to build on or run in (tests/debian_base.py): found, else made
+    once with debootstrap and kept; the gateway's image and a ship's bundle share it."""
+    return ensure_base(tmp_path_factory.mktemp("debian-base"))

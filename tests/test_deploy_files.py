@@ -37,6 +37,8 @@ from local_stack.process import free_port
 from local_stack.tls import make_authority
 from local_stack.tools import quadlet_bin
 from tests.core_gateway.helpers import batch, settled_ingress_seqs
+from tests.debian_base import PODMAN, ULIMITS, DebianBase
+from tests.debian_base import podman as _podman
 from tests.helpers import eventually, unique
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,74 +145,8 @@ def test_edge_unit_runs_a_command_the_agent_has_with_its_files_where_systemd_all
 
 # -- the gateway image ------------------------------------------------------------------
 
-PODMAN = shutil.which("podman")
-#: Docker Hub is out of reach in some build rooms; a Debian 12 rootfs from Debian's own
-#: mirror (debootstrap) is a base the Containerfile accepts (ARG BASE)
-LOCAL_BASE = "localhost/shorelink-base:bookworm"
-#: rlimits below any host's: podman asks for more than some sandboxes allow
-ULIMITS = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
 #: what a gateway image must not hold
 NOT_IN_GATEWAY = ("pyspark", "pyarrow", "delta", "paho", "sqlite_utils", "edge_agent", "spark_core")
-
-
-def _podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    assert PODMAN is not None
-    return subprocess.run([PODMAN, *args], capture_output=True, text=True, timeout=timeout)
-
-
-def _base_image() -> str:
-    """The Containerfile's base: SHORELINK_IMAGE_BASE, else a local Debian base, else its
-    default if it can be pulled, else a Debian base made here with debootstrap."""
-    if os.environ.get("SHORELINK_IMAGE_BASE"):
-        return os.environ["SHORELINK_IMAGE_BASE"]
-    if _podman("image", "exists", LOCAL_BASE).returncode == 0:
-        return LOCAL_BASE
-    default = re.search(r"^ARG BASE=(\S+)", CONTAINERFILE.read_text(), re.M)
-    assert default is not None
-    if _podman("pull", "-q", default.group(1), timeout=300).returncode == 0:
-        return default.group(1)
-    debootstrap = shutil.which("debootstrap")
-    if debootstrap is None or os.geteuid() != 0:
-        # scripts/setup installs debootstrap: its absence is a broken set-up, not a skip
-        pytest.fail(f"{default.group(1)} cannot be pulled and no debootstrap (as root)")
-    return LOCAL_BASE
-
-
-def _make_local_base(tmp_path: Path) -> None:
-    """Debian 12 with python3-venv from Debian's mirror, imported as LOCAL_BASE and kept
-    (a minute to make; later builds take ~15 s)."""
-    rootfs = tmp_path / "rootfs"
-    subprocess.run(
-        [
-            "debootstrap",
-            "--variant=minbase",
-            "--include=python3,python3-venv,ca-certificates",
-            "bookworm",
-            str(rootfs),
-            "http://deb.debian.org/debian",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=400,
-    )
-    tar = tmp_path / "rootfs.tar"
-    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tar), "."], check=True, timeout=300)
-    shutil.rmtree(rootfs, ignore_errors=True)
-    assert PODMAN is not None
-    subprocess.run([PODMAN, "import", str(tar), LOCAL_BASE], check=True, timeout=300)
-    tar.unlink()
-
-
-def _runtime(base: str) -> list[str]:
-    """podman's default OCI runtime, or runc where that cannot start a container (crun
-    refuses a host with cgroups in hybrid mode); fail if neither can."""
-    tried = []
-    for runtime in [[], *([["--runtime", "runc"]] if shutil.which("runc") else [])]:
-        res = _podman(*runtime, "run", "--rm", *ULIMITS, base, "python3", "-c", "pass")
-        if res.returncode == 0:
-            return runtime
-        tried.append(res.stderr.strip()[-300:])
-    pytest.fail(f"podman cannot run a container here: {tried}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,15 +160,12 @@ class GatewayImage:
 
 
 @pytest.fixture(scope="session")
-def gateway_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayImage]:
+def gateway_image(debian_base: DebianBase) -> Iterator[GatewayImage]:
     """Builds deploy/gateway/Containerfile from this checkout once (about 15 s on a
-    local base; a minute more the first time, making the base): the image test and
-    the Kubernetes manifests' test share it."""
-    assert PODMAN is not None, "podman is not installed: scripts/setup installs it"
-    base = _base_image()
-    if base == LOCAL_BASE and _podman("image", "exists", LOCAL_BASE).returncode != 0:
-        _make_local_base(tmp_path_factory.mktemp("base"))
-    runtime = _runtime(base)
+    local base; a minute more the first time, making the base: the session's
+    ``debian_base``, which a ship's bundle is installed on too): the image test and the
+    Kubernetes manifests' test share it."""
+    base, runtime = debian_base.image, debian_base.runtime
     # pip in the build trusts what the host's pip trusts (a proxy's CA, a pip.conf)
     mounts = [
         f"--volume={p}:{p}:ro"
