@@ -204,16 +204,22 @@ def _no_wheel(requirement: str, target: Target, pip_opts: Sequence[str]) -> list
         pins = [
             (i["metadata"]["name"], i["metadata"]["version"])
             for i in json.loads(report.read_text())["install"]
-            if not i["download_info"]["url"].startswith("file:")
+            if i["metadata"]["name"] != "shorelink"
         ]
-        missing = []
-        for name, version in pins:
+        # one pip run per package missing (pip stops at the first), not one per package
+        left, missing = [f"{n}=={v}" for n, v in pins], []
+        while left:
             got = _pip(
-                "download", "-q", "--no-deps", "-d", tmp, *target.pip_args(), *pip_opts,
-                f"{name}=={version}", what="pip download",
+                "download", "-q", "--no-deps", "-d", tmp, *target.pip_args(), *pip_opts, *left,
+                what="pip download",
             )  # fmt: skip
-            if got.returncode != 0:
-                missing.append(f"{name}=={version}")
+            if got.returncode == 0:
+                break
+            found = re.search(r"No matching distribution found for (\S+)", got.stderr)
+            if found is None or found.group(1) not in left:
+                break
+            missing.append(found.group(1))
+            left.remove(found.group(1))
         return missing
 
 

@@ -263,3 +263,71 @@ c.disconnect()
         except subprocess.TimeoutExpired:
             broker.kill()
             broker.wait(10)
+
+
+def test_a_bundle_rebuilt_offline_from_its_own_wheels_is_the_same_file(
+    ship_bundle: Path, tmp_path: Path
+) -> None:
+    """A bundle is reproducible (names sorted, owner root, time 0) and can be made with
+    no index at all (``--no-index --find-links``, as from a mirror's folder): made again
+    from its own wheels, it is the same file byte for byte, so its sha256 can be
+    checked against the one the builder printed."""
+    top = unpacked(ship_bundle, tmp_path / "x")
+    (wheel,) = (top / "wheels").glob("shorelink-*.whl")
+    again = tmp_path / "again.tar"
+    res = bundle_cmd(
+        "--out", str(again), "--wheel", str(wheel), "--no-index",
+        "--find-links", str(top / "wheels"),
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert again.read_bytes() == ship_bundle.read_bytes()
+
+
+def test_a_dependency_without_a_wheel_for_the_ships_glibc_is_named_and_nothing_written(
+    ship_bundle: Path, tmp_path: Path
+) -> None:
+    """A ship has no compiler: a bundle for a glibc older than a wheel needs (here 2.28,
+    Debian 10, against this machine's cryptography wheel for 2.34) names each package
+    it lacks a wheel for, and writes nothing."""
+    top = unpacked(ship_bundle, tmp_path / "x")
+    (wheel,) = (top / "wheels").glob("shorelink-*.whl")
+    (crypto,) = (top / "wheels").glob("cryptography-*.whl")
+    if "manylinux_2_34" not in crypto.name:
+        pytest.skip(f"this machine's cryptography wheel runs on glibc 2.28: {crypto.name}")
+    out = tmp_path / "old.tar"
+    res = bundle_cmd(
+        "--out", str(out), "--glibc", "2.28", "--wheel", str(wheel), "--no-index",
+        "--find-links", str(top / "wheels"),
+    )  # fmt: skip
+    assert res.returncode == 2, res.stdout + res.stderr
+    version = crypto.name.split("-")[1]
+    assert "no wheel for x86_64, Python" in res.stderr and "glibc 2.28" in res.stderr
+    named = res.stderr.split(" of: ")[1].split(" (a ship")[0]
+    assert named == f"cryptography=={version}", res.stderr
+    assert not out.exists() and not list(tmp_path.glob(".old.tar*"))
+
+
+@pytest.mark.timeout(300)
+def test_install_refuses_a_bundle_with_a_changed_or_an_added_file(
+    ship: tuple[str, list[str]],
+) -> None:
+    """A bundle damaged on its way aboard (one byte of a wheel changed) or with a file
+    slipped in is refused before anything is installed: install.sh names the file and
+    /opt/shorelink is never made."""
+    unpack = (
+        "mkdir -p /root/a /root/b && tar -xf /ship.tar -C /root/a && tar -xf /ship.tar -C /root/b"
+    )
+    assert sh(ship, unpack).returncode == 0
+    flip = (
+        "cd /root/a/shorelink-edge-* && w=$(ls wheels/paho_mqtt-*.whl) && "
+        "printf 'X' | dd of=$w bs=1 seek=100 conv=notrunc 2>/dev/null && echo $w"
+    )
+    changed = sh(ship, flip).stdout.strip()
+    refused = sh(ship, "/root/a/shorelink-edge-*/install.sh")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"{changed}: FAILED" in refused.stdout + refused.stderr
+    assert "differs from SHA256SUMS" in refused.stderr
+    assert sh(ship, "cd /root/b/shorelink-edge-* && cp /bin/true wheels/extra.whl").returncode == 0
+    refused = sh(ship, "/root/b/shorelink-edge-*/install.sh")
+    assert refused.returncode == 1 and "not in SHA256SUMS: wheels/extra.whl" in refused.stderr
+    assert sh(ship, "test -e /opt/shorelink").returncode == 1
