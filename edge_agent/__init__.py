@@ -9,6 +9,7 @@ __all__ = [
     "alarms",
     "batching",
     "budget",
+    "bundle",
     "cli",
     "clock",
     "config",

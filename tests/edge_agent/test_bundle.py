@@ -163,10 +163,10 @@ def test_a_ship_installs_the_bundle_with_no_network_and_the_agent_stores_what_it
         namespace). The unit as installed passes systemd-analyze verify with the binary
     installed in the container."""
     name, rt = ship
-    installed = sh(ship, "cd /root && tar -xf /ship.tar && ./shorelink-edge-*/install.sh")
+    installed = sh(ship, "cd /srv && tar -xf /ship.tar && ./shorelink-edge-*/install.sh")
     assert installed.returncode == 0, installed.stdout + installed.stderr
     assert "bundle verified" in installed.stdout
-    version = sh(ship, "sed -n 's/^version=//p' /root/shorelink-edge-*/bundle.env").stdout.strip()
+    version = sh(ship, "sed -n 's/^version=//p' /srv/shorelink-edge-*/bundle.env").stdout.strip()
     said = sh(ship, f"{VENV}/bin/shorelink-edge --version")
     assert said.stdout.split()[-1] == version, said.stdout + said.stderr
     # the sample, as installed, is a config the agent accepts
@@ -314,20 +314,18 @@ def test_install_refuses_a_bundle_with_a_changed_or_an_added_file(
     """A bundle damaged on its way aboard (one byte of a wheel changed) or with a file
     slipped in is refused before anything is installed: install.sh names the file and
     /opt/shorelink is never made."""
-    unpack = (
-        "mkdir -p /root/a /root/b && tar -xf /ship.tar -C /root/a && tar -xf /ship.tar -C /root/b"
-    )
+    unpack = "mkdir -p /srv/a /srv/b && tar -xf /ship.tar -C /srv/a && tar -xf /ship.tar -C /srv/b"
     assert sh(ship, unpack).returncode == 0
     flip = (
-        "cd /root/a/shorelink-edge-* && w=$(ls wheels/paho_mqtt-*.whl) && "
+        "cd /srv/a/shorelink-edge-* && w=$(ls wheels/paho_mqtt-*.whl) && "
         "printf 'X' | dd of=$w bs=1 seek=100 conv=notrunc 2>/dev/null && echo $w"
     )
     changed = sh(ship, flip).stdout.strip()
-    refused = sh(ship, "/root/a/shorelink-edge-*/install.sh")
+    refused = sh(ship, "/srv/a/shorelink-edge-*/install.sh")
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert f"{changed}: FAILED" in refused.stdout + refused.stderr
     assert "differs from SHA256SUMS" in refused.stderr
-    assert sh(ship, "cd /root/b/shorelink-edge-* && cp /bin/true wheels/extra.whl").returncode == 0
-    refused = sh(ship, "/root/b/shorelink-edge-*/install.sh")
+    assert sh(ship, "cd /srv/b/shorelink-edge-* && cp /bin/true wheels/extra.whl").returncode == 0
+    refused = sh(ship, "/srv/b/shorelink-edge-*/install.sh")
     assert refused.returncode == 1 and "not in SHA256SUMS: wheels/extra.whl" in refused.stderr
     assert sh(ship, "test -e /opt/shorelink").returncode == 1
