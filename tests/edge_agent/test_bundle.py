@@ -27,13 +27,13 @@ import pytest
 import tomli_w
 
 from edge_agent.bundle import platform_tags
+from local_stack.tools import mosquitto_bin
 from tests.debian_base import ULIMITS, DebianBase, podman
 from tests.edge_agent.helpers import edge_config_doc
 from tests.helpers import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "edge"
-MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 VENV = "/opt/shorelink/.venv"
 #: what only the shore needs: never in a ship's bundle
@@ -215,7 +215,7 @@ def test_a_ship_installs_the_bundle_with_no_network_and_the_agent_stores_what_it
     )
     sh(ship, "chown root:shorelink /etc/shorelink/test.toml && chmod 0640 /etc/shorelink/test.toml")
     broker = subprocess.Popen(
-        ["nsenter", f"--net=/proc/{pid}/ns/net", MOSQUITTO, "-c", str(conf)],
+        ["nsenter", f"--net=/proc/{pid}/ns/net", mosquitto_bin(), "-c", str(conf)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
