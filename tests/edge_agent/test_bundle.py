@@ -30,7 +30,7 @@ from edge_agent.bundle import platform_tags
 from local_stack.tools import mosquitto_bin
 from tests.debian_base import ULIMITS, DebianBase, podman
 from tests.edge_agent.helpers import edge_config_doc
-from tests.helpers import eventually
+from tests.helpers import build_version, eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "edge"
@@ -132,6 +132,8 @@ def test_the_bundle_lists_every_file_with_its_hash_and_pins_only_the_ships_packa
         assert (top / name).read_bytes() == (DEPLOY / name).read_bytes(), name
     assert os.access(top / "install.sh", os.X_OK)
     env = dict(ln.split("=", 1) for ln in (top / "bundle.env").read_text().splitlines())
+    # the checkout's version (from git), though the wheel is built from a copy without it
+    assert env["version"] == build_version(ROOT)
     assert env["machine"] == os.uname().machine
     assert env["python"] == f"{sys.version_info[0]}.{sys.version_info[1]}"
     # the sysusers file, read by systemd's own tool, makes the unit's User= and Group=
