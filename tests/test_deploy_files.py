@@ -227,6 +227,10 @@ def test_gateway_image_builds_with_only_the_gateway_extra(
         inspect = _podman("image", "inspect", tag)
         config = json.loads(inspect.stdout)[0]["Config"]
         assert config["User"] == "10001:10001"
+        # the metrics listener on the container's own interfaces (the sample's [metrics]
+        # host reads this), its port declared beside the ships'
+        assert "SHORELINK_GATEWAY_METRICS_HOST=0.0.0.0" in config["Env"]
+        assert {"8443/tcp", "9465/tcp"} <= set(config["ExposedPorts"])
         labels = config["Labels"]
         assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
         assert labels["org.opencontainers.image.version"] == "test"
