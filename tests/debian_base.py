@@ -6,10 +6,12 @@ finds the OCI runtime that can start it, once per session."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,9 +97,13 @@ def runtime(base: str) -> list[str]:
 
 
 def ensure_base(tmp_path: Path) -> DebianBase:
-    """The base (made with debootstrap in ``tmp_path`` if it is nowhere) and its runtime."""
+    """The base (made with debootstrap in ``tmp_path`` if it is nowhere) and its runtime.
+    Sessions on several pytest-xdist workers take turns: one makes it, the others find
+    it."""
     assert PODMAN is not None, "podman is not installed: scripts/setup installs it"
-    base = base_image()
-    if base == LOCAL_BASE and podman("image", "exists", LOCAL_BASE).returncode != 0:
-        make_local_base(tmp_path)
+    with (Path(tempfile.gettempdir()) / "shorelink-debian-base.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        base = base_image()
+        if base == LOCAL_BASE and podman("image", "exists", LOCAL_BASE).returncode != 0:
+            make_local_base(tmp_path)
     return DebianBase(base, runtime(base))

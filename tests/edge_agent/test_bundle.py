@@ -258,6 +258,14 @@ c.disconnect()
         sent = run_in(ship, f"{VENV}/bin/python", "-c", publish)
         assert sent.returncode == 0, sent.stderr
         eventually(lambda: stored() == 5, within=60, what="5 records stored by the agent")
+        # run again (as with the next bundle): the operator's edge.toml is kept
+        assert sh(ship, "echo '# edited on board' >> /etc/shorelink/edge.toml").returncode == 0
+        again = sh(ship, "cd /srv && ./shorelink-edge-*/install.sh")
+        assert again.returncode == 0, again.stdout + again.stderr
+        kept = sh(ship, "tail -n 1 /etc/shorelink/edge.toml").stdout
+        assert (
+            kept == "# edited on board\n" and "wrote /etc/shorelink/edge.toml" not in again.stdout
+        )
     finally:
         broker.send_signal(signal.SIGTERM)
         try:
