@@ -656,3 +656,113 @@ def test_the_quadlet_unit_passes_the_generator(tmp_path: Path) -> None:
     broken.write_text(QUADLET_UNIT.read_text().replace("HealthInterval=", "HealthIntervl="))
     res = _quadlet(units)
     assert res.returncode != 0 and "HealthIntervl" in res.stderr, res.stderr
+
+
+#: the flags Quadlet adds for systemd (a unit's cgroup, sd_notify, its cid file): no
+#: systemd runs the container here, so they go
+_SYSTEMD_ONLY = ("--cgroups=split", "--sdnotify=conmon")
+
+
+@pytest.mark.timeout(300)
+def test_the_quadlet_units_podman_line_runs_the_gateway_with_the_sample_config(
+    gateway_image: GatewayImage, tmp_path: Path
+) -> None:
+    """The ``podman run`` Quadlet makes of the unit, run for real with the image of this
+    checkout and the sample config as the unit mounts it (/etc/shorelink, read-only):
+    the gateway serves its ships' port over TLS, its metrics on the port published to
+    the host's loopback (and not on the ships' port), its HEALTHCHECK passes, the Kafka
+    password arrives from the podman secret, and the root file system is read-only.
+    No Kafka answers (it is not needed to serve, and it says it is not ready)."""
+    units = tmp_path / "units"
+    units.mkdir()
+    shutil.copy(QUADLET_UNIT, units / QUADLET_UNIT.name)
+    generated = _quadlet(units)
+    assert generated.returncode == 0, generated.stderr
+    (start,) = unit_values(generated.stdout, "ExecStart")
+    argv = shlex.split(start)
+
+    suffix = uuid.uuid4().hex[:8]
+    name, state, secret = f"slgw-q-{suffix}", f"slgw-q-{suffix}-state", f"slgw-q-{suffix}-kafka"
+    etc = tmp_path / "etc"
+    authority = make_authority(tmp_path / "ca")  # the CA stays outside what is mounted
+    server = authority.issue("gateway")
+    (etc / "tls").mkdir(parents=True)
+    shutil.copy(server.cert, etc / "tls" / "gateway.crt")
+    shutil.copy(server.key, etc / "tls" / "gateway.key")
+    shutil.copy(ROOT / "deploy" / "gateway" / "gateway.toml", etc / "gateway.toml")
+    shutil.copy(ROOT / "deploy" / "spark" / "ship_keys.toml", etc / "ship_keys.toml")
+    for p in [etc, *etc.rglob("*")]:  # given to the image's user, as the runbook says
+        os.chown(p, 10001, 10001)
+    ships, metrics = free_port(), free_port()
+    replaced = {
+        "--name=shorelink-gateway": f"--name={name}",
+        "/etc/shorelink:/etc/shorelink:ro": f"{etc}:/etc/shorelink:ro",
+        "shorelink-gateway-state:/var/lib/shorelink": f"{state}:/var/lib/shorelink",
+        "8443:8443": f"127.0.0.1:{ships}:8443",
+        "127.0.0.1:9465:9465": f"127.0.0.1:{metrics}:9465",
+        "shorelink-gateway-kafka,type=env,target=SL_GATEWAY_KAFKA_PASSWORD": (
+            f"{secret},type=env,target=SL_GATEWAY_KAFKA_PASSWORD"
+        ),
+        "localhost/shorelink-gateway:latest": gateway_image.tag,
+    }
+    assert set(replaced) <= set(argv), argv
+    run = [
+        replaced.get(a, a)
+        for a in argv[1:]
+        if a not in _SYSTEMD_ONLY and not a.startswith("--cidfile=")
+    ]
+    run.insert(1, "--ulimit=nproc=1024:1024")  # below the sandbox's (ULIMITS)
+    env = dict(os.environ)
+    try:
+        made = subprocess.run(
+            [str(PODMAN), "secret", "create", secret, "-"],
+            input="kafka-password",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert made.returncode == 0, made.stderr
+        ran = subprocess.run(
+            [str(PODMAN), *gateway_image.runtime, *run],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        ctx = ssl.create_default_context(cafile=str(authority.ca_cert))
+
+        def serving() -> bool:
+            try:
+                with urllib.request.urlopen(
+                    f"https://127.0.0.1:{ships}/healthz", timeout=2, context=ctx
+                ) as r:
+                    return r.status == 200
+            except OSError:
+                state_now = _podman("inspect", name, "--format", "{{.State.Status}}")
+                assert state_now.stdout.strip() == "running", _podman("logs", name).stderr
+                return False
+
+        eventually(serving, 60, "the unit's gateway serving its ships' port", interval=0.5)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as r:
+            assert "shorelink_gateway_ready 0.0" in r.read().decode()  # no Kafka: unready
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"https://127.0.0.1:{ships}/metrics", timeout=5, context=ctx)
+        assert refused.value.code == 404
+        refused.value.close()
+        health = subprocess.run(
+            [str(PODMAN), *gateway_image.runtime, "healthcheck", "run", name],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+        assert health.returncode == 0, health.stdout + health.stderr
+        password = _podman("exec", name, "printenv", "SL_GATEWAY_KAFKA_PASSWORD")
+        assert password.stdout.strip() == "kafka-password"
+        wrote = _podman("exec", name, "touch", "/opt/shorelink/x")
+        assert wrote.returncode != 0 and "Read-only file system" in wrote.stderr
+    finally:
+        _podman("rm", "-f", "-t", "5", name, timeout=120)
+        _podman("volume", "rm", "-f", state)
+        _podman("secret", "rm", secret)
