@@ -82,6 +82,8 @@ SLOW_LIGHT = (
     "tests/spark_core/test_access.py",
     "tests/test_install.py",
     "tests/core_gateway/test_transactions.py",
+    # the gateway image built once, then played by podman kube play and the Quadlet line
+    "tests/test_deploy_files.py",
 )
 
 
