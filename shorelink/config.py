@@ -428,8 +428,9 @@ class Key:
     #: resolved by :func:`keys_of`: the field's name
     name: str = ""
     #: str, choice, int, bool, size, duration (seconds, a float), duration_ms (an int), secret,
-    #: path (relative to the file), strings, section, inline (a nested dataclass whose
-    #: keys sit in this table, beside the others), sections (a table of tables),
+    #: path (relative to the file), custom (a string read by its type's
+    #: ``from_config(text, base, field)``), strings, section, inline (a nested dataclass
+    #: whose keys sit in this table, beside the others), sections (a table of tables),
     #: array (of tables), pairs (a free table of strings), name (the entry's name in its
     #: table: not a key); "": from the field's type
     kind: str = ""
@@ -487,6 +488,8 @@ def _shape(tp: Any) -> tuple[str, Any, bool]:
         return simple[tp], None, optional
     if tp is Secret:
         return "secret", None, optional
+    if hasattr(tp, "from_config"):  # a value type of its own: from_config(text, base, field)
+        return "custom", tp, optional
     if dataclasses.is_dataclass(tp):
         return "section", tp, optional
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
@@ -652,6 +655,11 @@ def _value(k: Key, sec: Section, name: str, default: Any, base: Path | None) -> 
         if not text and k.optional:
             return None
         return relative(Path(text), base)
+    elif kind == "custom":
+        text = sec.text(name, None if d is None else str(d))
+        if not text and k.optional:
+            return None
+        return k.of.from_config(text, base, field)
     elif kind == "strings":
         v = tuple(sec.strings(name, None if d is None else list(d)))
     elif kind == "sections":

@@ -18,8 +18,14 @@ from shorelink.files import write_atomic
 from shorelink.logs import log4j_pattern
 from shorelink.textout import table, wrap
 from spark_core import session
-from spark_core.config import SitesConfig, load_config
-from spark_core.packages import spark_package_conf, spark_packages, spark_submit
+from spark_core.config import SiteConfig, SitesConfig, load_config
+from spark_core.packages import (
+    FILESYSTEMS,
+    filesystem_packages,
+    spark_package_conf,
+    spark_packages,
+    spark_submit,
+)
 
 if TYPE_CHECKING:
     from spark_core.access import AccessChanges
@@ -60,7 +66,8 @@ def spark_submit_argv(
     which ``ps`` and ``--dry-run`` do not show (review L9). spark-submit and the
     packages are those of the Spark that runs (``SPARK_HOME``, else pyspark's):
     :class:`~spark_core.packages.UnknownSpark` when its line has none known."""
-    packages = spark_packages()
+    sites = [cfg.site(n.strip()) for n in site.split(",")]
+    packages = site_packages(cfg, sites)
     conf = spark_package_conf(str(ivy_dir), packages)
     conf.pop("spark.jars.packages")  # given as --packages
     conf["spark.sql.streaming.stopTimeout"] = "60s"
@@ -85,10 +92,18 @@ def spark_submit_argv(
     return [*argv, str(SITE_JOB), "--site", site, "--config", str(config_path.resolve()), *extra]
 
 
+def site_packages(cfg: SitesConfig, sites: Sequence[SiteConfig]) -> tuple[str, ...]:
+    """The Maven packages of the sites' application: the Spark's Kafka connector and
+    Delta, the filesystem modules of the sites' checkpoint and table URLs, then
+    ``[spark] packages``."""
+    urls = [str(loc) for s in sites for loc in (s.checkpoint_dir, s.table_dir)]
+    return (*spark_packages(), *filesystem_packages(urls), *cfg.spark.packages)
+
+
 def spark_properties_path(cfg: SitesConfig, site: str) -> Path:
     """Where ``shorelink-spark site`` keeps ``[spark.conf]`` for spark-submit: beside the
-    (first) site's checkpoints."""
-    return cfg.site(site.split(",")[0].strip()).checkpoint_dir / "spark-submit.properties"
+    (first) site's status files (its state_dir, by default its checkpoint_dir)."""
+    return cfg.site(site.split(",")[0].strip()).state_path / "spark-submit.properties"
 
 
 def write_spark_properties(path: Path, conf: Sequence[tuple[str, str]]) -> None:
@@ -191,24 +206,34 @@ def site_cmd(
     default=None,
     help="Ivy cache to fill (default $SHORELINK_TOOLS/ivy).",
 )
-def install_cmd(ivy_dir: Path | None) -> None:
-    """Resolve the pinned Kafka connector and Delta into the Ivy cache once, so the site
-    application, queries and tests start without the network. Idempotent; `shorelink
-    stack install` runs it."""
+@click.option(
+    "--filesystem",
+    "schemes",
+    multiple=True,
+    type=click.Choice(sorted(FILESYSTEMS)),
+    help="Also the Hadoop module of this URL scheme (s3a: hadoop-aws and the AWS SDK, "
+    "558 MB). Repeatable.",
+)
+def install_cmd(ivy_dir: Path | None, schemes: tuple[str, ...]) -> None:
+    """Resolve the Kafka connector and Delta of the Spark that runs ($SPARK_HOME, else
+    pyspark's) into the Ivy cache once, so the site application, queries and tests start
+    without the network. Idempotent; `shorelink stack install` runs it."""
     target = ivy_dir or session.ivy_dir()
     try:
         packages = spark_packages()
+        extra = filesystem_packages(f"{s}://" for s in schemes)
     except ShorelinkError as exc:
         fail(exc)
-    click.echo(f"spark packages: {', '.join(packages)} in {target}", err=True)
-    resolved = session.resolve_packages(target)
+    click.echo(f"spark packages: {', '.join((*packages, *extra))} in {target}", err=True)
+    resolved = session.resolve_packages(target, extra)
     click.echo("spark packages: " + ("resolved" if resolved else "present"), err=True)
 
 
-def _query_session(cfg: SitesConfig, ivy_dir: Path | None) -> Any:
+def _query_session(cfg: SitesConfig, site: SiteConfig, ivy_dir: Path | None) -> Any:
     """An in-process local Spark session with Delta (the same pinned packages)."""
     return session.local_session(
         "shorelink-query",
+        packages=site_packages(cfg, [site]),
         conf={**dict(cfg.spark.conf), "spark.ui.enabled": "false"},
         ivy=ivy_dir,
         log_level="ERROR",
@@ -252,7 +277,7 @@ def container_history_cmd(
 
     cfg = load_or_exit(load_config, config_path)
     site = load_or_exit(lambda _: cfg.site(site_name), config_path)
-    spark = _query_session(cfg, ivy_dir)
+    spark = _query_session(cfg, site, ivy_dir)
     try:
         rows = container_history(spark, site, container)
     finally:
@@ -274,7 +299,7 @@ def latest_positions_cmd(
 
     cfg = load_or_exit(load_config, config_path)
     site = load_or_exit(lambda _: cfg.site(site_name), config_path)
-    spark = _query_session(cfg, ivy_dir)
+    spark = _query_session(cfg, site, ivy_dir)
     try:
         rows = latest_positions(spark, site)
     finally:
@@ -472,8 +497,9 @@ def check_config_cmd(config_file: Path, site_name: str | None) -> None:
 def status_cmd(site_name: str, config_path: Path, as_json: bool, max_age: float | None) -> None:
     """The site application's queries and replication: per query and per neighbour and
     stream, state, lag (records, seconds), last success; the routes. Reads the status
-    files in the site's checkpoint_dir. Exit 1 when they are missing or stale, a query
-    failed, or the sites file leaves the site without some other site's records."""
+    files in the site's state_dir (by default its checkpoint_dir). Exit 1 when they are
+    missing or stale, a query failed, or the sites file leaves the site without some
+    other site's records."""
     import json
 
     from spark_core.status import DEFAULT_MAX_AGE_S, read_status, render

@@ -29,6 +29,7 @@ from shorelink.errors import ConfigError
 from shorelink.kafka.auth import KafkaAuth
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.sites import SiteKafka
+from spark_core.location import Location
 
 __all__ = [
     "AccessConfig",
@@ -249,6 +250,9 @@ class SparkConfig:
     driver_memory: str = "2g"
     #: extra ``--conf key=value`` pairs for spark-submit (``[spark.conf]``)
     conf: tuple[tuple[str, str], ...] = ()
+    #: more Maven packages for spark-submit, after the Kafka connector, Delta and the
+    #: filesystem modules the sites' URLs need (spark_core/packages.py)
+    packages: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,9 +260,14 @@ class SiteConfig(SiteKafka):
     """A site of the sites file: what the kernel reads of it (:class:`SiteKafka`: its
     name, ``kafka`` table and streams, declared once there) and the rest of its keys."""
 
-    #: relative to the sites file, as table_dir
-    checkpoint_dir: Path
-    table_dir: Path
+    #: the streaming queries' checkpoints and the Delta tables: a path (relative to the
+    #: sites file) or a Hadoop filesystem URL (``s3a://``, ``abfss://``, ``hdfs://``)
+    checkpoint_dir: Location
+    table_dir: Location
+    #: the application's own files (status files, the merges' stamps,
+    #: spark-submit.properties): a local path; by default checkpoint_dir, which must
+    #: then be a path
+    state_dir: Path | None = None
     #: sites of this file this one replicates from
     neighbours: tuple[str, ...] = field(default=(), metadata=key(names="site"))
     trigger_interval_s: float = field(default=2.0, metadata=key("trigger_interval"))
@@ -290,8 +299,14 @@ class SiteConfig(SiteKafka):
             relay_retention_ms=self.replication.relay_retention_ms,
         )
 
-    def query_checkpoint(self, query: str) -> Path:
+    def query_checkpoint(self, query: str) -> Location:
         return self.checkpoint_dir / query
+
+    @property
+    def state_path(self) -> Path:
+        """Where the application keeps its own files: ``state_dir``, else
+        ``checkpoint_dir`` (a path then: the loader refuses a URL without state_dir)."""
+        return self.state_dir if self.state_dir is not None else self.checkpoint_dir.path
 
     def reach(self, neighbour: SiteConfig) -> KafkaEndpoint:
         """``neighbour``'s Kafka as this site's application reaches it: at the address
@@ -430,6 +445,12 @@ def _site(name: str, sec: Section, base: Path | None) -> SiteConfig:
         )
     if name in cfg.neighbours:
         raise ConfigError(sec.field("neighbours"), f"a site is not its own neighbour ({name})")
+    if cfg.checkpoint_dir.is_url and cfg.state_dir is None:
+        raise ConfigError(
+            sec.field("state_dir"),
+            f"is required when checkpoint_dir is a URL ({cfg.checkpoint_dir}): a local "
+            "directory for the status files `shorelink-spark status` reads",
+        )
     for n, bootstrap in cfg.replication.via:
         if n not in cfg.neighbours:
             raise ConfigError(f"{sec.path}.replication.via.{n}", f"{n!r} is not a neighbour")

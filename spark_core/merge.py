@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -54,6 +53,7 @@ from shorelink.ledger import MAX_HOLDINGS_RANGES, encode_entry
 from shorelink.logs import get_logger
 from shorelink.proof import WatchedShipKeys
 from shorelink.ranges import RangeSet
+from spark_core import location
 from spark_core.config import SiteConfig, SitesConfig
 from spark_core.merge_batch import (
     ArrowBatch,
@@ -231,6 +231,9 @@ class Merger:
         self.last: dict[str, object] = {}
         self.stopping = threading.Event()
         self.busy = threading.Lock()
+        #: the session the merge's query runs in (:func:`start_merge`): a checkpoint at
+        #: a URL is read through its Hadoop filesystem
+        self.spark: Any = None
         self._producer: TransactionalProducer | None = None
         self._ensured: set[str] = set()
         self._purger = SourcePurger(site.kafka)
@@ -281,7 +284,7 @@ class Merger:
 
     @property
     def status_path(self) -> Path:
-        return self.site.checkpoint_dir / f"{self.query}.status.json"
+        return self.site.state_path / f"{self.query}.status.json"
 
     # -- set-up -------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -533,8 +536,8 @@ class Merger:
         bound even at the largest record is not measured (no extra Spark job)."""
         budget = self.site.merge.max_batch_bytes
         checkpoint = self.site.query_checkpoint(self.query)
-        start = spark_position(checkpoint, batch_id)
-        end = spark_position(checkpoint, batch_id + 1)
+        start = spark_position(checkpoint, batch_id, df.sparkSession)
+        end = spark_position(checkpoint, batch_id + 1, df.sparkSession)
         if end:
             most = sum(max(0, o - max(start.get(tp, 0), done.get(tp, 0))) for tp, o in end.items())
             if most * KAFKA_MAX_MESSAGE_BYTES <= budget:
@@ -607,7 +610,7 @@ class Merger:
             if not (replay or pulled) and self.site.merge.purge_sources:
                 # spark_core/purge.py: why one batch behind, and never past the Spark
                 # query's own position (the ingest puller commits ahead of it)
-                at = spark_position(self.site.query_checkpoint(self.query), batch_id)
+                at = spark_position(self.site.query_checkpoint(self.query), batch_id, self.spark)
                 self._purger.purge(below(before, at))
         t3 = time.monotonic()
         self.totals.fetch_s += t1 - t0
@@ -1082,7 +1085,7 @@ class Merger:
 
     # -- status and shutdown -------------------------------------------------------------
     def write_status(self, state: str, error: str | None = None) -> None:
-        """``<checkpoint_dir>/<query>.status.json``, written atomically."""
+        """``<state_dir>/<query>.status.json``, written atomically."""
         data = {
             "site": self.site.name,
             "query": self.query,
@@ -1128,7 +1131,9 @@ def source_pattern(streams: Iterable[str]) -> str:
     return rf"sl\.ingress\.({alt})"
 
 
-def reset_changed_checkpoints(site: SiteConfig, merges: Sequence[Merger]) -> None:
+def reset_changed_checkpoints(
+    site: SiteConfig, merges: Sequence[Merger], spark: Any = None
+) -> None:
     """Start the merges' queries afresh when the way the site's streams are split among
     its merges changed since the last run (a stream added, removed, or moved between
     the urgent merge and the other): Spark fails a query whose checkpoint holds
@@ -1136,9 +1141,10 @@ def reset_changed_checkpoints(site: SiteConfig, merges: Sequence[Merger]) -> Non
     missed"), on every start, and an old checkpoint of a merge that comes back points
     below what the other merge purged meanwhile. A fresh start is harmless: the
     marker's offsets, committed with the records, skip what was merged. The split is
-    kept in ``<checkpoint_dir>/merges.json``."""
+    kept in ``<state_dir>/merges.json``; a checkpoint at a URL is dropped through
+    ``spark``'s Hadoop filesystem."""
     layout = {m.query: m.source_pattern for m in merges}
-    stamp = site.checkpoint_dir / "merges.json"
+    stamp = site.state_path / "merges.json"
     try:
         old = json.loads(stamp.read_text())
     except FileNotFoundError:
@@ -1152,7 +1158,7 @@ def reset_changed_checkpoints(site: SiteConfig, merges: Sequence[Merger]) -> Non
             m.reindex = True
         for query in sorted(set(old) | set(layout)):
             path = site.query_checkpoint(query)
-            if path.exists():
+            if location.exists(spark, path):
                 log.warning(
                     "merge_checkpoint_reset",
                     site=site.name,
@@ -1160,11 +1166,11 @@ def reset_changed_checkpoints(site: SiteConfig, merges: Sequence[Merger]) -> Non
                     sources=layout.get(query),
                     was=old.get(query) if isinstance(old, dict) else None,
                 )
-                shutil.rmtree(path)
+                location.delete(spark, path)
     write_json_atomic(stamp, layout)
 
 
-def reset_recreated_checkpoint(merger: Merger) -> None:
+def reset_recreated_checkpoint(merger: Merger, spark: Any = None) -> None:
     """Before the merge's query starts: its own source topics as they are now (its
     ingress topics, and any local topic its cursors name), adopted by the merge
     (:meth:`Merger.adopt_sources`: a recreated one is read from its start), and the
@@ -1172,7 +1178,7 @@ def reset_recreated_checkpoint(merger: Merger) -> None:
     (review N11). Spark keys its offsets by topic name: a topic deleted and created
     again under a running query fails it on every start with ``fail_on_data_loss``
     ("offset was changed"), or skips the new topic's first records without. The ids
-    each start saw are kept in ``<checkpoint_dir>/<query>.sources.json``."""
+    each start saw are kept in ``<state_dir>/<query>.sources.json``."""
     site = merger.site
     topics = {ingress_topic(s) for s in merger.streams}
     topics |= {t for t, _ in merger.state.offsets if "/" not in t}
@@ -1180,7 +1186,7 @@ def reset_recreated_checkpoint(merger: Merger) -> None:
     ids = {t: str(d.topic_id) for t, d in described.items()}
     merger.adopt_sources(ids)
     merger._spark_seen = None  # the query (re)starts: its first batch is planned after this
-    stamp = site.checkpoint_dir / f"{merger.query}.sources.json"
+    stamp = site.state_path / f"{merger.query}.sources.json"
     try:
         old = json.loads(stamp.read_text())
     except (FileNotFoundError, ValueError):
@@ -1188,14 +1194,14 @@ def reset_recreated_checkpoint(merger: Merger) -> None:
     old = old if isinstance(old, dict) else {}
     recreated = sorted(t for t, i in ids.items() if old.get(t) not in (None, i))
     path = site.query_checkpoint(merger.query)
-    if recreated and path.exists():
+    if recreated and location.exists(spark, path):
         log.warning(
             "merge_checkpoint_reset",
             site=site.name,
             query=merger.query,
             recreated=",".join(recreated),
         )
-        shutil.rmtree(path)
+        location.delete(spark, path)
     write_json_atomic(stamp, {**old, **ids})
 
 
@@ -1205,7 +1211,8 @@ def start_merge(spark: Any, merger: Merger, *, available_now: bool = False) -> A
     m = site.merge
     with merger.busy:  # a puller may be writing through this merger
         merger.prepare()
-    reset_recreated_checkpoint(merger)
+    merger.spark = spark
+    reset_recreated_checkpoint(merger, spark)
     df = (
         spark.readStream.format("kafka")
         .options(**site.kafka.spark_options())

@@ -27,17 +27,19 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from spark_core.errors import SparkCoreError
 
 __all__ = [
+    "FILESYSTEMS",
     "LINES",
     "SPARK_PACKAGES",
     "SparkLine",
     "UnknownSpark",
+    "filesystem_packages",
     "hadoop_version",
     "packages_for",
     "spark_home",
@@ -162,6 +164,42 @@ def spark_packages(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """The packages of the Spark that runs (:func:`spark_home`)."""
     home = spark_home(environ)
     return packages_for(spark_version(home), str(home))
+
+
+#: URL scheme -> the Hadoop module that serves it (a Spark carries ``hdfs://`` and
+#: ``file://`` itself). Each brings its own SDK: ``hadoop-aws`` 3.4.1 the AWS SDK's
+#: ``bundle`` 2.24.6, one jar of 558 MB (docs/data-centre.md, "Object stores").
+FILESYSTEMS: Mapping[str, str] = {
+    "s3a": "hadoop-aws",
+    "abfs": "hadoop-azure",
+    "abfss": "hadoop-azure",
+}
+
+
+def filesystem_packages(
+    urls: Iterable[str], environ: Mapping[str, str] | None = None
+) -> tuple[str, ...]:
+    """The Hadoop filesystem modules ``urls`` need (``s3a://``: ``hadoop-aws``), of the
+    Hadoop the Spark that runs carries (its ``jars/hadoop-client-api-*``: a module of
+    another Hadoop fails at its first call), unless that Spark has the module already
+    (a platform's distribution often does)."""
+    schemes = sorted({u.split("://", 1)[0].lower() for u in urls if "://" in u})
+    modules = sorted({FILESYSTEMS[s] for s in schemes if s in FILESYSTEMS})
+    if not modules:
+        return ()
+    home = spark_home(environ)
+    jars = os.listdir(home / "jars") if (home / "jars").is_dir() else []
+    needed = [m for m in modules if not any(j.startswith(f"{m}-") for j in jars)]
+    if not needed:
+        return ()
+    hadoop = hadoop_version(home)
+    if hadoop is None:
+        raise UnknownSpark(
+            f"cannot tell which Hadoop the Spark at {home} carries (no "
+            f"jars/hadoop-client-api-*.jar), so not which {', '.join(needed)} to add for "
+            f"{', '.join(s + '://' for s in schemes)}: add it to [spark] packages"
+        )
+    return tuple(f"org.apache.hadoop:{m}:{hadoop}" for m in needed)
 
 
 #: the packages of the pinned pyspark (pyproject.toml), Spark 4.0

@@ -1,5 +1,5 @@
 """Every supervised query's progress, for operators: one log line per new batch and one
-JSON status file for the site (``<checkpoint_dir>/queries.status.json``).
+JSON status file for the site (``<state_dir>/queries.status.json``).
 
 From Spark's ``StreamingQuery.lastProgress`` (a dict): batch id, input rows, rows/s in
 and processed, the batch's duration, and the **lag**: Kafka records in the query's

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import TopicPartition
 
@@ -34,6 +35,7 @@ from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError, kafka_errors
 from shorelink.logs import RateLimitedLog, get_logger
+from spark_core.location import Location, read_text
 from spark_core.merge_state import topic_stream
 
 __all__ = ["SourcePurger", "below", "spark_position"]
@@ -41,14 +43,18 @@ __all__ = ["SourcePurger", "below", "spark_position"]
 log = get_logger(__name__)
 
 
-def spark_position(checkpoint: Path, batch_id: int) -> dict[tuple[str, int], int]:
+def spark_position(
+    checkpoint: Location | Path, batch_id: int, spark: Any = None
+) -> dict[tuple[str, int], int]:
     """Where Spark batch ``batch_id`` of the query checkpointed at ``checkpoint`` starts,
     per source partition: the end of the batch before it, in the query's offset log
     (``offsets/<id>``: a version line, the batch's metadata, then each source's offsets
     as ``{"topic": {"partition": offset}}``). Nothing below it is read by the query
-    again. Empty when that entry is missing or unreadable (purge nothing then)."""
+    again. Empty when that entry is missing or unreadable (purge nothing then). A
+    checkpoint at a URL is read through ``spark``'s Hadoop filesystem."""
+    at = checkpoint if isinstance(checkpoint, Location) else Location(str(checkpoint))
     try:
-        lines = (checkpoint / "offsets" / str(batch_id - 1)).read_text().splitlines()
+        lines = read_text(spark, at / "offsets" / str(batch_id - 1)).splitlines()
         out = {}
         for line in lines[2:]:
             for topic, parts in json.loads(line).items():

@@ -8,7 +8,7 @@ behind a containers catch-up. A puller reads the relay topics of the entries rou
 through its neighbour and hands them to the merge, which writes what the site lacks in
 one transaction with its cursor. So a site runs ``n`` neighbours x ``m`` merges (1 or
 2) pullers, whatever the number of sites, and a hop between two sites is one read and
-one transaction, no Spark micro-batch. ``<checkpoint_dir>/replication.status.json``
+one transaction, no Spark micro-batch. ``<state_dir>/replication.status.json``
 shows it: per neighbour the link and per stream the state and lag.
 """
 
@@ -78,7 +78,7 @@ def history_sources(cfg: Any, site: SiteConfig) -> dict[str, str]:
 class Replicator:
     """The site's replication: its link state (probed in a thread of its own every
     ``probe_interval``), the routes, its pullers (one thread each), and
-    ``<checkpoint_dir>/replication.status.json``."""
+    ``<state_dir>/replication.status.json``."""
 
     def __init__(self, cfg: Any, site: SiteConfig, mergers: Sequence[Merger] = ()) -> None:
         self.cfg = cfg
@@ -134,7 +134,7 @@ class Replicator:
         self._pulling = threading.Event()
         self._thread: threading.Thread | None = None
         self._threads: list[threading.Thread] = []
-        self.status_path = site.checkpoint_dir / "replication.status.json"
+        self.status_path = site.state_path / "replication.status.json"
         self._status_lock = threading.Lock()
 
     # -- the routing loop ---------------------------------------------------------------

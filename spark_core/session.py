@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,13 +77,17 @@ def local_session(
     conf: Mapping[str, str] | None = None,
     ivy: Path | None = None,
     log_level: str = "WARN",
+    packages: Sequence[str] | None = None,
 ) -> SparkSession:
-    """A Spark session in this process with the Kafka connector and Delta on its
-    classpath, resolved through ``ivy`` (default :func:`ivy_dir`). ``conf`` is applied
-    after the package settings, so it may override them."""
+    """A Spark session in this process with ``packages`` on its classpath (default: the
+    Kafka connector and Delta of the Spark that runs), resolved through ``ivy`` (default
+    :func:`ivy_dir`). ``conf`` is applied after the package settings, so it may override
+    them."""
     from pyspark.sql import SparkSession
 
-    settings = spark_package_conf(str(ivy or ivy_dir()))
+    settings = spark_package_conf(
+        str(ivy or ivy_dir()), None if packages is None else tuple(packages)
+    )
     settings.update(conf or {})
     builder = SparkSession.builder.master(master).appName(app)
     for k, v in settings.items():
@@ -93,19 +97,19 @@ def local_session(
     return session
 
 
-def resolve_packages(ivy: Path | None = None) -> bool:
-    """Resolve the packages of the Spark that runs into the Ivy cache ``ivy`` (default :func:`ivy_dir`)
-    once, so the site application, queries and tests start without the network. A marker
-    per set of packages makes a second call a no-op: True when this call resolved them,
-    False when they were there."""
+def resolve_packages(ivy: Path | None = None, extra: Sequence[str] = ()) -> bool:
+    """Resolve the packages of the Spark that runs, and ``extra``, into the Ivy cache
+    ``ivy`` (default :func:`ivy_dir`) once, so the site application, queries and tests
+    start without the network. A marker per set of packages makes a second call a no-op:
+    True when this call resolved them, False when they were there."""
     ivy = ivy or ivy_dir()
-    packages = spark_packages()
+    packages = (*spark_packages(), *extra)
     digest = hashlib.sha256(",".join(packages).encode()).hexdigest()[:12]
     marker = ivy / f".resolved-{digest}"
     if marker.exists():
         return False
     ivy.mkdir(parents=True, exist_ok=True)
-    spark = local_session("shorelink-resolve", "local[1]", ivy=ivy)
+    spark = local_session("shorelink-resolve", "local[1]", ivy=ivy, packages=packages)
     try:
         spark.range(1).count()
     finally:

@@ -1,7 +1,8 @@
 """A site application's state for an operator: ``shorelink-spark status --site S``.
 
-The application writes two files in the site's ``checkpoint_dir``, each to a temporary
-name then renamed (so a reader never sees half of one):
+The application writes two files in the site's ``state_dir`` (by default its
+``checkpoint_dir``), each to a temporary name then renamed (so a reader never sees half
+of one):
 
 - ``queries.status.json`` (spark_core/progress.py): every supervised query's state and
   last progress: batch, input rows, Kafka records not processed yet;
@@ -51,7 +52,8 @@ DEFAULT_MAX_AGE_S = 120.0
 @dataclass
 class SiteStatus:
     site: str
-    checkpoint_dir: Path
+    #: where the files are (the site's state_dir)
+    state_dir: Path
     #: ``queries.status.json`` as written, or None when missing
     queries: dict[str, Any] | None
     #: ``replication.status.json`` as written, or None when missing
@@ -95,7 +97,7 @@ def read_status(
 ) -> SiteStatus:
     """Read and judge the site's status files."""
     now = time.time() if now is None else now
-    d = site.checkpoint_dir
+    d = site.state_path
     problems: list[str] = []
     queries = _load(d / QUERIES_FILE, problems)
     replication = _load(d / REPLICATION_FILE, problems)

@@ -18,7 +18,6 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from shorelink.contract import canonical_topic
@@ -26,6 +25,7 @@ from shorelink.logs import get_logger
 from spark_core.ais import WINDOW, NavRecord, decode_nav, fragment_info
 from spark_core.config import SiteConfig
 from spark_core.contract_sql import read_contract
+from spark_core.location import Location, exists, read_text
 from spark_core.session import trigger
 
 __all__ = [
@@ -65,7 +65,8 @@ _CONTAINER_COLUMNS = tuple(
 TopicFor = Callable[[str], str]
 
 
-def table_path(site: SiteConfig, table: str) -> Path:
+def table_path(site: SiteConfig, table: str) -> Location:
+    """Where ``table`` is kept: under the site's table_dir, a path or a URL."""
     return site.table_dir / table
 
 
@@ -105,9 +106,9 @@ def _source(spark: Any, site: SiteConfig, topic: str) -> Any:
     )
 
 
-def _query_id(checkpoint: Path) -> str:
+def _query_id(spark: Any, checkpoint: Location) -> str:
     """The streaming query's id, kept in its checkpoint (a new checkpoint, a new id)."""
-    meta = json.loads((checkpoint / "metadata").read_text())
+    meta = json.loads(read_text(spark, checkpoint / "metadata"))
     return str(meta["id"])
 
 
@@ -127,7 +128,7 @@ class PositionsWriter:
 
         from pyspark.sql import functions as F
 
-        if not (self.fragments / "_delta_log").exists():
+        if not exists(self.spark, self.fragments / "_delta_log"):
             return []
         cond = reduce(
             lambda a, b: a | b,
@@ -145,7 +146,9 @@ class PositionsWriter:
         )
         return [NavRecord(r.origin, r.seq, r.ts_ms, r.payload) for r in rows]
 
-    def _append(self, rows: list[tuple[Any, ...]], schema: str, path: Path, batch_id: int) -> None:
+    def _append(
+        self, rows: list[tuple[Any, ...]], schema: str, path: Location, batch_id: int
+    ) -> None:
         df = (
             self.spark.createDataFrame(rows, schema)
             .selectExpr("*", "timestamp_millis(ts_ms) AS ts")
@@ -163,7 +166,7 @@ class PositionsWriter:
 
     def process_batch(self, batch: Any, batch_id: int) -> None:
         start = time.monotonic()
-        self.app_id = f"shorelink-ship_positions-{_query_id(self.checkpoint)}"
+        self.app_id = f"shorelink-ship_positions-{_query_id(self.spark, self.checkpoint)}"
         recs = [
             NavRecord(r.origin, r.seq, int(r.ts_ms or 0), r.payload or "")
             for r in batch.where("origin IS NOT NULL AND seq IS NOT NULL")
@@ -303,10 +306,14 @@ class TableKeeper:
                 message="below Delta's 7 days: a reader of an older table version may lose its files",
             )
 
-    def tables(self) -> list[Path]:
+    def tables(self) -> list[Location]:
         """The site's tables that exist (a Delta log), fragments included."""
         names = [*TABLES, FRAGMENTS]
-        return [p for p in (table_path(self.site, t) for t in names) if (p / "_delta_log").is_dir()]
+        return [
+            p
+            for p in (table_path(self.site, t) for t in names)
+            if exists(self.spark, p / "_delta_log")
+        ]
 
     def run_once(self) -> dict[str, tuple[int, int]]:
         """Compact and vacuum each table now: table -> (files before, files after)."""

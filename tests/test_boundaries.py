@@ -20,9 +20,9 @@ PACKAGES = ("shorelink", "edge_agent", "core_gateway", "spark_core")
 #: functions the scan below finds that are not boundaries, each with why
 ALLOWED = {
     "spark_core.merge:reset_changed_checkpoints": "the application's own stamp in its "
-    "checkpoint_dir (merges.json); one it cannot read starts the queries afresh",
+    "state_dir (merges.json); one it cannot read starts the queries afresh",
     "spark_core.merge:reset_recreated_checkpoint": "the application's own stamp in its "
-    "checkpoint_dir (<query>.sources.json); one it cannot read is taken as empty",
+    "state_dir (<query>.sources.json); one it cannot read is taken as empty",
     "spark_core.merge_state:MergeState.restore_marker": "the merge's own marker: only the "
     "site's merge may write sl.merge.marker (ACL); one it cannot read fails the load "
     "with MergeError",

@@ -8,8 +8,8 @@ and one puller thread per (neighbour, merge), which writes what it pulls through
 merge (spark_core/pull.py). A query that fails is restarted with exponential backoff without
 touching the others; SIGTERM/SIGINT stop every query between batches, then Spark. Every
 query's progress (rows, rate, batch duration, Kafka lag) is logged per batch and kept in
-``<checkpoint_dir>/queries.status.json`` (spark_core/progress.py); the links, routes and
-per neighbour and stream replication lag in ``<checkpoint_dir>/replication.status.json``.
+``<state_dir>/queries.status.json`` (spark_core/progress.py); the links, routes and
+per neighbour and stream replication lag in ``<state_dir>/replication.status.json``.
 
 ``--site a,b,c`` runs several sites' supervisors in one application (one JVM), each in a
 thread, as the tests do: for several sites that share one small machine (the voyage on
@@ -289,7 +289,7 @@ def build_supervisor(
             log.warning("kafka_without_tls", site=site.name, link=link, message=why)
     merges = mergers(site, cfg)
     _log_signature_mode(site, cfg, merges)
-    reset_changed_checkpoints(site, merges)
+    reset_changed_checkpoints(site, merges, spark)
     fence_predecessors(site)  # whatever layout an earlier run had (urgent streams)
     replicator = Replicator(cfg, site, merges)
     replicator.start()
@@ -297,7 +297,7 @@ def build_supervisor(
     redriver = Redriver(merges)
     redriver.start()
     on_exit = [redriver.stop, replicator.stop]
-    progress = ProgressReporter(site.checkpoint_dir / "queries.status.json")
+    progress = ProgressReporter(site.state_path / "queries.status.json")
     keeper = TableKeeper(spark, site) if site.tables and not available_now else None
     if site.metrics.port:
         server = serve_metrics(

@@ -61,7 +61,7 @@ def _start(site: SiteConfig, config: Path, log: Path) -> Proc:
 
 def _status(site: SiteConfig) -> dict[str, object]:
     try:
-        return dict(json.loads((site.checkpoint_dir / "merge.status.json").read_text()))
+        return dict(json.loads((site.state_path / "merge.status.json").read_text()))
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
 
@@ -74,7 +74,7 @@ def _batch_done_since(site: SiteConfig, old_pid: object) -> bool:
 
 def _table_batches(site: SiteConfig) -> int:
     """Micro-batches the table query has committed (files in its checkpoint's commits/)."""
-    commits = site.query_checkpoint(f"table-{TABLE}") / "commits"
+    commits = site.query_checkpoint(f"table-{TABLE}").path / "commits"
     try:
         return sum(1 for f in commits.iterdir() if not f.name.startswith("."))
     except FileNotFoundError:
@@ -84,7 +84,7 @@ def _table_batches(site: SiteConfig) -> int:
 def _table_rows(spark: Any, site: SiteConfig, origins: list[str]) -> list[tuple[str, str, int]]:
     from pyspark.sql import functions as F
 
-    path = table_path(site, TABLE)
+    path = table_path(site, TABLE).path
     if not (path / "_delta_log").exists():
         return []
     df = spark.read.format("delta").load(str(path)).where(F.col("origin").isin(origins))
@@ -250,7 +250,7 @@ def test_driver_killed_three_times_canonical_and_table_exactly_once(
     assert "event=query_progress query=merge" in text and "lag_records=" in text
     queries = {
         q["query"]: q
-        for q in json.loads((site.checkpoint_dir / "queries.status.json").read_text())["queries"]
+        for q in json.loads((site.state_path / "queries.status.json").read_text())["queries"]
     }
     assert set(queries) == {"merge", f"table-{TABLE}"}
     for q in queries.values():

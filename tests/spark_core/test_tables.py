@@ -358,7 +358,7 @@ def test_compaction_keeps_the_file_count_bounded_while_the_stream_writes(
     spark.conf.set(listing, "2")
     query = start_table(spark, site, "container_readings", topic_for=lambda s: f"{prefix}.{s}")
     keeper = TableKeeper(spark, site)
-    path = table_path(site, "container_readings")
+    path = table_path(site, "container_readings").path
     try:
         seq = 0
         for burst in range(4):
