@@ -18,6 +18,7 @@ __all__ = [
     "feed_guard",
     "ingest_pull",
     "jobs",
+    "location",
     "merge",
     "merge_batch",
     "merge_state",
