@@ -56,6 +56,10 @@ ALLOWED = {
     "spark_core.tables:_query_id": "Spark's own checkpoint metadata",
     "spark_core.status:_load": "a status file this site's application wrote",
     "spark_core.purge:spark_position": "Spark's own checkpoint offsets",
+    "edge_agent.bundle:_source_version": "the checkout's own pyproject.toml, at build time "
+    "on shore",
+    "edge_agent.bundle:build_wheel": "the checkout's own pyproject.toml, at build time on shore",
+    "edge_agent.bundle:_no_wheel": "pip's own --report of a dry run, at build time on shore",
 }
 
 _ROUTE_METHODS = {"add_get", "add_post", "add_put", "add_patch", "add_delete", "add_head"}

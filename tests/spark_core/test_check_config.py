@@ -34,7 +34,7 @@ def test_the_sample_names_every_file_it_lacks_here_and_every_variable() -> None:
     ):
         assert f"error: {field}:" in out.stderr, field
     # every error and warning at once, not only the first
-    assert out.stderr.count("error: ") == 5
+    assert out.stderr.count("error: ") == 4
     assert "warning: sites.tokyo.access.admin_password: environment variable" in out.stderr
     assert "warning: sites.hq.kafka: Kafka at 10.2.0.10 without TLS" in out.stderr
     assert "customers: 2 in" in out.stdout and "ok: site=tokyo" in out.stdout
