@@ -77,9 +77,17 @@ def bucket(spark: Any) -> Iterator[tuple[str, Any]]:
         "aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
     }.items():
         hadoop.set(f"fs.s3a.bucket.{name}.{k}", v)
+    # tiny tables: Delta snapshots rebuilt with 2 tasks instead of 50 (test_tables.py)
+    snapshot = "spark.databricks.delta.snapshotPartitions"
+    old = spark.conf.get(snapshot, None)
+    spark.conf.set(snapshot, "2")
     try:
         yield name, s3
     finally:
+        if old is None:
+            spark.conf.unset(snapshot)
+        else:
+            spark.conf.set(snapshot, old)
         s3.close()
         server.stop()
 
