@@ -26,6 +26,7 @@ from shorelink.kafka.auth import KafkaAuth
 from shorelink.kafka.reading import read_to_end
 from spark_core.access import AccessPlan, apply_access, plan_access
 from spark_core.config import Principal, SitesConfig
+from spark_core.location import Location
 from spark_core.merge import Merger, start_merge
 from spark_core.ops.app import Ops
 from tests.access_helpers import CUSTOMERS, GROUPS, PASSWORDS, reset_access, secure_sites
@@ -402,7 +403,9 @@ def test_the_merge_runs_as_the_site_application(
     writes), writes canonical and ledger in its transactions, exactly once."""
     root = tmp_path_factory.mktemp("secure-merge")
     tokyo = dataclasses.replace(
-        site.sites.site("tokyo"), checkpoint_dir=root / "checkpoints", table_dir=root / "tables"
+        site.sites.site("tokyo"),
+        checkpoint_dir=Location(str(root / "checkpoints")),
+        table_dir=Location(str(root / "tables")),
     )
     ship = unique("ship")
     gw = site.conf("gateway-tokyo")
