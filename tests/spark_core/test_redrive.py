@@ -195,16 +195,7 @@ def test_records_held_back_at_the_bound_on_holes_are_taken_once_their_entry_has_
     every hole is filled it takes the last one: every seq once, nothing lost."""
     s = unique("s")
     site, _ = make_site(kafka.bootstrap, tmp_path, [s])
-    source = pulled_source("tokyo", "tid", relay_topic("e1", s))
-    offsets = iter(range(1000))
-
-    def rows(seqs: list[int]) -> list[SourceRow]:
-        out = []
-        for q in seqs:
-            r = record("bigblue", s, q)
-            out.append(SourceRow(source, 0, next(offsets), r.key, r.value, r.headers()))
-        return out
-
+    rows = _rows_of(s)
     merger = Merger(site)
     merger.max_ranges = 4
     try:
