@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from core_gateway.admission import Refused, plan_admission
@@ -189,9 +189,17 @@ class GatewayService:
         inflight.append(seqs)
         done = asyncio.wrap_future(self.writer.submit(write))
 
+        settled = False
+
         def settle(f: asyncio.Future[None]) -> None:
             # runs even if the request that waits for it went away: what Kafka
-            # committed is always added to the holdings (or a resend would double it)
+            # committed is always added to the holdings (or a resend would double it).
+            # Also called by _finish before it replies: a write that completed before
+            # _finish first ran is awaited without yielding, ahead of this callback
+            nonlocal settled
+            if settled:
+                return
+            settled = True
             inflight.remove(seqs)
             if f.cancelled() or f.exception() is not None:
                 return
@@ -204,7 +212,7 @@ class GatewayService:
                 log.warning("seqs_abandoned", ship=ship, stream=stream, seqs=abandoned)
 
         done.add_done_callback(settle)
-        return asyncio.ensure_future(self._finish(ship, batch, h, written, done))
+        return asyncio.ensure_future(self._finish(ship, batch, h, written, done, settle))
 
     async def _finish(
         self,
@@ -213,16 +221,19 @@ class GatewayService:
         h: SourceHoldings,
         written: RangeSet,
         done: asyncio.Future[None],
+        settle: Callable[[asyncio.Future[None]], None],
     ) -> dict[str, Any]:
         try:
             await asyncio.shield(done)
         except KafkaWriteError as exc:
+            settle(done)
             self.metrics.kafka_errors.inc()
             if exc.fenced:
                 self._unready(str(exc))
             elif exc.fatal:
                 self._recover()
             raise ApiError(503, "kafka_unavailable", str(exc)) from exc
+        settle(done)  # the reply says what the site holds with this batch in it
         return self._reply(ship, batch, h, written)
 
     def _unready(self, why: str) -> None:

@@ -6,6 +6,7 @@ ship's records twice or loses them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import logging
@@ -13,6 +14,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from confluent_kafka import KafkaException, Producer
 
 from core_gateway.auth import Credentials
 from core_gateway.config import GatewayConfig
-from core_gateway.ingress import IngressWriter
+from core_gateway.ingress import IngressWriter, Write
 from core_gateway.service import GatewayService
 from local_stack.kafka import KafkaBroker
 from local_stack.process import free_port
@@ -230,3 +232,35 @@ async def test_the_cursor_is_read_only_after_an_older_gateway_is_fenced(
         finally:
             stop.set()
             zombie.join(30)
+
+
+async def test_a_write_kafka_commits_before_its_reply_is_awaited_is_in_the_reply(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """Under load the event loop's thread can be descheduled right after it queued a
+    write, while the writer thread commits it: the write is then done before the reply
+    is first awaited. The reply awaited it without yielding, ahead of the callback that
+    adds it to the holdings, and said ``held`` without the batch (seen once in CI as
+    1-4130 for a batch of 4131-4140). Played here by letting ``submit`` return only
+    once Kafka committed: every reply names its own batch as held."""
+    cfg = replace(gateway_config(tmp_path, kafka), decode_workers=0)
+    ship = unique("ship")
+    Credentials(cfg.credentials_file).add(ship)
+    service = GatewayService(cfg)
+    await asyncio.wait_for(service.start(), 60)
+    submit = service.writer.submit
+
+    def committed_first(write: Write) -> Future[None]:
+        done = submit(write)
+        with contextlib.suppress(Exception):
+            done.result(timeout=30)  # the loop's thread waits as if descheduled
+        return done
+
+    service.writer.submit = committed_first  # type: ignore[method-assign]
+    try:
+        for lo in range(1, 31, 10):
+            reply = await (await service.receive(ship, "containers", batch(ship, lo, lo + 9)))
+            assert reply["held"] == f"1-{lo + 9}", reply
+    finally:
+        await service.stop()
+    assert_exactly_once(kafka, ship, 30)
