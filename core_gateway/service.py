@@ -27,6 +27,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tenacity import RetryCallState
+
 from core_gateway.admission import Refused, plan_admission
 from core_gateway.auth import Credentials
 from core_gateway.config import GatewayConfig
@@ -40,11 +42,15 @@ from shorelink.errors import ShorelinkError
 from shorelink.logs import get_logger
 from shorelink.proof import PROOF_HELD_BYTES, SignatureError, WatchedShipKeys
 from shorelink.ranges import RangeSet
+from shorelink.retry import Backoff, retry_fields, retrying
 from shorelink.wire import DECODE_RECORD_BYTES, Batch, WireError, peek_header
 
 __all__ = ["RETRY_AFTER_S", "SHIP_SHARE", "GatewayService", "busy"]
 
 log = get_logger(__name__)
+
+#: waits between tries to reach Kafka, at start and when re-creating the producer
+KAFKA_BACKOFF = Backoff(first_s=1.0, cap_s=30.0)
 
 #: the most of ``limits.max_inflight_bytes`` one ship holds besides the batch at hand
 SHIP_SHARE = 0.5
@@ -120,19 +126,23 @@ class GatewayService:
                 started = True
             return self.writer.restore(self.holdings)
 
-        delay = 1.0
-        while True:
-            try:
-                n = await asyncio.to_thread(blocking)
-                break
-            except Exception as exc:  # Kafka not up yet: keep trying, stay unready
-                if isinstance(exc, ShorelinkError) and not exc.retryable:
-                    log.error("gateway_start_failed", error=str(exc))
-                    raise  # refused credentials: waiting does not help
-                self.startup_error = str(exc)
-                log.warning("gateway_start_retry", error=str(exc), retry_in=f"{delay:.0f}s")
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30)
+        def retryable(exc: BaseException) -> bool:
+            # Kafka not up yet: keep trying, stay unready; refused credentials: waiting
+            # does not help
+            return not (isinstance(exc, ShorelinkError) and not exc.retryable)
+
+        def waiting(state: RetryCallState) -> None:
+            fields = retry_fields(state)
+            self.startup_error = str(fields["error"])
+            log.warning("gateway_start_retry", **fields)
+
+        try:
+            async for attempt in retrying(KAFKA_BACKOFF, retry_on=retryable, on_retry=waiting):
+                with attempt:
+                    n = await asyncio.to_thread(blocking)
+        except ShorelinkError as exc:
+            log.error("gateway_start_failed", error=str(exc))
+            raise
         self.startup_error = None
         self.ledger.start()
         self.ready.set()
@@ -256,21 +266,25 @@ class GatewayService:
             self.writer.restore(self.holdings)
             self.writer.resume()
 
-        delay = 1.0
-        while not self.writer.fatal:
-            try:
-                await asyncio.to_thread(blocking)
-            except Exception as exc:
-                log.warning("kafka_recovery_retry", error=str(exc), retry_in=f"{delay:.0f}s")
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30)
-                continue
-            self.startup_error = None
-            self.ready.set()
-            self.metrics.ready.set(1)
-            log.info("kafka_recovered", site=self.cfg.site)
+        def waiting(state: RetryCallState) -> None:
+            log.warning("kafka_recovery_retry", **retry_fields(state))
+
+        if self.writer.fatal:
+            self._unready(self.writer.fatal)
             return
-        self._unready(self.writer.fatal)
+        try:
+            async for attempt in retrying(
+                KAFKA_BACKOFF, retry_on=lambda _e: not self.writer.fatal, on_retry=waiting
+            ):
+                with attempt:
+                    await asyncio.to_thread(blocking)
+        except Exception:
+            self._unready(self.writer.fatal or "the Kafka producer could not be recovered")
+            return
+        self.startup_error = None
+        self.ready.set()
+        self.metrics.ready.set(1)
+        log.info("kafka_recovered", site=self.cfg.site)
 
     def _reply(
         self, ship: str, batch: Batch, h: SourceHoldings, written: RangeSet

@@ -316,6 +316,8 @@ def _mqtt(s: Section, ship: str) -> MqttConfig:
     out = read(MqttConfig, s, defaults={"client_id": f"shorelink-edge-{ship}"})
     if not out.subscriptions:
         raise ConfigError(s.field("subscriptions"), "needs at least one topic filter")
+    if not 0 < out.reconnect_min_s <= out.reconnect_max_s:
+        raise ConfigError(s.field("reconnect_min"), "need 0 < reconnect_min <= reconnect_max")
     return out
 
 

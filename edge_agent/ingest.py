@@ -38,6 +38,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersi
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
+from tenacity import RetryCallState
 
 from edge_agent.alarms import (
     ALERTS_STREAM,
@@ -53,6 +54,7 @@ from edge_agent.log import CommitResult, EdgeLog, Incoming, Quarantined, message
 from edge_agent.metrics import EdgeMetrics
 from edge_agent.rules import admit_message
 from shorelink.logs import RateLimitedLog, get_logger
+from shorelink.retry import Backoff, retrying
 
 __all__ = ["Ingest"]
 
@@ -61,6 +63,8 @@ log = get_logger(__name__)
 #: after an unexpected commit error, how often a message is tried alone before it is
 #: quarantined as ``commit_error``
 ISOLATE_ATTEMPTS = 3
+#: waits between tries of a commit the log refused
+COMMIT_BACKOFF = Backoff(first_s=0.1, cap_s=5.0)
 #: a message that can be neither committed nor quarantined for this long makes
 #: :meth:`Ingest.healthy` false (the systemd watchdog then restarts the agent)
 STUCK_AFTER_S = 60.0
@@ -189,7 +193,8 @@ class Ingest:
     async def _connection_loop(self, stop: asyncio.Event) -> None:
         m = self.cfg.mqtt
         loop = asyncio.get_running_loop()
-        delay = m.reconnect_min_s
+        backoff = Backoff(m.reconnect_min_s, m.reconnect_max_s, jitter_s=m.reconnect_min_s)
+        failures = 0  # connections that ended since the last one that was up
         while not stop.is_set():
             client = self._new_client()
             driver = _PahoOnAsyncio(loop, client)
@@ -206,7 +211,7 @@ class Ingest:
             else:
                 await _first(driver.closed.wait(), stop.wait())
                 if self._generation > generation:
-                    delay = m.reconnect_min_s  # we were connected: start backing off afresh
+                    failures = 0  # we were connected: start backing off afresh
                 if stop.is_set() and not driver.closed.is_set():
                     await self._drain()
                     self._stopping.set()  # the disconnect that follows is ours
@@ -217,10 +222,9 @@ class Ingest:
             self.metrics.mqtt_connected.set(0)
             if stop.is_set():
                 return
-            wait = delay * (0.5 + random.random())
-            delay = min(delay * 2, m.reconnect_max_s)
+            failures += 1
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), wait)
+                await asyncio.wait_for(stop.wait(), backoff.delay(failures))
 
     async def _drain(self) -> None:
         """Let the commit loop commit and acknowledge everything received so far."""
@@ -359,31 +363,25 @@ class Ingest:
         if self.stuck_since is None:
             self.stuck_since = time.monotonic()
         for r in batch:
-            delay = 0.1
-            attempt = 0
-            while True:
-                attempt += 1
-                try:
-                    if attempt <= ISOLATE_ATTEMPTS:
-                        if not await self._commit_group([r]):
+
+            def failed(exc: BaseException, r: _Received = r) -> bool:
+                self.metrics.ingest_errors.inc()
+                self._limited.warning(
+                    "commit_isolated", "commit_unexpected_error", mid=r.msg.mid, error=repr(exc)
+                )
+                return True
+
+            try:
+                async for attempt in retrying(
+                    COMMIT_BACKOFF, retry_on=failed, stop=self._stopping, on_retry=self._beat
+                ):
+                    with attempt:
+                        if attempt.retry_state.attempt_number > ISOLATE_ATTEMPTS:
+                            await self._quarantine_alone(r)
+                        elif not await self._commit_group([r]):
                             return
-                    else:
-                        await self._quarantine_alone(r)
-                    break
-                except Exception as exc:
-                    self.metrics.ingest_errors.inc()
-                    self._limited.warning(
-                        "commit_isolated",
-                        "commit_unexpected_error",
-                        mid=r.msg.mid,
-                        attempt=attempt,
-                        error=repr(exc),
-                    )
-                    if self._stopping.is_set():
-                        return
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 5.0)
-                    self.heartbeat = time.monotonic()
+            except Exception:  # stopping: nothing of it is acknowledged
+                return
         self.stuck_since = None
 
     async def _quarantine_alone(self, r: _Received) -> None:
@@ -464,31 +462,37 @@ class Ingest:
         about a millisecond, while handing it to a worker thread made it wait for the
         GIL behind paho's packet parsing (measured: p99 200+ ms under load). Retries
         until the log takes the group or we stop."""
-        delay = 0.1
         derive = self._raise_alerts if self.cfg.alarms else None
-        while True:
-            try:
-                self._evaluation = None
-                if derive is None:
-                    result = self.log.commit(incoming, quarantined)
-                else:
-                    result = self.log.commit(incoming, quarantined, derive=derive)
-                self._alerts_committed(result)
-                self.metrics.log_full.set(0)
-                return result
-            except LogError as exc:
-                # Nothing was stored and nothing is acknowledged: the broker keeps the
-                # messages (and, once our receive window is full, stops sending).
-                self.metrics.log_errors.inc()
-                self.metrics.log_full.set(1 if isinstance(exc, LogFullError) else 0)
-                self._limited.warning(
-                    "log_commit", "commit_failed", error=str(exc), retry_in=f"{delay:.1f}s"
-                )
-                if self._stopping.is_set():
-                    return None
-                await asyncio.sleep(delay)
-                self.heartbeat = time.monotonic()
-                delay = min(delay * 2, 5.0)
+
+        def failed(exc: BaseException) -> bool:
+            if not isinstance(exc, LogError):
+                return False
+            # Nothing was stored and nothing is acknowledged: the broker keeps the
+            # messages (and, once our receive window is full, stops sending).
+            self.metrics.log_errors.inc()
+            self.metrics.log_full.set(1 if isinstance(exc, LogFullError) else 0)
+            self._limited.warning("log_commit", "commit_failed", error=str(exc))
+            return True
+
+        try:
+            async for attempt in retrying(
+                COMMIT_BACKOFF, retry_on=failed, stop=self._stopping, on_retry=self._beat
+            ):
+                with attempt:
+                    self._evaluation = None
+                    if derive is None:
+                        result = self.log.commit(incoming, quarantined)
+                    else:
+                        result = self.log.commit(incoming, quarantined, derive=derive)
+        except LogError:
+            return None  # stopping while the log could not be written
+        self._alerts_committed(result)
+        self.metrics.log_full.set(0)
+        return result
+
+    def _beat(self, _state: RetryCallState) -> None:
+        """While a commit is retried the loop is alive (the watchdog asks)."""
+        self.heartbeat = time.monotonic()
 
     # -- alarms --------------------------------------------------------------------------
     def _raise_alerts(self, conn: sqlite3.Connection, stored: list[Incoming]) -> list[Incoming]:

@@ -12,20 +12,21 @@ A calm loop (``run``):
    meanwhile, and while no link is up, the :class:`~edge_agent.sealing.Sealer`
    encodes whole segments of the backlog ahead of time (sealing.py);
 4. on a link error: mark the link down, drop the session and its connections
-   (explicit reconnect), back off (tenacity: exponential from ``uplink.retry_min``,
-   growing by :data:`BACKOFF_GROWTH`, with jitter, capped at ``uplink.retry_max``) and start again at 2. A 401/403 puts that gateway aside for
-   ``retry_max`` and the next attempt tries the others.
+   (explicit reconnect), back off (:mod:`shorelink.retry`: exponential from
+   ``uplink.retry_min``, growing by :data:`BACKOFF_GROWTH`, with jitter, capped at
+   ``uplink.retry_max``, from the start again after progress) and start again at 2.
+   A 401/403 puts that gateway aside for ``retry_max`` and the next attempt tries the
+   others.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 from collections.abc import Callable, Sequence
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
+from tenacity import RetryCallState
 
 from edge_agent.batching import BatchBuilder
 from edge_agent.budget import LinkBudget
@@ -38,6 +39,7 @@ from edge_agent.sealing import Sealer
 from edge_agent.session import Session
 from shorelink.logs import RateLimitedLog, get_logger
 from shorelink.ranges import RangeSet
+from shorelink.retry import Backoff, retry_fields, retrying
 
 __all__ = ["Uplink"]
 
@@ -135,44 +137,22 @@ class Uplink:
 
     async def _pass_with_retry(self) -> None:
         u = self.cfg.uplink
-        first_failure = {"attempt": 1, "accepted": self._accepted}
-
-        def wait(state: RetryCallState) -> float:
-            # One pass can last a whole drain across many outages: back off from the
-            # start again once a batch got through since the previous failure, or each
-            # 2 s outage would cost a longer and longer wait (up to retry_max).
-            if self._accepted != first_failure["accepted"]:
-                first_failure["attempt"] = state.attempt_number
-                first_failure["accepted"] = self._accepted
-            n = state.attempt_number - first_failure["attempt"]
-            # exponential with jitter, capped (what tenacity's wait_exponential_jitter does)
-            return min(
-                u.retry_min_s * BACKOFF_GROWTH**n + random.uniform(0, u.retry_min_s),
-                u.retry_max_s,
-            )
-
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(lambda e: isinstance(e, UplinkError) and e.retryable),
-            wait=wait,
-            stop=lambda _state: self._stop.is_set(),
-            sleep=self._sleep,
-            before_sleep=self._before_sleep,
-            reraise=True,
-        )
-        async for attempt in retrying:
+        backoff = Backoff(u.retry_min_s, u.retry_max_s, BACKOFF_GROWTH, jitter_s=u.retry_min_s)
+        # One pass can last a whole drain across many outages: the backoff starts again
+        # once a batch got through since the previous failure, or each 2 s outage would
+        # cost a longer and longer wait (up to retry_max).
+        async for attempt in retrying(
+            backoff,
+            retry_on=lambda e: isinstance(e, UplinkError) and e.retryable,
+            stop=self._stop,
+            on_retry=self._before_sleep,
+            progress=lambda: self._accepted,
+        ):
             with attempt:
                 await self.sync_once()
 
     def _before_sleep(self, state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        wait = state.next_action.sleep if state.next_action else 0.0
-        self._limited.warning(
-            "uplink_retry",
-            "uplink_retry",
-            attempt=state.attempt_number,
-            retry_in=f"{wait:.1f}s",
-            error=str(exc),
-        )
+        self._limited.warning("uplink_retry", "uplink_retry", **retry_fields(state))
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -41,6 +41,7 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import DataLoss, KafkaClientError
 from shorelink.kafka.reading import PartitionReader, written_ms
 from shorelink.logs import get_logger
+from shorelink.retry import Backoff
 from spark_core.access import pull_group
 from spark_core.config import SiteConfig
 from spark_core.feed_guard import FeedGuard
@@ -54,6 +55,9 @@ log = get_logger(__name__)
 
 #: how long a round waits for the first record (an alert's latency on an idle link)
 WAIT_S = 0.2
+#: waits after a feed's turns failed in a row (it starts again from what the merge
+#: committed)
+FEED_BACKOFF = Backoff(first_s=0.5, cap_s=10.0)
 #: how often a feed asks for its topics' ids and partitions
 DESCRIBE_EVERY_S = 5.0
 
@@ -233,28 +237,28 @@ class Feed:
     def run(self, stop: threading.Event) -> None:
         """Read until ``stop`` (or the merge stops); a failure closes the reader and is
         retried with backoff from what the merge committed."""
-        backoff = 0.5
+        failures = 0  # turns that failed in a row
         while not stop.is_set() and not self.merger.stopping.is_set():
             try:
                 if not self.round():
                     stop.wait(WAIT_S if self._assigned else self.site.replication.probe_interval_s)
                 self.after_turn()
-                backoff = 0.5
+                failures = 0
                 self.error = self.failing_since = None
-            except MergeError as exc:
-                if self.merger.stopping.is_set():
-                    break
-                self._failed(exc, backoff)
-                if exc.fatal:
-                    break
-            except KafkaClientError as exc:
-                self._failed(exc, backoff)
+                continue
             except Exception as exc:  # never let one feed die silently
+                failed = exc
+            merge_error = isinstance(failed, MergeError)
+            if merge_error and self.merger.stopping.is_set():
+                break
+            if not merge_error and not isinstance(failed, KafkaClientError):
                 log.exception("pull_failed", site=self.site.name, puller=self.name)
-                self._failed(exc, backoff)
-            if self.error is not None:
-                stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
+            failures += 1
+            wait = FEED_BACKOFF.delay(failures)
+            self._failed(failed, wait)
+            if isinstance(failed, MergeError) and failed.fatal:
+                break
+            stop.wait(wait)
         self.close()
 
     def _failed(self, exc: BaseException, backoff: float) -> None:

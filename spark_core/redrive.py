@@ -65,6 +65,7 @@ from shorelink.contract import H_ORIGIN, H_SEQ, H_STREAM, canonical_topic, dead_
 from shorelink.kafka.errors import KafkaClientError
 from shorelink.kafka.reading import read_to_end
 from shorelink.logs import get_logger
+from shorelink.retry import Backoff
 from spark_core.merge_state import (
     HOLES_ROOM,
     BatchPlan,
@@ -80,8 +81,7 @@ if TYPE_CHECKING:
     from spark_core.merge import Merger
 
 __all__ = [
-    "FAIL_BACKOFF_MAX_S",
-    "FAIL_BACKOFF_S",
+    "FAIL_BACKOFF",
     "HOLES_ROOM",
     "PASS_BYTES",
     "PASS_RECORDS",
@@ -100,9 +100,8 @@ PASS_BYTES = 32 * 1024 * 1024
 #: how often the re-driver looks at each merge's ship keys and held back sources (the
 #: file is looked at once a second by :class:`~shorelink.proof.WatchedShipKeys`)
 LOOK_S = 1.0
-#: after a failed look at a merge, how long until the next (doubling while it fails)
-FAIL_BACKOFF_S = 2.0
-FAIL_BACKOFF_MAX_S = 60.0
+#: after failed looks at a merge, how long until the next (doubling while it fails)
+FAIL_BACKOFF = Backoff(first_s=2.0, cap_s=60.0)
 
 
 def redrive_source(topic_id: str, stream: str) -> str:
@@ -307,8 +306,8 @@ def redrive_once(merger: Merger) -> dict[str, Counter[str]] | None:
 class Redriver:
     """The site's re-drive loop: every :data:`LOOK_S`, each merge
     (:func:`redrive_once`). A failure is logged (once per new error) and the merge is
-    tried again after :data:`FAIL_BACKOFF_S`, doubling while it fails, up to
-    :data:`FAIL_BACKOFF_MAX_S`: a Kafka that does not answer is not asked every second
+    tried again after :data:`FAIL_BACKOFF` (2 s, doubling while it fails, up to 60 s):
+    a Kafka that does not answer is not asked every second
     (review 9, finding 5). Whatever it raises, the loop goes on (finding 9: an
     unexpected error stopped it for good, silently)."""
 
@@ -318,8 +317,9 @@ class Redriver:
         self._thread = threading.Thread(target=self._run, name="redrive", daemon=True)
         #: the last failure, per merge query (None: the last look went through)
         self.errors: dict[str, str | None] = {}
-        #: per merge query after a failure: its back-off, and when it is looked at again
-        self._backoff: dict[str, tuple[float, float]] = {}
+        #: per merge query after a failure: its failures in a row, and when it is
+        #: looked at again
+        self._backoff: dict[str, tuple[int, float]] = {}
 
     def start(self) -> None:
         if self.mergers:
@@ -335,7 +335,7 @@ class Redriver:
             for m in self.mergers:
                 if m.stopping.is_set() or m.fenced is not None:
                     continue
-                if time.monotonic() < self._backoff.get(m.query, (0.0, 0.0))[1]:
+                if time.monotonic() < self._backoff.get(m.query, (0, 0.0))[1]:
                     continue
                 try:
                     redrive_once(m)
@@ -348,9 +348,9 @@ class Redriver:
                     self._backoff.pop(m.query, None)
 
     def _failed(self, m: Merger, exc: Exception, *, expected: bool) -> None:
-        was = self._backoff.get(m.query, (0.0, 0.0))[0]
-        backoff = min(FAIL_BACKOFF_MAX_S, 2 * was) if was else FAIL_BACKOFF_S
-        self._backoff[m.query] = (backoff, time.monotonic() + backoff)
+        failures = self._backoff.get(m.query, (0, 0.0))[0] + 1
+        backoff = FAIL_BACKOFF.delay(failures)
+        self._backoff[m.query] = (failures, time.monotonic() + backoff)
         error = f"{type(exc).__name__}: {exc}" if not expected else str(exc)
         if self.errors.get(m.query) != error:  # once per new error
             fields = {"site": m.site.name, "query": m.query, "error": error, "retry_s": backoff}

@@ -33,6 +33,7 @@ from shorelink.errors import ShorelinkError
 from shorelink.kafka.endpoint import name_clients
 from shorelink.logs import configure_logging, get_logger
 from shorelink.proof import signature_mode
+from shorelink.retry import Backoff
 from spark_core.config import SiteConfig, SitesConfig, load_config
 from spark_core.merge import Merger, fence_predecessors, reset_changed_checkpoints, start_merge
 from spark_core.metrics import serve_metrics
@@ -70,13 +71,17 @@ class QueryRunner:
     done: bool = False
 
 
+#: waits before a failed query is started again (failures in a row; reset once it
+#: makes progress)
+QUERY_BACKOFF = Backoff(first_s=1.0, cap_s=60.0)
+
+
 class Supervisor:
     def __init__(
         self,
         runners: list[QueryRunner],
         *,
-        backoff_s: float = 1.0,
-        backoff_cap_s: float = 60.0,
+        backoff: Backoff = QUERY_BACKOFF,
         progress: ProgressReporter | None = None,
         on_exit: list[Callable[[], None]] | None = None,
     ) -> None:
@@ -84,8 +89,7 @@ class Supervisor:
         self.on_exit = list(on_exit or [])
         self.replicator: Replicator | None = None
         self.progress = progress
-        self.backoff_s = backoff_s
-        self.backoff_cap_s = backoff_cap_s
+        self.backoff = backoff
         self._stop = threading.Event()
 
     def request_stop(self, *_: object) -> None:
@@ -94,7 +98,7 @@ class Supervisor:
     def _failed(self, r: QueryRunner, error: str) -> None:
         r.query = None
         r.failures += 1
-        delay = min(self.backoff_cap_s, self.backoff_s * 2 ** (r.failures - 1))
+        delay = self.backoff.delay(r.failures)
         r.next_start = time.monotonic() + delay
         log.error(
             "query_failed",

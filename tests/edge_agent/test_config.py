@@ -56,6 +56,9 @@ def _with(change: dict[str, object]) -> dict[str, object]:
         ({"ship": None}, "ship"),
         # over the record limit of every hop (MAX_RECORD_BYTES): the shore could not take it
         ({"mqtt.max_payload_bytes": "2MiB"}, "mqtt.max_payload_bytes"),
+        # a reconnect wait of 0 reconnected in a tight loop while the broker was away
+        ({"mqtt.reconnect_min": "0s"}, "mqtt.reconnect_min"),
+        ({"mqtt.reconnect_min": "1m", "mqtt.reconnect_max": "1s"}, "mqtt.reconnect_min"),
     ],
 )
 def test_invalid_config_names_the_field(change: dict[str, object], field: str) -> None:

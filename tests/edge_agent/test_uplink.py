@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from tenacity import RetryCallState
 
 from edge_agent.batching import BuildFailed
 from edge_agent.config import EdgeConfig
@@ -465,13 +466,14 @@ async def test_retry_backoff_starts_afresh_after_progress(tmp_path: Path) -> Non
     gw = MemoryGateway("tokyo", "port_wifi", fail_calls={n: "request" for n in range(4, 40, 5)})
     up = _uplink(cfg, log, [gw])
     waits: list[float] = []
-    real_sleep = up._sleep
+    real_before_sleep = up._before_sleep
 
-    async def recording_sleep(seconds: float) -> None:
-        waits.append(seconds)
-        await real_sleep(seconds)
+    def recording(state: RetryCallState) -> None:
+        assert state.next_action is not None
+        waits.append(state.next_action.sleep)
+        real_before_sleep(state)
 
-    up._sleep = recording_sleep  # type: ignore[method-assign]
+    up._before_sleep = recording  # type: ignore[method-assign]
     await _run_until_delivered(up, gw, 1500)
     assert len(waits) >= 5
     # every wait is a first retry (20 ms plus up to 20 ms jitter), never 2**n * 20 ms

@@ -25,7 +25,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 #: the top-level modules each lean install lacks (what the other extras bring)
 LACKS = {
     "edge": "confluent_kafka,pyspark,pyarrow,delta,pyais,aiomqtt,rich,matplotlib,tomli_w",
-    "gateway": "paho,sqlite_utils,tenacity,pyspark,pyarrow,delta,pyais,aiomqtt,rich,matplotlib,tomli_w",
+    "gateway": "paho,sqlite_utils,pyspark,pyarrow,delta,pyais,aiomqtt,rich,matplotlib,tomli_w",
 }
 
 #: runs ``module:function`` with ``argv`` after hiding the modules a lean install lacks

@@ -25,6 +25,7 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError
 from shorelink.kafka.reading import read_to_end
 from shorelink.proof import ShipKey, ShipKeys, WatchedShipKeys, key_cause
+from shorelink.retry import Backoff
 from spark_core import redrive
 from spark_core.merge import Merger, Totals
 from spark_core.merge_state import SourceRow, pulled_source
@@ -367,7 +368,7 @@ def test_the_redrive_loop_outlives_any_error_and_backs_off_while_it_fails(
     longer after each failure, and the fourth look goes through. A stand-in merge (the
     loop needs only its name and flags): this is about the loop, not the pass."""
     monkeypatch.setattr(redrive, "LOOK_S", 0.01)
-    monkeypatch.setattr(redrive, "FAIL_BACKOFF_S", 0.2, raising=False)
+    monkeypatch.setattr(redrive, "FAIL_BACKOFF", Backoff(first_s=0.2, cap_s=60.0))
     looks: list[float] = []
     fails: list[Exception] = [
         RuntimeError("a bug"),
