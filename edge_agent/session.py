@@ -30,7 +30,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from edge_agent.batching import BatchBuilder, BuildSpec
 from edge_agent.budget import LinkBudget
@@ -76,6 +76,8 @@ class _Outgoing:
     body: bytes
     epoch: int = 0
     task: asyncio.Task[SendResult] | None = None
+    #: the last seq of each stream of higher priority when it was built
+    above: dict[str, int] = field(default_factory=dict)
 
 
 class Session:
@@ -142,6 +144,10 @@ class Session:
                         out, ahead = await ahead, None
                         if out is not None and out.epoch != out.cursor.epoch:
                             continue  # built before its stream was rewound: stale
+                        if out is not None and self._overtaken(out):
+                            # an alert came while it was built ahead: the alert first
+                            self._give_back(out)
+                            out = await self._next()
                         if out is None:
                             # it looked while batches were in flight, and a stream
                             # rewound by a 409 waits for those; they may have settled
@@ -168,12 +174,32 @@ class Session:
             if ahead is not None:
                 ahead.cancel()
                 await asyncio.wait([ahead])  # (does not raise what the build raised)
-                if not ahead.cancelled():
-                    ahead.exception()  # retrieved: a batch nobody sends is no error
+                if not ahead.cancelled() and ahead.exception() is None:
+                    # (retrieved: a build nobody sends is no error either)
+                    unsent = ahead.result()
+                    if unsent is not None:
+                        self._give_back(unsent)
             # the rest of the window: take what the site confirmed, ignore the rest
             while window:
                 with contextlib.suppress(Exception):
                     accepted += await self._settle(window.popleft())
+
+    def _overtaken(self, out: _Outgoing) -> bool:
+        """A stream of higher priority than ``out``'s got records since ``out`` was
+        built (it would wait one more batch behind it)."""
+        return any(
+            self.log.stream_state(stream).next_seq - 1 > last for stream, last in out.above.items()
+        )
+
+    @staticmethod
+    def _give_back(out: _Outgoing) -> None:
+        """``out`` was built but will not be sent (the session breaks off, say, to
+        probe a cheaper link): its stream's position moved past it when it was built,
+        so move it back, or the next batch would start beyond what the site holds (a
+        409, and a satellite round trip, for nothing)."""
+        c = out.cursor
+        if out.epoch == c.epoch and c.pos is not None and c.pos > out.first:
+            c.pos = out.first
 
     async def _launch(self, out: _Outgoing) -> None:
         """Charge the budget (before the bytes go out: a crash must not hand out free
@@ -282,6 +308,7 @@ class Session:
 
     # -- choosing and building the next batch ---------------------------------------------
     async def _next(self) -> _Outgoing | None:
+        above: dict[str, int] = {}  # the streams looked at before, and their last seq
         for c in self.cursors:
             if self.budget.spent_out:
                 return None
@@ -290,9 +317,10 @@ class Session:
             c.rewind = False
             epoch = c.epoch
             t0 = time.monotonic()
+            last = self.log.stream_state(c.stream).next_seq - 1
             spec = BuildSpec(
                 c.stream,
-                self.log.stream_state(c.stream).next_seq - 1,
+                last,
                 c.pos,
                 c.floor,
                 c.held,
@@ -331,5 +359,8 @@ class Session:
                 self.metrics.uplink_build_seconds.observe(time.monotonic() - t0)
                 if built.sealed:
                     self.metrics.uplink_sealed_batches.labels(self.site, c.stream).inc()
-                return _Outgoing(c, built.first, built.last, built.count, built.body, epoch)
+                out = _Outgoing(c, built.first, built.last, built.count, built.body, epoch)
+                out.above = above
+                return out
+            above[c.stream] = last
         return None

@@ -67,10 +67,10 @@ async def test_sends_everything_once_highest_priority_first(tmp_path: Path) -> N
     log.close()
 
 
-async def test_alert_committed_during_bulk_backlog_goes_within_two_batches(
-    tmp_path: Path,
-) -> None:
-    """An alert is worth more than the whole container backlog in front of it."""
+async def test_alert_committed_during_bulk_backlog_goes_next(tmp_path: Path) -> None:
+    """An alert is worth more than the whole container backlog in front of it: it goes
+    right after the batch in flight, not behind the one built ahead of it too (on the
+    satellite, a batch is a round trip of 0.6 s and more)."""
     cfg = uplink_config(
         tmp_path,
         gateways=[("tokyo", "port_wifi")],
@@ -79,19 +79,25 @@ async def test_alert_committed_during_bulk_backlog_goes_within_two_batches(
     log = open_log(cfg)
     fill(log, "containers", 1000)
 
+    def built() -> float:
+        (metric,) = up.metrics.uplink_build_seconds.collect()
+        return next(x.value for x in metric.samples if x.name.endswith("_count"))
+
     class AlertMidway(MemoryGateway):
         async def send(self, stream: str, body: bytes):  # type: ignore[no-untyped-def]
-            result = await super().send(stream, body)
-            if len(self.log) == 3:
+            if len(self.log) == 2:  # batch 3 is on its way
+                # the batch after it is built meanwhile, then the alert comes
+                await eventually_async(lambda: built() >= 4, what="batch 4 built ahead")
                 fill(log, "alerts", 2)
-            return result
+            return await super().send(stream, body)
 
     gw = AlertMidway("tokyo", "port_wifi")
-    await _uplink(cfg, log, [gw]).sync_once()
-    # committed while batch 3 was in flight: it goes next, or one later when the next
-    # container batch was already built (the uplink builds one batch ahead)
+    up = _uplink(cfg, log, [gw])
+    await up.sync_once()
+    # committed while batch 3 was in flight and batch 4 was built: it goes next (batch
+    # 4 is built again after it)
     order = [r.stream for r in gw.log[:6]]
-    assert order.index("alerts") in (3, 4) and order.count("alerts") == 1
+    assert order.index("alerts") == 3 and order.count("alerts") == 1
     assert gw.held("containers") == _all(1000) and gw.held("alerts") == _all(2)
     log.close()
 
@@ -478,4 +484,39 @@ async def test_retry_backoff_starts_afresh_after_progress(tmp_path: Path) -> Non
     assert len(waits) >= 5
     # every wait is a first retry (20 ms plus up to 20 ms jitter), never 2**n * 20 ms
     assert max(waits) < 0.045, waits
+    log.close()
+
+
+async def test_a_session_that_breaks_off_to_probe_a_cheaper_link_leaves_no_gap(
+    tmp_path: Path,
+) -> None:
+    """At sea the satellite session breaks off every ``uplink.interval`` to see whether
+    port Wi-Fi came up. The batch it had built ahead (while the one in flight waited
+    for its answer) was dropped, but its stream's position had already moved past it:
+    the next batch then started beyond what the site held and was refused as a gap
+    (409), one satellite round trip and one batch of bytes wasted each time, and after
+    three in a row the stream, alerts included, waited for the next session (a voyage
+    logged 27-36 such gaps per ship in three minutes). Now a batch dropped unsent gives
+    its seqs back: no gap, nothing sent twice."""
+    cfg = uplink_config(
+        tmp_path,
+        gateways=[("tokyo", "port_wifi"), ("hq", "satellite")],
+        links={"satellite": {"batch_max_records": 5, "in_flight": 1}},
+        uplink={"interval": "50ms"},
+    )
+    log = open_log(cfg)
+    fill(log, "nav", 200)
+    wifi = MemoryGateway("tokyo", "port_wifi", down=True)  # at sea: no Wi-Fi
+    sat = MemoryGateway("hq", "satellite", latency=0.02)
+    up = _uplink(cfg, log, [wifi, sat])
+    stop = asyncio.Event()
+    task = asyncio.create_task(up.run(stop))
+    try:
+        await eventually_async(lambda: sat.held("nav") == _all(200), what="nav delivered")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    assert wifi.calls > 3, "the session never broke off to probe the cheaper link"
+    assert [r for r in sat.log if r.outcome != "ok"] == []
+    assert max(sat.arrivals.values()) == 1
     log.close()
