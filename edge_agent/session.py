@@ -30,8 +30,9 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from edge_agent.alarms import ALERTS_STREAM
 from edge_agent.batching import BatchBuilder, BuildSpec
 from edge_agent.budget import LinkBudget
 from edge_agent.config import LinkConfig
@@ -76,8 +77,9 @@ class _Outgoing:
     body: bytes
     epoch: int = 0
     task: asyncio.Task[SendResult] | None = None
-    #: the last seq of each stream of higher priority when it was built
-    above: dict[str, int] = field(default_factory=dict)
+    #: the alerts' last seq when it was built (None: it is an alerts batch, or the
+    #: ship has no alerts stream)
+    alerts_last: int | None = None
 
 
 class Session:
@@ -185,11 +187,12 @@ class Session:
                     accepted += await self._settle(window.popleft())
 
     def _overtaken(self, out: _Outgoing) -> bool:
-        """A stream of higher priority than ``out``'s got records since ``out`` was
-        built (it would wait one more batch behind it)."""
-        return any(
-            self.log.stream_state(stream).next_seq - 1 > last for stream, last in out.above.items()
-        )
+        """An alert came since ``out`` was built (it would wait one more batch behind
+        it). Only alerts overtake a batch built ahead: were every stream of higher
+        priority to (positions come all the time), a bulk backlog in port would go as
+        a trickle of small batches, each a round trip."""
+        last = out.alerts_last
+        return last is not None and self.log.stream_state(ALERTS_STREAM).next_seq - 1 > last
 
     @staticmethod
     def _give_back(out: _Outgoing) -> None:
@@ -308,7 +311,7 @@ class Session:
 
     # -- choosing and building the next batch ---------------------------------------------
     async def _next(self) -> _Outgoing | None:
-        above: dict[str, int] = {}  # the streams looked at before, and their last seq
+        alerts_last = None  # the alerts' last seq, if looked at and nothing to send
         for c in self.cursors:
             if self.budget.spent_out:
                 return None
@@ -360,7 +363,8 @@ class Session:
                 if built.sealed:
                     self.metrics.uplink_sealed_batches.labels(self.site, c.stream).inc()
                 out = _Outgoing(c, built.first, built.last, built.count, built.body, epoch)
-                out.above = above
+                out.alerts_last = alerts_last
                 return out
-            above[c.stream] = last
+            if c.stream == ALERTS_STREAM:
+                alerts_last = last
         return None
