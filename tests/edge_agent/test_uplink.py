@@ -67,10 +67,15 @@ async def test_sends_everything_once_highest_priority_first(tmp_path: Path) -> N
     log.close()
 
 
-async def test_alert_committed_during_bulk_backlog_goes_next(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("stream", "at"), [("alerts", 3), ("nav", 4)])
+async def test_only_an_alert_overtakes_the_batch_built_ahead(
+    tmp_path: Path, stream: str, at: int
+) -> None:
     """An alert is worth more than the whole container backlog in front of it: it goes
     right after the batch in flight, not behind the one built ahead of it too (on the
-    satellite, a batch is a round trip of 0.6 s and more)."""
+    satellite, a batch is a round trip of 0.6 s and more). A position does not: it goes
+    after the batch built ahead (were it to overtake, a container backlog in port would
+    go as a trickle of small batches, positions coming every few seconds)."""
     cfg = uplink_config(
         tmp_path,
         gateways=[("tokyo", "port_wifi")],
@@ -83,22 +88,21 @@ async def test_alert_committed_during_bulk_backlog_goes_next(tmp_path: Path) -> 
         (metric,) = up.metrics.uplink_build_seconds.collect()
         return next(x.value for x in metric.samples if x.name.endswith("_count"))
 
-    class AlertMidway(MemoryGateway):
-        async def send(self, stream: str, body: bytes):  # type: ignore[no-untyped-def]
+    class Midway(MemoryGateway):
+        async def send(self, stream_: str, body: bytes):  # type: ignore[no-untyped-def]
             if len(self.log) == 2:  # batch 3 is on its way
-                # the batch after it is built meanwhile, then the alert comes
+                # the batch after it is built meanwhile, then the record comes
                 await eventually_async(lambda: built() >= 4, what="batch 4 built ahead")
-                fill(log, "alerts", 2)
-            return await super().send(stream, body)
+                fill(log, stream, 2)
+            return await super().send(stream_, body)
 
-    gw = AlertMidway("tokyo", "port_wifi")
+    gw = Midway("tokyo", "port_wifi")
     up = _uplink(cfg, log, [gw])
     await up.sync_once()
-    # committed while batch 3 was in flight and batch 4 was built: it goes next (batch
-    # 4 is built again after it)
     order = [r.stream for r in gw.log[:6]]
-    assert order.index("alerts") == 3 and order.count("alerts") == 1
-    assert gw.held("containers") == _all(1000) and gw.held("alerts") == _all(2)
+    assert order.index(stream) == at and order.count(stream) == 1, order
+    assert gw.held("containers") == _all(1000) and gw.held(stream) == _all(2)
+    assert max(gw.arrivals.values()) == 1
     log.close()
 
 
