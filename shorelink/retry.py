@@ -90,9 +90,10 @@ def retrying(
     short by ``stop``), until one succeeds; ``on_retry`` is called before each wait
     (log it there, with :func:`retry_fields`). Once ``stop`` is set, the last error is
     raised instead of retried, also when it is set during a wait (without ``stop``:
-    retried until cancelled); an error
-    ``retry_on`` refuses is raised at once. An :class:`asyncio.Event` also cuts the wait
-    short; a :class:`threading.Event` (set from another thread) is seen after it."""
+    retried until cancelled); an error ``retry_on`` refuses is raised at once, and so
+    is anything not an :class:`Exception` (a cancellation: tenacity would hand it to
+    ``retry_on``). An :class:`asyncio.Event` also cuts the wait short; a
+    :class:`threading.Event` (set from another thread) is seen after it."""
 
     failed: list[BaseException] = []  # the error the wait follows
 
@@ -112,7 +113,9 @@ def retrying(
             raise failed[0]  # asked to stop while waiting: not one more attempt
 
     return AsyncRetrying(
-        retry=retry_if_exception(retry_on),
+        # tenacity hands every BaseException to the predicate: a cancellation (or an
+        # exit) is never retried, whatever ``retry_on`` says
+        retry=retry_if_exception(lambda e: isinstance(e, Exception) and retry_on(e)),
         wait=backoff.wait(progress),
         stop=lambda _state: stop is not None and stop.is_set(),
         sleep=sleep,

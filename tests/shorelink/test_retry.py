@@ -123,3 +123,26 @@ async def test_progress_restarts_the_count() -> None:
             if n < 6:
                 raise Broken("link dropped")
     assert waits == pytest.approx([0.001, 0.002, 0.004, 0.001, 0.002])
+
+
+async def test_a_cancelled_retry_ends_even_when_every_error_is_retried() -> None:
+    """tenacity hands a cancellation to the retry predicate like any error: a loop whose
+    predicate retries everything (the agent's isolated commits, the gateway's producer
+    recovery) would have gone on after its task was cancelled."""
+    attempts = 0
+    started = asyncio.Event()
+
+    async def forever() -> None:
+        nonlocal attempts
+        async for attempt in retrying(Backoff(0.001, 0.001), retry_on=lambda _e: True):
+            with attempt:
+                attempts += 1
+                started.set()
+                await asyncio.sleep(3600)
+
+    task = asyncio.create_task(forever())
+    await asyncio.wait_for(started.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    assert attempts == 1
