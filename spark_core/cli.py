@@ -212,7 +212,7 @@ def site_cmd(
     multiple=True,
     type=click.Choice(sorted(FILESYSTEMS)),
     help="Also the Hadoop module of this URL scheme (s3a: hadoop-aws and the AWS SDK, "
-    "558 MB). Repeatable.",
+    "686 MB with Spark 4.2). Repeatable.",
 )
 def install_cmd(ivy_dir: Path | None, schemes: tuple[str, ...]) -> None:
     """Resolve the Kafka connector and Delta of the Spark that runs ($SPARK_HOME, else

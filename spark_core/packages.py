@@ -17,13 +17,15 @@ served for that line (Delta 4.0.x goes with Spark 4.0.x; Delta 4.4.0 is built fo
 and 4.2, with the line in the jar's name). A Spark of another line is refused by name
 (:class:`UnknownSpark`) rather than handed packages built for another Spark.
 
-The project's own environment pins pyspark 4.0.0 and delta-spark 4.0.0 (pyproject.toml);
-after a move, run ``shorelink stack install`` again (the drivers' class-data archive is
-made from the installed pyspark).
+The project's own environment installs the 4.2 line (pyspark 4.2.0 with delta-spark
+4.4; pyproject.toml), and :data:`SPARK_PACKAGES` is the installed pyspark's row. After
+a move to another line, run ``shorelink stack install`` again (the drivers' class-data
+archive is made from the installed pyspark, and the new packages go into the Ivy cache).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -167,8 +169,9 @@ def spark_packages(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
 
 
 #: URL scheme -> the Hadoop module that serves it (a Spark carries ``hdfs://`` and
-#: ``file://`` itself). Each brings its own SDK: ``hadoop-aws`` 3.4.1 the AWS SDK's
-#: ``bundle`` 2.24.6, one jar of 558 MB (docs/data-centre.md, "Object stores").
+#: ``file://`` itself). Each brings its own SDK: ``hadoop-aws`` 3.5.0 (pyspark 4.2's
+#: Hadoop) the AWS SDK's ``bundle`` 2.35.4, one jar of 686 MB (docs/data-centre.md,
+#: "Object stores").
 FILESYSTEMS: Mapping[str, str] = {
     "s3a": "hadoop-aws",
     "abfs": "hadoop-azure",
@@ -202,8 +205,21 @@ def filesystem_packages(
     return tuple(f"org.apache.hadoop:{m}:{hadoop}" for m in needed)
 
 
-#: the packages of the pinned pyspark (pyproject.toml), Spark 4.0
-SPARK_PACKAGES = LINES["4.0"].packages()
+#: the line pyproject.toml installs, for an environment without pyspark
+_INSTALLED_LINE = "4.2"
+
+
+def _installed_packages() -> tuple[str, ...]:
+    try:
+        version = importlib.metadata.version("pyspark")
+    except importlib.metadata.PackageNotFoundError:
+        version = _INSTALLED_LINE
+    return packages_for(version, "the installed pyspark")
+
+
+#: the packages of the installed pyspark's line (pyproject.toml installs 4.2), whatever
+#: ``SPARK_HOME`` says (:func:`spark_packages` follows the Spark that runs)
+SPARK_PACKAGES = _installed_packages()
 
 
 #: Resolve from Maven Central only (see the comment in the file): package data, so an

@@ -43,7 +43,7 @@ def bucket(spark: Any) -> Iterator[tuple[str, Any]]:
     import boto3
     from moto.server import ThreadedMotoServer
 
-    # hadoop-aws and its AWS SDK (558 MB) into this session only: through Ivy, as
+    # hadoop-aws and its AWS SDK (686 MB) into this session only: through Ivy, as
     # spark.jars.packages would, from the cache scripts/setup filled; local mode copies
     # every added jar, so the shared session does not carry them for every test
     for package in filesystem_packages(["s3a://"]):

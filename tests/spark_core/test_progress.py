@@ -77,7 +77,7 @@ def test_the_metrics_endpoint_shows_each_querys_figures(tmp_path: Path) -> None:
     rep = ProgressReporter(tmp_path / "queries.status.json")
     rep.update("merge", PROGRESS, "running")
     rep.update("table-alerts", None, "failed")
-    server = serve_metrics("127.0.0.1", 0, None, [], rep, spark_version="4.0.0")
+    server = serve_metrics("127.0.0.1", 0, None, [], rep, spark_version="4.2.0")
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics") as r:
             text = r.read().decode()
@@ -96,7 +96,7 @@ def test_the_metrics_endpoint_shows_each_querys_figures(tmp_path: Path) -> None:
     assert ("shorelink_spark_query_lag_records", (("query", "table-alerts"),)) not in got
     assert got[("process_open_fds", ())] > 0
     # the build the application runs, and the Spark it runs on
-    assert build_info_line("spark", spark="4.0.0") in text
+    assert build_info_line("spark", spark="4.2.0") in text
 
 
 def test_last_and_recent_progress_are_the_querys_own_reports(spark: Any) -> None:
