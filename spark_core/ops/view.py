@@ -266,15 +266,17 @@ def gateway_view(url: str, metrics_text: str | None, error: str = "") -> dict[st
         out["error"] = f"unreadable metrics: {exc}"[:300]
         return out
 
+    # finite samples can still sum past a float (two of 9e307 are +Inf): no count then
     def count(name: str) -> int | None:
-        return int(sums[name]) if name in sums else None
+        total = sums.get(name)
+        return int(total) if total is not None and math.isfinite(total) else None
 
     out.update(
         ready=bool(sums["ready"]) if "ready" in sums else None,
         connected=count("upload_connections"),
         batches=count("batches_written_total"),
         records=count("records_written_total"),
-        refusals={k: int(v) for k, v in sorted(refusals.items())},
+        refusals={k: int(v) for k, v in sorted(refusals.items()) if math.isfinite(v)},
         kafka_errors=count("kafka_errors_total"),
     )
     return out

@@ -10,7 +10,7 @@ import base64
 from dataclasses import dataclass
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from shorelink import strict_json
@@ -353,6 +353,11 @@ def _refusals(reason_value: tuple[str, str]) -> str:
         ).map(lambda xs: "".join(f"shorelink_gateway_{n} {v}\n" for n, v in xs)),
         st.tuples(any_text(20), _NUMBERS).map(_refusals),
     )
+)
+# two finite samples whose sum is past a float (found by this test)
+@example(
+    "shorelink_gateway_records_written_total 8.988e307\n"
+    "shorelink_gateway_records_written_total 8.99e307"
 )
 def test_any_gateway_metrics_text_is_a_view_never_an_exception(text: str) -> None:
     """The page reads the gateway's figures every few seconds: an exception here
