@@ -118,8 +118,11 @@ class Stack:
         *,
         link: bool = False,
         secure: bool = False,
+        limits: dict[str, Any] | None = None,
     ) -> None:
         self.work = work
+        #: the gateway's ``[limits]`` besides its defaults
+        self.limits = dict(limits or {})
         self.secure = secure
         self.security: BrokerSecurity | None = None
         self.logs = work / "logs"
@@ -209,6 +212,7 @@ class Stack:
                 "transactional_id": txn,
                 "ingress_partitions": INGRESS_PARTITIONS,
             },
+            "limits": self.limits,
         }
         if self.security is not None:
             self._secure_gateway(doc, txn)

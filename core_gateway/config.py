@@ -34,6 +34,11 @@ class GatewayConfig:
     #: relative to the config file
     credentials_file: Path
     streams: tuple[str, ...] = field(metadata=key(names="stream"))
+    #: streams whose batches are written to Kafka before any other batch waiting (an
+    #: alert does not wait behind a fleet's backlog); those not in ``streams`` are ignored
+    urgent_streams: tuple[str, ...] = field(
+        default=("alerts",), metadata=key("urgent", names="stream")
+    )
     #: the ships' public keys (shorelink/proof.py; the same file at every site): a ship
     #: with a key must sign its batches; relative to the config file; unset: batches
     #: are taken unsigned and carry no proof

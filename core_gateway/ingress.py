@@ -43,6 +43,7 @@ not in Kafka.
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -110,6 +111,11 @@ class Write:
 
 
 _STOP = object()
+#: the writer's lanes: an urgent stream's write (``urgent``: alerts) goes into the next
+#: transaction ahead of every bulk write waiting, however many ships queued theirs; the
+#: stop comes after both. Within a lane, writes keep their order, and a write only ever
+#: builds on earlier writes of its own (origin, stream), which share its lane
+URGENT, BULK, STOP_LANE = 0, 1, 2
 
 
 class IngressWriter:
@@ -122,7 +128,10 @@ class IngressWriter:
         after each committed transaction, for metrics."""
         self.cfg = cfg
         self._on_commit = on_commit
-        self._queue: queue.SimpleQueue[Write | object] = queue.SimpleQueue()
+        #: (lane, order, write): urgent streams' writes first (:data:`URGENT`), then the
+        #: rest, each lane in the order submitted; the stop after everything queued
+        self._queue: queue.PriorityQueue[tuple[int, int, Write | object]] = queue.PriorityQueue()
+        self._order = itertools.count()
         self._thread: threading.Thread | None = None
         #: committed cursor per (origin, stream): owned by the writer thread after start
         self._committed: dict[tuple[str, str], SourceHoldings] = {}
@@ -217,13 +226,14 @@ class IngressWriter:
                 )
             )
         else:
-            self._queue.put(write)
+            lane = URGENT if write.stream in self.cfg.urgent_streams else BULK
+            self._queue.put((lane, next(self._order), write))
         return write.done
 
     # -- the writer thread ---------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
+            item = self._queue.get()[2]
             if item is _STOP:
                 return
             assert isinstance(item, Write)
@@ -231,7 +241,7 @@ class IngressWriter:
             size = len(item.records)
             while size < MAX_GROUP_RECORDS:
                 try:
-                    more = self._queue.get_nowait()
+                    more = self._queue.get_nowait()[2]
                 except queue.Empty:
                     break
                 if more is _STOP:
@@ -347,7 +357,7 @@ class IngressWriter:
         """Finish the writes queued so far, then stop the thread and the producer."""
         self._closing.set()
         if self._thread is not None:
-            self._queue.put(_STOP)
+            self._queue.put((STOP_LANE, next(self._order), _STOP))
             self._thread.join(self.cfg.kafka.timeout_s * 2)
             self._thread = None
         self._txn.close(5)

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+from core_gateway import ingress
 from core_gateway.auth import Credentials
 from core_gateway.errors import KafkaWriteError
 from core_gateway.ingress import IngressWriter, Write
@@ -166,6 +168,57 @@ async def test_writer_refuses_a_write_built_on_one_that_was_not_written(
     finally:
         await asyncio.to_thread(writer.close)
     assert_exactly_once(kafka, ship, 20)
+
+
+async def test_an_alert_is_written_ahead_of_every_bulk_write_waiting(
+    tmp_path: Path, kafka: KafkaBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet's backlog queued at the writer (bench/fleet.py: 700 ships uploading at
+    once put an alert 4-6 s behind it) does not hold an alert back: the alert goes into
+    the next transaction, ahead of the bulk writes queued before it; each ship's own
+    writes keep their order."""
+    monkeypatch.setattr(ingress, "MAX_GROUP_RECORDS", 100)  # many transactions
+    cfg = gateway_config(tmp_path, kafka)
+    assert cfg.urgent_streams == ("alerts",)
+    writer = IngressWriter(cfg)
+    await asyncio.to_thread(writer.ensure_topics)
+    await asyncio.to_thread(writer.start)
+    ships = [unique("ship") for _ in range(3)]
+    order: list[str] = []
+
+    def submit(w: Write, name: str) -> Future[None]:
+        w.done.add_done_callback(lambda _f: order.append(name))
+        return writer.submit(w)
+
+    try:
+        done = [
+            submit(
+                Write(
+                    ship,
+                    "containers",
+                    records(lo, lo + 49),
+                    RangeSet([(lo, lo + 49)]),
+                    RangeSet(),
+                    depends=RangeSet([(1, lo - 1)]) if lo > 1 else RangeSet(),
+                ),
+                f"{ship}:{lo}",
+            )
+            for lo in range(1, 501, 50)
+            for ship in ships
+        ]
+        alert = Write(ships[0], "alerts", records(1, 1), RangeSet([(1, 1)]), RangeSet())
+        done.append(submit(alert, "alert"))
+        await asyncio.gather(*(asyncio.wrap_future(f) for f in done))
+    finally:
+        await asyncio.to_thread(writer.close)
+    # 30 bulk writes of 50 records, two a transaction: the alert queued last is written
+    # in the first transaction after the one under way when it came
+    assert order.index("alert") <= 4, order
+    for ship in ships:
+        mine = [int(n.rsplit(":", 1)[1]) for n in order if n.startswith(ship + ":")]
+        assert mine == sorted(mine)
+        assert_exactly_once(kafka, ship, 500)
+    assert ingress_seqs(kafka, ships[0], "alerts") == {1: 1}
 
 
 async def test_stopping_gateway_closes_uploads_and_writes_what_it_received(

@@ -1,0 +1,401 @@
+"""Benchmark: one site's gateway taking a fleet's uploads at growing fleet sizes, side
+by side, and an alert entering during the load.
+
+The first part of the fleet bench (issue "A fleet's worth"): what one site's gateway and
+Kafka cost as the fleet grows, per ship. All real, on loopback: a single-node Kafka and
+the gateway as a process of its own (``bench/_stack.py``), a fresh stack per size. For
+each fleet size N (``--ships``, default 50, 200 and 700):
+
+1. every ship uploads ``--records-per-ship`` container readings (2,500 containers
+   reporting hourly is about 60,000 a day; the default is a slice of that) as batches of
+   ``--batch`` through the edge agent's own client (``HttpGateway``: the WebSocket
+   upload), ``--window`` in flight per ship, all ships at once, with a token and
+   credentials each;
+2. meanwhile one ship raises an alert every ``--alert-every`` seconds on its ``alerts``
+   stream (a batch of one record, on its own upload connection): the time from send to
+   the gateway's answer, which comes once Kafka committed it, is the alert's latency
+   through the site's front door under that load (p50, p99);
+3. sampled every 0.5 s while it runs: the gateway's and Kafka's RSS and threads;
+   CPU seconds of each over the load (``/proc``);
+4. ``sl.ingress.containers`` read to its end (read_committed): every seq of every ship
+   once.
+
+Printed per size: records/s through the gateway, alert latency, peak RSS, threads, CPU
+per record, the credentials file's bytes; then how each grows from the smallest size to
+the largest, per ship (``growth``: 1.0 is flat per ship). What this part leaves to the
+rest of the issue: the site's Spark merge at N origins, M neighbours' relay traffic, the
+marker's and relay index's bytes, the operations page (see the issue's closing note).
+
+    .venv/bin/python bench/fleet.py --quick      # 10 and 50 ships, about a minute
+    .venv/bin/python bench/fleet.py              # 50, 200 and 700 ships
+
+Progress goes to stderr; one JSON object goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    add_run_options,
+    bench_parser,
+    fill_defaults,
+    pct,
+    progress,
+    r3,
+    require_at_least_one,
+    run_bench,
+    tree_rss_mb,
+)
+from _stack import SITE, STREAM, Stack, wire_records
+
+from local_stack.process import Proc
+from shorelink.errors import ShorelinkError
+from shorelink.wire import Batch, WireRecord, encode_batch
+
+say = progress("fleet")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def _threads(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class Sampler:
+    """RSS and threads of some processes every 0.5 s, until stopped: the peaks."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.rss_mb = dict.fromkeys(pids, 0.0)
+        self.threads = dict.fromkeys(pids, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while True:
+            for name, pid in self.pids.items():
+                self.rss_mb[name] = max(self.rss_mb[name], tree_rss_mb(pid)[0])
+                self.threads[name] = max(self.threads[name], _threads(pid))
+            if self._stop.wait(0.5):
+                return
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args = args
+        self.work = work
+        self.stack: Stack | None = None
+        #: ships' uploads that failed (a link error, a 503 busy) and went on after
+        #: asking the site what it held, in the current size
+        self.retries = 0
+        self.result: dict[str, Any] = {"benchmark": "fleet", "site": SITE}
+
+    @property
+    def procs(self) -> list[Proc]:
+        return self.stack.procs if self.stack else []
+
+    def cleanup(self) -> None:
+        if self.stack:
+            self.stack.cleanup()
+
+    def run(self) -> dict[str, Any]:
+        a = self.args
+        t0 = time.monotonic()
+        self.result["config"] = {
+            "ships": a.ships,
+            "records_per_ship": a.records_per_ship,
+            "batch": a.batch,
+            "window": a.window,
+            "alert_every_s": a.alert_every,
+            "max_uploads": a.max_uploads or "ships + 1",
+        }
+        self.result["loadavg_1m_at_start"] = round(os.getloadavg()[0], 2)
+        sizes: list[dict[str, Any]] = []
+        for n in a.ships:
+            sizes.append(self.size(n))
+            self.cleanup()  # the next size gets the machine to itself
+            self.stack = None
+        self.result["sizes"] = sizes
+        self.result["growth"] = _growth(sizes)
+        self.result["exactly_once"] = all(s["exactly_once"] for s in sizes)
+        self.result["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
+        self.result["seconds_total"] = round(time.monotonic() - t0, 1)
+        return self.result
+
+    def size(self, n: int) -> dict[str, Any]:
+        a = self.args
+        ships = [f"fleet{i:04d}" for i in range(1, n + 1)]
+        work = self.work / f"ships-{n}"
+        work.mkdir(parents=True, exist_ok=True)
+        say(f"=== {n} ships: starting kafka and the gateway")
+        # every ship, and the alerting one twice, holds an upload open at once: the
+        # default limits.max_uploads (32) would turn the rest away (503 busy)
+        uploads = a.max_uploads or n + 1
+        self.stack = stack = Stack(work, ships, say, limits={"max_uploads": uploads})
+        stack.start()
+        assert stack.kafka is not None and stack.gateway is not None
+        gw_pid, kafka_pid = stack.gateway.pid, stack.kafka.proc.pid
+        bodies = {s: self._bodies(s, i) for i, s in enumerate(ships)}
+        last = dict.fromkeys(ships, a.records_per_ship)
+        records = n * a.records_per_ship
+        say(f"{n} ships: {records} records, {sum(map(len, bodies.values()))} batches")
+        self.retries = 0
+        cpu0 = {"gateway": _cpu_s(gw_pid), "kafka": _cpu_s(kafka_pid)}
+        with Sampler({"gateway": gw_pid, "kafka": kafka_pid}) as sampled:
+            elapsed, alerts = asyncio.run(self._load(stack, bodies, last, ships[0]))
+        cpu = {k: _cpu_s(pid) - cpu0[k] for k, pid in (("gateway", gw_pid), ("kafka", kafka_pid))}
+        ok, detail, verify_s = stack.verify(last)
+        say(f"{n} ships: {records / elapsed:.0f} records/s; alert p99 {pct(alerts, 0.99)} ms")
+        return {
+            "ships": n,
+            "max_uploads": uploads,
+            "records": records,
+            "seconds": round(elapsed, 2),
+            "gateway_records_s": round(records / elapsed),
+            "uploads_retried": self.retries,
+            "alert_ms": {
+                "count": len(alerts),
+                "p50": r3(pct(alerts, 0.5)),
+                "p99": r3(pct(alerts, 0.99)),
+                "max": r3(max(alerts, default=None)),
+            },
+            "peak_rss_mb": sampled.rss_mb,
+            "peak_threads": sampled.threads,
+            "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
+            "cpu_us_per_record": {k: round(v / records * 1e6, 1) for k, v in cpu.items()},
+            "credentials_file_bytes": (work / "gateway" / "ships.json").stat().st_size,
+            "exactly_once": ok and all(d["missing"] == 0 for d in detail.values()),
+            "verify_s": verify_s,
+        }
+
+    def _bodies(self, ship: str, seed: int) -> list[bytes]:
+        a = self.args
+        recs = wire_records(ship, 1, a.records_per_ship, seed)
+        return [
+            encode_batch(Batch(ship, STREAM, tuple(recs[i : i + a.batch])))
+            for i in range(0, len(recs), a.batch)
+        ]
+
+    async def _load(
+        self, stack: Stack, bodies: dict[str, list[bytes]], last: dict[str, int], alerter: str
+    ) -> tuple[float, list[float]]:
+        """Every ship's upload at once, and an alert every ``--alert-every`` seconds
+        from ``alerter`` until the uploads are done: the seconds the uploads took and
+        each alert's ms to its answer. The alerts are sent from a process of their own
+        (``--role alerter``), as from a ship: in this one, the fleet's uploads keep the
+        event loop busy and an alert's answer would wait for them here, not at the site."""
+        argv = [
+            sys.executable,
+            __file__,
+            *("--role", "alerter", "--url", stack.gw_url, "--ship", alerter),
+            *("--alert-every", str(self.args.alert_every)),
+        ]
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "SHORELINK_BENCH_TOKEN": stack.tokens[alerter]},
+        )
+        assert proc.stdin is not None
+        try:
+            t0 = time.perf_counter()
+            await asyncio.gather(*(self._ship(stack, s, bodies[s], last[s]) for s in bodies))
+            elapsed = time.perf_counter() - t0
+        finally:
+            proc.stdin.close()  # the alerter stops at the end of its input
+            out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        if proc.returncode:
+            raise RuntimeError(f"the alerter failed (exit {proc.returncode})")
+        return elapsed, [float(x) for x in json.loads(out)]
+
+    async def _ship(self, stack: Stack, ship: str, bodies: list[bytes], last: int) -> None:
+        """One ship's upload, as its agent does it: ``--window`` batches in flight; when
+        the link fails (a ``503 busy`` too: the gateway's memory budget or upload slots
+        are full), wait, ask the site what it holds and go on from there."""
+        from edge_agent.config import DEFAULT_LINKS, GatewayEndpoint
+        from edge_agent.errors import LinkError
+        from edge_agent.gateway import HttpGateway
+        from shorelink.config import Secret
+
+        link = replace(DEFAULT_LINKS["port_wifi"], timeout_s=120.0)
+        gw = HttpGateway(
+            GatewayEndpoint(SITE, stack.gw_url, link.name), link, ship, Secret(stack.tokens[ship])
+        )
+        per = self.args.batch
+        slots = asyncio.Semaphore(self.args.window)
+        held = 0
+
+        async def send(body: bytes) -> None:
+            nonlocal held
+            async with slots:
+                held = max(held, (await gw.send(STREAM, body)).held.contiguous_end())
+
+        try:
+            while held < last:
+                try:
+                    async with asyncio.TaskGroup() as tg:  # one fails: the rest are cancelled
+                        for body in bodies[held // per :]:
+                            tg.create_task(send(body))
+                except* LinkError:
+                    self.retries += 1
+                    await gw.reset()
+                    await asyncio.sleep(random.uniform(0.5, 1.5))  # Retry-After: 1
+                    held = (await gw.holdings())[STREAM].contiguous_end()
+        finally:
+            await gw.close()
+
+
+def _growth(sizes: list[dict[str, Any]]) -> dict[str, Any]:
+    """From the smallest size to the largest: how each cost grew against the ships
+    (1.0: in proportion to the ships; below: cheaper per ship at scale)."""
+    if len(sizes) < 2:
+        return {}
+    small, large = sizes[0], sizes[-1]
+    ships = large["ships"] / small["ships"]
+
+    def per_ship(a: float, b: float) -> float | None:
+        return round(b / a / ships, 3) if a else None
+
+    return {
+        "ships_ratio": round(ships, 2),
+        "records_s_ratio": round(large["gateway_records_s"] / small["gateway_records_s"], 3),
+        "alert_p99_ratio": (
+            round(large["alert_ms"]["p99"] / small["alert_ms"]["p99"], 2)
+            if small["alert_ms"]["p99"] and large["alert_ms"]["p99"]
+            else None
+        ),
+        "gateway_rss_per_ship": per_ship(
+            small["peak_rss_mb"]["gateway"], large["peak_rss_mb"]["gateway"]
+        ),
+        "gateway_threads_ratio": round(
+            large["peak_threads"]["gateway"] / max(1, small["peak_threads"]["gateway"]), 2
+        ),
+        "gateway_cpu_per_record_ratio": (
+            round(large["cpu_us_per_record"]["gateway"] / small["cpu_us_per_record"]["gateway"], 3)
+            if small["cpu_us_per_record"]["gateway"]
+            else None
+        ),
+    }
+
+
+# -- command line --------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = bench_parser("bench/fleet.py", __doc__)
+    add_run_options(p, "10 and 50 ships, 1,000 records each: about a minute", "logs, configs")
+    p.add_argument(
+        "--ships",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=None,
+        help="fleet sizes, comma-separated, smallest first (default 50,200,700; quick 10,50)",
+    )
+    p.add_argument(
+        "--records-per-ship",
+        type=int,
+        default=None,
+        help="container readings each ship uploads (default 3000; quick 1000)",
+    )
+    p.add_argument("--batch", type=int, default=500, help="records a batch (default 500)")
+    p.add_argument("--window", type=int, default=2, help="batches in flight per ship (default 2)")
+    p.add_argument(
+        "--max-uploads",
+        type=int,
+        default=0,
+        help="the gateway's limits.max_uploads (default: the fleet size + 1, so that "
+        "every ship uploads at once; the gateway's own default is 32)",
+    )
+    p.add_argument(
+        "--alert-every",
+        type=float,
+        default=0.5,
+        help="seconds between the alerts sent during the load (default 0.5)",
+    )
+    a = p.parse_args(argv)
+    fill_defaults(a, {"ships": ([10, 50], [50, 200, 700]), "records_per_ship": (1000, 3000)})
+    require_at_least_one(p, a, "records_per_ship", "batch", "window")
+    if not a.ships or min(a.ships) < 1 or a.ships != sorted(a.ships):
+        p.error("--ships must be fleet sizes of at least 1, smallest first")
+    if a.alert_every <= 0:
+        p.error("--alert-every must be above 0")
+    return a
+
+
+async def alerter(url: str, ship: str, every: float) -> list[float]:
+    """Until its input ends: an alert every ``every`` seconds on ``ship``'s alerts
+    stream, on an upload connection of its own; each one's ms to the gateway's answer."""
+    from edge_agent.config import DEFAULT_LINKS, GatewayEndpoint
+    from edge_agent.gateway import HttpGateway
+    from shorelink.config import Secret
+
+    link = replace(DEFAULT_LINKS["satellite"], timeout_s=120.0)
+    token = Secret(os.environ["SHORELINK_BENCH_TOKEN"])
+    gw = HttpGateway(GatewayEndpoint(SITE, url, link.name), link, ship, token)
+    loop = asyncio.get_running_loop()
+    ended = loop.run_in_executor(None, sys.stdin.buffer.read)
+    took: list[float] = []
+    seq = 1
+    try:
+        while not ended.done():
+            rec = WireRecord(seq, "BBLU1022087", int(time.time() * 1000), "overboard", b"{}")
+            t = time.perf_counter()
+            result = await gw.send("alerts", encode_batch(Batch(ship, "alerts", (rec,))))
+            took.append((time.perf_counter() - t) * 1000)
+            if result.held.contiguous_end() != seq:
+                raise RuntimeError(f"alert {seq}: the gateway holds {result.held}")
+            seq += 1
+            await asyncio.wait([ended], timeout=every)
+    finally:
+        await gw.close()
+    return took
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:3] == ["--role", "alerter"]:
+        p = argparse.ArgumentParser(description="bench/fleet.py's alerting ship")
+        p.add_argument("--role", choices=("alerter",), required=True)
+        p.add_argument("--url", required=True)
+        p.add_argument("--ship", required=True)
+        p.add_argument("--alert-every", type=float, required=True)
+        r = p.parse_args()
+        print(json.dumps(asyncio.run(alerter(r.url, r.ship, r.alert_every))))
+        return 0
+    args = parse_args(argv)
+    return run_bench(
+        say, args.keep, "fleet-", lambda work: Bench(args, work), errors=(ShorelinkError,)
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
