@@ -60,11 +60,13 @@ class Standalone:
 
 def _ask(url: str) -> dict[str, Any] | None:
     """A master's or worker's JSON page, or None while it does not answer (not up yet,
-    or its Jetty closed the connection without an answer, as on a loaded machine)."""
+    or its Jetty closed the connection without an answer, as on a loaded machine) or
+    answers with something else (Spark 4.2's master served its HTML page at /json/
+    while it started, in a loaded CI run)."""
     try:
         with urllib.request.urlopen(f"{url}/json/", timeout=5) as r:
             got = json.loads(r.read())
-    except (OSError, http.client.HTTPException):
+    except (OSError, http.client.HTTPException, ValueError):
         return None
     assert isinstance(got, dict)
     return got
