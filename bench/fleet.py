@@ -44,7 +44,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from _common import (
     add_run_options,
@@ -62,6 +62,9 @@ from _stack import SITE, STREAM, Stack, wire_records
 from local_stack.process import Proc
 from shorelink.errors import ShorelinkError
 from shorelink.wire import Batch, WireRecord, encode_batch
+
+if TYPE_CHECKING:
+    from edge_agent.gateway import HttpGateway
 
 say = progress("fleet")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -245,15 +248,9 @@ class Bench:
         """One ship's upload, as its agent does it: ``--window`` batches in flight; when
         the link fails (a ``503 busy`` too: the gateway's memory budget or upload slots
         are full), wait, ask the site what it holds and go on from there."""
-        from edge_agent.config import DEFAULT_LINKS, GatewayEndpoint
         from edge_agent.errors import LinkError
-        from edge_agent.gateway import HttpGateway
-        from shorelink.config import Secret
 
-        link = replace(DEFAULT_LINKS["port_wifi"], timeout_s=120.0)
-        gw = HttpGateway(
-            GatewayEndpoint(SITE, stack.gw_url, link.name), link, ship, Secret(stack.tokens[ship])
-        )
+        gw = _client(stack.gw_url, "port_wifi", ship, stack.tokens[ship])
         per = self.args.batch
         slots = asyncio.Semaphore(self.args.window)
         held = 0
@@ -352,16 +349,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-async def alerter(url: str, ship: str, every: float) -> list[float]:
-    """Until its input ends: an alert every ``every`` seconds on ``ship``'s alerts
-    stream, on an upload connection of its own; each one's ms to the gateway's answer."""
+def _client(url: str, link: str, ship: str, token: str) -> HttpGateway:
+    """The edge agent's own client of a gateway, over one of its default link classes
+    (a 2-minute timeout: the gateway may be saturated)."""
     from edge_agent.config import DEFAULT_LINKS, GatewayEndpoint
     from edge_agent.gateway import HttpGateway
     from shorelink.config import Secret
 
-    link = replace(DEFAULT_LINKS["satellite"], timeout_s=120.0)
-    token = Secret(os.environ["SHORELINK_BENCH_TOKEN"])
-    gw = HttpGateway(GatewayEndpoint(SITE, url, link.name), link, ship, token)
+    cfg = replace(DEFAULT_LINKS[link], timeout_s=120.0)
+    return HttpGateway(GatewayEndpoint(SITE, url, link), cfg, ship, Secret(token))
+
+
+async def alerter(url: str, ship: str, every: float) -> list[float]:
+    """Until its input ends: an alert every ``every`` seconds on ``ship``'s alerts
+    stream, on an upload connection of its own; each one's ms to the gateway's answer."""
+    gw = _client(url, "satellite", ship, os.environ["SHORELINK_BENCH_TOKEN"])
     loop = asyncio.get_running_loop()
     ended = loop.run_in_executor(None, sys.stdin.buffer.read)
     took: list[float] = []
