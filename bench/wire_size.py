@@ -21,6 +21,28 @@ compared with what was encoded. The goal is wire/raw <= 0.08 on port-link batche
     .venv/bin/python bench/wire_size.py              # 1 hour: 60,000 + 360 records
     .venv/bin/python bench/wire_size.py --minutes 10 --levels 3,12,19
 
+Dictionaries (``dictionary`` in the output; ``--no-dict`` skips it): per stream, a zstd
+dictionary (shorelink/wire_dict.py) is trained on batch bodies of one stretch of data and
+measured on another, at the satellite's batch size (``--dict-batch``, 200 records):
+
+- ``ais``: the real AIS sample (fleet_sim/data/nmea_data_sample.txt, 898 sentences on
+  ``bigblue/ship1/nav/ais``, key ``ais``, one every 3 s): trained on the first half,
+  measured on the second;
+- ``containers``: the same ship's containers (``--containers``), trained on the first
+  20 minutes, measured on the next 20 (another stretch of the same voyage: the ship's
+  containers are the same, their readings are not);
+- ``reports``: the ship report (shorelink/ship_report.py) every 10 minutes, of a ship
+  whose backlog grows and shrinks: trained on the first 10 days, measured on the next
+  10; also one report a batch (what a satellite session carries between reports).
+
+Each measured batch is encoded three ways: the wire with the dictionary (at ``--level``,
+as the agent sends), the wire without one at zstd-19, and zstd-19 of the batch's JSON
+lines (for AIS also zstd-19 of the sentences alone, the issue's "raw bytes"). The goal:
+the wire with the dictionary at most 0.8 of zstd-19 of the same batch's raw bytes
+without a dictionary (``goal_met``: the JSON lines; AIS: the sentences alone);
+``dict_alone_met`` holds it to the stricter peer, the wire's own body at zstd-19
+without a dictionary (what the dictionary alone buys).
+
 Prints one JSON object on stdout.
 """
 
@@ -32,12 +54,19 @@ import json
 import math
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import zstandard
 from telemetry import Container, fleet
 
+from shorelink.ship_report import ShipReport, encode_report
 from shorelink.wire import Batch, WireRecord, decode_batch, encode_batch
+from shorelink.wire_dict import Dictionaries, Dictionary, train, training_samples
+
+AIS_SAMPLE = Path(__file__).resolve().parents[1] / "fleet_sim" / "data" / "nmea_data_sample.txt"
+#: the goal: the wire with a dictionary at most this part of zstd-19 without one
+DICT_GOAL = 0.8
 
 SHIP = "bigblue"
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -130,6 +159,150 @@ def measure(stream: str, records: list[WireRecord], size: int, level: int) -> di
     }
 
 
+def ais_records() -> list[WireRecord]:
+    """The real AIS sample as the voyage's AIS ship sends it (one sentence every 3 s)."""
+    rng = random.Random(3)
+    lines = [ln.strip() for ln in AIS_SAMPLE.read_bytes().splitlines() if ln.strip()]
+    return [
+        WireRecord(i + 1, "ais", T0_MS + i * 3000 + rng.randint(0, 40), f"{SHIP}/ship1/nav/ais", ln)
+        for i, ln in enumerate(lines)
+    ]
+
+
+def report_records(rng: random.Random, n: int) -> list[WireRecord]:
+    """A ship report every 10 minutes: streams' last seqs grow, the backlog rises at sea
+    and falls when a link carries it, the satellite's spend grows through the day."""
+    seqs = {"containers": 0, "nav": 0, "alerts": 0, "agent": 0}
+    rates = {"containers": 10_000, "nav": 60, "alerts": 0, "agent": 1}
+    backlog = dict.fromkeys(seqs, 0)
+    out = []
+    for i in range(n):
+        at = T0_MS + i * 600_000 + rng.randint(0, 900)
+        for s, rate in rates.items():
+            new = (
+                rate + (rng.random() < 0.001)
+                if s == "alerts"
+                else rate + rng.randint(0, rate // 50)
+            )
+            seqs[s] += new
+            backlog[s] = 0 if rng.random() < 0.02 else backlog[s] + new
+            if s in ("nav", "alerts", "agent") and rng.random() < 0.7:
+                backlog[s] = 0  # the satellite carries these
+        day_s = (i * 600) % 86_400
+        report = ShipReport(
+            at_ms=at,
+            link="satellite" if rng.random() < 0.9 else None,
+            streams={s: (seqs[s], backlog[s]) for s in seqs},
+            links={
+                "satellite": (day_s * 180 + rng.randint(0, 5000), 20_000_000),
+                "port_wifi": (0, 0),
+            },
+            log_bytes=4_000_000_000 + i * 1_700_000,
+            log_budget=32_000_000_000,
+            agent="0.4.1",
+        )
+        out.append(WireRecord(i + 1, SHIP, at, "$shorelink/report", encode_report(report)))
+    return out
+
+
+def _renumbered(records: list[WireRecord]) -> tuple[WireRecord, ...]:
+    return tuple(
+        WireRecord(i + 1, r.key, r.ts_ms, r.topic, r.payload) for i, r in enumerate(records)
+    )
+
+
+def measure_dict(
+    stream: str,
+    train_on: list[WireRecord],
+    measure_on: list[WireRecord],
+    size: int,
+    level: int,
+    dict_bytes: int,
+    dictionary: Dictionary | None = None,
+) -> dict[str, Any]:
+    """Train a dictionary on ``train_on`` (unless given), then encode ``measure_on`` in
+    batches of ``size`` with it and compare with zstd-19 of the same batches without."""
+    t = time.perf_counter()
+    samples = training_samples(train_on, size)
+    if dictionary is None:
+        dictionary = train(stream, samples, dict_id=1_000_000 + len(stream), size=dict_bytes)
+    train_s = time.perf_counter() - t
+    held = Dictionaries([dictionary])
+    z19 = zstandard.ZstdCompressor(level=19)
+    with_dict = wire19 = json19 = payload19 = raw = batches = 0
+    for lo in range(0, len(measure_on), size):
+        chunk = _renumbered(measure_on[lo : lo + size])
+        batch = Batch(SHIP, stream, chunk, first_available=1)
+        data = encode_batch(batch, level=level, dictionary=dictionary)
+        if decode_batch(data, dictionaries=held) != batch:
+            raise SystemExit(f"round trip failed: {stream} dictionary batch at {lo}")
+        with_dict += len(data)
+        wire19 += len(encode_batch(batch, level=19))
+        lines = [raw_line(stream, r) for r in chunk]
+        raw += sum(map(len, lines))
+        json19 += len(z19.compress(b"\n".join(lines) + b"\n"))
+        payload19 += len(z19.compress(b"\n".join(r.payload for r in chunk) + b"\n"))
+        batches += 1
+    n = len(measure_on)
+    peers = {"wire_zstd19": wire19, "json_lines_zstd19": json19}
+    if stream == "ais":
+        peers["sentences_zstd19"] = payload19
+    ratios = {f"vs_{k}": round(with_dict / v, 3) for k, v in peers.items()}
+    # the goal's peer: zstd-19 of the batch's raw bytes (AIS: the sentences, as the
+    # issue measured them; else the JSON lines)
+    goal_peer = "vs_sentences_zstd19" if stream == "ais" else "vs_json_lines_zstd19"
+    return {
+        "batch_records": size,
+        "batches": batches,
+        "trained_on_records": len(train_on),
+        "training_samples": len(samples),
+        "measured_records": n,
+        "dict_bytes": len(dictionary.data),
+        "train_s": round(train_s, 2),
+        "raw_bytes_per_record": round(raw / n, 1),
+        "with_dict_bytes_per_record": round(with_dict / n, 2),
+        **{f"{k}_bytes_per_record": round(v / n, 2) for k, v in peers.items()},
+        **ratios,
+        "goal": DICT_GOAL,
+        "goal_peer": goal_peer,
+        "goal_met": ratios[goal_peer] <= DICT_GOAL,
+        # what the dictionary itself buys: the same wire body without it, at zstd-19
+        "dict_alone_met": ratios["vs_wire_zstd19"] <= DICT_GOAL,
+    }
+
+
+def dictionary_figures(args: argparse.Namespace) -> dict[str, Any]:
+    size, level, dict_bytes = args.dict_batch, args.level, args.dict_bytes
+    out: dict[str, Any] = {}
+    ais = ais_records()
+    half = len(ais) // 2
+    out["ais"] = measure_dict("ais", ais[:half], ais[half:], size, level, dict_bytes)
+    rng = random.Random(args.seed + 1)
+    boxes = container_records(rng, args.containers, 40, args.payload_style)
+    mid = next(i for i, r in enumerate(boxes) if r.ts_ms >= T0_MS + 20 * 60_000)
+    out["containers"] = measure_dict(
+        "containers", boxes[:mid], boxes[mid:], size, level, dict_bytes
+    )
+    reports = report_records(random.Random(args.seed + 2), 2 * 1440)
+    out["reports"] = measure_dict(
+        "reports", reports[:1440], reports[1440:], size, level, dict_bytes
+    )
+    # one record a batch (what a satellite session carries between readings), with the
+    # same dictionaries: trained once on batches of the satellite's size and of one
+    for name, (train_on, measure_on) in {
+        "ais": (ais[:half], ais[half : half + 200]),
+        "containers": (boxes[:mid], boxes[mid : mid + 200]),
+        "reports": (reports[:1440], reports[1440:1640]),
+    }.items():
+        t = time.perf_counter()
+        d = train(name, training_samples(train_on, size), dict_id=1_000_100, size=dict_bytes)
+        one = measure_dict(name, train_on, measure_on, 1, level, dict_bytes, d)
+        one["train_s"] = round(time.perf_counter() - t, 2)
+        out[f"{name}_one_a_batch"] = one
+    out["goal_met"] = all(v["goal_met"] for v in list(out.values()))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description="Wire bytes per record for container telemetry and ship position, "
@@ -155,6 +328,19 @@ def main() -> None:
         help="compact: firmware-style fixed decimals (default); python: json.dumps of rounded floats",
     )
     ap.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+    ap.add_argument(
+        "--dict-batch",
+        type=int,
+        default=200,
+        help="records per batch for the dictionaries' figures (default 200: the satellite's)",
+    )
+    ap.add_argument(
+        "--dict-bytes",
+        type=int,
+        default=32 * 1024,
+        help="size of each trained dictionary (default 32768)",
+    )
+    ap.add_argument("--no-dict", action="store_true", help="skip the dictionaries' figures")
     args = ap.parse_args()
     sizes = [int(s) for s in args.batch_sizes.split(",") if s]
     levels = [int(s) for s in args.levels.split(",") if s]
@@ -182,6 +368,8 @@ def main() -> None:
     }
     ratio = result["containers"][str(port)]["wire_ratio"]
     result["goal"] = {"port_batch_records": port, "wire_ratio_max": 0.08, "met": ratio <= 0.08}
+    if not args.no_dict:
+        result["dictionary"] = dictionary_figures(args)
     print(json.dumps(result, indent=2))
 
 

@@ -9,6 +9,11 @@ Decoding is built for hostile input: every length is checked against the limits 
 bytes that remain before anything is allocated or decompressed, the zstd frame must
 declare exactly the raw length of the header, and nothing but :class:`WireError` ever
 escapes :func:`decode_batch` or :func:`peek_header`.
+
+A body may be compressed with a stream's trained dictionary (shorelink/wire_dict.py):
+the header says so (``FLAG_DICTIONARY``) and names it by id; a decoder given the
+dictionaries it holds decodes it under the same bounds, and refuses one it does not hold
+as ``unknown_dictionary``.
 """
 
 from __future__ import annotations
@@ -38,10 +43,12 @@ from shorelink.wire_body import (
     build_body,
     parse_columns,
 )
+from shorelink.wire_dict import Dictionaries, Dictionary
 
 __all__ = [
     "CONTENT_TYPE",
     "DEFAULT_LIMITS",
+    "FLAG_DICTIONARY",
     "FLAG_SIGNED",
     "FLAG_TEMPLATED",
     "MAGIC",
@@ -69,7 +76,11 @@ MAGIC = b"SLKB"
 VERSION = 2
 #: flag bit 1: the ship's chunk signatures follow the names (shorelink/proof.py)
 FLAG_SIGNED = 0x02
-_KNOWN_FLAGS = FLAG_TEMPLATED | FLAG_SIGNED
+#: flag bit 2: the body was compressed with the dictionary whose id (u32) follows the
+#: names (shorelink/wire_dict.py)
+FLAG_DICTIONARY = 0x04
+_KNOWN_FLAGS = FLAG_TEMPLATED | FLAG_SIGNED | FLAG_DICTIONARY
+_DICT_ID = struct.Struct("<I")
 
 MAX_SEQ = 2**63 - 1
 _U32 = 2**32 - 1
@@ -205,6 +216,8 @@ class Header:
     header_len: int
     #: the chunks' signatures (``FLAG_SIGNED``), else empty
     signatures: bytes = b""
+    #: the dictionary the body was compressed with (``FLAG_DICTIONARY``), else 0
+    dict_id: int = 0
 
     @property
     def last_seq(self) -> int:
@@ -220,11 +233,17 @@ class Header:
 
 
 def encode_batch(
-    batch: Batch, *, level: int = 12, limits: Limits | None = None, key: ShipKey | None = None
+    batch: Batch,
+    *,
+    level: int = 12,
+    limits: Limits | None = None,
+    key: ShipKey | None = None,
+    dictionary: Dictionary | None = None,
 ) -> bytes:
     """Encode ``batch``; raise :class:`WireError` if it breaks the seq-range or name
     rules, or (when ``limits`` is given) if a decoder with those limits would refuse it.
-    With ``key`` (the ship's), the batch carries its chunks' signatures."""
+    With ``key`` (the ship's), the batch carries its chunks' signatures; with
+    ``dictionary``, its body is compressed with it (and names it)."""
     origin = _encode_name("origin", batch.origin)
     stream = _encode_name("stream", batch.stream)
     body = encode_body(
@@ -232,6 +251,7 @@ def encode_batch(
         first_available=batch.first_available,
         level=level,
         signer=None if key is None else (key, batch.origin, batch.stream),
+        dictionary=dictionary,
     )
     data = _frame(origin, stream, body, batch.first_available)
     if limits is not None:
@@ -255,6 +275,8 @@ class Body:
     decoded_len: int
     #: the ship's signature of each chunk of the records, concatenated (``FLAG_SIGNED``)
     signatures: bytes = b""
+    #: the dictionary ``data`` was compressed with (``FLAG_DICTIONARY``), else 0
+    dict_id: int = 0
 
 
 def encode_body(
@@ -263,14 +285,29 @@ def encode_body(
     first_available: int = 1,
     level: int = 12,
     signer: tuple[ShipKey, str, str] | None = None,
+    dictionary: Dictionary | None = None,
 ) -> Body:
     """The compressed body of ``records`` (contiguous ascending seqs, checked). With
-    ``signer`` (the ship's key, origin and stream), signed chunk by chunk."""
+    ``signer`` (the ship's key, origin and stream), signed chunk by chunk; with
+    ``dictionary``, compressed with it."""
     _check_records(records, first_available)
     flags, raw, decoded_size = build_body(records)
     if len(raw) > _U32:
         raise WireError("too_large", f"body of {len(raw)} bytes does not fit the format")
-    cctx = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
+    dict_id = 0
+    if dictionary is None:
+        cctx = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
+    else:
+        # the header names the dictionary: the frame need not (4 bytes fewer)
+        cctx = zstandard.ZstdCompressor(
+            level=level,
+            dict_data=dictionary.zstd,
+            write_content_size=True,
+            write_checksum=False,
+            write_dict_id=False,
+        )
+        flags |= FLAG_DICTIONARY
+        dict_id = dictionary.dict_id
     sigs = b""
     if signer is not None:
         key, origin, stream = signer
@@ -284,7 +321,14 @@ def encode_body(
         sigs = sign_records(key, origin, stream, records[0].seq, leaves)
         flags |= FLAG_SIGNED
     return Body(
-        flags, records[0].seq, len(records), len(raw), cctx.compress(raw), decoded_size, sigs
+        flags,
+        records[0].seq,
+        len(records),
+        len(raw),
+        cctx.compress(raw),
+        decoded_size,
+        sigs,
+        dict_id,
     )
 
 
@@ -304,7 +348,8 @@ def _frame(origin: bytes, stream: bytes, body: Body, first_available: int) -> by
         MAGIC, VERSION, body.flags, len(origin), len(stream), body.first_seq, body.count,
         first_available, body.raw_len, len(body.data), 0,
     )  # fmt: skip
-    names = origin + stream + body.signatures
+    dict_id = _DICT_ID.pack(body.dict_id) if body.flags & FLAG_DICTIONARY else b""
+    names = origin + stream + dict_id + body.signatures
     crc = zlib.crc32(body.data, zlib.crc32(names, zlib.crc32(fixed[:_CRC_AT])))
     return b"".join((fixed[:_CRC_AT], crc.to_bytes(4, "little"), names, body.data))
 
@@ -390,9 +435,12 @@ def peek_header(data: bytes, limits: Limits = DEFAULT_LIMITS, *, complete: bool 
 
 
 @boundary
-def decode_batch(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Batch:
-    """Decode and fully check one batch; raise :class:`WireError` on anything wrong."""
-    h, columns = decode_columns(data, limits)
+def decode_batch(
+    data: bytes, limits: Limits = DEFAULT_LIMITS, dictionaries: Dictionaries | None = None
+) -> Batch:
+    """Decode and fully check one batch; raise :class:`WireError` on anything wrong
+    (``unknown_dictionary``: its body needs a dictionary not in ``dictionaries``)."""
+    h, columns = decode_columns(data, limits, dictionaries)
     return Batch.from_columns(
         h.origin, h.stream, h.first_seq, h.first_available, columns, h.signatures
     )
@@ -400,7 +448,7 @@ def decode_batch(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Batch:
 
 @boundary
 def decode_columns(
-    data: bytes, limits: Limits = DEFAULT_LIMITS
+    data: bytes, limits: Limits = DEFAULT_LIMITS, dictionaries: Dictionaries | None = None
 ) -> tuple[Header, tuple[list[str], list[int], list[str], list[bytes]]]:
     """As :func:`decode_batch` (the same checks), the records as columns: keys, event
     times, topics, payloads (seqs: ``header.first_seq`` on)."""
@@ -412,7 +460,7 @@ def decode_columns(
         crc = zlib.crc32(view[_CRC_AT + 4 :], crc)
         if crc != header.crc32:
             raise WireError("bad_checksum", f"CRC32 {crc:08x} != header's {header.crc32:08x}")
-        raw = _decompress(view[header.header_len :], header.raw_len)
+        raw = _decompress(view[header.header_len :], header, dictionaries)
         columns = parse_columns(
             raw, flags=header.flags, count=header.count, max_decoded=limits.max_decompressed_bytes
         )
@@ -446,12 +494,18 @@ def _peek(view: memoryview, limits: Limits, complete: bool) -> Header:
     if flags & ~_KNOWN_FLAGS:
         raise WireError("bad_version", f"unknown flags {flags:#04x} (decoder is v{version})")
     names_end = _FIXED.size + olen + slen
+    sigs_at = names_end + (_DICT_ID.size if flags & FLAG_DICTIONARY else 0)
     signed = -(-count // CHUNK_RECORDS) * SIGNATURE_BYTES if flags & FLAG_SIGNED else 0
-    header_len = names_end + signed
+    header_len = sigs_at + signed
     if n < header_len:
         raise WireError("truncated", f"{n} bytes < the {header_len}-byte header")
     origin = _decode_name("origin", view[_FIXED.size : _FIXED.size + olen])
     stream = _decode_name("stream", view[_FIXED.size + olen : names_end])
+    dict_id = 0
+    if flags & FLAG_DICTIONARY:
+        (dict_id,) = _DICT_ID.unpack_from(view, names_end)
+        if dict_id == 0:
+            raise WireError("malformed", "a body compressed with dictionary 0")
     if header_len + clen > limits.max_compressed_bytes:
         raise WireError(
             "too_large", f"batch of {header_len + clen} bytes > {limits.max_compressed_bytes}"
@@ -475,7 +529,7 @@ def _peek(view: memoryview, limits: Limits, complete: bool) -> Header:
         raise WireError("malformed", f"{n - header_len - clen} bytes after the body")
     return Header(
         version, flags, origin, stream, first, count, first_available, raw_len, clen, crc,
-        header_len, bytes(view[names_end:header_len]),
+        header_len, bytes(view[sigs_at:header_len]), dict_id,
     )  # fmt: skip
 
 
@@ -486,9 +540,12 @@ def _decode_name(kind: str, raw: memoryview) -> str:
         raise WireError("bad_name", f"bad {kind} name {bytes(raw)!r}: {exc}") from None
 
 
-def _decompress(body: memoryview, raw_len: int) -> bytes:
+def _decompress(body: memoryview, header: Header, dictionaries: Dictionaries | None) -> bytes:
     """Decompress with a hard cap: the frame must declare exactly ``raw_len`` (already
-    within the limits) and produce exactly that, so no input can make us allocate more."""
+    within the limits) and produce exactly that, so no input can make us allocate more.
+    With a dictionary the same holds: it is looked up by the header's id (the frame may
+    name none, or the same), and the window stays within 128 MiB."""
+    raw_len = header.raw_len
     try:
         params = zstandard.get_frame_parameters(body)
     except zstandard.ZstdError as exc:
@@ -500,12 +557,25 @@ def _decompress(body: memoryview, raw_len: int) -> bytes:
                 f"zstd frame declares {params.content_size} bytes, header {raw_len}",
             )
         raise WireError("malformed", f"zstd frame size {params.content_size} != header {raw_len}")
-    if params.dict_id or params.window_size > _MAX_WINDOW:
-        raise WireError("malformed", "zstd frame needs a dictionary or an oversized window")
-    try:
-        out = zstandard.ZstdDecompressor(max_window_size=_MAX_WINDOW).decompress(
-            body, max_output_size=raw_len, allow_extra_data=False
+    if params.dict_id not in (0, header.dict_id):
+        raise WireError(
+            "malformed",
+            f"zstd frame needs dictionary {params.dict_id}, header says {header.dict_id or 'none'}",
         )
+    if params.window_size > _MAX_WINDOW:
+        raise WireError("malformed", f"zstd frame window {params.window_size} > {_MAX_WINDOW}")
+    if header.dict_id:
+        held = None if dictionaries is None else dictionaries.get(header.dict_id)
+        if held is None:
+            raise WireError(
+                "unknown_dictionary",
+                f"body compressed with dictionary {header.dict_id}, which this decoder lacks",
+            )
+        dctx = zstandard.ZstdDecompressor(dict_data=held.zstd, max_window_size=_MAX_WINDOW)
+    else:
+        dctx = zstandard.ZstdDecompressor(max_window_size=_MAX_WINDOW)
+    try:
+        out = dctx.decompress(body, max_output_size=raw_len, allow_extra_data=False)
     except zstandard.ZstdError as exc:
         raise WireError("malformed", f"zstd: {exc}") from None
     if len(out) != raw_len:

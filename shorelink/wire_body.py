@@ -57,6 +57,7 @@ REASONS = frozenset(
         "bad_name",
         "malformed",
         "record_too_large",
+        "unknown_dictionary",
     }
 )
 
