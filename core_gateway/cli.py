@@ -58,6 +58,7 @@ def check_config(config_file: Path) -> None:
         f"metrics={f'{cfg.metrics_host}:{cfg.metrics_port}' if cfg.metrics_port else 'off'} "
         f"kafka={cfg.kafka.bootstrap} "
         f"streams={','.join(cfg.streams)} tls={_tls_mode(cfg)} signatures={signatures}"
+        f" dictionaries={_dictionaries(cfg)}"
     )
     for warning in [*_in_clear(cfg), *unenforced]:
         click.echo(f"warning: {warning}", err=True)
@@ -74,6 +75,15 @@ def _in_clear(cfg: GatewayConfig) -> list[str]:
     if (kafka := cfg.kafka.in_clear()) is not None:
         out.append(kafka)
     return out
+
+
+def _dictionaries(cfg: GatewayConfig) -> str:
+    """The dictionaries the gateway holds, as ``stream:id`` (``none``)."""
+    try:
+        held = cfg.dictionaries()
+    except ShorelinkError as exc:
+        fail(exc)
+    return ",".join(f"{d.stream}:{d.dict_id}" for d in held) or "none"
 
 
 def _tls_mode(cfg: GatewayConfig) -> str:

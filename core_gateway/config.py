@@ -20,6 +20,7 @@ from shorelink.kafka.topics import Durability
 from shorelink.proof import ShipKeys
 from shorelink.tls import TlsFile, server_context
 from shorelink.wire import Limits
+from shorelink.wire_dict import Dictionaries
 
 __all__ = ["GatewayConfig", "load_config", "parse_config"]
 
@@ -43,6 +44,12 @@ class GatewayConfig:
     #: with a key must sign its batches; relative to the config file; unset: batches
     #: are taken unsigned and carry no proof
     ship_keys_file: Path | None = field(default=None, metadata=key(kind="path"))
+    #: the batch bodies' zstd dictionaries (``<stream>-<id>.zdict``, trained at
+    #: headquarters by ``shorelink dict train``): the gateway holds every one in the
+    #: directory (a batch compressed with an older one still decodes) and refuses a
+    #: batch naming one it lacks (422 ``unknown_dictionary``; the ship sends without).
+    #: Read at start; relative to the config file; unset: none
+    dictionaries_dir: Path | None = field(default=None, metadata=key(kind="path"))
     host: str = field(default="0.0.0.0", metadata=key("listen.host"))
     port: int = field(default=8443, metadata=key("listen.port", min=0, max=65535))
     #: HTTPS: the gateway's certificate (PEM, chain after it) and its key; relative to
@@ -114,6 +121,11 @@ class GatewayConfig:
     #: processes decoding large batches (core_gateway/decoding.py); 0: a thread
     decode_workers: int = field(default=1, metadata=key(min=0, max=64))
 
+    def dictionaries(self) -> Dictionaries:
+        """The dictionaries in ``dictionaries_dir`` (none when unset); a ConfigError
+        naming the key and the file that is not one."""
+        return Dictionaries.load(self.dictionaries_dir, "dictionaries_dir")
+
     def ssl_context(self) -> ssl.SSLContext | None:
         """The listening socket's TLS (None: plain HTTP); a ConfigError naming the key
         whose file is missing, unreadable or not the certificate's key."""
@@ -163,6 +175,7 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayCo
     cfg.ssl_context()  # the files load, and the key is the certificate's: else fail now
     if cfg.ship_keys_file is not None:
         ShipKeys.load(cfg.ship_keys_file)  # a missing or broken file fails now, named
+    cfg.dictionaries()  # a missing directory or a file that is no dictionary fails now
     ca = cfg.kafka.auth.ca_file
     if ca is not None and not ca.is_file():
         # librdkafka would only say "ssl.ca.location failed" at the first connection

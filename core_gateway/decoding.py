@@ -25,15 +25,22 @@ A ship with a key (shorelink/proof.py) is proved in the same step: its chunks'
 signatures checked and each record's ``sl.proof`` made beside the decode, in the worker
 or the thread, never on the event loop (about 3 µs a record more: a hash per record,
 an Ed25519 check per 32 records and the proofs' bytes).
+
+Batches compressed with a dictionary (shorelink/wire_dict.py) decode with the gateway's
+``dictionaries_dir``, read once at start, by the gateway and by each worker as it
+starts (a dictionary is not sent with every batch); one naming a dictionary the gateway
+lacks is refused from its header (``unknown_dictionary``) before it is handed on.
 """
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from shorelink.proof import ShipKeys, SignatureError
 from shorelink.wire import Batch, Limits, WireError, decode_columns, peek_header
+from shorelink.wire_dict import Dictionaries
 from shorelink.workers import WorkerDied, WorkerPool, WorkersUnavailable
 
 __all__ = ["PROCESS_DECODE_BYTES", "BatchDecoder"]
@@ -49,13 +56,23 @@ _Columns = tuple[Any, ...]
 #: ShipKeys does not cross processes)
 KeySpec = tuple[bool, dict[str, object]]
 
+#: a worker's dictionaries, loaded when it starts (_load_dictionaries)
+_WORKER_DICTIONARIES = Dictionaries()
 
-def _decode_columns(body: bytes, limits: Limits, spec: KeySpec | None = None) -> _Columns:
+
+def _load_dictionaries(directory: Path | None) -> None:
+    global _WORKER_DICTIONARIES
+    _WORKER_DICTIONARIES = Dictionaries.load(directory)
+
+
+def _decode_columns(
+    body: bytes, limits: Limits, spec: KeySpec | None = None, held: Dictionaries | None = None
+) -> _Columns:
     """In a worker or a thread: the batch as columns and its records' proofs, or
     ("error", kind, reason, message) (an exception with a custom constructor does not
-    cross a process boundary intact)."""
+    cross a process boundary intact). ``held``: the dictionaries (None: a worker's own)."""
     try:
-        h, columns = decode_columns(body, limits)
+        h, columns = decode_columns(body, limits, _WORKER_DICTIONARIES if held is None else held)
         proved = None
         if spec is not None:
             keys = ShipKeys.parse({"require_signatures": spec[0], "ships": spec[1]})
@@ -77,9 +94,19 @@ def _from_columns(cols: _Columns) -> tuple[Batch, list[bytes] | None]:
 
 
 class BatchDecoder:
-    def __init__(self, limits: Limits, *, workers: int) -> None:
+    def __init__(
+        self, limits: Limits, *, workers: int, dictionaries_dir: Path | None = None
+    ) -> None:
+        """``dictionaries_dir``: the batch bodies' dictionaries, loaded now (and by each
+        worker as it starts)."""
         self.limits = limits
-        self.pool = WorkerPool("decode_workers", workers)
+        self.dictionaries = Dictionaries.load(dictionaries_dir)
+        self.pool = WorkerPool(
+            "decode_workers",
+            workers,
+            initializer=_load_dictionaries,
+            initargs=(dictionaries_dir,),
+        )
 
     @property
     def workers(self) -> int:
@@ -97,6 +124,12 @@ class BatchDecoder:
         without a key); raises :class:`SignatureError` when the ship's key does not
         prove the batch."""
         header = peek_header(body, self.limits)
+        if header.dict_id and self.dictionaries.get(header.dict_id) is None:
+            raise WireError(
+                "unknown_dictionary",
+                f"body compressed with dictionary {header.dict_id}, which this gateway lacks"
+                f" (it holds {', '.join(map(str, self.dictionaries.ids())) or 'none'})",
+            )
         spec: KeySpec | None = None
         if keys is not None:
             spec = (keys.require_signatures, keys.entries([header.origin]))
@@ -106,7 +139,9 @@ class BatchDecoder:
                 return _from_columns(cols)
             except (WorkerDied, WorkersUnavailable):
                 pass  # (logged by the pool) this batch, at least, in a thread
-        return _from_columns(await asyncio.to_thread(_decode_columns, body, self.limits, spec))
+        return _from_columns(
+            await asyncio.to_thread(_decode_columns, body, self.limits, spec, self.dictionaries)
+        )
 
     def pids(self) -> list[int]:
         """The worker processes now (none before the first large batch)."""

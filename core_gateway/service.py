@@ -65,6 +65,7 @@ _WIRE_STATUS = {
     "too_many_records": 413,
     "record_too_large": 413,
     "bad_seq_range": 422,
+    "unknown_dictionary": 422,
 }
 
 
@@ -79,7 +80,9 @@ class GatewayService:
         self.metrics = GatewayMetrics()
         self.writer = IngressWriter(cfg, on_commit=self.metrics.committed)
         self.metrics.commit_retries.source = lambda: self.writer.retries
-        self.decoder = BatchDecoder(cfg.limits, workers=cfg.decode_workers)
+        self.decoder = BatchDecoder(
+            cfg.limits, workers=cfg.decode_workers, dictionaries_dir=cfg.dictionaries_dir
+        )
         #: the ships' public keys (shorelink/proof.py); None: batches taken unproved
         self.ship_keys = None if cfg.ship_keys_file is None else WatchedShipKeys(cfg.ship_keys_file)
         if self.ship_keys is not None:

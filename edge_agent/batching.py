@@ -27,6 +27,13 @@ child process cannot be handed it (a key object does not pickle), so it loads th
 file when it starts and refuses to run if that is no longer the key the agent started
 with (the child is then replaced, and after a few tries the agent builds in a thread
 with its own key): every batch of a run is signed by one key.
+
+With dictionaries (``uplink.dictionaries_dir``, shorelink/wire_dict.py) a batch encoded
+when sent is compressed with the dictionary its :class:`BuildSpec` names (the session
+chooses: the stream's newest, or none for a gateway that lacks it). The builder and its
+child each load the directory once, when they start. Sealed segments are not: they are
+port links' batches (50,000 records), where a dictionary saves little, and a segment
+must be framable for any gateway.
 """
 
 from __future__ import annotations
@@ -37,13 +44,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from edge_agent.config import LogConfig, StreamConfig, load_signing_key
+from edge_agent.config import LogConfig, StreamConfig, load_dictionaries, load_signing_key
 from edge_agent.errors import UplinkError
 from edge_agent.log import EdgeLog, LogRecord
 from shorelink.errors import ConfigError
 from shorelink.proof import ShipKey
 from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, Body, WireRecord, encode_batch, encode_body, frame_batch
+from shorelink.wire_dict import Dictionaries, Dictionary
 from shorelink.workers import WorkerDied, WorkerPool, WorkersUnavailable
 
 __all__ = ["BatchBuilder", "BuildFailed", "BuildSpec", "Built", "SealSpec", "build", "seal"]
@@ -70,6 +78,8 @@ class BuildSpec:
     max_bytes: int
     #: what today's link budget still allows (None: no budget)
     budget_left: int | None
+    #: compress with this dictionary (0: none; one the builder does not hold: none)
+    dict_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,9 +98,15 @@ class Built:
     sealed: bool = False
 
 
-def build(edge_log: EdgeLog, spec: BuildSpec, key: ShipKey | None = None) -> Built:
+def build(
+    edge_log: EdgeLog,
+    spec: BuildSpec,
+    key: ShipKey | None = None,
+    dictionaries: Dictionaries | None = None,
+) -> Built:
     """The next batch of ``spec.stream`` the site lacks, from ``spec.pos`` on; signed
-    with ``key`` (the ship's) if given."""
+    with ``key`` (the ship's) if given; compressed with ``spec.dict_id`` if it is one of
+    ``dictionaries``."""
     first = edge_log.first_seq(spec.stream)
     pos = max(spec.pos or first, first)
     floor = max(spec.floor or first, first)
@@ -119,7 +135,8 @@ def build(edge_log: EdgeLog, spec: BuildSpec, key: ShipKey | None = None) -> Bui
         if not recs:
             pos = hi + 1
             continue
-        return _encode(edge_log.origin, spec, _contiguous(recs), pos, floor, key)
+        held = None if dictionaries is None else dictionaries.get(spec.dict_id)
+        return _encode(edge_log.origin, spec, _contiguous(recs), pos, floor, key, held)
     return Built(None, 0, 0, 0, pos, floor)
 
 
@@ -151,8 +168,10 @@ def _encode(
     pos: int,
     floor: int,
     key: ShipKey | None,
+    dictionary: Dictionary | None = None,
 ) -> Built:
-    """Encode ``recs`` (signed with ``key`` if given); fewer of them if the encoded batch
+    """Encode ``recs`` (signed with ``key`` if given, compressed with ``dictionary``);
+    fewer of them if the encoded batch
     would be larger than ``max_bytes`` (records that do not compress: a gateway refuses
     batches over its limit, 8 MiB by default) or than today's budget."""
     n = len(recs)
@@ -165,6 +184,7 @@ def _encode(
                 first_available=floor,
             ),
             key=key,
+            dictionary=dictionary,
         )
         if len(body) > spec.max_bytes and n > 1:
             n = max(1, min(n - 1, int(n * spec.max_bytes / len(body) * 0.9)))
@@ -228,6 +248,7 @@ class BuildFailed(UplinkError):
 
 _CHILD_LOG: EdgeLog | None = None
 _CHILD_KEY: ShipKey | None = None
+_CHILD_DICTIONARIES: Dictionaries | None = None
 
 
 def _child_open(
@@ -237,10 +258,11 @@ def _child_open(
     cfg: LogConfig,
     key_file: Path | None,
     signer: str,
+    dictionaries_dir: Path | None = None,
 ) -> None:
-    """The child's log and key: the key in ``key_file``, which must still be the one
-    whose public half is ``signer`` (the agent's, loaded at its start)."""
-    global _CHILD_LOG, _CHILD_KEY
+    """The child's log, key and dictionaries: the key in ``key_file``, which must still
+    be the one whose public half is ``signer`` (the agent's, loaded at its start)."""
+    global _CHILD_LOG, _CHILD_KEY, _CHILD_DICTIONARIES
     key = load_signing_key(key_file)
     if ("" if key is None else key.public()) != signer:
         raise ConfigError(
@@ -248,12 +270,13 @@ def _child_open(
             f"{key_file} holds another key than when the agent started: restart the agent",
         )
     _CHILD_KEY = key
+    _CHILD_DICTIONARIES = load_dictionaries(dictionaries_dir)
     _CHILD_LOG = EdgeLog(path, origin, streams, cfg, readonly=True)
 
 
 def _child_build(spec: BuildSpec) -> Built:
     assert _CHILD_LOG is not None
-    return build(_CHILD_LOG, spec, _CHILD_KEY)
+    return build(_CHILD_LOG, spec, _CHILD_KEY, _CHILD_DICTIONARIES)
 
 
 def _child_seal(spec: SealSpec) -> Body | None:
@@ -267,11 +290,19 @@ class BatchBuilder:
     running (a build that arrives during a seal waits for it, a few hundred ms)."""
 
     def __init__(
-        self, edge_log: EdgeLog, *, workers: int, signing_key_file: Path | None = None
+        self,
+        edge_log: EdgeLog,
+        *,
+        workers: int,
+        signing_key_file: Path | None = None,
+        dictionaries_dir: Path | None = None,
     ) -> None:
         """``signing_key_file``: the ship's key (``uplink.signing_key_file``), loaded
-        now; every batch and segment is signed with it. None: unsigned."""
+        now; every batch and segment is signed with it. None: unsigned.
+        ``dictionaries_dir``: the dictionaries a batch may be compressed with, loaded
+        now."""
         self.log = edge_log
+        self.dictionaries = load_dictionaries(dictionaries_dir)
         #: the ship's key (None: batches go unsigned) and its public half ("": none),
         #: which the segments it seals are stored under
         self.key = load_signing_key(signing_key_file)
@@ -288,6 +319,7 @@ class BatchBuilder:
                 edge_log.cfg,
                 signing_key_file,
                 self.signer,
+                dictionaries_dir,
             ),
         )
         self._builds = 0
@@ -303,11 +335,14 @@ class BatchBuilder:
         self._builds += 1
         self._no_builds.clear()
         try:
-            return await self._run(_child_build, build, spec)
+            return await self._run(_child_build, self._build_here, spec)
         finally:
             self._builds -= 1
             if not self._builds:
                 self._no_builds.set()
+
+    def _build_here(self, edge_log: EdgeLog, spec: BuildSpec, key: ShipKey | None) -> Built:
+        return build(edge_log, spec, key, self.dictionaries)
 
     async def seal(self, spec: SealSpec) -> Body | None:
         while self._builds:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from edge_agent.config import EdgeConfig, load_config, load_signing_key
+from edge_agent.config import EdgeConfig, load_config, load_dictionaries, load_signing_key
 from edge_agent.status import collect_status, open_log, render
 from shorelink.cli_support import config_option, fail, load_or_exit
 from shorelink.errors import ShorelinkError
@@ -51,6 +51,11 @@ def check_config(config_file: Path) -> None:
             f"signing: every batch signed; public key {key.public()} (the sites' ship keys "
             f"file must hold it for {cfg.ship})"
         )
+    held = load_or_exit(load_dictionaries, cfg.uplink.dictionaries_dir)  # type: ignore[arg-type]
+    click.echo(
+        "dictionaries: "
+        + (", ".join(f"{d.stream} {d.dict_id} ({len(d.data)} bytes)" for d in held) or "none")
+    )
     if cfg.gateways and not cfg.uplink.token:
         click.echo(
             "warning: uplink.token is empty: `run` refuses to start until it is set", err=True

@@ -37,6 +37,7 @@ from shorelink.logs import get_logger
 from shorelink.proof import ShipKey
 from shorelink.tls import TlsFile, client_context, is_loopback
 from shorelink.wire import DEFAULT_LIMITS
+from shorelink.wire_dict import Dictionaries
 
 log = get_logger(__name__)
 
@@ -52,6 +53,7 @@ __all__ = [
     "StreamConfig",
     "UplinkConfig",
     "load_config",
+    "load_dictionaries",
     "load_signing_key",
 ]
 
@@ -138,6 +140,12 @@ class UplinkConfig:
     #: world-readable): every batch sent is signed with it (docs/replication.md, "Ship
     #: signatures"). Relative to the config file; unset: batches go unsigned
     signing_key_file: Path | None = None
+    #: the batch bodies' zstd dictionaries (``<stream>-<id>.zdict``, trained at
+    #: headquarters by ``shorelink dict train``): batches built when sent are compressed
+    #: with their stream's newest (highest id); a gateway that lacks it gets that stream
+    #: without one (docs/edge-agent.md, "Dictionaries"). Read at start; relative to the
+    #: config file; unset: no dictionaries
+    dictionaries_dir: Path | None = None
     #: timer wake: look for a cheaper link that came up (and send what the wake missed)
     interval_s: float = field(default=10.0, metadata=key("interval", min=0.05, why="at least 50ms"))
     #: ask the current site again what it holds (replication may have brought it our
@@ -346,7 +354,14 @@ def _uplink(s: Section, base: Path | None) -> UplinkConfig:
     if not 0 < out.retry_min_s <= out.retry_max_s:
         raise ConfigError(s.field("retry_min"), "need 0 < retry_min <= retry_max")
     load_signing_key(out.signing_key_file)  # a missing, public or broken file fails now
+    load_dictionaries(out.dictionaries_dir)  # a missing directory or a bad file fails now
     return out
+
+
+def load_dictionaries(path: Path | None) -> Dictionaries:
+    """The dictionaries in ``path`` (``uplink.dictionaries_dir``; none without one); a
+    :class:`ConfigError` naming that key and the file that is not a dictionary."""
+    return Dictionaries.load(path, "uplink.dictionaries_dir")
 
 
 @boundary

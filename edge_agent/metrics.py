@@ -186,6 +186,13 @@ class EdgeMetrics:
             ["site", "stream"],
             registry=r,
         )
+        self.uplink_dictionary_fallbacks = Counter(
+            p + "uplink_dictionary_fallbacks",
+            "Streams a gateway refused a dictionary for (unknown_dictionary): sent without"
+            " one to that gateway from then on, until the agent restarts",
+            ["site", "stream"],
+            registry=r,
+        )
         self.uplink_failed = Counter(
             p + "uplink_batches_failed",
             "Batches without an accepting reply (reason: link or the gateway's error code)",

@@ -13,6 +13,10 @@ What a failure costs:
   nothing a reply confirmed is ever resent;
 - a 409 (our view of the site was stale): that stream restarts from the site's holdings
   once its batches in flight are answered;
+- a 422 ``unknown_dictionary`` (the gateway lacks the dictionary the batch was
+  compressed with): that stream goes without a dictionary to that gateway from then on
+  (``no_dictionary``, kept by the uplink across sessions), restarting from the site's
+  holdings once its batches in flight are answered (counted, logged once);
 - another 4xx: that stream waits for the next session (counted, logged); a 401/403
   ends the session (no request to that gateway can succeed).
 
@@ -94,6 +98,7 @@ class Session:
         metrics: EdgeMetrics,
         builder: BatchBuilder,
         *,
+        no_dictionary: set[str] | None = None,
         on_success: Callable[[], None] = lambda: None,
         stopping: Callable[[], bool] = lambda: False,
     ) -> None:
@@ -103,6 +108,8 @@ class Session:
         self.log = edge_log
         self.metrics = metrics
         self.builder = builder
+        #: streams this gateway refused a dictionary for: sent without one
+        self.no_dictionary = set() if no_dictionary is None else no_dictionary
         self._on_success = on_success
         self._stopping = stopping
         self._limited = RateLimitedLog(log)
@@ -255,6 +262,9 @@ class Session:
         except GatewayRejected as exc:
             c.in_flight -= 1
             self.metrics.uplink_failed.labels(self.site, c.stream, exc.error_code).inc()
+            if exc.error_code == "unknown_dictionary":
+                self._without_dictionary(c, str(exc))
+                return 0
             self._limited.warning(
                 f"rejected:{self.site}:{c.stream}:{exc.status}",
                 "batch_rejected",
@@ -300,6 +310,23 @@ class Session:
         )
         return 1
 
+    def _without_dictionary(self, c: _Cursor, message: str) -> None:
+        """The gateway lacks the dictionary ``c``'s stream was compressed with: send
+        that stream without one to it, from what the site holds (the refused batch and
+        those behind it were not written)."""
+        if c.stream not in self.no_dictionary:
+            self.no_dictionary.add(c.stream)
+            self.metrics.uplink_dictionary_fallbacks.labels(self.site, c.stream).inc()
+            log.warning(
+                "dictionary_refused",
+                site=self.site,
+                stream=c.stream,
+                fallback="no_dictionary",
+                message=message,
+            )
+        c.pos, c.floor, c.rewind = None, None, True
+        c.epoch += 1
+
     async def _learn(self, c: _Cursor, held: RangeSet) -> None:
         """Merge an accepting reply (what a site holds only grows, and replies may be
         settled in another order than the site processed them); persist if it grew."""
@@ -310,6 +337,14 @@ class Session:
             await asyncio.to_thread(self.log.set_holdings, self.site, c.stream, merged)
 
     # -- choosing and building the next batch ---------------------------------------------
+    def _dictionary(self, stream: str) -> int:
+        """The id of the dictionary ``stream``'s next batch is compressed with (its
+        newest; 0: none, or a gateway that lacks it)."""
+        if stream in self.no_dictionary:
+            return 0
+        d = self.builder.dictionaries.newest(stream)
+        return 0 if d is None else d.dict_id
+
     async def _next(self) -> _Outgoing | None:
         alerts_last = None  # the alerts' last seq, if looked at and nothing to send
         for c in self.cursors:
@@ -331,6 +366,7 @@ class Session:
                 self.link.batch_max_records,
                 self.link.batch_max_bytes,
                 self.budget.remaining(),
+                self._dictionary(c.stream),
             )
             try:
                 built = await self.builder.build(spec)

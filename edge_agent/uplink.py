@@ -94,7 +94,11 @@ class Uplink:
             edge_log,
             workers=cfg.uplink.encode_workers,
             signing_key_file=cfg.uplink.signing_key_file,
+            dictionaries_dir=cfg.uplink.dictionaries_dir,
         )
+        #: per gateway (its URL), the streams it refused a dictionary for: sent
+        #: without one to it for the rest of this run (edge_agent/session.py)
+        self._no_dictionary: dict[str, set[str]] = {}
         self.sealer = Sealer(cfg, edge_log, self.builder, metrics)
 
     # -- the loop ------------------------------------------------------------------------
@@ -284,6 +288,7 @@ class Uplink:
             held,
             self.metrics,
             self.builder,
+            no_dictionary=self._no_dictionary.setdefault(g.url, set()),
             on_success=lambda: self._success(g),
             stopping=self._break_off,
         )

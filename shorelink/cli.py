@@ -22,7 +22,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from shorelink.kafka.audit import SitesAudit, SourceAudit
     from shorelink.kafka.endpoint import KafkaEndpoint
     from shorelink.kafka.sites import SiteKafka
+    from shorelink.wire import WireRecord
 
 __all__ = ["COMMANDS", "OPTIONS", "main", "render_audit", "render_sites_audit"]
 
@@ -681,6 +682,146 @@ def _validity(valid_below: int | Mapping[str, int] | None) -> str:
 
 
 _ADDED: dict[str, list[str]] = {}
+
+
+@main.group("dict")
+def dictionaries() -> None:
+    """The batch bodies' zstd dictionaries, one per stream (docs/wire-format.md,
+    "Dictionaries"): trained here at headquarters on what ships sent, copied to every
+    gateway's dictionaries_dir first, then to ships' uplink.dictionaries_dir."""
+
+
+@dictionaries.command("train")
+@click.option(
+    "--records",
+    "records_paths",
+    type=click.Path(path_type=Path, dir_okay=False, allow_dash=True),
+    multiple=True,
+    required=True,
+    help="What ships sent, as JSON lines of `shorelink consume` (e.g. `shorelink consume "
+    "--config sites.toml --site hq --stream containers --max 50000 > c.jsonl`); '-' for "
+    "stdin (repeatable).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    required=True,
+    help="Where the dictionaries go (<stream>-<id>.zdict, mode 0600; the directory is "
+    "made 0700 if missing). Ids grow from those already there.",
+)
+@click.option("--stream", "streams", multiple=True, help="Only these streams (repeatable).")
+@click.option("--ship", "ships", multiple=True, help="Only these ships' records (repeatable).")
+@click.option(
+    "--batch-records",
+    type=click.IntRange(min=1),
+    default=200,
+    show_default=True,
+    help="Train on bodies of batches this size (the satellite's: 200), and of one record.",
+)
+@click.option(
+    "--size",
+    "size",
+    type=click.IntRange(min=1024, max=1024 * 1024),
+    default=32 * 1024,
+    show_default=True,
+    help="Bytes of each dictionary (carried to every ship once).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def dict_train(
+    records_paths: tuple[Path, ...],
+    out_dir: Path,
+    streams: tuple[str, ...],
+    ships: tuple[str, ...],
+    batch_records: int,
+    size: int,
+    as_json: bool,
+) -> None:
+    """Train one dictionary per stream on the batch bodies the encoder builds of its
+    records (per ship, in seq order), write each as <stream>-<id>.zdict in --out and
+    print its id, size and what it was trained on. Exits 2 on unreadable input or a
+    stream zstd cannot train on (too few records)."""
+    import time
+
+    from shorelink.wire_dict import Dictionaries, next_id, train, training_samples
+
+    by_stream = _consumed_records(records_paths, set(streams), set(ships))
+    if not by_stream:
+        fail(ShorelinkError("no records to train on (check --stream and --ship)"))
+    try:
+        out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ids = Dictionaries.load(out_dir, "--out").ids()
+    except (OSError, ShorelinkError) as exc:
+        fail(exc if isinstance(exc, ShorelinkError) else ShorelinkError(f"--out: {exc}"))
+    made: list[dict[str, Any]] = []
+    for stream, per_ship in sorted(by_stream.items()):
+        t0 = time.monotonic()
+        dict_id = next_id(ids)
+        try:
+            samples = [
+                sample
+                for recs in per_ship.values()
+                for sample in training_samples(sorted(recs, key=lambda r: r.seq), batch_records)
+            ]
+            d = train(stream, samples, dict_id=dict_id, size=size)
+            path = d.write(out_dir)
+        except (ValueError, OSError, ShorelinkError) as exc:
+            fail(ShorelinkError(f"stream {stream}: {exc}"))
+        ids.append(dict_id)
+        made.append(
+            {
+                "stream": stream,
+                "id": dict_id,
+                "bytes": len(d.data),
+                "records": sum(map(len, per_ship.values())),
+                "ships": len(per_ship),
+                "samples": len(samples),
+                "train_s": round(time.monotonic() - t0, 2),
+                "file": str(path),
+            }
+        )
+    if as_json:
+        click.echo(json.dumps({"dictionaries": made}, indent=2))
+        return
+    rows = [
+        [m["stream"], str(m["id"]), f"{m['bytes']:,}", f"{m['records']:,}", str(m["ships"]),
+         str(m["samples"]), f"{m['train_s']:.1f}", m["file"]]
+        for m in made
+    ]  # fmt: skip
+    header = ["stream", "id", "bytes", "records", "ships", "samples", "train s", "file"]
+    for line in table(header, rows):
+        click.echo(line)
+    click.echo(
+        "copy the files to every gateway's dictionaries_dir (and restart it) first, then to"
+        " the ships' uplink.dictionaries_dir"
+    )
+
+
+def _consumed_records(
+    paths: Sequence[Path], streams: set[str], ships: set[str]
+) -> dict[str, dict[str, list[WireRecord]]]:
+    """stream -> ship -> its records, from JSON lines of ``shorelink consume`` (exit 2
+    naming the file and line of one that is not such a record)."""
+    from shorelink.wire_dict import consumed_record
+
+    out: dict[str, dict[str, list[WireRecord]]] = {}
+    for path in paths:
+        name = "stdin" if str(path) == "-" else str(path)
+        try:
+            with sys.stdin.buffer if str(path) == "-" else path.open("rb") as f:
+                for n, line in enumerate(f, start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        ship, stream, record = consumed_record(line)
+                    except ValueError as exc:
+                        fail(ShorelinkError(f"{name}:{n}: not a line of shorelink consume: {exc}"))
+                    if (streams and stream not in streams) or (ships and ship not in ships):
+                        continue
+                    out.setdefault(stream, {}).setdefault(ship, []).append(record)
+        except OSError as exc:
+            fail(ShorelinkError(f"{name}: {exc.strerror or exc}"))
+    return out
 
 
 def _added_options(cmd: click.Command) -> list[str]:

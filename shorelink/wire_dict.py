@@ -22,6 +22,8 @@ gateway); the fleet registry will carry the same files by the same names.
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -30,6 +32,7 @@ from pathlib import Path
 
 import zstandard
 
+from shorelink.boundary import boundary
 from shorelink.errors import ConfigError
 from shorelink.files import write_atomic
 from shorelink.identity import NAME_RE
@@ -41,6 +44,7 @@ __all__ = [
     "SUFFIX",
     "Dictionaries",
     "Dictionary",
+    "consumed_record",
     "next_id",
     "train",
     "training_samples",
@@ -59,6 +63,7 @@ MIN_ID, MAX_ID = 1 << 15, (1 << 31) - 1
 #: the trainer's ids: seconds since 2020-01-01T00:00Z (they reach MAX_ID in 2088)
 _ID_EPOCH_S = 1_577_836_800
 _ZSTD_DICT_MAGIC = b"\x37\xa4\x30\xec"
+_PROBE = b"shorelink dictionary probe " * 8
 _FILE = re.compile(r"(?P<stream>.+)-(?P<id>[0-9]{1,10})" + re.escape(SUFFIX))
 
 
@@ -80,9 +85,17 @@ class Dictionary:
             raise ValueError(f"{len(self.data)} bytes > the {MAX_DICT_BYTES}-byte limit")
         if not self.data.startswith(_ZSTD_DICT_MAGIC):
             raise ValueError("not a trained zstd dictionary (no dictionary magic)")
-        d = zstandard.ZstdCompressionDict(self.data, dict_type=zstandard.DICT_TYPE_FULLDICT)
-        if d.dict_id() != self.dict_id:
-            raise ValueError(f"the dictionary's own id is {d.dict_id()}, not {self.dict_id}")
+        try:
+            d = zstandard.ZstdCompressionDict(self.data, dict_type=zstandard.DICT_TYPE_FULLDICT)
+            if d.dict_id() != self.dict_id:
+                raise ValueError(f"the dictionary's own id is {d.dict_id()}, not {self.dict_id}")
+            # its tables are read now (a corrupt one fails here, not at the first batch)
+            probe = zstandard.ZstdCompressor(dict_data=d).compress(_PROBE)
+            back = zstandard.ZstdDecompressor(dict_data=d).decompress(probe)
+        except zstandard.ZstdError as exc:
+            raise ValueError(f"a corrupt zstd dictionary: {exc}") from None
+        if back != _PROBE:
+            raise ValueError("a corrupt zstd dictionary: it does not give back what it packs")
         object.__setattr__(self, "zstd", d)
 
     @property
@@ -90,6 +103,7 @@ class Dictionary:
         return f"{self.stream}-{self.dict_id}{SUFFIX}"
 
     @classmethod
+    @boundary
     def load(cls, path: Path) -> Dictionary:
         """The dictionary in ``path`` (named ``<stream>-<id>.zdict``); ValueError saying
         what is wrong with it."""
@@ -157,6 +171,55 @@ class Dictionaries:
 
     def __iter__(self) -> Iterator[Dictionary]:
         return iter(sorted(self._by_id.values(), key=lambda d: d.dict_id))
+
+
+#: a line of ``shorelink consume`` longer than this is refused (a record is at most
+#: 1 MiB, MAX_RECORD_BYTES; as JSON with its fields and escapes, at most about 6 MiB)
+MAX_CONSUMED_LINE = 8 * 1024 * 1024
+
+
+@boundary
+def consumed_record(line: bytes) -> tuple[str, str, WireRecord]:
+    """(origin, stream, record) of one JSON line of ``shorelink consume`` (what
+    headquarters trains on); ValueError saying why a line is not one."""
+    if len(line) > MAX_CONSUMED_LINE:
+        raise ValueError(f"a line of {len(line)} bytes (at most {MAX_CONSUMED_LINE})")
+    try:
+        doc = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"not JSON: {str(exc)[:200]}") from None
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+
+    def text(name: str) -> str:
+        value = doc.get(name)
+        if not isinstance(value, str):
+            raise ValueError(f"no {name!r} text")
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise ValueError(f"{name!r} is not UTF-8 text") from None
+        return value
+
+    raw: dict[str, bytes] = {}
+    for name in ("key", "value"):  # text when it is UTF-8, else base64 (consume's rule)
+        if isinstance(doc.get(name), str):
+            raw[name] = text(name).encode()
+            continue
+        try:
+            raw[name] = base64.b64decode(text(f"{name}_b64"), validate=True)
+        except ValueError:
+            raise ValueError(f"{name}_b64 is not base64") from None
+
+    def integer(name: str) -> int:
+        value = doc.get(name)
+        if type(value) is not int or not -(2**63) <= value < 2**63:
+            raise ValueError(f"no {name!r} int64")
+        return value
+
+    key = raw["key"].decode("utf-8", "replace")
+    record = WireRecord(integer("seq"), key, integer("ts"), text("mqtt_topic"), raw["value"])
+    return text("origin"), text("stream"), record
 
 
 def next_id(existing: Iterable[int], now_s: float | None = None) -> int:

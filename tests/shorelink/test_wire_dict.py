@@ -6,6 +6,7 @@ refusal for a dictionary the decoder lacks, and old batches decoding as before."
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 import struct
@@ -36,13 +37,15 @@ from shorelink.wire import (
 from shorelink.wire_dict import (
     Dictionaries,
     Dictionary,
+    consumed_record,
     next_id,
     train,
     training_samples,
 )
 from tests import wire_bombs
-from tests.bounds import measured
+from tests.bounds import KIB, MIB, Bound, measured, within
 from tests.shorelink.test_wire import GOOD, batch_of, batches, telemetry
+from tests.strategies import any_bytes, deep_json, json_values, mutated
 
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -301,3 +304,65 @@ def test_training_samples_are_the_bodies_the_encoder_compresses() -> None:
     assert samples[0] == build_body(first)[1]
     assert len(samples) >= 64
     assert zlib.crc32(samples[-1]) != zlib.crc32(samples[0])
+
+
+# ------------------------------------------------------------------ boundaries
+
+_LINE = json.dumps(
+    {"origin": "bigblue", "stream": "containers", "seq": 7, "key": "MSCU1234565",
+     "value": '{"t":4.5}', "ts": 1_767_225_600_000, "site": "hq",
+     "mqtt_topic": "bigblue/deck1/containers/MSCU1234565/env", "topic": "sl.containers",
+     "partition": 0, "offset": 7}
+).encode()  # fmt: skip
+_DICT_FILE_BOUND = Bound(2 * MIB, 4, cpu_s=1.0, cpu_per_mib=8)
+
+
+@settings(max_examples=60, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.one_of(
+        any_bytes(300),
+        mutated(_LINE, 6),
+        deep_json(),
+        json_values().map(lambda v: json.dumps(v).encode()),
+    )
+)
+def test_a_line_of_consume_output_is_read_or_refused_with_a_value_error(raw: bytes) -> None:
+    """What headquarters trains on comes from a file an operator made: any bytes end in a
+    record or a ValueError the command reports with its file and line."""
+    got = within(Bound(256 * KIB, 16, cpu_s=0.5, cpu_per_mib=8), (ValueError,),
+                 consumed_record, raw)  # fmt: skip
+    if not isinstance(got, ValueError):
+        origin, _, record = got
+        assert isinstance(origin, str) and isinstance(record.payload, bytes)
+
+
+def test_a_good_line_of_consume_output_is_the_record_it_names() -> None:
+    origin, stream, record = consumed_record(_LINE)
+    assert (origin, stream) == ("bigblue", "containers")
+    assert record == WireRecord(
+        7, "MSCU1234565", 1_767_225_600_000, "bigblue/deck1/containers/MSCU1234565/env",
+        b'{"t":4.5}',
+    )  # fmt: skip
+
+
+@settings(
+    max_examples=30,
+    deadline=3000,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(data=st.data())
+def test_a_dictionary_file_is_loaded_or_refused_with_a_value_error(
+    tmp_path: Path, dictionary: Dictionary, data: st.DataObject
+) -> None:
+    """A dictionary file comes from headquarters by hand or by the registry: any bytes
+    (a corrupt copy, another file) load as a dictionary that works or are refused."""
+    raw = data.draw(st.one_of(any_bytes(300), mutated(dictionary.data, 8)))
+    path = tmp_path / "containers-40001.zdict"
+    path.write_bytes(raw)
+    got = within(_DICT_FILE_BOUND, (ValueError,), Dictionary.load, path, size=len(raw))
+    if isinstance(got, Dictionary):
+        batch = batch_of(SENT[:20])
+        assert (
+            decode_batch(encode_batch(batch, dictionary=got), dictionaries=Dictionaries([got]))
+            == batch
+        )
