@@ -212,21 +212,10 @@ def _renumbered(records: list[WireRecord]) -> tuple[WireRecord, ...]:
 
 
 def measure_dict(
-    stream: str,
-    train_on: list[WireRecord],
-    measure_on: list[WireRecord],
-    size: int,
-    level: int,
-    dict_bytes: int,
-    dictionary: Dictionary | None = None,
+    stream: str, dictionary: Dictionary, measure_on: list[WireRecord], size: int, level: int
 ) -> dict[str, Any]:
-    """Train a dictionary on ``train_on`` (unless given), then encode ``measure_on`` in
-    batches of ``size`` with it and compare with zstd-19 of the same batches without."""
-    t = time.perf_counter()
-    samples = training_samples(train_on, size)
-    if dictionary is None:
-        dictionary = train(stream, samples, dict_id=1_000_000 + len(stream), size=dict_bytes)
-    train_s = time.perf_counter() - t
+    """Encode ``measure_on`` in batches of ``size`` with ``dictionary`` and compare with
+    zstd-19 of the same batches without one."""
     held = Dictionaries([dictionary])
     z19 = zstandard.ZstdCompressor(level=19)
     with_dict = wire19 = json19 = payload19 = raw = batches = 0
@@ -254,11 +243,7 @@ def measure_dict(
     return {
         "batch_records": size,
         "batches": batches,
-        "trained_on_records": len(train_on),
-        "training_samples": len(samples),
         "measured_records": n,
-        "dict_bytes": len(dictionary.data),
-        "train_s": round(train_s, 2),
         "raw_bytes_per_record": round(raw / n, 1),
         "with_dict_bytes_per_record": round(with_dict / n, 2),
         **{f"{k}_bytes_per_record": round(v / n, 2) for k, v in peers.items()},
@@ -272,33 +257,36 @@ def measure_dict(
 
 
 def dictionary_figures(args: argparse.Namespace) -> dict[str, Any]:
-    size, level, dict_bytes = args.dict_batch, args.level, args.dict_bytes
-    out: dict[str, Any] = {}
+    """Per stream: one dictionary trained on one stretch, measured on the next at the
+    satellite's batch size and at one record a batch (what a satellite session carries
+    between readings)."""
+    size, level = args.dict_batch, args.level
     ais = ais_records()
     half = len(ais) // 2
-    out["ais"] = measure_dict("ais", ais[:half], ais[half:], size, level, dict_bytes)
-    rng = random.Random(args.seed + 1)
-    boxes = container_records(rng, args.containers, 40, args.payload_style)
+    boxes = container_records(random.Random(args.seed + 1), args.containers, 40, args.payload_style)
     mid = next(i for i, r in enumerate(boxes) if r.ts_ms >= T0_MS + 20 * 60_000)
-    out["containers"] = measure_dict(
-        "containers", boxes[:mid], boxes[mid:], size, level, dict_bytes
-    )
     reports = report_records(random.Random(args.seed + 2), 2 * 1440)
-    out["reports"] = measure_dict(
-        "reports", reports[:1440], reports[1440:], size, level, dict_bytes
-    )
-    # one record a batch (what a satellite session carries between readings), with the
-    # same dictionaries: trained once on batches of the satellite's size and of one
-    for name, (train_on, measure_on) in {
-        "ais": (ais[:half], ais[half : half + 200]),
-        "containers": (boxes[:mid], boxes[mid : mid + 200]),
-        "reports": (reports[:1440], reports[1440:1640]),
-    }.items():
+    data = {
+        "ais": (ais[:half], ais[half:]),
+        "containers": (boxes[:mid], boxes[mid:]),
+        "reports": (reports[:1440], reports[1440:]),
+    }
+    out: dict[str, Any] = {}
+    for i, (stream, (train_on, measure_on)) in enumerate(data.items()):
         t = time.perf_counter()
-        d = train(name, training_samples(train_on, size), dict_id=1_000_100, size=dict_bytes)
-        one = measure_dict(name, train_on, measure_on, 1, level, dict_bytes, d)
-        one["train_s"] = round(time.perf_counter() - t, 2)
-        out[f"{name}_one_a_batch"] = one
+        samples = training_samples(train_on, size)
+        d = train(stream, samples, dict_id=1_000_000 + i, size=args.dict_bytes)
+        trained = {
+            "dict_bytes": len(d.data),
+            "train_s": round(time.perf_counter() - t, 2),
+            "trained_on_records": len(train_on),
+            "training_samples": len(samples),
+        }
+        out[stream] = {**trained, **measure_dict(stream, d, measure_on, size, level)}
+        out[f"{stream}_one_a_batch"] = {
+            **trained,
+            **measure_dict(stream, d, measure_on[:200], 1, level),
+        }
     out["goal_met"] = all(v["goal_met"] for v in list(out.values()))
     return out
 

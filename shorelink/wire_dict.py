@@ -52,9 +52,9 @@ __all__ = [
 
 SUFFIX = ".zdict"
 #: what the trainer makes by default: carried to every ship once, over the satellite if
-#: need be (at 20 MB a day, 0.16% of a day's budget); larger gains little
-#: (bench/wire_size.py: container telemetry 0.62 of the undictionaried batch at 16 KiB,
-#: 0.62 at 32 KiB, 0.61 at 64 KiB)
+#: need be (at 20 MB a day, 0.16% of a day's budget); the knee for container telemetry
+#: (bench/wire_size.py, satellite batches against the same wire body without a
+#: dictionary: 0.81 at 8 KiB, 0.77 at 16 KiB, 0.67 at 32 KiB, 0.67 at 64 KiB)
 DEFAULT_DICT_BYTES = 32 * 1024
 #: a dictionary file larger than this is refused (a decoder holds every one it has)
 MAX_DICT_BYTES = 1024 * 1024
