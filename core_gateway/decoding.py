@@ -39,7 +39,14 @@ from pathlib import Path
 from typing import Any
 
 from shorelink.proof import ShipKeys, SignatureError
-from shorelink.wire import Batch, Limits, WireError, decode_columns, peek_header
+from shorelink.wire import (
+    Batch,
+    Limits,
+    WireError,
+    decode_columns,
+    dictionary_of,
+    peek_header,
+)
 from shorelink.wire_dict import Dictionaries
 from shorelink.workers import WorkerDied, WorkerPool, WorkersUnavailable
 
@@ -124,12 +131,7 @@ class BatchDecoder:
         without a key); raises :class:`SignatureError` when the ship's key does not
         prove the batch."""
         header = peek_header(body, self.limits)
-        if header.dict_id and self.dictionaries.get(header.dict_id) is None:
-            raise WireError(
-                "unknown_dictionary",
-                f"body compressed with dictionary {header.dict_id}, which this gateway lacks"
-                f" (it holds {', '.join(map(str, self.dictionaries.ids())) or 'none'})",
-            )
+        dictionary_of(header, self.dictionaries)  # one it lacks: refused before handing on
         spec: KeySpec | None = None
         if keys is not None:
             spec = (keys.require_signatures, keys.entries([header.origin]))

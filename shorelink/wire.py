@@ -64,6 +64,7 @@ __all__ = [
     "decode_batch",
     "decode_columns",
     "decode_cost_bound",
+    "dictionary_of",
     "encode_batch",
     "encode_body",
     "frame_batch",
@@ -540,6 +541,22 @@ def _decode_name(kind: str, raw: memoryview) -> str:
         raise WireError("bad_name", f"bad {kind} name {bytes(raw)!r}: {exc}") from None
 
 
+def dictionary_of(header: Header, dictionaries: Dictionaries | None) -> Dictionary | None:
+    """The dictionary ``header``'s body was compressed with, among ``dictionaries``
+    (None: it was compressed without one); ``unknown_dictionary`` when it is not there."""
+    if not header.dict_id:
+        return None
+    held = None if dictionaries is None else dictionaries.get(header.dict_id)
+    if held is None:
+        ids = ", ".join(map(str, dictionaries.ids())) if dictionaries else ""
+        raise WireError(
+            "unknown_dictionary",
+            f"body compressed with dictionary {header.dict_id}, which this decoder lacks"
+            f" (it holds {ids or 'none'})",
+        )
+    return held
+
+
 def _decompress(body: memoryview, header: Header, dictionaries: Dictionaries | None) -> bytes:
     """Decompress with a hard cap: the frame must declare exactly ``raw_len`` (already
     within the limits) and produce exactly that, so no input can make us allocate more.
@@ -564,13 +581,8 @@ def _decompress(body: memoryview, header: Header, dictionaries: Dictionaries | N
         )
     if params.window_size > _MAX_WINDOW:
         raise WireError("malformed", f"zstd frame window {params.window_size} > {_MAX_WINDOW}")
-    if header.dict_id:
-        held = None if dictionaries is None else dictionaries.get(header.dict_id)
-        if held is None:
-            raise WireError(
-                "unknown_dictionary",
-                f"body compressed with dictionary {header.dict_id}, which this decoder lacks",
-            )
+    held = dictionary_of(header, dictionaries)
+    if held is not None:
         dctx = zstandard.ZstdDecompressor(dict_data=held.zstd, max_window_size=_MAX_WINDOW)
     else:
         dctx = zstandard.ZstdDecompressor(max_window_size=_MAX_WINDOW)

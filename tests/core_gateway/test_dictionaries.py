@@ -29,7 +29,8 @@ from tests.helpers import unique
 
 
 def _dictionary(dict_id: int) -> Dictionary:
-    return train("containers", training_samples(records(20_000, 24_000), 200), dict_id=dict_id)
+    samples = training_samples(records(20_000, 21_000), 200)
+    return train("containers", samples, dict_id=dict_id, size=8 * 1024)
 
 
 async def _post(port: int, ship: str, token: str, body: bytes) -> tuple[int, dict[str, object]]:

@@ -65,21 +65,26 @@ def other() -> Dictionary:
     return train("containers", training_samples(SENT, 100), dict_id=40_002, size=4 * 1024)
 
 
-def with_dict(raw: bytes, d: Dictionary, *, count: int, raw_len: int | None = None, **kw) -> bytes:  # type: ignore[no-untyped-def]
-    """``raw`` compressed with ``d`` and framed as a batch naming it (a hostile ship's
-    way to any body behind a valid checksum)."""
-    frame = zstandard.ZstdCompressor(level=3, dict_data=d.zstd, **kw).compress(raw)
-    body = Body(
-        FLAG_DICTIONARY | FLAG_TEMPLATED,
-        1,
-        count,
-        len(raw) if raw_len is None else raw_len,
-        frame,
-        0,
-        b"",
-        d.dict_id,
-    )
+def framed(
+    frame: bytes, *, raw_len: int, dict_id: int, count: int = 1, flags: int = FLAG_DICTIONARY
+) -> bytes:
+    """Any zstd frame behind a header naming ``dict_id`` and a valid checksum (a hostile
+    ship's way to the decompressor)."""
+    body = Body(flags, 1, count, raw_len, frame, 0, b"", dict_id)
     return frame_batch("bigblue", "containers", body, 1)
+
+
+def with_dict(raw: bytes, d: Dictionary, *, count: int, raw_len: int | None = None, **kw) -> bytes:  # type: ignore[no-untyped-def]
+    """``raw`` compressed with ``d`` and framed as a templated batch naming it."""
+    frame = zstandard.ZstdCompressor(level=3, dict_data=d.zstd, **kw).compress(raw)
+    length = len(raw) if raw_len is None else raw_len
+    return framed(
+        frame,
+        raw_len=length,
+        dict_id=d.dict_id,
+        count=count,
+        flags=FLAG_DICTIONARY | FLAG_TEMPLATED,
+    )
 
 
 def test_a_batch_sent_with_its_streams_dictionary_comes_back_exactly_and_smaller(
@@ -125,28 +130,21 @@ def test_a_frame_and_a_header_that_disagree_about_the_dictionary_are_malformed(
     raw = b"\x00" * 64
     # the frame names `other`, the header `dictionary`
     frame = zstandard.ZstdCompressor(dict_data=other.zstd).compress(raw)
-    body = Body(FLAG_DICTIONARY, 1, 1, len(raw), frame, 0, b"", dictionary.dict_id)
     with pytest.raises(WireError, match="malformed"):
-        decode_batch(frame_batch("bigblue", "containers", body, 1), dictionaries=held)
+        decode_batch(framed(frame, raw_len=len(raw), dict_id=dictionary.dict_id), dictionaries=held)
     # a frame that needs a dictionary, behind a header without the flag
-    body = Body(0, 1, 1, len(raw), frame, 0)
     with pytest.raises(WireError, match="malformed"):
-        decode_batch(frame_batch("bigblue", "containers", body, 1), dictionaries=held)
+        decode_batch(framed(frame, raw_len=len(raw), dict_id=0, flags=0), dictionaries=held)
     # the flag with dictionary id 0
-    body = Body(FLAG_DICTIONARY, 1, 1, len(raw), frame, 0, b"", 0)
     with pytest.raises(WireError, match="malformed"):
-        peek_header(frame_batch("bigblue", "containers", body, 1))
+        peek_header(framed(frame, raw_len=len(raw), dict_id=0))
 
 
 def test_the_dictionary_id_is_under_the_checksum() -> None:
     """A damaged id is a damaged batch (bad_checksum), not a dictionary the gateway
     lacks."""
     frame = zstandard.ZstdCompressor().compress(b"x")
-    data = bytearray(
-        frame_batch(
-            "bigblue", "containers", Body(FLAG_DICTIONARY, 1, 1, 1, frame, 0, b"", 40_001), 1
-        )
-    )
+    data = bytearray(framed(frame, raw_len=1, dict_id=40_001))
     at = 40 + len("bigblue") + len("containers")
     assert struct.unpack_from("<I", data, at)[0] == 40_001
     data[at] ^= 1
@@ -170,8 +168,7 @@ def test_any_body_compressed_with_a_held_dictionary_only_ever_raises_wire_error(
     data = with_dict(raw, dictionary, count=count)
     if not templated:
         h = peek_header(data)
-        body = Body(FLAG_DICTIONARY, 1, count, h.raw_len, data[h.header_len :], 0, b"", h.dict_id)
-        data = frame_batch("bigblue", "containers", body, 1)
+        data = framed(data[h.header_len :], raw_len=h.raw_len, dict_id=h.dict_id, count=count)
     with contextlib.suppress(WireError):
         decode_batch(data, dictionaries=Dictionaries([dictionary]))
 
@@ -201,11 +198,9 @@ def test_edited_real_dictionary_bodies_only_ever_raise_wire_error(
 def test_random_frames_naming_a_held_dictionary_only_ever_raise_wire_error(
     dictionary: Dictionary, frame: bytes
 ) -> None:
-    body = Body(FLAG_DICTIONARY, 1, 1, 100, frame, 0, b"", dictionary.dict_id)
+    data = framed(frame, raw_len=100, dict_id=dictionary.dict_id)
     with contextlib.suppress(WireError):
-        decode_batch(
-            frame_batch("bigblue", "containers", body, 1), dictionaries=Dictionaries([dictionary])
-        )
+        decode_batch(data, dictionaries=Dictionaries([dictionary]))
 
 
 @pytest.mark.parametrize("content_size", [True, False], ids=["frame-says-100MB", "frame-silent"])
