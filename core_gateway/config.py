@@ -48,7 +48,9 @@ class GatewayConfig:
     #: headquarters by ``shorelink dict train``): the gateway holds every one in the
     #: directory (a batch compressed with an older one still decodes) and refuses a
     #: batch naming one it lacks (422 ``unknown_dictionary``; the ship sends without).
-    #: Read at start; relative to the config file; unset: none
+    #: Read at start, and again when a batch names one it lacks (at most every 10 s:
+    #: a file copied there is taken without a restart); relative to the config file;
+    #: unset: none
     dictionaries_dir: Path | None = field(default=None, metadata=key(kind="path"))
     host: str = field(default="0.0.0.0", metadata=key("listen.host"))
     port: int = field(default=8443, metadata=key("listen.port", min=0, max=65535))

@@ -27,20 +27,27 @@ or the thread, never on the event loop (about 3 µs a record more: a hash per re
 an Ed25519 check per 32 records and the proofs' bytes).
 
 Batches compressed with a dictionary (shorelink/wire_dict.py) decode with the gateway's
-``dictionaries_dir``, read once at start, by the gateway and by each worker as it
-starts (a dictionary is not sent with every batch); one naming a dictionary the gateway
-lacks is refused from its header (``unknown_dictionary``) before it is handed on.
+``dictionaries_dir``, read at start by the gateway and by each worker as it starts (a
+dictionary is not sent with every batch). A batch naming one the gateway lacks makes it
+read the directory again (at most every :data:`RESCAN_EVERY_S`: a dictionary copied
+there, by hand or by the fleet registry, is taken without a restart); still lacking, the
+batch is refused from its header (``unknown_dictionary``) before it is handed on. A
+dictionary that came after the workers started is decoded in a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
+from shorelink.errors import ConfigError
+from shorelink.logs import get_logger
 from shorelink.proof import ShipKeys, SignatureError
 from shorelink.wire import (
     Batch,
+    Header,
     Limits,
     WireError,
     decode_columns,
@@ -50,12 +57,17 @@ from shorelink.wire import (
 from shorelink.wire_dict import Dictionaries
 from shorelink.workers import WorkerDied, WorkerPool, WorkersUnavailable
 
-__all__ = ["PROCESS_DECODE_BYTES", "BatchDecoder"]
+__all__ = ["PROCESS_DECODE_BYTES", "RESCAN_EVERY_S", "BatchDecoder"]
+
+log = get_logger(__name__)
 
 #: batches whose bytes and decompressed bytes together pass this are decoded in a worker
 #: process (or, without one, a thread); smaller ones in a thread (a hand-over to a
 #: process would cost more than it saves)
 PROCESS_DECODE_BYTES = 64 * 1024
+#: a batch naming a dictionary the gateway lacks makes it read ``dictionaries_dir``
+#: again, at most this often (seconds)
+RESCAN_EVERY_S = 10.0
 
 _Columns = tuple[Any, ...]
 #: what a worker needs of the ship keys for one batch: whether keys are required, and
@@ -107,7 +119,11 @@ class BatchDecoder:
         """``dictionaries_dir``: the batch bodies' dictionaries, loaded now (and by each
         worker as it starts)."""
         self.limits = limits
+        self.dictionaries_dir = dictionaries_dir
         self.dictionaries = Dictionaries.load(dictionaries_dir)
+        #: what the workers load when they start (at least: files are only added)
+        self._worker_ids = frozenset(self.dictionaries.ids())
+        self._rescan_at = 0.0
         self.pool = WorkerPool(
             "decode_workers",
             workers,
@@ -131,11 +147,12 @@ class BatchDecoder:
         without a key); raises :class:`SignatureError` when the ship's key does not
         prove the batch."""
         header = peek_header(body, self.limits)
-        dictionary_of(header, self.dictionaries)  # one it lacks: refused before handing on
+        await self._holds(header)  # one it lacks: refused before handing on
         spec: KeySpec | None = None
         if keys is not None:
             spec = (keys.require_signatures, keys.entries([header.origin]))
-        if len(body) + header.raw_len > PROCESS_DECODE_BYTES and self.pool.workers:
+        large = len(body) + header.raw_len > PROCESS_DECODE_BYTES
+        if large and self.pool.workers and header.dict_id in self._worker_ids | {0}:
             try:
                 cols = await self.pool.run(_decode_columns, body, self.limits, spec)
                 return _from_columns(cols)
@@ -144,6 +161,29 @@ class BatchDecoder:
         return _from_columns(
             await asyncio.to_thread(_decode_columns, body, self.limits, spec, self.dictionaries)
         )
+
+    async def _holds(self, header: Header) -> None:
+        """Raise ``unknown_dictionary`` unless the gateway holds the dictionary the
+        batch names, after reading its directory again if it has not lately."""
+        try:
+            dictionary_of(header, self.dictionaries)
+            return
+        except WireError:
+            now = time.monotonic()
+            if self.dictionaries_dir is None or now < self._rescan_at:
+                raise
+            self._rescan_at = now + RESCAN_EVERY_S
+        try:
+            found = await asyncio.to_thread(
+                Dictionaries.load, self.dictionaries_dir, "dictionaries_dir"
+            )
+        except ConfigError as exc:
+            log.warning("dictionaries_unreadable", error=str(exc))
+        else:
+            if found.ids() != self.dictionaries.ids():
+                log.info("dictionaries_loaded", ids=",".join(map(str, found.ids())))
+                self.dictionaries = found
+        dictionary_of(header, self.dictionaries)
 
     def pids(self) -> list[int]:
         """The worker processes now (none before the first large batch)."""

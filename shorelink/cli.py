@@ -792,7 +792,7 @@ def dict_train(
     for line in table(header, rows):
         click.echo(line)
     click.echo(
-        "copy the files to every gateway's dictionaries_dir (and restart it) first, then to"
+        "copy the files to every gateway's dictionaries_dir first, then to"
         " the ships' uplink.dictionaries_dir"
     )
 

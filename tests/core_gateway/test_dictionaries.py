@@ -99,3 +99,28 @@ def test_a_gateway_config_whose_dictionaries_dir_holds_no_dictionary_is_refused(
         parse_config(data, base=tmp_path)
     assert info.value.field == "dictionaries_dir"
     assert "containers-60001.zdict" in str(info.value)
+
+
+async def test_a_dictionary_copied_to_the_directory_is_taken_without_a_restart(
+    tmp_path: Path, kafka: KafkaBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Headquarters (or, later, the fleet registry) copies a new dictionary to a running
+    gateway: the next batch naming it makes the gateway read its directory again."""
+    monkeypatch.setattr("core_gateway.decoding.RESCAN_EVERY_S", 0.0)
+    d = _dictionary(60_004)
+    (tmp_path / "dicts").mkdir()
+    cfg = dataclasses.replace(gateway_config(tmp_path, kafka), dictionaries_dir=tmp_path / "dicts")
+    ship = unique("ship")
+    token = Credentials(cfg.credentials_file).add(ship)
+    stop = asyncio.Event()
+    task = await start_gateway(cfg, stop)
+    try:
+        data = encode_batch(Batch(ship, "containers", records(1, 100)), dictionary=d)
+        status, answer = await _post(cfg.port, ship, token, data)
+        assert (status, answer["error"]) == (422, "unknown_dictionary")
+        d.write(tmp_path / "dicts")
+        assert (await _post(cfg.port, ship, token, data))[0] == 200
+    finally:
+        stop.set()
+        await task
+    assert_exactly_once(kafka, ship, 100)
