@@ -10,6 +10,8 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from core_gateway.auth import Credentials
 from edge_agent.config import load_config
 from edge_agent.gateway import HttpGateway
@@ -56,7 +58,7 @@ def _sample(metrics: EdgeMetrics, name: str, **labels: str) -> float:
 
 
 async def _deliver(
-    tmp_path: Path, kafka: KafkaBroker, *, gateway_holds_it: bool
+    tmp_path: Path, kafka: KafkaBroker, *, gateway_holds_it: bool, encode_workers: int = 0
 ) -> tuple[Uplink, str, Dictionary]:
     """Fill a ship's log with N containers records, send them over the satellite to a
     real gateway (holding the ship's dictionary or not) until the site holds them all."""
@@ -72,7 +74,7 @@ async def _deliver(
         tmp_path,
         gateways=[("tokyo", "satellite")],
         links=LINKS,
-        uplink={"dictionaries_dir": str(tmp_path / "dicts")},
+        uplink={"dictionaries_dir": str(tmp_path / "dicts"), "encode_workers": encode_workers},
     )
     cfg = dataclasses.replace(cfg, ship=ship)
     edge_log = open_edge_log(cfg)
@@ -117,13 +119,17 @@ async def test_a_gateway_without_the_dictionary_gets_the_stream_without_it_exact
     assert refused >= 1
 
 
+@pytest.mark.parametrize("encode_workers", [0, 1], ids=["thread", "child-process"])
 async def test_a_gateway_holding_the_dictionary_takes_the_smaller_batches(
-    tmp_path: Path, kafka_sites: Callable[..., dict[str, KafkaBroker]]
+    tmp_path: Path, kafka_sites: Callable[..., dict[str, KafkaBroker]], encode_workers: int
 ) -> None:
     """What the dictionary is for: the satellite carries fewer bytes for the same
-    records, and the gateway decodes them (exactly once in Kafka)."""
+    records, and the gateway decodes them (exactly once in Kafka); the batch builder's
+    child process loads the dictionaries too."""
     kafka = kafka_sites("gateway-tests")["gateway-tests"]
-    up, ship, _ = await _deliver(tmp_path, kafka, gateway_holds_it=True)
+    up, ship, _ = await _deliver(
+        tmp_path, kafka, gateway_holds_it=True, encode_workers=encode_workers
+    )
     fallbacks = "shorelink_edge_uplink_dictionary_fallbacks_total"
     assert _sample(up.metrics, fallbacks, site="tokyo", stream="containers") == 0
     sent = _sample(up.metrics, "shorelink_edge_uplink_bytes_sent_total", link="satellite")
