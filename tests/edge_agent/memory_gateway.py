@@ -19,7 +19,8 @@ from edge_agent.errors import GatewayGap, GatewayRejected, LinkError
 from edge_agent.gateway import SendResult
 from shorelink.proof import ShipKeys, SignatureError
 from shorelink.ranges import RangeSet
-from shorelink.wire import WireRecord, decode_batch
+from shorelink.wire import WireError, WireRecord, decode_batch, peek_header
+from shorelink.wire_dict import Dictionaries
 
 _COLUMNS = ("key", "ts_ms", "topic", "payload")
 
@@ -54,6 +55,8 @@ class MemoryGateway:
     reject: tuple[int, str] | None = None
     #: the sites' ship keys: every batch is proved against them (None: not checked)
     ship_keys: ShipKeys | None = None
+    #: the batch bodies' dictionaries this site holds (a batch naming another: 422)
+    dictionaries: Dictionaries = field(default_factory=Dictionaries)
     #: what the next holdings() answers instead of the truth (a stale view)
     stale_holdings: dict[str, RangeSet] | None = None
     calls: int = 0
@@ -110,7 +113,16 @@ class MemoryGateway:
 
     async def send(self, stream: str, body: bytes) -> SendResult:
         fail = await self._call()
-        batch = decode_batch(body)
+        try:
+            batch = decode_batch(body, dictionaries=self.dictionaries)
+        except WireError as exc:
+            if exc.reason != "unknown_dictionary":
+                raise
+            h = peek_header(body)
+            self.log.append(Received(stream, h.first_seq, h.last_seq, 0, len(body), "rejected"))
+            raise GatewayRejected(
+                422, exc.reason, str(exc), site=self.site, stream=stream
+            ) from None
         assert batch.origin == self.ship and batch.stream == stream
         rec = Received(
             stream,

@@ -20,9 +20,11 @@ from edge_agent.uplink import Uplink
 from local_stack.kafka import KafkaBroker
 from shorelink.config import Secret
 from shorelink.errors import ConfigError
+from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, WireRecord, encode_batch
 from shorelink.wire_dict import Dictionary, train, training_samples
 from tests.core_gateway.helpers import assert_exactly_once, gateway_config, start_gateway
+from tests.edge_agent.memory_gateway import MemoryGateway
 from tests.edge_agent.uplink_helpers import fill, open_edge_log, uplink_config
 from tests.helpers import eventually_async, unique, write_toml
 
@@ -167,3 +169,40 @@ def test_check_config_names_the_dictionaries_dir_when_a_file_is_no_dictionary(
         assert "containers-50001.zdict" in str(exc)
     else:
         raise AssertionError("a file that is no dictionary was taken")
+
+
+async def test_a_refused_dictionary_costs_at_most_the_window_and_every_record_arrives_once(
+    tmp_path: Path,
+) -> None:
+    """Pipelined (three batches in flight): every batch in flight when the first refusal
+    comes back is refused too; the stream starts again from what the site holds, without
+    a dictionary, and no record is written twice or left behind. The in-memory gateway
+    (the seam's contract: tests/edge_agent/test_gateway.py) lets the test count batches."""
+    _dictionary(tmp_path / "dicts")
+    cfg = uplink_config(
+        tmp_path,
+        gateways=[("tokyo", "port_wifi")],
+        links={"port_wifi": {"batch_max_records": 50, "in_flight": 3}},
+        uplink={"dictionaries_dir": str(tmp_path / "dicts")},
+    )
+    edge_log = open_edge_log(cfg)
+    fill(edge_log, "containers", 600)
+    gw = MemoryGateway("tokyo", "port_wifi", latency=0.01)
+    up = Uplink(cfg, edge_log, EdgeMetrics(), asyncio.Event(), gateways=[gw])
+    stop = asyncio.Event()
+    task = asyncio.create_task(up.run(stop))
+    try:
+        await eventually_async(
+            lambda: gw.held("containers") == RangeSet([(1, 600)]), 30, "all delivered"
+        )
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        up.builder.close()
+    refused = [r for r in gw.log if r.outcome == "rejected"]
+    assert 1 <= len(refused) <= 3
+    assert max(gw.arrivals.values()) == 1 and not gw.resent_after_confirm
+    fallbacks = "shorelink_edge_uplink_dictionary_fallbacks_total"
+    assert _sample(up.metrics, fallbacks, site="tokyo", stream="containers") == 1
+    # and for the rest of the agent's run, that gateway gets the stream without one
+    assert up._no_dictionary[gw.url] == {"containers"}

@@ -26,6 +26,7 @@ from local_stack.process import free_port
 from shorelink.config import Secret
 from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, WireRecord, encode_batch
+from shorelink.wire_dict import train, training_samples
 from tests.core_gateway.helpers import gateway_config, start_gateway
 from tests.edge_agent.api_server import TOKEN, api_app
 from tests.edge_agent.memory_gateway import MemoryGateway
@@ -164,6 +165,24 @@ async def test_contract_first_available_lets_the_site_skip_dropped_seqs(
     assert res.held == RangeSet([(15, 20)])
     res = await gateway.send("containers", body(21, 22, first_available=15, ship=ship))
     assert res.held == RangeSet([(15, 22)])
+
+
+async def test_contract_a_dictionary_the_site_lacks_is_rejected_not_retryable(
+    gateway: Gateway, ship: str
+) -> None:
+    """The ship's cue to send that stream without a dictionary: 422, its own code, and
+    nothing of the batch held."""
+    recs = tuple(WireRecord(s, f"C{s % 3}", s, f"t/C{s % 3}", b"{}") for s in range(1, 40))
+    d = train("containers", training_samples(recs, 5), dict_id=70_001, size=1024)
+    data = encode_batch(Batch(ship, "containers", recs[:10]), dictionary=d)
+    with pytest.raises(GatewayRejected) as exc:
+        await gateway.send("containers", data)
+    assert (exc.value.status, exc.value.error_code, exc.value.retryable) == (
+        422,
+        "unknown_dictionary",
+        False,
+    )
+    assert (await gateway.holdings())["containers"] == RangeSet()
 
 
 async def test_contract_unknown_stream_is_rejected_not_retryable(
