@@ -15,12 +15,20 @@ local-mode SparkSession in this process (like bench/merge.py):
    micro-batch ``processingTime``): Kafka rows (``includeHeaders``, read_committed)
    filtered by the contract's vouching predicate (``spark_core.contract_sql.VOUCHED``,
    what the merge's executors check today) and written with their headers to another
-   topic; records/s from the first record out to the last (and from the start);
+   topic; records/s from the first record out to the last (and from the start); then
+   ``rtm_python``, the same in RTM into a Python ``foreach`` writer that only counts
+   (what Python on the executors costs a row); then ``puller``, the project's own path:
+   the site's merge (``spark_core.merge.Merger``, configured as bench/merge.py does)
+   fed by its ingest puller (spark_core/ingest_pull.py: confluent-kafka in the driver,
+   no Spark batch) over the same ingress, round after round, each one transaction:
+   records/s and where its time went (read / plan / kafka_txn). Run it under
+   ``taskset -c 1`` for one core's figure;
 2. latency: each mode reading from ``latest`` into ``sl.containers`` while bench/merge.py's
    helper processes run: a producer paced at ``--steady-rate`` for ``--steady-seconds``
    (``sl.ts`` = produce time) and a read_committed consumer: p50/p99 of (received -
    sl.ts) and of (CreateTime at the sink - sl.ts), the figures bench/merge.py prints for
-   the merge at the same rate;
+   the merge at the same rate; ``puller`` first, the ingest puller on its own thread as
+   the site runs it (writing exactly once, the others copying);
 3. what RTM accepts: one query per feature, each started in RTM over a small topic, and
    its outcome (``accepted``: records came out; ``refused``: the exception, its first
    lines verbatim): the Kafka sink plain, in append mode, with a ``transactional.id``,
@@ -44,10 +52,12 @@ import contextlib
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import merge
 from _common import (
     add_run_options,
     bench_parser,
@@ -59,6 +69,7 @@ from _common import (
 from merge import (
     CANONICAL,
     INGRESS,
+    PARTITIONS,
     Helper,
     end_offsets,
     fill_ingress,
@@ -127,6 +138,8 @@ class Bench:
         self.broker: KafkaBroker | None = None
         self.spark: Any = None
         self.queries: list[Any] = []
+        self._merger: Any = None
+        self._puller: Any = None
         self.result: dict[str, Any] = {"benchmark": "realtime_mode"}
 
     @property
@@ -135,6 +148,9 @@ class Bench:
         return self.broker.endpoint
 
     def cleanup(self) -> None:
+        if self._merger is not None:
+            with contextlib.suppress(Exception):
+                self._merger.close()
         for q in self.queries:
             with contextlib.suppress(Exception):
                 if q.isActive:
@@ -264,7 +280,6 @@ class Bench:
         )
 
     def latency(self, mode: str, round_: int) -> dict[str, Any]:
-        a = self.args
         q = self.start(
             self.contract_pass(self.source(INGRESS, starting="latest")),
             mode,
@@ -280,6 +295,15 @@ class Bench:
             time.sleep(0.2)
             if mode == "rtm" and time.monotonic() > deadline - 50:
                 break
+        try:
+            return self.paced(mode)
+        finally:
+            self.stop(q)
+
+    def paced(self, mode: str) -> dict[str, Any]:
+        """bench/merge.py's paced producer into ingress and its consumer of
+        ``sl.containers`` while ``mode``'s writer runs: latencies."""
+        a = self.args
         with PartitionReader(self.kafka, group="bench-ends") as reader:
             offsets = {
                 str(p): reader.watermarks(CANONICAL, p, timeout=10)[1]
@@ -298,7 +322,6 @@ class Bench:
         say(f"latency {mode}: {n} records at {a.steady_rate:.0f}/s")
         p_res = prod.wait(a.steady_seconds + 60)
         c_res = cons.wait(timeout + 10)
-        self.stop(q)
         for f in (cons.result, prod.result, cons.result + ".ready"):
             Path(f).unlink(missing_ok=True)
         recv, append = c_res["receive_ms"], c_res["append_ms"]
@@ -321,6 +344,78 @@ class Bench:
         }
         say(f"latency {mode}: {res}")
         return res
+
+    # -- the project's own path: the merge fed by its ingest puller ------------------------
+    def merger(self) -> Any:
+        """The site's merge (spark_core/merge.py) of ``sl.containers``, configured as
+        bench/merge.py configures it, with its ingest puller (spark_core/ingest_pull.py):
+        Python in the driver, no Spark batch."""
+        from spark_core.ingest_pull import IngestPuller
+        from spark_core.merge import Merger
+
+        if self._merger is None:
+            ns = argparse.Namespace(
+                trigger="500ms", max_offsets=self.args.max_offsets, customers=False
+            )
+            mb = merge.Bench(ns, self.work)
+            mb.broker = self.broker
+            site = mb.site_config()
+            self._merger = Merger(site, sites=mb.cfg)
+            self._merger.ingest_puller = True
+            self._merger.prepare()
+            self._puller = IngestPuller.of(self._merger)
+        return self._merger, self._puller
+
+    def puller_throughput(self) -> dict[str, Any]:
+        """The merge's ingest puller over the filled ingress topic, round after round
+        until it has read it all (each round one transaction: records, ledger, marker)."""
+        merger, puller = self.merger()
+        with PartitionReader(self.kafka, group="bench-ends") as reader:
+            ends = {
+                (INGRESS, p): reader.watermarks(INGRESS, p, timeout=10)[1]
+                for p in reader.partitions([INGRESS], timeout=10)[INGRESS]
+            }
+        n = sum(ends.values())
+        t0 = time.monotonic()
+        deadline = t0 + 120 + n / 1000
+        rounds = 0
+        while not puller.reached(ends):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ingest puller: {merger.totals.input}/{n} in time")
+            if puller.round():
+                rounds += 1
+        wall = time.monotonic() - t0
+        t = merger.totals
+        res = {
+            "records": t.input,
+            "written": t.written,
+            "duplicates": t.duplicates,
+            "rounds": rounds,
+            "wall_s": round(wall, 2),
+            "records_per_s": round(t.input / wall),
+            "identities_written_per_s": round(t.written / wall),
+            "driver_split_s": {
+                "read": round(wall - t.plan_s - t.txn_s, 2),
+                "plan": round(t.plan_s, 2),
+                "kafka_txn": round(t.txn_s, 2),
+            },
+        }
+        say(f"throughput puller: {res}")
+        return res
+
+    def puller_latency(self) -> dict[str, Any]:
+        """The ingest puller running on its own thread (as the site runs it) while the
+        paced producer writes new identities."""
+        merger, puller = self.merger()
+        stop = threading.Event()
+        thread = threading.Thread(target=puller.run, args=(stop,), daemon=True)
+        thread.start()
+        try:
+            return self.paced("puller")
+        finally:
+            stop.set()
+            thread.join(60)
+            merger.close()
 
     # -- 3. what RTM accepts ---------------------------------------------------------------
     def fill_probe_topic(self) -> None:
@@ -560,7 +655,7 @@ class Bench:
             self.kafka,
             [
                 TopicSpec(INGRESS, partitions=a.partitions),
-                TopicSpec(CANONICAL, partitions=a.partitions),
+                TopicSpec(CANONICAL, partitions=PARTITIONS),  # as the merge makes it
             ],
         )
         say("starting spark")
@@ -572,11 +667,18 @@ class Bench:
         if "throughput" in a.phases:
             fill_ingress(self.kafka, a.records, 8, 500, 5)
             n = end_offsets(self.kafka, INGRESS)
-            self.result["throughput"] = {m: self.throughput(m, n) for m in a.modes}
+            spark_modes = [m for m in a.modes if m != "puller"]
+            self.result["throughput"] = {m: self.throughput(m, n) for m in spark_modes}
+            if "puller" in a.modes:  # last: the merge purges what it merged from ingress
+                self.result["throughput"]["puller"] = self.puller_throughput()
         if "latency" in a.phases and a.steady_seconds > 0:
-            self.result["latency"] = {
-                m: self.latency(m, i) for i, m in enumerate(a.modes) if m != "rtm_python"
-            }
+            lat: dict[str, Any] = {}
+            if "puller" in a.modes:  # first: the stateless copies do not mind its seqs again
+                lat["puller"] = self.puller_latency()
+            for i, m in enumerate(a.modes):
+                if m in ("rtm", "microbatch"):
+                    lat[m] = self.latency(m, i)
+            self.result["latency"] = lat
         self.result["elapsed_s"] = round(time.monotonic() - t_begin, 1)
         self.result["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
         return self.result
@@ -605,8 +707,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steady-seconds", type=float, default=None, help="default 30, quick 10")
     p.add_argument(
         "--modes",
-        default="rtm,microbatch,rtm_python",
-        help="modes to run, of rtm,microbatch,rtm_python (all; rtm_python: throughput only)",
+        default="rtm,microbatch,rtm_python,puller",
+        help="modes to run, of rtm,microbatch,rtm_python,puller (all; rtm_python: "
+        "throughput only; puller: the site's merge fed by its ingest puller)",
     )
     p.add_argument(
         "--phases",
@@ -622,8 +725,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.modes = [m for m in a.modes.split(",") if m]
     a.phases = [m for m in a.phases.split(",") if m]
     a.probes = [m for m in a.probes.split(",") if m]
-    if not set(a.modes) <= {"rtm", "microbatch", "rtm_python"}:
-        p.error("--modes takes rtm, microbatch and rtm_python")
+    if not set(a.modes) <= {"rtm", "microbatch", "rtm_python", "puller"}:
+        p.error("--modes takes rtm, microbatch, rtm_python and puller")
     if not set(a.phases) <= {"probes", "throughput", "latency"}:
         p.error("--phases takes probes, throughput and latency")
     return a
