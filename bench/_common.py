@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import signal
 import ssl
@@ -42,6 +43,8 @@ __all__ = [
     "run_bench",
     "scrape",
     "total",
+    "tree_cpu_s",
+    "tree_pids",
     "tree_rss_mb",
     "work_dir",
 ]
@@ -217,18 +220,43 @@ def r3(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
-def tree_rss_mb(pid: int) -> tuple[float, int]:
-    """RSS of ``pid`` and its descendants (from /proc), in MiB, and how many processes."""
-    total, n, todo = 0, 0, [pid]
+def tree_pids(pid: int) -> list[int]:
+    """``pid`` and its descendants now (from /proc)."""
+    out, todo = [], [pid]
     while todo:
         p = todo.pop()
         try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
             for t in Path(f"/proc/{p}/task").iterdir():
                 todo += [int(c) for c in (t / "children").read_text().split()]
         except OSError:
             continue
+        out.append(p)
+    return out
+
+
+def tree_rss_mb(pid: int) -> tuple[float, int]:
+    """RSS of ``pid`` and its descendants (from /proc), in MiB, and how many processes."""
+    total, n = 0, 0
+    for p in tree_pids(pid):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
         n += 1
     return round(total / 1024, 1), n
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds so far of ``pid``, of its descendants alive now, and
+    of those it reaped (0 once it is gone)."""
+    total = 0
+    for p in tree_pids(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # utime, stime; and of the root, cutime and cstime (its reaped children)
+        total += sum(int(f) for f in fields[11 : 15 if p == pid else 13])
+    return total / os.sysconf("SC_CLK_TCK")

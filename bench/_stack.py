@@ -320,7 +320,10 @@ class Stack:
             d["distinct"] == d["expected"] and not d["doubled"] and not d["unexpected"]
             for d in detail.values()
         )
-        self.say(f"verify: exactly once = {ok} ({detail})")
+        totals = {
+            k: sum(d[k] for d in detail.values()) for k in ("missing", "doubled", "unexpected")
+        }
+        self.say(f"verify: exactly once = {ok} ({len(detail)} origins; {totals})")
         return ok, detail, round(time.monotonic() - t0, 1)
 
 

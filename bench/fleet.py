@@ -16,7 +16,8 @@ each fleet size N (``--ships``, default 50, 200 and 700):
    the gateway's answer, which comes once Kafka committed it, is the alert's latency
    through the site's front door under that load (p50, p99);
 3. sampled every 0.5 s while it runs: the gateway's and Kafka's RSS and threads;
-   CPU seconds of each over the load (``/proc``);
+   CPU seconds of each over the load (``/proc``); each with its child processes (the
+   gateway's decode workers);
 4. ``sl.ingress.containers`` read to its end (read_committed): every seq of every ship
    once.
 
@@ -55,6 +56,8 @@ from _common import (
     r3,
     require_at_least_one,
     run_bench,
+    tree_cpu_s,
+    tree_pids,
     tree_rss_mb,
 )
 from _stack import SITE, STREAM, Stack, wire_records
@@ -67,26 +70,19 @@ if TYPE_CHECKING:
     from edge_agent.gateway import HttpGateway
 
 say = progress("fleet")
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` so far (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def _threads(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    """Threads of ``pid`` and its descendants (the gateway's decode workers)."""
+    n = 0
+    for p in tree_pids(pid):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("Threads:"):
+                    n += int(line.split()[1])
+        except OSError:
+            pass
+    return n
 
 
 class Sampler:
@@ -176,10 +172,12 @@ class Bench:
         records = n * a.records_per_ship
         say(f"{n} ships: {records} records, {sum(map(len, bodies.values()))} batches")
         self.retries = 0
-        cpu0 = {"gateway": _cpu_s(gw_pid), "kafka": _cpu_s(kafka_pid)}
+        cpu0 = {"gateway": tree_cpu_s(gw_pid), "kafka": tree_cpu_s(kafka_pid)}
         with Sampler({"gateway": gw_pid, "kafka": kafka_pid}) as sampled:
             elapsed, alerts = asyncio.run(self._load(stack, bodies, last, ships[0]))
-        cpu = {k: _cpu_s(pid) - cpu0[k] for k, pid in (("gateway", gw_pid), ("kafka", kafka_pid))}
+        cpu = {
+            k: tree_cpu_s(pid) - cpu0[k] for k, pid in (("gateway", gw_pid), ("kafka", kafka_pid))
+        }
         ok, detail, verify_s = stack.verify(last)
         say(f"{n} ships: {records / elapsed:.0f} records/s; alert p99 {pct(alerts, 0.99)} ms")
         return {

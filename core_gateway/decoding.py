@@ -1,20 +1,28 @@
-"""Decoding large batches away from the gateway's event loop and its Kafka writer.
+"""Decoding batches away from the gateway's event loop and its Kafka writer.
 
 Decoding is the gateway's largest cost per record (about 2 µs; rendering payloads from
-the columnar body), and it holds the GIL: in a thread it competes with the writer
-thread that produces the previous batch to Kafka, so the two together are bounded by
-one core (bench/gateway_ingest.py measured about 123,000 records/s on a loaded 2-core machine,
-below what one ship's 2 Mbit/s link delivers). With ``decode_workers >= 1`` (the
-default is 1) batches above :data:`PROCESS_DECODE_BYTES` are decoded in worker
-processes, which hand back plain columns (keys, times, topics, payloads: pickled in
-milliseconds, far cheaper than the decode); the gateway process only rebuilds the
-records. ``decode_workers = 0`` decodes in a thread of the gateway (one process).
+the columnar body), and it holds the GIL. In a thread it competes with the writer
+thread that produces to Kafka and with the event loop: with 700 ships uploading at once
+(bench/fleet.py) the loop waited 0.7-2.5 s for the GIL between two turns, and every
+answer, an alert's too, waited with it. So with ``decode_workers >= 1`` (the default is
+1) every batch is decoded in worker processes, which hand back plain columns (keys,
+times, topics, payloads: pickled in milliseconds, far cheaper than the decode); the
+gateway process only rebuilds the records. Measured at 700 ships, decoding in threads
+against in workers: the loop's turns 0.7-2.5 s against 0.1-0.5 s, an alert's answer
+p99 7.5 s against 0.9 s.
+
+Three lanes, so that nothing waits behind what it should not:
+- a batch whose bytes and decompressed bytes pass :data:`PROCESS_DECODE_BYTES` goes to
+  the large batches' workers: one that decompresses to 64 MiB takes a second or more
+  (``decode_cost_bound`` in :mod:`shorelink.wire`), and holds up only its own kind;
+- every other batch to the small batches' workers;
+- a small batch of an urgent stream (``urgent``: alerts) to a thread of its own, at
+  once, however many bulk batches wait for the workers.
+``decode_workers = 0`` decodes in threads of the gateway (one process).
 
 No batch is decoded on the event loop: what a batch costs to decode is bounded by its
-bytes and decompressed bytes (``decode_cost_bound`` in :mod:`shorelink.wire`), not by
-its size on the wire (a few hundred bytes can decompress to 64 MiB), so the choice
-between a thread and a worker process is made on both (:data:`PROCESS_DECODE_BYTES`),
-and a small batch goes to a thread, never decoded in place.
+bytes and decompressed bytes, not by its size on the wire (a few hundred bytes can
+decompress to 64 MiB), so its lane is chosen on both.
 
 A worker that dies is replaced; the batch it was decoding is decoded again in a thread,
 so no request fails for it. Where no worker can be started (no writable /dev/shm, a
@@ -39,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +70,9 @@ __all__ = ["PROCESS_DECODE_BYTES", "RESCAN_EVERY_S", "BatchDecoder"]
 
 log = get_logger(__name__)
 
-#: batches whose bytes and decompressed bytes together pass this are decoded in a worker
-#: process (or, without one, a thread); smaller ones in a thread (a hand-over to a
-#: process would cost more than it saves)
+#: batches whose bytes and decompressed bytes together pass this are large: decoded by
+#: the large batches' workers (or, without one, a thread); the rest by the small
+#: batches' workers, or, of an urgent stream, by the urgent thread
 PROCESS_DECODE_BYTES = 64 * 1024
 #: a batch naming a dictionary the gateway lacks makes it read ``dictionaries_dir``
 #: again, at most this often (seconds)
@@ -124,16 +133,17 @@ class BatchDecoder:
         #: what the workers load when they start (at least: files are only added)
         self._worker_ids = frozenset(self.dictionaries.ids())
         self._rescan_at = 0.0
-        self.pool = WorkerPool(
-            "decode_workers",
-            workers,
-            initializer=_load_dictionaries,
-            initargs=(dictionaries_dir,),
-        )
+        #: the large batches' workers
+        self.pool = self._workers("decode_workers", workers)
+        #: the small batches' workers: never behind a large batch
+        self.small = self._workers("decode_workers_small", workers)
+        #: an urgent stream's small batches (alerts): never behind bulk
+        self._urgent = ThreadPoolExecutor(1, thread_name_prefix="decode-urgent")
 
-    @property
-    def workers(self) -> int:
-        return self.pool.workers
+    def _workers(self, name: str, workers: int) -> WorkerPool:
+        return WorkerPool(
+            name, workers, initializer=_load_dictionaries, initargs=(self.dictionaries_dir,)
+        )
 
     async def decode(self, body: bytes) -> Batch:
         """Decode and check ``body`` (raises :class:`WireError` as ``decode_batch``), off
@@ -141,25 +151,35 @@ class BatchDecoder:
         return (await self.decode_proved(body, None))[0]
 
     async def decode_proved(
-        self, body: bytes, keys: ShipKeys | None
+        self, body: bytes, keys: ShipKeys | None, *, urgent: bool = False
     ) -> tuple[Batch, list[bytes] | None]:
         """:meth:`decode`, and with ``keys`` the records' proofs (None for a ship
         without a key); raises :class:`SignatureError` when the ship's key does not
-        prove the batch."""
+        prove the batch. ``urgent``: the batch is of an urgent stream."""
         header = peek_header(body, self.limits)
         await self._holds(header)  # one it lacks: refused before handing on
         spec: KeySpec | None = None
         if keys is not None:
             spec = (keys.require_signatures, keys.entries([header.origin]))
         large = len(body) + header.raw_len > PROCESS_DECODE_BYTES
-        if large and self.pool.workers and header.dict_id in self._worker_ids | {0}:
+        if urgent and not large:
+            return _from_columns(await self._in_thread(self._urgent, body, spec))
+        pool = self.pool if large else self.small
+        if pool.workers and header.dict_id in self._worker_ids | {0}:
             try:
-                cols = await self.pool.run(_decode_columns, body, self.limits, spec)
-                return _from_columns(cols)
+                return _from_columns(await pool.run(_decode_columns, body, self.limits, spec))
             except (WorkerDied, WorkersUnavailable):
                 pass  # (logged by the pool) this batch, at least, in a thread
-        return _from_columns(
-            await asyncio.to_thread(_decode_columns, body, self.limits, spec, self.dictionaries)
+        return _from_columns(await self._in_thread(None, body, spec))
+
+    async def _in_thread(
+        self, pool: ThreadPoolExecutor | None, body: bytes, spec: KeySpec | None
+    ) -> _Columns:
+        """Decode in ``pool``'s thread (None: the event loop's default threads), with
+        the dictionaries the gateway holds now."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            pool, _decode_columns, body, self.limits, spec, self.dictionaries
         )
 
     async def _holds(self, header: Header) -> None:
@@ -186,8 +206,10 @@ class BatchDecoder:
         dictionary_of(header, self.dictionaries)
 
     def pids(self) -> list[int]:
-        """The worker processes now (none before the first large batch)."""
-        return self.pool.pids()
+        """The worker processes now (none before the first batch that needs one)."""
+        return sorted(self.pool.pids() + self.small.pids())
 
     def close(self) -> None:
         self.pool.close()
+        self.small.close()
+        self._urgent.shutdown(wait=False, cancel_futures=True)

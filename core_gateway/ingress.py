@@ -233,7 +233,7 @@ class IngressWriter:
     # -- the writer thread ---------------------------------------------------------------
     def _run(self) -> None:
         while True:
-            item = self._queue.get()[2]
+            lane, _, item = self._queue.get()
             if item is _STOP:
                 return
             assert isinstance(item, Write)
@@ -241,15 +241,21 @@ class IngressWriter:
             size = len(item.records)
             while size < MAX_GROUP_RECORDS:
                 try:
-                    more = self._queue.get_nowait()[2]
+                    more = self._queue.get_nowait()
                 except queue.Empty:
                     break
-                if more is _STOP:
+                if more[2] is _STOP:
                     stop = True
                     break
-                assert isinstance(more, Write)
-                group.append(more)
-                size += len(more.records)
+                if more[0] != lane:
+                    # an urgent group holds urgent writes only: its transaction is
+                    # small and commits in one round trip, instead of carrying every
+                    # bulk write waiting behind it (up to MAX_GROUP_RECORDS)
+                    self._queue.put(more)
+                    break
+                assert isinstance(more[2], Write)
+                group.append(more[2])
+                size += len(more[2].records)
             self._commit_group(group)
             if stop:
                 return

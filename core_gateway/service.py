@@ -339,7 +339,9 @@ class GatewayService:
         self.reserve(ship, cost, held=held)
         try:
             try:
-                batch, proved = await self.decoder.decode_proved(body, keys)
+                batch, proved = await self.decoder.decode_proved(
+                    body, keys, urgent=header.stream in cfg.urgent_streams
+                )
             except WireError as exc:
                 raise _refusal(exc) from None
             except SignatureError as exc:

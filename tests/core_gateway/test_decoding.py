@@ -1,6 +1,8 @@
-"""Large batches are decoded in worker processes: the same batch (or the same refusal)
-as decoding in the gateway's own process, a worker that dies costs no request, and a
-machine without worker processes decodes in threads. Real processes, real Kafka for the
+"""Batches are decoded in worker processes: the same batch (or the same refusal) as
+decoding in the gateway's own process, a worker that dies costs no request, a machine
+without worker processes decodes in threads, small batches have workers of their own, never
+behind a large one, and an urgent stream's small batch a thread of its own, never behind
+bulk. Real processes, real Kafka for the
 end-to-end case."""
 
 from __future__ import annotations
@@ -97,6 +99,32 @@ async def test_refusals_are_the_same_from_a_worker(workers: int) -> None:
         strict.close()
 
 
+async def test_an_urgent_batch_is_decoded_while_the_workers_decode_bulk() -> None:
+    """A small batch of a bulk stream goes to a worker process, out of the gateway's
+    GIL; a small urgent one is decoded in its own thread at once, however many bulk
+    batches wait for the workers."""
+    decoder = BatchDecoder(DEFAULT_LIMITS, workers=1)
+    small = encode_batch(Batch("bigblue", "containers", (WireRecord(1, "C1", 1, "t", b"{}"),)))
+    alert = encode_batch(Batch("bigblue", "alerts", (WireRecord(1, "C1", 1, "t", b"{}"),)))
+    try:
+        assert (await decoder.decode(small)).last_seq == 1
+        assert decoder.small.pids(), "a small bulk batch goes to a worker too"
+        bulk = [
+            asyncio.ensure_future(decoder.decode(_large("bigblue", 1 + 2000 * i, 2000 * (i + 1))))
+            for i in range(8)
+        ]
+        await asyncio.sleep(0)  # queued at the worker
+        got, _ = await decoder.decode_proved(alert, None, urgent=True)
+        waiting = sum(not b.done() for b in bulk)
+        assert got == decode_batch(alert)
+        assert waiting >= 4, f"the alert waited for {8 - waiting} of 8 bulk batches"
+        assert [b.last_seq for b in await asyncio.gather(*bulk)] == [
+            2000 * (i + 1) for i in range(8)
+        ]
+    finally:
+        decoder.close()
+
+
 async def test_a_worker_that_dies_costs_no_batch() -> None:
     decoder = BatchDecoder(DEFAULT_LIMITS, workers=1)
     try:
@@ -128,7 +156,7 @@ async def test_no_worker_processes_falls_back_to_threads(tmp_path: Path) -> None
         for i in range(MAX_BROKEN + 1):
             body = _large("bigblue", 1 + 400 * i, 400 * (i + 1))
             assert await decoder.decode(body) == decode_batch(body)
-        assert decoder.workers == 0 and not decoder.pids()
+        assert decoder.pool.workers == 0 and not decoder.pids()
     finally:
         ctx.set_executable(python)
         decoder.close()

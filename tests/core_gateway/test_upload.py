@@ -221,6 +221,44 @@ async def test_an_alert_is_written_ahead_of_every_bulk_write_waiting(
     assert ingress_seqs(kafka, ships[0], "alerts") == {1: 1}
 
 
+async def test_an_alerts_transaction_carries_no_bulk_write(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """The alert's transaction is small: a fleet's backlog waiting at the writer goes
+    into the transactions after it, not into the alert's (at 700 ships that backlog
+    was up to MAX_GROUP_RECORDS records, produced before the alert's commit)."""
+    commits: list[tuple[int, int]] = []
+    cfg = gateway_config(tmp_path, kafka)
+    writer = IngressWriter(cfg, on_commit=lambda b, r, _s: commits.append((b, r)))
+    await asyncio.to_thread(writer.ensure_topics)
+    await asyncio.to_thread(writer.start)
+    ship = unique("ship")
+    alert_in: list[int] = []
+    try:
+        done = [
+            writer.submit(
+                Write(
+                    ship,
+                    "containers",
+                    records(lo, lo + 49),
+                    RangeSet([(lo, lo + 49)]),
+                    RangeSet(),
+                    depends=RangeSet([(1, lo - 1)]) if lo > 1 else RangeSet(),
+                )
+            )
+            for lo in range(1, 1001, 50)
+        ]
+        alert = Write(ship, "alerts", records(1, 1), RangeSet([(1, 1)]), RangeSet())
+        alert.done.add_done_callback(lambda _f: alert_in.append(len(commits) - 1))
+        done.append(writer.submit(alert))
+        await asyncio.gather(*(asyncio.wrap_future(f) for f in done))
+    finally:
+        await asyncio.to_thread(writer.close)
+    assert commits[alert_in[0]] == (1, 1), commits
+    assert sum(b for b, _ in commits) == 21
+    assert_exactly_once(kafka, ship, 1000)
+
+
 async def test_stopping_gateway_closes_uploads_and_writes_what_it_received(
     tmp_path: Path, kafka: KafkaBroker
 ) -> None:
