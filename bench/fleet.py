@@ -259,18 +259,35 @@ class Bench:
                 held = max(held, (await gw.send(STREAM, body)).held.contiguous_end())
 
         try:
-            while held < last:
+            for _ in range(MAX_TRIES):
+                if held >= last:
+                    return
                 try:
                     async with asyncio.TaskGroup() as tg:  # one fails: the rest are cancelled
                         for body in bodies[held // per :]:
                             tg.create_task(send(body))
+                    continue
                 except* LinkError:
                     self.retries += 1
-                    await gw.reset()
-                    await asyncio.sleep(random.uniform(0.5, 1.5))  # Retry-After: 1
+                try:
+                    await retry_after(gw)
                     held = (await gw.holdings())[STREAM].contiguous_end()
+                except LinkError:  # no slot for the holdings either: the next turn asks again
+                    self.retries += 1
+            raise RuntimeError(f"{ship}: not done after {MAX_TRIES} tries")
         finally:
             await gw.close()
+
+
+#: tries of one ship's upload, or of one alert, before the bench gives up on the gateway
+MAX_TRIES = 1000
+
+
+async def retry_after(gw: HttpGateway) -> None:
+    """After a failed send (a ``503 busy`` too), as the agent does: a new connection
+    after the ``Retry-After`` (1 s), with jitter."""
+    await gw.reset()
+    await asyncio.sleep(random.uniform(0.5, 1.5))
 
 
 def _growth(sizes: list[dict[str, Any]]) -> dict[str, Any]:
@@ -360,7 +377,10 @@ def _client(url: str, link: str, ship: str, token: str) -> HttpGateway:
 
 async def alerter(url: str, ship: str, every: float) -> list[float]:
     """Until its input ends: an alert every ``every`` seconds on ``ship``'s alerts
-    stream, on an upload connection of its own; each one's ms to the gateway's answer."""
+    stream, on an upload connection of its own; each one's ms to the gateway's answer
+    (a refusal retried included)."""
+    from edge_agent.errors import LinkError
+
     gw = _client(url, "satellite", ship, os.environ["SHORELINK_BENCH_TOKEN"])
     loop = asyncio.get_running_loop()
     ended = loop.run_in_executor(None, sys.stdin.buffer.read)
@@ -369,8 +389,16 @@ async def alerter(url: str, ship: str, every: float) -> list[float]:
     try:
         while not ended.done():
             rec = WireRecord(seq, "BBLU1022087", int(time.time() * 1000), "overboard", b"{}")
+            body = encode_batch(Batch(ship, "alerts", (rec,)))
             t = time.perf_counter()
-            result = await gw.send("alerts", encode_batch(Batch(ship, "alerts", (rec,))))
+            for _ in range(MAX_TRIES):  # as the agent does: a busy gateway is retried
+                try:
+                    result = await gw.send("alerts", body)
+                    break
+                except LinkError:
+                    await retry_after(gw)
+            else:
+                raise RuntimeError(f"alert {seq}: not taken after {MAX_TRIES} tries")
             took.append((time.perf_counter() - t) * 1000)
             if result.held.contiguous_end() != seq:
                 raise RuntimeError(f"alert {seq}: the gateway holds {result.held}")
