@@ -164,6 +164,9 @@ class EdgeLog:
         self.links = Links(self._conn, self._lock, self._txn)
         #: unusable messages kept for a person (edge_agent/quarantine.py)
         self.quarantine = Quarantine(self._conn, self._lock, cfg.quarantine_max)
+        #: called after every commit that stored records, with their streams (from the
+        #: committing thread): an alert wakes a session waiting on answers (session.py)
+        self._listeners: list[Callable[[frozenset[str]], None]] = []
         self._load_state()
         if not readonly:
             with self._txn() as conn:
@@ -296,7 +299,20 @@ class EdgeLog:
                 outcomes, seqs, ret.dropped_now, ret.retired_now, ret.over_budget_now, derived
             )
         redelivery.apply()
+        grown = frozenset(
+            [m.stream for m, o in zip(batch, outcomes, strict=True) if o == "stored"]
+            + [r.stream for r in derived]
+        )
+        if grown:
+            for listener in list(self._listeners):
+                listener(grown)
         return result
+
+    def listen(self, listener: Callable[[frozenset[str]], None]) -> Callable[[], None]:
+        """Call ``listener`` with the streams of every commit that stores records, on
+        the committing thread, until the returned function is called."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
 
     def expire(self, now_ms: int | None = None) -> dict[str, int]:
         """Age-based retention sweep (run periodically): returns records removed per stream."""

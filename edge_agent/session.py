@@ -6,11 +6,15 @@ never shrink what the site holds. It sends, batch by batch, the highest-priority
 with something missing first (so an alert overtakes a bulk backlog at the next batch),
 reading from the log in seq order, in batches sized for the link, keeping at most
 ``link.in_flight`` batches in flight, and charging the link's budget and rate limit.
+An alert does not wait for a window full of bulk batches to be answered: a batch of
+alerts may go beyond ``in_flight``, one at a time, the moment the alert is committed
+(the site pipelines per (origin, stream): the alerts' own batches still go in seq
+order, one stream's position as before).
 
 What a failure costs:
 - a broken connection (:class:`LinkError`): the batches in flight, at most
-  ``link.in_flight``; the session ends and the next one asks the site again, so
-  nothing a reply confirmed is ever resent;
+  ``link.in_flight`` and a batch of alerts; the session ends and the next one asks the
+  site again, so nothing a reply confirmed is ever resent;
 - a 409 (our view of the site was stale): that stream restarts from the site's holdings
   once its batches in flight are answered;
 - a 422 ``unknown_dictionary`` (the gateway lacks the dictionary the batch was
@@ -85,6 +89,19 @@ class _Outgoing:
     #: ship has no alerts stream)
     alerts_last: int | None = None
 
+    @property
+    def urgent(self) -> bool:
+        """An alerts batch: it overtakes a batch built ahead (``Session._overtaken``)
+        and may take one slot beyond ``link.in_flight``."""
+        return self.cursor.stream == ALERTS_STREAM
+
+
+def _ready(out: _Outgoing) -> asyncio.Future[_Outgoing | None]:
+    """``out``, built and kept for the next free slot, as a build ahead that is done."""
+    done: asyncio.Future[_Outgoing | None] = asyncio.get_running_loop().create_future()
+    done.set_result(out)
+    return done
+
 
 class Session:
     def __init__(
@@ -145,26 +162,23 @@ class Session:
         window: deque[_Outgoing] = deque()
         accepted = 0
         #: the next batch, built (in a worker thread) while the window waits for answers
-        ahead: asyncio.Task[_Outgoing | None] | None = None
+        ahead: asyncio.Future[_Outgoing | None] | None = None
+        #: set when an alert is committed (by whichever thread commits it)
+        alerted = asyncio.Event()
+        unlisten = self._listen_for_alerts(alerted)
         try:
             while True:
-                while len(window) < self.link.in_flight and not self._stopping():
-                    if ahead is not None:
-                        out, ahead = await ahead, None
-                        if out is not None and out.epoch != out.cursor.epoch:
-                            continue  # built before its stream was rewound: stale
-                        if out is not None and self._overtaken(out):
-                            # an alert came while it was built ahead: the alert first
-                            self._give_back(out)
-                            out = await self._next()
-                        if out is None:
-                            # it looked while batches were in flight, and a stream
-                            # rewound by a 409 waits for those; they may have settled
-                            # since (a slow link), so look again before giving up
-                            out = await self._next()
-                    else:
-                        out = await self._next()
+                alert = alerted.is_set()
+                alerted.clear()  # (what _next reads from now on includes the alert)
+                while not self._stopping():
+                    spare = len(window) < self.link.in_flight
+                    if not spare and not (alert and self._urgent_slot_free(window)):
+                        break
+                    out, ahead = await self._take(ahead), None
                     if out is None:
+                        break
+                    if not spare and not out.urgent:
+                        ahead = _ready(out)  # the extra slot is an alert's only
                         break
                     await self._launch(out)
                     window.append(out)
@@ -172,7 +186,8 @@ class Session:
                     return accepted
                 if ahead is None and not self._stopping():
                     ahead = asyncio.create_task(self._next(), name=f"build:{self.site}")
-                accepted += await self._settle(window.popleft())
+                if await self._answered(window, alerted):
+                    accepted += await self._settle(window.popleft())
         except asyncio.CancelledError:
             for o in window:
                 if o.task is not None:
@@ -180,6 +195,7 @@ class Session:
             window.clear()
             raise
         finally:
+            unlisten()
             if ahead is not None:
                 ahead.cancel()
                 await asyncio.wait([ahead])  # (does not raise what the build raised)
@@ -192,6 +208,57 @@ class Session:
             while window:
                 with contextlib.suppress(Exception):
                     accepted += await self._settle(window.popleft())
+
+    async def _take(self, ahead: asyncio.Future[_Outgoing | None] | None) -> _Outgoing | None:
+        """The next batch to launch: the one built ahead, unless its stream was rewound
+        since or an alert came since (then it gives its seqs back); else a new one."""
+        out = None if ahead is None else await ahead
+        if out is not None and out.epoch != out.cursor.epoch:
+            out = None  # built before its stream was rewound: stale
+        elif out is not None and self._overtaken(out):
+            self._give_back(out)  # an alert came while it was built ahead: the alert first
+            out = None
+        if out is None:
+            # (also when the build ahead found nothing: it looked while batches were in
+            # flight, and a stream rewound by a 409 waits for those; they may have
+            # settled since, a slow link, so look again before giving up)
+            out = await self._next()
+        return out
+
+    def _listen_for_alerts(self, alerted: asyncio.Event) -> Callable[[], None]:
+        """Set ``alerted`` whenever an alert is committed (the log calls from the
+        committing thread); returns the function that stops it."""
+        if not any(c.stream == ALERTS_STREAM for c in self.cursors):
+            return lambda: None
+        loop = asyncio.get_running_loop()
+
+        def committed(streams: frozenset[str]) -> None:
+            if ALERTS_STREAM in streams:
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(alerted.set)
+
+        return self.log.listen(committed)
+
+    @staticmethod
+    def _urgent_slot_free(window: deque[_Outgoing]) -> bool:
+        """An alert may go beyond ``link.in_flight``: one batch of alerts at a time."""
+        return not any(o.urgent for o in window)
+
+    async def _answered(self, window: deque[_Outgoing], alerted: asyncio.Event) -> bool:
+        """Wait for the answer to the oldest batch in ``window`` (True), or, while an
+        alert could go at once, for an alert to be committed (False): an alert then
+        waits for no answer (on a satellite, a round trip plus the batch's transfer)."""
+        first = window[0].task
+        assert first is not None
+        if self._stopping() or not self._urgent_slot_free(window):
+            await asyncio.wait([first])
+            return True
+        waiter = asyncio.ensure_future(alerted.wait())
+        try:
+            await asyncio.wait([first, waiter], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        return first.done()
 
     def _overtaken(self, out: _Outgoing) -> bool:
         """An alert came since ``out`` was built (it would wait one more batch behind

@@ -106,6 +106,55 @@ async def test_only_an_alert_overtakes_the_batch_built_ahead(
     log.close()
 
 
+@pytest.mark.parametrize("in_flight", [1, 3])
+async def test_an_alert_goes_on_the_wire_while_the_window_is_full_of_bulk(
+    tmp_path: Path, in_flight: int
+) -> None:
+    """An alert committed while every slot of the window holds a bulk batch waiting for
+    its answer used to wait for one of those answers: on the satellite a round trip
+    plus the batch's transfer, 0.5 s and more. It takes one slot beyond ``in_flight``
+    and goes at once; every record still arrives exactly once."""
+    cfg = uplink_config(
+        tmp_path,
+        gateways=[("tokyo", "port_wifi")],
+        links={"port_wifi": {"batch_max_records": 50, "in_flight": in_flight}},
+    )
+    log = open_log(cfg)
+    fill(log, "containers", 1000)
+    answers = asyncio.Event()  # bulk answers are held until set
+
+    class Slow(MemoryGateway):
+        sending = 0
+        most = 0
+
+        async def send(self, stream_: str, body: bytes):  # type: ignore[no-untyped-def]
+            self.sending += 1
+            self.most = max(self.most, self.sending)
+            try:
+                result = await super().send(stream_, body)
+                if stream_ != "alerts":
+                    await answers.wait()
+                return result
+            finally:
+                self.sending -= 1
+
+    gw = Slow("tokyo", "port_wifi")
+    up = _uplink(cfg, log, [gw])
+    task = asyncio.create_task(up.sync_once())
+    try:
+        await eventually_async(lambda: gw.sending == in_flight, what="a window full of bulk")
+        fill(log, "alerts", 2)
+        await eventually_async(lambda: gw.held("alerts") == _all(2), within=5, what="the alert")
+        assert [r.stream for r in gw.log] == ["containers"] * in_flight + ["alerts"]
+    finally:
+        answers.set()
+        await asyncio.wait_for(task, 20)
+    assert gw.most == in_flight + 1
+    assert gw.held("containers") == _all(1000) and gw.held("alerts") == _all(2)
+    assert max(gw.arrivals.values()) == 1 and gw.resent_after_confirm == []
+    log.close()
+
+
 async def test_encoded_batches_stay_under_batch_max_bytes(tmp_path: Path) -> None:
     """Records that do not compress: a batch is cut to fit ``batch_max_bytes`` encoded
     (a gateway refuses a larger one), and still everything arrives once."""
