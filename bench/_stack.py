@@ -290,17 +290,19 @@ class Stack:
         await asyncio.gather(*(one_ship(s) for s in bodies))
         return time.perf_counter() - t0, lat
 
-    def verify(self, expected: dict[str, int]) -> tuple[bool, dict[str, dict[str, int]], float]:
-        """Read ``sl.ingress.<STREAM>`` to its end (read_committed): whether every origin
+    def verify(
+        self, expected: dict[str, int], stream: str = STREAM
+    ) -> tuple[bool, dict[str, dict[str, int]], float]:
+        """Read ``sl.ingress.<stream>`` to its end (read_committed): whether every origin
         of ``expected`` (origin -> last seq) has each seq 1..last exactly once, per origin
         seqs distinct, missing, doubled, unexpected, and the seconds the read took."""
         t0 = time.monotonic()
         from shorelink.contract import H_ORIGIN, H_SEQ, ingress_topic
         from shorelink.kafka.reading import read_to_end
 
-        self.say(f"verify: reading {ingress_topic(STREAM)} to its end")
+        self.say(f"verify: reading {ingress_topic(stream)} to its end")
         counts: dict[str, Counter[int]] = {}
-        for msg in read_to_end(self.endpoint, [ingress_topic(STREAM)], timeout=300):
+        for msg in read_to_end(self.endpoint, [ingress_topic(stream)], timeout=300):
             h = dict(msg.headers() or [])
             origin = h[H_ORIGIN].decode()
             counts.setdefault(origin, Counter())[int(h[H_SEQ])] += 1

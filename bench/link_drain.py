@@ -35,9 +35,21 @@ toxiproxy for the link.
 2. exactly once: ``sl.ingress.containers`` is read to its end (read_committed): every
    seq of every ship exactly once.
 
+``--dark``: a month dark, then a short port call (issue 42, item 4). The backlog is the
+month (scaled: ``--records`` of the month's 1.8 million readings a ship) with
+``--alerts-before`` alerts committed among it (raised at sea, the link down); during
+the drain the ship's sensors publish to its Mosquitto (the agent's real ingest) one
+alert every ``--alert-every-s`` with ``--live-readings`` fresh container readings
+beside it. Reported under "dark", from the gateway's holdings polled every 50 ms:
+when each alert arrived (from the port call's start, and from its commit), when the
+newest reading of the backlog arrived, when the whole backlog did, and when the
+readings committed during the port call did. The cut drain is skipped;
+``sl.ingress.alerts`` is checked exactly once too.
+
     .venv/bin/python bench/link_drain.py --quick     # ~50 seconds (300k records, cut 1 s into the drain)
     .venv/bin/python bench/link_drain.py             # full run, ~75 seconds
     .venv/bin/python bench/link_drain.py --in-flight 6 --bandwidth-mode shared
+    .venv/bin/python bench/link_drain.py --quick --dark        # a month dark, scaled
 
 Progress goes to stderr; one JSON object goes to stdout.
 """
@@ -59,6 +71,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import paho.mqtt.client as mqtt
 import tomli_w
 from _common import (
     Metrics,
@@ -92,6 +105,7 @@ from edge_agent.budget import utc_day
 from edge_agent.config import load_config
 from edge_agent.gateway import SendResult
 from edge_agent.log import EdgeLog, Incoming
+from local_stack.mosquitto import MosquittoBroker, start_mosquitto
 from local_stack.process import Proc, free_port
 from shorelink.errors import ShorelinkError
 from shorelink.files import write_atomic
@@ -104,6 +118,9 @@ CUT_SHIP = "redstar"
 #: the warm-up's ship (uploads flat out on loopback, not over the link)
 WARMUP_SHIP = "warmup"
 GOALS = {"link_utilisation": 0.85, "resent_batches_per_outage": 1.0}
+#: a month dark: 2,500 reefers reporting hourly for 30 days (issue 42)
+MONTH_READINGS = 1_800_000
+ALERTS = "alerts"
 
 say = progress("link_drain")
 
@@ -164,9 +181,11 @@ class RecordingGateway:
         try:
             result: SendResult = await self._inner.send(stream, body)
         except BaseException as exc:
-            self.sends.append([t0, time.time(), len(body), h.first_seq, h.count, repr(exc)[:200]])
+            self.sends.append(
+                [t0, time.time(), len(body), h.first_seq, h.count, repr(exc)[:200], stream]
+            )
             raise
-        self.sends.append([t0, time.time(), len(body), h.first_seq, h.count, "ok"])
+        self.sends.append([t0, time.time(), len(body), h.first_seq, h.count, "ok", stream])
         return result
 
     async def reset(self) -> None:
@@ -198,6 +217,137 @@ async def agent_role(config: Path, record: Path) -> None:
             record,
             {"sends": [s for g in gateways for s in g.sends], "probes": gateways[0].probes},
         )
+
+
+# -- a month dark, then a port call (--dark) ------------------------------------------------
+class PortCall:
+    """The ship's sensors during the port call (an alert and fresh readings published
+    to its Mosquitto every ``every_s``, QoS 1: the agent's PUBACK comes after its
+    commit) and when each record arrived at the gateway (its holdings, polled)."""
+
+    def __init__(
+        self, ship: str, broker: MosquittoBroker, alerts_before: int, every_s: float, live: int
+    ) -> None:
+        self.ship = ship
+        self.every_s = every_s
+        self.live = live
+        self.alerts_before = alerts_before
+        self.client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2, client_id="sensors", clean_session=True
+        )
+        self.client.connect(broker.host, broker.port)
+        self.client.loop_start()
+        self.t_start = 0.0
+        self.next_at = 0.0
+        #: alert seq -> (published, acknowledged: committed by the agent); seqs below
+        #: alerts_before + 1 were committed at sea
+        self.alerts: dict[int, tuple[float, float]] = {}
+        #: per group of fresh readings: (last seq, published, acknowledged)
+        self.groups: list[tuple[int, float, float]] = []
+        self.alert_arrived: dict[int, float] = {}
+        self.group_arrived: dict[int, float] = {}
+        self.last_reading = 0
+
+    def start(self, t_start: float, last_reading: int) -> None:
+        self.t_start = t_start
+        self.next_at = t_start + self.every_s
+        self.last_reading = last_reading
+
+    def publish(self, now: float) -> None:
+        """An alert and a group of fresh readings, when due."""
+        if now < self.next_at:
+            return
+        self.next_at += self.every_s
+        t0 = time.time()
+        infos = [
+            self.client.publish(topic, payload, qos=1)
+            for _key, _ts, topic, payload in readings(
+                self.ship, self.live, len(self.groups) + 11, int(t0 * 1000)
+            )
+        ]
+        seq = self.alerts_before + len(self.alerts) + 1
+        payload = json.dumps({"alarm": "overboard", "n": seq, "ts": int(t0 * 1000)})
+        infos.append(self.client.publish(f"{self.ship}/alerts/overboard", payload, qos=1))
+        for info in infos:
+            info.wait_for_publish(10)
+        acked = time.time()
+        self.alerts[seq] = (t0, acked)
+        if self.live:
+            self.last_reading += self.live
+            self.groups.append((self.last_reading, t0, acked))
+
+    def observe(self, now: float, streams: dict[str, str]) -> None:
+        alerts = RangeSet.parse(streams.get(ALERTS, ""))
+        for seq in range(1, self.alerts_before + len(self.alerts) + 1):
+            if seq not in self.alert_arrived and seq in alerts:
+                self.alert_arrived[seq] = now
+        held = RangeSet.parse(streams.get(STREAM, ""))
+        for last, _, _ in self.groups:
+            if last not in self.group_arrived and held.contains_range(1, last):
+                self.group_arrived[last] = now
+
+    def settled(self) -> bool:
+        return len(self.alert_arrived) == self.alerts_before + len(self.alerts) and all(
+            last in self.group_arrived for last, _, _ in self.groups
+        )
+
+    def stop(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+    def report(
+        self, records: int, t_newest: float | None, t_backlog: float | None
+    ) -> dict[str, Any]:
+        def since(t: float | None) -> float | None:
+            return r3(None if t is None else t - self.t_start)
+
+        def spread(values: list[float]) -> dict[str, float | None]:
+            return {
+                "min": r3(min(values, default=None)),
+                "p50": r3(pct(values, 0.5)),
+                "max": r3(max(values, default=None)),
+            }
+
+        at_sea = [self.alert_arrived.get(seq) for seq in range(1, self.alerts_before + 1)]
+        during = [
+            {
+                "seq": seq,
+                "committed_s": since(acked),
+                "arrived_s": since(self.alert_arrived.get(seq)),
+                "after_commit_s": r3(
+                    None if seq not in self.alert_arrived else self.alert_arrived[seq] - acked
+                ),
+            }
+            for seq, (_pub, acked) in sorted(self.alerts.items())
+        ]
+        fresh = [
+            self.group_arrived[last] - acked
+            for last, _, acked in self.groups
+            if last in self.group_arrived
+        ]
+        return {
+            # the month, scaled to what runs here in minutes
+            "scale": {
+                "backlog_readings": records,
+                "month_readings": MONTH_READINGS,
+                "fraction_of_month": round(records / MONTH_READINGS, 3),
+                "days_of_the_month": round(30 * records / MONTH_READINGS, 1),
+            },
+            # every time from the port call's start (the link up), in seconds
+            "alerts_at_sea": self.alerts_before,
+            "alerts_at_sea_arrived_s": [since(t) for t in at_sea],
+            "alerts_in_port_count": len(self.alerts),
+            "alerts_in_port_after_commit_s": spread(
+                [d["after_commit_s"] for d in during if d["after_commit_s"] is not None]
+            ),
+            "alerts_in_port": during,
+            "newest_backlog_reading_arrived_s": since(t_newest),
+            "whole_backlog_arrived_s": since(t_backlog),
+            "fresh_readings_per_alert": self.live,
+            "fresh_groups": len(self.groups),
+            "fresh_readings_after_commit_s": spread(fresh),
+            "fresh_last_seq": self.last_reading,
+        }
 
 
 # -- the benchmark -----------------------------------------------------------------------
@@ -243,6 +393,10 @@ class Bench:
             "outage_first_s": a.outage_first_s,
             "cut_at_s": a.cut_at_s,
             "warmup_records": a.warmup_records,
+            "dark": a.dark,
+            "alerts_before": a.alerts_before if a.dark else None,
+            "alert_every_s": a.alert_every_s if a.dark else None,
+            "live_readings": a.live_readings if a.dark else None,
         }
         # this machine's other load skews every number here: keep it beside them
         self.result["loadavg_1m_at_start"] = round(os.getloadavg()[0], 2)
@@ -252,7 +406,7 @@ class Bench:
         # same backlog of another ship with one outage in the middle of its drain
         # (what an outage costs)
         self.result["link"] = self.link_phase(SHIP, a.outage_first_s)
-        if a.cut_at_s is not None:
+        if a.cut_at_s is not None and not a.dark:
             self.result["link_cut"] = self.link_phase(CUT_SHIP, a.cut_at_s)
         self.verify()
         self.result["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
@@ -310,28 +464,34 @@ class Bench:
             "probe_timeout_s": u.probe_timeout_s,
         }
 
-    def write_agent_config(self, ship: str, metrics_port: int, proxy_port: int) -> Path:
+    def write_agent_config(
+        self, ship: str, metrics_port: int, proxy_port: int, mqtt_port: int | None = None
+    ) -> Path:
         link = self.args.link
+        rules: list[dict[str, str]] = [
+            {
+                "filter": f"{ship}/+/containers/+/env",
+                "stream": "containers",
+                "key": "{4}",
+                "ts_field": "ts",
+            }
+        ]
+        if mqtt_port is not None:  # --dark: the sensors publish alerts too
+            rules.append({"filter": f"{ship}/alerts/+", "stream": ALERTS, "key": "{3}"})
         config = {
             "ship": ship,
             "log_level": "info",
-            # nothing listens here: the log is filled directly, the agent only uploads
+            # nothing listens here (but with --dark): the log is filled directly, the
+            # agent only uploads
             "mqtt": {
                 "host": "127.0.0.1",
-                "port": free_port(),
+                "port": mqtt_port or free_port(),
                 "client_id": "shorelink-edge-bench-uplink",
                 "subscriptions": [f"{ship}/#"],
             },
             "log": {"path": str(self.work / ship / "edge.db"), "max_bytes": "4GB"},
             **agent_metrics_and_streams(metrics_port),
-            "rules": [
-                {
-                    "filter": f"{ship}/+/containers/+/env",
-                    "stream": "containers",
-                    "key": "{4}",
-                    "ts_field": "ts",
-                }
-            ],
+            "rules": rules,
             "uplink": {"token": self.stack.tokens[ship], **self.uplink_overrides()},
             "links": {link: self.link_overrides()},
             "gateways": [{"site": SITE, "url": f"http://127.0.0.1:{proxy_port}", "link": link}],
@@ -341,18 +501,26 @@ class Bench:
         write_atomic(path, tomli_w.dumps(config), mode=0o600)  # it holds the ship's token
         return path
 
-    def prefill(self, config: Path, n: int) -> None:
-        say(f"link: committing {n} records to the ship's log")
+    def prefill(self, config: Path, n: int, alerts: int = 0) -> None:
+        """``n`` readings in the ship's log, and ``alerts`` alerts spread among them."""
+        say(f"link: committing {n} records and {alerts} alerts to the ship's log")
         cfg = load_config(config)
         edge_log = EdgeLog(
             cfg.log.path, cfg.ship, cfg.streams, replace(cfg.log, synchronous="normal")
         )
         t0 = time.monotonic()
         batch: list[Incoming] = []
+        alert_at = {(i + 1) * n // (alerts + 1) for i in range(alerts)}
         try:
-            for key, ts, topic, payload in readings(cfg.ship, n, 1, int(time.time() * 1000)):
+            for i, (key, ts, topic, payload) in enumerate(
+                readings(cfg.ship, n, 1, int(time.time() * 1000))
+            ):
                 batch.append(Incoming(STREAM, key, ts, ts + 20, topic, payload))
-                if len(batch) == 5000:
+                if i in alert_at:
+                    body = json.dumps({"alarm": "overboard", "ts": ts}).encode()
+                    where = f"{cfg.ship}/alerts/overboard"
+                    batch.append(Incoming(ALERTS, "overboard", ts, ts + 20, where, body))
+                if len(batch) >= 5000:
                     edge_log.commit(batch)
                     batch = []
             if batch:
@@ -372,8 +540,14 @@ class Bench:
         tp = self.stack.toxiproxy
         proxy = f"{ship}-to-{SITE}"
         metrics_port, proxy_port = free_port(), free_port()
-        config = self.write_agent_config(ship, metrics_port, proxy_port)
-        self.prefill(config, a.records)
+        broker = None
+        if a.dark:
+            broker = start_mosquitto(ship, self.work / ship / "mosquitto", self.stack.logs)
+            self.stack.procs.append(broker.proc)
+        config = self.write_agent_config(
+            ship, metrics_port, proxy_port, None if broker is None else broker.port
+        )
+        self.prefill(config, a.records, a.alerts_before if a.dark else 0)
         shaper: SharedShaper | None = None
         if a.bandwidth_mode == "shared":
             # agent -> shaper (shared bandwidth) -> toxiproxy (latency, outages) -> gateway
@@ -406,8 +580,14 @@ class Bench:
         )
         self.stack.procs.append(agent)
         sealing = self.wait_sealed(agent, agent_metrics, t_agent, config)
+        port = None
+        if broker is not None:
+            port = PortCall(ship, broker, a.alerts_before, a.alert_every_s, a.live_readings)
         tp.set_enabled(proxy, True)
         t_start = time.time()
+        if port is not None:
+            port.start(t_start, a.records)
+        t_newest: float | None = None
         outages: list[tuple[float, float]] = []
         deadline = time.monotonic() + a.drain_timeout
         t_first: float | None = None
@@ -415,9 +595,8 @@ class Bench:
         next_poll = 0.0
         last_say = time.monotonic()
         held = RangeSet()
-        want = f"1-{a.records}"
         try:
-            while t_done is None:
+            while t_done is None or (port is not None and not port.settled()):
                 now_m = time.monotonic()
                 if now_m > deadline:
                     raise RuntimeError(
@@ -440,15 +619,22 @@ class Bench:
                         tp.set_enabled(proxy, True)
                         outages.append((t_off, time.time()))
                         say(f"link: outage {len(outages)} ({outages[-1][1] - t_off:.2f}s)")
+                if port is not None and t_done is None:
+                    port.publish(now)
                 if now_m >= next_poll:
-                    next_poll = now_m + 0.2
+                    next_poll = now_m + (0.05 if port is not None else 0.2)
                     with contextlib.suppress(OSError, ValueError):
                         body = get_json(
                             f"{self.gw_url}/v1/ships/{ship}/holdings", self.stack.tokens[ship]
                         )
+                        t_held = time.time()
                         held = RangeSet.parse(body["streams"][STREAM])
-                        if str(held) == want:
-                            t_done = time.time()
+                        if t_newest is None and a.records in held:
+                            t_newest = t_held
+                        if t_done is None and held.contains_range(1, a.records):
+                            t_done = t_held
+                        if port is not None:
+                            port.observe(t_held, body["streams"])
                 if now_m - last_say > 10:
                     last_say = now_m
                     say(f"link: site holds {held.count()}/{a.records}")
@@ -463,6 +649,8 @@ class Bench:
             agent.stop(grace=30)
             if shaper is not None:
                 shaper.stop()
+            if port is not None:
+                port.stop()
         if not record.exists():
             raise RuntimeError(f"the agent left no record of its sends:\n{agent.tail()}")
         sent = json.loads(record.read_text())
@@ -476,6 +664,10 @@ class Bench:
         report = self.link_report(
             sent, outages, m, g0, g1, spend, t_start, t_first, t_done, toxics, toxics_after
         )
+        if port is not None:
+            self.result["dark"] = port.report(a.records, t_newest, t_done)
+            self.fresh_last = port.last_reading
+            self.alerts_last = a.alerts_before + len(port.alerts)
         return {"ship": ship, "outage_first_s": outage_first_s, "sealing": sealing, **report}
 
     def wait_sealed(
@@ -521,9 +713,11 @@ class Bench:
     ) -> dict[str, Any]:
         a = self.args
         n = a.records
+        # the backlog's batches (with --dark, alerts' batches go too: reported apart)
         sends = [
             {"t0": s[0], "t1": s[1], "bytes": s[2], "first": s[3], "count": s[4], "outcome": s[5]}
             for s in sent["sends"]
+            if s[6] == STREAM
         ]
         if not sends:
             raise RuntimeError("the agent recorded no sends")
@@ -659,7 +853,15 @@ class Bench:
     # -- 2. exactly once ---------------------------------------------------------------------
     def verify(self) -> None:
         drained = [SHIP, CUT_SHIP] if "link_cut" in self.result else [SHIP]
-        ok, detail, seconds = self.stack.verify({ship: self.args.records for ship in drained})
+        last = {ship: self.args.records for ship in drained}
+        if "dark" in self.result:
+            last[SHIP] = self.fresh_last
+        ok, detail, seconds = self.stack.verify(last)
+        if "dark" in self.result:
+            ok_alerts, detail_alerts, more = self.stack.verify({SHIP: self.alerts_last}, ALERTS)
+            ok = ok and ok_alerts
+            detail = {**detail, f"{SHIP}/{ALERTS}": detail_alerts[SHIP]}
+            seconds += more
         self.result["exactly_once"] = ok
         self.result["exactly_once_detail"] = detail
         self.result["verify_s"] = seconds
@@ -751,6 +953,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="records uploaded to the gateway on loopback before the drains, not counted "
         "(default 200000; quick 50000; 0: none)",
     )
+    p.add_argument(
+        "--dark",
+        action="store_true",
+        help="a month dark, then a short port call: alerts among the backlog and alerts "
+        "with fresh readings published during the drain; when each arrived (no cut drain)",
+    )
+    p.add_argument(
+        "--alerts-before",
+        type=int,
+        default=5,
+        help="with --dark: alerts committed at sea among the backlog (default 5)",
+    )
+    p.add_argument(
+        "--alert-every-s",
+        type=float,
+        default=2.0,
+        help="with --dark: an alert published this often during the drain (default 2)",
+    )
+    p.add_argument(
+        "--live-readings",
+        type=int,
+        default=100,
+        help="with --dark: fresh container readings published beside each alert (default 100)",
+    )
     p.add_argument("--role", choices=("agent",), help=argparse.SUPPRESS)
     p.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--record", type=Path, help=argparse.SUPPRESS)
@@ -771,6 +997,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--warmup-records must not be negative")
     if a.bandwidth < 1000 or a.latency_ms < 0 or a.outage_s < 0 or a.outage_every_s <= a.outage_s:
         p.error("need --bandwidth >= 1000, --latency-ms >= 0, 0 <= --outage-s < --outage-every-s")
+    if a.alerts_before < 0 or a.alert_every_s <= 0 or a.live_readings < 0:
+        p.error("need --alerts-before >= 0, --alert-every-s > 0, --live-readings >= 0")
     if a.cut_at_s is not None and a.cut_at_s < 0:
         a.cut_at_s = None
     return a
