@@ -7,7 +7,8 @@ with something missing first (so an alert overtakes a bulk backlog at the next b
 reading from the log in seq order, in batches sized for the link, keeping at most
 ``link.in_flight`` batches in flight, and charging the link's budget and rate limit.
 An alert does not wait for a window full of bulk batches to be answered: a batch of
-alerts may go beyond ``in_flight``, one at a time, the moment the alert is committed
+alerts may go beyond ``in_flight``, one at a time, the moment the alert is committed,
+and takes none of the window's slots while it waits for its answer
 (the site pipelines per (origin, stream): the alerts' own batches still go in seq
 order, one stream's position as before).
 
@@ -171,7 +172,7 @@ class Session:
                 alert = alerted.is_set()
                 alerted.clear()  # (what _next reads from now on includes the alert)
                 while not self._stopping():
-                    spare = len(window) < self.link.in_flight
+                    spare = self._taken(window) < self.link.in_flight
                     if not spare and not (alert and self._urgent_slot_free(window)):
                         break
                     out, ahead = await self._take(ahead), None
@@ -243,6 +244,12 @@ class Session:
     def _urgent_slot_free(window: deque[_Outgoing]) -> bool:
         """An alert may go beyond ``link.in_flight``: one batch of alerts at a time."""
         return not any(o.urgent for o in window)
+
+    def _taken(self, window: deque[_Outgoing]) -> int:
+        """The slots of ``link.in_flight`` taken: one batch of alerts takes none (the
+        site answers in the order batches came, so an alert sent behind a full window
+        is answered after it, and would otherwise hold the next bulk batch back)."""
+        return len(window) - (0 if self._urgent_slot_free(window) else 1)
 
     async def _answered(self, window: deque[_Outgoing], alerted: asyncio.Event) -> bool:
         """Wait for the answer to the oldest batch in ``window`` (True), or, while an

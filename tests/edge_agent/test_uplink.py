@@ -113,7 +113,8 @@ async def test_an_alert_goes_on_the_wire_while_the_window_is_full_of_bulk(
     """An alert committed while every slot of the window holds a bulk batch waiting for
     its answer used to wait for one of those answers: on the satellite a round trip
     plus the batch's transfer, 0.5 s and more. It takes one slot beyond ``in_flight``
-    and goes at once; every record still arrives exactly once."""
+    and goes at once; nor does it hold back the next bulk batch while it waits for its
+    answer (the site answers in the order batches came); every record arrives once."""
     cfg = uplink_config(
         tmp_path,
         gateways=[("tokyo", "port_wifi")],
@@ -121,33 +122,52 @@ async def test_an_alert_goes_on_the_wire_while_the_window_is_full_of_bulk(
     )
     log = open_log(cfg)
     fill(log, "containers", 1000)
-    answers = asyncio.Event()  # bulk answers are held until set
+    gate = asyncio.Semaphore(0)  # one bulk answer per release
 
     class Slow(MemoryGateway):
+        """Stores each batch as it comes, answers in that order, bulk when let."""
+
         sending = 0
         most = 0
+        before: asyncio.Future[None] | None = None
+        answered: list[str] = []
 
         async def send(self, stream_: str, body: bytes):  # type: ignore[no-untyped-def]
             self.sending += 1
             self.most = max(self.most, self.sending)
+            before, mine = self.before, asyncio.get_running_loop().create_future()
+            self.before = mine
             try:
                 result = await super().send(stream_, body)
+                if before is not None:
+                    await before
                 if stream_ != "alerts":
-                    await answers.wait()
+                    await gate.acquire()
+                self.answered.append(stream_)
                 return result
             finally:
                 self.sending -= 1
+                mine.set_result(None)
 
     gw = Slow("tokyo", "port_wifi")
     up = _uplink(cfg, log, [gw])
     task = asyncio.create_task(up.sync_once())
+
+    def bulk_sent() -> int:
+        return sum(r.stream == "containers" for r in gw.log)
+
     try:
         await eventually_async(lambda: gw.sending == in_flight, what="a window full of bulk")
         fill(log, "alerts", 2)
         await eventually_async(lambda: gw.held("alerts") == _all(2), within=5, what="the alert")
         assert [r.stream for r in gw.log] == ["containers"] * in_flight + ["alerts"]
+        gate.release()  # the first bulk answer: the next bulk batch goes at once
+        await eventually_async(lambda: bulk_sent() == in_flight + 1, within=5, what="bulk")
+        if in_flight > 1:
+            assert "alerts" not in gw.answered  # (it is behind the bulk in flight)
     finally:
-        answers.set()
+        for _ in range(1000):
+            gate.release()
         await asyncio.wait_for(task, 20)
     assert gw.most == in_flight + 1
     assert gw.held("containers") == _all(1000) and gw.held("alerts") == _all(2)
