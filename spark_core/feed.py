@@ -49,7 +49,14 @@ from spark_core.merge import Merger
 from spark_core.merge_state import Headers, MergeError, SourceRow
 from spark_core.pull_plan import Part, plan_parts, plan_starts
 
-__all__ = ["FEED_BATCHES", "PREFETCH_MIN_BYTES", "ByteBudget", "Feed", "feed_prefetch"]
+__all__ = [
+    "FEED_BATCHES",
+    "PREFETCH_MIN_BYTES",
+    "ByteBudget",
+    "Feed",
+    "SharedAdmin",
+    "feed_prefetch",
+]
 
 log = get_logger(__name__)
 
@@ -81,6 +88,26 @@ def feed_prefetch(max_batch_bytes: int, feeds: int) -> dict[str, object]:
         "fetch.max.bytes": max(each, KAFKA_MAX_MESSAGE_BYTES),
         "message.max.bytes": KAFKA_MAX_MESSAGE_BYTES,
     }
+
+
+class SharedAdmin:
+    """One admin client of a neighbour's Kafka for everything of a site that asks it
+    (spark_core/replication.py: the pullers of each merge and their repairers), made at
+    the first question; librdkafka's client answers several threads at once. A site
+    held an admin per puller and per repairer: 2m + 2m clients a neighbour for one's
+    worth of describes and offsets (docs/data-centre.md, "A site's costs as neighbours
+    grow")."""
+
+    def __init__(self, kafka: KafkaEndpoint) -> None:
+        self.kafka = kafka
+        self._admin: Admin | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Admin:
+        with self._lock:
+            if self._admin is None:
+                self._admin = Admin(self.kafka)
+            return self._admin
 
 
 class ByteBudget:
@@ -156,6 +183,9 @@ class Feed:
     reader_config: dict[str, object] = field(default_factory=dict)
     #: the bytes the site's feeds hold at once (None: only this feed's round bound)
     budget: ByteBudget | None = None
+    #: the admin client this feed shares with the other feeds and repairers of its
+    #: Kafka (None: its own, made at its first question)
+    shared_admin: SharedAdmin | None = field(default=None, repr=False)
     _reader: PartitionReader | None = field(default=None, repr=False)
     _admin: Admin | None = field(default=None, repr=False)
     #: topic -> its source name at the merge
@@ -518,7 +548,10 @@ class Feed:
     # -- assignment -------------------------------------------------------------------------
     def admin(self) -> Admin:
         if self._admin is None:
-            self._admin = Admin(self.kafka.with_timeout(self.site.replication.probe_timeout_s))
+            shared = self.shared_admin or SharedAdmin(
+                self.kafka.with_timeout(self.site.replication.probe_timeout_s)
+            )
+            self._admin = shared()
         return self._admin
 
     def describe(self, topics: frozenset[str]) -> dict[str, tuple[str, list[int]]]:

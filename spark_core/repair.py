@@ -55,6 +55,7 @@ from shorelink.ledger import decode_entry
 from shorelink.logs import get_logger
 from shorelink.ranges import RangeSet
 from spark_core.access import pull_group
+from spark_core.feed import SharedAdmin
 from spark_core.merge import Merger
 from spark_core.merge_state import Headers, MergeError, Source, SourceRow, pulled_source
 from spark_core.relay_index import IndexTooLarge, Segment, read_segments
@@ -435,7 +436,13 @@ class Repairer:
     ``kafka``); :meth:`round` once per ``replication.repair_interval``. Not
     thread-safe: one thread runs it."""
 
-    def __init__(self, neighbour: str, kafka: KafkaEndpoint, merger: Merger) -> None:
+    def __init__(
+        self,
+        neighbour: str,
+        kafka: KafkaEndpoint,
+        merger: Merger,
+        shared_admin: SharedAdmin | None = None,
+    ) -> None:
         self.site = merger.site
         self.neighbour = neighbour
         self.kafka = kafka
@@ -455,6 +462,8 @@ class Repairer:
         self.last_round: float | None = None
         self.error: str | None = None
         self._admin: Admin | None = None
+        #: the admin client it shares with the pullers of its neighbour (None: its own)
+        self.shared_admin = shared_admin
 
     @property
     def name(self) -> str:
@@ -462,7 +471,10 @@ class Repairer:
 
     def admin(self) -> Admin:
         if self._admin is None:
-            self._admin = Admin(self.kafka.with_timeout(self.site.replication.probe_timeout_s))
+            shared = self.shared_admin or SharedAdmin(
+                self.kafka.with_timeout(self.site.replication.probe_timeout_s)
+            )
+            self._admin = shared()
         return self._admin
 
     # -- a round ---------------------------------------------------------------------------

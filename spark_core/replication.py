@@ -25,7 +25,7 @@ from shorelink.files import write_json_atomic
 from shorelink.kafka.errors import KafkaClientError
 from shorelink.logs import get_logger
 from spark_core.config import SiteConfig
-from spark_core.feed import FEED_BATCHES, ByteBudget, Feed, feed_prefetch
+from spark_core.feed import FEED_BATCHES, ByteBudget, Feed, SharedAdmin, feed_prefetch
 from spark_core.ingest_pull import IngestPuller, write_through
 from spark_core.merge import Merger
 from spark_core.merge_state import MergeError
@@ -89,6 +89,13 @@ class Replicator:
         #: how often the routes changed (the first routes count)
         self.route_changes = 0
         history = history_sources(cfg, site)
+        #: one admin client per neighbour for its pullers and repairers (a client each
+        #: was 2m of them a neighbour: docs/data-centre.md, "A site's costs as
+        #: neighbours grow")
+        self.admins = {
+            n: SharedAdmin(site.reach(cfg.site(n)).with_timeout(site.replication.probe_timeout_s))
+            for n in site.neighbours
+        }
         self.pullers = [
             Puller(
                 site,
@@ -100,6 +107,7 @@ class Replicator:
                 routes=lambda: self.routes,
                 history=tuple(s for s, n2 in history.items() if n2 == n and s in m.streams),
                 sites=tuple(cfg.sites),
+                shared_admin=self.admins[n],
             )
             for n in site.neighbours
             for m in mergers
@@ -125,7 +133,9 @@ class Replicator:
                 feed.budget = self.budget
         #: each neighbour's holdings against the site's, per merge (spark_core/repair.py)
         self.repairers = [
-            Repairer(p.neighbour, p.kafka, p.merger) for p in self.pullers if p.streams
+            Repairer(p.neighbour, p.kafka, p.merger, self.admins[p.neighbour])
+            for p in self.pullers
+            if p.streams
         ]
         #: each merge's own canonical topics against its ledger (what they lost early
         #: is forgotten, then repaired from the neighbours)

@@ -29,6 +29,7 @@ from shorelink.kafka.topics import TopicSpec, ensure_topics
 from spark_core.config import SiteConfig, parse_config
 from spark_core.feed import ByteBudget
 from spark_core.ingest_pull import IngestPuller, write_through
+from spark_core.jobs.site import mergers
 from spark_core.merge import Merger
 from spark_core.merge_state import (
     SourceRow,
@@ -41,7 +42,7 @@ from spark_core.merge_state import (
 )
 from spark_core.pull import Puller
 from spark_core.redrive import redrive_once
-from spark_core.replication import history_sources
+from spark_core.replication import Replicator, history_sources
 from tests.helpers import eventually, unique
 from tests.spark_core.helpers import (
     canonical,
@@ -576,3 +577,37 @@ def test_an_ingress_topic_recreated_under_the_ingest_puller_is_read_from_its_sta
         assert again.state.offsets[(ingress_topic(s), 0)] == 30
     finally:
         again.close()
+
+
+def test_a_neighbours_pullers_and_repairers_ask_through_one_admin_client(
+    kafka: KafkaBroker, kafka_sites: Callable[..., dict[str, KafkaBroker]], tmp_path: Path
+) -> None:
+    """A site held an admin client per puller and per repairer: four a neighbour at two
+    merges, each with librdkafka's threads and connections, for describes and offsets
+    one client answers (bench/site_scale.py: 6-8 clients and 26 threads a neighbour,
+    docs/data-centre.md). Each neighbour's pullers and repairers now share one, which
+    answers each of them from that neighbour's own Kafka, never another's."""
+    s = unique("s")
+    tokyo = kafka_sites("tokyo")["tokyo"]
+    ensure_topics(KafkaEndpoint.plaintext(tokyo.bootstrap), [TopicSpec(relay_topic("e1", s), 1)])
+    doc = graph_doc({"port": ["tokyo", "hq"], "tokyo": ["port"], "hq": ["port"]}, tmp_path)
+    for name, broker in (("port", kafka), ("tokyo", tokyo), ("hq", kafka)):
+        doc["sites"][name] |= {"streams": [s, "alerts"], "kafka": {"bootstrap": broker.bootstrap}}
+    cfg = parse_config(doc)
+    site = cfg.site("port")
+    merges = mergers(site, cfg)
+    replicator = Replicator(cfg, site, merges)
+    try:
+        assert len(merges) == 2  # the urgent merge and the rest: two pullers a neighbour
+        for n, topics in (("tokyo", {relay_topic("e1", s)}), ("hq", set())):
+            pullers = [p for p in replicator.pullers if p.neighbour == n]
+            repairers = [r for r in replicator.repairers if r.neighbour == n]
+            assert len(pullers) == len(repairers) == 2
+            admins = {id(p.admin()) for p in pullers} | {id(r.admin()) for r in repairers}
+            assert admins == {id(replicator.admins[n]())}
+            # it is that neighbour's: tokyo's relay topic exists at tokyo only
+            assert set(pullers[0].describe(frozenset({relay_topic("e1", s)}))) == topics
+        assert replicator.admins["tokyo"]() is not replicator.admins["hq"]()
+    finally:
+        for m in merges:
+            m.close()
