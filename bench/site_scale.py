@@ -28,8 +28,8 @@ neighbour, an alert per neighbour a second), the driver sampled every 2 s; drain
 hub's ledger holds every record fed); the page asked ``--requests`` times; then the
 marker, the relay index and the merge state read from the hub's Kafka.
 
-    .venv/bin/python bench/site_scale.py --quick          # M = 2, 6: ~6 minutes
-    .venv/bin/python bench/site_scale.py                  # M = 3, 10, 20: ~15 minutes
+    .venv/bin/python bench/site_scale.py --quick          # M = 2, 6: ~3 minutes
+    .venv/bin/python bench/site_scale.py                  # M = 3, 10, 20: ~7 minutes
 
 Progress goes to stderr; one JSON object goes to stdout.
 """
