@@ -215,6 +215,18 @@ async def test_writer_refuses_a_write_built_on_one_that_was_not_written(
     assert_exactly_once(kafka, ship, 20)
 
 
+def _fifty(ship: str, lo: int) -> Write:
+    """A bulk write of ``ship``'s seqs lo..lo+49, on top of its seqs before lo."""
+    return Write(
+        ship,
+        "containers",
+        records(lo, lo + 49),
+        RangeSet([(lo, lo + 49)]),
+        RangeSet(),
+        depends=RangeSet([(1, lo - 1)]) if lo > 1 else RangeSet(),
+    )
+
+
 async def test_an_alert_is_written_ahead_of_every_bulk_write_waiting(
     tmp_path: Path, kafka: KafkaBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -237,19 +249,7 @@ async def test_an_alert_is_written_ahead_of_every_bulk_write_waiting(
 
     try:
         done = [
-            submit(
-                Write(
-                    ship,
-                    "containers",
-                    records(lo, lo + 49),
-                    RangeSet([(lo, lo + 49)]),
-                    RangeSet(),
-                    depends=RangeSet([(1, lo - 1)]) if lo > 1 else RangeSet(),
-                ),
-                f"{ship}:{lo}",
-            )
-            for lo in range(1, 501, 50)
-            for ship in ships
+            submit(_fifty(ship, lo), f"{ship}:{lo}") for lo in range(1, 501, 50) for ship in ships
         ]
         alert = Write(ships[0], "alerts", records(1, 1), RangeSet([(1, 1)]), RangeSet())
         done.append(submit(alert, "alert"))
@@ -280,19 +280,7 @@ async def test_an_alerts_transaction_carries_no_bulk_write(
     ship = unique("ship")
     alert_in: list[int] = []
     try:
-        done = [
-            writer.submit(
-                Write(
-                    ship,
-                    "containers",
-                    records(lo, lo + 49),
-                    RangeSet([(lo, lo + 49)]),
-                    RangeSet(),
-                    depends=RangeSet([(1, lo - 1)]) if lo > 1 else RangeSet(),
-                )
-            )
-            for lo in range(1, 1001, 50)
-        ]
+        done = [writer.submit(_fifty(ship, lo)) for lo in range(1, 1001, 50)]
         alert = Write(ship, "alerts", records(1, 1), RangeSet([(1, 1)]), RangeSet())
         alert.done.add_done_callback(lambda _f: alert_in.append(len(commits) - 1))
         done.append(writer.submit(alert))
