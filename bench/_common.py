@@ -46,6 +46,7 @@ __all__ = [
     "tree_cpu_s",
     "tree_pids",
     "tree_rss_mb",
+    "tree_status",
     "work_dir",
 ]
 
@@ -234,18 +235,25 @@ def tree_pids(pid: int) -> list[int]:
     return out
 
 
-def tree_rss_mb(pid: int) -> tuple[float, int]:
-    """RSS of ``pid`` and its descendants (from /proc), in MiB, and how many processes."""
+def tree_status(pid: int, name: str) -> tuple[int, int]:
+    """The sum of field ``name`` of /proc/<pid>/status (``VmRSS``: kB; ``Threads``) over
+    ``pid`` and its descendants, and how many processes were read."""
     total, n = 0, 0
     for p in tree_pids(pid):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+                if line.startswith(name + ":"):
                     total += int(line.split()[1])
         except OSError:
             continue
         n += 1
-    return round(total / 1024, 1), n
+    return total, n
+
+
+def tree_rss_mb(pid: int) -> tuple[float, int]:
+    """RSS of ``pid`` and its descendants (from /proc), in MiB, and how many processes."""
+    kb, n = tree_status(pid, "VmRSS")
+    return round(kb / 1024, 1), n
 
 
 def tree_cpu_s(pid: int) -> float:

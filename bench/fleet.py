@@ -57,8 +57,8 @@ from _common import (
     require_at_least_one,
     run_bench,
     tree_cpu_s,
-    tree_pids,
     tree_rss_mb,
+    tree_status,
 )
 from _stack import SITE, STREAM, Stack, wire_records
 
@@ -70,19 +70,6 @@ if TYPE_CHECKING:
     from edge_agent.gateway import HttpGateway
 
 say = progress("fleet")
-
-
-def _threads(pid: int) -> int:
-    """Threads of ``pid`` and its descendants (the gateway's decode workers)."""
-    n = 0
-    for p in tree_pids(pid):
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("Threads:"):
-                    n += int(line.split()[1])
-        except OSError:
-            pass
-    return n
 
 
 class Sampler:
@@ -107,7 +94,7 @@ class Sampler:
         while True:
             for name, pid in self.pids.items():
                 self.rss_mb[name] = max(self.rss_mb[name], tree_rss_mb(pid)[0])
-                self.threads[name] = max(self.threads[name], _threads(pid))
+                self.threads[name] = max(self.threads[name], tree_status(pid, "Threads")[0])
             if self._stop.wait(0.5):
                 return
 
