@@ -16,13 +16,10 @@ parallel connections, which then all break in the same outage. On one connection
 batches cross the link one after the other while the earlier ones are being written,
 so the link stays busy, and an outage cuts only what was still on the wire.
 
-The gateway admits each stream's batches in the order they arrive (a batch may build on
-the ones before it that are still being written, see ``GatewayService.admit``); batches
-of different streams are decoded side by side, so an alert behind a port link's 50,000
-record batch is written while that one decodes (bench/link_drain.py --dark measured it
-waiting 0.3-5 s for the decodes ahead of it). It keeps at most :data:`UPLOAD_WINDOW`
-batches in progress per connection (then it stops reading: TCP flow control holds the
-ship back). A batch received whole is written even if the
+The gateway admits batches in the order they arrive (a batch may build on the ones
+before it that are still being written, see ``GatewayService.admit``) and keeps at most
+:data:`UPLOAD_WINDOW` of them in progress per connection (then it stops reading: TCP
+flow control holds the ship back). A batch received whole is written even if the
 connection breaks before its answer leaves: the ship finds it in the holdings. A
 connection whose token is revoked is closed within a second (1008), batch or none.
 """
@@ -38,7 +35,6 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from core_gateway.errors import ApiError
 from core_gateway.service import GatewayService
 from shorelink.logs import get_logger
-from shorelink.wire import WireError, peek_header
 
 __all__ = ["ROUTE", "UPLOADS", "UPLOAD_WINDOW", "close_uploads", "serve_upload"]
 
@@ -79,12 +75,7 @@ async def serve_upload(
         }
     )
     service.metrics.uploads.inc()
-    replies: asyncio.Queue[asyncio.Future[asyncio.Future[dict[str, Any]]] | None] = asyncio.Queue(
-        UPLOAD_WINDOW
-    )
-    #: per stream (None: a batch whose header does not parse or names no stream of the
-    #: site): its last batch's intake (checked, charged, decoded, admitted)
-    last: dict[str | None, asyncio.Future[asyncio.Future[dict[str, Any]]]] = {}
+    replies: asyncio.Queue[asyncio.Future[dict[str, Any]] | None] = asyncio.Queue(UPLOAD_WINDOW)
     answering = asyncio.create_task(_answer(service, ws, replies), name=f"upload:{ship}")
     watching = asyncio.create_task(_watch(service, ws, ship, token), name=f"revoked:{ship}")
     batches = 0
@@ -93,7 +84,7 @@ async def serve_upload(
         async for msg in ws:
             if msg.type is WSMsgType.BINARY:
                 batches += 1
-                await replies.put(_take(service, ship, token, msg.data, last))
+                await replies.put(await _receive(service, ship, token, msg.data))
             elif msg.type is WSMsgType.TEXT:
                 await ws.close(
                     code=WSCloseCode.UNSUPPORTED_DATA,
@@ -124,83 +115,32 @@ async def _watch(service: GatewayService, ws: web.WebSocketResponse, ship: str, 
             return
 
 
-def _stream(service: GatewayService, body: bytes) -> str | None:
-    """The site's stream a batch's header names (None: it does not parse, or names
-    another: refused in its turn)."""
-    try:
-        stream = peek_header(body, service.cfg.limits).stream
-    except WireError:
-        return None
-    return stream if stream in service.cfg.streams else None
-
-
-def _take(
-    service: GatewayService,
-    ship: str,
-    token: str,
-    body: bytes,
-    last: dict[str | None, asyncio.Future[asyncio.Future[dict[str, Any]]]],
-) -> asyncio.Future[asyncio.Future[dict[str, Any]]]:
-    """Start taking in one batch; what completes with its answer's future. Its bytes are
-    charged to the memory budget at once (a connection reads ahead of what it takes
-    in), and it is taken in after the batches of its stream that came before it."""
-    stream = _stream(service, body)
-    try:
-        service.reserve(ship, len(body))
-    except ApiError as exc:  # busy: answered so, in its order
-        done: asyncio.Future[asyncio.Future[dict[str, Any]]]
-        done = asyncio.get_running_loop().create_future()
-        done.set_result(_refused(exc))
-        return done
-    taken = asyncio.ensure_future(_in_turn(last.get(stream), service, ship, token, body))
-    last[stream] = taken
-    return taken
-
-
-async def _in_turn(
-    before: asyncio.Future[Any] | None,
-    service: GatewayService,
-    ship: str,
-    token: str,
-    body: bytes,
+async def _receive(
+    service: GatewayService, ship: str, token: str, body: bytes
 ) -> asyncio.Future[dict[str, Any]]:
-    """Admit one batch once ``before`` (its stream's batch before it) is taken in; a
-    refusal becomes an answered future. Releases the body's charge."""
+    """Admit one batch (in arrival order); a refusal becomes an answered future."""
     try:
-        if before is not None:
-            await asyncio.wait([before])
         service.authorize(ship, token)
-        return await service.receive(ship, None, body, held=len(body))
+        return await service.receive(ship, None, body)
     except ApiError as exc:
-        return _refused(exc)
-    finally:
-        service.release(ship, len(body))
-
-
-def _refused(exc: ApiError) -> asyncio.Future[dict[str, Any]]:
-    refused: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-    refused.set_exception(exc)
-    return refused
+        refused: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        refused.set_exception(exc)
+        return refused
 
 
 async def _answer(
     service: GatewayService,
     ws: web.WebSocketResponse,
-    replies: asyncio.Queue[asyncio.Future[asyncio.Future[dict[str, Any]]] | None],
+    replies: asyncio.Queue[asyncio.Future[dict[str, Any]] | None],
 ) -> None:
     """Send each batch's answer, in order. Runs to the end of the queue even when the
     connection is gone, so every write is waited for (and its holdings recorded)."""
-    while (taken := await replies.get()) is not None:
+    while (pending := await replies.get()) is not None:
         try:
-            reply = {"status": 200, **await (await taken)}
+            reply = {"status": 200, **await pending}
         except ApiError as exc:
             service.refused(exc, ROUTE)
             reply = {"status": exc.status, **exc.body()}
-        except Exception:  # a bug: the ship reconnects and resends from the holdings
-            log.exception("upload_failed")
-            with contextlib.suppress(ConnectionError, RuntimeError):
-                await ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"internal error")
-            continue
         service.metrics.requests.labels(ROUTE, str(reply["status"])).inc()
         if not ws.closed:
             with contextlib.suppress(ConnectionError, RuntimeError):

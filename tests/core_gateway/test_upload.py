@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,6 @@ import pytest
 
 from core_gateway import ingress
 from core_gateway.auth import Credentials
-from core_gateway.decoding import BatchDecoder
 from core_gateway.errors import KafkaWriteError
 from core_gateway.ingress import IngressWriter, Write
 from local_stack.kafka import KafkaBroker
@@ -82,49 +80,6 @@ async def test_upload_starts_with_holdings_and_pipelined_batches_are_written_onc
         assert hello["streams"]["containers"] == "1-1010"
         await ws.close()
     assert_exactly_once(kafka, gateway.ship, 1010)
-
-
-async def test_an_alert_behind_a_bulk_batch_on_the_same_connection_is_written_while_that_one_decodes(
-    gateway: RunningGateway, kafka: KafkaBroker, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A port link's large batch takes a second or more to decode; an alert the ship
-    sent right behind it on the same connection is decoded and written meanwhile
-    (bench/link_drain.py --dark: it waited 0.3-5 s for the decodes ahead of it). The
-    answers still come in the order the batches came, and each stream's batches are
-    taken in their order."""
-    gate = asyncio.Event()
-    decode = BatchDecoder.decode_proved
-
-    async def slow_bulk(self: BatchDecoder, body: bytes, keys: Any, *, urgent: bool = False) -> Any:
-        if not urgent:
-            await gate.wait()  # the bulk batch "decodes" until the test lets it end
-        return await decode(self, body, keys, urgent=urgent)
-
-    monkeypatch.setattr(BatchDecoder, "decode_proved", slow_bulk)
-    async with aiohttp.ClientSession() as s:
-        ws, _ = await _connect(s, gateway)
-        try:
-            await ws.send_bytes(batch(gateway.ship, 1, 100))
-            await ws.send_bytes(batch(gateway.ship, 101, 200))
-            await ws.send_bytes(batch(gateway.ship, 1, 1, stream="alerts"))
-            alerts: Counter[int] = Counter()
-            for _ in range(100):  # bounded: 10 s
-                alerts = await asyncio.to_thread(ingress_seqs, kafka, gateway.ship, "alerts")
-                if alerts:
-                    break
-                await asyncio.sleep(0.1)
-            assert alerts == {1: 1}, "the alert waited for the bulk batch's decode"
-            assert not await asyncio.to_thread(ingress_seqs, kafka, gateway.ship)
-        finally:
-            gate.set()
-        answers = [await _answer(ws) for _ in range(3)]
-        assert [(a["status"], a["stream"], a["held"]) for a in answers] == [
-            (200, "containers", "1-100"),
-            (200, "containers", "1-200"),
-            (200, "alerts", "1"),
-        ]
-        await ws.close()
-    assert_exactly_once(kafka, gateway.ship, 200)
 
 
 async def test_upload_refusals_are_answers_and_the_connection_goes_on(
