@@ -48,6 +48,7 @@ __all__ = [
     "tree_rss_mb",
     "tree_status",
     "work_dir",
+    "write_size_report",
 ]
 
 
@@ -166,6 +167,59 @@ def run_bench(
             bench.cleanup()
     print(json.dumps(result, indent=2), file=out or sys.stdout, flush=True)
     return 0
+
+
+# -- a report of costs against a size ----------------------------------------------------
+def _dig(d: Any, dotted: str) -> float | None:
+    for part in dotted.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return float(d) if isinstance(d, (int, float)) else None
+
+
+def write_size_report(
+    path: Path,
+    title: str,
+    result: dict[str, Any],
+    x: str,
+    charts: list[tuple[str, str, dict[str, str]]],
+) -> Path:
+    """An HTML page at ``path``: one chart per cost against the size ``x`` of each of
+    ``result["sizes"]`` (each chart: its title, its y label, and its lines as label ->
+    dotted key into a size's figures), then the result's JSON. Charts as embedded PNG
+    (matplotlib), so the page is one file."""
+    import base64
+    import html
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    sizes = result.get("sizes", [])
+    xs = [s[x] for s in sizes]
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+    for name, ylabel, lines in charts:
+        fig = Figure(figsize=(7, 3))
+        ax = fig.add_subplot()
+        for label, key in lines.items():
+            ys = [_dig(s, key) for s in sizes]
+            ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", label=label)
+        ax.set_title(name)
+        ax.set_xlabel(x)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize="small")
+        FigureCanvasAgg(fig)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+        data = base64.b64encode(buf.getvalue()).decode()
+        parts.append(f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">')
+    parts.append(f"<pre>{html.escape(json.dumps(result, indent=2))}</pre>")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        + "\n".join(parts)
+    )
+    return path
 
 
 # -- reading a process's Prometheus metrics ---------------------------------------------

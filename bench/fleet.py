@@ -23,9 +23,11 @@ each fleet size N (``--ships``, default 50, 200 and 700):
 
 Printed per size: records/s through the gateway, alert latency, peak RSS, threads, CPU
 per record, the credentials file's bytes; then how each grows from the smallest size to
-the largest, per ship (``growth``: 1.0 is flat per ship). What this part leaves to the
-rest of the issue: the site's Spark merge at N origins, M neighbours' relay traffic, the
-marker's and relay index's bytes, the operations page (see the issue's closing note).
+the largest, per ship (``growth``: 1.0 is flat per ship). ``--report DIR`` also writes
+``DIR/fleet.html``, each cost charted against the fleet size. The site's side (its
+application at M neighbours: threads, Kafka clients, the marker's and relay index's
+bytes, the merge state per origin, the operations page) is ``bench/site_scale.py``; one
+merge's ceiling, ``bench/realtime_mode.py --modes puller``.
 
     .venv/bin/python bench/fleet.py --quick      # 10 and 50 ships, about a minute
     .venv/bin/python bench/fleet.py              # 50, 200 and 700 ships
@@ -59,6 +61,7 @@ from _common import (
     tree_cpu_s,
     tree_rss_mb,
     tree_status,
+    write_size_report,
 )
 from _stack import SITE, STREAM, Stack, wire_records
 
@@ -139,6 +142,11 @@ class Bench:
         self.result["exactly_once"] = all(s["exactly_once"] for s in sizes)
         self.result["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
         self.result["seconds_total"] = round(time.monotonic() - t0, 1)
+        if a.report:
+            page = write_size_report(
+                a.report / "fleet.html", "bench/fleet.py", self.result, "ships", _CHARTS
+            )
+            say(f"report: {page}")
         return self.result
 
     def size(self, n: int) -> dict[str, Any]:
@@ -277,6 +285,24 @@ async def retry_after(gw: HttpGateway) -> None:
     await asyncio.sleep(random.uniform(0.5, 1.5))
 
 
+#: the report's charts: title, y label, lines (label -> a size's figure)
+_CHARTS = [
+    ("records/s through the gateway", "records/s", {"gateway": "gateway_records_s"}),
+    ("an alert's answer during the load", "ms", {"p50": "alert_ms.p50", "p99": "alert_ms.p99"}),
+    (
+        "peak RSS (with child processes)",
+        "MB",
+        {"gateway": "peak_rss_mb.gateway", "kafka": "peak_rss_mb.kafka"},
+    ),
+    (
+        "CPU per record",
+        "µs",
+        {"gateway": "cpu_us_per_record.gateway", "kafka": "cpu_us_per_record.kafka"},
+    ),
+    ("uploads refused busy and retried", "uploads", {"retried": "uploads_retried"}),
+]
+
+
 def _growth(sizes: list[dict[str, Any]]) -> dict[str, Any]:
     """From the smallest size to the largest: how each cost grew against the ships
     (1.0: in proportion to the ships; below: cheaper per ship at scale)."""
@@ -340,6 +366,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=0.5,
         help="seconds between the alerts sent during the load (default 0.5)",
+    )
+    p.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also write DIR/fleet.html: each cost charted against the fleet size",
     )
     a = p.parse_args(argv)
     fill_defaults(a, {"ships": ([10, 50], [50, 200, 700]), "records_per_ship": (1000, 3000)})
