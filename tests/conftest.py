@@ -109,6 +109,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: order.get(item.nodeid.split("::")[0], len(order)))
 
 
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: ``alone``, a ``HEAVY_UNITS`` name or its file."""
+    path = nodeid.split("::")[0]
+    return "alone" if path in ALONE else HEAVY_UNITS.get(path, path)
+
+
+#: seconds of test (setup, call, teardown) per xdist worker and per unit of work, as
+#: the workers report them to the controller: where a lane's wall time goes
+_WORKER_BUSY: dict[str, float] = {}
+_UNIT_BUSY: dict[tuple[str, str], float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)  # set by xdist on the controller only
+    gateway = getattr(node, "gateway", None)
+    if gateway is None:
+        return
+    _WORKER_BUSY[gateway.id] = _WORKER_BUSY.get(gateway.id, 0.0) + report.duration
+    key = (gateway.id, unit_of(report.nodeid))
+    _UNIT_BUSY[key] = _UNIT_BUSY.get(key, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Per worker, the seconds its tests took and its three longest units: a lane whose
+    workers end far apart is badly balanced (``HEAVY_UNITS``, ``SLOW_LIGHT``); one whose
+    workers all took about its wall time is bound by the cores (scripts/test prints how
+    busy they were)."""
+    if not _WORKER_BUSY:
+        return
+    terminalreporter.section("time per worker")
+    for worker, busy in sorted(_WORKER_BUSY.items()):
+        units = sorted(((s, u) for (w, u), s in _UNIT_BUSY.items() if w == worker), reverse=True)
+        top = ", ".join(f"{u} {s:.0f} s" for s, u in units[:3])
+        terminalreporter.write_line(
+            f"{worker}: {busy:.0f} s in {len(units)} units (longest: {top})"
+        )
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """The ``HEAVY`` files in their two units of work (``HEAVY_UNITS``; ``ALONE`` in
     one), each other file a unit, in collection order (the heavy units first, so they
@@ -117,8 +155,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     class Lanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::")[0]
-            return "alone" if path in ALONE else HEAVY_UNITS.get(path, path)
+            return unit_of(nodeid)
 
     config.option.loadscopereorder = False
     return Lanes(config, log)
