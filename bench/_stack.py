@@ -119,8 +119,11 @@ class Stack:
         link: bool = False,
         secure: bool = False,
         limits: dict[str, Any] | None = None,
+        streams: tuple[str, ...] = ("alerts", "nav", "containers"),
     ) -> None:
         self.work = work
+        #: the gateway's streams (its ``streams``)
+        self.streams = streams
         #: the gateway's ``[limits]`` besides its defaults
         self.limits = dict(limits or {})
         self.secure = secure
@@ -203,7 +206,7 @@ class Stack:
         doc: dict[str, Any] = {
             "site": SITE,
             "credentials_file": str(creds.path),
-            "streams": ["alerts", "nav", "containers"],
+            "streams": list(self.streams),
             "log_level": "info",
             "listen": {"host": "127.0.0.1", "port": self.gw_port},
             "metrics": {"host": "127.0.0.1", "port": self.gw_metrics_port},

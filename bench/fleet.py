@@ -6,11 +6,16 @@ Kafka cost as the fleet grows, per ship. All real, on loopback: a single-node Ka
 the gateway as a process of its own (``bench/_stack.py``), a fresh stack per size. For
 each fleet size N (``--ships``, default 50, 200 and 700):
 
-1. every ship uploads ``--records-per-ship`` container readings (2,500 containers
-   reporting hourly is about 60,000 a day; the default is a slice of that) as batches of
-   ``--batch`` through the edge agent's own client (``HttpGateway``: the WebSocket
-   upload), ``--window`` in flight per ship, all ships at once, with a token and
-   credentials each;
+1. every ship uploads a slice of its day on its real streams (``bench/_shipday.py``,
+   from the voyage's generators): container readings (2,500 containers reporting
+   hourly), AIS every 10 s and the ship's own sensors (``nav``), the ship report
+   (``agent``), in a real day's proportions, ``--records-per-ship`` records. Most ships
+   are at sea and send the satellite link's batches (200 records); a
+   ``--docking-share`` of them dock with a month's backlog (``--backlog`` times as many
+   records) and send the port link's batches (50,000 records, 8 MiB). Each ship
+   uploads through the edge agent's own client (``HttpGateway``: the WebSocket
+   upload), its streams in the agent's priority order, ``--window`` batches in flight,
+   all ships at once, with a token and credentials each;
 2. meanwhile one ship raises an alert every ``--alert-every`` seconds on its ``alerts``
    stream (a batch of one record, on its own upload connection): the time from send to
    the gateway's answer, which comes once Kafka committed it, is the alert's latency
@@ -18,16 +23,17 @@ each fleet size N (``--ships``, default 50, 200 and 700):
 3. sampled every 0.5 s while it runs: the gateway's and Kafka's RSS and threads;
    CPU seconds of each over the load (``/proc``); each with its child processes (the
    gateway's decode workers);
-4. ``sl.ingress.containers`` read to its end (read_committed): every seq of every ship
-   once.
+4. ``sl.ingress.<stream>`` of every stream read to its end (read_committed): every seq
+   of every ship once.
 
-Printed per size: records/s through the gateway, alert latency, peak RSS, threads, CPU
-per record, the credentials file's bytes; then how each grows from the smallest size to
-the largest, per ship (``growth``: 1.0 is flat per ship). ``--report DIR`` also writes
-``DIR/fleet.html``, each cost charted against the fleet size. The site's side (its
-application at M neighbours: threads, Kafka clients, the marker's and relay index's
-bytes, the merge state per origin, the operations page) is ``bench/site_scale.py``; one
-merge's ceiling, ``bench/realtime_mode.py --modes puller``.
+Printed per size: records/s through the gateway (all streams, and per stream), alert
+latency, peak RSS, threads, CPU per record, the credentials file's bytes; then how each
+grows from the smallest size to the largest, per ship (``growth``: 1.0 is flat per
+ship). ``--report DIR`` also writes ``DIR/fleet.html``, each cost charted against the
+fleet size. The site's side (its application at M neighbours: threads, Kafka clients,
+the marker's and relay index's bytes, the merge state per origin, the operations page)
+is ``bench/site_scale.py``; one merge's ceiling, ``bench/realtime_mode.py --modes
+puller``.
 
     .venv/bin/python bench/fleet.py --quick      # 10 and 50 ships, about a minute
     .venv/bin/python bench/fleet.py              # 50, 200 and 700 ships
@@ -63,7 +69,8 @@ from _common import (
     tree_status,
     write_size_report,
 )
-from _stack import SITE, STREAM, Stack, wire_records
+from _shipday import DAY, STREAMS, ShipDay, link_of, ship_day
+from _stack import SITE, Stack
 
 from local_stack.process import Proc
 from shorelink.errors import ShorelinkError
@@ -110,6 +117,9 @@ class Bench:
         #: ships' uploads that failed (a link error, a 503 busy) and went on after
         #: asking the site what it held, in the current size
         self.retries = 0
+        #: per stream: seconds from the start of the load to its last batch answered
+        self.stream_done: dict[str, float] = {}
+        self.days: list[ShipDay] = []
         self.result: dict[str, Any] = {"benchmark": "fleet", "site": SITE}
 
     @property
@@ -126,12 +136,19 @@ class Bench:
         self.result["config"] = {
             "ships": a.ships,
             "records_per_ship": a.records_per_ship,
-            "batch": a.batch,
+            "day": {k: {"stream": s, "records": n} for k, (s, n) in DAY.items()},
+            "docking_share": a.docking_share,
+            "backlog": a.backlog,
+            "batch": {
+                "at_sea": link_of(False).batch_max_records,
+                "docking": link_of(True).batch_max_records,
+            },
             "window": a.window,
             "alert_every_s": a.alert_every,
             "max_uploads": a.max_uploads or "ships + 1",
         }
         self.result["loadavg_1m_at_start"] = round(os.getloadavg()[0], 2)
+        self.days = build_days(max(a.ships), a.records_per_ship, a.docking_share, a.backlog)
         sizes: list[dict[str, Any]] = []
         for n in a.ships:
             sizes.append(self.size(n))
@@ -151,36 +168,55 @@ class Bench:
 
     def size(self, n: int) -> dict[str, Any]:
         a = self.args
-        ships = [f"fleet{i:04d}" for i in range(1, n + 1)]
+        days = self.days[:n]
+        ships = [d.ship for d in days]
         work = self.work / f"ships-{n}"
         work.mkdir(parents=True, exist_ok=True)
         say(f"=== {n} ships: starting kafka and the gateway")
         # every ship, and the alerting one twice, holds an upload open at once: the
         # default limits.max_uploads (32) would turn the rest away (503 busy)
         uploads = a.max_uploads or n + 1
-        self.stack = stack = Stack(work, ships, say, limits={"max_uploads": uploads})
+        self.stack = stack = Stack(
+            work, ships, say, limits={"max_uploads": uploads}, streams=("alerts", *STREAMS)
+        )
         stack.start()
         assert stack.kafka is not None and stack.gateway is not None
         gw_pid, kafka_pid = stack.gateway.pid, stack.kafka.proc.pid
-        bodies = {s: self._bodies(s, i) for i, s in enumerate(ships)}
-        last = dict.fromkeys(ships, a.records_per_ship)
-        records = n * a.records_per_ship
-        say(f"{n} ships: {records} records, {sum(map(len, bodies.values()))} batches")
+        per_stream = {s: sum(d.last.get(s, 0) for d in days) for s in STREAMS}
+        records = sum(per_stream.values())
+        docking = sum(d.docking for d in days)
+        batches = sum(len(b) for d in days for b in d.batches.values())
+        say(f"{n} ships ({docking} docking): {records} records {per_stream}, {batches} batches")
         self.retries = 0
+        self.stream_done = {}
         cpu0 = {"gateway": tree_cpu_s(gw_pid), "kafka": tree_cpu_s(kafka_pid)}
         with Sampler({"gateway": gw_pid, "kafka": kafka_pid}) as sampled:
-            elapsed, alerts = asyncio.run(self._load(stack, bodies, last, ships[0]))
+            elapsed, alerts = asyncio.run(self._load(stack, days, ships[0]))
         cpu = {
             k: tree_cpu_s(pid) - cpu0[k] for k, pid in (("gateway", gw_pid), ("kafka", kafka_pid))
         }
-        ok, detail, verify_s = stack.verify(last)
+        streams: dict[str, dict[str, Any]] = {}
+        verify_s = 0.0
+        for stream in STREAMS:
+            ok, detail, took = stack.verify({d.ship: d.last[stream] for d in days}, stream)
+            verify_s += took
+            done = self.stream_done.get(stream, elapsed)
+            streams[stream] = {
+                "records": per_stream[stream],
+                "records_s": round(per_stream[stream] / elapsed),
+                "done_s": round(done, 2),
+                "exactly_once": ok and all(d["missing"] == 0 for d in detail.values()),
+            }
         say(f"{n} ships: {records / elapsed:.0f} records/s; alert p99 {pct(alerts, 0.99)} ms")
         return {
             "ships": n,
+            "docking_ships": docking,
             "max_uploads": uploads,
             "records": records,
+            "batches": batches,
             "seconds": round(elapsed, 2),
             "gateway_records_s": round(records / elapsed),
+            "streams": streams,
             "uploads_retried": self.retries,
             "alert_ms": {
                 "count": len(alerts),
@@ -193,20 +229,12 @@ class Bench:
             "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
             "cpu_us_per_record": {k: round(v / records * 1e6, 1) for k, v in cpu.items()},
             "credentials_file_bytes": (work / "gateway" / "ships.json").stat().st_size,
-            "exactly_once": ok and all(d["missing"] == 0 for d in detail.values()),
-            "verify_s": verify_s,
+            "exactly_once": all(s["exactly_once"] for s in streams.values()),
+            "verify_s": round(verify_s, 1),
         }
 
-    def _bodies(self, ship: str, seed: int) -> list[bytes]:
-        a = self.args
-        recs = wire_records(ship, 1, a.records_per_ship, seed)
-        return [
-            encode_batch(Batch(ship, STREAM, tuple(recs[i : i + a.batch])))
-            for i in range(0, len(recs), a.batch)
-        ]
-
     async def _load(
-        self, stack: Stack, bodies: dict[str, list[bytes]], last: dict[str, int], alerter: str
+        self, stack: Stack, days: list[ShipDay], alerter: str
     ) -> tuple[float, list[float]]:
         """Every ship's upload at once, and an alert every ``--alert-every`` seconds
         from ``alerter`` until the uploads are done: the seconds the uploads took and
@@ -227,8 +255,8 @@ class Bench:
         )
         assert proc.stdin is not None
         try:
-            t0 = time.perf_counter()
-            await asyncio.gather(*(self._ship(stack, s, bodies[s], last[s]) for s in bodies))
+            self.t_load = t0 = time.perf_counter()
+            await asyncio.gather(*(self._ship(stack, d) for d in days))
             elapsed = time.perf_counter() - t0
         finally:
             proc.stdin.close()  # the alerter stops at the end of its input
@@ -237,41 +265,79 @@ class Bench:
             raise RuntimeError(f"the alerter failed (exit {proc.returncode})")
         return elapsed, [float(x) for x in json.loads(out)]
 
-    async def _ship(self, stack: Stack, ship: str, bodies: list[bytes], last: int) -> None:
-        """One ship's upload, as its agent does it: ``--window`` batches in flight; when
-        the link fails (a ``503 busy`` too: the gateway's memory budget or upload slots
-        are full), wait, ask the site what it holds and go on from there."""
+    async def _ship(self, stack: Stack, day: ShipDay) -> None:
+        """One ship's upload, as its agent does it: its streams in priority order on
+        one connection, ``--window`` batches in flight; when the link fails (a ``503
+        busy`` too: the gateway's memory budget or upload slots are full), wait, ask
+        the site what it holds and go on from there."""
         from edge_agent.errors import LinkError
 
-        gw = _client(stack.gw_url, "port_wifi", ship, stack.tokens[ship])
-        per = self.args.batch
+        ship = day.ship
+        gw = _client(
+            stack.gw_url, "port_wifi" if day.docking else "satellite", ship, stack.tokens[ship]
+        )
         slots = asyncio.Semaphore(self.args.window)
-        held = 0
+        held = dict.fromkeys(day.batches, 0)
+        last = day.last
 
-        async def send(body: bytes) -> None:
-            nonlocal held
+        async def send(stream: str, body: bytes) -> None:
             async with slots:
-                held = max(held, (await gw.send(STREAM, body)).held.contiguous_end())
+                got = (await gw.send(stream, body)).held.contiguous_end()
+            held[stream] = max(held[stream], got)
+            if held[stream] >= last[stream]:
+                done = time.perf_counter() - self.t_load
+                self.stream_done[stream] = max(self.stream_done.get(stream, 0.0), done)
 
         try:
             for _ in range(MAX_TRIES):
-                if held >= last:
+                if all(held[s] >= last[s] for s in last):
                     return
                 try:
                     async with asyncio.TaskGroup() as tg:  # one fails: the rest are cancelled
-                        for body in bodies[held // per :]:
-                            tg.create_task(send(body))
+                        for stream in STREAMS:
+                            for end, body in day.batches[stream]:
+                                if end > held[stream]:
+                                    tg.create_task(send(stream, body))
                     continue
                 except* LinkError:
                     self.retries += 1
                 try:
                     await retry_after(gw)
-                    held = (await gw.holdings())[STREAM].contiguous_end()
+                    holdings = await gw.holdings()
+                    for s in held:
+                        if s in holdings:
+                            held[s] = holdings[s].contiguous_end()
                 except LinkError:  # no slot for the holdings either: the next turn asks again
                     self.retries += 1
             raise RuntimeError(f"{ship}: not done after {MAX_TRIES} tries")
         finally:
             await gw.close()
+
+
+def docks(i: int, share: float) -> bool:
+    """Whether the ``i``-th ship (from 0) is one of those docking: ``share`` of every
+    fleet's first ships, spread evenly (the first of each 1/share ships)."""
+    return int((i + 1) * share) > int(i * share)
+
+
+def build_days(ships: int, records: int, share: float, backlog: int) -> list[ShipDay]:
+    """The days of ships ``fleet0001``..: built once for the largest size (the smaller
+    fleets are its first ships), in two worker processes."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    t0 = time.monotonic()
+    names = [f"fleet{i:04d}" for i in range(1, ships + 1)]
+    now = time.time()
+    jobs = [(s, i, records, docks(i, share), backlog, now) for i, s in enumerate(names)]
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        days = list(pool.map(_day, jobs, chunksize=8))
+    say(f"{ships} ships' days built in {time.monotonic() - t0:.1f} s")
+    return days
+
+
+def _day(job: tuple[str, int, int, bool, int, float]) -> ShipDay:
+    ship, i, records, docking, backlog, now = job
+    return ship_day(ship, i, records, docking=docking, backlog=backlog, now=now)
 
 
 #: tries of one ship's upload, or of one alert, before the bench gives up on the gateway
@@ -339,7 +405,7 @@ def _growth(sizes: list[dict[str, Any]]) -> dict[str, Any]:
 # -- command line --------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = bench_parser("bench/fleet.py", __doc__)
-    add_run_options(p, "10 and 50 ships, 1,000 records each: about a minute", "logs, configs")
+    add_run_options(p, "10 and 50 ships, 300 records each: about a minute", "logs, configs")
     p.add_argument(
         "--ships",
         type=lambda s: [int(x) for x in s.split(",")],
@@ -350,9 +416,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--records-per-ship",
         type=int,
         default=None,
-        help="container readings each ship uploads (default 3000; quick 1000)",
+        help="records a ship at sea uploads, its day's streams in a real day's "
+        "proportions (bench/_shipday.py; default 1000; quick 300)",
     )
-    p.add_argument("--batch", type=int, default=500, help="records a batch (default 500)")
+    p.add_argument(
+        "--docking-share",
+        type=float,
+        default=0.1,
+        help="share of the ships docking with a month's backlog, sent in the port "
+        "link's batches (default 0.1)",
+    )
+    p.add_argument(
+        "--backlog",
+        type=int,
+        default=30,
+        help="a docking ship's records, in records per ship (default 30: a month to a day)",
+    )
     p.add_argument("--window", type=int, default=2, help="batches in flight per ship (default 2)")
     p.add_argument(
         "--max-uploads",
@@ -375,8 +454,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also write DIR/fleet.html: each cost charted against the fleet size",
     )
     a = p.parse_args(argv)
-    fill_defaults(a, {"ships": ([10, 50], [50, 200, 700]), "records_per_ship": (1000, 3000)})
-    require_at_least_one(p, a, "records_per_ship", "batch", "window")
+    fill_defaults(a, {"ships": ([10, 50], [50, 200, 700]), "records_per_ship": (300, 1000)})
+    require_at_least_one(p, a, "records_per_ship", "backlog", "window")
+    if not 0 <= a.docking_share <= 1:
+        p.error("--docking-share must be between 0 and 1")
     if not a.ships or min(a.ships) < 1 or a.ships != sorted(a.ships):
         p.error("--ships must be fleet sizes of at least 1, smallest first")
     if a.alert_every <= 0:

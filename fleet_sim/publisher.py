@@ -33,6 +33,8 @@ __all__ = [
     "FleetStats",
     "Message",
     "mqtt_publish_bytes",
+    "position_payload",
+    "read_ais",
     "run_fleet",
     "ship_messages",
 ]
@@ -68,6 +70,21 @@ class Message:
 def _stream_of(topic: str) -> str:
     parts = topic.split("/")
     return {"containers": "containers", "nav": "nav", "cargo": "cargo"}.get(parts[2], "other")
+
+
+def position_payload(plan: VoyagePlan, ship: str, t: float) -> bytes:
+    """The ship's own position report (its ``nav/position`` payload: time, MMSI,
+    position, speed and course over ground) at wall offset ``t``."""
+    lat, lon, sog, cog = plan.position_at(ship, t)
+    body = {
+        "ts": int(plan.sim_time(t) * 1000),
+        "mmsi": plan.ship(ship).mmsi,
+        "lat": round(lat, 5),
+        "lon": round(lon, 5),
+        "sog": sog,
+        "cog": round(cog, 1),
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def ship_messages(
@@ -132,20 +149,8 @@ def ship_messages(
     k = 0
     while k * step <= end:
         t = k * step
-        lat, lon, sog, cog = plan.position_at(ship, t)
-        body = {
-            "ts": ts_ms(t),
-            "mmsi": sp.mmsi,
-            "lat": round(lat, 5),
-            "lon": round(lon, 5),
-            "sog": sog,
-            "cog": round(cog, 1),
-        }
-        out.append(
-            Message(
-                t, f"{prefix}/nav/position", json.dumps(body, separators=(",", ":")).encode(), "nav"
-            )
-        )
+        lat, lon, _sog, _cog = plan.position_at(ship, t)
+        out.append(Message(t, f"{prefix}/nav/position", position_payload(plan, ship, t), "nav"))
         at_sea = plan.phase_at(ship, t).kind == "sea"
 
         where = (t, lat, lon, at_sea)
