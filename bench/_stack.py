@@ -294,42 +294,187 @@ class Stack:
         return time.perf_counter() - t0, lat
 
     def verify(
-        self, expected: dict[str, int], stream: str = STREAM
+        self, expected: dict[str, int], stream: str = STREAM, topic: str | None = None
     ) -> tuple[bool, dict[str, dict[str, int]], float]:
-        """Read ``sl.ingress.<stream>`` to its end (read_committed): whether every origin
-        of ``expected`` (origin -> last seq) has each seq 1..last exactly once, per origin
-        seqs distinct, missing, doubled, unexpected, and the seconds the read took."""
+        """Read ``topic`` (default ``sl.ingress.<stream>``) to its end (read_committed):
+        whether every origin of ``expected`` (origin -> last seq) has each seq 1..last
+        exactly once, per origin seqs distinct, missing, doubled, unexpected, and the
+        seconds the read took."""
+        from shorelink.contract import ingress_topic
+
         t0 = time.monotonic()
-        from shorelink.contract import H_ORIGIN, H_SEQ, ingress_topic
-        from shorelink.kafka.reading import read_to_end
-
-        self.say(f"verify: reading {ingress_topic(stream)} to its end")
-        counts: dict[str, Counter[int]] = {}
-        for msg in read_to_end(self.endpoint, [ingress_topic(stream)], timeout=300):
-            h = dict(msg.headers() or [])
-            origin = h[H_ORIGIN].decode()
-            counts.setdefault(origin, Counter())[int(h[H_SEQ])] += 1
-
-        def check(origin: str, last: int) -> dict[str, int]:
-            c = counts.get(origin, Counter())
-            return {
-                "expected": last,
-                "distinct": len(c),
-                "missing": sum(1 for s in range(1, last + 1) if s not in c),
-                "doubled": sum(1 for v in c.values() if v > 1),
-                "unexpected": sum(1 for s in c if not 1 <= s <= last),
-            }
-
-        detail = {origin: check(origin, last) for origin, last in expected.items()}
-        ok = all(
-            d["distinct"] == d["expected"] and not d["doubled"] and not d["unexpected"]
-            for d in detail.values()
-        )
+        topic = topic or ingress_topic(stream)
+        self.say(f"verify: reading {topic} to its end")
+        counts, _ = read_identities(self.endpoint, topic)
+        ok, detail = check_once(counts, expected)
         totals = {
             k: sum(d[k] for d in detail.values()) for k in ("missing", "doubled", "unexpected")
         }
         self.say(f"verify: exactly once = {ok} ({len(detail)} origins; {totals})")
         return ok, detail, round(time.monotonic() - t0, 1)
+
+
+def read_identities(
+    endpoint: KafkaEndpoint, topic: str
+) -> tuple[dict[str, Counter[int]], list[float]]:
+    """``topic`` read to its end (read_committed): per origin, how often each seq came;
+    and for each record that carries ``sl.entered`` (a canonical topic's), the ms from
+    the gateway's write to this one's (its Kafka timestamp): the merge's lag."""
+    from shorelink.contract import H_ENTERED, H_ORIGIN, H_SEQ
+    from shorelink.kafka.reading import read_to_end, written_ms
+
+    counts: dict[str, Counter[int]] = {}
+    lags: list[float] = []
+    entered = H_ENTERED
+    for msg in read_to_end(endpoint, [topic], timeout=300):
+        h = dict(msg.headers() or [])
+        counts.setdefault(h[H_ORIGIN].decode(), Counter())[int(h[H_SEQ])] += 1
+        if entered in h:
+            at = written_ms(msg)
+            if at is not None:
+                lags.append(at - int(h[entered]))
+    return counts, lags
+
+
+def check_once(
+    counts: dict[str, Counter[int]], expected: dict[str, int]
+) -> tuple[bool, dict[str, dict[str, int]]]:
+    """Whether every origin of ``expected`` (origin -> last seq) came with each seq
+    1..last exactly once in ``counts``; per origin seqs distinct, missing, doubled,
+    unexpected."""
+
+    def check(origin: str, last: int) -> dict[str, int]:
+        c = counts.get(origin, Counter())
+        return {
+            "expected": last,
+            "distinct": len(c),
+            "missing": sum(1 for s in range(1, last + 1) if s not in c),
+            "doubled": sum(1 for v in c.values() if v > 1),
+            "unexpected": sum(1 for s in c if not 1 <= s <= last),
+        }
+
+    detail = {origin: check(origin, last) for origin, last in expected.items()}
+    ok = all(
+        d["distinct"] == d["expected"] and not d["doubled"] and not d["unexpected"]
+        for d in detail.values()
+    )
+    return ok, detail
+
+
+# -- the site's application ---------------------------------------------------------------
+class SiteApp:
+    """The site's Spark application on a :class:`Stack`'s Kafka, as ``shorelink-spark
+    site`` runs it in production (its own spark-submit, local mode): the merges of the
+    site's streams (the ingest puller and the backstop query; ``merge-urgent`` for the
+    alerts) into the canonical topics, the tables. Started after the gateway (which made
+    its own topics); the rest of the site's topics made first, as ``topics apply`` does.
+    ``merge``: the sites file's ``[sites.S.merge]`` keys besides the defaults. Stopped
+    with the stack (it is in ``stack.procs``)."""
+
+    def __init__(
+        self,
+        stack: Stack,
+        streams: tuple[str, ...],
+        *,
+        driver_memory: str = "1g",
+        merge: dict[str, Any] | None = None,
+    ) -> None:
+        self.stack = stack
+        self.streams = streams
+        self.driver_memory = driver_memory
+        self.merge = dict(merge or {})
+        self.root = stack.work / "site"
+        self.config = self.root / "sites.toml"
+        self.proc: Proc | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def sites_file(self) -> dict[str, Any]:
+        return {
+            "log_level": "warning",
+            "spark": {
+                "master": "local[2]",
+                "driver_memory": self.driver_memory,
+                "conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
+            },
+            "sites": {
+                SITE: {
+                    "streams": list(self.streams),
+                    "checkpoint_dir": str(self.root / "checkpoints"),
+                    "table_dir": str(self.root / "tables"),
+                    "trigger_interval": "1s",
+                    "kafka": {"bootstrap": self.stack.bootstrap},
+                    "merge": self.merge,
+                }
+            },
+        }
+
+    def start(self, timeout: float = 300.0) -> float:
+        """Start it and wait until its merge reports; the seconds that took."""
+        from spark_core.config import load_config
+        from spark_core.topics import apply_topics, site_specs
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.config.write_text(tomli_w.dumps(self.sites_file()))
+        apply_topics(self.stack.endpoint, site_specs(load_config(self.config), SITE))
+        self.stack.say("starting the site's application (spark-submit)")
+        t0 = time.monotonic()
+        argv = [sys.executable, "-m", "spark_core.cli", "site", "--site", SITE]
+        argv += ["--config", str(self.config)]
+        self.proc = Proc.start("site", argv, self.stack.logs / "site.log", cwd=REPO)
+        self.stack.procs.append(self.proc)
+        status = self.root / "checkpoints" / "merge.status.json"
+        self.proc.wait_ready(status.exists, timeout=timeout)
+        took = round(time.monotonic() - t0, 1)
+        self.stack.say(f"the site's application merges ({took} s to start)")
+        return took
+
+
+def wait_merged(
+    endpoint: KafkaEndpoint,
+    expected: dict[tuple[str, str], int],
+    timeout: float,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """Follow the site's ledger (``sl.ledger``: what its merge holds per ``(origin,
+    stream)``, written in the merge's transactions) until every ``(origin, stream)`` of
+    ``expected`` holds seqs 1..last, or ``timeout``: the epoch ms of the first entry
+    and of the entry that completed the last one (Kafka timestamps: when the merge
+    wrote them), and how many were complete."""
+    from shorelink.contract import LEDGER_TOPIC
+    from shorelink.kafka.reading import read_to_end, written_ms
+    from shorelink.ledger import decode_entry
+    from shorelink.ranges import RangeSet
+
+    want = {k: RangeSet([(1, last)]) for k, last in expected.items()}
+    done: dict[tuple[str, str], int] = {}
+    starts: dict[tuple[str, int], int] = {}
+    first_ms: int | None = None
+    deadline = time.monotonic() + timeout
+    said = time.monotonic()
+    while len(done) < len(want) and time.monotonic() < deadline:
+        for msg in read_to_end(endpoint, [LEDGER_TOPIC], starts=starts, timeout=60):
+            starts[(msg.topic() or "", msg.partition() or 0)] = (msg.offset() or 0) + 1
+            origin, stream, held = decode_entry(msg.key(), msg.value())
+            at = written_ms(msg) or 0
+            first_ms = at if first_ms is None else min(first_ms, at)
+            key = (origin, stream)
+            if key in want and key not in done and held.contains_all(want[key]):
+                done[key] = at
+        if time.monotonic() - said > 10:
+            said = time.monotonic()
+            say(f"merge: {len(done)}/{len(want)} (origin, stream) complete")
+        if len(done) < len(want):
+            time.sleep(0.5)
+    return {
+        "complete": len(done),
+        "expected": len(want),
+        "first_ms": first_ms,
+        "last_ms": max(done.values(), default=None),
+    }
 
 
 if __name__ == "__main__":

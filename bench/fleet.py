@@ -24,16 +24,28 @@ each fleet size N (``--ships``, default 50, 200 and 700):
    CPU seconds of each over the load (``/proc``); each with its child processes (the
    gateway's decode workers);
 4. ``sl.ingress.<stream>`` of every stream read to its end (read_committed): every seq
-   of every ship once.
+   of every ship once;
+5. with ``--merge`` (the default): the site's Spark application (``shorelink-spark
+   site``, ``bench/_stack.SiteApp``) started before the load merges behind the gateway
+   as in production (its ingest puller, the backstop query, ``merge-urgent`` for the
+   alerts, the tables; the ingress not purged, so that step 4 still reads it whole).
+   Its ledger is followed until every ``(origin, stream)`` is held: records/s through
+   the merge from the first upload to the ledger entry that completed the last one, how
+   long the merge trailed the gateway after its last answer, each record's lag behind
+   the gateway's write (its canonical timestamp minus ``sl.entered``; the alerts' on
+   their own), the application's RSS, threads and CPU (spark-submit's JVM, the Python
+   driver, pyspark's workers), each component's CPU over the whole (cores used: where
+   the time went), and every canonical topic ``sl.<stream>`` read back once per seq.
 
-Printed per size: records/s through the gateway (all streams, and per stream), alert
-latency, peak RSS, threads, CPU per record, the credentials file's bytes; then how each
+Printed per size: records/s through the gateway (all streams, and per stream) and the
+merge, alert latency, peak RSS, threads, CPU per record, the credentials file's bytes,
+the merge's figures (``merge``); then how each
 grows from the smallest size to the largest, per ship (``growth``: 1.0 is flat per
 ship). ``--report DIR`` also writes ``DIR/fleet.html``, each cost charted against the
 fleet size. The site's side (its application at M neighbours: threads, Kafka clients,
 the marker's and relay index's bytes, the merge state per origin, the operations page)
-is ``bench/site_scale.py``; one merge's ceiling, ``bench/realtime_mode.py --modes
-puller``.
+with neighbours is ``bench/site_scale.py``; one merge's ceiling, ``bench/realtime_mode.py
+--modes puller``.
 
     .venv/bin/python bench/fleet.py --quick      # 10 and 50 ships, about a minute
     .venv/bin/python bench/fleet.py              # 50, 200 and 700 ships
@@ -70,7 +82,7 @@ from _common import (
     write_size_report,
 )
 from _shipday import DAY, STREAMS, ShipDay, link_of, ship_day
-from _stack import SITE, Stack
+from _stack import SITE, SiteApp, Stack, check_once, read_identities, wait_merged
 
 from local_stack.process import Proc
 from shorelink.errors import ShorelinkError
@@ -182,6 +194,19 @@ class Bench:
         stack.start()
         assert stack.kafka is not None and stack.gateway is not None
         gw_pid, kafka_pid = stack.gateway.pid, stack.kafka.proc.pid
+        pids = {"gateway": gw_pid, "kafka": kafka_pid}
+        app: SiteApp | None = None
+        if a.merge:
+            # the ingress topics stay whole (no purge) so that the gateway's exactly-once
+            # check reads them after the merge as without it
+            app = SiteApp(
+                stack,
+                ("alerts", *STREAMS),
+                driver_memory=a.driver_memory,
+                merge={"purge_sources": False},
+            )
+            app_started_s = app.start()
+            pids["site"] = app.pid
         per_stream = {s: sum(d.last.get(s, 0) for d in days) for s in STREAMS}
         records = sum(per_stream.values())
         docking = sum(d.docking for d in days)
@@ -189,12 +214,18 @@ class Bench:
         say(f"{n} ships ({docking} docking): {records} records {per_stream}, {batches} batches")
         self.retries = 0
         self.stream_done = {}
-        cpu0 = {"gateway": tree_cpu_s(gw_pid), "kafka": tree_cpu_s(kafka_pid)}
-        with Sampler({"gateway": gw_pid, "kafka": kafka_pid}) as sampled:
+        cpu0 = {k: tree_cpu_s(pid) for k, pid in pids.items()}
+        merged: dict[str, Any] = {}
+        with Sampler(pids) as sampled:
             elapsed, alerts = asyncio.run(self._load(stack, days, ships[0]))
-        cpu = {
-            k: tree_cpu_s(pid) - cpu0[k] for k, pid in (("gateway", gw_pid), ("kafka", kafka_pid))
-        }
+            cpu = {k: tree_cpu_s(pids[k]) - cpu0[k] for k in ("gateway", "kafka")}
+            if app is not None:
+                expected = {(d.ship, st): d.last[st] for d in days for st in STREAMS}
+                if alerts:
+                    expected[(ships[0], "alerts")] = len(alerts)
+                say(f"{n} ships: waiting for the merge")
+                merged = wait_merged(stack.endpoint, expected, a.merge_timeout, say)
+                merged["cpu_s"] = {k: tree_cpu_s(pid) - cpu0[k] for k, pid in pids.items()}
         streams: dict[str, dict[str, Any]] = {}
         verify_s = 0.0
         for stream in STREAMS:
@@ -208,6 +239,10 @@ class Bench:
                 "exactly_once": ok and all(d["missing"] == 0 for d in detail.values()),
             }
         say(f"{n} ships: {records / elapsed:.0f} records/s; alert p99 {pct(alerts, 0.99)} ms")
+        merge: dict[str, Any] | None = None
+        if app is not None:
+            merge = self._merge(days, alerts, elapsed, merged, app_started_s, sampled)
+            say(f"{n} ships: the merge {merge['records_s']} records/s; lag {merge['lag_ms']}")
         return {
             "ships": n,
             "docking_ships": docking,
@@ -229,8 +264,66 @@ class Bench:
             "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
             "cpu_us_per_record": {k: round(v / records * 1e6, 1) for k, v in cpu.items()},
             "credentials_file_bytes": (work / "gateway" / "ships.json").stat().st_size,
-            "exactly_once": all(s["exactly_once"] for s in streams.values()),
+            "exactly_once": all(s["exactly_once"] for s in streams.values())
+            and (merge is None or merge["exactly_once"]),
             "verify_s": round(verify_s, 1),
+            "merge": merge,
+        }
+
+    def _merge(
+        self,
+        days: list[ShipDay],
+        alerts: list[float],
+        elapsed: float,
+        merged: dict[str, Any],
+        started_s: float,
+        sampled: Sampler,
+    ) -> dict[str, Any]:
+        """The merge's figures: records/s from the first upload to the last record
+        merged (the ledger's entry that completed the last ``(origin, stream)``), how
+        long it trailed the gateway, each record's lag behind the gateway's write, the
+        driver's cost; every canonical topic read back once per seq."""
+        from shorelink.contract import canonical_topic
+
+        assert self.stack is not None
+        streams: dict[str, dict[str, Any]] = {}
+        lags: list[float] = []
+        alert_lags: list[float] = []
+        t0 = time.monotonic()
+        for stream in (*STREAMS, "alerts"):
+            if stream == "alerts":
+                expected = {days[0].ship: len(alerts)} if alerts else {}
+            else:
+                expected = {d.ship: d.last[stream] for d in days}
+            say(f"merge: reading {canonical_topic(stream)} to its end")
+            counts, got = read_identities(self.stack.endpoint, canonical_topic(stream))
+            ok, detail = check_once(counts, expected)
+            (alert_lags if stream == "alerts" else lags).extend(got)
+            streams[stream] = {
+                "records": sum(expected.values()),
+                "exactly_once": ok and all(d["missing"] == 0 for d in detail.values()),
+            }
+        records = sum(s["records"] for s in streams.values())
+        last_ms = merged.get("last_ms")
+        complete = merged.get("complete") == merged.get("expected")
+        seconds = last_ms / 1000 - self.t_load_epoch if complete and last_ms else None
+        cpu = merged.get("cpu_s", {})
+        return {
+            "started_s": started_s,
+            "records": records,
+            "complete": f"{merged.get('complete')}/{merged.get('expected')}",
+            "seconds": r3(seconds),
+            "records_s": round(records / seconds) if seconds else None,
+            "tail_after_gateway_s": r3(seconds - elapsed) if seconds else None,
+            "lag_ms": _spread(lags),
+            "alert_lag_ms": _spread(alert_lags),
+            "streams": streams,
+            "exactly_once": complete and all(s["exactly_once"] for s in streams.values()),
+            "site_peak_rss_mb": sampled.rss_mb.get("site"),
+            "site_peak_threads": sampled.threads.get("site"),
+            "cpu_s": {k: round(v, 1) for k, v in cpu.items()},
+            "cores": {k: round(v / seconds, 2) for k, v in cpu.items()} if seconds else None,
+            "verify_s": round(time.monotonic() - t0, 1),
         }
 
     async def _load(
@@ -255,6 +348,7 @@ class Bench:
         )
         assert proc.stdin is not None
         try:
+            self.t_load_epoch = time.time()
             self.t_load = t0 = time.perf_counter()
             await asyncio.gather(*(self._ship(stack, d) for d in days))
             elapsed = time.perf_counter() - t0
@@ -314,6 +408,10 @@ class Bench:
             await gw.close()
 
 
+def _spread(ms: list[float]) -> dict[str, float | None]:
+    return {"p50": r3(pct(ms, 0.5)), "p99": r3(pct(ms, 0.99)), "max": r3(max(ms, default=None))}
+
+
 def docks(i: int, share: float) -> bool:
     """Whether the ``i``-th ship (from 0) is one of those docking: ``share`` of every
     fleet's first ships, spread evenly (the first of each 1/share ships)."""
@@ -353,12 +451,25 @@ async def retry_after(gw: HttpGateway) -> None:
 
 #: the report's charts: title, y label, lines (label -> a size's figure)
 _CHARTS = [
-    ("records/s through the gateway", "records/s", {"gateway": "gateway_records_s"}),
+    (
+        "records/s through the gateway and the merge",
+        "records/s",
+        {"gateway": "gateway_records_s", "merge": "merge.records_s"},
+    ),
+    (
+        "the merge's lag behind the gateway",
+        "ms",
+        {"p50": "merge.lag_ms.p50", "p99": "merge.lag_ms.p99"},
+    ),
     ("an alert's answer during the load", "ms", {"p50": "alert_ms.p50", "p99": "alert_ms.p99"}),
     (
         "peak RSS (with child processes)",
         "MB",
-        {"gateway": "peak_rss_mb.gateway", "kafka": "peak_rss_mb.kafka"},
+        {
+            "gateway": "peak_rss_mb.gateway",
+            "kafka": "peak_rss_mb.kafka",
+            "site application": "peak_rss_mb.site",
+        },
     ),
     (
         "CPU per record",
@@ -393,6 +504,14 @@ def _growth(sizes: list[dict[str, Any]]) -> dict[str, Any]:
         ),
         "gateway_threads_ratio": round(
             large["peak_threads"]["gateway"] / max(1, small["peak_threads"]["gateway"]), 2
+        ),
+        "merge_records_s_ratio": (
+            round(large["merge"]["records_s"] / small["merge"]["records_s"], 3)
+            if large.get("merge")
+            and small.get("merge")
+            and small["merge"]["records_s"]
+            and large["merge"]["records_s"]
+            else None
         ),
         "gateway_cpu_per_record_ratio": (
             round(large["cpu_us_per_record"]["gateway"] / small["cpu_us_per_record"]["gateway"], 3)
@@ -433,6 +552,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a docking ship's records, in records per ship (default 30: a month to a day)",
     )
     p.add_argument("--window", type=int, default=2, help="batches in flight per ship (default 2)")
+    p.add_argument(
+        "--merge",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the site's Spark application downstream of the gateway and measure "
+        "the merge (default on; --no-merge: the gateway and Kafka alone)",
+    )
+    p.add_argument(
+        "--merge-timeout",
+        type=float,
+        default=900.0,
+        help="seconds to wait for the merge after the uploads (default 900)",
+    )
+    p.add_argument(
+        "--driver-memory",
+        default="2g",
+        help="the site application's driver memory (default 2g)",
+    )
     p.add_argument(
         "--max-uploads",
         type=int,

@@ -82,6 +82,8 @@ SLOW_LIGHT = (
     "tests/spark_core/test_access.py",
     "tests/test_install.py",
     "tests/core_gateway/test_transactions.py",
+    # bench/fleet.py at 3 ships: its own Kafka, gateway and site application
+    "tests/test_fleet_bench.py",
     # the gateway image built once, then played by podman kube play and the Quadlet line
     "tests/test_deploy_files.py",
 )

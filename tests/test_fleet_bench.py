@@ -1,7 +1,8 @@
 """The fleet bench (``bench/fleet.py``): its ships send a real day's streams in a real
 day's proportions (the figures it prints are about that profile, not about container
 readings alone), docking ships in the port link's batches, and a tiny fleet's run ends
-with every record of every stream once at the site."""
+with every record of every stream once at the gateway's ingress and, merged by the
+site's application, once in the canonical topics."""
 
 from __future__ import annotations
 
@@ -51,10 +52,14 @@ def test_a_docking_ship_sends_its_backlog_in_port_batches_and_a_ship_at_sea_in_s
     assert len(dock.batches["containers"]) == 1 < len(sea.batches["containers"])
 
 
-@pytest.mark.timeout(240)
-def test_a_tiny_fleet_run_holds_every_stream_of_every_ship_exactly_once(tmp_path: Path) -> None:
-    """bench/fleet.py end to end at 3 ships (one docking): its result says every stream
-    was checked and held once, with per-stream figures."""
+@pytest.mark.spark
+@pytest.mark.timeout(300)
+def test_a_tiny_fleet_run_holds_every_stream_exactly_once_at_the_gateway_and_after_the_merge(
+    tmp_path: Path,
+) -> None:
+    """bench/fleet.py end to end at 3 ships (one docking), the site's application
+    merging behind the gateway: its result says every stream was checked and held once
+    at the gateway's ingress and in the canonical topics, with the merge's figures."""
     argv = [
         sys.executable,
         str(ROOT / "bench" / "fleet.py"),
@@ -66,7 +71,7 @@ def test_a_tiny_fleet_run_holds_every_stream_of_every_ship_exactly_once(tmp_path
             argv, stdout=subprocess.PIPE, stderr=err_file, start_new_session=True, cwd=ROOT
         )
         try:
-            out, _ = proc.communicate(timeout=200)
+            out, _ = proc.communicate(timeout=260)
         finally:
             if proc.returncode is None:  # the bench stops every process it started
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -78,6 +83,11 @@ def test_a_tiny_fleet_run_holds_every_stream_of_every_ship_exactly_once(tmp_path
     assert size["records"] == 2 * 200 + 5 * 200
     assert set(size["streams"]) == set(STREAMS)
     assert all(s["exactly_once"] and s["records"] > 0 for s in size["streams"].values()), size
+    merge = size["merge"]
+    assert set(merge["streams"]) == {*STREAMS, "alerts"}
+    assert all(s["exactly_once"] for s in merge["streams"].values()), merge
+    assert merge["records"] == size["records"] + size["alert_ms"]["count"]
+    assert merge["records_s"] > 0 and merge["lag_ms"]["p99"] is not None
     assert size["exactly_once"]
     assert size["alert_ms"]["count"] >= 1
     assert proc.returncode == 0
