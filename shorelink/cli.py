@@ -1,4 +1,4 @@
-"""``shorelink``: the project-level command (audit, consume; the commands other installed
+"""``shorelink``: the project-level command (audit, consume, ship-key, dict, fleet; the commands other installed
 packages add, such as the local stack's ``shorelink stack ...``).
 
 The kernel imports nothing of the project above it. Another package extends this command
@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from shorelink.cli_support import BOOTSTRAP_LOCATOR, fail
+from shorelink.cli_support import BOOTSTRAP_LOCATOR, fail, seq_bound, stream_seqs
 from shorelink.errors import ShorelinkError
 from shorelink.extras import missing_extra, needs_extra
 from shorelink.files import write_atomic
+from shorelink.fleet.cli import fleet
 from shorelink.textout import table, wrap
 
 if TYPE_CHECKING:
@@ -469,7 +470,7 @@ def ship_key_new(
             bounds = dict(keys.unsigned_below)
             bounds.pop(ship, None)
             if unsigned_below:
-                bounds[ship] = _stream_seqs(unsigned_below, "--unsigned-below")
+                bounds[ship] = stream_seqs(unsigned_below, "--unsigned-below")
             previous = dict(keys.previous)
             if ship in keys.ships:  # --replace: the old key, newest first, once
                 old = keys.public_keys([ship])[ship]
@@ -639,17 +640,6 @@ def ship_key_remove(ship: str, keys_path: Path) -> None:
         )
 
 
-def _stream_seqs(items: Sequence[str], option: str) -> dict[str, int]:
-    """``STREAM=SEQ`` options as a mapping; a ShorelinkError naming a bad one."""
-    out = {}
-    for item in items:
-        stream, _, seq = item.partition("=")
-        if not seq.isdigit() or int(seq) < 1:
-            raise ShorelinkError(f"{option} {item!r}: give STREAM=SEQ, SEQ >= 1")
-        out[stream] = int(seq)
-    return out
-
-
 def _revoke_bound(replace: bool, revoke: bool, items: Sequence[str]) -> int | dict[str, int] | None:
     """The old key's ``valid_below`` that ``--revoke --from ...`` give (None: the old
     key proves every seq); a ShorelinkError for options that do not go together."""
@@ -665,11 +655,7 @@ def _revoke_bound(replace: bool, revoke: bool, items: Sequence[str]) -> int | di
             "ship's next seq when the key was lost: shorelink-edge status; --from 1 refuses "
             "everything it signed)"
         )
-    if len(items) == 1 and items[0].isdigit():
-        if int(items[0]) < 1:
-            raise ShorelinkError("--from 0: give SEQ >= 1")
-        return int(items[0])
-    return _stream_seqs(items, "--from")
+    return seq_bound(items, "--from")
 
 
 def _validity(valid_below: int | Mapping[str, int] | None) -> str:
@@ -682,6 +668,8 @@ def _validity(valid_below: int | Mapping[str, int] | None) -> str:
 
 
 _ADDED: dict[str, list[str]] = {}
+
+main.add_command(fleet)
 
 
 @main.group("dict")

@@ -5,7 +5,7 @@ and the options other packages add to it."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -13,7 +13,14 @@ import click
 
 from shorelink.errors import ConfigErrors, ShorelinkError
 
-__all__ = ["BOOTSTRAP_LOCATOR", "config_option", "fail", "load_or_exit"]
+__all__ = [
+    "BOOTSTRAP_LOCATOR",
+    "config_option",
+    "fail",
+    "load_or_exit",
+    "seq_bound",
+    "stream_seqs",
+]
 
 T = TypeVar("T")
 
@@ -48,3 +55,24 @@ def load_or_exit(loader: Callable[[Path], T], path: Path) -> T:
         return loader(path)
     except ShorelinkError as exc:
         fail(exc)
+
+
+def stream_seqs(items: Sequence[str], option: str) -> dict[str, int]:
+    """``STREAM=SEQ`` options as a mapping; a ShorelinkError naming a bad one."""
+    out = {}
+    for item in items:
+        stream, _, seq = item.partition("=")
+        if not seq.isdigit() or int(seq) < 1:
+            raise ShorelinkError(f"{option} {item!r}: give STREAM=SEQ, SEQ >= 1")
+        out[stream] = int(seq)
+    return out
+
+
+def seq_bound(items: Sequence[str], option: str) -> int | dict[str, int]:
+    """``[STREAM=]SEQ`` options: one SEQ for every stream, or a seq per STREAM (a
+    stream not named: none of its seqs)."""
+    if len(items) == 1 and items[0].isdigit():
+        if int(items[0]) < 1:
+            raise ShorelinkError(f"{option} 0: give SEQ >= 1")
+        return int(items[0])
+    return stream_seqs(items, option)

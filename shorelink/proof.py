@@ -63,6 +63,7 @@ __all__ = [
     "chunks",
     "key_cause",
     "leaves_of",
+    "load_private_key",
     "merkle_levels",
     "merkle_path",
     "merkle_root",
@@ -70,6 +71,7 @@ __all__ = [
     "proofs",
     "record_hash",
     "root_from_path",
+    "save_private_key",
     "sign_records",
     "signature_mode",
 ]
@@ -233,6 +235,38 @@ def _public_text(key: Ed25519PublicKey) -> str:
     return base64.b64encode(raw).decode()
 
 
+def load_private_key(
+    path: Path, field: str, prefix: bytes, what: str, made_by: str
+) -> Ed25519PrivateKey:
+    """The Ed25519 private key in ``path``, written as ``prefix`` and the base64 of its
+    32-byte seed (:func:`save_private_key`); a :class:`ConfigError` naming ``field`` if
+    others may read the file or it holds anything else (a public key, another kind of
+    key, whose prefix differs)."""
+    raw = read_private(path, field).strip()
+    if not raw.startswith(prefix):
+        raise ConfigError(
+            field,
+            f"{path} holds no {what} (made by `{made_by}`; it starts with "
+            f"{prefix.decode()!r}: a public key is not one)",
+        )
+    try:
+        seed = base64.b64decode(raw.removeprefix(prefix), validate=True)
+        return Ed25519PrivateKey.from_private_bytes(seed)
+    except ValueError:
+        raise ConfigError(field, f"{path} holds no Ed25519 key (base64 of 32 bytes)") from None
+
+
+def save_private_key(key: Ed25519PrivateKey, path: Path, prefix: bytes) -> None:
+    """Write ``key`` to ``path`` as :func:`load_private_key` reads it, mode 0600 from
+    its creation."""
+    seed = key.private_bytes(
+        serialization.Encoding.Raw,
+        serialization.PrivateFormat.Raw,
+        serialization.NoEncryption(),
+    )
+    write_atomic(path, prefix + base64.b64encode(seed) + b"\n", mode=0o600)
+
+
 class ShipKey:
     """A ship's private key (on board only): signs the chunks of what it sends."""
 
@@ -250,28 +284,15 @@ class ShipKey:
         """The key in ``path`` (``ed25519-secret:`` and the base64 of its 32-byte
         seed, as :meth:`save` writes it), refused if others may read it or if it holds
         anything else (a public key copied from the ship keys file, say)."""
-        raw = read_private(path, field).strip()
-        if not raw.startswith(_SECRET_PREFIX):
-            raise ConfigError(
-                field,
-                f"{path} holds no ship's private key (made by `shorelink ship-key new`; "
-                f"it starts with {_SECRET_PREFIX.decode()!r}: a public key is not one)",
-            )
-        try:
-            seed = base64.b64decode(raw.removeprefix(_SECRET_PREFIX), validate=True)
-            return cls(Ed25519PrivateKey.from_private_bytes(seed))
-        except ValueError:
-            raise ConfigError(field, f"{path} holds no Ed25519 key (base64 of 32 bytes)") from None
+        key = load_private_key(
+            path, field, _SECRET_PREFIX, "ship's private key", "shorelink ship-key new"
+        )
+        return cls(key)
 
     def save(self, path: Path) -> None:
         """Write the key to ``path``, mode 0600 from its creation (never a chmod by
         name afterwards, which would follow a link planted there)."""
-        seed = self._key.private_bytes(
-            serialization.Encoding.Raw,
-            serialization.PrivateFormat.Raw,
-            serialization.NoEncryption(),
-        )
-        write_atomic(path, _SECRET_PREFIX + base64.b64encode(seed) + b"\n", mode=0o600)
+        save_private_key(self._key, path, _SECRET_PREFIX)
 
     def public(self) -> str:
         """The public half as the ship keys file writes it (base64 of 32 bytes)."""

@@ -13,8 +13,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from hypothesis import HealthCheck, settings
+
 KIB = 1024
 MIB = 1024 * 1024
+
+#: a boundary's property test: examples and a deadline per example that keep the suite fast
+FAST = settings(max_examples=80, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+#: the same for a boundary that reads a file (a ``tmp_path`` shared by the examples)
+FILES = settings(
+    max_examples=30,
+    deadline=3000,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,8 @@ from shorelink.contract import MAX_RECORD_BYTES
 from shorelink.errors import ConfigError
 from shorelink.proof import ShipKey
 from shorelink.ranges import RangeSet
-from tests.bounds import KIB, Bound, within
+from tests.bounds import FAST, KIB, Bound, within
 from tests.strategies import HUGE_INTS, any_bytes, any_text, deep_json, json_values, mutated
-
-FAST = settings(max_examples=80, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 
 STREAMS = {"containers": 1, "nav": 1, "alerts": 1}
 RULES = tuple(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from shorelink import strict_json
@@ -49,15 +49,8 @@ from shorelink.wire import (
     encode_batch,
     peek_header,
 )
-from tests.bounds import KIB, Bound, within
+from tests.bounds import FAST, FILES, KIB, Bound, within
 from tests.strategies import HUGE_INTS, any_bytes, any_text, deep_json, json_values, mutated
-
-FAST = settings(max_examples=80, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
-FILES = settings(
-    max_examples=30,
-    deadline=3000,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
 
 _HEADER_NAMES = st.sampled_from(
     [H_ORIGIN, H_STREAM, H_SEQ, H_TS, H_SITE, H_MQTT_TOPIC, H_ENTERED, "x"]

@@ -40,10 +40,9 @@ from spark_core.ops.users import hash_password
 from spark_core.ops.view import gateway_view
 from spark_core.relay_index import SEGMENT_MAX_BYTES, decode_segment, encode_segment
 from spark_core.routing import Report
-from tests.bounds import KIB, Bound, within
+from tests.bounds import FAST, KIB, Bound, within
 from tests.strategies import HUGE_INTS, any_bytes, any_text, deep_json, json_values, mutated
 
-FAST = settings(max_examples=80, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 _KIN = (ValueError, KeyError, TypeError, AttributeError)
 
 

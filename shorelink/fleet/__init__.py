@@ -1,0 +1,18 @@
+"""The fleet registry (docs/fleet-registry.md): every ship's identity, token hashes,
+signing keys with their history and configurations, kept at headquarters as one
+append-only log of entries, each signed by the fleet key and chained to the one before.
+
+- ``entry``: one entry (its kinds, canonical bytes, signature) and every size bound;
+- ``state``: what the entries say (ships, groups, tokens, keys, configurations), and the
+  one place an entry is taken in its place of the chain;
+- ``log``: the registry's directory: the log file, appending, the fleet key;
+- ``views``: the state as the files today's gateways and sites read (credentials, ship
+  keys);
+- ``bundle``: what a new ship carries on board;
+- ``cli``: ``shorelink fleet ...``.
+
+Pure Python, no Kafka: carrying the registry to sites and ships is a later part of
+issue 41.
+"""
+
+__all__ = ["bundle", "cli", "entry", "log", "state", "views"]

@@ -1,0 +1,80 @@
+"""What a ship carries on board from ``shorelink fleet provision``: its token, its
+signing key and the fleet's root key, in a directory (0700) or a tar (0600).
+
+- ``gateway.token`` (0600): the bearer token, the only copy (the registry keeps its
+  hash): ``uplink.token_file`` of edge.toml;
+- ``ship.key`` (0600): the ship's Ed25519 signing key: ``uplink.signing_key_file``;
+- ``fleet.pub``: the fleet's root public key, which the agent will check registry
+  entries against (a later part of issue 41);
+- ``ship.json``: the ship's name, groups, key id and the registry version it was made at;
+- ``edge.toml.part``: the lines of edge.toml that name them, at the paths
+  deploy/edge/install.sh makes.
+
+The names match deploy/edge/edge.toml's samples (``/etc/shorelink/gateway.token``,
+``/etc/shorelink/ship.key``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from shorelink.files import write_atomic
+from shorelink.fleet.entry import RegistryError
+from shorelink.proof import ShipKey
+
+__all__ = ["BUNDLE_FILES", "write_bundle", "write_tar"]
+
+ETC = "/etc/shorelink"
+BUNDLE_FILES = ("gateway.token", "ship.key", "fleet.pub", "ship.json", "edge.toml.part")
+
+
+def write_bundle(
+    out: Path,
+    ship: str,
+    groups: Sequence[str],
+    token: str,
+    key: ShipKey,
+    key_id: str,
+    fleet_pub: str,
+    version: int,
+) -> Path:
+    """Write the bundle of ``ship`` into the new directory ``out`` (0700; refused if it
+    exists: a bundle holds the only copy of a token, never overwritten)."""
+    try:
+        out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        out.mkdir(mode=0o700)
+    except FileExistsError:
+        raise RegistryError(f"{out} exists: a bundle is never overwritten") from None
+    write_atomic(out / "gateway.token", token + "\n", mode=0o600)
+    key.save(out / "ship.key")
+    write_atomic(out / "fleet.pub", fleet_pub + "\n", mode=0o644)
+    facts = {"ship": ship, "groups": list(groups), "key_id": key_id, "registry_version": version}
+    write_atomic(out / "ship.json", json.dumps(facts, indent=2) + "\n", mode=0o644)
+    part = (
+        f"# from `shorelink fleet provision {ship}`: copy gateway.token and ship.key to\n"
+        f"# {ETC}/ (0640 root:shorelink) and merge these lines into edge.toml\n"
+        f'ship = "{ship}"\n\n[uplink]\n'
+        f'token_file = "{ETC}/gateway.token"\n'
+        f'signing_key_file = "{ETC}/ship.key"\n'
+    )
+    write_atomic(out / "edge.toml.part", part, mode=0o644)
+    return out
+
+
+def write_tar(bundle: Path, tar_path: Path) -> None:
+    """The bundle directory as one tar (mode 0600: it holds the token and the key),
+    files in :data:`BUNDLE_FILES` order with their modes, owner root, time 0."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in BUNDLE_FILES:
+            path = bundle / name
+            info = tarfile.TarInfo(f"{bundle.name}/{name}")
+            data = path.read_bytes()
+            info.size, info.mode = len(data), os.stat(path).st_mode & 0o777
+            tar.addfile(info, io.BytesIO(data))
+    write_atomic(tar_path, buf.getvalue(), mode=0o600)

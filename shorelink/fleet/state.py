@@ -1,0 +1,299 @@
+"""The fleet as the registry's entries leave it: ships, groups, tokens, keys with their
+history, configurations; and the one place an entry is taken (:meth:`FleetState.apply`).
+
+An entry is taken only in its place: its version is the next one, its ``prev`` the hash
+of the entry before, its signer the fleet key in force, its signature that key's; then
+it must make sense (the ship exists, a bound is kept). Every check comes before the first
+change, so an entry refused leaves the state as it was.
+
+Tokens: a ship has one or two valid token hashes. A rotation (``token_issued`` with
+``retire_previous`` false) keeps the old one valid beside the new one until a
+``token_retired`` entry retires it: written by ``shorelink fleet retire-token`` once the
+ship has the new token, or (a later part of issue 41) by a gateway that has seen the
+ship use it. A rotation while one is pending retires the older of the two at once, so
+a ship never has more than two; ``retire_previous`` true (a leaked token) keeps only the
+new one.
+
+Keys: each key signs a ship's records from its ``from_seq`` (per stream, or one seq for
+every stream; a stream not named: from 1) up to the next key's ``from_seq``, and below
+its ``revoked_at`` where a revocation bounded it further. So a record is checked against
+the key that was valid at its seq (:meth:`FleetState.key_at`), old records stay
+provable after a rotation, and a key stolen after a rotation signs no later seq. The
+newest key is never revoked alone: ``fleet rotate-key --revoke`` adds its successor and
+bounds it in one command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from shorelink.fleet.entry import (
+    MAX_GROUPS,
+    MAX_KEYS_PER_SHIP,
+    MAX_SHIPS,
+    Entry,
+    RegistryError,
+    SeqBound,
+    key_id,
+    verify_key,
+)
+
+__all__ = ["ConfigRecord", "FleetState", "KeyRecord", "ShipRecord", "TokenRecord", "lowest"]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    hash: str
+    issued: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """A ship's signing key: from ``from_seq`` on, below ``revoked_at`` (None: not
+    revoked) and below the next key's ``from_seq``."""
+
+    id: str
+    public: str
+    from_seq: SeqBound
+    version: int
+    revoked_at: SeqBound | None = None
+
+
+@dataclass(slots=True)
+class ShipRecord:
+    name: str
+    groups: tuple[str, ...]
+    added: str
+    version: int
+    #: valid token hashes, oldest first (two while a rotation is pending)
+    tokens: list[TokenRecord] = field(default_factory=list)
+    #: every key the ship has had, oldest first
+    keys: list[KeyRecord] = field(default_factory=list)
+    revoked: bool = False
+    #: the newest token issued (kept when the ship is revoked: its credential says so)
+    last_token: TokenRecord | None = None
+
+    def valid_below(self, index: int) -> SeqBound | None:
+        """The first seqs key ``index`` no longer proves (None: every seq from its
+        ``from_seq``): the next key's ``from_seq``, lowered by a revocation."""
+        key = self.keys[index]
+        after = self.keys[index + 1].from_seq if index + 1 < len(self.keys) else None
+        return lowest(after, key.revoked_at)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigRecord:
+    scope: str
+    name: str
+    format: str
+    document: str
+    port_links_only: bool
+    version: int
+    time: str
+
+
+def _at(bound: SeqBound, stream: str) -> int:
+    return bound if isinstance(bound, int) else bound.get(stream, 1)
+
+
+def lowest(a: SeqBound | None, b: SeqBound | None) -> SeqBound | None:
+    """The tighter of two upper bounds, stream by stream (None: no bound). A stream a
+    mapping does not name is bounded at 1, so it stays unnamed in the result."""
+    if a is None or b is None:
+        return b if a is None else a
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b)
+    if isinstance(a, int):
+        a, b = b, a
+    assert not isinstance(a, int)
+    if isinstance(b, int):
+        return {s: min(n, b) for s, n in a.items()}
+    return {s: min(n, b[s]) for s, n in a.items() if s in b}
+
+
+@dataclass
+class FleetState:
+    """What the entries applied so far say. Empty until the first entry
+    (``fleet_created``), which must be signed by its own key, and by ``anchor`` (the
+    fleet's root public key, given out of band) when one is given."""
+
+    anchor: str | None = None
+    version: int = 0
+    head: str | None = None
+    fleet_key: str | None = None
+    fleet_key_id: str | None = None
+    ships: dict[str, ShipRecord] = field(default_factory=dict)
+    groups: set[str] = field(default_factory=set)
+    configs: dict[tuple[str, str], ConfigRecord] = field(default_factory=dict)
+    #: every token hash and ship key ever issued: never issued twice
+    _hashes: set[str] = field(default_factory=set, repr=False)
+    _publics: set[str] = field(default_factory=set, repr=False)
+    _verifier: Ed25519PublicKey | None = field(default=None, repr=False)
+
+    def apply(self, entry: Entry) -> None:
+        """Take ``entry`` (:class:`RegistryError` naming its version if it cannot be
+        taken; the state unchanged then)."""
+        v = entry.version
+        if v != self.version + 1:
+            what = "replayed or reordered" if v <= self.version else "after a gap"
+            raise RegistryError(f"{what}: the next entry is {self.version + 1}", version=v)
+        if entry.prev != (self.head or "0" * 64):
+            raise RegistryError("does not follow the entry before it (prev)", version=v)
+        if v == 1:
+            if entry.kind != "fleet_created":
+                raise RegistryError("the first entry must be fleet_created", version=v)
+            public = entry.body["fleet_key"]
+            if self.anchor is not None and public != self.anchor:
+                raise RegistryError("made by another fleet key than this fleet's", version=v)
+            verifier = verify_key(public)
+            signer: str | None = key_id(public)
+        else:
+            if entry.kind == "fleet_created":
+                raise RegistryError("fleet_created comes first only", version=v)
+            assert self._verifier is not None
+            verifier, signer = self._verifier, self.fleet_key_id
+        if entry.signer != signer or not entry.verify(verifier):
+            raise RegistryError("its signature is not the fleet key's (forged)", version=v)
+        try:
+            change = getattr(self, "_" + entry.kind)
+            change(entry, entry.body)
+        except RegistryError as exc:
+            raise RegistryError(str(exc), version=v) from None
+        self.version, self.head = v, entry.digest
+        if entry.kind in ("fleet_created", "fleet_key_rotated"):
+            self.fleet_key = entry.body["fleet_key"]
+            self.fleet_key_id = key_id(self.fleet_key)
+            self._verifier = verify_key(self.fleet_key)
+
+    # -- each kind: checks first, then the change ---------------------------------------
+
+    def _fleet_created(self, entry: Entry, body: dict[str, Any]) -> None:
+        pass
+
+    def _fleet_key_rotated(self, entry: Entry, body: dict[str, Any]) -> None:
+        if body["fleet_key"] == self.fleet_key:
+            raise RegistryError("the fleet key rotated to itself")
+
+    def _live(self, ship: str) -> ShipRecord:
+        rec = self.ships.get(ship)
+        if rec is None:
+            raise RegistryError(f"no ship {ship}")
+        if rec.revoked:
+            raise RegistryError(f"ship {ship} is revoked")
+        return rec
+
+    def _ship_added(self, entry: Entry, body: dict[str, Any]) -> None:
+        name, groups = body["ship"], tuple(body["groups"])
+        if name in self.ships:
+            raise RegistryError(f"ship {name} exists (a name is never given twice)")
+        if len(self.ships) >= MAX_SHIPS:
+            raise RegistryError(f"the registry holds {MAX_SHIPS} ships already")
+        self._room_for(groups)
+        self.groups.update(groups)
+        self.ships[name] = ShipRecord(name, groups, entry.time, entry.version)
+
+    def _room_for(self, groups: tuple[str, ...]) -> None:
+        if len(self.groups | set(groups)) > MAX_GROUPS:
+            raise RegistryError(f"the registry names {MAX_GROUPS} groups already")
+
+    def _token_issued(self, entry: Entry, body: dict[str, Any]) -> None:
+        rec, token = self._live(body["ship"]), str(body["token_hash"])
+        if token in self._hashes:
+            raise RegistryError("that token was issued before")
+        self._hashes.add(token)
+        kept = [] if body["retire_previous"] else rec.tokens[-1:]
+        rec.last_token = TokenRecord(token, entry.time, entry.version)
+        rec.tokens = [*kept, rec.last_token]
+
+    def _token_retired(self, entry: Entry, body: dict[str, Any]) -> None:
+        rec = self._live(body["ship"])
+        old = [t for t in rec.tokens[:-1] if t.hash == body["token_hash"]]
+        if not old:
+            raise RegistryError(
+                f"ship {rec.name} has no previous token of that hash (its newest token is "
+                "retired by revoking the ship or issuing another)"
+            )
+        rec.tokens = [t for t in rec.tokens if t.hash != body["token_hash"]]
+
+    def _ship_key_added(self, entry: Entry, body: dict[str, Any]) -> None:
+        rec, public = self._live(body["ship"]), str(body["public"])
+        if public in self._publics:
+            raise RegistryError("that key was a ship's key before")
+        if len(rec.keys) >= MAX_KEYS_PER_SHIP:
+            raise RegistryError(f"ship {rec.name} has had {MAX_KEYS_PER_SHIP} keys already")
+        self._publics.add(public)
+        rec.keys.append(KeyRecord(key_id(public), public, body["from_seq"], entry.version))
+
+    def _key_revoked(self, entry: Entry, body: dict[str, Any]) -> None:
+        rec = self.ships.get(body["ship"])
+        if rec is None:
+            raise RegistryError(f"no ship {body['ship']}")
+        at = next((i for i, k in enumerate(rec.keys) if k.id == body["key_id"]), None)
+        if at is None:
+            raise RegistryError(f"ship {rec.name} has no key {body['key_id']}")
+        if at == len(rec.keys) - 1:
+            raise RegistryError(
+                f"key {body['key_id']} is ship {rec.name}'s newest: rotate it "
+                "(`shorelink fleet rotate-key --revoke`)"
+            )
+        key = rec.keys[at]
+        bound = lowest(key.revoked_at, body["at_seq"])
+        rec.keys[at] = KeyRecord(key.id, key.public, key.from_seq, key.version, bound)
+
+    def _ship_revoked(self, entry: Entry, body: dict[str, Any]) -> None:
+        rec = self._live(body["ship"])
+        rec.revoked = True
+        rec.tokens = []
+
+    def _config_set(self, entry: Entry, body: dict[str, Any]) -> None:
+        scope, name = str(body["scope"]), str(body["name"])
+        if scope == "ship":
+            self._live(name)
+        else:
+            self._room_for((name,))
+            self.groups.add(name)
+        self.configs[(scope, name)] = ConfigRecord(
+            scope,
+            name,
+            str(body["format"]),
+            str(body["document"]),
+            bool(body["port_links_only"]),
+            entry.version,
+            entry.time,
+        )
+
+    # -- what the state answers ----------------------------------------------------------
+
+    def key_at(self, ship: str, stream: str, seq: int) -> KeyRecord | None:
+        """The key of ``ship`` that proves its records of ``stream`` at ``seq`` (None:
+        none, the seq is before its first key or past a revocation)."""
+        rec = self.ships.get(ship)
+        if rec is None:
+            return None
+        for i in range(len(rec.keys) - 1, -1, -1):
+            key = rec.keys[i]
+            if seq < _at(key.from_seq, stream):
+                continue
+            below = rec.valid_below(i)
+            return key if below is None or seq < _at(below, stream) else None
+        return None
+
+    def configs_of(self, ship: str) -> list[ConfigRecord]:
+        """The configurations that apply to ``ship``: its groups' in its groups' order,
+        then its own (how they combine is a later part of issue 41)."""
+        rec = self.ships[ship]
+        scoped = [("group", g) for g in rec.groups] + [("ship", ship)]
+        return [self.configs[s] for s in scoped if s in self.configs]
+
+    def config_version(self, ship: str) -> int | None:
+        """The newest entry among the configurations that apply to ``ship``."""
+        return max((c.version for c in self.configs_of(ship)), default=None)
+
+    def valid_tokens(self) -> Mapping[str, str]:
+        """Every valid token hash and its ship."""
+        return {t.hash: s.name for s in self.ships.values() for t in s.tokens}

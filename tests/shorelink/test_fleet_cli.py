@@ -1,0 +1,113 @@
+"""``shorelink fleet``: the commands an operator at headquarters runs to provision,
+rotate, revoke and configure ships, and to export what today's sites read. Each secret
+must land owner-only and exactly once; each change must be a verified entry; a refused
+change or a tampered log must fail with a one-line error, not a traceback."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+from click.testing import CliRunner, Result
+
+from core_gateway.auth import Credentials
+from shorelink.cli import main
+from shorelink.proof import ShipKey, ShipKeys
+
+
+def _fleet(*args: str) -> Result:
+    return CliRunner().invoke(main, ["fleet", *args], catch_exceptions=False)
+
+
+def _ok(*args: str) -> Result:
+    result = _fleet(*args)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_provision_rotate_revoke_configure_and_export_end_to_end(tmp_path: Path) -> None:
+    reg = tmp_path / "registry"
+    r = ["--registry", str(reg)]
+    _ok("init", *r)
+    assert (reg / "fleet.key").stat().st_mode & 0o077 == 0
+    assert reg.stat().st_mode & 0o077 == 0
+    tar = tmp_path / "bigblue.tar"
+    _ok("provision", "bigblue", "--group", "north", "--group", "reefer", "--tar", str(tar), *r)
+    _ok("provision", "red", "--group", "north", *r)
+    bundle = reg / "bundles" / "bigblue"
+    for secret in ("gateway.token", "ship.key"):
+        assert (bundle / secret).stat().st_mode & 0o077 == 0
+    assert tar.stat().st_mode & 0o077 == 0
+    with tarfile.open(tar) as t:
+        assert {m.name for m in t.getmembers()} >= {"bigblue/gateway.token", "bigblue/ship.key"}
+    token = (bundle / "gateway.token").read_text().strip()
+    assert token not in (reg / "registry.log").read_text()  # only its hash
+    ShipKey.load(bundle / "ship.key", "uplink.signing_key_file")
+
+    again = _fleet("provision", "bigblue", "--group", "north", "--out", str(tmp_path / "b2"), *r)
+    assert again.exit_code == 2 and "error: entry" in again.output and "exists" in again.output
+
+    _ok("rotate-key", "bigblue", "--from-seq", "nav=100", "--from-seq", "alerts=7", *r)
+    status = json.loads(_ok("status", "--json", *r).output)
+    keys = status["ships"][0]["keys"]
+    assert [k["valid_below"] for k in keys] == [{"alerts": 7, "nav": 100}, None]
+    bad = _fleet("revoke", "bigblue", "--key", keys[1]["id"], "--from-seq", "5", *r)
+    assert bad.exit_code == 2 and "newest" in bad.output
+    _ok("revoke", "bigblue", "--key", keys[0]["id"], "--from-seq", "nav=50", *r)
+    config = tmp_path / "north.toml"
+    config.write_text("[alarms]\nthreshold = 4\n")
+    _ok("config", "set", str(config), "--group", "north", "--port-links-only", *r)
+    _ok("rotate-token", "red", *r)
+    _ok("revoke", "red", *r)
+
+    status = json.loads(_ok("status", "--json", *r).output)
+    ships = {s["ship"]: s for s in status["ships"]}
+    assert ships["bigblue"]["keys"][0]["valid_below"] == {"nav": 50}
+    assert ships["bigblue"]["config_version"] == ships["red"]["config_version"] == 10
+    assert ships["red"]["revoked"] and status["version"] == 12
+    table = _ok("status", *r).output
+    assert "registry version 12" in table and "revoked" in table
+
+    creds, keys_file = tmp_path / "ships.json", tmp_path / "ship_keys.toml"
+    _ok("export", "--gateway-credentials", str(creds), "--ship-keys", str(keys_file), *r)
+    assert creds.stat().st_mode & 0o077 == 0
+    assert Credentials(creds).ship_for_token(token) == "bigblue"
+    assert sorted(ShipKeys.load(keys_file).ships) == ["bigblue", "red"]
+
+    _ok("rotate-fleet-key", *r)
+    assert "version 13" in _ok("verify", *r).output
+
+
+def test_verify_names_the_first_entry_that_fails_and_exits_2(tmp_path: Path) -> None:
+    reg = tmp_path / "registry"
+    r = ["--registry", str(reg)]
+    _ok("init", *r)
+    _ok("provision", "bigblue", "--group", "north", *r)
+    log = reg / "registry.log"
+    log.write_bytes(log.read_bytes().replace(b'"north"', b'"south"'))
+    result = _fleet("verify", *r)
+    assert result.exit_code == 2
+    assert result.output.strip().startswith("error: entry 2: ") and "forged" in result.output
+    other = tmp_path / "other"
+    _ok("init", "--registry", str(other))
+    log.write_bytes(log.read_bytes().replace(b'"south"', b'"north"'))
+    pinned = _fleet("verify", "--fleet-pub", str(other / "fleet.pub"), *r)
+    assert pinned.exit_code == 2 and "another fleet key" in pinned.output
+
+
+def test_every_fleet_command_has_help() -> None:
+    for cmd in (
+        "init",
+        "provision",
+        "rotate-key",
+        "revoke",
+        "rotate-token",
+        "retire-token",
+        "status",
+        "export",
+        "verify",
+        "rotate-fleet-key",
+        "config set",
+    ):
+        assert "Usage:" in _ok(*cmd.split(), "--help").output
