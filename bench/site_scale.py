@@ -404,28 +404,59 @@ class Size:
         return out
 
     def marker(self) -> dict[str, Any]:
+        """Per merge (head key ``<site>/<query>``): its transactions (a head each), the
+        bytes they wrote (keys and values; a tombstone its key), the largest, and the
+        marker as it stands. A head of the whole form (merges before the marker was
+        keyed per source) holds every cursor and tail itself."""
         assert self.hub is not None
-        per: dict[str, list[int]] = {}
-        last: dict[str, bytes] = {}
+        heads: dict[str, list[int]] = {}  # per query, the bytes of each transaction
+        last: dict[str, dict[str, bytes]] = {}  # per query, key -> its latest value
         for msg in read_to_end(self.hub.endpoint, [MARKER_TOPIC], timeout=60):
             key = (msg.key() or b"").decode()
-            per.setdefault(key, []).append(len(msg.value() or b""))
-            last[key] = msg.value() or b""
+            query = "/".join(key.split("/", 2)[:2])
+            size = len(msg.key() or b"") + len(msg.value() or b"")
+            sizes = heads.setdefault(query, [])
+            if key == query or not sizes:  # a transaction's records start at its head
+                sizes.append(size)
+            else:
+                sizes[-1] += size
+            value = msg.value()
+            if value is None:
+                last.setdefault(query, {}).pop(key, None)
+            else:
+                last.setdefault(query, {})[key] = value
         out = {}
-        for key, sizes in sorted(per.items()):
-            data = json.loads(last[key])
-            offsets = data.get("offsets", {})
-            pulled = [t for t in offsets if "/" in t]
-            out[key] = {
+        for query, sizes in sorted(heads.items()):
+            now = last.get(query, {})
+            data = json.loads(now.get(query, b"{}"))
+            if "offsets" in data:  # the whole form
+                offsets = data["offsets"]
+                sources = list(offsets)
+                partitions = sum(len(p) for p in offsets.values())
+                tails = len(data.get("index", {}))
+            else:
+                keyed = {k[len(query) + 1 :]: v for k, v in now.items() if k != query}
+                sources = [k.split("/", 1)[1] for k in keyed if k.startswith("source/")]
+                partitions = sum(
+                    len(json.loads(v).get("offsets", {}))
+                    for k, v in keyed.items()
+                    if k.startswith("source/")
+                )
+                tails = sum(1 for k in keyed if k.startswith("tail/"))
+            pulled = [t for t in sources if "/" in t]
+            bytes_now = sum(len(k) + len(v) for k, v in now.items())
+            out[query] = {
                 "transactions": len(sizes),
-                "bytes_last": sizes[-1],
+                "bytes_last": bytes_now,
                 "bytes_max": max(sizes),
                 "bytes_written": sum(sizes),
-                "sources": len(offsets),
+                "bytes_per_transaction": round(sum(sizes) / max(1, len(sizes))),
+                "records_now": len(now),
+                "sources": len(sources),
                 "pulled_sources": len(pulled),
-                "partitions": sum(len(p) for p in offsets.values()),
-                "index_tails": len(data.get("index", {})),
-                "bytes_per_source": round(sizes[-1] / max(1, len(offsets))),
+                "partitions": partitions,
+                "index_tails": tails,
+                "bytes_per_source": round(bytes_now / max(1, len(sources))),
             }
         return out
 
@@ -495,6 +526,10 @@ def summary_row(r: dict[str, Any]) -> dict[str, Any]:
         "marker_bytes_per_s": round(
             sum(v["bytes_written"] for v in marker.values()) / max(1.0, r["feed"]["seconds"])
         ),
+        "marker_bytes_per_transaction": max(
+            (v["bytes_per_transaction"] for v in marker.values()), default=0
+        ),
+        "marker_transactions": sum(v["transactions"] for v in marker.values()),
         "relay_index_bytes_per_day": r["index"][RELAY_INDEX_TOPIC]["bytes_per_day_at_this_rate"],
         "state_bytes_per_origin": r["merge_state"]["bytes_per_origin_max"],
         "ops_site_p50_ms": r["ops_page"]["/api/site"]["p50_ms"],

@@ -111,7 +111,9 @@ LEDGER_TOPIC = "sl.ledger"
 #: what this site's gateway wrote to ``sl.ingress.*``, committed in the same Kafka
 #: transaction as the records (core_gateway/ingress.py)
 GATEWAY_CURSOR_TOPIC = "sl.gateway.cursor"
-#: compacted; key :func:`marker_key`, value JSON of the merge's last committed batch
+#: compacted; key :func:`marker_key`, value JSON: a merge's head (its last committed
+#: batch) and, keyed under it, one record per source (its cursors) and per topic it
+#: indexes (its relay index tail), each written by the transaction that moved it
 #: (spark_core/merge_state.py)
 MARKER_TOPIC = "sl.merge.marker"
 #: compacted; key ``<entry>/<origin>/<stream>``, value the seqs (ranges) this site wrote
@@ -136,9 +138,11 @@ if {LEDGER_TOPIC, LINKS_TOPIC} != {f"sl.{n}" for n in NOT_STREAMS}:
     raise ImportError("identity.NOT_STREAMS must name the sl.<x> topics that are no stream's")
 
 
-def marker_key(site: str, query: str = "merge") -> bytes:
-    """The key of a site query's entry in :data:`MARKER_TOPIC`: ``<site>/<query>``."""
-    return f"{site}/{query}".encode()
+def marker_key(site: str, query: str = "merge", part: str | None = None) -> bytes:
+    """The key of a site query's head in :data:`MARKER_TOPIC`: ``<site>/<query>``; with
+    ``part``, of one of its records keyed per source or topic: ``<site>/<query>/<part>``
+    (a site's and a query's names hold no ``/``)."""
+    return (f"{site}/{query}" if part is None else f"{site}/{query}/{part}").encode()
 
 
 def ingress_topic(stream: str) -> str:

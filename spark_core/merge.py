@@ -41,7 +41,6 @@ from shorelink.contract import (
     canonical_topic,
     customer_topic,
     ingress_topic,
-    marker_key,
     relay_topic,
 )
 from shorelink.files import write_json_atomic
@@ -689,15 +688,16 @@ class Merger:
             state = self.state.carried(
                 offsets=offsets, index=self.state.index, source_ids={**known, **changed}
             )
-            marker = self._marker_between(state)
+            docs = self._marker_between(state)
             p = self._producer
             assert p is not None
             try:
                 with p.transaction():
-                    p.produce(MARKER_TOPIC, marker_key(self.site.name, self.query), marker, None)
+                    self._produce_marker(docs)
             except KafkaTransactionError as exc:
                 self._fail(exc)
             self.state.offsets, self.state.source_ids = offsets, state.source_ids
+            self.state.marker_docs = docs
         for topic in recreated:
             log.warning(
                 "source_topic_recreated",
@@ -710,15 +710,25 @@ class Merger:
         self._purger.forget(recreated)
         return recreated
 
-    def _marker_between(self, state: MergeState) -> bytes:
+    def _marker_between(self, state: MergeState) -> dict[bytes, Any]:
         """The marker of a transaction between the batches (no records written: the
         relay index, a recreated source): ``state`` under the last batch's id."""
         last = self.state.last_batch
-        return state.marker_value(
+        return state.marker_records(
             self.site.name,
+            self.query,
             -1 if last is None else last,
             {"written": 0, "dead": 0, "ts_ms": int(time.time() * 1000)},
         )
+
+    def _produce_marker(self, docs: Mapping[bytes, Any]) -> None:
+        """Into the open transaction: the marker ``docs`` as far as it differs from what
+        Kafka holds (``MergeState.marker_changes``: the head, what moved, a tombstone per
+        record gone). The caller sets ``state.marker_docs`` to ``docs`` once committed."""
+        p = self._producer
+        assert p is not None
+        for key, value in self.state.marker_changes(docs):
+            p.produce(MARKER_TOPIC, key, value, None)
 
     def write_redriven(
         self,
@@ -794,7 +804,7 @@ class Merger:
         }
         restart = False
         marker_state.index, restart = self._bounded(self._index_with(plan.relayed_now, plan))
-        marker = marker_state.marker_value(self.site.name, batch_id, extra)
+        docs = marker_state.marker_records(self.site.name, self.query, batch_id, extra)
         relay = self._relay if self.entries else None
         customer = self._customer if self.ownership is not None else None
         to_customers = 0
@@ -822,10 +832,11 @@ class Merger:
                     p.produce(LEDGER_TOPIC, k, v, None)
                 for relayed, seqs in plan.relayed.items():
                     p.produce(RELAYED_TOPIC, *encode_relayed(relayed, seqs), None)
-                p.produce(MARKER_TOPIC, marker_key(self.site.name, self.query), marker, None)
+                self._produce_marker(docs)
         except KafkaTransactionError as exc:
             self._fail(exc)
         # committed: the in-memory state follows what Kafka now holds
+        self.state.marker_docs = docs
         self.totals.customer += to_customers
         self.state.held.update(plan.ledger)
         self.state.relayed.update(plan.relayed)
@@ -929,9 +940,10 @@ class Merger:
 
     def _bounded(self, index: dict[str, Tail]) -> tuple[dict[str, Tail], bool]:
         """The tails the marker keeps, their pending seqs bounded, and whether some
-        were dropped. The marker is rewritten whole in every transaction, and pending
-        seqs of many origins (10,000 ships in 5 s) passed the record size limit, after
-        which every transaction failed (replication review N9). Past
+        were dropped. A tail is rewritten in every transaction that relays to its topic
+        (its own record of the marker), and pending seqs of many origins (10,000 ships
+        in 5 s) passed the record size limit, after which every transaction failed
+        (replication review N9). Past
         :data:`PENDING_EARLY_RANGES` the index is written at the next turn instead of
         when due; past :data:`PENDING_MAX_RANGES` the tails with pending seqs are
         dropped, and once the transaction committed they start again at their topics'
@@ -977,18 +989,17 @@ class Merger:
                 parts = {p: (start.get(p, 0), end) for p, end in ends.items()}
                 segments.append(encode_segment(topic, topic_id, parts, tail.pending))
                 index[topic] = Tail(topic_id, ends)
-            marker = self._marker_between(
-                self.state.carried(offsets=self.state.offsets, index=index)
-            )
+            docs = self._marker_between(self.state.carried(offsets=self.state.offsets, index=index))
             p = self._producer
             try:
                 with p.transaction():
                     for key, value in segments:
                         p.produce(index_topic(key.decode()), key, value, None)
-                    p.produce(MARKER_TOPIC, marker_key(self.site.name, self.query), marker, None)
+                    self._produce_marker(docs)
             except KafkaTransactionError as exc:
                 self._fail(exc)
             self.state.index = index
+            self.state.marker_docs = docs
             self.reindex = False
             self.totals.index_segments += len(segments)
             return len(segments)

@@ -3,9 +3,14 @@ the pure decision of what a batch adds to it (:func:`plan_batch`).
 
 Three compacted topics, all written only inside the merge's Kafka transactions:
 - ``sl.ledger``: ``origin/stream`` -> the seqs in the canonical topic (the dedup state);
-- ``sl.merge.marker``: ``<site>/merge`` -> the last committed batch: Spark batch id and,
-  per source topic-partition, the next offset not yet handled, and where its relay
-  index stands (spark_core/relay_index.py);
+- ``sl.merge.marker``: ``<site>/<query>`` -> the head: the last committed batch's
+  Spark batch id, the re-drive's mark, the sources held back; ``<site>/<query>/source/
+  <source>`` -> per partition of that source the next offset not yet handled, and its
+  topic id; ``<site>/<query>/tail/<topic>`` -> where the relay index of a topic the
+  merge writes stands, ``<site>/<query>/pending/<topic>/<origin>`` -> the seqs of
+  ``origin`` written there since (spark_core/relay_index.py). Each keyed record is written by the
+  transaction that moved it, beside the records it accounts for, so a transaction's
+  marker bytes do not grow with the number of sources (fleet issue, item 2);
 - ``sl.merge.relayed``: ``entry/origin/stream`` -> the seqs written to
   ``sl.relay.<entry>.<stream>`` (at a site some other site pulls from).
 
@@ -58,12 +63,13 @@ from spark_core.quarantine import (
     TOO_LARGE,
     cause_of,
 )
-from spark_core.relay_index import Tail, dump_tails, load_tails
+from spark_core.relay_index import Tail, dump_tail, load_tail, load_tails
 
 __all__ = [
     "HOLES_BACKOFF_MAX_S",
     "HOLES_BACKOFF_S",
     "HOLES_ROOM",
+    "MARKER_FORM",
     "BatchPlan",
     "EntryOf",
     "HeldBack",
@@ -101,6 +107,14 @@ HOLES_ROOM = 0.75
 #: after this, doubling while it happens again, up to the cap
 HOLES_BACKOFF_S = 60.0
 HOLES_BACKOFF_MAX_S = 3600.0
+#: the head of a marker keyed per source says so (``"form"``); a head without it holds
+#: the whole marker (every cursor and tail), as merges before it wrote
+MARKER_FORM = "keyed"
+#: the parts of a marker's keys under its head: a source's cursors, a topic's index
+#: tail, an origin's seqs pending in a topic's index
+MARKER_SOURCE = "source"
+MARKER_TAIL = "tail"
+MARKER_PENDING = "pending"
 TopicPart = tuple[str, int]  # (topic, partition)
 Relayed = tuple[str, str, str]  # (entry, origin, stream)
 
@@ -161,6 +175,10 @@ class MergeState:
     #: ``offsets`` were taken in: a topic deleted and created again under the site is
     #: read from its start, not from the old topic's offsets (review N11)
     source_ids: dict[str, str] = field(default_factory=dict)
+    #: what :data:`MARKER_TOPIC` holds of this query's marker, per key the JSON
+    #: document of its last committed value (:meth:`marker_records`): a transaction
+    #: writes only what differs from it (:meth:`marker_changes`)
+    marker_docs: dict[bytes, Any] = field(default_factory=dict)
 
     def held_for(self, source: Source) -> RangeSet:
         return self.held.get(source) or RangeSet()
@@ -189,40 +207,114 @@ class MergeState:
         """Size of the state, in ranges (a few per ship and stream)."""
         return sum(len(r) for r in self.held.values())
 
-    def marker_value(self, site: str, batch_id: int, extra: dict[str, object]) -> bytes:
-        offsets: dict[str, dict[str, int]] = {}
-        for (topic, part), off in sorted(self.offsets.items()):
-            offsets.setdefault(topic, {})[str(part)] = off
-        return json.dumps(
-            {
-                "site": site,
-                "batch_id": batch_id,
-                "offsets": offsets,
-                "index": dump_tails(self.index),
-                **({"redrive_keys": self.redrive_keys} if self.redrive_keys else {}),
-                **({"held_back": self._held_back_names()} if self.held_back_or_all else {}),
-                **(
-                    {"source_ids": dict(sorted(self.source_ids.items()))} if self.source_ids else {}
-                ),
-                **extra,
-            },
-            sort_keys=True,
-            separators=(",", ":"),
-        ).encode()
-
-    def restore_marker(self, value: bytes) -> None:
-        data = json.loads(value)
-        self.last_batch = int(data["batch_id"])
-        self.offsets = {
-            (topic, int(p)): int(off)
-            for topic, parts in data.get("offsets", {}).items()
-            for p, off in parts.items()
+    def marker_records(
+        self, site: str, query: str, batch_id: int, extra: Mapping[str, object]
+    ) -> dict[bytes, Any]:
+        """Every record of this state's marker, as JSON documents by key
+        (:func:`~shorelink.contract.marker_key`): the head (``<site>/<query>``: the batch
+        id, the re-drive's mark, the sources held back, ``extra``), one record per
+        source (``<site>/<query>/source/<source>``: its partitions' next offsets, its
+        topic id), one per topic indexed (``<site>/<query>/tail/<topic>``: where its
+        relay index's last segment ended) and one per origin with seqs pending there
+        (``<site>/<query>/pending/<topic>/<origin>``: tombstoned when the next segment
+        names them). A transaction writes only those that differ from what Kafka holds
+        (:meth:`marker_changes`): its bytes follow what it moved, not the number of
+        sources (fleet issue, item 2)."""
+        head: dict[str, object] = {
+            "form": MARKER_FORM,
+            "site": site,
+            "batch_id": batch_id,
+            **({"redrive_keys": self.redrive_keys} if self.redrive_keys else {}),
+            **({"held_back": self._held_back_names()} if self.held_back_or_all else {}),
+            **extra,
         }
-        self.index = load_tails(data.get("index", {}))
+        docs: dict[bytes, Any] = {marker_key(site, query): head}
+        offsets: dict[str, dict[str, int]] = {}
+        for (topic, part), off in self.offsets.items():
+            offsets.setdefault(topic, {})[str(part)] = off
+        for topic in offsets.keys() | self.source_ids.keys():
+            doc: dict[str, object] = {"offsets": offsets.get(topic, {})}
+            if topic in self.source_ids:
+                doc["id"] = self.source_ids[topic]
+            docs[marker_key(site, query, f"{MARKER_SOURCE}/{topic}")] = doc
+        for topic, tail in self.index.items():
+            docs[marker_key(site, query, f"{MARKER_TAIL}/{topic}")] = dump_tail(tail)
+            for origin, seqs in tail.pending.items():
+                name = f"{MARKER_PENDING}/{topic}/{origin}"
+                docs[marker_key(site, query, name)] = seqs.to_json()
+        return docs
+
+    def marker_changes(self, docs: Mapping[bytes, Any]) -> list[tuple[bytes, bytes | None]]:
+        """The records a transaction writes to :data:`MARKER_TOPIC` to make the marker
+        ``docs`` (:meth:`marker_records`) out of what Kafka holds (``marker_docs``):
+        the head, each record that changed, and a tombstone for each that is gone (a
+        source superseded or forgotten, a tail of a topic no longer indexed)."""
+        held = self.marker_docs
+        out: list[tuple[bytes, bytes | None]] = [
+            (key, json.dumps(doc, sort_keys=True, separators=(",", ":")).encode())
+            for key, doc in docs.items()
+            if held.get(key) != doc
+        ]
+        out += [(key, None) for key in held if key not in docs]
+        return out
+
+    def restore_marker(self, head: bytes, records: Mapping[bytes, bytes]) -> None:
+        """The marker from this query's records (``head``'s key and those keyed under it,
+        the last value of each). A head of the whole form (written before the marker was
+        keyed per source: it holds every cursor and tail) is the marker as it stands: a
+        site upgraded starts from it, and its first transaction writes every record of
+        the keyed form (none is in ``marker_docs``) with a head of that form, whose
+        records then rule; records keyed under a head of the whole form are left from an
+        older run (a rollback since) and are only overwritten or tombstoned. Raises
+        ValueError, KeyError or TypeError on a malformed record (the merge writes none
+        such)."""
+        docs = {key: json.loads(value) for key, value in records.items()}
+        self.marker_docs = docs
+        data = docs.get(head)
+        if data is not None and not isinstance(data, dict):
+            raise ValueError(f"marker head {head!r}: {data!r}")
+        keyed = data is None or data.get("form") == MARKER_FORM
+        if data is not None:
+            self._restore_head(data)
+        if not keyed:
+            return
+        self.offsets, self.source_ids, self.index = {}, {}, {}
+        sources = head + f"/{MARKER_SOURCE}/".encode()
+        tails = head + f"/{MARKER_TAIL}/".encode()
+        pending = head + f"/{MARKER_PENDING}/".encode()
+        tails_first = sorted(docs.items(), key=lambda kv: not kv[0].startswith(tails))
+        for key, doc in tails_first:  # a topic's tail before its pending seqs
+            if key.startswith(sources):
+                topic = key[len(sources) :].decode()
+                if not isinstance(doc, dict):
+                    raise ValueError(f"marker record {key!r}: {doc!r}")
+                for p, off in doc["offsets"].items():
+                    self.offsets[(topic, int(p))] = int(off)
+                if "id" in doc:
+                    self.source_ids[topic] = str(doc["id"])
+            elif key.startswith(tails):
+                self.index[key[len(tails) :].decode()] = load_tail(doc)
+            elif key.startswith(pending):
+                topic, _, origin = key[len(pending) :].decode().partition("/")
+                if topic in self.index:  # (else a tail dropped: never left so)
+                    self.index[topic].pending[origin] = RangeSet.from_json(doc)
+
+    def _restore_head(self, data: dict[str, Any]) -> None:
+        """The head's fields; of the whole form, its cursors and tails too."""
+        self.last_batch = int(data["batch_id"])
+        if data.get("form") != MARKER_FORM:
+            self.offsets = {
+                (topic, int(p)): int(off)
+                for topic, parts in data.get("offsets", {}).items()
+                for p, off in parts.items()
+            }
+            self.index = load_tails(data.get("index", {}))
+            ids = data.get("source_ids")
+            self.source_ids = (
+                {str(t): str(i) for t, i in ids.items()} if isinstance(ids, dict) else {}
+            )
         keys = data.get("redrive_keys")
         self.redrive_keys = keys if isinstance(keys, str) else None
-        ids = data.get("source_ids")
-        self.source_ids = {str(t): str(i) for t, i in ids.items()} if isinstance(ids, dict) else {}
         names = data.get("held_back")
         names = names if isinstance(names, list) else []
         self.held_back_all = "*" in names
@@ -260,6 +352,8 @@ class MergeState:
         ``kafka`` to their committed end (within ``timeout``)."""
         state = cls()
         key = marker_key(site, query)
+        under = key + b"/"
+        marker: dict[bytes, bytes] = {}  # this query's marker records, the last of each
         oversized: dict[bytes, int] = {}  # ledger key -> ranges, of its last entry
         try:
             # one consumer for both, and no fetch parked at the end of a small topic
@@ -269,8 +363,12 @@ class MergeState:
             for msg in read_to_end(kafka, topics, timeout=timeout, extra=quick):
                 value = msg.value()
                 if msg.topic() == MARKER_TOPIC:
-                    if msg.key() == key and value:
-                        state.restore_marker(value)  # offset order: the last one wins
+                    k = msg.key() or b""
+                    if k == key or k.startswith(under):
+                        if value:  # offset order: the last one wins
+                            marker[k] = value
+                        else:  # a tombstone: a source gone
+                            marker.pop(k, None)
                     continue
                 if value is None:
                     continue
@@ -288,6 +386,8 @@ class MergeState:
                 except ContractError:
                     continue  # not ours to judge; the merge never writes such entries
                 state.held[(origin, stream)] = held
+            if marker:
+                state.restore_marker(key, marker)
         except (KafkaClientError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise MergeError(f"cannot load merge state from {kafka.bootstrap}: {exc}") from exc
         if oversized:

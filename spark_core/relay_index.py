@@ -5,7 +5,8 @@ topic's start (docs/replication.md, "A route's first use").
 Writing (the merge, spark_core/merge.py). After each committed transaction the merge
 has the seqs it wrote to each relay topic in its *tail*: per relay topic, the topic's
 id, per partition the offset where the last segment ended (``to``), and the seqs per
-origin written since (``pending``). The tail rides in the merge's marker, in the same
+origin written since (``pending``). The tail rides in the merge's marker (its own records:
+where the last segment ended, and the seqs pending per origin), in the same
 transaction as the records, so it is always what Kafka holds. Every
 :data:`INDEX_EVERY_S` (asked from the merge's ingest puller's loop) the merge writes,
 in a transaction of its own, one segment per relay topic with pending seqs into
@@ -55,9 +56,11 @@ __all__ = [
     "IndexTooLarge",
     "Segment",
     "Tail",
+    "dump_tail",
     "dump_tails",
     "encode_segment",
     "index_topic",
+    "load_tail",
     "load_tails",
     "oldest_written_ms",
     "read_segments",
@@ -94,31 +97,41 @@ def index_topic(topic: str) -> str:
     return RELAY_INDEX_TOPIC if topic.startswith("sl.relay.") else CANONICAL_INDEX_TOPIC
 
 
+def dump_tail(tail: Tail) -> dict[str, object]:
+    """Where a tail's last segment ended (its topic id, per partition its ``to``) as the
+    marker keeps it (JSON), its pending seqs left out: the marker keeps those per origin
+    (spark_core/merge_state.py, ``MergeState.marker_records``), so a transaction writes
+    the seqs of the origins it wrote, not of every origin since the last segment."""
+    return {"id": tail.topic_id, "to": {str(p): o for p, o in sorted(tail.to.items())}}
+
+
+def load_tail(data: object) -> Tail:
+    """A tail from :func:`dump_tail`, nothing pending; raises ValueError, KeyError or
+    TypeError on a malformed one (the merge writes none such)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"relay index tail: {data!r}")
+    return Tail(str(data["id"]), {int(p): int(o) for p, o in data["to"].items()})
+
+
 def dump_tails(tails: Mapping[str, Tail]) -> dict[str, object]:
-    """The tails as the marker keeps them (JSON)."""
+    """The tails as a marker of the whole form keeps them (JSON, per topic, with their
+    pending seqs)."""
     return {
-        topic: {
-            "id": t.topic_id,
-            "to": {str(p): o for p, o in sorted(t.to.items())},
-            "pending": {o: s.to_json() for o, s in sorted(t.pending.items())},
-        }
+        topic: {**dump_tail(t), "pending": {o: s.to_json() for o, s in sorted(t.pending.items())}}
         for topic, t in sorted(tails.items())
     }
 
 
 def load_tails(data: object) -> dict[str, Tail]:
-    """The tails from a marker; raises ValueError, KeyError or TypeError on a malformed
-    one (the merge writes none such)."""
+    """The tails from a marker of the whole form; raises ValueError, KeyError or
+    TypeError on a malformed one (the merge writes none such)."""
     if not isinstance(data, dict):
         raise ValueError(f"relay index tails: {data!r}")
-    return {
-        str(topic): Tail(
-            str(t["id"]),
-            {int(p): int(o) for p, o in t["to"].items()},
-            {str(o): RangeSet.from_json(s) for o, s in t["pending"].items()},
-        )
-        for topic, t in data.items()
-    }
+    out = {}
+    for topic, t in data.items():
+        tail = out[str(topic)] = load_tail(t)
+        tail.pending = {str(o): RangeSet.from_json(s) for o, s in t["pending"].items()}
+    return out
 
 
 def encode_segment(
