@@ -47,7 +47,18 @@ OPTIONS = "shorelink.options"
 
 class _Shorelink(click.Group):
     """``shorelink``: each subcommand runs under ``needs_extra`` (a package its extra
-    brings, missing here, is one line naming that extra, not a traceback)."""
+    brings, missing here, is one line naming that extra, not a traceback). The commands
+    and options other packages declare are loaded when a command line names them (or
+    when every command is listed: ``--help``), so ``shorelink fleet status`` does not
+    import the operations page, the local stack and their libraries first."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        _register(cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        _register()
+        return super().list_commands(ctx)
 
     def resolve_command(
         self, ctx: click.Context, args: list[str]
@@ -836,15 +847,30 @@ def _missing(name: str, exc: ImportError) -> click.Command:
     return missing
 
 
-def _register() -> None:
-    """Add the commands and options that installed packages declare; one whose
-    package cannot be imported here becomes a command that says what is missing."""
+#: the names whose entry points (commands, and options of a command) are loaded (None:
+#: every name's), and the commands whose added options are in place
+_LOADED: set[str | None] = set()
+_LOADED_OPTIONS: set[str] = set()
+
+
+def _register(name: str | None = None) -> None:
+    """Add the commands and options that installed packages declare for ``name``
+    (None: for every name); one whose package cannot be imported here becomes a
+    command that says what is missing. Each name is loaded once."""
+    if name in _LOADED or None in _LOADED:
+        return
+    _LOADED.add(name)
     for ep in entry_points(group=COMMANDS):
+        if name not in (None, ep.name) or ep.name in main.commands:
+            continue
         try:
             main.add_command(ep.load(), ep.name)
         except ImportError as exc:
             main.add_command(_missing(ep.name, exc), ep.name)
     for ep in entry_points(group=OPTIONS):
+        if name not in (None, ep.name) or ep.name in _LOADED_OPTIONS:
+            continue
+        _LOADED_OPTIONS.add(ep.name)
         cmd = main.commands[ep.name]
         before = len(cmd.params)
         try:
@@ -853,8 +879,6 @@ def _register() -> None:
             continue  # an option of a package this install lacks: the command works without
         _ADDED.setdefault(ep.name, []).extend(p.opts[0] for p in cmd.params[before:])
 
-
-_register()
 
 if __name__ == "__main__":
     main()

@@ -26,7 +26,10 @@ def _docs() -> str:
 
 def _commands(name: str, cmd: click.Command) -> Iterator[str]:
     if isinstance(cmd, click.Group):
-        for sub_name, sub in cmd.commands.items():
+        ctx = click.Context(cmd)  # the commands other packages add are loaded when listed
+        for sub_name in cmd.list_commands(ctx):
+            sub = cmd.get_command(ctx, sub_name)
+            assert sub is not None, f"{name} lists {sub_name} but cannot load it"
             yield from _commands(f"{name} {sub_name}", sub)
     else:
         yield name

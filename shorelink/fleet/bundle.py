@@ -22,15 +22,44 @@ import os
 import tarfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from shorelink.files import write_atomic
-from shorelink.fleet.entry import RegistryError
+from shorelink.fleet.entry import RegistryError, hash_token, key_id, new_token
+from shorelink.fleet.log import PUB, Registry
 from shorelink.proof import ShipKey
 
-__all__ = ["BUNDLE_FILES", "write_bundle", "write_tar"]
+__all__ = ["BUNDLE_FILES", "provision", "write_bundle", "write_tar"]
 
 ETC = "/etc/shorelink"
 BUNDLE_FILES = ("gateway.token", "ship.key", "fleet.pub", "ship.json", "edge.toml.part")
+
+
+def provision(
+    reg: Registry,
+    ship: str,
+    groups: Sequence[str],
+    out: Path | None = None,
+    tar_path: Path | None = None,
+) -> Path:
+    """Add ``ship`` to the registry in one append (its identity and groups, a new
+    token's hash, a new signing key from seq 1) and write its bundle to ``out``
+    (default: ``DIR/bundles/SHIP``), and as a tar to ``tar_path`` if given."""
+    bundle = out or reg.directory / "bundles" / ship
+    if bundle.exists():
+        raise RegistryError(f"{bundle} exists: a bundle is never overwritten")
+    token, key = new_token(), ShipKey.generate()
+    changes: list[tuple[str, dict[str, Any]]] = [
+        ("ship_added", {"ship": ship, "groups": list(groups)}),
+        ("token_issued", {"ship": ship, "token_hash": hash_token(token), "retire_previous": False}),
+        ("ship_key_added", {"ship": ship, "public": key.public(), "from_seq": 1}),
+    ]
+    reg.append(changes)
+    pub = (reg.directory / PUB).read_text().strip()
+    write_bundle(bundle, ship, groups, token, key, key_id(key.public()), pub, reg.state.version)
+    if tar_path is not None:
+        write_tar(bundle, tar_path)
+    return bundle
 
 
 def write_bundle(

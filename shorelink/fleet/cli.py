@@ -99,32 +99,12 @@ def fleet_provision(
     """Add SHIP in one step: its identity and groups, a token (only its hash in the
     registry), a signing key, and a bundle to carry on board (token and key 0600,
     the fleet's root key, edge.toml's lines for them)."""
-    from shorelink.fleet.bundle import write_bundle, write_tar
-    from shorelink.fleet.entry import hash_token, key_id, new_token
-    from shorelink.proof import ShipKey
+    from shorelink.fleet.bundle import provision
 
-    def provision() -> Path:
-        reg = _open(directory)
-        bundle = out or directory / "bundles" / ship
-        if bundle.exists():
-            raise ShorelinkError(f"{bundle} exists: a bundle is never overwritten")
-        token, key = new_token(), ShipKey.generate()
-        changes: list[tuple[str, dict[str, Any]]] = [
-            ("ship_added", {"ship": ship, "groups": list(groups)}),
-            (
-                "token_issued",
-                {"ship": ship, "token_hash": hash_token(token), "retire_previous": False},
-            ),
-            ("ship_key_added", {"ship": ship, "public": key.public(), "from_seq": 1}),
-        ]
-        reg.append(changes)
-        pub = (directory / "fleet.pub").read_text().strip()
-        write_bundle(bundle, ship, groups, token, key, key_id(key.public()), pub, reg.state.version)
-        if tar_path is not None:
-            write_tar(bundle, tar_path)
-        return bundle
+    def provisioned() -> Path:
+        return provision(_open(directory), ship, groups, out, tar_path)
 
-    bundle = _run(provision)
+    bundle = _run(provisioned)
     click.echo(f"ship {ship}: provisioned in groups {', '.join(groups)}; bundle {bundle}")
     if tar_path is not None:
         click.echo(f"bundle as a tar: {tar_path} (mode 0600)")
@@ -447,7 +427,7 @@ def fleet_verify(directory: Path, fleet_pub: Path | None) -> None:
 
     def verify() -> Registry:
         anchor = read_anchor(fleet_pub) if fleet_pub is not None else None
-        return Registry.open(directory, anchor)
+        return Registry.open(directory, anchor, every=True)
 
     reg = _run(verify)
     click.echo(

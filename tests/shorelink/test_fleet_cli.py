@@ -6,6 +6,8 @@ change or a tampered log must fail with a one-line error, not a traceback."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -111,3 +113,20 @@ def test_every_fleet_command_has_help() -> None:
         "config set",
     ):
         assert "Usage:" in _ok(*cmd.split(), "--help").output
+
+
+def test_the_registry_bench_runs_and_prints_each_figure_beside_its_goal(tmp_path: Path) -> None:
+    """bench/fleet_registry.py is how the 700-ship figure is measured: it must not rot."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "bench/fleet_registry.py", "--ships", "3", "--groups", "2", "--runs", "1"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["ships"] == 3 and out["entries"] == 1 + 3 * 3 + 2 + 1
+    assert out["status_json_s"]["goal"] == 1.0 and out["status_json_s"]["median"] > 0

@@ -27,7 +27,7 @@ from shorelink.fleet.entry import (
     new_token,
     sign_entry,
 )
-from shorelink.fleet.log import Registry, read_anchor, read_log
+from shorelink.fleet.log import CHECKED, Registry, read_anchor, read_log
 from shorelink.fleet.state import FleetState
 from shorelink.fleet.views import gateway_credentials, ship_keys
 from shorelink.identity import check_name
@@ -125,14 +125,34 @@ def test_a_truncated_or_corrupted_log_file_is_refused_naming_the_entry(tmp_path:
     whole = reg.path.read_bytes()
     reg.path.write_bytes(whole[:-10])
     with pytest.raises(RegistryError, match=r"entry 3: cut short.*2 whole entries"):
-        Registry.open(reg.directory)
+        Registry.open(reg.directory, every=True)
     at = whole.index(b"red")
     reg.path.write_bytes(whole[:at] + b"rad" + whole[at + 3 :])
     with pytest.raises(RegistryError, match=r"entry 3: .*forged"):
-        Registry.open(reg.directory)
+        Registry.open(reg.directory, every=True)
+    with pytest.raises(RegistryError, match=r"entry 3: is not the entry checked before"):
+        Registry.open(reg.directory)  # as `fleet status` reads it
     reg.path.write_bytes(whole.replace(b'{"body"', b'{ "body"', 1))
     with pytest.raises(RegistryError, match="entry 1: not in canonical form"):
+        Registry.open(reg.directory, every=True)
+
+
+def test_a_log_changed_below_the_entry_a_reader_checked_is_refused(tmp_path: Path) -> None:
+    """``fleet status`` checks only the signatures past ``registry.verified``: a log cut
+    or rewritten below it must still be refused (the hash chain vouches for the rest)."""
+    reg = Registry.init(tmp_path / "reg")
+    reg.append([("ship_added", {"ship": "bigblue", "groups": ["north"]})])
+    reg.append([("ship_added", {"ship": "red", "groups": ["north"]})])
+    assert (reg.directory / CHECKED).read_text().split() == ["3", reg.state.head]
+    whole = reg.path.read_bytes()
+    reg.path.write_bytes(whole[: whole.index(b"\n") + 1])
+    with pytest.raises(RegistryError, match="holds 1 entries; 3 were checked before"):
         Registry.open(reg.directory)
+    reg.path.write_bytes(whole.replace(b"bigblue", b"bigbluf"))
+    with pytest.raises(RegistryError, match="entry 3: does not follow"):
+        Registry.open(reg.directory)
+    reg.path.write_bytes(whole)
+    assert Registry.open(reg.directory).state.version == 3
 
 
 def test_an_entry_the_state_refuses_leaves_the_log_and_the_state_as_they_were(
