@@ -19,7 +19,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import tarfile
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ from shorelink.fleet.entry import RegistryError, hash_token, key_id, new_token
 from shorelink.fleet.log import PUB, Registry
 from shorelink.proof import ShipKey
 
-__all__ = ["BUNDLE_FILES", "provision", "write_bundle", "write_tar"]
+__all__ = ["BUNDLE_FILES", "provision", "write_tar"]
 
 ETC = "/etc/shorelink"
 BUNDLE_FILES = ("gateway.token", "ship.key", "fleet.pub", "ship.json", "edge.toml.part")
@@ -44,43 +46,45 @@ def provision(
 ) -> Path:
     """Add ``ship`` to the registry in one append (its identity and groups, a new
     token's hash, a new signing key from seq 1) and write its bundle to ``out``
-    (default: ``DIR/bundles/SHIP``), and as a tar to ``tar_path`` if given."""
+    (default: ``DIR/bundles/SHIP``), and as a tar to ``tar_path`` if given.
+
+    The token and the key are written first, into a hidden directory beside ``out``
+    (0700); the append follows, then the directory takes its name. A refused append
+    leaves no bundle; a bundle that cannot be written leaves no entry."""
     bundle = out or reg.directory / "bundles" / ship
     if bundle.exists():
         raise RegistryError(f"{bundle} exists: a bundle is never overwritten")
-    token, key = new_token(), ShipKey.generate()
-    changes: list[tuple[str, dict[str, Any]]] = [
-        ("ship_added", {"ship": ship, "groups": list(groups)}),
-        ("token_issued", {"ship": ship, "token_hash": hash_token(token), "retire_previous": False}),
-        ("ship_key_added", {"ship": ship, "public": key.public(), "from_seq": 1}),
-    ]
-    reg.append(changes)
+    bundle.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{bundle.name}.", suffix=".tmp", dir=bundle.parent))
+    try:
+        token, key = new_token(), ShipKey.generate()
+        write_atomic(tmp / "gateway.token", token + "\n", mode=0o600)
+        key.save(tmp / "ship.key")
+        changes: list[tuple[str, dict[str, Any]]] = [
+            ("ship_added", {"ship": ship, "groups": list(groups)}),
+            (
+                "token_issued",
+                {"ship": ship, "token_hash": hash_token(token), "retire_previous": False},
+            ),
+            ("ship_key_added", {"ship": ship, "public": key.public(), "from_seq": 1}),
+        ]
+        reg.append(changes)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     pub = (reg.directory / PUB).read_text().strip()
-    write_bundle(bundle, ship, groups, token, key, key_id(key.public()), pub, reg.state.version)
+    _write_facts(tmp, ship, groups, key_id(key.public()), pub, reg.state.version)
+    os.rename(tmp, bundle)
     if tar_path is not None:
         write_tar(bundle, tar_path)
     return bundle
 
 
-def write_bundle(
-    out: Path,
-    ship: str,
-    groups: Sequence[str],
-    token: str,
-    key: ShipKey,
-    key_id: str,
-    fleet_pub: str,
-    version: int,
-) -> Path:
-    """Write the bundle of ``ship`` into the new directory ``out`` (0700; refused if it
-    exists: a bundle holds the only copy of a token, never overwritten)."""
-    try:
-        out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        out.mkdir(mode=0o700)
-    except FileExistsError:
-        raise RegistryError(f"{out} exists: a bundle is never overwritten") from None
-    write_atomic(out / "gateway.token", token + "\n", mode=0o600)
-    key.save(out / "ship.key")
+def _write_facts(
+    out: Path, ship: str, groups: Sequence[str], key_id: str, fleet_pub: str, version: int
+) -> None:
+    """The bundle's public files: the fleet's root key, the ship's facts, edge.toml's
+    lines."""
     write_atomic(out / "fleet.pub", fleet_pub + "\n", mode=0o644)
     facts = {"ship": ship, "groups": list(groups), "key_id": key_id, "registry_version": version}
     write_atomic(out / "ship.json", json.dumps(facts, indent=2) + "\n", mode=0o644)
@@ -92,7 +96,6 @@ def write_bundle(
         f'signing_key_file = "{ETC}/ship.key"\n'
     )
     write_atomic(out / "edge.toml.part", part, mode=0o644)
-    return out
 
 
 def write_tar(bundle: Path, tar_path: Path) -> None:

@@ -49,6 +49,7 @@ def test_provision_rotate_revoke_configure_and_export_end_to_end(tmp_path: Path)
 
     again = _fleet("provision", "bigblue", "--group", "north", "--out", str(tmp_path / "b2"), *r)
     assert again.exit_code == 2 and "error: entry" in again.output and "exists" in again.output
+    assert not list(tmp_path.glob("*b2*")), "a refused provision leaves no bundle, not even half"
 
     _ok("rotate-key", "bigblue", "--from-seq", "nav=100", "--from-seq", "alerts=7", *r)
     status = json.loads(_ok("status", "--json", *r).output)

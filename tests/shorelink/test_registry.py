@@ -7,6 +7,7 @@ must come out of it byte for byte as their own loaders take them."""
 
 from __future__ import annotations
 
+import multiprocessing
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +179,36 @@ def test_two_registry_objects_see_each_others_entries_before_they_sign(tmp_path:
     a.append([("ship_added", {"ship": "bigblue", "groups": ["north"]})])
     b.append([("ship_added", {"ship": "red", "groups": ["north"]})])
     assert sorted(Registry.open(a.directory).state.ships) == ["bigblue", "red"]
+
+
+def _provision_many(directory: Path, prefix: str, n: int, ready: Any, go: Any) -> None:
+    reg = Registry.open(directory)
+    ready.release()
+    go.wait(30)
+    for i in range(n):
+        reg.append([("ship_added", {"ship": f"{prefix}{i}", "groups": ["north"]})])
+
+
+def test_commands_appending_at_once_lose_no_entry_and_keep_one_chain(tmp_path: Path) -> None:
+    """Two operators' commands at once: each must see the other's entries before it
+    signs the next (the lock), or one chain forks and every reader refuses the log."""
+    reg = Registry.init(tmp_path / "reg")
+    ctx = multiprocessing.get_context("spawn")
+    ready, go = ctx.Semaphore(0), ctx.Event()
+    procs = [
+        ctx.Process(target=_provision_many, args=(reg.directory, p, 20, ready, go))
+        for p in ("a", "b", "c")
+    ]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        assert ready.acquire(timeout=30)
+    go.set()  # all at once, each with the registry it read before
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    state = Registry.open(reg.directory, every=True).state
+    assert state.version == 1 + 3 * 20 and len(state.ships) == 60
 
 
 def test_a_fleet_key_rotation_is_followed_from_the_root_and_the_old_key_signs_no_more(
