@@ -1,5 +1,5 @@
-"""``shorelink``: the project-level command (audit, consume, ship-key, dict, fleet; the commands other installed
-packages add, such as the local stack's ``shorelink stack ...``).
+"""``shorelink``: the project-level command (audit, consume, ship-key, dict, fleet; the
+commands other installed packages add, such as the local stack's ``shorelink stack ...``).
 
 The kernel imports nothing of the project above it. Another package extends this command
 through two entry point groups (its pyproject's ``[project.entry-points."..."]``):
