@@ -31,6 +31,26 @@ Phases per system (every loop bounded):
 3. alert during a catch-up: a ``--backlog`` containers backlog enters at one site, then
    an alert every 0.5 s for 10 s; alert lag p99 at the other sites.
 
+Where the lag goes (``hops`` of phases 2 and 3, p50/p99 and the mean over the slowest
+tenth of the records, per record read at a site other than its entry): each site's
+reader notes when it first read a record and the Kafka timestamp of that copy (when
+the writer there produced it). ``entry_write + pull_write + commit_read`` is the lag;
+``entry_commit_read`` is the part of ``pull_write`` until the entry site could be read:
+
+- ``entry_write``: creation to the entry site's copy produced (shorelink: the
+  gateway's transaction, the ingest puller's wait for it, the merge's lock and plan);
+- ``entry_commit_read``: that copy produced to read at the entry site (its
+  transaction's commit, read_committed visibility, this script's reader);
+- ``pull_write``: the entry site's copy produced to the other site's produced
+  (shorelink: the entry's commit, the puller's fetch across the link and its wait, the
+  merge's lock and plan);
+- ``commit_read``: the other site's copy produced to read there (its commit, this
+  script's reader).
+
+MirrorMaker 2 gives its copies the source record's timestamp, so for it ``pull_write``
+is 0 and ``commit_read`` is the whole copy. The readers return with a record as it
+arrives (``PartitionReader.poll(wake=True)``), so what they add is a fetch.
+
 ``--signed`` (shorelink only): every ship signs (docs/replication.md, "Ship
 signatures"): each record enters with its ``sl.proof`` as a gateway writes it, the sites
 read a ship keys file that requires signatures, and every merge checks the proof of
@@ -274,6 +294,9 @@ class Watch(threading.Thread):
         self.site = site
         self.counts: Counter[tuple[str, str, int]] = Counter()
         self.lag: dict[tuple[str, str, int], float] = {}
+        #: per identity: when first read here, and that copy's Kafka timestamp (s)
+        self.read_at: dict[tuple[str, str, int], float] = {}
+        self.written_at: dict[tuple[str, str, int], float] = {}
         self.stop = threading.Event()
         self.pattern = re.compile(pattern)
         self.c = PartitionReader(kafka, group=f"bench-watch-{site}-{time.monotonic_ns()}")
@@ -296,7 +319,7 @@ class Watch(threading.Thread):
                     }
                     self.c.add(new)
                     assigned |= set(new)
-            msgs = self.c.poll(5000, 0.2).records
+            msgs = self.c.poll(5000, 0.2, wake=True).records
             now = time.time()
             with self.lock:
                 for m in msgs:
@@ -309,6 +332,8 @@ class Watch(threading.Thread):
                     self.counts[ident] += 1
                     if ident not in self.lag:
                         self.lag[ident] = now - ts
+                        self.read_at[ident] = now
+                        self.written_at[ident] = m.timestamp()[1] / 1000
         self.c.close()
 
     def holds(self, idents: set[tuple[str, str, int]]) -> bool:
@@ -318,6 +343,43 @@ class Watch(threading.Thread):
     def duplicates(self) -> int:
         with self.lock:
             return sum(n - 1 for n in self.counts.values() if n > 1)
+
+
+HOPS = ("entry_write", "entry_commit_read", "pull_write", "commit_read")
+
+
+def hops(
+    watches: dict[str, Watch], idents: set[tuple[str, str, int]], entry_of: Callable[[str], str]
+) -> dict[str, dict[str, float | None]]:
+    """Where the lag of ``idents`` went (module docstring), per hop: p50, p99, and the
+    mean over the records whose lag is in the slowest tenth. ``entry_of``: an origin's
+    entry site."""
+    rows: list[tuple[float, ...]] = []
+    for w in watches.values():
+        for i in idents:
+            entry = watches.get(entry_of(i[0]))
+            if entry is None or entry is w or i not in w.read_at or i not in entry.read_at:
+                continue
+            created = w.read_at[i] - w.lag[i]
+            ew, er = entry.written_at[i], entry.read_at[i]
+            rows.append(
+                (
+                    ew - created,
+                    er - ew,
+                    w.written_at[i] - ew,
+                    w.read_at[i] - w.written_at[i],
+                    w.lag[i],
+                )
+            )
+    slow = sorted(rows, key=lambda r: r[-1])[int(0.9 * len(rows)) :]
+    return {
+        name: {
+            "p50_s": r3(pct([r[k] for r in rows], 0.5)),
+            "p99_s": r3(pct([r[k] for r in rows], 0.99)),
+            "slowest_tenth_mean_s": r3(sum(r[k] for r in slow) / len(slow)) if slow else None,
+        }
+        for k, name in enumerate(HOPS)
+    }
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> float:
@@ -636,6 +698,7 @@ class ReplicationBench:
                 "lag_p50_s": r3(pct(lags, 0.5)),
                 "lag_p99_s": r3(pct(lags, 0.99)),
                 "samples": len(lags),
+                "hops": hops(watches, steady, lambda origin: origin.removeprefix("ship-")),
             }
             say(f"{system.name}: steady: {json.dumps(out['steady'])}")
             # 3. alert during a containers catch-up
@@ -665,6 +728,7 @@ class ReplicationBench:
                 "lag_p50_s": r3(pct(alags, 0.5)),
                 "lag_p99_s": r3(pct(alags, 0.99)),
                 "samples": len(alags),
+                "hops": hops(watches, alerts, lambda origin: ENTRY[0]),
             }
             say(f"{system.name}: alerts: {json.dumps(out['alert_during_catch_up'])}")
             time.sleep(5)

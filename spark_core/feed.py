@@ -60,7 +60,8 @@ __all__ = [
 
 log = get_logger(__name__)
 
-#: how long a round waits for the first record (an alert's latency on an idle link)
+#: how long a round waits for its first record before it ends with none (its poll
+#: returns as that record arrives: the wait costs a record nothing)
 WAIT_S = 0.2
 #: waits after a feed's turns failed in a row (it starts again from what the merge
 #: committed)
@@ -270,8 +271,14 @@ class Feed:
         failures = 0  # turns that failed in a row
         while not stop.is_set() and not self.merger.stopping.is_set():
             try:
+                began = time.monotonic()
                 if not self.round():
-                    stop.wait(WAIT_S if self._assigned else self.site.replication.probe_interval_s)
+                    # a round that read nothing waited WAIT_S in its poll, which wakes
+                    # on a record: no pause on top of it, where a record arriving would
+                    # wait for the next round. One that ended sooner (nothing assigned,
+                    # parked) waits out the rest here, so an idle feed never spins
+                    pace = WAIT_S if self._assigned else self.site.replication.probe_interval_s
+                    stop.wait(max(0.0, pace - (time.monotonic() - began)))
                 self.after_turn()
                 failures = 0
                 self.error = self.failing_since = None
@@ -398,12 +405,16 @@ class Feed:
         limit = self.site.replication.max_offsets_per_trigger
         for m in carried:
             take(m)
-        wait = WAIT_S
-        # no bound on the carry here: a partition is paused once past its share, so it
+        # until the first record, the round waits up to WAIT_S for one, and its poll
+        # returns as it arrives (``wake``: librdkafka's batch consume would hold it to
+        # the end of the wait); then it takes what is there now, no more waiting.
+        # No bound on the carry here: a partition is paused once past its share, so it
         # waits with at most its share and one fetch; one that _align holds back (a
         # cold partition ahead in time) must not stop the others being read
+        deadline = time.monotonic() + WAIT_S
         while len(rows) < limit and not full():
-            got = reader.poll(min(limit - len(rows), 5000), timeout=wait)
+            wait = 0.0 if rows else max(0.0, deadline - time.monotonic())
+            got = reader.poll(min(limit - len(rows), 5000), timeout=wait, wake=True)
             for gap in got.gaps:
                 self._gap(gap)
             if got.errors:
@@ -411,9 +422,8 @@ class Feed:
             for end in got.ends:  # past the last record (and any transaction marker)
                 self._at_end[(end.topic, end.partition)] = end.offset
                 self._heard[(end.topic, end.partition)] = time.monotonic()
-            if not got.records and not got.gaps:
-                break
-            wait = 0.0  # what is there now, no more waiting
+            if not got.records and not got.gaps and (rows or wait <= 0.0 or not got.ends):
+                break  # nothing more now (an end alone: the wait goes on)
             for m in got.records:
                 take(m)
         if paused:

@@ -276,14 +276,26 @@ class PartitionReader:
         )
 
     # -- reading -------------------------------------------------------------------------
-    def poll(self, max_records: int = 500, timeout: float = 0.5) -> Polled:
+    def poll(self, max_records: int = 500, timeout: float = 0.5, *, wake: bool = False) -> Polled:
         """What arrived within ``timeout`` seconds (at most ``max_records`` events);
-        raises the tree's error only for a fatal one (the client is unusable)."""
+        raises the tree's error only for a fatal one (the client is unusable).
+
+        librdkafka's batch consume returns when it has ``max_records`` events or when
+        ``timeout`` has passed: a reader waiting at the end of its partitions holds a
+        record that arrives meanwhile until the timeout is out. ``wake``: return as
+        soon as an event arrives, with whatever is queued behind it (a feed's wait for
+        new records, spark_core/feed.py)."""
         out = Polled()
         for tp, consumed_to in list(self._resetting.items()):
             self._reset(tp, consumed_to, out)
         with kafka_errors(self.what):
-            msgs = self._consumer.consume(max_records, timeout=timeout)
+            msgs = self._consumer.consume(max_records, timeout=0 if wake else timeout)
+            if wake and not msgs and timeout > 0:
+                first = self._consumer.poll(timeout)  # the first event, as it comes
+                if first is not None:
+                    msgs = [first]
+                    if max_records > 1:
+                        msgs += self._consumer.consume(max_records - 1, timeout=0)
         for m in msgs:
             err = m.error()
             if err is None:

@@ -4,6 +4,7 @@ settled end a test or an audit can wait for."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -169,3 +170,31 @@ def test_the_readers_errors_are_the_rooms_tree(kafka: KafkaBroker) -> None:
         PartitionReader(kafka.endpoint, extra={"auto.offset.reset": "earliest"})
     with pytest.raises(ValueError, match="BEGINNING or END"):
         PartitionReader(kafka.endpoint).assign({("t", 0): -1000})  # the stored offset
+
+
+def test_a_waking_poll_returns_with_the_first_record_not_at_its_timeout(
+    kafka: KafkaBroker,
+) -> None:
+    """librdkafka's batch consume waits out its whole timeout unless ``max_records``
+    events come first: a feed waiting at the end of its partitions held every record
+    that arrived meanwhile for the rest of its wait (0.2 s a hop, four hops between two
+    sites). A waking poll returns with the first event, and with what is queued behind
+    it."""
+    topic = unique("wake")
+    ensure_topics(kafka.endpoint, [TopicSpec(topic)])
+    _fill(kafka, topic, 3)
+    with PartitionReader(kafka.endpoint, what="test") as reader:
+        reader.assign({(topic, 0): BEGINNING})
+        _read_until(reader, lambda s: reader.caught_up)
+        got: list[Polled] = []
+        waiting = threading.Thread(
+            target=lambda: got.append(reader.poll(5000, timeout=600, wake=True)), daemon=True
+        )
+        waiting.start()
+        _fill(kafka, topic, 2)
+        waiting.join(60)  # bounded far below the poll's own 600 s
+        assert not waiting.is_alive(), "the poll waited for its timeout"
+        (polled,) = got
+        # the first record, and whatever had arrived with it
+        assert [m.value() for m in polled.records] == [b"v0", b"v1"][: len(polled.records)]
+        assert polled.records

@@ -26,6 +26,7 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import UnknownTopic
 from shorelink.kafka.reading import PartitionReader, Polled, read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics
+from spark_core import feed as feed_module
 from spark_core.config import SiteConfig, parse_config
 from spark_core.feed import ByteBudget
 from spark_core.ingest_pull import IngestPuller, write_through
@@ -577,6 +578,40 @@ def test_an_ingress_topic_recreated_under_the_ingest_puller_is_read_from_its_sta
         assert again.state.offsets[(ingress_topic(s), 0)] == 30
     finally:
         again.close()
+
+
+def test_a_feed_at_its_end_writes_each_record_as_it_arrives_not_when_its_wait_is_out(
+    kafka: KafkaBroker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every hop of a record (the entry site's ingest puller, then each other site's
+    puller) waited for its feed's round to end: the round's poll held what arrived until
+    its 0.2 s were out (librdkafka's batch consume), and a round that read nothing paused
+    0.2 s more before the next one, up to 0.4 s a hop (bench/replication.py, steady and
+    alert lag). A feed now waits in a poll that returns as a record arrives: with a wait
+    of ten minutes, three records written one after another are each written while the
+    feed waits, and once."""
+    monkeypatch.setattr(feed_module, "WAIT_S", 600.0)
+    b = kafka.bootstrap
+    s = unique("s")
+    create_ingress(b, [s], partitions=1)
+    site, _ = make_site(b, tmp_path, [s])
+    merger = Merger(site)
+    puller = IngestPuller.of(merger)
+    stop = threading.Event()
+    loop = threading.Thread(target=puller.run, args=(stop,), daemon=True)
+    try:
+        loop.start()
+        eventually(lambda: bool(puller._assigned), 60, "the feed assigned and waiting")
+        for q in (1, 2, 3):
+            produce(b, [record("x", s, q)])
+            eventually(lambda q=q: puller.read == q, 60, f"record {q} written in the wait")
+    finally:
+        stop.set()
+        produce(b, [record("x", s, 4)])  # ends the wait; the loop then sees stop
+        loop.join(60)
+        merger.close()
+    assert not loop.is_alive()
+    assert sorted(r.identity.seq for r in canonical(b, s)) == [1, 2, 3, 4]
 
 
 def test_a_neighbours_pullers_and_repairers_ask_through_one_admin_client(
