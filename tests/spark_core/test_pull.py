@@ -274,9 +274,11 @@ def test_a_batch_written_through_ends_only_when_what_waits_in_the_carry_is_writt
     ends = {(ingress_topic(s), part): _watermarks(b, ingress_topic(s), part)[1] for part in (0, 1)}
     poll = PartitionReader.poll
 
-    def late(reader: PartitionReader, max_records: int = 500, timeout: float = 0.5) -> Polled:
+    def late(
+        reader: PartitionReader, max_records: int = 500, timeout: float = 0.5, **kw: bool
+    ) -> Polled:
         time.sleep(1.0)  # the busy machine: the fetcher has run ahead meanwhile
-        return poll(reader, max_records, timeout)
+        return poll(reader, max_records, timeout, **kw)
 
     monkeypatch.setattr(PartitionReader, "poll", late)
     merger = Merger(site)
