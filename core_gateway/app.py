@@ -91,8 +91,12 @@ def _error_middleware(service: GatewayService) -> Any:
     return mw
 
 
-async def _healthz(_request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+async def _healthz(request: web.Request) -> web.Response:
+    service: GatewayService = request.app[SERVICE]
+    body: dict[str, object] = {"status": "ok"}
+    if (reg := service.registry) is not None:  # what it enforces (fleet_pub_file)
+        body["registry"] = {"version": reg.version, "refused": sum(reg.refused.values())}
+    return web.json_response(body)
 
 
 async def _readyz(request: web.Request) -> web.Response:

@@ -25,6 +25,7 @@ from core_gateway.errors import GatewayError
 from shorelink import strict_json
 from shorelink.boundary import boundary
 from shorelink.files import FileWatch, locked, write_json_atomic
+from shorelink.fleet.state import FleetState
 from shorelink.identity import check_name
 from shorelink.logs import get_logger
 
@@ -53,12 +54,29 @@ class ShipCredential:
 class Credentials:
     """The ships allowed to upload, loaded from (and saved to) one JSON file."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | None) -> None:
+        #: None: no file, the credentials given by :meth:`take_registry` (a gateway
+        #: following the fleet registry)
         self.path = path
         self._by_ship: dict[str, ShipCredential] = {}
         self._by_hash: dict[str, ShipCredential] = {}
-        self._watch = FileWatch(path)
-        self.reload()
+        self._watch = None if path is None else FileWatch(path)
+        if path is not None:
+            self.reload()
+
+    def take_registry(self, state: FleetState) -> None:
+        """The credentials the fleet registry's ``state`` says, swapped in whole: every
+        valid token of a ship (both while a rotation is pending), none of a revoked one."""
+        by_ship, by_hash = {}, {}
+        for name, rec in state.ships.items():
+            if rec.last_token is None:
+                continue
+            by_ship[name] = ShipCredential(
+                name, rec.last_token.hash, rec.last_token.issued, rec.revoked
+            )
+            for t in rec.tokens:
+                by_hash[t.hash] = ShipCredential(name, t.hash, t.issued)
+        self._by_ship, self._by_hash = by_ship, by_hash
 
     def maybe_reload(self) -> None:
         """Pick up `ships add/revoke` made by another process (checked once a second).
@@ -66,7 +84,7 @@ class Credentials:
         gateway has: logged at every check until it is mended, never a 500, and never
         forgotten (a changed file is told by its inode, size and mtime, and remembered
         only once it has been read)."""
-        if not self._watch.due():
+        if self._watch is None or not self._watch.due():
             return
         try:
             self.reload()
@@ -81,6 +99,8 @@ class Credentials:
     @boundary
     def reload(self) -> None:
         """Read the file (raises :class:`GatewayError` if it does not parse)."""
+        if self.path is None or self._watch is None:
+            return
         stamp = self._watch.stamp()
         if not self.path.exists():
             self._by_ship, self._by_hash = {}, {}
@@ -155,6 +175,8 @@ class Credentials:
         under an exclusive lock on ``<file>.lock``, so two ``ships`` commands at once
         neither undo each other (a revocation stays revoked) nor lose a ship. Not
         the gateway's reads: they see the old file or the new one, never half."""
+        if self.path is None:
+            raise GatewayError("the fleet registry gives this gateway's credentials")
         with locked(self.path):
             self.reload()  # what the last writer left, not what this object read before
             changed = change(self._by_ship)
@@ -174,6 +196,7 @@ class Credentials:
                 for c in self.list()
             }
         }
+        assert self.path is not None
         write_json_atomic(self.path, data, indent=2, mode=0o600)
         self.reload()
 

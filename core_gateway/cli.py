@@ -237,7 +237,7 @@ def ships_add(ship: str, require_client_cert: bool | None, config_path: Path) ->
     """Create (or replace) SHIP's credential and print its token once."""
     cfg = _load(config_path)
     try:
-        creds = Credentials(cfg.credentials_file)
+        creds = _file_credentials(cfg)
         token = creds.add(ship, require_client_cert=require_client_cert)
     except ShorelinkError as exc:
         fail(exc)
@@ -258,7 +258,7 @@ def ships_list(config_path: Path, as_json: bool) -> None:
     required, when created (never the tokens, nor their hashes)."""
     cfg = _load(config_path)
     try:
-        creds = Credentials(cfg.credentials_file).list()
+        creds = _file_credentials(cfg).list()
     except ShorelinkError as exc:
         fail(exc)
     if as_json:
@@ -302,7 +302,7 @@ def ships_client_cert(ship: str, need: str, config_path: Path) -> None:
     """Whether SHIP must present a client certificate naming it (mutual TLS, besides
     its token): required or optional. The token stays as it is."""
     cfg = _load(config_path)
-    creds = Credentials(cfg.credentials_file)
+    creds = _file_credentials(cfg)
     try:
         found = creds.require_client_cert(ship, need == "required")
     except ShorelinkError as exc:
@@ -311,6 +311,19 @@ def ships_client_cert(ship: str, need: str, config_path: Path) -> None:
         fail(ShorelinkError(f"no credential for ship {ship!r}"))
     _warn_without_client_ca(cfg, creds, ship)
     click.echo(f"client certificate {need} for {ship}")
+
+
+def _file_credentials(cfg: GatewayConfig) -> Credentials:
+    """The credentials file of a site run alone; a gateway following the fleet registry
+    has none (its ships are the registry's: ``shorelink fleet ...`` at headquarters)."""
+    if cfg.credentials_file is None:
+        fail(
+            ShorelinkError(
+                "this gateway follows the fleet registry (fleet_pub_file): ships are "
+                "provisioned and revoked at headquarters with `shorelink fleet ...`"
+            )
+        )
+    return Credentials(cfg.credentials_file)
 
 
 def _warn_without_client_ca(cfg: GatewayConfig, creds: Credentials, ship: str) -> None:
@@ -328,7 +341,7 @@ def _warn_without_client_ca(cfg: GatewayConfig, creds: Credentials, ship: str) -
 def ships_revoke(ship: str, config_path: Path) -> None:
     """Revoke SHIP's credential (a running gateway notices within a second)."""
     cfg = _load(config_path)
-    if not Credentials(cfg.credentials_file).revoke(ship):
+    if not _file_credentials(cfg).revoke(ship):
         fail(ShorelinkError(f"no credential for ship {ship!r}"))
     click.echo(f"revoked {ship}")
 

@@ -15,6 +15,7 @@ from shorelink.boundary import boundary
 from shorelink.config import LOG_LEVELS, Errors, Section, key, read, read_key, resolve_secrets
 from shorelink.config import load_config as load_file
 from shorelink.errors import ConfigError
+from shorelink.fleet.log import read_anchor
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.topics import Durability
 from shorelink.proof import ShipKeys
@@ -32,9 +33,17 @@ class GatewayConfig:
     #: ``timeout``, ``username``, ``password``, ``ca_file``, ``mechanism``;
     #: docs/access-control.md)
     kafka: KafkaEndpoint = field(metadata=key("kafka"))
-    #: relative to the config file
-    credentials_file: Path
     streams: tuple[str, ...] = field(metadata=key(names="stream"))
+    #: the ships' tokens (JSON, ``shorelink-gateway ships add``, or ``shorelink fleet
+    #: export``): a site run alone; relative to the config file. With ``fleet_pub_file``,
+    #: unused: the tokens come from the fleet registry
+    credentials_file: Path | None = field(default=None, metadata=key(kind="path"))
+    #: the fleet registry's root public key (``fleet.pub`` of ``shorelink fleet init``):
+    #: the gateway follows its site's ``sl.registry`` and takes the ships' tokens and
+    #: keys from the entries this key's chain signs, applied as they arrive, no restart
+    #: (docs/fleet-registry.md, "How it travels"); then ``credentials_file`` and
+    #: ``ship_keys_file`` are not read. Relative to the config file; unset: those files
+    fleet_pub_file: Path | None = field(default=None, metadata=key(kind="path"))
     #: streams whose batches are written to Kafka before any other batch waiting (an
     #: alert does not wait behind a fleet's backlog); those not in ``streams`` are ignored
     urgent_streams: tuple[str, ...] = field(
@@ -175,6 +184,18 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayCo
             "listen.client_ca_file", "mutual TLS needs TLS: set tls_cert_file and tls_key_file"
         )
     cfg.ssl_context()  # the files load, and the key is the certificate's: else fail now
+    if cfg.fleet_pub_file is not None:
+        read_anchor(cfg.fleet_pub_file)  # a missing or broken key fails now, named
+        if cfg.ship_keys_file is not None or cfg.credentials_file is not None:
+            raise ConfigError(
+                "fleet_pub_file",
+                "the registry gives the tokens and keys: unset credentials_file and "
+                "ship_keys_file (they are for a site run alone)",
+            )
+    elif cfg.credentials_file is None:
+        raise ConfigError(
+            "credentials_file", "set credentials_file (a site alone) or fleet_pub_file"
+        )
     if cfg.ship_keys_file is not None:
         ShipKeys.load(cfg.ship_keys_file)  # a missing or broken file fails now, named
     cfg.dictionaries()  # a missing directory or a file that is no dictionary fails now

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import (
     Counter,
@@ -26,6 +26,21 @@ class _CountedElsewhere(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         yield CounterMetricFamily(self.name, self.doc, value=float(self.source()))
+
+
+class _RefusedEntries(Collector):
+    """The fleet registry's entries its follower refused, per reason
+    (shorelink/fleet/follow.py keeps the counts)."""
+
+    def __init__(self, name: str, doc: str) -> None:
+        self.name, self.doc = name, doc
+        self.source: Callable[[], Mapping[str, int]] = dict
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.doc, labels=["reason"])
+        for reason, n in sorted(self.source().items()):
+            family.add_metric([reason], float(n))
+        yield family
 
 
 class GatewayMetrics:
@@ -100,6 +115,17 @@ class GatewayMetrics:
             p + "ship_keys_read_failures", "Reads of a changed ship keys file that failed"
         )
         r.register(self.ship_keys_failures)
+        #: the fleet registry (``fleet_pub_file``): the version of the newest entry
+        #: enforced, and the entries refused (forged, replayed, ...)
+        self.registry_version = Gauge(
+            p + "registry_version",
+            "Version of the newest fleet registry entry this gateway enforces",
+            registry=r,
+        )
+        self.registry_refused = _RefusedEntries(
+            p + "registry_entries_refused", "Fleet registry entries refused, by reason"
+        )
+        r.register(self.registry_refused)
         self.readiness_checks = Counter(
             p + "readiness_checks",
             "Kafka asked whether it is reachable, for /readyz (at most one a second)",

@@ -39,6 +39,10 @@ from core_gateway.ingress import IngressWriter, Write
 from core_gateway.ledger import LedgerFollower
 from core_gateway.metrics import GatewayMetrics
 from shorelink.errors import ShorelinkError
+from shorelink.fleet.follow import RegistryFollower
+from shorelink.fleet.log import read_anchor
+from shorelink.fleet.state import FleetState
+from shorelink.kafka.registry import RegistryFeed
 from shorelink.logs import get_logger
 from shorelink.proof import PROOF_HELD_BYTES, SignatureError, WatchedShipKeys
 from shorelink.ranges import RangeSet
@@ -76,6 +80,10 @@ class GatewayService:
     def __init__(self, cfg: GatewayConfig) -> None:
         self.cfg = cfg
         self.credentials = Credentials(cfg.credentials_file)
+        #: the fleet registry followed at the site (``fleet_pub_file``): the ships'
+        #: tokens and keys; None: the files of a site run alone
+        self.registry: RegistryFollower | None = None
+        self._registry_feed: RegistryFeed | None = None
         self.holdings = Holdings()
         self.metrics = GatewayMetrics()
         self.writer = IngressWriter(cfg, on_commit=self.metrics.committed)
@@ -84,7 +92,17 @@ class GatewayService:
             cfg.limits, workers=cfg.decode_workers, dictionaries_dir=cfg.dictionaries_dir
         )
         #: the ships' public keys (shorelink/proof.py); None: batches taken unproved
-        self.ship_keys = None if cfg.ship_keys_file is None else WatchedShipKeys(cfg.ship_keys_file)
+        self.ship_keys: WatchedShipKeys | RegistryFollower | None = (
+            None if cfg.ship_keys_file is None else WatchedShipKeys(cfg.ship_keys_file)
+        )
+        if cfg.fleet_pub_file is not None:
+            follower = RegistryFollower(
+                read_anchor(cfg.fleet_pub_file), on_change=self._registry_changed
+            )
+            self.registry = self.ship_keys = follower
+            self._registry_feed = RegistryFeed(cfg.kafka, follower)
+            self.metrics.registry_version.set_function(lambda: float(follower.version))
+            self.metrics.registry_refused.source = lambda: dict(follower.refused)
         if self.ship_keys is not None:
             watched = self.ship_keys
             # a scrape looks at the file too (at most once a second): stale is known
@@ -148,6 +166,8 @@ class GatewayService:
             raise
         self.startup_error = None
         self.ledger.start()
+        if self._registry_feed is not None:
+            self._registry_feed.start()
         self.ready.set()
         self.metrics.ready.set(1)
         log.info("gateway_ready", site=self.cfg.site, cursors=n, kafka=self.cfg.kafka.bootstrap)
@@ -156,8 +176,16 @@ class GatewayService:
         if self._recovering is not None:
             self._recovering.cancel()
         self.ledger.stop()
+        if self._registry_feed is not None:
+            self._registry_feed.stop()
         await asyncio.to_thread(self.writer.close)
         await asyncio.to_thread(self.decoder.close)
+
+    def _registry_changed(self, state: FleetState) -> None:
+        """The registry moved (on its follower's thread): the ships' tokens swapped in
+        whole; the keys the follower gives (``ship_keys``) moved with it."""
+        self.credentials.take_registry(state)
+        log.info("registry_enforced", site=self.cfg.site, version=state.version)
 
     # -- the two operations ----------------------------------------------------------------
     def holdings_for(self, ship: str) -> dict[str, str]:

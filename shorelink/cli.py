@@ -30,7 +30,7 @@ from shorelink.cli_support import BOOTSTRAP_LOCATOR, fail, seq_bound, stream_seq
 from shorelink.errors import ShorelinkError
 from shorelink.extras import missing_extra, needs_extra
 from shorelink.files import write_atomic
-from shorelink.fleet.cli import fleet
+from shorelink.fleet.cli import fleet, registry_option
 from shorelink.textout import table, wrap
 
 if TYPE_CHECKING:
@@ -679,6 +679,39 @@ def _validity(valid_below: int | Mapping[str, int] | None) -> str:
 
 
 _ADDED: dict[str, list[str]] = {}
+
+
+@fleet.command("publish")
+@registry_option()
+@click.option(
+    "--sites",
+    "sites_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="The sites file (sites.toml): where the site's Kafka is and how to log in.",
+)
+@click.option("--site", required=True, help="Headquarters' site in the sites file.")
+def fleet_publish(directory: Path, sites_file: Path, site: str) -> None:
+    """Write every entry the site's sl.registry lacks into its sl.ingress.registry: the
+    merge and replication carry them to every site, exactly once (docs/fleet-registry.md,
+    "How it travels"). Publishing again writes nothing twice."""
+    from shorelink.fleet.log import Registry
+    from shorelink.kafka.registry import publish
+
+    s = _site_kafka(sites_file, site)
+    try:
+        reg = Registry.open(directory)
+        versions = publish(reg, s.kafka, site, s.durability)
+    except ShorelinkError as exc:
+        fail(exc)
+    version = reg.state.version
+    if not versions:
+        click.echo(f"registry version {version}: {site} holds every entry already")
+        return
+    click.echo(
+        f"registry version {version}: entries {versions[0]}-{versions[-1]} published to {site}"
+    )
+
 
 main.add_command(fleet)
 

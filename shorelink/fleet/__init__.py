@@ -9,10 +9,12 @@ append-only log of entries, each signed by the fleet key and chained to the one 
 - ``views``: the state as the files today's gateways and sites read (credentials, ship
   keys);
 - ``bundle``: what a new ship carries on board;
+- ``travel``: the entries as records of the system, published at headquarters;
+- ``follow``: a site's registry followed, verified and applied (gateway, Spark);
 - ``cli``: ``shorelink fleet ...``.
 
-Pure Python, no Kafka: carrying the registry to sites and ships is a later part of
-issue 41.
+Pure Python, no Kafka: ``shorelink/kafka/registry.py`` publishes the records and feeds
+a site's topic to ``follow`` (docs/fleet-registry.md, "How it travels").
 """
 
-__all__ = ["bundle", "cli", "entry", "log", "state", "views"]
+__all__ = ["bundle", "cli", "entry", "follow", "log", "state", "travel", "views"]

@@ -3,7 +3,8 @@
 Every command names the registry's directory (``--registry DIR``, or
 ``SHORELINK_FLEET_REGISTRY``), reads its log from the first entry (every signature and
 link of the chain checked) and, for a change, appends the entries it signs with the
-fleet key. Secrets (a token, a ship's private key) are written owner-only and printed
+fleet key (``shorelink fleet publish``, which reaches Kafka, is in shorelink/cli.py).
+Secrets (a token, a ship's private key) are written owner-only and printed
 nowhere but where the command says.
 """
 
@@ -24,16 +25,22 @@ if TYPE_CHECKING:
     from shorelink.fleet.log import Registry
     from shorelink.fleet.state import FleetState, ShipRecord
 
-__all__ = ["fleet", "render_status", "status_json"]
+__all__ = ["fleet", "registry_option", "render_status", "status_json"]
 
-_REGISTRY = click.option(
-    "--registry",
-    "directory",
-    type=click.Path(path_type=Path, file_okay=False),
-    required=True,
-    envvar="SHORELINK_FLEET_REGISTRY",
-    help="The registry's directory (env SHORELINK_FLEET_REGISTRY).",
-)
+def registry_option() -> Callable[[Any], Any]:
+    """``--registry DIR`` (or ``SHORELINK_FLEET_REGISTRY``): every command's, and
+    ``shorelink fleet publish``'s (shorelink/cli.py)."""
+    return click.option(
+        "--registry",
+        "directory",
+        type=click.Path(path_type=Path, file_okay=False),
+        required=True,
+        envvar="SHORELINK_FLEET_REGISTRY",
+        help="The registry's directory (env SHORELINK_FLEET_REGISTRY).",
+    )
+
+
+_REGISTRY = registry_option()
 _FROM_SEQ = click.option(
     "--from-seq",
     "from_seq",

@@ -45,6 +45,7 @@ from shorelink.identity import check_name
 from shorelink.proof import MAX_PREVIOUS_KEYS, load_private_key, save_private_key
 
 __all__ = [
+    "FLEET_ORIGIN",
     "KINDS",
     "MAX_CONFIG_BYTES",
     "MAX_ENTRIES",
@@ -54,6 +55,7 @@ __all__ = [
     "MAX_KEYS_PER_SHIP",
     "MAX_SHIPS",
     "MAX_STREAM_BOUNDS",
+    "REGISTRY_STREAM",
     "TOKEN_PREFIX",
     "Entry",
     "FleetKey",
@@ -82,6 +84,11 @@ MAX_KEYS_PER_SHIP = MAX_PREVIOUS_KEYS + 1
 MAX_STREAM_BOUNDS = 64
 #: entries a registry holds (versions run 1 to this)
 MAX_ENTRIES = 10_000_000
+
+#: the registry as records (shorelink/fleet/travel.py): their origin, never a ship's
+#: name, and their stream, never a gateway's; seq = the entry's version
+FLEET_ORIGIN = "fleet"
+REGISTRY_STREAM = "registry"
 
 #: how a ship's bearer token begins (the gateway's ``ships add`` makes the same)
 TOKEN_PREFIX = "slk_"

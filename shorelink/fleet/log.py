@@ -194,6 +194,16 @@ class Registry:
         self._write_checked()
         return entries
 
+    def entries(self) -> list[Entry]:
+        """Every entry of the log up to what was read and checked (:meth:`open`,
+        :meth:`refresh`), in order."""
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read(self._offset)
+        except OSError as exc:
+            raise RegistryError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        return [decode_entry(line) for line in data.splitlines()]
+
     def _reread(self) -> None:
         self.state, self._offset, self._inode = FleetState(anchor=self.state.anchor), 0, 0
         self.refresh()

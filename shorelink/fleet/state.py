@@ -32,6 +32,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from shorelink.fleet.entry import (
+    FLEET_ORIGIN,
     MAX_GROUPS,
     MAX_KEYS_PER_SHIP,
     MAX_SHIPS,
@@ -130,6 +131,9 @@ class FleetState:
     ships: dict[str, ShipRecord] = field(default_factory=dict)
     groups: set[str] = field(default_factory=set)
     configs: dict[tuple[str, str], ConfigRecord] = field(default_factory=dict)
+    #: every fleet key the chain named, oldest first: (public key, the version of the
+    #: entry that named it); each signs the entries after that one, up to the next's
+    fleet_keys: list[tuple[str, int]] = field(default_factory=list)
     #: every token hash and ship key ever issued: never issued twice
     _hashes: set[str] = field(default_factory=set, repr=False)
     _publics: set[str] = field(default_factory=set, repr=False)
@@ -171,6 +175,7 @@ class FleetState:
             self.fleet_key = entry.body["fleet_key"]
             self.fleet_key_id = key_id(self.fleet_key)
             self._verifier = verify_key(self.fleet_key)
+            self.fleet_keys.append((self.fleet_key, v))
 
     # -- each kind: checks first, then the change ---------------------------------------
 
@@ -193,6 +198,8 @@ class FleetState:
         name, groups = body["ship"], tuple(body["groups"])
         if name in self.ships:
             raise RegistryError(f"ship {name} exists (a name is never given twice)")
+        if name == FLEET_ORIGIN:
+            raise RegistryError(f"{FLEET_ORIGIN} is the registry's own origin, never a ship's")
         if len(self.ships) >= MAX_SHIPS:
             raise RegistryError(f"the registry holds {MAX_SHIPS} ships already")
         self._room_for(groups)

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 
-from shorelink.fleet.entry import verify_key
+from shorelink.config import parse_toml
+from shorelink.fleet.entry import FLEET_ORIGIN, verify_key
 from shorelink.fleet.state import FleetState
 from shorelink.proof import PreviousKey, ShipKeys
 
-__all__ = ["gateway_credentials", "ship_keys"]
+__all__ = ["gateway_credentials", "ship_keys", "site_ship_keys"]
 
 
 def gateway_credentials(state: FleetState) -> str:
@@ -64,3 +65,22 @@ def ship_keys(state: FleetState, require_signatures: bool = True) -> str:
         if before:
             previous[name] = tuple(before)
     return ShipKeys.render(current, require_signatures, {}, previous)
+
+
+def site_ship_keys(state: FleetState) -> ShipKeys:
+    """The ship keys a site following the registry enforces (no file between): every
+    ship's as :func:`ship_keys` writes them, and the origin ``fleet``'s, the registry's
+    records (shorelink/fleet/travel.py): its fleet key in force, and each earlier one
+    valid below the entry after its rotation (it signed the entries up to that one);
+    before the first entry, the pinned root ``state.anchor``."""
+    keys = ShipKeys.parse(parse_toml(ship_keys(state)))
+    named = state.fleet_keys or ([(state.anchor, 0)] if state.anchor else [])
+    if named:
+        keys.ships[FLEET_ORIGIN] = verify_key(named[-1][0])
+        before = [
+            PreviousKey(pub, verify_key(pub), named[i + 1][1] + 1)
+            for i, (pub, _) in reversed(list(enumerate(named[:-1])))
+        ]
+        if before:
+            keys.previous[FLEET_ORIGIN] = tuple(before)
+    return keys

@@ -28,6 +28,7 @@ them without a copy.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -55,7 +56,7 @@ from shorelink.kafka.errors import (
     classify,
     kafka_errors,
 )
-from shorelink.logs import get_logger
+from shorelink.logs import RateLimitedLog, get_logger
 
 __all__ = [
     "BEGINNING",
@@ -64,6 +65,7 @@ __all__ = [
     "Headers",
     "PartitionReader",
     "Polled",
+    "follow_topic",
     "read_to_end",
     "written_ms",
 ]
@@ -460,3 +462,43 @@ def _high_watermarks(kafka: KafkaEndpoint, parts: list[Part], deadline: float) -
             if not classify(exc).retryable or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def follow_topic(
+    kafka: KafkaEndpoint,
+    topic: str,
+    take: Callable[[list[Message]], None],
+    stop: threading.Event,
+    *,
+    group: str,
+    wait_s: float = 2.0,
+    poll_s: float = 0.5,
+) -> None:
+    """Read ``topic`` at ``kafka`` from its beginning (read_committed) until ``stop``,
+    each poll's records to ``take``: a long-running follower's loop (the gateway's
+    ledger, a site's registry). Until the topic exists (its writer creates it), looked
+    for every ``wait_s``; Kafka's passing errors and gaps logged (``follow_error``,
+    rate limited); what ``take`` raises ends the loop (its caller logs it)."""
+    limited = RateLimitedLog(log)
+    reader = PartitionReader(kafka, group=group, what=f"{topic} at {kafka.bootstrap}")
+    assigned = False
+    try:
+        while not stop.is_set():
+            if not assigned:
+                try:
+                    parts = reader.partitions([topic], timeout=5).get(topic)
+                    if parts is not None:
+                        reader.assign({(topic, p): BEGINNING for p in parts})
+                        assigned = True
+                except KafkaClientError as exc:  # Kafka away: the next look may find it
+                    limited.warning(topic, "follow_error", topic=topic, error=str(exc))
+                if not assigned:
+                    stop.wait(wait_s)
+                    continue
+            got = reader.poll(500, timeout=poll_s)
+            for problem in [*got.errors, *got.gaps]:
+                limited.warning(topic, "follow_error", topic=topic, error=str(problem))
+            if got.records:
+                take(got.records)
+    finally:
+        reader.close()

@@ -14,7 +14,14 @@ from pathlib import Path
 from click.testing import CliRunner, Result
 
 from core_gateway.auth import Credentials
+from local_stack.kafka import KafkaBroker
 from shorelink.cli import main
+from shorelink.contract import H_PROOF, Record, ingress_topic
+from shorelink.fleet.entry import FLEET_ORIGIN, REGISTRY_STREAM
+from shorelink.fleet.log import Registry
+from shorelink.fleet.state import FleetState
+from shorelink.fleet.views import site_ship_keys
+from shorelink.kafka.reading import read_to_end
 from shorelink.proof import ShipKey, ShipKeys
 
 
@@ -131,3 +138,43 @@ def test_the_registry_bench_runs_and_prints_each_figure_beside_its_goal(tmp_path
     out = json.loads(done.stdout)
     assert out["ships"] == 3 and out["entries"] == 1 + 3 * 3 + 2 + 1
     assert out["status_json_s"]["goal"] == 1.0 and out["status_json_s"]["median"] > 0
+
+
+def test_publish_writes_every_entry_as_a_record_of_the_fleet_its_sites_can_prove(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """What headquarters publishes is what every merge must take from a neighbour: one
+    record per entry, at seq = its version, proved by the fleet key (a record without
+    a valid proof would be dead-lettered at the sites behind)."""
+    reg = tmp_path / "registry"
+    r = ["--registry", str(reg)]
+    _ok("init", *r)
+    _ok("provision", "bigblue", "--group", "north", *r)
+    sites = tmp_path / "sites.toml"
+    sites.write_text(
+        f'[sites.hq]\nstreams = ["alerts"]\n[sites.hq.kafka]\nbootstrap = "{kafka.bootstrap}"\n'
+    )
+    out = _ok("publish", "--sites", str(sites), "--site", "hq", *r).output
+    assert "entries 1-4 published to hq" in out
+    state = Registry.open(reg).state
+    keys = site_ship_keys(FleetState(anchor=state.fleet_key))  # a site that knows the root
+    mine = [
+        m
+        for m in read_to_end(kafka.endpoint, [ingress_topic(REGISTRY_STREAM)], settled=True)
+        if (m.value() or b"") in {e.raw for e in Registry.open(reg).entries()}
+    ]
+    assert [Record.from_kafka(m.key(), m.value(), m.headers()).identity.seq for m in mine] == [
+        1,
+        2,
+        3,
+        4,
+    ]
+    for m in mine:
+        rec = Record.from_kafka(m.key(), m.value(), m.headers())
+        i, proof = rec.identity, dict(m.headers() or [])[H_PROOF]
+        assert (i.origin, i.stream) == (FLEET_ORIGIN, REGISTRY_STREAM)
+        assert isinstance(proof, bytes)
+        why = keys.check(FLEET_ORIGIN, i.stream, i.seq, rec.ts_ms, rec.key, "", rec.value, proof)
+        assert why is None
+    bad = _fleet("publish", "--sites", str(sites), "--site", "nowhere", *r)
+    assert bad.exit_code == 2 and "no site 'nowhere'" in bad.output

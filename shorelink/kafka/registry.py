@@ -1,0 +1,117 @@
+"""The fleet registry at a site's Kafka (docs/fleet-registry.md, "How it travels"):
+headquarters :func:`publish` es its entries into its own ``sl.ingress.registry``, and
+every gateway and Spark application reads its site's ``sl.registry`` through a
+:class:`RegistryFeed` into a :class:`~shorelink.fleet.follow.RegistryFollower`, which
+decides what to take.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+from confluent_kafka import Message
+
+from shorelink.contract import H_ORIGIN, H_SEQ, canonical_topic, ingress_topic
+from shorelink.fleet.entry import FLEET_ORIGIN, REGISTRY_STREAM, RegistryError
+from shorelink.fleet.follow import RegistryFollower
+from shorelink.fleet.log import Registry
+from shorelink.fleet.travel import entry_record
+from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.errors import UnknownTopic
+from shorelink.kafka.reading import follow_topic, read_to_end
+from shorelink.kafka.topics import Durability, ensure_topics, ingress_spec, producer
+from shorelink.logs import get_logger
+
+__all__ = ["RegistryFeed", "held_version", "publish"]
+
+log = get_logger(__name__)
+
+
+def held_version(kafka: KafkaEndpoint, timeout: float = 30.0) -> int:
+    """The newest entry version ``kafka``'s ``sl.registry`` holds (0: none, or no topic)."""
+    top = 0
+    try:
+        for msg in read_to_end(kafka, [canonical_topic(REGISTRY_STREAM)], timeout=timeout):
+            headers = dict(msg.headers() or [])
+            seq = headers.get(H_SEQ)
+            if headers.get(H_ORIGIN) == FLEET_ORIGIN.encode() and seq and seq.isdigit():
+                top = max(top, int(seq))
+    except UnknownTopic:
+        return 0
+    return top
+
+
+def publish(
+    registry: Registry,
+    kafka: KafkaEndpoint,
+    site: str,
+    durability: Durability | None = None,
+    since: int | None = None,
+) -> list[int]:
+    """Write into ``site``'s ``sl.ingress.registry`` (at ``kafka``) every entry past
+    what its ``sl.registry`` holds (or past ``since``); return their versions. Writing
+    one again is harmless: the merge keeps one copy of an identity."""
+    ensure_topics(kafka, [ingress_spec(REGISTRY_STREAM, 1)], durability)
+    start = held_version(kafka) if since is None else since
+    entries = [e for e in registry.entries() if e.version > start]
+    if not entries:
+        return []
+    key = registry.fleet_key()
+    records = [entry_record(e, key, site) for e in entries]  # all refused or none written
+    p = producer(kafka, {"enable.idempotence": True})
+    topic = ingress_topic(REGISTRY_STREAM)
+    failed: list[str] = []
+
+    def delivered(err: object, _msg: object) -> None:
+        if err is not None:
+            failed.append(str(err))
+
+    for k, v, headers in records:
+        p.produce(topic, v, k, headers=headers, on_delivery=delivered)
+        p.poll(0)
+    left = p.flush(kafka.timeout_s)
+    if left or failed:
+        why = failed[0] if failed else f"{left} records not acknowledged in time"
+        raise RegistryError(f"publishing to {topic} at {kafka.bootstrap} failed: {why}")
+    return [e.version for e in entries]
+
+
+class RegistryFeed:
+    """Reads ``kafka``'s ``sl.registry`` (read_committed, from its beginning) on a
+    thread of its own into ``follower``; never takes its process down."""
+
+    def __init__(self, kafka: KafkaEndpoint, follower: RegistryFollower) -> None:
+        self.kafka = kafka
+        self.follower = follower
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="registry", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        try:
+            follow_topic(
+                self.kafka,
+                canonical_topic(REGISTRY_STREAM),
+                self._take,
+                self._stop,
+                group=f"shorelink-registry-{uuid.uuid4().hex}",
+                wait_s=1.0,
+                poll_s=0.2,
+            )
+        except Exception:  # the feed must never take its process down
+            log.exception("registry_feed_crashed")
+
+    def _take(self, records: list[Message]) -> None:
+        moved = False
+        for msg in records:
+            moved = self.follower.take(msg.key(), msg.value(), msg.headers()) or moved
+        if moved:
+            self.follower.changed()
