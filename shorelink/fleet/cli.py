@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["fleet", "registry_option", "render_status", "status_json"]
 
+
 def registry_option() -> Callable[[Any], Any]:
     """``--registry DIR`` (or ``SHORELINK_FLEET_REGISTRY``): every command's, and
     ``shorelink fleet publish``'s (shorelink/cli.py)."""
