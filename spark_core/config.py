@@ -26,6 +26,8 @@ from shorelink.config import (
 from shorelink.config import load_config as load_file
 from shorelink.contract import KAFKA_MAX_MESSAGE_BYTES
 from shorelink.errors import ConfigError
+from shorelink.fleet.entry import REGISTRY_STREAM
+from shorelink.fleet.log import read_anchor
 from shorelink.kafka.auth import KafkaAuth
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.sites import SiteKafka
@@ -42,6 +44,7 @@ __all__ = [
     "SitesConfig",
     "SparkConfig",
     "StreamPolicy",
+    "carry_registry",
     "load_config",
     "parse_config",
 ]
@@ -348,6 +351,13 @@ class SitesConfig:
     #: gateways'): what a site pulls from a neighbour is taken only with its ship's
     #: proof; re-read when it changes; relative to this file; unset: not checked
     ship_keys_file: Path | None = field(default=None, metadata=key(kind="path"))
+    #: the fleet registry's root public key (``fleet.pub`` of ``shorelink fleet init``;
+    #: docs/fleet-registry.md, "How it travels"): every site carries the stream
+    #: ``registry`` (urgent, one partition, kept forever) and each application follows
+    #: its site's ``sl.registry``, its merges checking what they pull against the keys
+    #: the registry says (no ship keys file: unset ``ship_keys_file``); relative to
+    #: this file; unset: the registry does not travel
+    fleet_pub_file: Path | None = field(default=None, metadata=key(kind="path"))
 
     def neighbours_of(self) -> dict[str, tuple[str, ...]]:
         """The replication graph: each site -> the sites it pulls from."""
@@ -494,7 +504,33 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> SitesConf
         for n in s.neighbours:
             if n not in sites:
                 raise ConfigError(f"sites.{s.name}.neighbours", f"{n!r} is not a site of this file")
+    if cfg.fleet_pub_file is not None:
+        read_anchor(cfg.fleet_pub_file)  # a missing or broken key fails now, named
+        if cfg.ship_keys_file is not None:
+            raise ConfigError(
+                "fleet_pub_file",
+                "the registry gives the ship keys: unset ship_keys_file (a site run alone)",
+            )
+        cfg = replace(cfg, sites={n: carry_registry(s) for n, s in cfg.sites.items()})
     return cfg
+
+
+def carry_registry(site: SiteConfig) -> SiteConfig:
+    """``site`` carrying the fleet registry's stream: urgent (it travels as an alert
+    does), one partition (the entries in one order), kept forever (a site rebuilt or
+    added later takes the whole chain from a neighbour's canonical topic)."""
+    if REGISTRY_STREAM in site.streams:
+        raise ConfigError(
+            f"sites.{site.name}.streams",
+            f"{REGISTRY_STREAM!r} is the fleet registry's, carried by fleet_pub_file",
+        )
+    policy = StreamPolicy(1, None, site.replication.relay_retention_ms)
+    return replace(
+        site,
+        streams=(*site.streams, REGISTRY_STREAM),
+        replication=replace(site.replication, urgent=(*site.replication.urgent, REGISTRY_STREAM)),
+        topics={**site.topics, REGISTRY_STREAM: policy},
+    )
 
 
 @boundary

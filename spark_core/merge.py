@@ -44,6 +44,7 @@ from shorelink.contract import (
     relay_topic,
 )
 from shorelink.files import write_json_atomic
+from shorelink.fleet.follow import RegistryFollower
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.errors import Fenced, KafkaClientError, KafkaTransactionError
 from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
@@ -260,7 +261,8 @@ class Merger:
         self.ingest_puller = False
         #: the ships' public keys (``ship_keys_file``; shorelink/proof.py): what it
         #: pulls from neighbours is taken only with its ship's proof. None: unchecked
-        self.ship_keys = (
+        #: (``fleet_pub_file``: the site's registry follower, set by the application)
+        self.ship_keys: WatchedShipKeys | RegistryFollower | None = (
             None
             if sites is None or sites.ship_keys_file is None
             else WatchedShipKeys(sites.ship_keys_file)

@@ -46,6 +46,7 @@ from shorelink.contract import (
     record_bytes,
 )
 from shorelink.errors import ContractError
+from shorelink.fleet.entry import FLEET_ORIGIN
 from shorelink.identity import check_name
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError
@@ -660,7 +661,9 @@ def plan_batch(
     a key without a valid proof, or of a ship without one where keys are required, is
     dead-lettered (``plan.unproved``) and never reaches the ledger, so a forged copy can
     neither replace the genuine record nor add a seq (the bound on holes, the ledger's
-    size). Checked once per identity the site lacks, not per duplicate.
+    size). Checked once per identity the site lacks, not per duplicate. A record of the
+    fleet registry's origin is checked from the site's own ingress too: no gateway
+    writes it, so no gateway vouched for it (docs/fleet-registry.md, "How it travels").
 
     The loop runs once per record on the driver, so it keeps per-partition and
     per-source lookups out of the common path: rows come grouped by source partition,
@@ -729,7 +732,7 @@ def plan_batch(
                 ):
                     again.append((i, key, seq))
             continue
-        if pulled and (why := _proved(b, i, origin, keys, rec)) is not None:
+        if (pulled or origin == FLEET_ORIGIN) and (why := _proved(b, i, origin, keys, rec)):
             plan.unproved += 1
             plan.streams.add(row_stream)
             plan.dead.append(_dead_record(b.row(i), row_stream, why, cause_of(why)))

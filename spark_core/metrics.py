@@ -59,6 +59,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from shorelink.fleet.follow import RegistryFollower
 from shorelink.metrics import process_registry
 
 __all__ = ["STATES", "SiteCollector", "serve_metrics", "site_registry"]
@@ -81,9 +82,31 @@ class SiteCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from self._replication()
+        yield from self._registry()
         yield from self._merges()
         yield from self._queries()
         yield from self._tables()
+
+    def _registry(self) -> Iterator[Metric]:
+        """The fleet registry the merges enforce (``fleet_pub_file``)."""
+        follower = next(
+            (m.ship_keys for m in self.mergers if isinstance(m.ship_keys, RegistryFollower)), None
+        )
+        if follower is None:
+            return
+        yield GaugeMetricFamily(
+            P + "registry_version",
+            "Version of the newest fleet registry entry this site's merges enforce",
+            value=follower.version,
+        )
+        refused = CounterMetricFamily(
+            P + "registry_entries_refused",
+            "Fleet registry entries refused, by reason",
+            labels=["reason"],
+        )
+        for reason, n in sorted(follower.refused.items()):
+            refused.add_metric([reason], n)
+        yield refused
 
     def _tables(self) -> Iterator[Metric]:
         keeper = self.keeper

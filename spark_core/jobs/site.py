@@ -30,7 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from shorelink.errors import ShorelinkError
+from shorelink.fleet.follow import RegistryFollower
+from shorelink.fleet.log import read_anchor
+from shorelink.fleet.state import FleetState
 from shorelink.kafka.endpoint import name_clients
+from shorelink.kafka.registry import RegistryFeed
 from shorelink.logs import configure_logging, get_logger
 from shorelink.proof import signature_mode
 from shorelink.retry import Backoff
@@ -279,6 +283,26 @@ def _log_signature_mode(site: SiteConfig, cfg: SitesConfig, merges: list[Merger]
             log.warning("signatures_not_enforced", site=site.name, message=why)
 
 
+def follow_registry(
+    cfg: SitesConfig, site: SiteConfig, merges: list[Merger]
+) -> RegistryFeed | None:
+    """With ``fleet_pub_file``: the site's ``sl.registry`` followed from the pinned root
+    key, and every merge's ship keys the registry's (docs/fleet-registry.md, "How it
+    travels"); the feed, started. None without."""
+    if cfg.fleet_pub_file is None:
+        return None
+
+    def enforced(state: FleetState) -> None:
+        log.info("registry_enforced", site=site.name, version=state.version)
+
+    follower = RegistryFollower(read_anchor(cfg.fleet_pub_file), on_change=enforced)
+    for m in merges:
+        m.ship_keys = follower
+    feed = RegistryFeed(site.kafka, follower)
+    feed.start()
+    return feed
+
+
 def build_supervisor(
     spark: Any, cfg: SitesConfig, site_name: str, *, available_now: bool = False
 ) -> Supervisor:
@@ -292,6 +316,7 @@ def build_supervisor(
         if (why := kafka.in_clear()) is not None:
             log.warning("kafka_without_tls", site=site.name, link=link, message=why)
     merges = mergers(site, cfg)
+    registry = follow_registry(cfg, site, merges)
     _log_signature_mode(site, cfg, merges)
     reset_changed_checkpoints(site, merges, spark)
     fence_predecessors(site)  # whatever layout an earlier run had (urgent streams)
@@ -301,6 +326,8 @@ def build_supervisor(
     redriver = Redriver(merges)
     redriver.start()
     on_exit = [redriver.stop, replicator.stop]
+    if registry is not None:
+        on_exit.append(registry.stop)
     progress = ProgressReporter(site.state_path / "queries.status.json")
     keeper = TableKeeper(spark, site) if site.tables and not available_now else None
     if site.metrics.port:

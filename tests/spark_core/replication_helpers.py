@@ -131,6 +131,9 @@ class Topology:
     only: dict[str, list[str]] = field(default_factory=dict)
     #: the ship keys file every site reads (``ship_keys_file``), if any
     ship_keys: Path | None = None
+    #: the fleet registry's root key every site pins (``fleet_pub_file``), if any: each
+    #: site carries the stream ``registry`` and its merges enforce the registry's keys
+    fleet_pub: Path | None = None
     #: sites whose merge reads ``merge.source_pattern`` (no ingest puller)
     patterned: Sequence[str] = ()
     cfg: SitesConfig = field(init=False)
@@ -143,6 +146,8 @@ class Topology:
 
     def toml(self) -> str:
         keys = "" if self.ship_keys is None else f'ship_keys_file = "{self.ship_keys}"\n'
+        if self.fleet_pub is not None:
+            keys += f'fleet_pub_file = "{self.fleet_pub}"\n'
         parts = [
             keys
             + '[spark]\nmaster = "local[2]"\n[spark.conf]\n'
@@ -194,11 +199,16 @@ self_check_settle = "1s"
         """Cut (or heal) the link over which site ``reader`` pulls from ``source``."""
         self.mesh.cut(self.slots[source], self.slots[reader], cut)
 
+    @property
+    def ingress_streams(self) -> list[str]:
+        """Every stream's, and the registry's where it travels (``fleet_pub``)."""
+        return [*self.streams, *(["registry"] if self.fleet_pub is not None else [])]
+
     def create_ingress(self) -> None:
         for name in self.slots:
             ensure_topics(
                 KafkaEndpoint.plaintext(self.bootstrap(name)),
-                [TopicSpec(ingress_topic(s), partitions=2) for s in self.streams],
+                [TopicSpec(ingress_topic(s), partitions=2) for s in self.ingress_streams],
             )
 
 

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import re
 import struct
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shorelink.contract import H_PROOF, H_SEQ, Record, relay_topic
+from shorelink.fleet.bundle import provision
+from shorelink.fleet.entry import FleetKey, sign_entry
+from shorelink.fleet.log import Registry
+from shorelink.fleet.state import FleetState
+from shorelink.fleet.travel import entry_record
+from shorelink.fleet.views import site_ship_keys
 from shorelink.identity import Identity
 from shorelink.ledger import MAX_HOLDINGS_RANGES
 from shorelink.proof import ShipKey, ShipKeys
@@ -278,3 +285,31 @@ def test_a_forged_copy_offered_again_costs_no_second_signature_check() -> None:
     plan = plan_batch(rows, MergeState(), None, keys)
     assert (plan.unproved, len(plan.dead), plan.canonical) == (500, 500, [])
     assert keys.signature_checks == 1
+
+
+def test_a_registry_record_is_taken_only_with_the_fleets_proof_even_from_the_own_ingress(
+    tmp_path: Path,
+) -> None:
+    """The merge keeps the first copy of an identity: a record of the fleet registry's
+    origin made up by a neighbour, or written into a site's own ingress by anyone but
+    headquarters' publisher, would take the genuine entry's place at that site for good
+    (docs/fleet-registry.md, "How it travels"). No gateway writes the registry's
+    records, so no gateway's check vouches for them: the fleet's proof is checked from
+    every source."""
+    reg = Registry.init(tmp_path / "reg")
+    provision(reg, "bigblue", ["north"], out=tmp_path / "b")
+    genuine = [entry_record(e, reg.fleet_key(), "hq") for e in reg.entries()]
+    thief = FleetKey.generate()
+    forged = sign_entry(
+        thief, len(genuine) + 1, reg.state.head, "ship_revoked", {"ship": "bigblue"}
+    )
+    fake = entry_record(forged, thief, "hq")
+    keys = site_ship_keys(FleetState(anchor=reg.state.fleet_key))  # a site knowing the root
+    pulled = pulled_source("nasty", "topic-id-3", relay_topic("nasty", "registry"))
+    for source in (pulled, "sl.ingress.registry"):
+        state = MergeState()
+        rows = _rows([(source, r) for r in [fake, *genuine]])
+        written, unproved, _ = _apply(state, rows, keys)
+        assert unproved == 1
+        assert [s for s, _ in written] == [1, 2, 3, 4]
+        assert str(state.held[("fleet", "registry")]) == "1-4"

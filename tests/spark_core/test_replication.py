@@ -4,6 +4,7 @@ session's Spark. Each test names its own sites and streams, so tests share broke
 
 from __future__ import annotations
 
+import asyncio
 import random
 import shutil
 import sys
@@ -16,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import (
@@ -41,6 +43,10 @@ from shorelink.contract import (
     record_bytes,
     relay_topic,
 )
+from shorelink.fleet.bundle import provision
+from shorelink.fleet.entry import FleetKey, sign_entry
+from shorelink.fleet.log import Registry
+from shorelink.fleet.travel import entry_record
 from shorelink.identity import Identity
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.consumer import PortableConsumer
@@ -48,14 +54,18 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError, UnknownTopic
 from shorelink.kafka.position import FileStore
 from shorelink.kafka.reading import read_to_end
+from shorelink.kafka.registry import publish
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.ledger import MAX_HOLDINGS_RANGES
 from shorelink.proof import ShipKey, ShipKeys
 from shorelink.ranges import RangeSet
+from shorelink.wire import Batch, encode_batch
 from spark_core import routing
 from spark_core.relay_index import read_segments
 from spark_core.routing import LinkState
 from spark_core.status import read_status
+from tests.core_gateway.helpers import gateway_config, metrics_url, start_gateway
+from tests.core_gateway.helpers import records as wire_records
 from tests.helpers import eventually, kill9, run_process, unique
 from tests.spark_core.helpers import ledger
 from tests.spark_core.replication_helpers import (
@@ -1342,3 +1352,92 @@ def test_a_merge_reading_a_source_pattern_writes_its_relay_index(
 
         eventually(lambda: named() == RangeSet.from_seqs(range(1, 201)), 60, "a's index names them")
     assert identities(topo, a, cont) == Counter(ids(at_a))
+
+
+async def test_a_ship_provisioned_at_hq_uploads_at_a_port_and_its_revocation_reaches_every_site(
+    spark: object, healed: Mesh, tmp_path: Path
+) -> None:
+    """Issue 41: what headquarters' registry says reaches every site by replication
+    and is enforced there without a file copied or a restart. A ship provisioned at hq
+    uploads at a port two hops away; a registry record forged into that port's own
+    ingress is dead-lettered by its merge and does not take the genuine entry's place;
+    the ship's revocation, published at hq, is enforced at every port's gateway."""
+    reg = Registry.init(tmp_path / "registry")
+    pub = reg.directory / "fleet.pub"
+    edges = {"ra": ["rb"], "rb": ["ra", "rc"], "rc": ["rb"]}  # hq - b - c, in a line
+    topo = topology(healed, tmp_path, edges, [unique("alrt")], fleet_pub=pub)
+    hq, b, c = topo.slots
+    bundle = provision(reg, "bigblue", ["north"], out=tmp_path / "bundle")
+    token, key = (bundle / "gateway.token").read_text().strip(), ShipKey.load(bundle / "ship.key")
+    hq_kafka = KafkaEndpoint.plaintext(topo.bootstrap(hq))
+    gateways: dict[str, tuple[str, str]] = {}  # site -> ships' url, metrics url
+    stop = asyncio.Event()
+    tasks = []
+    with Running(spark, topo) as run:
+        run.start()
+        for site in (b, c):
+            broker = healed.brokers[topo.slots[site]]
+            cfg = replace(
+                gateway_config(tmp_path / site, broker, site=site),
+                credentials_file=None,
+                fleet_pub_file=pub,
+            )
+            (tmp_path / site).mkdir(exist_ok=True)
+            tasks.append(await start_gateway(cfg, stop))
+            gateways[site] = (f"http://127.0.0.1:{cfg.port}", metrics_url(cfg))
+        try:
+            async with aiohttp.ClientSession() as s:
+
+                async def enforced(version: int, within: float) -> float:
+                    t0 = time.monotonic()
+                    for site, (_, metrics) in gateways.items():
+                        while True:
+                            async with s.get(f"{metrics}/healthz") as r:
+                                if (await r.json()).get("registry", {}).get("version") == version:
+                                    break
+                            assert time.monotonic() - t0 < within, f"{site}: not at {version}"
+                            await asyncio.sleep(0.05)
+                    return time.monotonic() - t0
+
+                async def upload(site: str, lo: int) -> int:
+                    body = encode_batch(
+                        Batch("bigblue", "containers", wire_records(lo, lo + 4)), key=key
+                    )
+                    url = f"{gateways[site][0]}/v1/ships/bigblue/streams/containers/batches"
+                    headers = {
+                        "Authorization": f"Bearer {token}",
+                        "Content-Type": "application/x-shorelink-batch",
+                    }
+                    async with s.post(url, data=body, headers=headers) as r:
+                        return r.status
+
+                assert await upload(c, 1) == 401  # not provisioned at c yet
+                await asyncio.to_thread(publish, reg, hq_kafka, hq)
+                await enforced(reg.state.version, 180)
+                assert await upload(c, 1) == 200
+                assert await upload(b, 1) == 200  # (the ships' streams do not travel here)
+
+                # forged into c's own ingress at the next version: dead-lettered there
+                thief = FleetKey.generate()
+                fake = sign_entry(
+                    thief, reg.state.version + 1, reg.state.head, "ship_revoked", {"ship": "x"}
+                )
+                k, v, h = entry_record(fake, thief, c)
+                p = Producer({"bootstrap.servers": topo.bootstrap(c)})
+                p.produce(ingress_topic("registry"), v, k, headers=h)
+                assert p.flush(20) == 0
+
+                reg.append([("ship_revoked", {"ship": "bigblue"})])
+                await asyncio.to_thread(publish, reg, hq_kafka, hq)
+                took = await enforced(reg.state.version, 60)
+                assert await upload(b, 6) == 401
+                assert await upload(c, 6) == 401
+        finally:
+            stop.set()
+            for t in tasks:
+                await t
+        scraped = _scrape(topo.metrics[c])
+        assert scraped[("shorelink_spark_registry_version", ())] == reg.state.version
+        dead = list(read_to_end(KafkaEndpoint.plaintext(topo.bootstrap(c)), ["sl.dead.registry"]))
+        assert dead and {d.value() for d in dead} == {v}  # (tried again when keys change)
+    print(f"revocation published at hq, enforced at both ports in {took:.2f} s")
