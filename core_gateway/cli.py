@@ -53,6 +53,8 @@ def check_config(config_file: Path) -> None:
     if cfg.ship_keys_file is not None:
         keys = load_or_exit(ShipKeys.load, cfg.ship_keys_file)
     signatures, unenforced = signature_mode(keys, cfg.ship_keys_file)
+    if cfg.fleet_pub_file is not None:  # the keys come with the registry, once followed
+        signatures, unenforced = f"fleet_registry {cfg.fleet_pub_file}", []
     click.echo(
         f"ok: site={cfg.site} listen={cfg.host}:{cfg.port} "
         f"metrics={f'{cfg.metrics_host}:{cfg.metrics_port}' if cfg.metrics_port else 'off'} "

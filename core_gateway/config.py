@@ -185,7 +185,8 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> GatewayCo
         )
     cfg.ssl_context()  # the files load, and the key is the certificate's: else fail now
     if cfg.fleet_pub_file is not None:
-        read_anchor(cfg.fleet_pub_file)  # a missing or broken key fails now, named
+        # a missing or broken key fails now, named
+        read_anchor(cfg.fleet_pub_file, "fleet_pub_file")
         if cfg.ship_keys_file is not None or cfg.credentials_file is not None:
             raise ConfigError(
                 "fleet_pub_file",

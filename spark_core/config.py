@@ -505,7 +505,8 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> SitesConf
             if n not in sites:
                 raise ConfigError(f"sites.{s.name}.neighbours", f"{n!r} is not a site of this file")
     if cfg.fleet_pub_file is not None:
-        read_anchor(cfg.fleet_pub_file)  # a missing or broken key fails now, named
+        # a missing or broken key fails now, named
+        read_anchor(cfg.fleet_pub_file, "fleet_pub_file")
         if cfg.ship_keys_file is not None:
             raise ConfigError(
                 "fleet_pub_file",

@@ -22,6 +22,7 @@ from typing import Any
 
 from shorelink.contract import relay_topic
 from shorelink.files import write_json_atomic
+from shorelink.fleet.follow import RegistryFollower
 from shorelink.kafka.errors import KafkaClientError
 from shorelink.logs import get_logger
 from spark_core.config import SiteConfig
@@ -326,6 +327,7 @@ class Replicator:
                 stream: n for c in self.checks for stream, n in sorted(c.forgotten.items())
             },
             "neighbours": neighbours,
+            "registry": self.registry(),
             "quarantine": self.quarantine(),
             "pullers": {
                 p.name: {
@@ -348,6 +350,16 @@ class Replicator:
     def quarantine(self) -> dict[str, Any]:
         """:func:`quarantine_of` this site's merges."""
         return quarantine_of(self.mergers)
+
+    def registry(self) -> dict[str, Any] | None:
+        """The fleet registry the merges enforce (``fleet_pub_file``; None without):
+        its version, and the entries refused per reason."""
+        follower = next(
+            (m.ship_keys for m in self.mergers if isinstance(m.ship_keys, RegistryFollower)), None
+        )
+        if follower is None:
+            return None
+        return {"version": follower.version, "refused": dict(follower.refused)}
 
     def write_status(self) -> None:
         """Rewrite ``replication.status.json`` (one writer at a time: the routing thread

@@ -336,6 +336,16 @@ def render(status: SiteStatus, now: float | None = None, width: int | None = Non
         out += ["", *table(header, rows, width, right={3, 4}), *errors]
     if "holds_all" in rep:
         out += ["", *_holdings(rep, width)]
+    if isinstance(reg := rep.get("registry"), dict):
+        refused = reg.get("refused") or {}
+        why = ", ".join(f"{n} {r}" for r, n in sorted(refused.items())) if refused else "none"
+        out += [
+            "",
+            *wrap(
+                f"fleet registry: version {_cell(reg.get('version'))} enforced; entries refused: {why}",
+                width,
+            ),
+        ]
     out += _quarantine(rep, width)
     routes = rep.get("routes") or {}
     if routes:

@@ -249,13 +249,14 @@ def _read_checked(path: Path) -> tuple[int, str] | None:
 
 
 @boundary
-def read_anchor(path: Path) -> str:
-    """The fleet's root public key in ``path`` (``fleet.pub``: base64 of 32 bytes)."""
+def read_anchor(path: Path, field: str = "fleet_pub") -> str:
+    """The fleet's root public key in ``path`` (``fleet.pub``: base64 of 32 bytes); a
+    :class:`ConfigError` naming ``field`` (the key that names the file) if it holds none."""
     try:
         text = path.read_bytes()[:200].decode("ascii").strip()
         verify_key(text)
     except OSError as exc:
-        raise ConfigError("fleet_pub", f"cannot read {path}: {exc.strerror or exc}") from None
+        raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}") from None
     except ValueError:
-        raise ConfigError("fleet_pub", f"{path} holds no Ed25519 public key") from None
+        raise ConfigError(field, f"{path} holds no Ed25519 public key") from None
     return text

@@ -11,6 +11,7 @@ import pytest
 from core_gateway.config import load_config, parse_config
 from shorelink.config import load_toml
 from shorelink.errors import ConfigError
+from shorelink.fleet.log import Registry
 from tests.core_gateway.helpers import sample_config
 
 
@@ -87,3 +88,25 @@ def test_env_stands_for_a_number_a_flag_a_size_or_a_duration(
     monkeypatch.delenv("SL_TEST_PORT")
     with pytest.raises(ConfigError, match="SL_TEST_PORT is not set"):
         parse_config(data)
+
+
+def test_a_gateway_names_either_the_registry_or_its_files(tmp_path: Path) -> None:
+    """A gateway following the fleet registry takes tokens and keys from it alone: a
+    files left beside it would be a second, silent source of who may upload."""
+    reg = Registry.init(tmp_path / "registry")
+    data = load_toml(sample_config(tmp_path))
+    data["fleet_pub_file"] = str(reg.directory / "fleet.pub")
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data)
+    assert exc.value.field == "fleet_pub_file"
+    del data["credentials_file"], data["ship_keys_file"]
+    cfg = parse_config(data)
+    assert (cfg.credentials_file, cfg.ship_keys_file) == (None, None)
+    del data["fleet_pub_file"]
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data)
+    assert exc.value.field == "credentials_file"
+    data["fleet_pub_file"] = str(tmp_path / "nothing.pub")
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data)
+    assert exc.value.field == "fleet_pub_file"

@@ -5,6 +5,7 @@ session's Spark. Each test names its own sites and streams, so tests share broke
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import shutil
 import sys
@@ -1438,6 +1439,15 @@ async def test_a_ship_provisioned_at_hq_uploads_at_a_port_and_its_revocation_rea
                 await t
         scraped = _scrape(topo.metrics[c])
         assert scraped[("shorelink_spark_registry_version", ())] == reg.state.version
+        status = topo.cfg.site(c).state_path / "replication.status.json"
+        eventually(
+            lambda: (
+                json.loads(status.read_text()).get("registry", {}).get("version")
+                == reg.state.version
+            ),
+            30,
+            "c's status names the registry version it enforces",
+        )
         dead = list(read_to_end(KafkaEndpoint.plaintext(topo.bootstrap(c)), ["sl.dead.registry"]))
         assert dead and {d.value() for d in dead} == {v}  # (tried again when keys change)
     print(f"revocation published at hq, enforced at both ports in {took:.2f} s")

@@ -231,3 +231,17 @@ def test_the_command_piped_fits_80_columns_with_long_names(tmp_path: Path) -> No
     assert all(len(line) <= 80 for line in lines), r.output
     words = set(r.output.split())
     assert {query, "123456789012345", "987654321098765", "86400.5"} <= words, r.output
+
+
+def test_the_status_says_which_fleet_registry_version_the_site_enforces() -> None:
+    """Issue 41: each site reports the registry version it enforces, and what it refused
+    (a forged entry there means someone wrote into its topics)."""
+    replication = {
+        "neighbours": {},
+        "registry": {"version": 4210, "refused": {"forged": 2, "replayed": 1}},
+    }
+    status = SiteStatus("tokyo", Path("/c"), {"queries": []}, replication)
+    text = " ".join(" ".join(render(status, NOW, 80)).split())
+    assert "fleet registry: version 4210 enforced; entries refused: 2 forged, 1 replayed" in text
+    del replication["registry"]
+    assert "fleet registry" not in " ".join(render(status, NOW, 80))
