@@ -59,7 +59,11 @@ def check_sites(sites: SitesConfig, only: str | None = None) -> Report:
             out.summary.append(f"ship keys: {len(keys.ships)}{required} in {sites.ship_keys_file}")
         except ConfigError as exc:
             out.problems.append(f"ship_keys_file: {exc}")
-    if keys is not None or sites.ship_keys_file is None:
+    if sites.fleet_pub_file is not None:  # the keys come with the registry, once followed
+        out.summary.append(
+            f"signatures: the fleet registry's keys (fleet_pub_file {sites.fleet_pub_file})"
+        )
+    elif keys is not None or sites.ship_keys_file is None:
         mode, unenforced = signature_mode(keys, sites.ship_keys_file, checks="pulled records")
         out.summary.append(f"signatures: {mode}")
         # a site without neighbours pulls nothing: its merge takes what its gateway proved

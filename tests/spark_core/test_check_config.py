@@ -8,6 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from shorelink.errors import ConfigError
+from shorelink.fleet.log import Registry
+from spark_core.config import load_config
+
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "deploy" / "spark" / "sites.toml"
 
@@ -118,3 +124,19 @@ bootstrap = "127.0.0.1:{port}"
     out = _check(config)
     assert out.returncode == 0, out.stderr
     assert "signatures: required ships=0" in out.stdout and "ship_keys_file" not in out.stderr
+    # the fleet registry instead: its keys, nothing to warn of; and the registry's stream
+    # is carried by every site, never named among a site's own streams
+    reg = Registry.init(tmp_path / "registry")
+    config.write_text(f'fleet_pub_file = "{reg.directory / "fleet.pub"}"\n' + sites)
+    out = _check(config)
+    assert out.returncode == 0, out.stderr
+    assert "signatures: the fleet registry's keys" in out.stdout and "warning" not in out.stderr
+    cfg = load_config(config)
+    assert all(s.streams == ("nav", "registry") for s in cfg.sites.values())
+    assert all(s.urgent_streams == ("registry",) for s in cfg.sites.values())
+    config.write_text(
+        f'fleet_pub_file = "{reg.directory / "fleet.pub"}"\n'
+        + sites.replace('streams = ["nav"]', 'streams = ["nav", "registry"]')
+    )
+    with pytest.raises(ConfigError, match="fleet registry's"):
+        load_config(config)
