@@ -14,11 +14,16 @@ The value is compact JSON (a few hundred bytes: the satellite carries it):
     {"v": 1, "at": <epoch ms>, "link": "satellite" | null,
      "streams": {"nav": [last_seq, backlog_records], ...},
      "links": {"satellite": [spent_today, daily_budget], ...},
-     "log": [record_bytes, budget_bytes], "agent": "0.2.0"}
+     "log": [record_bytes, budget_bytes], "agent": "0.2.0",
+     "config": {"version": 7, "failure": null}}
 
 ``agent`` (the agent's version, shorelink/version.py) came after version 1 was out: a
 report without it is still a version 1 report (an agent from before), and a site from
-before ignores it.
+before ignores it. ``config`` came after it the same way: the fleet configuration the
+ship runs (``version``: the registry version of the configuration applied, 0 for the
+one it was installed with) and why the last one it fetched was not applied or was
+rolled back (``failure``, at most ``MAX_FAILURE_CHARS`` characters; null: none since it
+last applied one). Rollouts (issue 41) read it.
 
 :func:`decode_report` is the one reader, and a site reads what arrives from the sea:
 anything that is not a report of this shape is a :class:`~shorelink.errors.ContractError`
@@ -38,9 +43,11 @@ from shorelink.errors import ContractError
 from shorelink.identity import check_name
 
 __all__ = [
+    "MAX_FAILURE_CHARS",
     "MAX_REPORT_BYTES",
     "REPORT_MQTT_TOPIC",
     "REPORT_VERSION",
+    "ReportedConfig",
     "ShipReport",
     "decode_report",
     "encode_report",
@@ -56,6 +63,23 @@ MAX_REPORT_BYTES = 64 * 1024
 _MAX_INT = 2**63 - 1
 #: an agent's version: PEP 440's characters (a local part included), at most 64 of them
 _VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+!_-]{0,63}")
+#: a configuration failure's text: one line an operator reads, cut to this by the writer
+MAX_FAILURE_CHARS = 300
+
+
+@dataclass(frozen=True)
+class ReportedConfig:
+    """The fleet configuration a ship runs, as its report says it."""
+
+    #: the registry version of the configuration applied (0: the installed edge.toml)
+    version: int
+    #: why the last configuration fetched was refused or rolled back (None: none was)
+    failure: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.failure is not None and len(self.failure) > MAX_FAILURE_CHARS:
+            cut = self.failure[: MAX_FAILURE_CHARS - 3] + "..."
+            object.__setattr__(self, "failure", cut)
 
 
 @dataclass(frozen=True)
@@ -75,6 +99,8 @@ class ShipReport:
     log_budget: int = 0
     #: the version of the agent that wrote it (None: an agent from before it said so)
     agent: str | None = None
+    #: the fleet configuration it runs (None: an agent from before it said so)
+    config: ReportedConfig | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The report as the operations page's API shows it."""
@@ -92,11 +118,16 @@ class ShipReport:
             "log_bytes": self.log_bytes,
             "log_budget": self.log_budget,
             "agent": self.agent,
+            "config": (
+                None
+                if self.config is None
+                else {"version": self.config.version, "failure": self.config.failure}
+            ),
         }
 
 
 def encode_report(report: ShipReport) -> bytes:
-    body = {
+    body: dict[str, object] = {
         "v": REPORT_VERSION,
         "at": report.at_ms,
         "link": report.link,
@@ -106,6 +137,8 @@ def encode_report(report: ShipReport) -> bytes:
     }
     if report.agent is not None:
         body["agent"] = report.agent
+    if report.config is not None:
+        body["config"] = {"version": report.config.version, "failure": report.config.failure}
     out = json.dumps(body, separators=(",", ":")).encode()
     decode_report(out)  # what this side writes, the other side reads
     return out
@@ -140,7 +173,22 @@ def decode_report(payload: bytes) -> ShipReport:
         log_bytes=log_bytes,
         log_budget=log_budget,
         agent=agent,
+        config=_config(doc.get("config")),
     )
+
+
+def _config(value: object) -> ReportedConfig | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"version", "failure"}:
+        raise ContractError(f"ship report config: expected {{version, failure}}, got {value!r:.40}")
+    failure = value["failure"]
+    if failure is not None and (not isinstance(failure, str) or len(failure) > MAX_FAILURE_CHARS):
+        raise ContractError(
+            f"ship report config.failure: expected text of at most {MAX_FAILURE_CHARS}"
+            f" characters or null, got {failure!r:.40}"
+        )
+    return ReportedConfig(_count("config.version", value["version"]), failure)
 
 
 def _count(where: str, value: object) -> int:

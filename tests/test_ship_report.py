@@ -12,7 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shorelink.errors import ContractError
-from shorelink.ship_report import MAX_REPORT_BYTES, ShipReport, decode_report, encode_report
+from shorelink.ship_report import (
+    MAX_FAILURE_CHARS,
+    MAX_REPORT_BYTES,
+    ReportedConfig,
+    ShipReport,
+    decode_report,
+    encode_report,
+)
 from tests.strategies import DIGITS, LOWER, words
 
 names = words(LOWER + DIGITS, LOWER + DIGITS + "_-", 62)
@@ -28,6 +35,14 @@ reports = st.builds(
     log_bytes=counts,
     log_budget=counts,
     agent=st.one_of(st.none(), words(DIGITS, LOWER + DIGITS + ".+_-", 63)),
+    config=st.one_of(
+        st.none(),
+        st.builds(
+            ReportedConfig,
+            version=counts,
+            failure=st.one_of(st.none(), st.text(max_size=MAX_FAILURE_CHARS)),
+        ),
+    ),
 )
 
 json_values = st.recursive(
@@ -59,6 +74,8 @@ def test_any_bytes_are_a_report_or_a_contract_error(payload: bytes) -> None:
             "links": json_values,
             "log": json_values,
             "agent": json_values | st.text(max_size=70),
+            "config": json_values
+            | st.fixed_dictionaries({"version": json_values, "failure": json_values}),
         },
     )
 )
@@ -85,6 +102,24 @@ def test_hostile_json_is_a_contract_error(doc: dict[str, object]) -> None:
             "agent: expected a version",
         ),
         ({"v": 1, "at": 1, "streams": {}, "links": {}, "agent": 1}, "agent: expected a version"),
+        (
+            {"v": 1, "at": 1, "streams": {}, "links": {}, "config": {"version": 1}},
+            "config: expected {version, failure}",
+        ),
+        (
+            {
+                "v": 1,
+                "at": 1,
+                "streams": {},
+                "links": {},
+                "config": {"version": -1, "failure": None},
+            },
+            "config.version: expected a count",
+        ),
+        (
+            {"v": 1, "at": 1, "streams": {}, "links": {}, "config": {"version": 1, "failure": 3}},
+            "config.failure: expected text",
+        ),
     ],
 )
 def test_errors_say_what_is_wrong(doc: dict[str, object], says: str) -> None:
@@ -104,3 +139,17 @@ def test_a_report_from_an_agent_before_versions_is_read_without_one() -> None:
     assert decode_report(json.dumps(old).encode()).agent is None
     new = json.loads(encode_report(ShipReport(5, None, {"nav": (3, 1)}, {}, agent="0.2.0")))
     assert new["agent"] == "0.2.0" and new["v"] == 1
+
+
+def test_a_report_from_an_agent_before_fleet_configuration_is_read_without_one() -> None:
+    """Rollouts read ``config`` from every ship's report while some ships still run an
+    agent that does not write it: its absence is None, never an error; a failure text
+    longer than a report should carry is cut by the writer, never refused."""
+    old = {"v": 1, "at": 5, "link": None, "streams": {}, "links": {}, "agent": "0.2.0"}
+    assert decode_report(json.dumps(old).encode()).config is None
+    report = ShipReport(5, None, {}, {}, config=ReportedConfig(3, "x" * 1000))
+    doc = json.loads(encode_report(report))
+    assert doc["config"]["version"] == 3 and len(doc["config"]["failure"]) == MAX_FAILURE_CHARS
+    assert json.loads(encode_report(ShipReport(5, None, {}, {}, config=ReportedConfig(4))))[
+        "config"
+    ] == {"version": 4, "failure": None}
