@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib.metadata import entry_points
@@ -31,11 +32,15 @@ from shorelink.errors import ShorelinkError
 from shorelink.extras import missing_extra, needs_extra
 from shorelink.files import write_atomic
 from shorelink.fleet.cli import fleet, registry_option
+from shorelink.fleet.rollout_cli import rollout
 from shorelink.textout import table, wrap
 
 if TYPE_CHECKING:
+    from shorelink.fleet.rollout import Decision
+    from shorelink.fleet.state import FleetState
     from shorelink.kafka.audit import SitesAudit, SourceAudit
     from shorelink.kafka.endpoint import KafkaEndpoint
+    from shorelink.kafka.ship_reports import Reports
     from shorelink.kafka.sites import SiteKafka
     from shorelink.wire import WireRecord
 
@@ -711,6 +716,165 @@ def fleet_publish(directory: Path, sites_file: Path, site: str) -> None:
     click.echo(
         f"registry version {version}: entries {versions[0]}-{versions[-1]} published to {site}"
     )
+
+
+def _reports_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """Where ``fleet status``, ``fleet rollout status`` and ``tick`` read the ships'
+    reports: ``--kafka`` or ``--sites`` and ``--site``; the report stream."""
+    options = [
+        click.option(
+            "--kafka",
+            "bootstrap",
+            metavar="BOOTSTRAP",
+            help="Read the ships' reports at this Kafka (no credentials: a development broker).",
+        ),
+        click.option(
+            "--sites",
+            "sites_file",
+            type=click.Path(path_type=Path, dir_okay=False),
+            help="Or at --site of this sites file (its Kafka and credentials).",
+        ),
+        click.option("--site", help="The site in --sites (headquarters')."),
+        click.option(
+            "--report-stream",
+            default="agent",
+            show_default=True,
+            help="The ships' report stream ([report] stream of edge.toml).",
+        ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _read_reports(
+    bootstrap: str | None, sites_file: Path | None, site: str | None, stream: str
+) -> Reports | None:
+    """Every ship's newest report at the Kafka named (None: none was named)."""
+    from shorelink.kafka.endpoint import KafkaEndpoint
+    from shorelink.kafka.ship_reports import newest_reports
+
+    if bootstrap is None and sites_file is None:
+        if site is not None:
+            fail(ShorelinkError("--site names a site of --sites FILE: give --sites too"))
+        return None
+    if bootstrap is not None and sites_file is not None:
+        fail(ShorelinkError("give --kafka or --sites, not both"))
+    if sites_file is not None and site is None:
+        fail(ShorelinkError("--sites needs --site: headquarters' site in it"))
+    kafka = (
+        KafkaEndpoint.plaintext(bootstrap)
+        if bootstrap is not None
+        else _site_kafka(sites_file, site).kafka  # type: ignore[arg-type]
+    )
+    try:
+        return newest_reports(kafka, stream)
+    except ShorelinkError as exc:
+        fail(exc)
+
+
+def _fleet_view(
+    directory: Path, bootstrap: str | None, sites_file: Path | None, site: str | None, stream: str
+) -> tuple[FleetState, dict[str, dict[str, Any]] | None, dict[int, Decision]]:
+    """The registry's state and, with the reports named, each ship's health and what
+    they decide for each active rollout."""
+    from shorelink.fleet.log import Registry
+    from shorelink.fleet.rollout_cli import decisions, fleet_health, heard_from
+
+    try:
+        state = Registry.open(directory).state
+    except ShorelinkError as exc:
+        fail(exc)
+    found = _read_reports(bootstrap, sites_file, site, stream)
+    if found is None:
+        return state, None, {}
+    heard = heard_from(found.reports)
+    health = fleet_health(state, heard, found.heard_ms, int(time.time() * 1000))
+    return state, health, decisions(state, heard)
+
+
+@fleet.command("status")
+@registry_option()
+@_reports_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def fleet_status(
+    directory: Path,
+    bootstrap: str | None,
+    sites_file: Path | None,
+    site: str | None,
+    report_stream: str,
+    as_json: bool,
+) -> None:
+    """Every ship: its groups, its token's state, the configuration version it should
+    run (rollouts honoured), its key ids (each previous one with the seq it proves
+    below); with the ships' reports (--kafka or --sites) the version each runs, its
+    health and when it was last heard of, and every rollout under way."""
+    from shorelink.fleet.cli import render_status, status_json
+    from shorelink.fleet.rollout_cli import render_rollouts, rollout_json
+
+    state, health, decided = _fleet_view(directory, bootstrap, sites_file, site, report_stream)
+    if as_json:
+        out = status_json(state, health)
+        out["rollouts"] = [
+            rollout_json(state.rollouts[r], decided.get(r))
+            for r in sorted(state.active_rollouts.values())
+        ]
+        click.echo(json.dumps(out))
+        return
+    lines = render_status(state, health=health) + render_rollouts(state, decided, True)
+    click.echo("\n".join(lines))
+
+
+@rollout.command("status")
+@registry_option()
+@_reports_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def rollout_status(
+    directory: Path,
+    bootstrap: str | None,
+    sites_file: Path | None,
+    site: str | None,
+    report_stream: str,
+    as_json: bool,
+) -> None:
+    """Every rollout: its stage and ships, and with the ships' reports (--kafka or
+    --sites) what `tick` would decide and each reached ship's state."""
+    from shorelink.fleet.rollout_cli import render_rollouts, rollout_json
+
+    state, _, decided = _fleet_view(directory, bootstrap, sites_file, site, report_stream)
+    if as_json:
+        rows = [rollout_json(state.rollouts[r], decided.get(r)) for r in sorted(state.rollouts)]
+        click.echo(json.dumps(rows))
+        return
+    click.echo("\n".join(render_rollouts(state, decided) or ["no rollouts"]))
+
+
+@rollout.command("tick")
+@registry_option()
+@_reports_options
+def rollout_tick(
+    directory: Path,
+    bootstrap: str | None,
+    sites_file: Path | None,
+    site: str | None,
+    report_stream: str,
+) -> None:
+    """Read the ships' newest reports and write what they decide for every active
+    rollout: advanced, done or stopped (entries signed by the fleet key), or held. Run
+    it every report interval (a timer), then `fleet publish`."""
+    from shorelink.fleet.log import Registry
+    from shorelink.fleet.rollout_cli import heard_from, tick
+
+    found = _read_reports(bootstrap, sites_file, site, report_stream)
+    if found is None:
+        fail(ShorelinkError("tick reads the ships' reports: give --kafka or --sites and --site"))
+    try:
+        lines = tick(Registry.open(directory), heard_from(found.reports))
+    except ShorelinkError as exc:
+        fail(exc)
+    click.echo("\n".join(lines or ["no rollout under way"]))
+    if any(": held: " not in line for line in lines):
+        click.echo("next: `shorelink fleet publish` carries the change to every site")
 
 
 main.add_command(fleet)

@@ -48,9 +48,9 @@ ALLOWED = {
     "shorelink.proof:_public_key": "part of ShipKeys.load (marked)",
     "shorelink.proof:load_private_key": "part of ShipKey.load and FleetKey.load (marked)",
     "shorelink.fleet.entry:_raw_public": "part of decode_entry and read_anchor (marked)",
-    "shorelink.fleet.cli:fleet_config_set.<locals>.set_config": "an operator's configuration file at "
-    "headquarters, only checked to parse (strict_json.loads and parse_toml, marked) before "
-    "it is signed into the registry",
+    "shorelink.fleet.cli:read_document": "an operator's configuration file at "
+    "headquarters (config set, rollout start), only checked to parse (strict_json.loads "
+    "and parse_toml, marked) before it is signed into the registry",
     "shorelink.config:Section._from_env": "a config value from the operator's environment, "
     "as trusted as the config file",
     "shorelink.cli:ship_key_new": "reads back the keys file it is about to write",

@@ -10,7 +10,6 @@ nowhere but where the command says.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -260,6 +259,27 @@ def fleet_config() -> None:
     for now; their schema and their way to the ships are later parts of issue 41)."""
 
 
+def read_document(file: Path) -> tuple[str, str]:
+    """A configuration file's format (by its suffix) and text, checked to parse and to
+    fit the registry's bound."""
+    from shorelink import strict_json
+    from shorelink.config import parse_toml
+    from shorelink.fleet.entry import MAX_CONFIG_BYTES
+
+    fmt = {".toml": "toml", ".json": "json"}.get(file.suffix)
+    if fmt is None:
+        raise ShorelinkError(f"{file}: a .toml or .json file")
+    raw = file.read_bytes()
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ShorelinkError(f"{file}: {len(raw)} bytes, more than {MAX_CONFIG_BYTES}")
+    try:
+        text = raw.decode()
+        strict_json.loads(text) if fmt == "json" else parse_toml(text)
+    except ValueError as exc:
+        raise ShorelinkError(f"{file} does not parse as {fmt}: {exc}") from None
+    return fmt, text
+
+
 @fleet_config.command("set")
 @click.argument("file", type=click.Path(path_type=Path, dir_okay=False, exists=True))
 @_REGISTRY
@@ -273,24 +293,11 @@ def fleet_config_set(
 ) -> None:
     """Set the configuration of a group (--group) or a ship (--ship) to FILE (.toml or
     .json; it must parse)."""
-    from shorelink import strict_json
-    from shorelink.config import parse_toml
-    from shorelink.fleet.entry import MAX_CONFIG_BYTES
 
     def set_config() -> int:
         if (group is None) == (ship is None):
             raise ShorelinkError("give one of --group G or --ship S")
-        fmt = {".toml": "toml", ".json": "json"}.get(file.suffix)
-        if fmt is None:
-            raise ShorelinkError(f"{file}: a .toml or .json file")
-        raw = file.read_bytes()
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ShorelinkError(f"{file}: {len(raw)} bytes, more than {MAX_CONFIG_BYTES}")
-        try:
-            text = raw.decode()
-            strict_json.loads(text) if fmt == "json" else parse_toml(text)
-        except ValueError as exc:
-            raise ShorelinkError(f"{file} does not parse as {fmt}: {exc}") from None
+        fmt, text = read_document(file)
         scope, name = ("group", group) if group is not None else ("ship", ship)
         body = {
             "scope": scope,
@@ -335,17 +342,42 @@ def _ship_json(state: FleetState, rec: ShipRecord) -> dict[str, Any]:
     }
 
 
-def status_json(state: FleetState) -> dict[str, Any]:
-    """``fleet status --json``: the registry's version and fleet key, every ship."""
-    return {
-        "version": state.version,
-        "fleet_key": state.fleet_key_id,
-        "ships": [_ship_json(state, state.ships[s]) for s in sorted(state.ships)],
-    }
+def status_json(
+    state: FleetState, health: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """``fleet status --json``: the registry's version and fleet key, every ship (with
+    ``health``: what its reports say, shorelink/fleet/rollout_cli.py)."""
+    ships = []
+    for s in sorted(state.ships):
+        ship = _ship_json(state, state.ships[s])
+        if health is not None:
+            ship.update(health[s])
+        ships.append(ship)
+    return {"version": state.version, "fleet_key": state.fleet_key_id, "ships": ships}
 
 
-def render_status(state: FleetState, width: int | None = None) -> list[str]:
-    """``fleet status`` for people: a row a ship."""
+def _ago(seconds: int | None) -> str:
+    if seconds is None:
+        return "never"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def _health_columns(health: dict[str, Any]) -> list[str]:
+    """``fleet status``'s three columns of a ship's health."""
+    applied = "" if health["applied"] is None else str(health["applied"])
+    return [applied, health["health"], _ago(health["heard_s_ago"])]
+
+
+def render_status(
+    state: FleetState,
+    width: int | None = None,
+    health: dict[str, dict[str, Any]] | None = None,
+) -> list[str]:
+    """``fleet status`` for people: a row a ship (with ``health``: the version its
+    reports say it runs, its health and when it was last heard of)."""
     from shorelink.textout import table
 
     rows = []
@@ -357,26 +389,19 @@ def render_status(state: FleetState, width: int | None = None) -> list[str]:
             for i, k in enumerate(rec.keys)
         )
         config = state.config_version(name)
-        rows.append(
-            [name, ",".join(rec.groups), token, "" if config is None else str(config), keys]
-        )
+        row = [name, ",".join(rec.groups), token, "" if config is None else str(config)]
+        if health is not None:
+            row += _health_columns(health[name])
+        rows.append([*row, keys])
     head = f"registry version {state.version}, fleet key {state.fleet_key_id}, {len(rows)} ships"
     if not rows:
         return [head]
-    return [head, *table(["ship", "groups", "token", "config", "keys"], rows, width, right=[3])]
-
-
-@fleet.command("status")
-@_REGISTRY
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def fleet_status(directory: Path, as_json: bool) -> None:
-    """Every ship: its groups, its token's state, its configuration's version, its key
-    ids (each previous one with the seq it proves below)."""
-    reg = _run(lambda: _open(directory))
-    if as_json:
-        click.echo(json.dumps(status_json(reg.state)))
-        return
-    click.echo("\n".join(render_status(reg.state)))
+    columns = ["ship", "groups", "token", "config"]
+    right = [3]
+    if health is not None:
+        columns += ["applied", "health", "heard"]
+        right.append(4)
+    return [head, *table([*columns, "keys"], rows, width, right=right)]
 
 
 @fleet.command("export")

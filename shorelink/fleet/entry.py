@@ -53,7 +53,9 @@ __all__ = [
     "MAX_GROUPS",
     "MAX_GROUPS_PER_SHIP",
     "MAX_KEYS_PER_SHIP",
+    "MAX_REASON_CHARS",
     "MAX_SHIPS",
+    "MAX_STAGES",
     "MAX_STREAM_BOUNDS",
     "REGISTRY_STREAM",
     "TOKEN_PREFIX",
@@ -67,6 +69,7 @@ __all__ = [
     "key_id",
     "new_token",
     "sign_entry",
+    "stage_size",
     "verify_key",
 ]
 
@@ -84,6 +87,11 @@ MAX_KEYS_PER_SHIP = MAX_PREVIOUS_KEYS + 1
 MAX_STREAM_BOUNDS = 64
 #: entries a registry holds (versions run 1 to this)
 MAX_ENTRIES = 10_000_000
+#: a rollout's stages (its canary, the steps after it, the whole group last), the
+#: longest time its ships must report healthy, and a stop's reason in characters
+MAX_STAGES = 10
+MAX_HEALTHY_S = 30 * 24 * 3600
+MAX_REASON_CHARS = 300
 
 #: the registry as records (shorelink/fleet/travel.py): their origin, never a ship's
 #: name, and their stream, never a gateway's; seq = the entry's version
@@ -99,6 +107,8 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _KEY_ID = re.compile(r"[0-9a-f]{16}")
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
 _TOKEN_HASH = re.compile(r"sha256:[0-9a-f]{64}")
+#: a rollout's stage: a share of the group (``5%``) or a count of its ships (``3``)
+_STAGE = re.compile(r"([1-9][0-9]{0,4})(%?)")
 _FIELDS = frozenset({"body", "kind", "prev", "signer", "time", "version", "sig"})
 
 #: a seq bound: one seq for every stream, or one per named stream (a stream not named:
@@ -337,12 +347,78 @@ def _config_set(body: dict[str, Any]) -> None:
     if body["scope"] not in ("group", "ship"):
         raise ValueError('scope must be "group" or "ship"')
     _name(body["scope"], body["name"])
+    _config_body(body)
+
+
+def _config_body(body: dict[str, Any]) -> None:
     if body["format"] not in ("toml", "json"):
         raise ValueError('format must be "toml" or "json"')
     doc = body["document"]
     if not isinstance(doc, str) or len(doc.encode("utf-8", "surrogatepass")) > MAX_CONFIG_BYTES:
         raise ValueError(f"document must be text of at most {MAX_CONFIG_BYTES} bytes")
     _flag("port_links_only", body["port_links_only"])
+
+
+def stage_size(stage: str, members: int) -> int:
+    """How many of a group's ``members`` a stage (``5%``, ``3``) reaches: a share
+    rounded up (at least one ship), a count at most the group."""
+    m = _STAGE.fullmatch(stage)
+    if m is None:
+        raise ValueError(f"a stage is a share (5%) or a count (3), not {stage!r:.20}")
+    n = int(m.group(1))
+    if m.group(2):
+        return min(members, max(1, -(-n * members // 100))) if n <= 100 else members
+    return min(n, members)
+
+
+def _stages(value: object) -> None:
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_STAGES:
+        raise ValueError(f"stages must be a list of 1 to {MAX_STAGES} stages")
+    for stage in value:
+        if not isinstance(stage, str) or not _STAGE.fullmatch(stage):
+            raise ValueError("each stage is a share (5%) or a count (3)")
+        if stage.endswith("%") and int(stage[:-1]) > 100:
+            raise ValueError("a stage's share is at most 100%")
+    if value[-1] != "100%":
+        raise ValueError("the last stage is the whole group (100%)")
+
+
+def _percent(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 100:
+        raise ValueError(f"{name} must be a whole percent, 0 to 100")
+    return value
+
+
+def _rollout_started(body: dict[str, Any]) -> None:
+    _name("group", body["group"])
+    _config_body(body)
+    _stages(body["stages"])
+    h = body["healthy_s"]
+    if not isinstance(h, int) or isinstance(h, bool) or not 0 <= h <= MAX_HEALTHY_S:
+        raise ValueError(f"healthy_s must be 0 to {MAX_HEALTHY_S} seconds")
+    _percent("stop_failure_percent", body["stop_failure_percent"])
+
+
+def _rollout_id(body: dict[str, Any]) -> None:
+    r = body["rollout"]
+    if not isinstance(r, int) or isinstance(r, bool) or not 1 <= r <= MAX_ENTRIES:
+        raise ValueError("rollout must be the version of its rollout_started entry")
+    if body["by"] not in ("operator", "health"):
+        raise ValueError('by must be "operator" or "health"')
+
+
+def _rollout_advanced(body: dict[str, Any]) -> None:
+    _rollout_id(body)
+    s = body["stage"]
+    if not isinstance(s, int) or isinstance(s, bool) or not 1 <= s < MAX_STAGES:
+        raise ValueError(f"stage must be 1 to {MAX_STAGES - 1}")
+
+
+def _rollout_stopped(body: dict[str, Any]) -> None:
+    _rollout_id(body)
+    reason = body["reason"]
+    if not isinstance(reason, str) or not 1 <= len(reason) <= MAX_REASON_CHARS:
+        raise ValueError(f"reason must be text of 1 to {MAX_REASON_CHARS} characters")
 
 
 #: every kind of entry: its body's keys, and the check of their form
@@ -359,6 +435,24 @@ KINDS: dict[str, tuple[frozenset[str], Any]] = {
         frozenset({"scope", "name", "format", "document", "port_links_only"}),
         _config_set,
     ),
+    # a rollout (shorelink/fleet/rollout.py): a group's configuration in stages
+    "rollout_started": (
+        frozenset(
+            {
+                "group",
+                "format",
+                "document",
+                "port_links_only",
+                "stages",
+                "healthy_s",
+                "stop_failure_percent",
+            }
+        ),
+        _rollout_started,
+    ),
+    "rollout_advanced": (frozenset({"rollout", "stage", "by"}), _rollout_advanced),
+    "rollout_stopped": (frozenset({"rollout", "reason", "by"}), _rollout_stopped),
+    "rollout_done": (frozenset({"rollout", "by"}), _rollout_id),
 }
 
 

@@ -42,8 +42,17 @@ from shorelink.fleet.entry import (
     key_id,
     verify_key,
 )
+from shorelink.fleet.rollout import RolloutRecord, canary_order
 
-__all__ = ["ConfigRecord", "FleetState", "KeyRecord", "ShipRecord", "TokenRecord", "lowest"]
+__all__ = [
+    "ConfigRecord",
+    "FleetState",
+    "KeyRecord",
+    "ShipConfig",
+    "ShipRecord",
+    "TokenRecord",
+    "lowest",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +107,16 @@ class ConfigRecord:
     time: str
 
 
+@dataclass(frozen=True, slots=True)
+class ShipConfig:
+    """The configuration a ship should run: the documents that apply to it (its
+    groups' in its groups' order, then its own), each as far as a rollout has reached
+    the ship, and its version (the newest of their entries; None: none)."""
+
+    version: int | None
+    documents: tuple[ConfigRecord, ...]
+
+
 def _at(bound: SeqBound, stream: str) -> int:
     return bound if isinstance(bound, int) else bound.get(stream, 1)
 
@@ -131,6 +150,12 @@ class FleetState:
     ships: dict[str, ShipRecord] = field(default_factory=dict)
     groups: set[str] = field(default_factory=set)
     configs: dict[tuple[str, str], ConfigRecord] = field(default_factory=dict)
+    #: every rollout by its id (its rollout_started entry's version), and each
+    #: group's active one
+    rollouts: dict[int, RolloutRecord] = field(default_factory=dict)
+    active_rollouts: dict[str, int] = field(default_factory=dict)
+    #: a rollout's configuration (versioned by its rollout_started entry)
+    rollout_configs: dict[int, ConfigRecord] = field(default_factory=dict, repr=False)
     #: every fleet key the chain named, oldest first: (public key, the version of the
     #: entry that named it); each signs the entries after that one, up to the next's
     fleet_keys: list[tuple[str, int]] = field(default_factory=list)
@@ -264,6 +289,11 @@ class FleetState:
         if scope == "ship":
             self._live(name)
         else:
+            if name in self.active_rollouts:
+                raise RegistryError(
+                    f"group {name} has rollout {self.active_rollouts[name]} under way: "
+                    "stop it or let it finish first"
+                )
             self._room_for((name,))
             self.groups.add(name)
         self.configs[(scope, name)] = ConfigRecord(
@@ -275,6 +305,70 @@ class FleetState:
             entry.version,
             entry.time,
         )
+
+    def _rollout_started(self, entry: Entry, body: dict[str, Any]) -> None:
+        group = str(body["group"])
+        if group in self.active_rollouts:
+            raise RegistryError(
+                f"group {group} has rollout {self.active_rollouts[group]} under way: "
+                "stop it or let it finish first"
+            )
+        members = [s.name for s in self.ships.values() if group in s.groups]
+        if not members:
+            raise RegistryError(f"group {group} has no ships")
+        self.rollouts[entry.version] = RolloutRecord(
+            entry.version,
+            group,
+            tuple(body["stages"]),
+            int(body["healthy_s"]),
+            int(body["stop_failure_percent"]),
+            canary_order(group, members),
+            [entry.time],
+        )
+        self.rollout_configs[entry.version] = ConfigRecord(
+            "group",
+            group,
+            str(body["format"]),
+            str(body["document"]),
+            bool(body["port_links_only"]),
+            entry.version,
+            entry.time,
+        )
+        self.active_rollouts[group] = entry.version
+
+    def _active(self, body: dict[str, Any]) -> RolloutRecord:
+        r = self.rollouts.get(body["rollout"])
+        if r is None:
+            raise RegistryError(f"no rollout {body['rollout']}")
+        if r.state != "active":
+            raise RegistryError(f"rollout {r.id} is {r.state}")
+        return r
+
+    def _rollout_advanced(self, entry: Entry, body: dict[str, Any]) -> None:
+        r = self._active(body)
+        if body["stage"] != r.stage + 1 or body["stage"] >= len(r.stages):
+            raise RegistryError(
+                f"rollout {r.id} is at stage {r.stage + 1} of {len(r.stages)}: "
+                f"it advances to stage {r.stage + 2} only"
+            )
+        r.stage_times.append(entry.time)
+
+    def _end(self, r: RolloutRecord, entry: Entry, state: str, reason: str | None) -> None:
+        r.state, r.by, r.reason, r.ended = state, str(entry.body["by"]), reason, entry.time
+        del self.active_rollouts[r.group]
+
+    def _rollout_stopped(self, entry: Entry, body: dict[str, Any]) -> None:
+        self._end(self._active(body), entry, "stopped", str(body["reason"]))
+
+    def _rollout_done(self, entry: Entry, body: dict[str, Any]) -> None:
+        r = self._active(body)
+        if not r.last:
+            raise RegistryError(
+                f"rollout {r.id} is at stage {r.stage + 1} of {len(r.stages)}: "
+                "it is done only at its last"
+            )
+        self._end(r, entry, "done", None)
+        self.configs[("group", r.group)] = self.rollout_configs[r.id]
 
     # -- what the state answers ----------------------------------------------------------
 
@@ -292,16 +386,33 @@ class FleetState:
             return key if below is None or seq < _at(below, stream) else None
         return None
 
-    def configs_of(self, ship: str) -> list[ConfigRecord]:
-        """The configurations that apply to ``ship``: its groups' in its groups' order,
-        then its own (how they combine is a later part of issue 41)."""
+    def config_for(self, ship: str) -> ShipConfig:
+        """The configuration ``ship`` should run now, rollouts honoured: for each of its
+        groups, the configuration of the group's active rollout if a stage reached the
+        ship, else the group's own (the one before the rollout: a stopped rollout's
+        ships go back to it); then the ship's own. A gateway serves this; a rollout
+        judges a ship's report against its ``version``."""
         rec = self.ships[ship]
-        scoped = [("group", g) for g in rec.groups] + [("ship", ship)]
-        return [self.configs[s] for s in scoped if s in self.configs]
+        docs = []
+        for g in rec.groups:
+            rid = self.active_rollouts.get(g)
+            if rid is not None and self.rollouts[rid].reaches(ship):
+                docs.append(self.rollout_configs[rid])
+            elif ("group", g) in self.configs:
+                docs.append(self.configs[("group", g)])
+        if ("ship", ship) in self.configs:
+            docs.append(self.configs[("ship", ship)])
+        return ShipConfig(max((c.version for c in docs), default=None), tuple(docs))
+
+    def configs_of(self, ship: str) -> list[ConfigRecord]:
+        """The configurations that apply to ``ship`` (:meth:`config_for`'s documents):
+        its groups' in its groups' order, then its own (how they combine is a later part
+        of issue 41)."""
+        return list(self.config_for(ship).documents)
 
     def config_version(self, ship: str) -> int | None:
         """The newest entry among the configurations that apply to ``ship``."""
-        return max((c.version for c in self.configs_of(ship)), default=None)
+        return self.config_for(ship).version
 
     def valid_tokens(self) -> Mapping[str, str]:
         """Every valid token hash and its ship."""
