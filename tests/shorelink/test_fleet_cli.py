@@ -123,11 +123,14 @@ def test_every_fleet_command_has_help() -> None:
         assert "Usage:" in _ok(*cmd.split(), "--help").output
 
 
-def test_the_registry_bench_runs_and_prints_each_figure_beside_its_goal(tmp_path: Path) -> None:
+def test_the_registry_bench_runs_and_prints_each_figure_beside_its_goal(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
     """bench/fleet_registry.py is how the 700-ship figure is measured: it must not rot."""
     root = Path(__file__).resolve().parents[2]
+    bench = [sys.executable, "bench/fleet_registry.py", "--ships", "3", "--groups", "2"]
     done = subprocess.run(
-        [sys.executable, "bench/fleet_registry.py", "--ships", "3", "--groups", "2", "--runs", "1"],
+        [*bench, "--runs", "1", "--kafka", kafka.bootstrap, "--reports-per-ship", "2"],
         cwd=root,
         capture_output=True,
         text=True,
@@ -136,8 +139,10 @@ def test_the_registry_bench_runs_and_prints_each_figure_beside_its_goal(tmp_path
     )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
-    assert out["ships"] == 3 and out["entries"] == 1 + 3 * 3 + 2 + 1
+    assert out["ships"] == 3 and out["entries"] == 1 + 3 * 3 + 2 + 1 + 2
     assert out["status_json_s"]["goal"] == 1.0 and out["status_json_s"]["median"] > 0
+    assert out["status_with_reports_json_s"]["goal"] == 1.0
+    assert out["reports"] == 6 and sum(out["rollout"]["health"].values()) == 3
 
 
 def test_publish_writes_every_entry_as_a_record_of_the_fleet_its_sites_can_prove(
