@@ -778,8 +778,8 @@ def _fleet_view(
 ) -> tuple[FleetState, dict[str, dict[str, Any]] | None, dict[int, Decision]]:
     """The registry's state and, with the reports named, each ship's health and what
     they decide for each active rollout."""
+    from shorelink.fleet.health import FleetView, decisions, fleet_health, heard_from
     from shorelink.fleet.log import Registry
-    from shorelink.fleet.rollout_cli import decisions, fleet_health, heard_from
 
     try:
         state = Registry.open(directory).state
@@ -788,9 +788,9 @@ def _fleet_view(
     found = _read_reports(bootstrap, sites_file, site, stream)
     if found is None:
         return state, None, {}
-    heard = heard_from(found.reports)
-    health = fleet_health(state, heard, found.heard_ms, int(time.time() * 1000))
-    return state, health, decisions(state, heard)
+    heard, view = heard_from(found.reports), FleetView.of(state)
+    health = fleet_health(view, heard, found.heard_ms, int(time.time() * 1000))
+    return state, health, decisions(view, heard)
 
 
 @fleet.command("status")
@@ -810,7 +810,8 @@ def fleet_status(
     below); with the ships' reports (--kafka or --sites) the version each runs, its
     health and when it was last heard of, and every rollout under way."""
     from shorelink.fleet.cli import render_status, status_json
-    from shorelink.fleet.rollout_cli import render_rollouts, rollout_json
+    from shorelink.fleet.health import rollout_json
+    from shorelink.fleet.rollout_cli import render_rollouts
 
     state, health, decided = _fleet_view(directory, bootstrap, sites_file, site, report_stream)
     if as_json:
@@ -839,7 +840,8 @@ def rollout_status(
 ) -> None:
     """Every rollout: its stage and ships, and with the ships' reports (--kafka or
     --sites) what `tick` would decide and each reached ship's state."""
-    from shorelink.fleet.rollout_cli import render_rollouts, rollout_json
+    from shorelink.fleet.health import rollout_json
+    from shorelink.fleet.rollout_cli import render_rollouts
 
     state, _, decided = _fleet_view(directory, bootstrap, sites_file, site, report_stream)
     if as_json:
@@ -862,8 +864,9 @@ def rollout_tick(
     """Read the ships' newest reports and write what they decide for every active
     rollout: advanced, done or stopped (entries signed by the fleet key), or held. Run
     it every report interval (a timer), then `fleet publish`."""
+    from shorelink.fleet.health import heard_from
     from shorelink.fleet.log import Registry
-    from shorelink.fleet.rollout_cli import heard_from, tick
+    from shorelink.fleet.rollout_cli import tick
 
     found = _read_reports(bootstrap, sites_file, site, report_stream)
     if found is None:

@@ -23,83 +23,19 @@ if TYPE_CHECKING:
     from shorelink.fleet.log import Registry
     from shorelink.fleet.rollout import Decision, Heard, RolloutRecord
     from shorelink.fleet.state import FleetState
-    from shorelink.ship_report import ShipReport
 
-__all__ = [
-    "decisions",
-    "fleet_health",
-    "heard_from",
-    "render_rollouts",
-    "rollout",
-    "rollout_json",
-    "tick",
-]
+__all__ = ["render_rollouts", "rollout", "tick"]
 
 _REGISTRY = registry_option()
-
-
-def heard_from(reports: Mapping[str, ShipReport]) -> dict[str, Heard]:
-    """Each ship's newest report as a rollout reads it (its ``config`` field)."""
-    from shorelink.fleet.rollout import Heard
-
-    out = {}
-    for ship, report in reports.items():
-        c = report.config
-        if c is None:
-            out[ship] = Heard(report.at_ms, None, None)
-        else:
-            out[ship] = Heard(report.at_ms, c.version, c.failure)
-    return out
-
-
-def decisions(state: FleetState, heard: Mapping[str, Heard]) -> dict[int, Decision]:
-    """What the reports decide for every active rollout."""
-    from shorelink.fleet.rollout import decide
-
-    out = {}
-    revoked = {s.name for s in state.ships.values() if s.revoked}
-    for rid in state.active_rollouts.values():
-        r = state.rollouts[rid]
-        expected = {s: state.config_for(s).version for s in r.reached()}
-        out[rid] = decide(r, expected, heard, revoked)
-    return out
-
-
-def fleet_health(
-    state: FleetState, heard: Mapping[str, Heard], heard_ms: Mapping[str, int], now_ms: int
-) -> dict[str, dict[str, Any]]:
-    """Per ship: the version its report says it runs, its health (``ok``, ``failed``,
-    ``behind``: not on the version it should run, ``unknown``: its agent does not say,
-    ``never heard``) with the failure, and the seconds since its site last heard of it."""
-    out = {}
-    for name in state.ships:
-        h = heard.get(name)
-        expected = state.config_for(name).version
-        if h is None:
-            health = "never heard"
-        elif h.failure is not None:
-            health = "failed"
-        elif h.version is None:
-            health = "unknown"
-        elif h.version == (expected or 0):
-            health = "ok"
-        else:
-            health = "behind"
-        at = heard_ms.get(name)
-        out[name] = {
-            "applied": None if h is None else h.version,
-            "health": health,
-            "failure": None if h is None else h.failure,
-            "heard_s_ago": None if at is None else max(0, (now_ms - at) // 1000),
-        }
-    return out
 
 
 def tick(reg: Registry, heard: Mapping[str, Heard]) -> list[str]:
     """Write what the reports decide for every active rollout of ``reg`` (advanced,
     done, stopped: entries signed by the fleet key, ``by: health``); a line each."""
+    from shorelink.fleet.health import FleetView, decisions
+
     lines = []
-    for rid, d in sorted(decisions(reg.state, heard).items()):
+    for rid, d in sorted(decisions(FleetView.of(reg.state), heard).items()):
         r = reg.state.rollouts[rid]
         if d.action == "advance":
             change = ("rollout_advanced", {"rollout": rid, "stage": r.stage + 1, "by": "health"})
@@ -121,35 +57,6 @@ def render_rollouts(
     """The rollouts (each active one with what the reports decide), a line each."""
     ids = sorted(state.active_rollouts.values() if active_only else state.rollouts)
     return [_rollout_line(state.rollouts[r], found.get(r)) for r in ids]
-
-
-def rollout_json(r: RolloutRecord, decision: Decision | None = None) -> dict[str, Any]:
-    """A rollout as ``--json`` and the operations page show it."""
-    counts = r.stage_counts()
-    out: dict[str, Any] = {
-        "id": r.id,
-        "group": r.group,
-        "config_version": r.id,
-        "state": r.state,
-        "stage": r.stage + 1,
-        "stages": list(r.stages),
-        "stage_ships": counts,
-        "reached": counts[r.stage] if r.state == "active" else None,
-        "ships": len(r.order),
-        "healthy_s": r.healthy_s,
-        "stop_failure_percent": r.stop_failure_percent,
-        "started": r.stage_times[0],
-        "by": r.by,
-        "reason": r.reason,
-        "ended": r.ended,
-    }
-    if decision is not None:
-        out["decision"] = {
-            "action": decision.action,
-            "reason": decision.reason,
-            "ships": {v.ship: {"state": v.state, "failure": v.failure} for v in decision.ships},
-        }
-    return out
 
 
 def _rollout_line(r: RolloutRecord, decision: Decision | None) -> str:
