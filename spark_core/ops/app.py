@@ -3,7 +3,7 @@
 - ``/``: the page (static HTML, CSS and JavaScript of this package: no build step, no
   resource from the internet); it follows ``/api/events`` and draws the map from
   ``/api/map`` and ``/api/coastlines``;
-- ``/api/site``, ``/api/ships``, ``/api/alerts``, ``/api/map``, ``/api/coastlines``,
+- ``/api/site``, ``/api/ships``, ``/api/alerts``, ``/api/fleet``, ``/api/map``, ``/api/coastlines``,
   ``/api/snapshot`` (site, ships and alerts in one): the facts as JSON;
 - ``/api/events``: server-sent events, one ``snapshot`` event whenever the facts
   change (at most every ``ops.refresh``) and a comment every 15 s to keep proxies open;
@@ -35,7 +35,12 @@ from prometheus_client import (
 
 from shorelink import strict_json
 from shorelink.boundary import boundary
+from shorelink.fleet.follow import RegistryFollower
+from shorelink.fleet.health import FleetView
+from shorelink.fleet.log import read_anchor
+from shorelink.fleet.state import FleetState
 from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.registry import RegistryFeed
 from shorelink.logs import get_logger
 from shorelink.metrics import process_registry
 from shorelink.tls import TlsFile, client_context
@@ -43,7 +48,14 @@ from spark_core.config import SitesConfig
 from spark_core.ops.coast import coastlines
 from spark_core.ops.follow import SiteFollower
 from spark_core.ops.users import LoginsBusy, OpsUsers
-from spark_core.ops.view import alerts_view, gateway_view, map_view, ships_view, site_view
+from spark_core.ops.view import (
+    alerts_view,
+    fleet_view,
+    gateway_view,
+    map_view,
+    ships_view,
+    site_view,
+)
 from spark_core.status import read_status
 
 __all__ = ["OPS", "Ops", "make_app"]
@@ -85,6 +97,13 @@ class Ops:
         self.gateway: dict[str, Any] | None = (
             gateway_view(c.ops.gateway, None, "not read yet") if c.ops.gateway else None
         )
+        #: the fleet registry this site follows (``fleet_pub_file``), as the page shows
+        #: it: a copy made on the feed's thread at each change
+        self.fleet: FleetView | None = None
+        self.registry_feed: RegistryFeed | None = None
+        if sites.fleet_pub_file is not None:
+            registry = RegistryFollower(read_anchor(sites.fleet_pub_file), on_change=self._fleet)
+            self.registry_feed = RegistryFeed(self.follower.kafka, registry)
         self.snapshot: dict[str, Any] = {}
         self.snapshot_json = "{}"
         #: grows whenever the snapshot's facts change
@@ -107,6 +126,9 @@ class Ops:
         )
         return c.kafka
 
+    def _fleet(self, state: FleetState) -> None:
+        self.fleet = FleetView.of(state)
+
     # -- building ----------------------------------------------------------------------
     def build(self) -> dict[str, Any]:
         """Site, ships and alerts now (reads the status files: call off the loop)."""
@@ -117,6 +139,7 @@ class Ops:
             ),
             "ships": ships_view(facts),
             "alerts": alerts_view(facts),
+            "fleet": fleet_view(self.fleet, facts),
         }
 
     async def refresh(self) -> bool:
@@ -158,7 +181,11 @@ def _facts(snap: dict[str, Any]) -> Any:
     ships = [
         {k: v for k, v in s.items() if k != "last_heard_age_s"} for s in snap.get("ships") or ()
     ]
-    return site, ships, snap.get("alerts")
+    fleet = dict(snap.get("fleet") or {})
+    fleet["ships"] = [
+        {k: v for k, v in s.items() if k != "heard_s_ago"} for s in fleet.get("ships") or ()
+    ]
+    return site, ships, snap.get("alerts"), fleet
 
 
 #: the most of a gateway's ``/metrics`` the page reads (a gateway's is a few KiB; what
@@ -215,6 +242,7 @@ def make_app(ops: Ops, *, follow: bool = True) -> web.Application:
     app.router.add_get("/api/site", _json(lambda o: o.snapshot.get("site")))
     app.router.add_get("/api/ships", _json(lambda o: o.snapshot.get("ships")))
     app.router.add_get("/api/alerts", _json(lambda o: o.snapshot.get("alerts")))
+    app.router.add_get("/api/fleet", _json(lambda o: o.snapshot.get("fleet")))
     app.router.add_get("/api/snapshot", _json(lambda o: o.snapshot))
     app.router.add_get("/api/map", _json(lambda o: map_view(o.follower.facts)))
     app.router.add_get("/api/coastlines", _coastlines)
@@ -224,6 +252,8 @@ def make_app(ops: Ops, *, follow: bool = True) -> web.Application:
     async def start(app: web.Application) -> None:
         if follow:
             ops.follower.start()
+            if ops.registry_feed is not None:
+                ops.registry_feed.start()
         await ops.refresh()
         app[_STOP] = asyncio.Event()
         app[_TASK] = asyncio.create_task(ops.run(app[_STOP]), name="ops-refresh")
@@ -235,6 +265,8 @@ def make_app(ops: Ops, *, follow: bool = True) -> web.Application:
             await app[_TASK]
         if follow:
             await asyncio.to_thread(ops.follower.stop)
+            if ops.registry_feed is not None:
+                await asyncio.to_thread(ops.registry_feed.stop)
 
     app.on_startup.append(start)
     app.on_shutdown.append(stop)
@@ -365,6 +397,8 @@ async def _api_index(request: web.Request) -> web.Response:
                 "/api/site": "records per stream and origin, replication, queries, gateway, dead letters, problems",
                 "/api/ships": "per ship: last heard, link, backlog at sea, satellite spend, position",
                 "/api/alerts": "the newest alerts first",
+                "/api/fleet": "the fleet registry's rollouts and each ship's configuration "
+                "version, health and last heard (null: the site follows no registry)",
                 "/api/map": "each ship's track: [ts_ms, lat, lon], oldest first",
                 "/api/coastlines": "land outlines: lists of [lon, lat]",
                 "/api/snapshot": "site, ships and alerts in one object",

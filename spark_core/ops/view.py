@@ -13,12 +13,22 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from shorelink.boundary import boundary
+from shorelink.fleet.health import FleetView, decisions, fleet_health, heard_from, rollout_json
 from shorelink.ranges import RangeSet
 from spark_core.ops.follow import Facts
 from spark_core.quarantine import retried_when
 from spark_core.status import SiteStatus, holdings, lacking
 
-__all__ = ["FOLLOWER_STALE_S", "alerts_view", "gateway_view", "map_view", "ships_view", "site_view"]
+__all__ = [
+    "FOLLOWER_STALE_S",
+    "MAX_FLEET_ROLLOUTS",
+    "alerts_view",
+    "fleet_view",
+    "gateway_view",
+    "map_view",
+    "ships_view",
+    "site_view",
+]
 
 #: the link class whose spend the page sets against its budget
 SATELLITE = "satellite"
@@ -26,6 +36,8 @@ SATELLITE = "satellite"
 #: (its thread stopped, or a call hangs), and every figure from Kafka is that old
 FOLLOWER_STALE_S = 30.0
 _GATEWAY = "shorelink_gateway_"
+#: the rollouts the fleet section lists: every active one and the newest ended ones
+MAX_FLEET_ROLLOUTS = 20
 
 
 def site_view(
@@ -214,6 +226,39 @@ def ships_view(facts: Facts, now_ms: int | None = None) -> list[dict[str, Any]]:
             row["report"]["log_budget"] = report.log_budget
         out.append(row)
     return out
+
+
+def fleet_view(view: FleetView | None, facts: Facts, now_ms: int | None = None) -> Any:
+    """The fleet as the registry this site follows says it and the ships' reports
+    answer (None: the site does not follow the registry, no ``fleet_pub_file``): the
+    registry's version, the rollouts (each active one with what its next tick decides
+    and why) and per ship the configuration version it should run, the one it runs, its
+    health and last failure, and when this site last heard of it."""
+    if view is None:
+        return None
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    with facts.lock:
+        reports = {ship: r for ship, (r, _ts, _site) in facts.reports.items()}
+        heard_ms = {ship: h.at_ms for ship, h in facts.heard.items()}
+    heard = heard_from(reports)
+    health = fleet_health(view, heard, heard_ms, now_ms)
+    decided = decisions(view, heard)
+    ended = [r for r in view.rollouts if r.state != "active"]
+    shown = view.active() + ended[::-1][: max(0, MAX_FLEET_ROLLOUTS - len(view.active()))]
+    return {
+        "version": view.version,
+        "rollouts": [rollout_json(r, decided.get(r.id)) for r in shown],
+        "ships": [
+            {
+                "ship": name,
+                "groups": list(line.groups),
+                "revoked": line.revoked,
+                "config": line.expected,
+                **health[name],
+            }
+            for name, line in sorted(view.ships.items())
+        ],
+    }
 
 
 def alerts_view(facts: Facts, limit: int = 50) -> list[dict[str, Any]]:

@@ -44,14 +44,21 @@ from core_gateway.auth import Credentials
 from local_stack.kafka import KafkaBroker
 from local_stack.process import Proc, free_port
 from shorelink.contract import H_ENTERED, LEDGER_TOPIC, Record, canonical_topic, dead_topic
+from shorelink.fleet.entry import REGISTRY_STREAM
+from shorelink.fleet.health import FleetView
+from shorelink.fleet.log import Registry
+from shorelink.fleet.travel import entry_record
 from shorelink.identity import Identity
-from shorelink.kafka.topics import TopicSpec, ensure_topics
+from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.topics import TopicSpec, ensure_topics, producer
 from shorelink.ledger import encode_entry
 from shorelink.ranges import RangeSet
-from shorelink.ship_report import REPORT_MQTT_TOPIC, ShipReport, encode_report
+from shorelink.ship_report import REPORT_MQTT_TOPIC, ReportedConfig, ShipReport, encode_report
 from spark_core.ops.app import _read_gateway
 from spark_core.ops.coast import DATA, coastlines, parse_gshhs
+from spark_core.ops.follow import Facts
 from spark_core.ops.users import OpsUsers, hash_password
+from spark_core.ops.view import fleet_view
 from tests.core_gateway.helpers import batch, run_gateway, wait_ready
 from tests.helpers import build_info_line, eventually, run_process, unique, write_toml
 from tests.strategies import any_bytes, any_text, header_text
@@ -60,6 +67,8 @@ from voyage.ops import CHROMIUM, CHROMIUM_ARGS
 SITE = "ops"
 STREAMS = ("alerts", "agent", "nav", "containers")
 STAFF = ("ops-staff", "kelp-and-tide-7")
+#: the fleet the page's registry holds: a rollout of group north at its canary
+FLEET = ("north-1", "north-2", "north-3")
 ROOT = Path(__file__).resolve().parents[2]
 #: where the browser test keeps its screenshot (CI keeps the clone's directory)
 ARTIFACTS = Path(os.environ.get("SHORELINK_TEST_ARTIFACTS", ROOT / "test-artifacts"))
@@ -214,12 +223,15 @@ def _ops_users(config: Path, *args: str, password: str = "") -> subprocess.Compl
     )
 
 
-def _sites_toml(tmp: Path, bootstrap: str, port: int, gateway: str) -> Path:
+def _sites_toml(tmp: Path, bootstrap: str, port: int, gateway: str, fleet: bool = False) -> Path:
     """The page's site (its logins in ``ops-users``, made with :func:`_ops_users`) and a
-    Big Blue staff principal whose Kafka password is *not* a login of the page."""
+    Big Blue staff principal whose Kafka password is *not* a login of the page;
+    ``fleet``: the site follows the fleet registry of :func:`_registry`."""
     path = tmp / "sites.toml"
+    registry = f'fleet_pub_file = "{tmp / "registry" / "fleet.pub"}"\n' if fleet else ""
     path.write_text(
-        f"""\
+        registry
+        + f"""\
 [[staff]]
 username = "{STAFF[0]}"
 password = "kafka-password-not-a-login"
@@ -271,6 +283,27 @@ def _gateway_toml(tmp: Path, bootstrap: str, port: int, metrics_port: int) -> Pa
     )
 
 
+def _registry(directory: Path) -> Registry:
+    """A registry whose group north has a rollout at its canary (one ship)."""
+    reg = Registry.init(directory)
+    reg.append([("ship_added", {"ship": s, "groups": ["north"]}) for s in FLEET])
+    body = {"format": "toml", "document": "a = 1\n", "port_links_only": False}
+    reg.append([("config_set", {"scope": "group", "name": "north", **body})])
+    rollout = {"stages": ["1", "100%"], "healthy_s": 0, "stop_failure_percent": 0}
+    reg.append([("rollout_started", {"group": "north", **body, **rollout})])
+    return reg
+
+
+def _publish(kafka: KafkaEndpoint, reg: Registry, site: str) -> None:
+    """The registry's entries in the site's sl.registry, as the merge writes them."""
+    p = producer(kafka)
+    key = reg.fleet_key()
+    for e in reg.entries():
+        k, v, headers = entry_record(e, key, site)
+        p.produce(canonical_topic(REGISTRY_STREAM), v, k, headers=headers)
+    assert p.flush(20) == 0
+
+
 @pytest.fixture(scope="module")
 def site(kafka_sites: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     """A site's Kafka with its topics, a real gateway, and the page process."""
@@ -281,13 +314,16 @@ def site(kafka_sites: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         broker.endpoint,
         [TopicSpec(LEDGER_TOPIC, 1, compacted=True)]
         + [TopicSpec(canonical_topic(s), 2) for s in STREAMS]
-        + [TopicSpec(dead_topic("nav"), 1)],
+        + [TopicSpec(dead_topic("nav"), 1), TopicSpec(canonical_topic(REGISTRY_STREAM), 1)],
     )
+    _publish(broker.endpoint, _registry(tmp / "registry"), SITE)
     gw_port, gw_metrics_port, port = free_port(), free_port(), free_port()
     gw_config = _gateway_toml(tmp, broker.bootstrap, gw_port, gw_metrics_port)
     gateway = run_gateway(gw_config, tmp / "gateway.log")
     # the page reads the gateway's metrics listener, not the ships' port
-    config = _sites_toml(tmp, broker.bootstrap, port, f"http://127.0.0.1:{gw_metrics_port}")
+    config = _sites_toml(
+        tmp, broker.bootstrap, port, f"http://127.0.0.1:{gw_metrics_port}", fleet=True
+    )
     made = _ops_users(config, "add", STAFF[0], password=STAFF[1])
     assert made.returncode == 0, made.stderr
     page: Proc | None = None
@@ -644,6 +680,33 @@ def test_coastlines_come_from_the_packages_own_data() -> None:
     ]
 
 
+def test_the_fleet_section_judges_each_ship_by_its_own_report(tmp_path: Path) -> None:
+    """The fleet view is what an operator stops a rollout on: a canary that reports a
+    failure must show failed with its text and the rollout's stop, a ship silent since
+    never heard, the others on the version they should run."""
+    reg = _registry(tmp_path / "registry")
+    view = FleetView.of(reg.state)
+    rollout = reg.state.rollouts[reg.state.version]
+    canary = rollout.reached()[0]
+    others = [s for s in FLEET if s != canary]
+    facts, now = Facts(), int(time.time() * 1000)
+    said = ReportedConfig(reg.state.version - 1, "alarms.thresh: unknown key")
+    facts.reports[canary] = (ShipReport(now, None, {}, {}, config=said), now, "tokyo")
+    facts.reports[others[0]] = (
+        ShipReport(now, None, {}, {}, config=ReportedConfig(reg.state.version - 1)),
+        now,
+        "tokyo",
+    )
+    fleet = fleet_view(view, facts, now)
+    ships = {s["ship"]: s for s in fleet["ships"]}
+    assert ships[canary]["health"] == "failed" and "unknown key" in ships[canary]["failure"]
+    assert ships[canary]["config"] == rollout.id and ships[others[0]]["health"] == "ok"
+    assert ships[others[1]]["health"] == "never heard"
+    (shown,) = fleet["rollouts"]
+    assert shown["decision"]["action"] == "stop" and canary in shown["decision"]["reason"]
+    assert fleet_view(None, facts) is None
+
+
 @contextlib.contextmanager
 def _page(site: Site) -> Iterator[Any]:
     """The page as staff see it, in Debian's Chromium (no browser downloaded)."""
@@ -735,6 +798,27 @@ def test_the_page_in_a_real_browser(site: Site) -> None:
             )
         )
         expect(page.locator("#alerts li").first).to_have_attribute("data-key", "CMAU1234563")
+
+        # the fleet: a canary's failure, sent from the sea, shown as text and stopping
+        # the rollout; nothing of it runs as markup
+        hostile = '<img src=x onerror="window.pwned=1">'
+        section = page.locator("#fleet-section")
+        expect(section).to_be_visible(timeout=10_000)
+        first = page.locator("#fleet tbody tr").first
+        canary = first.get_attribute("data-ship") or ""
+        rows = page.locator("#fleet tbody tr")
+        expect(rows).to_have_count(len(FLEET))
+        for s in FLEET:
+            config = ReportedConfig(1, hostile if s == FLEET[0] else None)
+            site.report(s, 1, ShipReport(now, "port", {}, {}, config=config))
+        bad = page.locator(f'#fleet tr[data-ship="{FLEET[0]}"]')
+        expect(bad.locator(".failure")).to_have_text(hostile, timeout=10_000)
+        expect(bad.locator(".health")).to_contain_text("failed")
+        assert page.evaluate("window.pwned") is None
+        assert canary in FLEET
+        rollout = page.locator("#rollouts li.rollout")
+        expect(rollout).to_contain_text("active")
+        expect(rollout).to_contain_text("stage 1 of 2")
 
         # every panel shows all its columns, on a laptop's screen and on a wide one
         for width in (1280, 1920):

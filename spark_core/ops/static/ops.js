@@ -197,6 +197,34 @@ function renderRecords(streams) {
   fill($("#records tbody"), rows);
 }
 
+// the fleet registry's rollouts and each ship's configuration (null: no registry here);
+// every name and failure text goes in as text (el), never as markup
+function renderFleet(fleet) {
+  $("#fleet-section").hidden = !fleet;
+  if (!fleet) return;
+  $("#fleet-version").textContent = `(registry version ${fleet.version})`;
+  $("#rollouts").replaceChildren(...fleet.rollouts.map((r) => {
+    const head = `rollout ${r.id}: group ${r.group}, version ${r.config_version}, ` +
+      `stage ${r.stage} of ${r.stages.length} (${r.stages.join("/")}), `;
+    const then = r.state === "active"
+      ? (r.decision ? `${r.decision.action}: ${r.decision.reason}` : "")
+      : `by ${r.by ?? "?"} at ${r.ended ?? "?"}${r.reason ? `: ${r.reason}` : ""}`;
+    return el("li", { class: "rollout", "data-rollout": String(r.id) },
+      head, state(r.state), " ", el("span", { class: "decision" }, then));
+  }));
+  fill($("#fleet tbody"), fleet.ships.map((s) => {
+    const health = el("td", { class: "health" }, state(s.health));
+    if (s.failure) health.append(" ", el("span", { class: "failure" }, s.failure));
+    return el("tr", { "data-ship": s.ship },
+      el("td", {}, s.ship),
+      el("td", {}, s.groups.join(", ")),
+      el("td", { class: "num" }, s.config ?? "–"),
+      el("td", { class: "num" }, s.applied ?? "–"),
+      health,
+      el("td", {}, age(s.heard_s_ago)));
+  }));
+}
+
 function renderDead(dead) {
   $("#dead-empty").hidden = dead.length > 0;
   fill($("#dead tbody"), dead.map((d) =>
@@ -219,6 +247,7 @@ function render(snap) {
     ["queries", () => renderQueries(site.queries)],
     ["records", () => renderRecords(site.streams)],
     ["dead letters", () => renderDead(site.dead_letters)],
+    ["fleet", () => renderFleet(snap.fleet)],
     ["map", () => {
       positions = Object.fromEntries(snap.ships.filter((s) => s.position).map((s) => [s.ship, s.position]));
       drawMap();
