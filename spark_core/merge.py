@@ -62,6 +62,7 @@ from spark_core.merge_batch import (
     cyclic_gc_paused,
     unwritten,
 )
+from spark_core.merge_queue import WriteQueue, settle
 from spark_core.merge_state import (
     BatchPlan,
     MergeError,
@@ -231,6 +232,8 @@ class Merger:
         self.last: dict[str, object] = {}
         self.stopping = threading.Event()
         self.busy = threading.Lock()
+        #: the feeds' batches waiting for ``busy`` (:meth:`write_pulled`)
+        self._queue = WriteQueue(site.merge.max_batch_bytes)
         #: the session the merge's query runs in (:func:`start_merge`): a checkpoint at
         #: a URL is read through its Hadoop filesystem
         self.spark: Any = None
@@ -549,18 +552,42 @@ class Merger:
         return {(t, p): last + 1 for t, p, _, last in sizes}
 
     def write_pulled(self, rows: Sequence[SourceRow], *, cursors: bool = True) -> BatchPlan:
-        """Write what a puller read from a neighbour's relay topics (sources named by
-        ``pulled_source``): one transaction with the records, the ledger and the
-        cursors, between the Spark batches (the Spark batch id stays as it was).
-        ``cursors=False``: the rows' sources keep their cursors (a repair reads single
-        ranges of a neighbour's canonical topic: spark_core/repair.py)."""
+        """Write what a feed read (a neighbour's relay topics, sources named by
+        ``pulled_source``; the site's ingress): one transaction with the records, the
+        ledger and the cursors, between the Spark batches (the Spark batch id stays as
+        it was), together with the other feeds' batches waiting for the merge then
+        (spark_core/merge_queue.py: group commit). ``cursors=False``: the rows' sources
+        keep their cursors (a repair reads single ranges of a neighbour's canonical
+        topic: spark_core/repair.py), in a transaction of their own."""
+        if not cursors:
+            with self.busy:
+                if self.stopping.is_set():
+                    raise MergeError("merge is stopping; pulled rows left for the next run")
+                last = self.state.last_batch
+                return self.write_batch(
+                    -1 if last is None else last, RowBatch(rows), pulled=True, cursors=False
+                )
+        mine = self._queue.add(rows)
         with self.busy:
-            if self.stopping.is_set():
-                raise MergeError("merge is stopping; pulled rows left for the next run")
-            last = self.state.last_batch
-            return self.write_batch(
-                -1 if last is None else last, RowBatch(rows), pulled=True, cursors=cursors
-            )
+            while not mine.done:  # written by an earlier holder of the lock, or now
+                group = self._queue.take()
+                if not group:  # never: whoever takes a batch settles it
+                    raise MergeError("a pulled batch left the merge's queue unwritten")
+                if self.stopping.is_set():
+                    stopping = MergeError("merge is stopping; pulled rows left for the next run")
+                    settle(group, mine, error=stopping)
+                    continue
+                last = self.state.last_batch
+                batch = RowBatch([r for w in group for r in w.rows])
+                try:
+                    plan = self.write_batch(-1 if last is None else last, batch, pulled=True)
+                except BaseException as exc:  # every batch of the transaction failed
+                    settle(group, mine, error=exc)
+                    if not isinstance(exc, Exception):
+                        raise
+                    continue
+                settle(group, mine, plan)
+        return mine.outcome()
 
     def ready(self) -> MergeState:
         """The state, loaded (prepared) if it is not: what a puller starts from."""

@@ -549,6 +549,8 @@ class BatchPlan:
     #: pulled records of a ship with a key whose proof failed (dead-lettered, among
     #: ``dead``): what a hostile or broken neighbour offered as the ship's
     unproved: int = 0
+    #: of ``unproved``, per source (a batch of several feeds: spark_core/merge_queue.py)
+    unproved_from: dict[str, int] = field(default_factory=dict)
     #: per (origin, stream), the seqs dead-lettered at the bound on holes: tried again
     #: once some of them can be taken (spark_core/redrive.py)
     held_back: dict[Source, RangeSet] = field(default_factory=dict)
@@ -734,6 +736,7 @@ def plan_batch(
             continue
         if (pulled or origin == FLEET_ORIGIN) and (why := _proved(b, i, origin, keys, rec)):
             plan.unproved += 1
+            plan.unproved_from[tp[0]] = plan.unproved_from.get(tp[0], 0) + 1
             plan.streams.add(row_stream)
             plan.dead.append(_dead_record(b.row(i), row_stream, why, cause_of(why)))
             continue
