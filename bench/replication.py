@@ -34,11 +34,15 @@ Phases per system (every loop bounded):
 Where the lag goes (``hops`` of phases 2 and 3, p50/p99 and the mean over the slowest
 tenth of the records, per record read at a site other than its entry): each site's
 reader notes when it first read a record and the Kafka timestamp of that copy (when
-the writer there produced it). ``entry_write + pull_write + commit_read`` is the lag;
+the writer there produced it), and the writer at the entry when its write returned.
+``gateway_commit + entry_write + pull_write + commit_read`` is the lag;
 ``entry_commit_read`` is the part of ``pull_write`` until the entry site could be read:
 
-- ``entry_write``: creation to the entry site's copy produced (shorelink: the
-  gateway's transaction, the ingest puller's wait for it, the merge's lock and plan);
+- ``gateway_commit``: creation to the entry's write returned (shorelink: the
+  gateway's transaction into ``sl.ingress.*`` committed; MirrorMaker 2: the producer
+  flushed into ``sl.<stream>``);
+- ``entry_write``: that to the entry site's copy produced (shorelink: the ingest
+  puller's fetch and wait, the merge's lock and plan);
 - ``entry_commit_read``: that copy produced to read at the entry site (its
   transaction's commit, read_committed visibility, this script's reader);
 - ``pull_write``: the entry site's copy produced to the other site's produced
@@ -345,15 +349,18 @@ class Watch(threading.Thread):
             return sum(n - 1 for n in self.counts.values() if n > 1)
 
 
-HOPS = ("entry_write", "entry_commit_read", "pull_write", "commit_read")
+HOPS = ("gateway_commit", "entry_write", "entry_commit_read", "pull_write", "commit_read")
 
 
 def hops(
-    watches: dict[str, Watch], idents: set[tuple[str, str, int]], entry_of: Callable[[str], str]
+    watches: dict[str, Watch],
+    idents: set[tuple[str, str, int]],
+    entry_of: Callable[[str], str],
+    committed: dict[tuple[str, str, int], float],
 ) -> dict[str, dict[str, float | None]]:
     """Where the lag of ``idents`` went (module docstring), per hop: p50, p99, and the
     mean over the records whose lag is in the slowest tenth. ``entry_of``: an origin's
-    entry site."""
+    entry site; ``committed``: when the entry's write of each returned."""
     rows: list[tuple[float, ...]] = []
     for w in watches.values():
         for i in idents:
@@ -362,9 +369,11 @@ def hops(
                 continue
             created = w.read_at[i] - w.lag[i]
             ew, er = entry.written_at[i], entry.read_at[i]
+            done = committed.get(i, created)
             rows.append(
                 (
-                    ew - created,
+                    done - created,
+                    ew - done,
                     er - ew,
                     w.written_at[i] - ew,
                     w.read_at[i] - w.written_at[i],
@@ -663,6 +672,7 @@ class ReplicationBench:
             # 2. steady rate
             say(f"{system.name}: steady: {a.rate}/s at each entry site for {a.steady_seconds}s")
             steady: set[tuple[str, str, int]] = set()
+            committed: dict[tuple[str, str, int], float] = {}  # the entry's write returned
             base = a.records + 1
             end = time.monotonic() + a.steady_seconds
             tick = 0
@@ -678,7 +688,11 @@ class ReplicationBench:
                         a.payload,
                     )
                     entries[s].write(recs, stamp=True)
-                    steady |= {(*r.identity.source, r.identity.seq) for r in recs}
+                    done = time.time()
+                    for r in recs:
+                        ident = (*r.identity.source, r.identity.seq)
+                        steady.add(ident)
+                        committed[ident] = done
                 tick += 1
                 time.sleep(max(0.0, 0.5 - (time.monotonic() - t_tick)))
             with contextlib.suppress(RuntimeError):
@@ -698,7 +712,9 @@ class ReplicationBench:
                 "lag_p50_s": r3(pct(lags, 0.5)),
                 "lag_p99_s": r3(pct(lags, 0.99)),
                 "samples": len(lags),
-                "hops": hops(watches, steady, lambda origin: origin.removeprefix("ship-")),
+                "hops": hops(
+                    watches, steady, lambda origin: origin.removeprefix("ship-"), committed
+                ),
             }
             say(f"{system.name}: steady: {json.dumps(out['steady'])}")
             # 3. alert during a containers catch-up
@@ -712,6 +728,7 @@ class ReplicationBench:
             for k in range(1, 21):
                 rec = make_records(ENTRY[0], "alerts", "ship-alert", range(k, k + 1), 20)
                 entries[ENTRY[0]].write(rec, stamp=True)
+                committed[(*rec[0].identity.source, k)] = time.time()
                 alerts.add((*rec[0].identity.source, k))
                 time.sleep(0.5)
             with contextlib.suppress(RuntimeError):
@@ -728,7 +745,7 @@ class ReplicationBench:
                 "lag_p50_s": r3(pct(alags, 0.5)),
                 "lag_p99_s": r3(pct(alags, 0.99)),
                 "samples": len(alags),
-                "hops": hops(watches, alerts, lambda origin: ENTRY[0]),
+                "hops": hops(watches, alerts, lambda origin: ENTRY[0], committed),
             }
             say(f"{system.name}: alerts: {json.dumps(out['alert_during_catch_up'])}")
             time.sleep(5)
