@@ -21,6 +21,7 @@ __all__ = [
     "location",
     "merge",
     "merge_batch",
+    "merge_queue",
     "merge_state",
     "metrics",
     "ops",
