@@ -12,6 +12,7 @@ from pathlib import Path
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import Identity, Record, canonical_topic
 from shorelink.fleet.log import Registry
+from shorelink.kafka.ship_reports import newest_reports
 from shorelink.kafka.topics import TopicSpec, ensure_topics, producer
 from shorelink.ship_report import REPORT_MQTT_TOPIC, ReportedConfig, ShipReport, encode_report
 from tests.helpers import unique
@@ -122,3 +123,10 @@ def test_a_healthy_canary_advances_and_a_broken_change_stops_at_its_canary(
     table = _ok("status", *k, *r).output
     assert "failed" in table and f"rollout {bad}" not in table, "only rollouts under way"
     assert "stopped" in _ok("rollout", "status", *r).output
+
+    # what is not a report is counted, and each ship's newest report is its last seq's
+    sea.producer.produce(sea.topic, b"not a report", b"x")
+    assert sea.producer.flush(20) == 0
+    found = newest_reports(kafka.endpoint, sea.stream)
+    assert found.bad == 1 and set(found.reports) == set(ships)
+    assert found.reports[canaries[1]].config == ReportedConfig(bad, None)
