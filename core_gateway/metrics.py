@@ -126,6 +126,11 @@ class GatewayMetrics:
             p + "registry_entries_refused", "Fleet registry entries refused, by reason"
         )
         r.register(self.registry_refused)
+        self.config_bytes = Counter(
+            p + "config_bytes",
+            "Bytes of fleet configuration answers sent to ships (deltas, compressed)",
+            registry=r,
+        )
         self.readiness_checks = Counter(
             p + "readiness_checks",
             "Kafka asked whether it is reachable, for /readyz (at most one a second)",

@@ -41,6 +41,7 @@ from core_gateway.metrics import GatewayMetrics
 from shorelink.errors import ShorelinkError
 from shorelink.fleet.follow import RegistryFollower
 from shorelink.fleet.log import read_anchor
+from shorelink.fleet.shipconfig import ConfigOffer, encode_delta, offer_for
 from shorelink.fleet.state import FleetState
 from shorelink.kafka.registry import RegistryFeed
 from shorelink.logs import get_logger
@@ -186,6 +187,32 @@ class GatewayService:
         whole; the keys the follower gives (``ship_keys``) moved with it."""
         self.credentials.take_registry(state)
         log.info("registry_enforced", site=self.cfg.site, version=state.version)
+
+    # -- the ships' configuration (shorelink/fleet/shipconfig.py) -------------------------
+    def config_offer(self, ship: str) -> ConfigOffer | None:
+        """What the registry says ``ship``'s configuration is (None: no registry
+        followed here, or nothing for it)."""
+        if self.registry is None:
+            return None
+        try:
+            return offer_for(self.registry.state, ship)
+        except (KeyError, RuntimeError):  # the follower's thread moved it under us
+            return None
+
+    def config_answer(self, ship: str, have: dict[str, int | None]) -> bytes:
+        """The entries of the scopes ``have`` names, as a delta from the versions the
+        ship holds (:func:`encode_delta`); 404 if a scope is not the ship's."""
+        offer = self.config_offer(ship) or {}
+        state = self.registry.state if self.registry is not None else None
+        if state is None or not set(have) <= set(offer):
+            raise ApiError(404, "no_config", f"no configuration of {sorted(have)} for {ship}")
+        lines = state.config_lines
+        new = [lines[offer[scope][0]] for scope in have]
+        bases = [lines.get(v) if v is not None else b"" for v in have.values()]
+        answer = encode_delta(new, None if None in bases else [b or b"" for b in bases])
+        self.metrics.config_bytes.inc(len(answer))
+        log.info("config_served", ship=ship, scopes=",".join(have), bytes=len(answer))
+        return answer
 
     # -- the two operations ----------------------------------------------------------------
     def holdings_for(self, ship: str) -> dict[str, str]:

@@ -8,7 +8,10 @@ as one binary message; the gateway answers every batch with one JSON text messag
 the order the batches came: ``{"status": 200, "stream", "first_seq", "last_seq",
 "held", "written", ...}`` once Kafka committed it, or ``{"status": 4xx/503, "error",
 "message", ...}`` (a 409 carries ``held``) exactly as ``POST .../batches`` would have
-answered (docs/gateway-api.md).
+answered (docs/gateway-api.md). A gateway following the fleet registry adds to its
+first message the ship's configuration offer (``"config"``), and answers a text message
+``{"type": "config", ...}`` with one binary message, in its turn among the batches'
+answers (shorelink/fleet/shipconfig.py).
 
 Why a WebSocket beside the POST: on a link with a long round trip, one request per
 batch leaves the link idle for a round trip per batch, and parallel requests run on
@@ -34,6 +37,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from core_gateway.errors import ApiError
 from core_gateway.service import GatewayService
+from shorelink.fleet.shipconfig import offer_json, parse_request
 from shorelink.logs import get_logger
 
 __all__ = ["ROUTE", "UPLOADS", "UPLOAD_WINDOW", "close_uploads", "serve_upload"]
@@ -66,16 +70,17 @@ async def serve_upload(
     await ws.prepare(request)
     open_uploads = request.app[UPLOADS]
     open_uploads.add(ws)
-    await ws.send_json(
-        {
-            "type": "holdings",
-            "ship": ship,
-            "site": cfg.site,
-            "streams": service.holdings_for(ship),
-        }
-    )
+    hello: dict[str, Any] = {
+        "type": "holdings",
+        "ship": ship,
+        "site": cfg.site,
+        "streams": service.holdings_for(ship),
+    }
+    if (offer := service.config_offer(ship)) is not None:
+        hello["config"] = offer_json(offer)
+    await ws.send_json(hello)
     service.metrics.uploads.inc()
-    replies: asyncio.Queue[asyncio.Future[dict[str, Any]] | None] = asyncio.Queue(UPLOAD_WINDOW)
+    replies: asyncio.Queue[asyncio.Future[Any] | None] = asyncio.Queue(UPLOAD_WINDOW)
     answering = asyncio.create_task(_answer(service, ws, replies), name=f"upload:{ship}")
     watching = asyncio.create_task(_watch(service, ws, ship, token), name=f"revoked:{ship}")
     batches = 0
@@ -85,6 +90,8 @@ async def serve_upload(
             if msg.type is WSMsgType.BINARY:
                 batches += 1
                 await replies.put(await _receive(service, ship, token, msg.data))
+            elif msg.type is WSMsgType.TEXT and (answer := _config(service, ship, msg.data)):
+                await replies.put(answer)
             elif msg.type is WSMsgType.TEXT:
                 await ws.close(
                     code=WSCloseCode.UNSUPPORTED_DATA,
@@ -115,6 +122,21 @@ async def _watch(service: GatewayService, ws: web.WebSocketResponse, ship: str, 
             return
 
 
+def _config(service: GatewayService, ship: str, data: str) -> asyncio.Future[Any] | None:
+    """A ship's request for its configuration, answered in turn with the batches (None:
+    not a request: the connection is closed as for any text message)."""
+    try:
+        have = parse_request(data)
+    except ValueError:
+        return None
+    answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    try:
+        answer.set_result(service.config_answer(ship, have))
+    except ApiError as exc:
+        answer.set_exception(exc)
+    return answer
+
+
 async def _receive(
     service: GatewayService, ship: str, token: str, body: bytes
 ) -> asyncio.Future[dict[str, Any]]:
@@ -131,13 +153,20 @@ async def _receive(
 async def _answer(
     service: GatewayService,
     ws: web.WebSocketResponse,
-    replies: asyncio.Queue[asyncio.Future[dict[str, Any]] | None],
+    replies: asyncio.Queue[asyncio.Future[Any] | None],
 ) -> None:
     """Send each batch's answer, in order. Runs to the end of the queue even when the
-    connection is gone, so every write is waited for (and its holdings recorded)."""
+    connection is gone, so every write is waited for (and its holdings recorded). A
+    configuration's answer is bytes, sent as one binary message."""
     while (pending := await replies.get()) is not None:
         try:
-            reply = {"status": 200, **await pending}
+            done = await pending
+            if isinstance(done, bytes):
+                if not ws.closed:
+                    with contextlib.suppress(ConnectionError, RuntimeError):
+                        await ws.send_bytes(done)
+                continue
+            reply = {"status": 200, **done}
         except ApiError as exc:
             service.refused(exc, ROUTE)
             reply = {"status": exc.status, **exc.body()}

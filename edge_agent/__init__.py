@@ -14,6 +14,7 @@ __all__ = [
     "clock",
     "config",
     "errors",
+    "fleet_config",
     "gateway",
     "ingest",
     "linkstate",

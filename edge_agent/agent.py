@@ -9,6 +9,7 @@ import contextlib
 import signal
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client import start_http_server
@@ -26,10 +27,11 @@ from shorelink.errors import ConfigError
 from shorelink.logs import get_logger
 
 if TYPE_CHECKING:
+    from edge_agent.fleet_config import FleetConfig
     from edge_agent.gateway import Gateway
     from edge_agent.uplink import Uplink
 
-__all__ = ["Agent"]
+__all__ = ["Agent", "Supervisor"]
 
 log = get_logger(__name__)
 
@@ -47,9 +49,11 @@ class Agent:
         *,
         gateways: Sequence[Gateway] | None = None,
         clock: SteadyClock = SHIP_CLOCK,
+        fleet: FleetConfig | None = None,
     ) -> None:
         """``gateways`` replaces the configured ones (tests: an in-memory gateway);
-        ``clock`` is the wall clock with its jumps taken out (budgets, retention)."""
+        ``clock`` is the wall clock with its jumps taken out (budgets, retention);
+        ``fleet`` the fleet configuration the ship holds (edge_agent/fleet_config.py)."""
         if gateways is None and cfg.gateways and not cfg.uplink.token:
             raise ConfigError(
                 "uplink.token", "gateways are configured: set uplink.token or uplink.token_file"
@@ -66,8 +70,16 @@ class Agent:
             records=sum(self.log.stream_state(s).count for s in self.log.stream_names()),
         )
         self.ingest = Ingest(cfg, self.log, self.metrics)
-        self.reporter = Reporter(cfg, self.log)
+        self.fleet = fleet
+        self.reporter = Reporter(
+            cfg, self.log, config=fleet.reported if fleet is not None else None
+        )
         self.stop = asyncio.Event()
+        #: set when the run ends to start again (a fleet configuration applied or
+        #: rolled back): :class:`Supervisor` builds the agent again
+        self.restart = False
+        if fleet is not None:
+            fleet.on_applied = self._restart
         #: None: no gateways configured, the agent only ingests
         self.uplink: Uplink | None = None
         if gateways or (gateways is None and cfg.gateways):
@@ -82,7 +94,12 @@ class Agent:
                 self.ingest.committed,
                 gateways=gateways,
                 clock=clock.now,
+                fleet=fleet,
             )
+
+    def _restart(self) -> None:
+        self.restart = True
+        self.stop.set()
 
     async def run(self, *, install_signals: bool = True) -> None:
         """Run until :attr:`stop` is set (by SIGTERM/SIGINT, or by the caller)."""
@@ -101,6 +118,8 @@ class Agent:
             asyncio.create_task(self._watchdog(), name="watchdog"),
             asyncio.create_task(self._reporting(), name="reporting"),
         ]
+        if self.fleet is not None and self.fleet.begin():
+            tasks.append(asyncio.create_task(self._trial(), name="fleet-trial"))
         uplink_task = (
             asyncio.create_task(self.uplink.run(self.stop), name="uplink")
             if self.uplink is not None
@@ -134,6 +153,26 @@ class Agent:
                     await t
             self.log.close()
             log.info("agent_stopped")
+
+    async def _trial(self) -> None:
+        """A fleet configuration just applied: kept once ingest is connected and a
+        gateway was reached within ``uplink.fleet_health``, else rolled back."""
+        assert self.fleet is not None
+        within = self.cfg.uplink.fleet_health_s
+        reached = self.uplink.reached if self.uplink is not None else asyncio.Event()
+        if self.uplink is None:
+            reached.set()
+        try:
+            async with asyncio.timeout(within):
+                await self.ingest.connected.wait()
+                await reached.wait()
+        except TimeoutError:
+            why = "ingest not connected" if not self.ingest.connected.is_set() else "no gateway"
+            await asyncio.to_thread(self.fleet.rollback, f"{why} within {within:g}s")
+            self._restart()
+            return
+        await asyncio.to_thread(self.fleet.healthy)
+        self.report()
 
     async def _watchdog(self) -> None:
         interval = systemd.watchdog_interval()
@@ -201,3 +240,37 @@ class Agent:
         m.log_bytes.set(sizes.records)
         m.disk_bytes.set(sizes.files)
         m.quarantine_size.set(self.log.quarantine.count())
+
+
+class Supervisor:
+    """The agent's runs, one after the other: a fleet configuration applied or rolled
+    back ends a run and the next is built from the config file and what the ship holds
+    (edge_agent/fleet_config.py: a controlled restart in the same process)."""
+
+    def __init__(self, config_path: Path, *, gateways: Sequence[Gateway] | None = None) -> None:
+        self.config_path = config_path
+        self.gateways = gateways
+        self.stop = asyncio.Event()
+        #: the agent of the run in progress
+        self.agent: Agent | None = None
+        self.runs = 0
+
+    async def run(self, *, install_signals: bool = True) -> None:
+        from edge_agent.fleet_config import load_effective
+
+        while not self.stop.is_set():
+            cfg, fleet = await asyncio.to_thread(load_effective, self.config_path)
+            agent = self.agent = Agent(cfg, gateways=self.gateways, fleet=fleet)
+            self.runs += 1
+            relay = asyncio.create_task(self._relay(agent))
+            try:
+                await agent.run(install_signals=install_signals)
+            finally:
+                relay.cancel()
+            if not agent.restart:
+                return
+            log.info("agent_restarting", reason="fleet configuration")
+
+    async def _relay(self, agent: Agent) -> None:
+        await self.stop.wait()
+        agent.stop.set()

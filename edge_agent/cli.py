@@ -67,13 +67,14 @@ def check_config(config_file: Path) -> None:
 @click.option("--log-json", is_flag=True, help="Log JSON lines instead of logfmt.")
 def run(config_path: Path, log_json: bool) -> None:
     """Run the agent (systemd: Type=notify) until SIGTERM or SIGINT."""
-    from edge_agent.agent import Agent
+    from edge_agent.agent import Supervisor
 
     cfg = _load(config_path)
     configure_logging(cfg.log_level, as_json=log_json)
 
     async def _main() -> None:
-        await Agent(cfg).run()
+        # runs the agent again after a fleet configuration is applied or rolled back
+        await Supervisor(config_path).run()
 
     try:
         asyncio.run(_main())

@@ -140,6 +140,16 @@ class UplinkConfig:
     #: world-readable): every batch sent is signed with it (docs/replication.md, "Ship
     #: signatures"). Relative to the config file; unset: batches go unsigned
     signing_key_file: Path | None = None
+    #: the fleet's root public key (``fleet.pub`` of the ship's provisioning bundle):
+    #: set, the agent takes the configuration the fleet registry holds for it from the
+    #: gateways, checked against this key (docs/fleet-registry.md, "Configuration to
+    #: the ships"). Relative to the config file; unset: edge.toml alone
+    fleet_pub_file: Path | None = None
+    #: after applying a fleet configuration, how long the agent waits for its health
+    #: (ingest connected to MQTT, a gateway reached) before it rolls the change back
+    fleet_health_s: float = field(
+        default=120.0, metadata=key("fleet_health", gt=0, why="must be > 0")
+    )
     #: the batch bodies' zstd dictionaries (``<stream>-<id>.zdict``, trained at
     #: headquarters by ``shorelink dict train``): batches built when sent are compressed
     #: with their stream's newest (highest id); a gateway that lacks it gets that stream

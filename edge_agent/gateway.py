@@ -41,6 +41,7 @@ from edge_agent.errors import GatewayGap, GatewayRejected, LinkError
 from shorelink import strict_json
 from shorelink.boundary import boundary
 from shorelink.config import Secret
+from shorelink.fleet.shipconfig import ConfigOffer, parse_offer
 from shorelink.logs import RateLimitedLog, get_logger
 from shorelink.ranges import RangeSet
 
@@ -203,7 +204,7 @@ class HttpGateway:
             try:
                 async with asyncio.timeout(self._link.timeout_s):
                     hello = await ws.receive()
-                held = _parse_hello(hello)
+                held, offer = _parse_hello(hello)
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
                 await ws.close()
                 raise LinkError(
@@ -211,7 +212,25 @@ class HttpGateway:
                     site=self.site,
                 ) from exc
             self._upload = _Upload(ws, self.site, held)
+            self._upload.config_offer = offer
             return self._upload
+
+    @property
+    def config_offer(self) -> ConfigOffer | None:
+        """The fleet configuration the gateway offered on the open upload connection
+        (None: none, or no connection)."""
+        return self._upload.config_offer if self._upload is not None else None
+
+    async def fetch_config(self, request: str) -> bytes:
+        """Send a configuration request on the upload connection; its binary answer
+        (a :class:`LinkError` if the link fails meanwhile, a :class:`GatewayRejected`
+        if the gateway refuses it)."""
+        upload = await self._open_upload()
+        answer = await upload.send(request, self._link.timeout_s)
+        if isinstance(answer, bytes):
+            return answer
+        self._raise_for(int(answer.get("status", 500)), answer, "config", "")
+        raise LinkError(f"config: unexpected answer {answer!r:.200}", site=self.site)
 
     def _raise_for(self, status: int, data: dict[str, Any], what: str, stream: str) -> None:
         """Raise the edge_agent error for a non-200 answer (see the module docstring)."""
@@ -249,21 +268,28 @@ class _Upload:
         self._site = site
         #: what the site held when the connection opened (its first message)
         self.held = held
-        self._waiting: deque[asyncio.Future[dict[str, Any]]] = deque()
+        #: the fleet configuration offered in the first message (shipconfig.py)
+        self.config_offer: ConfigOffer | None = None
+        self._waiting: deque[asyncio.Future[Any]] = deque()
         self._sending = asyncio.Lock()
         self.broken: str = ""
         self._reader = asyncio.create_task(self._read(), name=f"upload-answers:{site}")
 
-    async def send(self, body: bytes, answer_within: float) -> dict[str, Any]:
+    async def send(self, body: bytes | str, answer_within: float) -> Any:
+        """A batch (bytes) or a configuration request (text): its answer, a JSON
+        object, or the bytes of a binary message."""
         if self.broken:
             raise LinkError(f"upload connection broken: {self.broken}", site=self._site)
-        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         try:
             async with asyncio.timeout(answer_within):
                 async with self._sending:  # whole messages, in the order of the answers
                     self._waiting.append(answer)
                     try:
-                        await self._ws.send_bytes(body)
+                        if isinstance(body, str):
+                            await self._ws.send_str(body)
+                        else:
+                            await self._ws.send_bytes(body)
                     except (aiohttp.ClientError, ConnectionError, RuntimeError, OSError) as exc:
                         self._break(f"{type(exc).__name__}: {exc}")
                 return await asyncio.shield(answer)
@@ -277,6 +303,11 @@ class _Upload:
     async def _read(self) -> None:
         try:
             async for msg in self._ws:
+                if msg.type is aiohttp.WSMsgType.BINARY and self._waiting:
+                    waiter = self._waiting.popleft()  # a configuration's answer
+                    if not waiter.done():
+                        waiter.set_result(bytes(msg.data))
+                    continue
                 if msg.type is not aiohttp.WSMsgType.TEXT:
                     self._break(f"unexpected {msg.type.name} message")
                     break
@@ -351,8 +382,9 @@ def _tls_failure(exc: BaseException) -> str:
 
 
 @boundary
-def _parse_hello(msg: aiohttp.WSMessage) -> dict[str, RangeSet]:
-    """The gateway's first upload message: stream -> held seqs. ValueError if it is not."""
+def _parse_hello(msg: aiohttp.WSMessage) -> tuple[dict[str, RangeSet], ConfigOffer | None]:
+    """The gateway's first upload message: stream -> held seqs, and the configuration
+    offered (None: none). ValueError if it is not."""
     if msg.type is not aiohttp.WSMsgType.TEXT:
         raise ValueError(f"first message is {msg.type.name}, not the holdings")
     data = strict_json.loads(msg.data)
@@ -361,4 +393,5 @@ def _parse_hello(msg: aiohttp.WSMessage) -> dict[str, RangeSet]:
     streams = data.get("streams")
     if not isinstance(streams, dict):
         raise ValueError(f"holdings without streams: {msg.data!r:.200}")
-    return {str(s): RangeSet.parse(str(r)) for s, r in streams.items()}
+    held = {str(s): RangeSet.parse(str(r)) for s, r in streams.items()}
+    return held, parse_offer(data.get("config"))

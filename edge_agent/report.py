@@ -20,7 +20,7 @@ from edge_agent.config import EdgeConfig
 from edge_agent.log import EdgeLog, Incoming
 from edge_agent.status import collect_status
 from shorelink.logs import get_logger
-from shorelink.ship_report import REPORT_MQTT_TOPIC, ShipReport, encode_report
+from shorelink.ship_report import REPORT_MQTT_TOPIC, ReportedConfig, ShipReport, encode_report
 from shorelink.version import version
 
 __all__ = ["Reporter", "build_report", "write_report"]
@@ -28,7 +28,12 @@ __all__ = ["Reporter", "build_report", "write_report"]
 log = get_logger(__name__)
 
 
-def build_report(cfg: EdgeConfig, edge_log: EdgeLog, now_ms: int | None = None) -> ShipReport:
+def build_report(
+    cfg: EdgeConfig,
+    edge_log: EdgeLog,
+    now_ms: int | None = None,
+    config: ReportedConfig | None = None,
+) -> ShipReport:
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     st = collect_status(cfg, edge_log)
     streams = {name: (s["last_seq"], s["backlog_records"]) for name, s in st["streams"].items()}
@@ -47,6 +52,7 @@ def build_report(cfg: EdgeConfig, edge_log: EdgeLog, now_ms: int | None = None) 
         log_bytes=st["log_record_bytes"],
         log_budget=st["log_budget_bytes"],
         agent=version(),
+        config=config,
     )
 
 
@@ -66,9 +72,16 @@ class Reporter:
     """When to write the next report (see the module's docstring)."""
 
     def __init__(
-        self, cfg: EdgeConfig, edge_log: EdgeLog, *, monotonic: Callable[[], float] = time.monotonic
+        self,
+        cfg: EdgeConfig,
+        edge_log: EdgeLog,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        config: Callable[[], ReportedConfig] | None = None,
     ) -> None:
         self.cfg = cfg
+        #: the fleet configuration the ship runs (edge_agent/fleet_config.py)
+        self._config = config
         self.log = edge_log
         self._monotonic = monotonic
         self._last: tuple[object, ...] | None = None
@@ -78,12 +91,13 @@ class Reporter:
         own = self.cfg.report.stream
         # not the link: a ship in port probes the satellite too, and the last link to
         # answer flips back and forth without anything to tell
-        return tuple(sorted((s, v) for s, v in r.streams.items() if s != own))
+        return (r.config, *sorted((s, v) for s, v in r.streams.items() if s != own))
 
     def tick(self) -> int | None:
         """Write a report if one is due: its seq (0: refused by the stream's budget),
         None when nothing changed since the last and the heartbeat is not due."""
-        report = build_report(self.cfg, self.log)
+        config = self._config() if self._config is not None else None
+        report = build_report(self.cfg, self.log, config=config)
         key = self._key(report)
         now = self._monotonic()
         if (

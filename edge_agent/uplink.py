@@ -32,6 +32,7 @@ from edge_agent.batching import BatchBuilder
 from edge_agent.budget import LinkBudget
 from edge_agent.config import EdgeConfig
 from edge_agent.errors import GatewayRejected, LinkError, UplinkError
+from edge_agent.fleet_config import ConfigSource, FleetConfig
 from edge_agent.gateway import Gateway, HttpGateway
 from edge_agent.log import EdgeLog
 from edge_agent.metrics import EdgeMetrics
@@ -63,8 +64,13 @@ class Uplink:
         *,
         gateways: Sequence[Gateway] | None = None,
         clock: Callable[[], float] = time.time,
+        fleet: FleetConfig | None = None,
     ) -> None:
         self.cfg = cfg
+        #: the fleet configuration: asked for at each session's offer
+        self.fleet = fleet
+        #: set once a gateway answered (the fleet configuration's health check)
+        self.reached = asyncio.Event()
         self.log = edge_log
         self.metrics = metrics
         self.new_data = new_data
@@ -202,6 +208,8 @@ class Uplink:
             return  # every reachable link has spent today's budget
         gw = session.gateway
         try:
+            if self.fleet is not None and isinstance(gw, ConfigSource):
+                await self.fleet.offered(gw, self.cfg.links[gw.link], session.budget)
             await session.sync()
         except LinkError as exc:
             self.session = None
@@ -324,6 +332,8 @@ class Uplink:
 
     async def _mark(self, g: Gateway, *, up: bool, error: str = "") -> None:
         was_up = self.log.links.mark(g, up=up, error=error)
+        if up:
+            self.reached.set()
         if not up:
             self._limited.warning(
                 f"link_down:{g.site}:{g.link}", "link_down", site=g.site, link=g.link, error=error

@@ -19,6 +19,11 @@ PACKAGES = ("shorelink", "edge_agent", "core_gateway", "spark_core")
 
 #: functions the scan below finds that are not boundaries, each with why
 ALLOWED = {
+    "edge_agent.fleet_config:_read_state": "the agent's own file beside its log "
+    "(<log.path>.fleet.json), written atomically by it alone; each entry line in it is "
+    "checked again against fleet.pub (decode_entry, marked) before it is used",
+    "shorelink.fleet.shipconfig:document_of": "the document of an entry whose fleet "
+    "signature was checked; parse_toml and strict_json.loads (marked) read it",
     "spark_core.merge:reset_changed_checkpoints": "the application's own stamp in its "
     "state_dir (merges.json); one it cannot read starts the queries afresh",
     "spark_core.merge:reset_recreated_checkpoint": "the application's own stamp in its "

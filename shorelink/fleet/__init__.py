@@ -11,10 +11,12 @@ append-only log of entries, each signed by the fleet key and chained to the one 
 - ``bundle``: what a new ship carries on board;
 - ``travel``: the entries as records of the system, published at headquarters;
 - ``follow``: a site's registry followed, verified and applied (gateway, Spark);
+- ``shipconfig``: a ship's configuration on its way from a gateway to the ship (offer,
+  request, the delta, the ship's checks);
 - ``cli``: ``shorelink fleet ...``.
 
 Pure Python, no Kafka: ``shorelink/kafka/registry.py`` publishes the records and feeds
 a site's topic to ``follow`` (docs/fleet-registry.md, "How it travels").
 """
 
-__all__ = ["bundle", "cli", "entry", "follow", "log", "state", "travel", "views"]
+__all__ = ["bundle", "cli", "entry", "follow", "log", "shipconfig", "state", "travel", "views"]

@@ -156,6 +156,9 @@ class FleetState:
     active_rollouts: dict[str, int] = field(default_factory=dict)
     #: a rollout's configuration (versioned by its rollout_started entry)
     rollout_configs: dict[int, ConfigRecord] = field(default_factory=dict, repr=False)
+    #: every configuration entry's line by its version (a gateway serves a ship the
+    #: delta from the one it holds: shorelink/fleet/shipconfig.py)
+    config_lines: dict[int, bytes] = field(default_factory=dict, repr=False)
     #: every fleet key the chain named, oldest first: (public key, the version of the
     #: entry that named it); each signs the entries after that one, up to the next's
     fleet_keys: list[tuple[str, int]] = field(default_factory=list)
@@ -305,6 +308,7 @@ class FleetState:
             entry.version,
             entry.time,
         )
+        self.config_lines[entry.version] = entry.raw
 
     def _rollout_started(self, entry: Entry, body: dict[str, Any]) -> None:
         group = str(body["group"])

@@ -1,0 +1,128 @@
+"""A ship's configuration on its way (shorelink/fleet/shipconfig.py): the delta a
+gateway sends reads back to the entries the fleet signed, costs little for a small
+change, and whatever a gateway or a ship sends instead is a ValueError within its
+bound, never another exception."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shorelink import strict_json
+from shorelink.fleet.entry import FleetKey, RegistryError
+from shorelink.fleet.log import Registry
+from shorelink.fleet.shipconfig import (
+    MAX_ANSWER_BYTES,
+    decode_delta,
+    encode_delta,
+    merge_documents,
+    offer_for,
+    parse_offer,
+    parse_request,
+    request_json,
+    verify_config_entry,
+)
+from tests.bounds import FAST, KIB, MIB, Bound, within
+from tests.strategies import any_bytes, deep_json, json_values, mutated
+
+RULES = "".join(
+    f'[[alarms]]\nname = "t{i}"\nstream = "containers"\nabove = {i}\n' for i in range(40)
+)
+
+
+def _config(reg: Registry, document: str) -> bytes:
+    reg.append(
+        [
+            (
+                "config_set",
+                {
+                    "scope": "group",
+                    "name": "north",
+                    "format": "toml",
+                    "document": document,
+                    "port_links_only": False,
+                },
+            )
+        ]
+    )
+    reg.refresh()
+    return reg.entries()[-1].raw
+
+
+def test_a_one_key_change_crosses_as_a_small_delta_that_reads_back_signed(tmp_path: Path) -> None:
+    """The ship holds the group's entry; a change of one key in a 2 KB document costs
+    the link its header, its signature and the key, and what the ship rebuilds is the
+    entry exactly as the fleet signed it."""
+    reg = Registry.init(tmp_path / "r")
+    old = _config(reg, RULES + '[streams.nav]\nmax_age = "30d"\n')
+    new = _config(reg, RULES + '[streams.nav]\nmax_age = "7d"\n')
+    answer = encode_delta([new], [old])
+    assert decode_delta(answer, [old]) == [new]
+    assert len(answer) < len(zlib.compress(new, 9)) / 2
+    assert len(answer) < 400
+    anchor = (reg.directory / "fleet.pub").read_text().strip()
+    assert verify_config_entry(new, anchor, "g:north").version == reg.state.version
+    with pytest.raises(RegistryError, match="not s:x"):
+        verify_config_entry(new, anchor, "s:x")
+    other = FleetKey.generate()
+    with pytest.raises(RegistryError, match="forged"):
+        verify_config_entry(new, other.public, "g:north")
+
+
+def test_the_offer_is_the_ships_scopes_in_order(tmp_path: Path) -> None:
+    reg = Registry.init(tmp_path / "r")
+    reg.append([("ship_added", {"ship": "bigblue", "groups": ["north", "reefers"]})])
+    _config(reg, "a = 1\n")
+    reg.refresh()
+    assert offer_for(reg.state, "bigblue") == {"g:north": (reg.state.version, False)}
+    assert offer_for(reg.state, "nobody") is None
+    assert merge_documents([{"a": {"b": 1, "c": 2}}, {"a": {"b": 3}, "d": [1]}]) == {
+        "a": {"b": 3, "c": 2},
+        "d": [1],
+    }
+    assert parse_request(request_json({"g:north": None, "s:bigblue": 4})) == {
+        "g:north": None,
+        "s:bigblue": 4,
+    }
+
+
+_ANSWER = encode_delta([b'{"a":1}', b'{"b":2}'], [b'{"a":0}', b""])
+
+
+@FAST
+@given(st.one_of(any_bytes(300), mutated(_ANSWER)))
+def test_any_answer_is_entry_lines_or_a_value_error(answer: bytes) -> None:
+    within(Bound(256 * KIB, 16, cpu_s=0.5), (ValueError,), decode_delta, answer, [b'{"a":0}', b""])
+
+
+@FAST
+@given(st.integers(1, 4))
+def test_a_compressed_bomb_stops_at_its_bound(mib: int) -> None:
+    """An answer that inflates past every entry a ship can hold is refused, having
+    taken at most MAX_ANSWER_BYTES."""
+    bomb = b"\x00" + zlib.compress(b"x" * (MAX_ANSWER_BYTES + mib * MIB), 9)
+    out = within(Bound(24 * MIB, 64, cpu_s=2.0), (ValueError,), decode_delta, bomb, [])
+    assert isinstance(out, ValueError)
+
+
+@FAST
+@given(st.one_of(json_values(), st.dictionaries(st.text(max_size=8), json_values(4), max_size=20)))
+def test_any_offer_is_an_offer_or_a_value_error(value: object) -> None:
+    within(Bound(256 * KIB, 16, cpu_s=0.5), (ValueError,), parse_offer, value, size=0)
+
+
+@FAST
+@given(
+    st.one_of(
+        any_bytes(300),
+        deep_json(),
+        mutated(request_json({"g:north": 3}).encode()),
+        json_values().map(lambda d: strict_json.dumps({"type": "config", "have": d}).encode()),
+    )
+)
+def test_any_request_is_a_request_or_a_value_error(data: bytes) -> None:
+    within(Bound(256 * KIB, 16, cpu_s=0.5), (ValueError,), parse_request, data)
