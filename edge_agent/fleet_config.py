@@ -174,6 +174,7 @@ class FleetConfig:
         #: set by the agent: called once a change is applied (the agent restarts)
         self.on_applied: Callable[[], None] | None = None
         self._busy = False
+        self._asked: ConfigOffer | None = None
         #: (scopes, version) offered for port links only and left for one
         self.waiting_for_port: set[tuple[str, int]] = set()
 
@@ -251,15 +252,16 @@ class FleetConfig:
         """Fetch, check and apply what ``gw`` offers, if anything is new. The bytes
         both ways are counted against ``budget``."""
         offer = gw.config_offer
-        if offer is None or self._busy or self.state.trial:
-            return
+        if offer is None or self._busy or self.state.trial or offer is self._asked:
+            return  # once per offer: a gateway's answer refused is not asked for again
+        # on the same connection (the next one brings a new offer)
         want = self.wanted(offer, link)
         if want is None:
             return
         request = request_json(want)
         if not budget.fits(len(request) + 1024):
             return  # today's budget: the configuration waits for tomorrow or a port
-        self._busy = True
+        self._busy, self._asked = True, offer
         try:
             await budget.charge(len(request))
             answer = await gw.fetch_config(request)
