@@ -2,8 +2,10 @@
 fleet-registry.md, "Configuration to the ships"): what the gateway offers, what the ship
 asks for, the delta that crosses the link, and the checks the ship makes.
 
-A ship's configuration is the ``config_set`` entries that apply to it (its groups' in
-its groups' order, then its own: :meth:`FleetState.configs_of`), each a *scope*
+A ship's configuration is the entries that apply to it (its groups' in its groups'
+order, then its own, rollouts honoured: :meth:`FleetState.config_for`; a group's is a
+``config_set`` or, while a rollout's stage reaches the ship, a ``rollout_started``
+entry), each a *scope*
 (``g:<group>``, ``s:<ship>``). The entries travel as they are, their fleet signature
 with them, so a gateway serves bytes it cannot forge and the ship trusts nothing but
 its pinned ``fleet.pub``.
@@ -165,14 +167,18 @@ def decode_delta(answer: bytes, bases: Sequence[bytes]) -> list[bytes]:
 
 
 def verify_config_entry(line: bytes, anchor: str, scope: str) -> Entry:
-    """The ``config_set`` entry of ``line`` for ``scope``, its signature the fleet
+    """The ``config_set`` (or ``rollout_started``: a group's configuration in stages)
+    entry of ``line`` for ``scope``, its signature the fleet
     root key's (``anchor``, the ship's pinned fleet.pub); :class:`RegistryError` why
     not. (An entry signed by a later fleet key is refused: the ship follows no fleet
     key rotation yet.)"""
     entry = decode_entry(line)
-    if entry.kind != "config_set":
+    if entry.kind == "config_set":
+        got = ("g:" if entry.body["scope"] == "group" else "s:") + entry.body["name"]
+    elif entry.kind == "rollout_started":  # a group's configuration in stages
+        got = "g:" + entry.body["group"]
+    else:
         raise RegistryError(f"a {entry.kind} entry, not a configuration", version=entry.version)
-    got = ("g:" if entry.body["scope"] == "group" else "s:") + entry.body["name"]
     if got != scope:
         raise RegistryError(f"the configuration of {got}, not {scope}", version=entry.version)
     if entry.signer != key_id(anchor) or not entry.verify(verify_key(anchor)):
@@ -181,7 +187,8 @@ def verify_config_entry(line: bytes, anchor: str, scope: str) -> Entry:
 
 
 def document_of(entry: Entry) -> dict[str, Any]:
-    """The configuration document of a ``config_set`` entry, as a table."""
+    """The configuration document of a ``config_set`` or ``rollout_started`` entry, as
+    a table."""
     text = str(entry.body["document"])
     if len(text.encode()) > MAX_CONFIG_BYTES:
         raise ConfigError("document", f"more than {MAX_CONFIG_BYTES} bytes")

@@ -338,6 +338,7 @@ class FleetState:
             entry.version,
             entry.time,
         )
+        self.config_lines[entry.version] = entry.raw
         self.active_rollouts[group] = entry.version
 
     def _active(self, body: dict[str, Any]) -> RolloutRecord:

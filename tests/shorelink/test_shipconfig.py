@@ -18,6 +18,7 @@ from shorelink.fleet.log import Registry
 from shorelink.fleet.shipconfig import (
     MAX_ANSWER_BYTES,
     decode_delta,
+    document_of,
     encode_delta,
     merge_documents,
     offer_for,
@@ -88,6 +89,38 @@ def test_the_offer_is_the_ships_scopes_in_order(tmp_path: Path) -> None:
         "g:north": None,
         "s:bigblue": 4,
     }
+
+
+def test_a_rollouts_configuration_reaches_its_canary_signed_as_it_was_started(
+    tmp_path: Path,
+) -> None:
+    """While a rollout's stage reaches a ship, its group's configuration is the
+    rollout's (a rollout_started entry): the gateway serves that entry and the ship
+    verifies and reads it like a config_set; a ship the stage has not reached keeps the
+    group's own."""
+    reg = Registry.init(tmp_path / "r")
+    reg.append([("ship_added", {"ship": f"s{i}", "groups": ["north"]}) for i in range(4)])
+    old = _config(reg, "a = 1\n")
+    body = {
+        "group": "north",
+        "format": "toml",
+        "document": "a = 2\n",
+        "port_links_only": False,
+        "stages": ["1", "100%"],
+        "healthy_s": 60,
+        "stop_failure_percent": 10,
+    }
+    reg.append([("rollout_started", body)])
+    reg.refresh()
+    state, rollout = reg.state, reg.state.version
+    offers = {f"s{i}": offer_for(state, f"s{i}") for i in range(4)}
+    canary = [s for s, o in offers.items() if o == {"g:north": (rollout, False)}]
+    assert len(canary) == 1
+    assert sorted(o["g:north"][0] for o in offers.values() if o) == [rollout - 1] * 3 + [rollout]
+    line = decode_delta(encode_delta([state.config_lines[rollout]], [old]), [old])[0]
+    anchor = (reg.directory / "fleet.pub").read_text().strip()
+    entry = verify_config_entry(line, anchor, "g:north")
+    assert document_of(entry) == {"a": 2}
 
 
 _ANSWER = encode_delta([b'{"a":1}', b'{"b":2}'], [b'{"a":0}', b""])
