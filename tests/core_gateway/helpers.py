@@ -11,7 +11,8 @@ import ssl
 import sys
 import urllib.request
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import aiohttp
@@ -21,8 +22,11 @@ from core_gateway.config import GatewayConfig, parse_config
 from local_stack.kafka import KafkaBroker
 from local_stack.process import Proc, free_port
 from local_stack.tls import make_authority
-from shorelink.contract import H_ORIGIN, H_SEQ, ingress_topic
+from shorelink.contract import H_ORIGIN, H_SEQ, canonical_topic, ingress_topic
+from shorelink.fleet.entry import REGISTRY_STREAM
+from shorelink.fleet.log import Registry
 from shorelink.kafka.reading import read_to_end
+from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.wire import Batch, WireRecord, encode_batch
 from tests.helpers import eventually, run_process, unique
 
@@ -99,6 +103,28 @@ class RunningGateway:
             "Authorization": f"Bearer {token or self.token}",
             "Content-Type": "application/x-shorelink-batch",
         }
+
+
+@contextlib.asynccontextmanager
+async def registry_gateway(
+    tmp_path: Path, kafka: KafkaBroker
+) -> AsyncIterator[tuple[GatewayConfig, Registry]]:
+    """A gateway following the fleet registry at its site (``fleet_pub_file``: no
+    credentials file), and headquarters' registry (``tmp_path/registry``) it pins."""
+    ensure_topics(kafka.endpoint, [TopicSpec(canonical_topic(REGISTRY_STREAM), partitions=1)])
+    reg = Registry.init(tmp_path / "registry")
+    cfg = replace(
+        gateway_config(tmp_path, kafka),
+        credentials_file=None,
+        fleet_pub_file=reg.directory / "fleet.pub",
+    )
+    stop = asyncio.Event()
+    task = await start_gateway(cfg, stop)
+    try:
+        yield cfg, reg
+    finally:
+        stop.set()
+        await task
 
 
 async def start_gateway(

@@ -13,7 +13,7 @@ import io
 import re
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -25,10 +25,10 @@ from shorelink.fleet.bundle import provision
 from shorelink.fleet.entry import FLEET_ORIGIN, REGISTRY_STREAM, FleetKey, sign_entry
 from shorelink.fleet.log import Registry
 from shorelink.fleet.travel import entry_record
-from shorelink.kafka.topics import TopicSpec, ensure_topics, producer
+from shorelink.kafka.topics import producer
 from shorelink.proof import ShipKey
 from shorelink.wire import Batch, encode_batch
-from tests.core_gateway.helpers import gateway_config, metrics_url, records, start_gateway
+from tests.core_gateway.helpers import metrics_url, records, registry_gateway
 from tests.helpers import unique
 
 TOPIC = canonical_topic(REGISTRY_STREAM)
@@ -74,18 +74,8 @@ class Site:
 
 @pytest.fixture
 async def site(tmp_path: Path, kafka: KafkaBroker) -> AsyncIterator[Site]:
-    ensure_topics(kafka.endpoint, [TopicSpec(TOPIC, partitions=1)])
-    reg = Registry.init(tmp_path / "registry")
-    cfg = replace(
-        gateway_config(tmp_path, kafka),
-        credentials_file=None,
-        fleet_pub_file=reg.directory / "fleet.pub",
-    )
-    stop = asyncio.Event()
-    task = await start_gateway(cfg, stop)
-    yield Site(f"http://127.0.0.1:{cfg.port}", metrics_url(cfg), reg, kafka)
-    stop.set()
-    await task
+    async with registry_gateway(tmp_path, kafka) as (cfg, reg):
+        yield Site(f"http://127.0.0.1:{cfg.port}", metrics_url(cfg), reg, kafka)
 
 
 def _ship(reg: Registry, tmp: Path) -> tuple[str, str, ShipKey]:

@@ -12,7 +12,7 @@ import re
 import secrets
 import urllib.request
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,9 @@ from shorelink.fleet.bundle import provision
 from shorelink.fleet.entry import REGISTRY_STREAM, FleetKey, sign_entry
 from shorelink.fleet.log import Registry
 from shorelink.fleet.travel import entry_record
-from shorelink.kafka.topics import TopicSpec, ensure_topics, producer
+from shorelink.kafka.topics import producer
 from shorelink.ship_report import decode_report
-from tests.core_gateway.helpers import gateway_config, metrics_url, start_gateway
+from tests.core_gateway.helpers import metrics_url, registry_gateway
 from tests.edge_agent.helpers import edge_config_doc
 from tests.helpers import eventually_async, unique, write_toml
 
@@ -91,18 +91,8 @@ async def shore(
     # broker's (tests/core_gateway/test_registry.py) counts every entry it refuses, and
     # each test here writes the entries of a fleet of its own
     kafka = kafka_sites("tokyo")["tokyo"]
-    ensure_topics(kafka.endpoint, [TopicSpec(TOPIC, partitions=1)])
-    reg = Registry.init(tmp_path / "registry")
-    cfg = replace(
-        gateway_config(tmp_path, kafka),
-        credentials_file=None,
-        fleet_pub_file=reg.directory / "fleet.pub",
-    )
-    stop = asyncio.Event()
-    task = await start_gateway(cfg, stop)
-    yield Shore(reg, kafka, cfg.port, metrics_url(cfg))
-    stop.set()
-    await task
+    async with registry_gateway(tmp_path, kafka) as (cfg, reg):
+        yield Shore(reg, kafka, cfg.port, metrics_url(cfg))
 
 
 @dataclass
