@@ -241,7 +241,7 @@ class Bench:
         say(f"{n} ships: {records / elapsed:.0f} records/s; alert p99 {pct(alerts, 0.99)} ms")
         merge: dict[str, Any] | None = None
         if app is not None:
-            merge = self._merge(days, alerts, elapsed, merged, app_started_s, sampled)
+            merge = self._merge(days, alerts, elapsed, merged, app_started_s, sampled, app.root)
             say(f"{n} ships: the merge {merge['records_s']} records/s; lag {merge['lag_ms']}")
         return {
             "ships": n,
@@ -278,6 +278,7 @@ class Bench:
         merged: dict[str, Any],
         started_s: float,
         sampled: Sampler,
+        app_root: Path,
     ) -> dict[str, Any]:
         """The merge's figures: records/s from the first upload to the last record
         merged (the ledger's entry that completed the last ``(origin, stream)``), how
@@ -323,6 +324,7 @@ class Bench:
             "site_peak_threads": sampled.threads.get("site"),
             "cpu_s": {k: round(v, 1) for k, v in cpu.items()},
             "cores": {k: round(v / seconds, 2) for k, v in cpu.items()} if seconds else None,
+            "driver": _merge_totals(app_root),
             "verify_s": round(time.monotonic() - t0, 1),
         }
 
@@ -406,6 +408,26 @@ class Bench:
             raise RuntimeError(f"{ship}: not done after {MAX_TRIES} tries")
         finally:
             await gw.close()
+
+
+def _merge_totals(root: Path) -> dict[str, Any]:
+    """What each merge said of its work (``<checkpoints>/<query>.status.json``): its
+    transactions, the records in and written, and the driver's seconds in Spark's fetch,
+    in planning and in the Kafka transaction (the rest of its time is reading ingress
+    and waiting)."""
+    out: dict[str, Any] = {}
+    for query in ("merge", "merge-urgent"):
+        try:
+            totals = json.loads((root / "checkpoints" / f"{query}.status.json").read_text())[
+                "totals"
+            ]
+        except (OSError, ValueError, KeyError):
+            continue
+        out[query] = {
+            k: round(totals[k], 1) if isinstance(totals.get(k), float) else totals.get(k)
+            for k in ("batches", "pulled", "input", "written", "fetch_s", "plan_s", "txn_s")
+        }
+    return out
 
 
 def _spread(ms: list[float]) -> dict[str, float | None]:
