@@ -366,7 +366,7 @@ class Bench:
         one connection, ``--window`` batches in flight; when the link fails (a ``503
         busy`` too: the gateway's memory budget or upload slots are full), wait, ask
         the site what it holds and go on from there."""
-        from edge_agent.errors import LinkError
+        from edge_agent.errors import GatewayGap, LinkError
 
         ship = day.ship
         gw = _client(
@@ -395,7 +395,9 @@ class Bench:
                                 if end > held[stream]:
                                     tg.create_task(send(stream, body))
                     continue
-                except* LinkError:
+                except* (LinkError, GatewayGap):
+                    # a gap: an earlier batch of the stream was refused (busy) after
+                    # this one left; as the agent does, go on from what the site holds
                     self.retries += 1
                 try:
                     await retry_after(gw)
