@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from edge_agent.agent import Agent, Supervisor
+from edge_agent.fleet_config import load_effective
 from local_stack.kafka import KafkaBroker
 from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import free_port
@@ -27,6 +28,7 @@ from shorelink.contract import canonical_topic
 from shorelink.fleet.bundle import provision
 from shorelink.fleet.entry import REGISTRY_STREAM, FleetKey, sign_entry
 from shorelink.fleet.log import Registry
+from shorelink.fleet.shipconfig import encode_delta
 from shorelink.fleet.travel import entry_record
 from shorelink.kafka.topics import producer
 from shorelink.ship_report import decode_report
@@ -242,8 +244,6 @@ async def test_a_configuration_the_fleet_did_not_sign_is_refused(
         )
         fleet = ship.agent.fleet
         assert fleet is not None
-        from shorelink.fleet.shipconfig import encode_delta
-
         offer = {"g:north": (forged.version, False)}
         applied = fleet.take(offer, {"g:north": None}, encode_delta([forged.raw], None))
         assert not applied and "forged" in (fleet.state.failure or "")
@@ -330,3 +330,37 @@ async def test_a_link_cut_while_fetching_leaves_the_old_configuration_then_fetch
         assert ship.agent.cfg.streams["nav"].max_age_s == 7 * 86400
     finally:
         await ship.stop()
+
+
+def test_an_agent_that_died_during_its_trial_rolls_back_at_its_next_start(
+    tmp_path: Path, mosquitto: MosquittoBroker
+) -> None:
+    """A configuration that kills the agent (a crash, the watchdog) before its health
+    check ends must not be run again and again: the next start finds the trial still
+    open, puts the state before back and says why."""
+    reg = Registry.init(tmp_path / "registry")
+    bundle = provision(reg, "bigblue", ["north"], out=tmp_path / "bundle")
+    body = {
+        "scope": "group",
+        "name": "north",
+        "format": "toml",
+        "document": '[streams.nav]\nmax_age = "7d"\n',
+        "port_links_only": False,
+    }
+    reg.append([("config_set", body)])
+    reg.refresh()
+    doc = edge_config_doc(tmp_path, mosquitto)
+    doc["uplink"] = {"fleet_pub_file": str(bundle / "fleet.pub")}
+    config = write_toml(tmp_path / "edge.toml", doc)
+    cfg, fleet = load_effective(config)
+    assert fleet is not None and cfg.streams["nav"].max_age_s == 30 * 86400
+    line = reg.state.config_lines[reg.state.version]
+    offer = {"g:north": (reg.state.version, False)}
+    assert fleet.take(offer, {"g:north": None}, encode_delta([line], None))
+    assert fleet.begin()  # the run on it starts its trial ... and dies
+
+    cfg, fleet = load_effective(config)
+    assert fleet is not None and cfg.streams["nav"].max_age_s == 30 * 86400
+    assert fleet.state.version == 0 and fleet.state.trial == ""
+    assert "stopped during its health check" in (fleet.state.failure or "")
+    assert fleet.wanted(offer, cfg.links["port_wifi"]) is None  # not fetched again
