@@ -52,6 +52,12 @@ class GatewayMetrics:
         self.rejected = Counter(
             p + "rejected_batches", "Batches refused, by reason", ["reason"], registry=r
         )
+        self.decoded_busy = Counter(
+            p + "decoded_busy",
+            "Batches refused busy after their decode, for what they decoded to beyond "
+            "their decompressed bytes (charged that before decoding when sent again)",
+            registry=r,
+        )
         self.batches = Counter(
             p + "batches_written", "Batches committed to Kafka", ["stream"], registry=r
         )

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -48,7 +48,7 @@ from shorelink.logs import get_logger
 from shorelink.proof import PROOF_HELD_BYTES, SignatureError, WatchedShipKeys
 from shorelink.ranges import RangeSet
 from shorelink.retry import Backoff, retry_fields, retrying
-from shorelink.wire import DECODE_RECORD_BYTES, Batch, WireError, peek_header
+from shorelink.wire import DECODE_RECORD_BYTES, Batch, Header, WireError, peek_header
 
 __all__ = ["RETRY_AFTER_S", "SHIP_SHARE", "GatewayService", "busy"]
 
@@ -126,6 +126,10 @@ class GatewayService:
         #: the budget (at most SHIP_SHARE of it)
         self.uploads_by_ship: Counter[str] = Counter()
         self.inflight_by_ship: Counter[str] = Counter()
+        #: what a batch refused busy after its decode decoded to beyond its decompressed
+        #: bytes, by the batch (:func:`_batch_id`): sent again, it is charged that up
+        #: front, so it is refused before decoding or decoded once more for good
+        self._surplus: OrderedDict[tuple[object, ...], int] = OrderedDict()
         #: the last answer to "is Kafka reachable" (when, whether), and the question
         #: in flight (kafka_reachable)
         self._readiness: tuple[float, bool] | None = None
@@ -390,7 +394,8 @@ class GatewayService:
         # costs however small its body makes it (its objects, decoded and held until
         # written) and, signed, its proof
         per_record = DECODE_RECORD_BYTES + (PROOF_HELD_BYTES if keys and header.signatures else 0)
-        cost = len(body) + header.raw_len + per_record * header.count
+        known = self._surplus.get(_batch_id(header), 0)
+        cost = len(body) + header.raw_len + per_record * header.count + known
         self.reserve(ship, cost, held=held)
         try:
             try:
@@ -404,10 +409,16 @@ class GatewayService:
                 raise ApiError(403, exc.reason, str(exc)) from None
             # templated payloads decode to more than their decompressed bytes: the
             # batch holds what it decoded to from now on, or is answered busy
-            more = batch.decoded_size - header.raw_len
+            more = batch.decoded_size - header.raw_len - known
             if more > 0:
-                self.reserve(ship, more, held=held + cost)
+                try:
+                    self.reserve(ship, more, held=held + cost)
+                except ApiError:
+                    self.metrics.decoded_busy.inc()
+                    self._remember_surplus(header, known + more)
+                    raise
                 cost += more
+            self._surplus.pop(_batch_id(header), None)
             answer = self.admit(ship, batch, proved)
         except BaseException:
             self.release(ship, cost)
@@ -478,6 +489,17 @@ class GatewayService:
         self.inflight_by_ship[ship] += nbytes
         self.metrics.inflight_bytes.set(self.inflight_bytes)
 
+    def _remember_surplus(self, header: Header, surplus: int) -> None:
+        """A batch decoded for nothing (refused busy for what it decoded to): decoded
+        again each time it came back, a port call's batches of tens of thousands of
+        records kept the decode workers busy refusing each other while the budget stayed
+        full (bench/fleet.py, 700 ships, a tenth of them docking: nothing written for
+        minutes). Kept for :data:`SURPLUS_KEPT` batches, the oldest forgotten first."""
+        self._surplus[_batch_id(header)] = surplus
+        self._surplus.move_to_end(_batch_id(header))
+        while len(self._surplus) > SURPLUS_KEPT:
+            self._surplus.popitem(last=False)
+
     def release(self, ship: str, nbytes: int) -> None:
         self.inflight_bytes -= nbytes
         self.inflight_by_ship[ship] -= nbytes
@@ -531,6 +553,23 @@ class GatewayService:
 def _refusal(exc: WireError) -> ApiError:
     """A batch the wire format refuses, as the client sees it (413, 422 or 400)."""
     return ApiError(_WIRE_STATUS.get(exc.reason, 400), exc.reason, str(exc))
+
+
+#: batches whose decoded surplus the gateway remembers (a few dozen bytes each)
+SURPLUS_KEPT = 4096
+
+
+def _batch_id(header: Header) -> tuple[object, ...]:
+    """The same batch sent again: its ship, stream, seqs, lengths and CRC."""
+    return (
+        header.origin,
+        header.stream,
+        header.first_seq,
+        header.count,
+        header.raw_len,
+        header.compressed_len,
+        header.crc32,
+    )
 
 
 #: seconds a busy gateway asks a client to wait (``Retry-After``)
