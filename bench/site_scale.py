@@ -73,6 +73,7 @@ from shorelink.kafka.transactions import TransactionalProducer
 from shorelink.ranges import RangeSet
 from spark_core.config import load_config
 from spark_core.merge_state import MergeState
+from spark_core.relay_index import decode_round
 from spark_core.topics import apply_topics, site_specs
 
 say = progress("site_scale")
@@ -464,13 +465,19 @@ class Size:
         assert self.hub is not None
         out = {}
         for topic in (RELAY_INDEX_TOPIC, CANONICAL_INDEX_TOPIC):
-            n, size = 0, 0
+            n, segs, size = 0, 0, 0
             for msg in read_to_end(self.hub.endpoint, [topic], timeout=60):
                 n += 1
                 size += len(msg.value() or b"") + len(msg.key() or b"")
+                if (msg.key() or b"").startswith(b"sl."):
+                    segs += 1  # a segment keyed by its topic (merges before rounds)
+                else:
+                    segs += len(decode_round(msg.value()))
             per_s = size / seconds if seconds else 0.0
             out[topic] = {
-                "segments": n,
+                "records": n,
+                "records_per_s": round(n / seconds, 2) if seconds else 0.0,
+                "segments": segs,
                 "bytes": size,
                 "bytes_per_day_at_this_rate": round(per_s * 86400),
                 "retained_7d_bytes": round(per_s * 86400 * 7),
@@ -531,6 +538,8 @@ def summary_row(r: dict[str, Any]) -> dict[str, Any]:
         ),
         "marker_transactions": sum(v["transactions"] for v in marker.values()),
         "relay_index_bytes_per_day": r["index"][RELAY_INDEX_TOPIC]["bytes_per_day_at_this_rate"],
+        "relay_index_records_per_s": r["index"][RELAY_INDEX_TOPIC]["records_per_s"],
+        "relay_index_segments": r["index"][RELAY_INDEX_TOPIC]["segments"],
         "state_bytes_per_origin": r["merge_state"]["bytes_per_origin_max"],
         "ops_site_p50_ms": r["ops_page"]["/api/site"]["p50_ms"],
         "ops_snapshot_p50_ms": r["ops_page"]["/api/snapshot"]["p50_ms"],

@@ -41,6 +41,7 @@ from shorelink.contract import (
     canonical_topic,
     customer_topic,
     ingress_topic,
+    marker_key,
     relay_topic,
 )
 from shorelink.files import write_json_atomic
@@ -84,7 +85,7 @@ from spark_core.merge_state import (
 )
 from spark_core.purge import SourcePurger, below, spark_position
 from spark_core.quarantine import CONTRACT, dead_cause
-from spark_core.relay_index import INDEX_EVERY_S, Tail, encode_segment, index_topic
+from spark_core.relay_index import INDEX_EVERY_S, SegmentOf, Tail, encode_round, index_topic
 from spark_core.session import trigger
 from spark_core.topics import (
     canonical_index_spec,
@@ -991,7 +992,9 @@ class Merger:
 
     def write_index(self) -> int:
         """Every :data:`INDEX_EVERY_S`, one segment per relay topic with pending seqs,
-        in a transaction of its own with the marker. Returns the segments written."""
+        all of a round in one record of each index (``encode_round``: as many as its
+        size limit needs), in a transaction of its own with the marker. Returns the
+        segments written."""
         if time.monotonic() < self._index_due:
             return 0
         with self.busy:
@@ -1002,7 +1005,7 @@ class Merger:
                 return 0  # not due later for it: the next pending seqs are written at once
             self._index_due = time.monotonic() + INDEX_EVERY_S
             index = dict(self.state.index)
-            segments = []
+            segments: dict[str, list[SegmentOf]] = {}  # per index topic
             try:
                 marks = self._relay_marks(due, committed=False)
             except KafkaClientError:
@@ -1016,22 +1019,26 @@ class Merger:
                 tail = index[topic]
                 start = tail.to if tail.topic_id == topic_id else {}
                 parts = {p: (start.get(p, 0), end) for p, end in ends.items()}
-                segments.append(encode_segment(topic, topic_id, parts, tail.pending))
+                segment = (topic, topic_id, parts, tail.pending)
+                segments.setdefault(index_topic(topic), []).append(segment)
                 index[topic] = Tail(topic_id, ends)
             docs = self._marker_between(self.state.carried(offsets=self.state.offsets, index=index))
             p = self._producer
             try:
                 with p.transaction():
-                    for key, value in segments:
-                        p.produce(index_topic(key.decode()), key, value, None)
+                    writer = marker_key(self.site.name, self.query)
+                    for into, segs in segments.items():
+                        for key, value in encode_round(writer, segs):
+                            p.produce(into, key, value, None)
                     self._produce_marker(docs)
             except KafkaTransactionError as exc:
                 self._fail(exc)
             self.state.index = index
             self.state.marker_docs = docs
             self.reindex = False
-            self.totals.index_segments += len(segments)
-            return len(segments)
+            written = sum(len(segs) for segs in segments.values())
+            self.totals.index_segments += written
+            return written
 
     def _fail(self, exc: KafkaTransactionError) -> NoReturn:
         """The transaction did not commit (TransactionalProducer ended it as librdkafka

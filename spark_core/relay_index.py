@@ -10,7 +10,9 @@ where the last segment ended, and the seqs pending per origin), in the same
 transaction as the records, so it is always what Kafka holds. Every
 :data:`INDEX_EVERY_S` (asked from the merge's ingest puller's loop) the merge writes,
 in a transaction of its own, one segment per relay topic with pending seqs into
-:data:`~shorelink.contract.RELAY_INDEX_TOPIC`: the relay topic, its id, per partition
+:data:`~shorelink.contract.RELAY_INDEX_TOPIC`, all of a round in one record
+(:func:`encode_round`; the form of one segment keyed by its topic, :func:`encode_segment`,
+is what merges wrote before, still read): the relay topic, its id, per partition
 ``[from, to)`` (``from`` the tail's ``to``, ``to`` the partition's end now) and the
 pending seqs; the tail moves to ``to`` with nothing pending. No transaction of the
 merge is open then and the merge alone writes its relay topics, so every record in
@@ -33,8 +35,9 @@ hostile neighbour can and cannot do").
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from confluent_kafka import Message
 from confluent_kafka.admin import OffsetSpec
@@ -55,9 +58,12 @@ __all__ = [
     "SEGMENT_MAX_BYTES",
     "IndexTooLarge",
     "Segment",
+    "SegmentOf",
     "Tail",
+    "decode_round",
     "dump_tail",
     "dump_tails",
+    "encode_round",
     "encode_segment",
     "index_topic",
     "load_tail",
@@ -134,21 +140,64 @@ def load_tails(data: object) -> dict[str, Tail]:
     return out
 
 
+def _segment_doc(
+    topic_id: str, parts: Mapping[int, tuple[int, int]], seqs: Mapping[str, RangeSet] | None
+) -> dict[str, object]:
+    return {
+        "id": topic_id,
+        "parts": {str(p): [lo, hi] for p, (lo, hi) in sorted(parts.items())},
+        "seqs": None if seqs is None else {o: s.to_json() for o, s in sorted(seqs.items())},
+    }
+
+
 def encode_segment(
     topic: str, topic_id: str, parts: Mapping[int, tuple[int, int]], seqs: Mapping[str, RangeSet]
 ) -> tuple[bytes, bytes]:
     """A record of the index: key the relay topic, value JSON ``{"id", "parts": {p:
-    [from, to]}, "seqs": {origin: ranges} | null}`` (null: too large to name them)."""
-    doc: dict[str, object] = {
-        "id": topic_id,
-        "parts": {str(p): [lo, hi] for p, (lo, hi) in sorted(parts.items())},
-        "seqs": {o: s.to_json() for o, s in sorted(seqs.items())},
-    }
-    value = json.dumps(doc, separators=(",", ":")).encode()
+    [from, to]}, "seqs": {origin: ranges} | null}`` (null: too large to name them). The
+    form merges wrote before :func:`encode_round`; readers still read it."""
+    value = json.dumps(_segment_doc(topic_id, parts, seqs), separators=(",", ":")).encode()
     if len(value) > SEGMENT_MAX_BYTES:
-        doc["seqs"] = None
-        value = json.dumps(doc, separators=(",", ":")).encode()
+        value = json.dumps(_segment_doc(topic_id, parts, None), separators=(",", ":")).encode()
     return topic.encode(), value
+
+
+#: one topic's segment for :func:`encode_round`: topic, its id, per partition
+#: ``(from, to)``, the seqs per origin written there
+SegmentOf = tuple[str, str, Mapping[int, tuple[int, int]], Mapping[str, RangeSet]]
+
+
+def encode_round(key: bytes, segments: Sequence[SegmentOf]) -> list[tuple[bytes, bytes]]:
+    """The records of one round of the index (every topic that moved since the last
+    one): value JSON ``{"round": {topic: segment}}``, a segment as :func:`encode_segment`
+    writes one; as few records as :data:`SEGMENT_MAX_BYTES` allows (one, unless the
+    seqs of the round pass it), so the records a second do not follow the number of
+    relay topics (fleet issue, item 2). A segment too large alone names no seqs.
+    ``key``: the writer's (its marker key: no topic's name, which old readers took a
+    record's key for, so they skip it)."""
+    out: list[tuple[bytes, bytes]] = []
+    docs: list[str] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal size
+        if docs:
+            out.append((key, ('{"round":{' + ",".join(docs) + "}}").encode()))
+            docs.clear()
+            size = 0
+
+    for topic, topic_id, parts, seqs in sorted(segments, key=lambda seg: seg[0]):
+        doc = _segment_doc(topic_id, parts, seqs)
+        one = json.dumps(topic) + ":" + json.dumps(doc, separators=(",", ":"))
+        if len(one) + 16 > SEGMENT_MAX_BYTES:
+            doc = _segment_doc(topic_id, parts, None)
+            one = json.dumps(topic) + ":" + json.dumps(doc, separators=(",", ":"))
+        if size + len(one) + 16 > SEGMENT_MAX_BYTES:
+            flush()
+        docs.append(one)
+        size += len(one) + 1
+    flush()
+    return out
 
 
 class IndexTooLarge(SparkCoreError):
@@ -169,21 +218,38 @@ class Segment:
 
 @boundary
 def decode_segment(key: bytes | None, value: bytes | None) -> Segment:
-    """Parse one index record (a neighbour's: anything may come); raises ValueError
-    (and its kin: KeyError, TypeError, AttributeError) on anything else. Strict JSON
-    (shorelink/strict_json.py): nesting deeper than the parser follows is a ValueError,
-    not a RecursionError that would escape the reader and stop the puller."""
+    """Parse one index record of the form keyed by its topic (a neighbour's: anything
+    may come); raises ValueError (and its kin: KeyError, TypeError, AttributeError) on
+    anything else. Strict JSON (shorelink/strict_json.py): nesting deeper than the
+    parser follows is a ValueError, not a RecursionError that would escape the reader
+    and stop the puller."""
     if not key or not value:
         raise ValueError("no key or value")
     if len(value) > SEGMENT_MAX_BYTES:  # encode_segment never writes one
         raise ValueError(f"a segment of {len(value)} bytes > {SEGMENT_MAX_BYTES}")
+    return _segment(key.decode(), strict_json.loads(value))
+
+
+@boundary
+def decode_round(value: bytes | None) -> list[Segment]:
+    """Parse one index record of :func:`encode_round`'s form (a neighbour's: anything
+    may come): its segments, one per topic; raises as :func:`decode_segment`."""
+    if not value:
+        raise ValueError("no value")
+    if len(value) > SEGMENT_MAX_BYTES:  # encode_round never writes one
+        raise ValueError(f"a round of {len(value)} bytes > {SEGMENT_MAX_BYTES}")
     doc = strict_json.loads(value)
+    return [_segment(str(topic), seg) for topic, seg in doc["round"].items()]
+
+
+def _segment(topic: str, doc: Any) -> Segment:
+    """A segment from its JSON document (parsed already, strict)."""
     seqs = doc["seqs"]
     parts = {int(p): (int(lo), int(hi)) for p, (lo, hi) in doc["parts"].items()}
     if any(lo < 0 or hi < lo for lo, hi in parts.values()):
         raise ValueError(f"bad offsets {doc['parts']!r}")
     return Segment(
-        key.decode(),
+        topic,
         str(doc["id"]),
         parts,
         None if seqs is None else {str(o): RangeSet.from_json(s) for o, s in seqs.items()},
@@ -210,7 +276,8 @@ def read_segments(
     instead of stopping (a reader that must see every segment). Raises what
     ``read_to_end`` raises (an index that does not exist:
     :class:`~shorelink.kafka.errors.UnknownTopic`)."""
-    wanted = {t.encode() for t in topics}
+    wanted_names = set(topics)
+    wanted = {t.encode() for t in wanted_names}
     read = bad = 0
     starts = None
     if since_ms is not None:
@@ -228,15 +295,20 @@ def read_segments(
                 raise IndexTooLarge(f"{index} at {kafka.bootstrap}: over {limit_bytes} bytes")
             log.warning("relay_index_cut", bootstrap=kafka.bootstrap, index=index, read_bytes=read)
             break
-        if msg.key() not in wanted:
-            continue
+        key = msg.key() or b""
+        if key.startswith(b"sl.") and key not in wanted:
+            continue  # a segment of another topic (the form keyed by its topic)
         try:
-            seg = decode_segment(msg.key(), value)
+            if key in wanted:
+                segs = [decode_segment(key, value)]
+            else:  # a round: every topic that moved, keyed by its writer
+                segs = [seg for seg in decode_round(value) if seg.topic in wanted_names]
         except (ValueError, KeyError, TypeError, AttributeError):
             bad += 1
             continue
         _, ts = msg.timestamp()
-        yield replace(seg, written_ms=ts if ts >= 0 else None)
+        for seg in segs:
+            yield replace(seg, written_ms=ts if ts >= 0 else None)
     if bad:
         log.warning("relay_index_bad", bootstrap=kafka.bootstrap, index=index, records=bad)
 

@@ -38,7 +38,13 @@ from spark_core.ops.follow import MAX_ALERT_TEXT, MAX_TRACK, SiteFollower
 from spark_core.ops.users import _parse as parse_users
 from spark_core.ops.users import hash_password
 from spark_core.ops.view import gateway_view
-from spark_core.relay_index import SEGMENT_MAX_BYTES, decode_segment, encode_segment
+from spark_core.relay_index import (
+    SEGMENT_MAX_BYTES,
+    decode_round,
+    decode_segment,
+    encode_round,
+    encode_segment,
+)
 from spark_core.routing import Report
 from tests.bounds import FAST, KIB, Bound, within
 from tests.strategies import HUGE_INTS, any_bytes, any_text, deep_json, json_values, mutated
@@ -78,6 +84,31 @@ _SEGMENT = encode_segment(
 )
 def test_a_relay_index_segment_is_read_or_refused(key: bytes | None, value: bytes) -> None:
     within(Bound(256 * KIB, 32, cpu_s=0.5), _KIN, decode_segment, key, value, size=len(value))
+
+
+_ROUND = encode_round(
+    b"hq/merge",
+    [
+        ("sl.relay.hq.containers", "abc", {0: (0, 9)}, {"ship-1": RangeSet.parse("1-5,9")}),
+        ("sl.relay.port.containers", "def", {1: (5, 7)}, {"ship-2": RangeSet.parse("3")}),
+    ],
+)[0][1]
+
+
+@FAST
+@given(
+    value=st.one_of(
+        _json_docs(_ROUND, "round"),
+        json_values().map(lambda d: strict_json.dumps({"round": {"sl.relay.a.b": d}}).encode()),
+        st.lists(st.text(max_size=8), max_size=60).map(
+            lambda ts: strict_json.dumps(
+                {"round": {t: {"id": "x", "parts": {"0": [0, 1]}, "seqs": {}} for t in ts}}
+            ).encode()
+        ),
+    ),
+)
+def test_a_relay_index_round_is_read_or_refused(value: bytes) -> None:
+    within(Bound(256 * KIB, 32, cpu_s=0.5), _KIN, decode_round, value, size=len(value))
 
 
 def test_a_segment_past_its_limit_is_refused_before_parsing() -> None:

@@ -13,6 +13,8 @@ tests/spark_core/test_replication.py, the full mesh's cut."""
 from __future__ import annotations
 
 import time
+from functools import partial
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
@@ -20,22 +22,43 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from local_stack.kafka import KafkaBroker
-from shorelink.contract import RELAY_INDEX_TOPIC
+from shorelink.contract import RELAY_INDEX_TOPIC, marker_key, relay_topic
+from shorelink.kafka.endpoint import KafkaEndpoint
+from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics
 from shorelink.ranges import RangeSet
+from spark_core.config import parse_config
+from spark_core.merge import Merger, SourceRow
+from spark_core.merge_state import MergeError, pulled_source
 from spark_core.relay_index import (
     SEGMENT_MAX_BYTES,
     Tail,
+    decode_round,
     decode_segment,
     dump_tails,
+    encode_round,
     encode_segment,
     load_tails,
     oldest_written_ms,
     read_segments,
     start_offsets,
 )
-from tests.helpers import unique
-from tests.spark_core.helpers import produce_raw
+from tests.helpers import eventually, unique
+from tests.spark_core.helpers import produce_raw, record, site_doc
+
+
+def _prepared(merger: Merger) -> bool:
+    try:
+        merger.prepare()
+    except MergeError:
+        return False
+    return True
+
+
+def _row(topic: str, offset: int, origin: str, stream: str, seq: int) -> SourceRow:
+    r = record(origin, stream, seq)
+    return SourceRow(topic, 0, offset, r.key, r.value, list(r.headers()))
+
 
 TOPIC = "sl.relay.a.nav"
 ORIGINS = ("s1", "s2")
@@ -202,3 +225,62 @@ def test_a_first_read_reads_the_index_from_the_oldest_record_it_could_name(
 
     assert start(None) == 0  # the budget ran out among the dead segments
     assert start(since) == 3
+
+
+def test_a_round_too_large_for_one_record_is_split_and_a_segment_too_large_alone_names_none() -> (
+    None
+):
+    """A round's record stays under the size limit every reader refuses past: the
+    segments go to as many records as they need, each read back whole, and one too
+    large alone names no seqs (a reader stops there), as a single segment did."""
+    many = RangeSet([(q, q) for q in range(1, 40_000, 2)])  # about 300 KB of ranges
+    few = {"s1": RangeSet([(1, 3)])}
+    segs = [(f"sl.relay.e{k:04d}.nav", "id1", {0: (0, 5)}, few) for k in range(4000)]
+    records = encode_round(
+        b"a/merge", [*segs, ("sl.relay.big.nav", "id2", {0: (0, 9)}, {"s1": many})]
+    )
+    assert len(records) > 1 and all(len(v) <= SEGMENT_MAX_BYTES for _, v in records)
+    read = [seg for _, v in records for seg in decode_round(v)]
+    assert len(read) == 4001
+    assert {seg.topic: seg.seqs for seg in read if seg.topic != "sl.relay.big.nav"} == {
+        t: few for t, _, _, _ in segs
+    }
+    assert next(seg for seg in read if seg.topic == "sl.relay.big.nav").seqs is None
+
+
+def test_a_round_of_the_index_is_one_record_whatever_the_relay_topics_that_moved(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """Every 5 s the merge writes where each relay topic that moved stands: one record
+    with all of them, 2 relay topics or 8 (fleet issue, item 2: one record per topic
+    grew with the neighbours, 6.4 a second at 20). A reader of any one topic finds its
+    segment in it."""
+    b = kafka.bootstrap
+    for k in (2, 8):
+        s, a = unique("s"), unique("site")
+        doc = site_doc(b, tmp_path / str(k), [s], name=a)
+        names = [f"n{i:02d}" for i in range(k)]
+        for name in names:
+            doc["sites"][name] = dict(
+                doc["sites"][a], checkpoint_dir=str(tmp_path / str(k) / name), neighbours=[a]
+            )
+        cfg = parse_config(doc, base=tmp_path)
+        merger = Merger(cfg.site(a), sites=cfg)
+        eventually(partial(_prepared, merger), what="the merge's new topics have leaders")
+        try:
+            rows = [
+                _row(pulled_source(name, "id1", relay_topic(name, s)), 0, f"ship{i}", s, 1)
+                for i, name in enumerate(names)
+            ]
+            assert len(merger.write_pulled(rows).canonical) == k
+            assert merger.write_index() == k + 1  # and the canonical topic's
+        finally:
+            merger.close()
+        ep = KafkaEndpoint.plaintext(b)
+        mine = [m for m in read_to_end(ep, [RELAY_INDEX_TOPIC]) if m.key() == marker_key(a)]
+        assert len(mine) == 1
+        topics = [relay_topic(name, s) for name in names]
+        got = list(read_segments(ep, topics, timeout=20, limit_bytes=10**8))
+        assert {seg.topic: seg.seqs for seg in got} == {
+            relay_topic(name, s): {f"ship{i}": RangeSet([(1, 1)])} for i, name in enumerate(names)
+        }
