@@ -299,15 +299,7 @@ class FleetState:
                 )
             self._room_for((name,))
             self.groups.add(name)
-        self.configs[(scope, name)] = ConfigRecord(
-            scope,
-            name,
-            str(body["format"]),
-            str(body["document"]),
-            bool(body["port_links_only"]),
-            entry.version,
-            entry.time,
-        )
+        self.configs[(scope, name)] = _config_record(scope, name, entry, body)
         self.config_lines[entry.version] = entry.raw
 
     def _rollout_started(self, entry: Entry, body: dict[str, Any]) -> None:
@@ -329,15 +321,7 @@ class FleetState:
             canary_order(group, members),
             [entry.time],
         )
-        self.rollout_configs[entry.version] = ConfigRecord(
-            "group",
-            group,
-            str(body["format"]),
-            str(body["document"]),
-            bool(body["port_links_only"]),
-            entry.version,
-            entry.time,
-        )
+        self.rollout_configs[entry.version] = _config_record("group", group, entry, body)
         self.config_lines[entry.version] = entry.raw
         self.active_rollouts[group] = entry.version
 
@@ -422,3 +406,16 @@ class FleetState:
     def valid_tokens(self) -> Mapping[str, str]:
         """Every valid token hash and its ship."""
         return {t.hash: s.name for s in self.ships.values() for t in s.tokens}
+
+
+def _config_record(scope: str, name: str, entry: Entry, body: dict[str, Any]) -> ConfigRecord:
+    """The configuration an entry carries (``config_set``, ``rollout_started``)."""
+    return ConfigRecord(
+        scope,
+        name,
+        str(body["format"]),
+        str(body["document"]),
+        bool(body["port_links_only"]),
+        entry.version,
+        entry.time,
+    )

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -65,6 +66,7 @@ __all__ = [
     "Headers",
     "PartitionReader",
     "Polled",
+    "TopicFollower",
     "follow_topic",
     "read_to_end",
     "written_ms",
@@ -502,3 +504,47 @@ def follow_topic(
                 take(got.records)
     finally:
         reader.close()
+
+
+class TopicFollower:
+    """A long-running follower of one topic on a thread of its own (the gateway's
+    ledger, a site's registry): :func:`follow_topic` into :meth:`take`, from the
+    topic's beginning, read_committed; it never takes its process down (what ends its
+    loop is logged, ``follower_crashed``)."""
+
+    #: seconds between looks for a topic not created yet, and a poll's wait
+    wait_s = 2.0
+    poll_s = 0.5
+
+    def __init__(self, kafka: KafkaEndpoint, topic: str, name: str) -> None:
+        self.kafka = kafka
+        self.topic = topic
+        self.name = name
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def take(self, records: list[Message]) -> None:
+        """One poll's records, in offset order per partition."""
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        try:
+            follow_topic(
+                self.kafka,
+                self.topic,
+                self.take,
+                self._stop,
+                group=f"shorelink-{self.name}-{uuid.uuid4().hex}",
+                wait_s=self.wait_s,
+                poll_s=self.poll_s,
+            )
+        except Exception:  # the follower must never take its process down
+            log.exception("follower_crashed", follower=self.name, topic=self.topic)

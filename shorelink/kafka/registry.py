@@ -7,9 +7,6 @@ decides what to take.
 
 from __future__ import annotations
 
-import threading
-import uuid
-
 from confluent_kafka import Message
 
 from shorelink.contract import H_ORIGIN, H_SEQ, canonical_topic, ingress_topic
@@ -19,7 +16,7 @@ from shorelink.fleet.log import Registry
 from shorelink.fleet.travel import entry_record
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import UnknownTopic
-from shorelink.kafka.reading import follow_topic, read_to_end
+from shorelink.kafka.reading import TopicFollower, read_to_end
 from shorelink.kafka.topics import Durability, ensure_topics, ingress_spec, producer
 from shorelink.logs import get_logger
 
@@ -77,39 +74,18 @@ def publish(
     return [e.version for e in entries]
 
 
-class RegistryFeed:
+class RegistryFeed(TopicFollower):
     """Reads ``kafka``'s ``sl.registry`` (read_committed, from its beginning) on a
     thread of its own into ``follower``; never takes its process down."""
 
+    wait_s = 1.0
+    poll_s = 0.2
+
     def __init__(self, kafka: KafkaEndpoint, follower: RegistryFollower) -> None:
-        self.kafka = kafka
+        super().__init__(kafka, canonical_topic(REGISTRY_STREAM), "registry")
         self.follower = follower
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="registry", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(5)
-
-    def _run(self) -> None:
-        try:
-            follow_topic(
-                self.kafka,
-                canonical_topic(REGISTRY_STREAM),
-                self._take,
-                self._stop,
-                group=f"shorelink-registry-{uuid.uuid4().hex}",
-                wait_s=1.0,
-                poll_s=0.2,
-            )
-        except Exception:  # the feed must never take its process down
-            log.exception("registry_feed_crashed")
-
-    def _take(self, records: list[Message]) -> None:
+    def take(self, records: list[Message]) -> None:
         moved = False
         for msg in records:
             moved = self.follower.take(msg.key(), msg.value(), msg.headers()) or moved

@@ -426,16 +426,22 @@ async def _inflight_bytes(s: aiohttp.ClientSession, cfg: GatewayConfig) -> float
     return await _metric(s, cfg, "shorelink_gateway_inflight_bytes")
 
 
-async def _hold_body(port: int, ship: str, token: str, size: int) -> asyncio.StreamWriter:
-    """A POST of ``size`` bytes announced and never sent: it holds that much of the
-    budget until its connection closes."""
-    _, holder = await asyncio.open_connection("127.0.0.1", port)
+async def _hold_body(
+    s: aiohttp.ClientSession, cfg: GatewayConfig, ship: str, token: str, size: int
+) -> asyncio.StreamWriter:
+    """A POST of ``size`` bytes announced and never sent, once the gateway charged it:
+    it holds that much of the budget until its connection closes."""
+    _, holder = await asyncio.open_connection("127.0.0.1", cfg.port)
     holder.write(
         f"POST /v1/ships/{ship}/streams/containers/batches HTTP/1.1\r\nHost: gw\r\n"
         f"Authorization: Bearer {token}\r\nContent-Length: {size}\r\n\r\n".encode()
     )
     await holder.drain()
-    return holder
+    for _ in range(1000):  # until the gateway has taken the body's charge
+        if await _inflight_bytes(s, cfg) >= size:
+            return holder
+        await asyncio.sleep(0.02)
+    raise AssertionError("the body in progress was never charged")
 
 
 async def test_a_batch_refused_for_what_it_decoded_to_is_not_decoded_again_to_be_refused(
@@ -465,13 +471,7 @@ async def test_a_batch_refused_for_what_it_decoded_to_is_not_decoded_again_to_be
     task = await start_gateway(cfg, stop)
     try:
         async with aiohttp.ClientSession() as s:
-            holder = await _hold_body(cfg.port, other, other_token, 256 * 1024)
-            for _ in range(1000):  # until the gateway has taken the body's charge
-                if await _inflight_bytes(s, cfg) >= 256 * 1024:
-                    break
-                await asyncio.sleep(0.02)
-            else:
-                raise AssertionError("the body in progress was never charged")
+            holder = await _hold_body(s, cfg, other, other_token, 256 * 1024)
             for _ in range(3):
                 async with s.post(url, data=body, headers=headers) as r:
                     assert (r.status, (await r.json())["error"]) == (503, "busy")
@@ -512,18 +512,7 @@ async def test_a_batch_of_empty_records_is_charged_for_its_records_not_its_bytes
     try:
         async with aiohttp.ClientSession() as s:
             # a body of 256 KiB announced and never sent holds half the ship's share
-            _, holder = await asyncio.open_connection("127.0.0.1", cfg.port)
-            holder.write(
-                f"POST /v1/ships/{ship}/streams/containers/batches HTTP/1.1\r\nHost: gw\r\n"
-                f"Authorization: Bearer {token}\r\nContent-Length: {256 * 1024}\r\n\r\n".encode()
-            )
-            await holder.drain()
-            for _ in range(1000):  # until the gateway has taken the body's charge
-                if await _inflight_bytes(s, cfg) >= 256 * 1024:
-                    break
-                await asyncio.sleep(0.02)
-            else:
-                raise AssertionError("the body in progress was never charged")
+            holder = await _hold_body(s, cfg, ship, token, 256 * 1024)
             async with s.post(url, data=_empty_records(ship, 1, 100), headers=headers) as r:
                 assert r.status == 200, await r.text()
             async with s.post(url, data=big, headers=headers) as r:
