@@ -44,13 +44,13 @@ from _common import bench_parser, progress, work_dir
 
 from local_stack.kafka import start_kafka
 from local_stack.process import stop_procs
-from shorelink.contract import Identity, Record, canonical_topic
+from shorelink.contract import canonical_topic
 from shorelink.fleet.bundle import provision
 from shorelink.fleet.log import Registry
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.topics import TopicSpec, ensure_topics, producer
 from shorelink.proof import ShipKey
-from shorelink.ship_report import REPORT_MQTT_TOPIC, ReportedConfig, ShipReport, encode_report
+from shorelink.ship_report import ReportedConfig, ShipReport, report_record
 
 STATUS_GOAL_S = 1.0
 
@@ -123,14 +123,7 @@ def _write_reports(kafka: KafkaEndpoint, expected: dict[str, int], per_ship: int
             config = ReportedConfig(version - (failure is not None), failure)
             at = now - (per_ship - 1 - n) * 60_000 + 5_000
             report = ShipReport(at, "satellite", {"nav": (n, 0)}, {}, config=config)
-            rec = Record(
-                Identity(ship, stream, n + 1),
-                ship.encode(),
-                encode_report(report),
-                at,
-                "hq",
-                REPORT_MQTT_TOPIC,
-            )
+            rec = report_record(ship, stream, n + 1, report, "hq")
             headers: list[tuple[str, str | bytes | None]] = list(rec.headers())
             p.produce(topic, rec.value, rec.key, headers=headers)
             p.poll(0)

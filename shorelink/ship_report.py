@@ -39,8 +39,9 @@ from typing import Any
 
 from shorelink import strict_json
 from shorelink.boundary import boundary
+from shorelink.contract import Record
 from shorelink.errors import ContractError
-from shorelink.identity import check_name
+from shorelink.identity import Identity, check_name
 
 __all__ = [
     "MAX_FAILURE_CHARS",
@@ -51,6 +52,7 @@ __all__ = [
     "ShipReport",
     "decode_report",
     "encode_report",
+    "report_record",
 ]
 
 REPORT_VERSION = 1
@@ -216,3 +218,16 @@ def _pairs(where: str, value: object, kind: str) -> dict[str, tuple[int, int]]:
     if not isinstance(value, dict):
         raise ContractError(f"ship report {where}: expected an object")
     return {_name(where, k, kind): _pair(f"{where}.{k:.63}", v) for k, v in value.items()}
+
+
+def report_record(ship: str, stream: str, seq: int, report: ShipReport, site: str) -> Record:
+    """``report`` as the record a site holds of it, entered at ``site`` (fleet status's
+    bench and tests write ship reports into Kafka as a site's merge would)."""
+    return Record(
+        Identity(ship, stream, seq),
+        ship.encode(),
+        encode_report(report),
+        report.at_ms,
+        site,
+        REPORT_MQTT_TOPIC,
+    )

@@ -426,6 +426,15 @@ async def _inflight_bytes(s: aiohttp.ClientSession, cfg: GatewayConfig) -> float
     return await _metric(s, cfg, "shorelink_gateway_inflight_bytes")
 
 
+async def _released(s: aiohttp.ClientSession, cfg: GatewayConfig) -> None:
+    """Until nothing holds the budget (a held body's connection closed)."""
+    for _ in range(1000):
+        if await _inflight_bytes(s, cfg) == 0:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the budget was never released")
+
+
 async def _hold_body(
     s: aiohttp.ClientSession, cfg: GatewayConfig, ship: str, token: str, size: int
 ) -> asyncio.StreamWriter:
@@ -477,10 +486,7 @@ async def test_a_batch_refused_for_what_it_decoded_to_is_not_decoded_again_to_be
                     assert (r.status, (await r.json())["error"]) == (503, "busy")
             assert await _metric(s, cfg, decoded_busy) == 1, "decoded again to be refused"
             holder.close()
-            for _ in range(1000):  # the held body released
-                if await _inflight_bytes(s, cfg) == 0:
-                    break
-                await asyncio.sleep(0.02)
+            await _released(s, cfg)
             async with s.post(url, data=body, headers=headers) as r:
                 assert r.status == 200, await r.text()
             assert await _metric(s, cfg, decoded_busy) == 1
@@ -518,10 +524,7 @@ async def test_a_batch_of_empty_records_is_charged_for_its_records_not_its_bytes
             async with s.post(url, data=big, headers=headers) as r:
                 assert (r.status, (await r.json())["error"]) == (503, "busy")
             holder.close()
-            for _ in range(1000):  # the held body released
-                if await _inflight_bytes(s, cfg) == 0:
-                    break
-                await asyncio.sleep(0.02)
+            await _released(s, cfg)
             async with s.post(url, data=big, headers=headers) as r:
                 assert r.status == 200, await r.text()
     finally:

@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 from local_stack.kafka import KafkaBroker
-from shorelink.contract import Identity, Record, canonical_topic
+from shorelink.contract import canonical_topic
 from shorelink.fleet.log import Registry
 from shorelink.kafka.ship_reports import newest_reports
 from shorelink.kafka.topics import TopicSpec, ensure_topics, producer
-from shorelink.ship_report import REPORT_MQTT_TOPIC, ReportedConfig, ShipReport, encode_report
+from shorelink.ship_report import ReportedConfig, ShipReport, report_record
 from tests.helpers import unique
 from tests.shorelink.test_fleet_cli import _ok
 
@@ -33,14 +33,7 @@ class _Sea:
         seq = self.seq[ship] = self.seq.get(ship, 0) + 1
         at = int(time.time() * 1000)
         report = ShipReport(at, "port", {}, {}, config=ReportedConfig(version, failure))
-        rec = Record(
-            Identity(ship, self.stream, seq),
-            ship.encode(),
-            encode_report(report),
-            at,
-            "hq",
-            REPORT_MQTT_TOPIC,
-        )
+        rec = report_record(ship, self.stream, seq, report, "hq")
         headers: list[tuple[str, str | bytes | None]] = list(rec.headers())
         self.producer.produce(self.topic, rec.value, rec.key, headers=headers)
         assert self.producer.flush(20) == 0
