@@ -121,8 +121,13 @@ class RegistryError(ShorelinkError):
     chain, or against the registry's state. ``version``: the entry's place (None when
     the log as a whole is unreadable). Never retryable: the same bytes fail again."""
 
-    def __init__(self, message: str, *, version: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, version: int | None = None, reason: str = "invalid"
+    ) -> None:
         self.version = version
+        #: what a reader counts it as: ``forged`` (its signature), ``forked`` (its
+        #: ``prev``), ``invalid`` (anything else against the state)
+        self.reason = reason
         super().__init__(message if version is None else f"entry {version}: {message}")
 
 

@@ -120,9 +120,7 @@ class RegistryFollower:
         try:
             self.state.apply(entry)
         except RegistryError as exc:
-            text = str(exc)
-            reason = "forged" if "forged" in text else "forked" if "(prev)" in text else "invalid"
-            self._refuse(entry.version, reason, text)
+            self._refuse(entry.version, exc.reason, str(exc))
 
     def _refuse(self, version: int | None, reason: str, why: str) -> None:
         self.refused[reason] += 1

@@ -182,7 +182,9 @@ def verify_config_entry(line: bytes, anchor: str, scope: str) -> Entry:
     if got != scope:
         raise RegistryError(f"the configuration of {got}, not {scope}", version=entry.version)
     if entry.signer != key_id(anchor) or not entry.verify(verify_key(anchor)):
-        raise RegistryError("its signature is not the fleet key's (forged)", version=entry.version)
+        raise RegistryError(
+            "its signature is not the fleet key's (forged)", version=entry.version, reason="forged"
+        )
     return entry
 
 

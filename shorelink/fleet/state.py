@@ -177,7 +177,9 @@ class FleetState:
             what = "replayed or reordered" if v <= self.version else "after a gap"
             raise RegistryError(f"{what}: the next entry is {self.version + 1}", version=v)
         if entry.prev != (self.head or "0" * 64):
-            raise RegistryError("does not follow the entry before it (prev)", version=v)
+            raise RegistryError(
+                "does not follow the entry before it (prev)", version=v, reason="forked"
+            )
         if v == 1:
             if entry.kind != "fleet_created":
                 raise RegistryError("the first entry must be fleet_created", version=v)
@@ -192,7 +194,9 @@ class FleetState:
             assert self._verifier is not None
             verifier, signer = self._verifier, self.fleet_key_id
         if entry.signer != signer or not (signed or entry.verify(verifier)):
-            raise RegistryError("its signature is not the fleet key's (forged)", version=v)
+            raise RegistryError(
+                "its signature is not the fleet key's (forged)", version=v, reason="forged"
+            )
         try:
             change = getattr(self, "_" + entry.kind)
             change(entry, entry.body)
