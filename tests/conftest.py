@@ -19,6 +19,8 @@ session. Plain ``pytest`` runs everything in one process, ``ALONE`` and ``HEAVY`
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -92,6 +94,29 @@ SLOW_LIGHT = (
 #: ``SHORELINK_TEST_LANE=alone`` keeps only the ``ALONE`` files, ``shared`` every other
 #: file (scripts/test runs the two one after the other: the module's docstring)
 LANE = os.environ.get("SHORELINK_TEST_LANE", "")
+
+
+#: the directory every Spark JVM of this run (the session's, each application a test
+#: starts) keeps its scratch in: ``SPARK_LOCAL_DIRS``, made by the process that
+#: configures first (the controller under xdist; its workers inherit it) and removed
+#: by it when the run ends. A JVM killed on purpose (the crash tests, a voyage
+#: interrupted) leaves its ``spark-*`` directory behind, each with a copy of the
+#: ``--packages`` jars (97 MB): in ``/tmp`` a run left 6 GB there, and a machine that
+#: runs the suite often filled its disk
+_SPARK_SCRATCH: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _SPARK_SCRATCH
+    if "SPARK_LOCAL_DIRS" not in os.environ:
+        _SPARK_SCRATCH = Path(tempfile.mkdtemp(prefix="shorelink-spark-"))
+        os.environ["SPARK_LOCAL_DIRS"] = str(_SPARK_SCRATCH)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _SPARK_SCRATCH is not None:
+        shutil.rmtree(_SPARK_SCRATCH, ignore_errors=True)
+        os.environ.pop("SPARK_LOCAL_DIRS", None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
