@@ -66,13 +66,18 @@ class Credentials:
 
     def take_registry(self, state: FleetState) -> None:
         """The credentials the fleet registry's ``state`` says, swapped in whole: every
-        valid token of a ship (both while a rotation is pending), none of a revoked one."""
+        valid token of a ship (both while a rotation is pending), none of a revoked one,
+        and whether it must present a client certificate (``client_cert_set``)."""
         by_ship, by_hash = {}, {}
         for name, rec in state.ships.items():
             if rec.last_token is None:
                 continue
             by_ship[name] = ShipCredential(
-                name, rec.last_token.hash, rec.last_token.issued, rec.revoked
+                name,
+                rec.last_token.hash,
+                rec.last_token.issued,
+                rec.revoked,
+                require_client_cert=rec.require_client_cert,
             )
             for t in rec.tokens:
                 by_hash[t.hash] = ShipCredential(name, t.hash, t.issued)

@@ -43,9 +43,12 @@ def provision(
     groups: Sequence[str],
     out: Path | None = None,
     tar_path: Path | None = None,
+    *,
+    require_client_cert: bool = False,
 ) -> Path:
     """Add ``ship`` to the registry in one append (its identity and groups, a new
-    token's hash, a new signing key from seq 1) and write its bundle to ``out``
+    token's hash, a new signing key from seq 1, and with ``require_client_cert`` that
+    its token alone is not enough: mutual TLS) and write its bundle to ``out``
     (default: ``DIR/bundles/SHIP``), and as a tar to ``tar_path`` if given.
 
     The token and the key are written first, into a hidden directory beside ``out``
@@ -68,6 +71,8 @@ def provision(
             ),
             ("ship_key_added", {"ship": ship, "public": key.public(), "from_seq": 1}),
         ]
+        if require_client_cert:
+            changes.append(("client_cert_set", {"ship": ship, "required": True}))
         reg.append(changes)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

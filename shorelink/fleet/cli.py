@@ -100,8 +100,18 @@ def fleet_init(directory: Path) -> None:
     type=click.Path(path_type=Path, dir_okay=False),
     help="Also write the bundle as one tar (mode 0600) to carry on board.",
 )
+@click.option(
+    "--require-client-cert",
+    is_flag=True,
+    help="Its token alone is not enough: it must present a client certificate naming it.",
+)
 def fleet_provision(
-    ship: str, directory: Path, groups: tuple[str, ...], out: Path | None, tar_path: Path | None
+    ship: str,
+    directory: Path,
+    groups: tuple[str, ...],
+    out: Path | None,
+    tar_path: Path | None,
+    require_client_cert: bool,
 ) -> None:
     """Add SHIP in one step: its identity and groups, a token (only its hash in the
     registry), a signing key, and a bundle to carry on board (token and key 0600,
@@ -109,7 +119,9 @@ def fleet_provision(
     from shorelink.fleet.bundle import provision
 
     def provisioned() -> Path:
-        return provision(_open(directory), ship, groups, out, tar_path)
+        return provision(
+            _open(directory), ship, groups, out, tar_path, require_client_cert=require_client_cert
+        )
 
     bundle = _run(provisioned)
     click.echo(f"ship {ship}: provisioned in groups {', '.join(groups)}; bundle {bundle}")
@@ -253,6 +265,18 @@ def fleet_retire_token(ship: str, directory: Path) -> None:
     click.echo(f"ship {ship}: previous token retired; next: `shorelink fleet export`")
 
 
+@fleet.command("client-cert")
+@click.argument("ship")
+@click.argument("need", type=click.Choice(["required", "optional"]))
+@_REGISTRY
+def fleet_client_cert(ship: str, need: str, directory: Path) -> None:
+    """Say whether SHIP must present a client certificate naming it besides its token
+    (mutual TLS; every gateway following the registry enforces it)."""
+    body = {"ship": ship, "required": need == "required"}
+    _run(lambda: _open(directory).append([("client_cert_set", body)]))
+    click.echo(f"ship {ship}: client certificate {need}; next: `shorelink fleet publish`")
+
+
 @fleet.group("config")
 def fleet_config() -> None:
     """Configurations for a group of ships or one ship (opaque TOML or JSON documents
@@ -329,6 +353,7 @@ def _ship_json(state: FleetState, rec: ShipRecord) -> dict[str, Any]:
         "groups": list(rec.groups),
         "revoked": rec.revoked,
         "tokens": len(rec.tokens),
+        "require_client_cert": rec.require_client_cert,
         "keys": [
             {
                 "id": k.id,

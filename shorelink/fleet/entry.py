@@ -348,6 +348,11 @@ def _key_revoked(body: dict[str, Any]) -> None:
     _seq_bound("at_seq", body["at_seq"])
 
 
+def _client_cert_set(body: dict[str, Any]) -> None:
+    _ship(body)
+    _flag("required", body["required"])
+
+
 def _config_set(body: dict[str, Any]) -> None:
     if body["scope"] not in ("group", "ship"):
         raise ValueError('scope must be "group" or "ship"')
@@ -436,6 +441,8 @@ KINDS: dict[str, tuple[frozenset[str], Any]] = {
     "ship_key_added": (frozenset({"ship", "public", "from_seq"}), _ship_key_added),
     "key_revoked": (frozenset({"ship", "key_id", "at_seq"}), _key_revoked),
     "ship_revoked": (frozenset({"ship"}), _ship),
+    # the ship must present a client certificate naming it (mutual TLS) besides its token
+    "client_cert_set": (frozenset({"ship", "required"}), _client_cert_set),
     "config_set": (
         frozenset({"scope", "name", "format", "document", "port_links_only"}),
         _config_set,

@@ -87,6 +87,9 @@ class ShipRecord:
     revoked: bool = False
     #: the newest token issued (kept when the ship is revoked: its credential says so)
     last_token: TokenRecord | None = None
+    #: its token alone is not enough: it must present a client certificate naming it
+    #: (mutual TLS; ``client_cert_set``)
+    require_client_cert: bool = False
 
     def valid_below(self, index: int) -> SeqBound | None:
         """The first seqs key ``index`` no longer proves (None: every seq from its
@@ -290,6 +293,9 @@ class FleetState:
         rec = self._live(body["ship"])
         rec.revoked = True
         rec.tokens = []
+
+    def _client_cert_set(self, entry: Entry, body: dict[str, Any]) -> None:
+        self._live(body["ship"]).require_client_cert = bool(body["required"])
 
     def _config_set(self, entry: Entry, body: dict[str, Any]) -> None:
         scope, name = str(body["scope"]), str(body["name"])

@@ -40,7 +40,7 @@ def gateway_credentials(state: FleetState) -> str:
             "token_hash": newest.hash,
             "created": newest.issued,
             "revoked": rec.revoked,
-            "require_client_cert": False,
+            "require_client_cert": rec.require_client_cert,
         }
     return json.dumps({"ships": ships}, indent=2)
 

@@ -11,25 +11,29 @@ from __future__ import annotations
 import asyncio
 import io
 import re
+import ssl
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from local_stack.kafka import KafkaBroker
+from local_stack.tls import make_authority
 from shorelink.contract import canonical_topic, contract_headers
 from shorelink.fleet.bundle import provision
 from shorelink.fleet.entry import FLEET_ORIGIN, REGISTRY_STREAM, FleetKey, sign_entry
 from shorelink.fleet.log import Registry
 from shorelink.fleet.travel import entry_record
-from shorelink.kafka.topics import producer
+from shorelink.kafka.topics import TopicSpec, ensure_topics, producer
 from shorelink.proof import ShipKey
+from shorelink.tls import TlsFile, client_context
 from shorelink.wire import Batch, encode_batch
-from tests.core_gateway.helpers import metrics_url, records, registry_gateway
+from tests.core_gateway.helpers import metrics_url, records, registry_gateway, start_gateway
 from tests.helpers import unique
+from tests.tls_helpers import tls_gateway_config
 
 TOPIC = canonical_topic(REGISTRY_STREAM)
 
@@ -85,7 +89,13 @@ def _ship(reg: Registry, tmp: Path) -> tuple[str, str, ShipKey]:
 
 
 async def _upload(
-    s: aiohttp.ClientSession, url: str, ship: str, token: str, key: ShipKey, lo: int
+    s: aiohttp.ClientSession,
+    url: str,
+    ship: str,
+    token: str,
+    key: ShipKey,
+    lo: int,
+    tls: ssl.SSLContext | None = None,
 ) -> int:
     body = encode_batch(Batch(ship, "containers", records(lo, lo + 4)), key=key)
     headers = {
@@ -93,7 +103,7 @@ async def _upload(
         "Content-Type": "application/x-shorelink-batch",
     }
     post = f"{url}/v1/ships/{ship}/streams/containers/batches"
-    async with s.post(post, data=io.BytesIO(body), headers=headers) as r:
+    async with s.post(post, data=io.BytesIO(body), headers=headers, ssl=tls or True) as r:
         return r.status
 
 
@@ -144,3 +154,42 @@ def _raw(raw: bytes, seq: int) -> tuple[bytes, bytes, list[tuple[str, str | byte
     someone who can write the site's topic (not the merge) puts there."""
     headers = contract_headers(FLEET_ORIGIN.encode(), REGISTRY_STREAM.encode(), seq, 0, b"hq", b"")
     return b"registry", raw, list(headers)
+
+
+async def test_a_ship_the_registry_says_needs_a_client_certificate_is_refused_without_one(
+    tmp_path: Path, kafka: KafkaBroker
+) -> None:
+    """``fleet provision --require-client-cert`` is what ``ships add --require-client-cert``
+    was for a site alone: a gateway following the registry refuses that ship's token
+    without a client certificate naming it, takes it with one, and takes the token
+    alone once ``fleet client-cert SHIP optional`` reaches it (no file, no restart)."""
+    authority = make_authority(tmp_path / "tls")
+    ensure_topics(kafka.endpoint, [TopicSpec(TOPIC, partitions=1)])
+    reg = Registry.init(tmp_path / "registry")
+    cfg = replace(
+        tls_gateway_config(tmp_path, kafka, authority, mutual=True),
+        credentials_file=None,
+        fleet_pub_file=reg.directory / "fleet.pub",
+    )
+    ship = unique("mtls")
+    bundle = provision(reg, ship, ["north"], out=tmp_path / ship, require_client_cert=True)
+    token, key = (bundle / "gateway.token").read_text().strip(), ShipKey.load(bundle / "ship.key")
+    own = authority.issue(ship, client=True)
+    with_cert = client_context(
+        TlsFile(authority.ca_cert, "ca"), TlsFile(own.cert, "cert"), TlsFile(own.key, "key")
+    )
+    without = client_context(TlsFile(authority.ca_cert, "ca"))
+    stop = asyncio.Event()
+    task = await start_gateway(cfg, stop, authority.ca_cert)
+    site = Site(f"https://127.0.0.1:{cfg.port}", metrics_url(cfg), reg, kafka)
+    try:
+        async with aiohttp.ClientSession() as s:
+            await site.enforces(s, site.deliver_new(0))
+            assert await _upload(s, site.url, ship, token, key, 1, without) == 401
+            assert await _upload(s, site.url, ship, token, key, 1, with_cert) == 200
+            reg.append([("client_cert_set", {"ship": ship, "required": False})])
+            await site.enforces(s, site.deliver_new(reg.state.version - 1))
+            assert await _upload(s, site.url, ship, token, key, 6, without) == 200
+    finally:
+        stop.set()
+        await task

@@ -118,6 +118,7 @@ def test_every_fleet_command_has_help() -> None:
         "export",
         "verify",
         "rotate-fleet-key",
+        "client-cert",
         "config set",
     ):
         assert "Usage:" in _ok(*cmd.split(), "--help").output
@@ -183,3 +184,27 @@ def test_publish_writes_every_entry_as_a_record_of_the_fleet_its_sites_can_prove
         assert why is None
     bad = _fleet("publish", "--sites", str(sites), "--site", "nowhere", *r)
     assert bad.exit_code == 2 and "no site 'nowhere'" in bad.output
+
+
+def test_provision_and_client_cert_say_whether_a_ship_needs_its_certificate(
+    tmp_path: Path,
+) -> None:
+    """What `shorelink-gateway ships add --require-client-cert` said at a site alone, the
+    registry says for every site: status shows it, export writes it, and it can be lifted."""
+    r = ["--registry", str(tmp_path / "registry")]
+    _ok("init", *r)
+    _ok("provision", "bigblue", "--group", "north", "--require-client-cert", *r)
+
+    def required() -> bool:
+        return bool(
+            json.loads(_ok("status", "--json", *r).output)["ships"][0]["require_client_cert"]
+        )
+
+    assert required()
+    creds = tmp_path / "ships.json"
+    _ok("export", "--gateway-credentials", str(creds), *r)
+    assert Credentials(creds).requires_client_cert("bigblue")
+    assert "optional" in _ok("client-cert", "bigblue", "optional", *r).output
+    assert not required()
+    bad = _fleet("client-cert", "ghost", "required", *r)
+    assert bad.exit_code == 2 and "no ship ghost" in bad.output

@@ -423,3 +423,34 @@ def test_ship_and_group_names_are_taken_only_as_check_name_takes_them(
     else:
         assert valid("ship", ship) and valid("group", group)
         assert state.ships[ship].groups == (group,)
+
+
+def test_a_ship_that_must_present_a_client_certificate_says_so_in_every_view(
+    tmp_path: Path,
+) -> None:
+    """The registry replaces ``ships add --require-client-cert``: its word reaches the
+    credentials a gateway following it takes and the file ``fleet export`` writes, and
+    it is said of a ship that exists and is not revoked only."""
+    chain = Chain()
+    token = new_token()
+    chain.ship("bigblue", token=token)
+    chain.ship("red")
+    chain.add("client_cert_set", {"ship": "bigblue", "required": True})
+    followed = Credentials(None)
+    followed.take_registry(chain.state)
+    assert followed.requires_client_cert("bigblue") and not followed.requires_client_cert("red")
+    assert followed.ship_for_token(token) == "bigblue"
+    path = tmp_path / "ships.json"
+    path.write_text(gateway_credentials(chain.state))
+    assert Credentials(path).requires_client_cert("bigblue")
+    assert _replay(chain.entries).ships["bigblue"].require_client_cert
+    chain.add("client_cert_set", {"ship": "bigblue", "required": False})
+    followed.take_registry(chain.state)
+    assert not followed.requires_client_cert("bigblue")
+    with pytest.raises(RegistryError, match="no ship ghost"):
+        chain.add("client_cert_set", {"ship": "ghost", "required": True})
+    chain.add("ship_revoked", {"ship": "red"})
+    with pytest.raises(RegistryError, match="revoked"):
+        chain.add("client_cert_set", {"ship": "red", "required": True})
+    with pytest.raises(RegistryError, match="required must be true or false"):
+        decode_entry(chain.make("client_cert_set", {"ship": "red", "required": 1}).raw)
