@@ -880,6 +880,92 @@ def rollout_tick(
         click.echo("next: `shorelink fleet publish` carries the change to every site")
 
 
+@fleet.command("run")
+@registry_option()
+@click.option(
+    "--sites",
+    "sites_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The sites file (sites.toml): headquarters' Kafka and how to log in.",
+)
+@click.option(
+    "--kafka",
+    "bootstrap",
+    metavar="BOOTSTRAP",
+    help="Or this Kafka (no credentials: a development broker).",
+)
+@click.option("--site", required=True, help="Headquarters' site (in --sites).")
+@click.option(
+    "--tick-every",
+    default="30s",
+    show_default=True,
+    help="How often the ships' reports decide the rollouts (a report interval; 0: never).",
+)
+@click.option(
+    "--check-every",
+    default="1s",
+    show_default=True,
+    help="How often the registry's log is looked at for new entries to publish.",
+)
+@click.option(
+    "--report-stream",
+    default="agent",
+    show_default=True,
+    help="The ships' report stream ([report] stream of edge.toml).",
+)
+@click.option("--once", is_flag=True, help="One turn (publish, tick, publish), then exit.")
+@click.option("--log-level", default="info", show_default=True, help="debug, info, warning.")
+@click.option("--log-json", is_flag=True, help="Log JSON lines instead of logfmt.")
+def fleet_run(
+    directory: Path,
+    sites_file: Path | None,
+    bootstrap: str | None,
+    site: str,
+    tick_every: str,
+    check_every: str,
+    report_stream: str,
+    once: bool,
+    log_level: str,
+    log_json: bool,
+) -> None:
+    """Headquarters' loop: publish every new registry entry to the site's
+    sl.ingress.registry within --check-every of its writing, and tick the rollouts on
+    the ships' reports every --tick-every (what `fleet publish` and `fleet rollout tick`
+    do by hand). Stops cleanly on SIGTERM or Ctrl-C."""
+    import signal
+
+    from shorelink.config import parse_duration
+    from shorelink.kafka.endpoint import KafkaEndpoint
+    from shorelink.kafka.fleet_run import HeadquartersLoop
+    from shorelink.logs import configure_logging
+
+    if (bootstrap is None) == (sites_file is None):
+        fail(ShorelinkError("give --sites FILE (with --site) or --kafka BOOTSTRAP"))
+    try:
+        numeric = {t: float(t) for t in (tick_every, check_every) if t.isdigit()}
+        tick_s = parse_duration(numeric.get(tick_every, tick_every), "--tick-every")
+        check_s = parse_duration(numeric.get(check_every, check_every), "--check-every")
+        check_s = max(0.05, check_s)
+    except ShorelinkError as exc:
+        fail(exc)
+    if sites_file is not None:
+        s = _site_kafka(sites_file, site)
+        kafka, durability = s.kafka, s.durability
+    else:
+        kafka, durability = KafkaEndpoint.plaintext(bootstrap), None  # type: ignore[arg-type]
+    configure_logging(log_level, as_json=log_json)
+    loop = HeadquartersLoop(directory, kafka, site, durability, report_stream, tick_s, check_s)
+    if once:
+        try:
+            loop.step()
+        except ShorelinkError as exc:
+            fail(exc)
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: loop.stop.set())
+    loop.run()
+
+
 main.add_command(fleet)
 
 

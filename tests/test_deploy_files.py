@@ -766,3 +766,38 @@ def test_the_quadlet_units_podman_line_runs_the_gateway_with_the_sample_config(
         _podman("rm", "-f", "-t", "5", name, timeout=120)
         _podman("volume", "rm", "-f", state)
         _podman("secret", "rm", secret)
+
+
+FLEET_UNITS = (
+    "shorelink-fleet.service",
+    "shorelink-fleet-once.service",
+    "shorelink-fleet-once.timer",
+)
+
+
+@needs_systemd_analyze
+def test_the_fleet_units_pass_systemd_verify_and_run_a_fleet_run_command_line(
+    tmp_path: Path,
+) -> None:
+    """Headquarters' loop as a service (and one turn from a timer): every line one systemd
+    understands, and ExecStart a `shorelink fleet run` command line the CLI takes."""
+    from shorelink.cli import fleet_run
+
+    here = str(Path(sys.executable).parent / "shorelink")
+    paths = []
+    for name in FLEET_UNITS:
+        text = (ROOT / "deploy" / "fleet" / name).read_text()
+        paths.append(tmp_path / name)
+        paths[-1].write_text(text.replace("/opt/shorelink/.venv/bin/shorelink", here))
+        for line in unit_values(text, "ExecStart"):
+            argv = shlex.split(line)
+            assert argv[:3] == ["/opt/shorelink/.venv/bin/shorelink", "fleet", "run"]
+            ctx = fleet_run.make_context("run", argv[3:])
+            assert ctx.params["site"] == "hq" and ctx.params["sites_file"] is not None
+    res = subprocess.run(
+        [SYSTEMD_ANALYZE, "verify", "--man=no", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (res.returncode, (res.stdout + res.stderr).strip()) == (0, "")
