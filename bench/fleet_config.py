@@ -46,6 +46,7 @@ from edge_agent.gateway import HttpGateway
 from shorelink.config import Secret
 from shorelink.fleet.log import Registry
 from shorelink.fleet.shipconfig import (
+    answer_lines,
     encode_delta,
     offer_for,
     offer_json,
@@ -110,13 +111,11 @@ def gateway_app(state: FleetState, offering: list[bool]) -> web.Application:
         offer = offer_for(state, SHIP)
         if offering[0] and offer is not None:
             hello["config"] = offer_json(offer)
+            hello["registry"] = state.version
         await ws.send_json(hello)
         async for msg in ws:
             if msg.type is WSMsgType.TEXT and offer is not None:
-                have = parse_request(msg.data)
-                lines = state.config_lines
-                new = [lines[offer[s][0]] for s in have]
-                bases = [b"" if v is None else lines[v] for v in have.values()]
+                new, bases = answer_lines(state, offer, parse_request(msg.data))
                 await ws.send_bytes(encode_delta(new, bases))
         return ws
 

@@ -41,7 +41,13 @@ from core_gateway.metrics import GatewayMetrics
 from shorelink.errors import ShorelinkError
 from shorelink.fleet.follow import RegistryFollower
 from shorelink.fleet.log import read_anchor
-from shorelink.fleet.shipconfig import ConfigOffer, encode_delta, offer_for
+from shorelink.fleet.shipconfig import (
+    ConfigOffer,
+    ConfigRequest,
+    answer_lines,
+    encode_delta,
+    offer_for,
+)
 from shorelink.fleet.state import FleetState
 from shorelink.kafka.registry import RegistryFeed
 from shorelink.logs import get_logger
@@ -203,19 +209,28 @@ class GatewayService:
         except (KeyError, RuntimeError):  # the follower's thread moved it under us
             return None
 
-    def config_answer(self, ship: str, have: dict[str, int | None]) -> bytes:
-        """The entries of the scopes ``have`` names, as a delta from the versions the
-        ship holds (:func:`encode_delta`); 404 if a scope is not the ship's."""
+    @property
+    def registry_version(self) -> int | None:
+        """The registry's version this gateway enforces (None: it follows none)."""
+        return self.registry.version if self.registry is not None else None
+
+    def config_answer(self, ship: str, request: ConfigRequest) -> bytes:
+        """The entries ``request`` asks for, as a delta from the versions the ship holds
+        (:func:`answer_lines`, :func:`encode_delta`); 404 if a scope is not the ship's
+        (nor one whose end is kept here)."""
         offer = self.config_offer(ship) or {}
         state = self.registry.state if self.registry is not None else None
-        if state is None or not set(have) <= set(offer):
-            raise ApiError(404, "no_config", f"no configuration of {sorted(have)} for {ship}")
-        lines = state.config_lines
-        new = [lines[offer[scope][0]] for scope in have]
-        bases = [lines.get(v) if v is not None else b"" for v in have.values()]
-        answer = encode_delta(new, None if None in bases else [b or b"" for b in bases])
+        try:
+            if state is None:
+                raise ValueError("no registry followed here")
+            new, bases = answer_lines(state, offer, request)
+        except ValueError as exc:
+            raise ApiError(404, "no_config", f"{ship}: {exc}") from None
+        except (KeyError, RuntimeError):  # the follower's thread moved it under us
+            raise ApiError(503, "registry_moving", "the registry moved: ask again") from None
+        answer = encode_delta(new, bases)
         self.metrics.config_bytes.inc(len(answer))
-        log.info("config_served", ship=ship, scopes=",".join(have), bytes=len(answer))
+        log.info("config_served", ship=ship, scopes=",".join(request.have), bytes=len(answer))
         return answer
 
     # -- the two operations ----------------------------------------------------------------

@@ -76,12 +76,12 @@ async def serve_upload(
         "site": cfg.site,
         "streams": service.holdings_for(ship),
     }
-    if (offer := service.config_offer(ship)) is not None:
-        hello["config"] = offer_json(offer)
+    offers = _Offers(service, ship)
+    hello.update(offers.first())
     await ws.send_json(hello)
     service.metrics.uploads.inc()
     replies: asyncio.Queue[asyncio.Future[Any] | None] = asyncio.Queue(UPLOAD_WINDOW)
-    answering = asyncio.create_task(_answer(service, ws, replies), name=f"upload:{ship}")
+    answering = asyncio.create_task(_answer(service, ws, replies, offers), name=f"upload:{ship}")
     watching = asyncio.create_task(_watch(service, ws, ship, token), name=f"revoked:{ship}")
     batches = 0
     log.info("upload_open", ship=ship, peer=request.remote)
@@ -122,16 +122,46 @@ async def _watch(service: GatewayService, ws: web.WebSocketResponse, ship: str, 
             return
 
 
+class _Offers:
+    """The configuration offered on one connection: in the first message, then in the
+    answer to a batch whenever it changed since (a registry entry arrived while the
+    connection stays open), and never again while it has not: no byte more."""
+
+    def __init__(self, service: GatewayService, ship: str) -> None:
+        self.service, self.ship = service, ship
+        self.version = service.registry_version
+        self.offer = service.config_offer(ship) or {}
+
+    def first(self) -> dict[str, Any]:
+        """The first message's: the offer (possibly empty) and the registry's version
+        (nothing from a gateway that follows no registry)."""
+        if self.version is None:
+            return {}
+        return {"config": offer_json(self.offer), "registry": self.version}
+
+    def changed(self) -> dict[str, Any]:
+        """What a batch's answer adds: the offer if it changed, else nothing."""
+        version = self.service.registry_version
+        if version == self.version:
+            return {}
+        self.version = version
+        offer = self.service.config_offer(self.ship) or {}
+        if offer == self.offer:
+            return {}
+        self.offer = offer
+        return {"config": offer_json(offer), "registry": version}
+
+
 def _config(service: GatewayService, ship: str, data: str) -> asyncio.Future[Any] | None:
     """A ship's request for its configuration, answered in turn with the batches (None:
     not a request: the connection is closed as for any text message)."""
     try:
-        have = parse_request(data)
+        request = parse_request(data)
     except ValueError:
         return None
     answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     try:
-        answer.set_result(service.config_answer(ship, have))
+        answer.set_result(service.config_answer(ship, request))
     except ApiError as exc:
         answer.set_exception(exc)
     return answer
@@ -154,10 +184,12 @@ async def _answer(
     service: GatewayService,
     ws: web.WebSocketResponse,
     replies: asyncio.Queue[asyncio.Future[Any] | None],
+    offers: _Offers,
 ) -> None:
     """Send each batch's answer, in order. Runs to the end of the queue even when the
     connection is gone, so every write is waited for (and its holdings recorded). A
-    configuration's answer is bytes, sent as one binary message."""
+    configuration's answer is bytes, sent as one binary message; a batch's carries the
+    configuration offered if it changed since the connection's last offer."""
     while (pending := await replies.get()) is not None:
         try:
             done = await pending
@@ -166,7 +198,7 @@ async def _answer(
                     with contextlib.suppress(ConnectionError, RuntimeError):
                         await ws.send_bytes(done)
                 continue
-            reply = {"status": 200, **done}
+            reply = {"status": 200, **done, **offers.changed()}
         except ApiError as exc:
             service.refused(exc, ROUTE)
             reply = {"status": exc.status, **exc.body()}

@@ -40,15 +40,18 @@ from edge_agent.config import EdgeConfig, LinkConfig, load_config, parse_config
 from shorelink.config import load_toml
 from shorelink.errors import ConfigError, ShorelinkError
 from shorelink.files import write_atomic
-from shorelink.fleet.entry import RegistryError, decode_entry
+from shorelink.fleet.entry import Entry, RegistryError, decode_entry
 from shorelink.fleet.log import read_anchor
 from shorelink.fleet.shipconfig import (
     ConfigOffer,
+    FleetKeys,
+    config_scope,
     decode_delta,
     document_of,
     merge_documents,
     request_json,
     verify_config_entry,
+    verify_end,
 )
 from shorelink.logs import get_logger
 from shorelink.ship_report import ReportedConfig
@@ -76,6 +79,8 @@ class ConfigSource(Protocol):
     def site(self) -> str: ...
     @property
     def config_offer(self) -> ConfigOffer | None: ...
+    @property
+    def config_registry(self) -> int | None: ...
     async def fetch_config(self, request: str) -> bytes: ...
 
 
@@ -98,6 +103,11 @@ class ShipConfigState:
     #: during a trial: "pending" (applied, not started), "started"; else ""
     trial: str = ""
     previous: dict[str, Any] | None = None
+    #: the fleet key rotations followed from the pinned root (entry lines, in order)
+    rotations: list[str] = field(default_factory=list)
+    #: per scope, the newest entry taken for it (a configuration, or the entry that
+    #: ended one): an older one offered later is a replay unless the fleet signed why
+    floor: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -107,6 +117,8 @@ class ShipConfigState:
             "refused": self.refused,
             "trial": self.trial,
             "previous": self.previous,
+            "rotations": self.rotations,
+            "floor": self.floor,
         }
 
 
@@ -120,6 +132,8 @@ def _read_state(path: Path) -> ShipConfigState:
             dict(doc.get("refused", {})),
             str(doc.get("trial", "")),
             doc.get("previous"),
+            list(doc.get("rotations", [])),
+            {str(k): int(v) for k, v in doc.get("floor", {}).items()},
         )
     except FileNotFoundError:
         return ShipConfigState()
@@ -131,12 +145,17 @@ def _version(line: str) -> int:
     return decode_entry(line.encode()).version
 
 
-def _overlay(lines: Mapping[str, str], anchor: str) -> dict[str, Any]:
+def _overlay(lines: Mapping[str, str], keys: FleetKeys) -> dict[str, Any]:
     """The documents of ``lines`` merged in order (each checked against the fleet key
     again: the file is on the ship's disk)."""
     return merge_documents(
-        [document_of(verify_config_entry(line.encode(), anchor, s)) for s, line in lines.items()]
+        [document_of(verify_config_entry(line.encode(), keys, s)) for s, line in lines.items()]
     )
+
+
+def _ordered(scopes: list[str]) -> list[str]:
+    """Groups' scopes first (in the order given), the ship's own last."""
+    return sorted(scopes, key=lambda s: s.startswith("s:"))
 
 
 def _forbidden(overlay: Mapping[str, Any]) -> list[str]:
@@ -171,6 +190,7 @@ class FleetConfig:
         self.anchor = read_anchor(base.uplink.fleet_pub_file)
         self.path = Path(f"{base.log.path}.fleet.json")
         self.state = _read_state(self.path)
+        self.keys = FleetKeys(self.anchor, [r.encode() for r in self.state.rotations])
         #: set by the agent: called once a change is applied (the agent restarts)
         self.on_applied: Callable[[], None] | None = None
         self._busy = False
@@ -193,7 +213,7 @@ class FleetConfig:
         if not self.state.lines:
             return base
         try:
-            return _effective(self.config_path, _overlay(self.state.lines, self.anchor))
+            return _effective(self.config_path, _overlay(self.state.lines, self.keys))
         except (ShorelinkError, ValueError) as exc:
             if self.state.previous is None:
                 raise
@@ -215,33 +235,55 @@ class FleetConfig:
 
     def rollback(self, why: str) -> None:
         prev = self.state.previous or {"version": 0, "lines": {}}
-        bad = dict(self.state.lines)
-        log.warning("fleet_config_rolled_back", version=self.state.version, reason=why)
+        bad, failed = dict(self.state.lines), self.state.version
+        log.warning("fleet_config_rolled_back", version=failed, reason=why)
         for scope, line in bad.items():
             if prev["lines"].get(scope) != line:
                 self.state.refused[scope] = _version(line)
+        for scope in prev["lines"]:
+            if scope not in bad:
+                self.state.refused[scope] = 0  # its removal
         self.state.version = int(prev["version"])
         self.state.lines = dict(prev["lines"])
-        self.state.failure = (
-            f"version {max(self.state.refused.values(), default=0)} rolled back: {why}"
-        )
+        self.state.floor = dict(prev.get("floor", self.state.floor))
+        self.state.failure = f"version {failed} rolled back: {why}"
         self.state.trial, self.state.previous = "", None
         self._save()
 
     # -- at a gateway's offer -------------------------------------------------------------
-    def wanted(self, offer: ConfigOffer, link: LinkConfig) -> dict[str, int | None] | None:
+    def _floor(self, scope: str, held: int | None) -> int:
+        return max(self.state.floor.get(scope, 0), held or 0)
+
+    def wanted(
+        self, offer: ConfigOffer, link: LinkConfig, registry: int | None = None
+    ) -> dict[str, int | None] | None:
         """The scopes to fetch (and the version held of each), or None: nothing new,
-        refused before, or for port links only and ``link`` is not one."""
+        refused before, or for port links only and ``link`` is not one. A scope offered
+        older than the ship's (or no longer offered) is asked for only of a gateway
+        whose registry (``registry``) is past what the ship holds of it: a site behind
+        it cannot know."""
         held = {s: _version(line) for s, line in self.state.lines.items()}
-        want = {
-            s: held.get(s)
-            for s, (v, _port) in offer.items()
-            if held.get(s) != v and self.state.refused.get(s) != v
-        }
+        want: dict[str, int | None] = {}
+        for s, (v, _port) in offer.items():
+            h = held.get(s)
+            if h == v or self.state.refused.get(s) == v:
+                continue
+            floor = self._floor(s, h)
+            if v < floor and (h is None or registry is None or registry <= floor):
+                continue
+            want[s] = h
+        for s, h in held.items():
+            if s in offer or self.state.refused.get(s) == 0:
+                continue
+            if registry is not None and registry > self._floor(s, h):
+                want[s] = h
         if not want:
             return None
-        if not is_port_link(link) and any(offer[s][1] for s in want):
-            key = (",".join(sorted(want)), max(offer[s][0] for s in want))
+        if not is_port_link(link) and any(offer[s][1] for s in want if s in offer):
+            key = (
+                ",".join(sorted(want)),
+                max((offer[s][0] for s in want if s in offer), default=0),
+            )
             if key not in self.waiting_for_port:
                 self.waiting_for_port.add(key)
                 log.info("fleet_config_waits_for_port", link=link.name, scopes=key[0])
@@ -255,10 +297,10 @@ class FleetConfig:
         if offer is None or self._busy or self.state.trial or offer is self._asked:
             return  # once per offer: a gateway's answer refused is not asked for again
         # on the same connection (the next one brings a new offer)
-        want = self.wanted(offer, link)
+        want = self.wanted(offer, link, gw.config_registry)
         if want is None:
             return
-        request = request_json(want)
+        request = request_json(want, self.keys.since)
         if not budget.fits(len(request) + 1024):
             return  # today's budget: the configuration waits for tomorrow or a port
         self._busy, self._asked = True, offer
@@ -271,49 +313,100 @@ class FleetConfig:
         finally:
             self._busy = False
 
+    def _verify(
+        self, offer: ConfigOffer, want: Mapping[str, int | None], lines: list[bytes]
+    ) -> tuple[FleetKeys, dict[str, Entry], dict[str, int]]:
+        """The entries of an answer checked: the fleet key rotations followed, then per
+        scope asked for its new entry and the entry that ended what the ship holds
+        (RegistryError or ValueError at the first that does not hold)."""
+        keys = FleetKeys(self.anchor, [r.encode() for r in self.state.rotations])
+        entries = [decode_entry(line) for line in lines if line]
+        keys.follow([e for e in entries if e.kind == "fleet_key_rotated"])
+        got: dict[str, Entry] = {}
+        ends: dict[str, int] = {}
+        for e in entries:
+            if e.kind == "fleet_key_rotated":
+                continue
+            scope = config_scope(e)
+            if scope is None:
+                end = next((s for s, h in want.items() if h and verify_end(e, keys, s, h)), None)
+                if end is None:
+                    raise RegistryError(
+                        f"a {e.kind} entry that ends nothing this ship holds", version=e.version
+                    )
+                ends[end] = e.version
+                continue
+            if scope not in want or scope in got or scope not in offer:
+                raise RegistryError(
+                    f"the configuration of {scope}, not asked for", version=e.version
+                )
+            if e.version != offer[scope][0]:
+                raise RegistryError(
+                    f"version {e.version} where {offer[scope][0]} was offered", version=e.version
+                )
+            got[scope] = verify_config_entry(e, keys, scope)
+        for scope, held in want.items():
+            floor = self._floor(scope, held)
+            if scope in offer and scope not in got:
+                raise ValueError(f"no entry for {scope}")
+            if scope in got and got[scope].version >= floor:
+                continue
+            if ends.get(scope, 0) <= floor:
+                what = f"version {got[scope].version}" if scope in got else "no configuration"
+                raise RegistryError(
+                    f"{what} of {scope} where this ship holds {floor}, and no entry the fleet "
+                    "signed ends it (replayed)",
+                    reason="forged",
+                )
+        return keys, got, ends
+
     def take(self, offer: ConfigOffer, want: Mapping[str, int | None], answer: bytes) -> bool:
         """Check and apply an answer; True if applied (the agent then restarts)."""
         bases = [self.state.lines.get(s, "").encode() for s in want]
         try:
-            lines = decode_delta(answer, bases)
-            if len(lines) != len(want):
-                raise ValueError(f"{len(lines)} entries for {len(want)} scopes")
-            got: dict[str, str] = {}
-            for scope, line in zip(want, lines, strict=True):
-                entry = verify_config_entry(line, self.anchor, scope)
-                if entry.version != offer[scope][0]:
-                    raise RegistryError(
-                        f"version {entry.version} where {offer[scope][0]} was offered",
-                        version=entry.version,
-                    )
-                got[scope] = line.decode()
+            keys, got, ends = self._verify(offer, want, decode_delta(answer, bases))
         except (ValueError, RegistryError) as exc:
-            # a gateway that serves what the fleet did not sign: nothing applied, not
-            # remembered (another gateway may serve the genuine entry)
+            # a gateway that serves what the fleet did not sign, or an older entry
+            # again: nothing applied, not remembered (another gateway may serve the
+            # genuine entry)
             self.state.failure = f"refused: {exc}"
             log.warning("fleet_config_refused", reason=str(exc))
             self._save()
             return False
-        new = {
-            s: got.get(s, self.state.lines.get(s, ""))
-            for s in offer
-            if s in got or s in self.state.lines
-        }
-        version = max(offer[s][0] for s in new)
+        self.state.rotations = [r.raw.decode() for r in keys.rotations]
+        self.keys = keys
+        held = self.state.lines
+        scopes = [s for s in offer if s in got or (s in held and s not in ends)]
+        scopes += [s for s in held if s not in offer and s not in ends]
+        new = {s: got[s].raw.decode() if s in got else held[s] for s in _ordered(scopes)}
+        floor = dict(self.state.floor)
+        for s, h in want.items():
+            floor[s] = max(self._floor(s, h), got[s].version if s in got else 0, ends.get(s, 0))
+        version = max((_version(line) for line in new.values()), default=0)
         try:
-            _effective(self.config_path, _overlay(new, self.anchor))
+            _effective(self.config_path, _overlay(new, keys))
         except (ShorelinkError, ValueError) as exc:
-            for s in got:
-                self.state.refused[s] = offer[s][0]
+            for s in want:
+                self.state.refused[s] = got[s].version if s in got else 0
             self.state.failure = f"version {version} refused: {exc}"
             log.warning("fleet_config_refused", version=version, reason=str(exc))
             self._save()
             return False
-        self.state.previous = {"version": self.state.version, "lines": dict(self.state.lines)}
-        self.state.version, self.state.lines = version, new
+        self.state.previous = {
+            "version": self.state.version,
+            "lines": dict(held),
+            "floor": dict(self.state.floor),
+        }
+        self.state.version, self.state.lines, self.state.floor = version, new, floor
         self.state.failure, self.state.trial = None, "pending"
         self._save()
-        log.info("fleet_config_applied", version=version, scopes=",".join(got))
+        log.info(
+            "fleet_config_applied",
+            version=version,
+            scopes=",".join(got),
+            ended=",".join(ends),
+            rotations=len(keys.rotations),
+        )
         if self.on_applied is not None:
             self.on_applied()
         return True

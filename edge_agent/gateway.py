@@ -204,7 +204,7 @@ class HttpGateway:
             try:
                 async with asyncio.timeout(self._link.timeout_s):
                     hello = await ws.receive()
-                held, offer = _parse_hello(hello)
+                held, offer, registry = _parse_hello(hello)
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
                 await ws.close()
                 raise LinkError(
@@ -212,7 +212,7 @@ class HttpGateway:
                     site=self.site,
                 ) from exc
             self._upload = _Upload(ws, self.site, held)
-            self._upload.config_offer = offer
+            self._upload.config_offer, self._upload.registry_version = offer, registry
             return self._upload
 
     @property
@@ -220,6 +220,13 @@ class HttpGateway:
         """The fleet configuration the gateway offered on the open upload connection
         (None: none, or no connection)."""
         return self._upload.config_offer if self._upload is not None else None
+
+    @property
+    def config_registry(self) -> int | None:
+        """The version of the registry the gateway enforced when it last offered (None:
+        a gateway from before, or no connection): a ship goes back from what it holds
+        only on the word of a gateway that is not behind it."""
+        return self._upload.registry_version if self._upload is not None else None
 
     async def fetch_config(self, request: str) -> bytes:
         """Send a configuration request on the upload connection; its binary answer
@@ -268,8 +275,10 @@ class _Upload:
         self._site = site
         #: what the site held when the connection opened (its first message)
         self.held = held
-        #: the fleet configuration offered in the first message (shipconfig.py)
+        #: the fleet configuration offered in the first message, or since in a batch's
+        #: answer (shipconfig.py), and the registry's version at the gateway then
         self.config_offer: ConfigOffer | None = None
+        self.registry_version: int | None = None
         self._waiting: deque[asyncio.Future[Any]] = deque()
         self._sending = asyncio.Lock()
         self.broken: str = ""
@@ -318,6 +327,8 @@ class _Upload:
                 if not isinstance(data, dict) or not self._waiting:
                     self._break(f"unexpected answer {msg.data!r:.200}")
                     break
+                if "config" in data:
+                    self._offered(data)
                 waiter = self._waiting.popleft()
                 if not waiter.done():
                     waiter.set_result(data)
@@ -339,6 +350,16 @@ class _Upload:
             self._break(f"{type(exc).__name__}: {exc}")
         finally:
             self._break("connection closed")
+
+    def _offered(self, data: dict[str, Any]) -> None:
+        """A batch's answer that carries a new offer (the registry moved while the
+        connection stays open); a malformed one is logged and ignored."""
+        try:
+            offer, registry = parse_offer(data["config"]), _registry(data.get("registry"))
+        except ValueError as exc:
+            log.warning("fleet_config_offer_malformed", site=self._site, error=str(exc))
+            return
+        self.config_offer, self.registry_version = offer, registry
 
     def _break(self, why: str) -> None:
         """The connection is unusable: every batch still waiting gets a LinkError (it
@@ -381,10 +402,21 @@ def _tls_failure(exc: BaseException) -> str:
     return ""
 
 
+def _registry(value: object) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"registry version: {value!r:.40}")
+    return value
+
+
 @boundary
-def _parse_hello(msg: aiohttp.WSMessage) -> tuple[dict[str, RangeSet], ConfigOffer | None]:
-    """The gateway's first upload message: stream -> held seqs, and the configuration
-    offered (None: none). ValueError if it is not."""
+def _parse_hello(
+    msg: aiohttp.WSMessage,
+) -> tuple[dict[str, RangeSet], ConfigOffer | None, int | None]:
+    """The gateway's first upload message: stream -> held seqs, the configuration
+    offered (None: none) and the registry's version (None: none said). ValueError if it
+    is not."""
     if msg.type is not aiohttp.WSMsgType.TEXT:
         raise ValueError(f"first message is {msg.type.name}, not the holdings")
     data = strict_json.loads(msg.data)
@@ -394,4 +426,4 @@ def _parse_hello(msg: aiohttp.WSMessage) -> tuple[dict[str, RangeSet], ConfigOff
     if not isinstance(streams, dict):
         raise ValueError(f"holdings without streams: {msg.data!r:.200}")
     held = {str(s): RangeSet.parse(str(r)) for s, r in streams.items()}
-    return held, parse_offer(data.get("config"))
+    return held, parse_offer(data.get("config")), _registry(data.get("registry"))

@@ -48,6 +48,7 @@ __all__ = [
     "FLEET_ORIGIN",
     "KINDS",
     "MAX_CONFIG_BYTES",
+    "MAX_CONFIG_LINES_ASIDE_BYTES",
     "MAX_ENTRIES",
     "MAX_ENTRY_BYTES",
     "MAX_GROUPS",
@@ -76,6 +77,10 @@ __all__ = [
 #: one entry's line at most (a configuration document and its escapes, with room)
 MAX_CONFIG_BYTES = 64 * 1024
 MAX_ENTRY_BYTES = 8 * MAX_CONFIG_BYTES
+#: the configuration entries' lines a reader keeps beside those in force (superseded
+#: ones a ship may still hold, as a delta's base; the ends of configurations), at most:
+#: the oldest go first (:attr:`shorelink.fleet.state.FleetState.config_lines`)
+MAX_CONFIG_LINES_ASIDE_BYTES = 16 * MAX_ENTRY_BYTES
 #: ships a registry holds (revoked ones included: a name is never given twice)
 MAX_SHIPS = 10_000
 #: groups a registry names, and groups one ship belongs to
@@ -369,6 +374,12 @@ def _config_body(body: dict[str, Any]) -> None:
     _flag("port_links_only", body["port_links_only"])
 
 
+def _config_removed(body: dict[str, Any]) -> None:
+    if body["scope"] not in ("group", "ship"):
+        raise ValueError('scope must be "group" or "ship"')
+    _name(body["scope"], body["name"])
+
+
 def stage_size(stage: str, members: int) -> int:
     """How many of a group's ``members`` a stage (``5%``, ``3``) reaches: a share
     rounded up (at least one ship), a count at most the group."""
@@ -447,6 +458,7 @@ KINDS: dict[str, tuple[frozenset[str], Any]] = {
         frozenset({"scope", "name", "format", "document", "port_links_only"}),
         _config_set,
     ),
+    "config_removed": (frozenset({"scope", "name"}), _config_removed),
     # a rollout (shorelink/fleet/rollout.py): a group's configuration in stages
     "rollout_started": (
         frozenset(

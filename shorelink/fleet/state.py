@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from shorelink.fleet.entry import (
     FLEET_ORIGIN,
+    MAX_CONFIG_LINES_ASIDE_BYTES,
     MAX_GROUPS,
     MAX_KEYS_PER_SHIP,
     MAX_SHIPS,
@@ -157,11 +158,24 @@ class FleetState:
     #: group's active one
     rollouts: dict[int, RolloutRecord] = field(default_factory=dict)
     active_rollouts: dict[str, int] = field(default_factory=dict)
-    #: a rollout's configuration (versioned by its rollout_started entry)
+    #: an active rollout's configuration (versioned by its rollout_started entry)
     rollout_configs: dict[int, ConfigRecord] = field(default_factory=dict, repr=False)
-    #: every configuration entry's line by its version (a gateway serves a ship the
-    #: delta from the one it holds: shorelink/fleet/shipconfig.py)
+    #: configuration entries' lines by their version, as a gateway serves them to the
+    #: ships (shorelink/fleet/shipconfig.py): every one in force (each scope's, each
+    #: active rollout's), and beside them, up to MAX_CONFIG_LINES_ASIDE_BYTES, the
+    #: newest of those superseded (a ship may hold one: the base of its delta) and of
+    #: the entries that ended a configuration (config_removed, rollout_stopped: what a
+    #: ship is shown to go back from it)
     config_lines: dict[int, bytes] = field(default_factory=dict, repr=False)
+    #: per scope (``g:<group>``, ``s:<ship>``) the version of its newest
+    #: config_removed; per stopped rollout the version of its rollout_stopped
+    config_ends: dict[str, int] = field(default_factory=dict, repr=False)
+    rollout_ends: dict[int, int] = field(default_factory=dict, repr=False)
+    #: the fleet_key_rotated entries' lines by version (a ship follows them from the
+    #: root it pins: a few hundred bytes each, all kept)
+    rotation_lines: dict[int, bytes] = field(default_factory=dict, repr=False)
+    _aside: dict[int, int] = field(default_factory=dict, repr=False)
+    _aside_bytes: int = field(default=0, repr=False)
     #: every fleet key the chain named, oldest first: (public key, the version of the
     #: entry that named it); each signs the entries after that one, up to the next's
     fleet_keys: list[tuple[str, int]] = field(default_factory=list)
@@ -211,6 +225,8 @@ class FleetState:
             self.fleet_key_id = key_id(self.fleet_key)
             self._verifier = verify_key(self.fleet_key)
             self.fleet_keys.append((self.fleet_key, v))
+            if v > 1:
+                self.rotation_lines[v] = entry.raw
 
     # -- each kind: checks first, then the change ---------------------------------------
 
@@ -309,8 +325,39 @@ class FleetState:
                 )
             self._room_for((name,))
             self.groups.add(name)
+        old = self.configs.get((scope, name))
         self.configs[(scope, name)] = _config_record(scope, name, entry, body)
         self.config_lines[entry.version] = entry.raw
+        if old is not None:
+            self._put_aside(old.version)
+
+    def _config_removed(self, entry: Entry, body: dict[str, Any]) -> None:
+        scope, name = str(body["scope"]), str(body["name"])
+        if scope == "group" and name in self.active_rollouts:
+            raise RegistryError(
+                f"group {name} has rollout {self.active_rollouts[name]} under way: "
+                "stop it or let it finish first"
+            )
+        old = self.configs.pop((scope, name), None)
+        if old is None:
+            raise RegistryError(f"{scope} {name} has no configuration")
+        self._put_aside(old.version)
+        self.config_ends[("g:" if scope == "group" else "s:") + name] = entry.version
+        self.config_lines[entry.version] = entry.raw
+        self._put_aside(entry.version)
+
+    def _put_aside(self, version: int) -> None:
+        """A line no longer in force: kept beside those in force while the newest such
+        lines fit MAX_CONFIG_LINES_ASIDE_BYTES (the oldest go first)."""
+        line = self.config_lines.get(version)
+        if line is None or version in self._aside:
+            return
+        self._aside[version] = len(line)
+        self._aside_bytes += len(line)
+        while self._aside_bytes > MAX_CONFIG_LINES_ASIDE_BYTES:
+            oldest = next(iter(self._aside))
+            self._aside_bytes -= self._aside.pop(oldest)
+            del self.config_lines[oldest]
 
     def _rollout_started(self, entry: Entry, body: dict[str, Any]) -> None:
         group = str(body["group"])
@@ -357,7 +404,13 @@ class FleetState:
         del self.active_rollouts[r.group]
 
     def _rollout_stopped(self, entry: Entry, body: dict[str, Any]) -> None:
-        self._end(self._active(body), entry, "stopped", str(body["reason"]))
+        r = self._active(body)
+        self._end(r, entry, "stopped", str(body["reason"]))
+        del self.rollout_configs[r.id]
+        self._put_aside(r.id)
+        self.rollout_ends[r.id] = entry.version
+        self.config_lines[entry.version] = entry.raw
+        self._put_aside(entry.version)
 
     def _rollout_done(self, entry: Entry, body: dict[str, Any]) -> None:
         r = self._active(body)
@@ -367,7 +420,10 @@ class FleetState:
                 "it is done only at its last"
             )
         self._end(r, entry, "done", None)
-        self.configs[("group", r.group)] = self.rollout_configs[r.id]
+        old = self.configs.get(("group", r.group))
+        self.configs[("group", r.group)] = self.rollout_configs.pop(r.id)
+        if old is not None:
+            self._put_aside(old.version)
 
     # -- what the state answers ----------------------------------------------------------
 
@@ -412,6 +468,18 @@ class FleetState:
     def config_version(self, ship: str) -> int | None:
         """The newest entry among the configurations that apply to ``ship``."""
         return self.config_for(ship).version
+
+    def config_end(self, scope: str, held: int) -> bytes | None:
+        """The line of the entry that ended the configuration a ship holds of ``scope``
+        at version ``held`` (the stop of the rollout ``held`` is, or a later removal of
+        the scope), if kept: what shows the ship it goes back to what applies without
+        it (None: none, or no longer kept)."""
+        end = self.rollout_ends.get(held)
+        if end is None or self.rollouts[held].group != scope[2:] or scope[:2] != "g:":
+            end = self.config_ends.get(scope)
+            if end is not None and end <= held:
+                end = None
+        return None if end is None else self.config_lines.get(end)
 
     def valid_tokens(self) -> Mapping[str, str]:
         """Every valid token hash and its ship."""

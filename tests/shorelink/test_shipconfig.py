@@ -17,6 +17,7 @@ from shorelink.fleet.entry import FleetKey, RegistryError
 from shorelink.fleet.log import Registry
 from shorelink.fleet.shipconfig import (
     MAX_ANSWER_BYTES,
+    ConfigRequest,
     decode_delta,
     document_of,
     encode_delta,
@@ -85,10 +86,10 @@ def test_the_offer_is_the_ships_scopes_in_order(tmp_path: Path) -> None:
         "a": {"b": 3, "c": 2},
         "d": [1],
     }
-    assert parse_request(request_json({"g:north": None, "s:bigblue": 4})) == {
-        "g:north": None,
-        "s:bigblue": 4,
-    }
+    assert parse_request(request_json({"g:north": None, "s:bigblue": 4})) == ConfigRequest(
+        {"g:north": None, "s:bigblue": 4}
+    )
+    assert parse_request(request_json({"g:north": 3}, since=0)).since == 0
 
 
 def test_a_rollouts_configuration_reaches_its_canary_signed_as_it_was_started(
