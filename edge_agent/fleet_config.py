@@ -197,6 +197,10 @@ class FleetConfig:
         self._asked: ConfigOffer | None = None
         #: (scopes, version) offered for port links only and left for one
         self.waiting_for_port: set[tuple[str, int]] = set()
+        #: bytes of this run's configuration requests sent and answers received whole
+        #: (both charged to the link's budget; an answer cut short is not received)
+        self.sent_bytes = 0
+        self.received_bytes = 0
 
     def reported(self) -> ReportedConfig:
         return ReportedConfig(self.state.version, self.state.failure)
@@ -306,8 +310,10 @@ class FleetConfig:
         self._busy, self._asked = True, offer
         try:
             await budget.charge(len(request))
+            self.sent_bytes += len(request)
             answer = await gw.fetch_config(request)
             await budget.charge(len(answer))
+            self.received_bytes += len(answer)
             log.info("fleet_config_fetched", site=gw.site, bytes=len(request) + len(answer))
             await asyncio.to_thread(self.take, offer, want, answer)
         finally:

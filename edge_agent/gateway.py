@@ -279,6 +279,8 @@ class _Upload:
         #: answer (shipconfig.py), and the registry's version at the gateway then
         self.config_offer: ConfigOffer | None = None
         self.registry_version: int | None = None
+        #: offers that batches' answers carried (the registry moved meanwhile)
+        self.offers_heard = 0
         self._waiting: deque[asyncio.Future[Any]] = deque()
         self._sending = asyncio.Lock()
         self.broken: str = ""
@@ -360,6 +362,7 @@ class _Upload:
             log.warning("fleet_config_offer_malformed", site=self._site, error=str(exc))
             return
         self.config_offer, self.registry_version = offer, registry
+        self.offers_heard += 1
 
     def _break(self, why: str) -> None:
         """The connection is unusable: every batch still waiting gets a LinkError (it

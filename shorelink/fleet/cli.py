@@ -339,6 +339,27 @@ def fleet_config_set(
     click.echo(f"{target}: configuration {file.name} is version {version}")
 
 
+@fleet_config.command("remove")
+@_REGISTRY
+@click.option("--group", help="The group whose configuration goes.")
+@click.option("--ship", help="The ship whose own configuration goes.")
+def fleet_config_remove(directory: Path, group: str | None, ship: str | None) -> None:
+    """Remove the configuration of a group (--group) or a ship (--ship): its ships go
+    back to what applies without it (their other scopes, edge.toml)."""
+
+    def remove_config() -> int:
+        if (group is None) == (ship is None):
+            raise ShorelinkError("give one of --group G or --ship S")
+        scope, name = ("group", group) if group is not None else ("ship", ship)
+        reg = _open(directory)
+        reg.append([("config_removed", {"scope": scope, "name": name})])
+        return reg.state.version
+
+    version = _run(remove_config)
+    target = f"group {group}" if group is not None else f"ship {ship}"
+    click.echo(f"{target}: configuration removed at version {version}")
+
+
 def _bound_text(bound: SeqBound | None) -> str:
     if bound is None:
         return ""

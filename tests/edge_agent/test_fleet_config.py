@@ -12,7 +12,7 @@ import re
 import secrets
 import urllib.request
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from shorelink.contract import canonical_topic
 from shorelink.fleet.bundle import provision
 from shorelink.fleet.entry import REGISTRY_STREAM, FleetKey, sign_entry
 from shorelink.fleet.log import Registry
-from shorelink.fleet.shipconfig import encode_delta
+from shorelink.fleet.shipconfig import encode_delta, request_json
 from shorelink.fleet.travel import entry_record
 from shorelink.kafka.topics import producer
 from shorelink.ship_report import decode_report
@@ -48,11 +48,17 @@ class Shore:
     port: int
     metrics: str
     delivered: int = 0
+    keys: dict[str, FleetKey] = field(default_factory=dict)
 
-    def config_bytes_served(self) -> float:
-        """The gateway's ``shorelink_gateway_config_bytes_total``."""
-        with urllib.request.urlopen(f"{self.metrics}/metrics", timeout=5) as r:
-            text = r.read().decode()
+    async def config_bytes_served(self) -> float:
+        """The gateway's ``shorelink_gateway_config_bytes_total`` (the gateway runs on
+        this event loop: asked from a thread)."""
+
+        def get() -> str:
+            with urllib.request.urlopen(f"{self.metrics}/metrics", timeout=5) as r:
+                return str(r.read().decode())
+
+        text = await asyncio.to_thread(get)
         m = re.search(r"^shorelink_gateway_config_bytes_total (\S+)$", text, re.M)
         return float(m.group(1)) if m else 0.0
 
@@ -67,8 +73,9 @@ class Shore:
         writes what replication brought."""
         self.registry.refresh()
         key = self.registry.fleet_key()
+        self.keys[key.id] = key  # a rotation's entry is proved by the key before it
         new = [e for e in self.registry.entries() if e.version > self.delivered]
-        self.deliver(*(entry_record(e, key, "hq") for e in new))
+        self.deliver(*(entry_record(e, self.keys[e.signer], "hq") for e in new))
         self.delivered = self.registry.state.version
         return self.delivered
 
@@ -82,6 +89,11 @@ class Shore:
             "port_links_only": port_links_only,
         }
         self.registry.append([("config_set", body)])
+        return self.publish()
+
+    def config_remove(self, *, ship: str = "") -> int:
+        scope, name = ("ship", ship) if ship else ("group", "north")
+        self.registry.append([("config_removed", {"scope": scope, "name": name})])
         return self.publish()
 
 
@@ -130,6 +142,8 @@ async def _ship(
     port: int | None = None,
     link: str = "port_wifi",
     health: str = "5s",
+    refresh: str = "500ms",
+    heartbeat: str = "1h",
 ) -> Ship:
     """A ship provisioned at headquarters (group ``north``), its agent supervised and
     running with a gateway at ``port`` (the gateway's own by default)."""
@@ -138,14 +152,14 @@ async def _ship(
     shore.publish()
     doc = edge_config_doc(tmp_path, mosquitto)
     doc["ship"] = name
-    doc["report"] = {"stream": "nav", "interval": "1s"}
+    doc["report"] = {"stream": "nav", "interval": "1s", "heartbeat": heartbeat}
     doc["uplink"] = {
         "token_file": str(bundle / "gateway.token"),
         "signing_key_file": str(bundle / "ship.key"),
         "fleet_pub_file": str(bundle / "fleet.pub"),
         "fleet_health": health,
         "interval": "200ms",
-        "refresh": "500ms",
+        "refresh": refresh,
         "linger": "10ms",
         "retry_min": "50ms",
         "retry_max": "300ms",
@@ -324,10 +338,23 @@ async def test_a_link_cut_while_fetching_leaves_the_old_configuration_then_fetch
         )
         assert ship.held()["version"] == 0 and ship.held()["lines"] == {}
         assert ship.supervisor.runs == 1
+        fleet = ship.agent.fleet
+        assert fleet is not None and fleet.received_bytes == 0  # nothing whole arrived
+        for _ in range(200):  # an answer served, then cut
+            if await shore.config_bytes_served() > 3000:
+                break
+            await asyncio.sleep(0.05)
         toxiproxy.remove_toxic(proxy, "cut")
         await eventually_async(lambda: ship.supervisor.runs == 2, 30, "fetched again")
         assert ship.held()["version"] == version
         assert ship.agent.cfg.streams["nav"].max_age_s == 7 * 86400
+        # the answer that arrived whole is counted once against the budget; the ones cut
+        # short were served (the gateway counts them) but never received whole
+        served = await shore.config_bytes_served()
+        assert fleet.received_bytes < served and served % fleet.received_bytes == 0
+        requests = fleet.sent_bytes // len(request_json({"g:north": None}, 0))
+        assert fleet.sent_bytes == requests * len(request_json({"g:north": None}, 0))
+        assert 2 <= served // fleet.received_bytes <= requests  # at most one per request
     finally:
         await ship.stop()
 
@@ -364,3 +391,155 @@ def test_an_agent_that_died_during_its_trial_rolls_back_at_its_next_start(
     assert fleet.state.version == 0 and fleet.state.trial == ""
     assert "stopped during its health check" in (fleet.state.failure or "")
     assert fleet.wanted(offer, cfg.links["port_wifi"]) is None  # not fetched again
+
+
+async def test_a_ship_follows_a_fleet_key_rotation_and_refuses_a_forged_one(
+    tmp_path: Path, shore: Shore, mosquitto: MosquittoBroker
+) -> None:
+    """Headquarters replaces its fleet key: the ship, which pins the root only, is
+    served the rotation with the configuration the new key signed and follows it (and
+    keeps it across its restart); a rotation signed by anyone else is refused, nothing
+    applied."""
+    ship = await _ship(tmp_path, shore, mosquitto)
+    try:
+        await eventually_async(lambda: ship.agent.uplink and ship.agent.uplink.reached.is_set())
+        new_key = shore.registry.rotate_fleet_key()
+        rotation = shore.publish()
+        version = shore.config_set('[streams.nav]\nmax_age = "7d"\n')
+        assert shore.registry.entries()[-1].signer == new_key.id
+        await eventually_async(lambda: ship.supervisor.runs == 2, 20, "restarted onto it")
+        # the run after the restart read the entry back, checked by the rotated key
+        assert ship.agent.cfg.streams["nav"].max_age_s == 7 * 86400
+        held = ship.held()
+        assert held["version"] == version and len(held["rotations"]) == 1
+        assert f'"version":{rotation}' in held["rotations"][0]
+        await eventually_async(lambda: ship.held()["trial"] == "", 20, "kept once healthy")
+
+        # a gateway that serves a rotation to a thief's key, and what the thief signed
+        thief, state = FleetKey.generate(), shore.registry.state
+        fake = sign_entry(
+            thief, version + 1, state.head, "fleet_key_rotated", {"fleet_key": thief.public}
+        )
+        body = {
+            "scope": "group",
+            "name": "north",
+            "format": "toml",
+            "document": '[mqtt]\nhost = "evil.invalid"\n',
+            "port_links_only": False,
+        }
+        forged = sign_entry(thief, version + 2, fake.digest, "config_set", body)
+        fleet = ship.agent.fleet
+        assert fleet is not None
+        base = state.config_lines[version]
+        answer = encode_delta([forged.raw, fake.raw], [base])
+        assert not fleet.take({"g:north": (version + 2, False)}, {"g:north": version}, answer)
+        assert "forged" in (fleet.state.failure or "")
+        assert ship.held()["version"] == version and len(ship.held()["rotations"]) == 1
+        assert ship.supervisor.runs == 2
+    finally:
+        await ship.stop()
+
+
+async def test_a_ship_hears_of_a_new_version_on_the_upload_it_keeps_open(
+    tmp_path: Path, shore: Shore, mosquitto: MosquittoBroker
+) -> None:
+    """A ship at sea keeps one upload connection for hours: a change must reach it on
+    that connection (in the answer to its next batch), and while nothing changes the
+    answers carry not one byte more."""
+    ship = await _ship(tmp_path, shore, mosquitto, refresh="1h", heartbeat="1s")
+    try:
+        await eventually_async(lambda: ship.agent.uplink and ship.agent.uplink.reached.is_set())
+        uplink = ship.agent.uplink
+        assert uplink is not None
+        upload = uplink.gateways[0]._upload  # type: ignore[attr-defined]
+        assert upload is not None and upload.config_offer == {}
+        # a report goes up every second: batches answered, no offer among them
+        await eventually_async(lambda: uplink._accepted >= 3, 20, "batches answered")
+        before = upload.offers_heard
+        version = shore.config_set('[streams.nav]\nmax_age = "7d"\n')
+        await eventually_async(lambda: ship.supervisor.runs == 2, 20, "applied")
+        assert before == 0 and upload.offers_heard == 1
+        assert upload.config_offer == {"g:north": (version, False)}
+    finally:
+        await ship.stop()
+
+
+async def test_a_scope_removed_from_a_ship_goes_back_to_what_applies_without_it(
+    tmp_path: Path, shore: Shore, mosquitto: MosquittoBroker
+) -> None:
+    """Headquarters removes a group's configuration: its ships go back to edge.toml
+    under what still applies (here the ship's own), on the signed entry that removed
+    it, and report the version they then run."""
+    ship = await _ship(tmp_path, shore, mosquitto)
+    try:
+        shore.config_set('[streams.nav]\nmax_age = "7d"\n')
+        own = shore.config_set('[streams.alerts]\nmax_age = "3d"\n', ship=ship.name)
+        await eventually_async(lambda: ship.held()["version"] == own, 20, "both applied")
+        await eventually_async(lambda: ship.held()["trial"] == "", 20, "kept")
+        runs = ship.supervisor.runs
+        removed = shore.config_remove()
+        await eventually_async(lambda: ship.supervisor.runs == runs + 1, 20, "went back")
+        cfg = ship.agent.cfg
+        assert cfg.streams["nav"].max_age_s == 30 * 86400  # edge.toml's again
+        assert cfg.streams["alerts"].max_age_s == 3 * 86400  # its own stays
+        held = ship.held()
+        assert list(held["lines"]) == [f"s:{ship.name}"] and held["version"] == own
+        assert held["floor"]["g:north"] == removed
+        await eventually_async(
+            lambda: _reported(ship) == {"version": own, "failure": None}, 20, "reported"
+        )
+    finally:
+        await ship.stop()
+
+
+def test_an_older_entry_replayed_at_a_ship_or_an_end_it_does_not_hold_is_refused(
+    tmp_path: Path, mosquitto: MosquittoBroker
+) -> None:
+    """A gateway (or whoever sits on the link) that hands a ship an entry the fleet
+    signed long ago, to take it back to an old configuration, is refused: only a later
+    entry that ended what the ship holds takes it back."""
+    reg = Registry.init(tmp_path / "registry")
+    bundle = provision(reg, "bigblue", ["north"], out=tmp_path / "bundle")
+    body = {"scope": "group", "name": "north", "format": "toml", "port_links_only": False}
+    reg.append([("config_set", {**body, "document": '[streams.nav]\nmax_age = "7d"\n'})])
+    reg.append([("config_set", {**body, "document": '[streams.nav]\nmax_age = "9d"\n'})])
+    reg.refresh()
+    old, new = reg.state.version - 1, reg.state.version
+    lines = reg.state.config_lines
+    doc = edge_config_doc(tmp_path, mosquitto)
+    doc["uplink"] = {"fleet_pub_file": str(bundle / "fleet.pub")}
+    config = write_toml(tmp_path / "edge.toml", doc)
+    cfg, fleet = load_effective(config)
+    assert fleet is not None
+    assert fleet.take(
+        {"g:north": (new, False)}, {"g:north": None}, encode_delta([lines[new]], None)
+    )
+    fleet.healthy()
+
+    # the older entry, genuinely signed, offered as if it were the group's now
+    replay = encode_delta([lines[old]], [lines[new]])
+    assert not fleet.take({"g:north": (old, False)}, {"g:north": new}, replay)
+    assert "replayed" in (fleet.state.failure or "")
+    assert fleet.state.version == new and fleet.state.refused == {}  # asked again later
+    # a ship's gateway behind it (registry older than what it holds) is not even asked
+    assert fleet.wanted({"g:north": (old, False)}, cfg.links["port_wifi"], registry=new) is None
+    assert fleet.wanted({}, cfg.links["port_wifi"], registry=None) is None
+
+    # the group's removal, genuinely signed, ends it: the ship goes back to edge.toml
+    reg.append([("config_removed", {"scope": "group", "name": "north"})])
+    reg.refresh()
+    end = reg.entries()[-1]
+    want = fleet.wanted({}, cfg.links["port_wifi"], registry=end.version)
+    assert want == {"g:north": new}
+    assert fleet.take({}, want, encode_delta([end.raw], [lines[new]]))
+    assert fleet.state.lines == {} and fleet.state.version == 0
+    fleet.healthy()
+    # ... and the entry before it cannot be replayed at the ship now it holds none
+    assert not fleet.take(
+        {"g:north": (new, False)}, {"g:north": None}, encode_delta([lines[new]], None)
+    )
+    assert "replayed" in (fleet.state.failure or "")
+    assert (
+        fleet.wanted({"g:north": (new, False)}, cfg.links["port_wifi"], registry=end.version)
+        is None
+    )

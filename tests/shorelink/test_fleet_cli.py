@@ -88,6 +88,14 @@ def test_provision_rotate_revoke_configure_and_export_end_to_end(tmp_path: Path)
     _ok("rotate-fleet-key", *r)
     assert "version 13" in _ok("verify", *r).output
 
+    # a configuration removed: its ships have none from their group any more, and a
+    # scope without one cannot be removed
+    assert "removed at version 14" in _ok("config", "remove", "--group", "north", *r).output
+    status = json.loads(_ok("status", "--json", *r).output)
+    assert {s["ship"]: s["config_version"] for s in status["ships"]}["bigblue"] is None
+    again = _fleet("config", "remove", "--group", "north", *r)
+    assert again.exit_code == 2 and "has no configuration" in again.output
+
 
 def test_verify_names_the_first_entry_that_fails_and_exits_2(tmp_path: Path) -> None:
     reg = tmp_path / "registry"
@@ -120,6 +128,7 @@ def test_every_fleet_command_has_help() -> None:
         "rotate-fleet-key",
         "client-cert",
         "config set",
+        "config remove",
     ):
         assert "Usage:" in _ok(*cmd.split(), "--help").output
 
