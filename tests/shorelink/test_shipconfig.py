@@ -13,11 +13,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shorelink import strict_json
-from shorelink.fleet.entry import FleetKey, RegistryError
+from shorelink.fleet.entry import (
+    MAX_CONFIG_BYTES,
+    MAX_CONFIG_LINES_ASIDE_BYTES,
+    MAX_ENTRY_BYTES,
+    FleetKey,
+    RegistryError,
+    decode_entry,
+    sign_entry,
+)
 from shorelink.fleet.log import Registry
 from shorelink.fleet.shipconfig import (
     MAX_ANSWER_BYTES,
     ConfigRequest,
+    FleetKeys,
+    answer_lines,
     decode_delta,
     document_of,
     encode_delta,
@@ -27,7 +37,9 @@ from shorelink.fleet.shipconfig import (
     parse_request,
     request_json,
     verify_config_entry,
+    verify_end,
 )
+from shorelink.fleet.state import FleetState
 from tests.bounds import FAST, KIB, MIB, Bound, within
 from tests.strategies import any_bytes, deep_json, json_values, mutated
 
@@ -160,3 +172,87 @@ def test_any_offer_is_an_offer_or_a_value_error(value: object) -> None:
 )
 def test_any_request_is_a_request_or_a_value_error(data: bytes) -> None:
     within(Bound(256 * KIB, 16, cpu_s=0.5), (ValueError,), parse_request, data)
+
+
+def test_a_rollouts_ships_go_back_on_its_stop_and_follow_the_fleet_keys_rotation(
+    tmp_path: Path,
+) -> None:
+    """A canary that runs a stopped rollout's configuration is served the group's
+    entry before it with the signed stop that ended its own, and the rotation that
+    signed it, past what it follows; a stop of another rollout ends nothing it holds."""
+    reg = Registry.init(tmp_path / "r")
+    reg.append([("ship_added", {"ship": "s0", "groups": ["north"]})])
+    old = _config(reg, "a = 1\n")
+    body = {
+        "group": "north",
+        "format": "toml",
+        "document": "a = 2\n",
+        "port_links_only": False,
+        "stages": ["100%"],
+        "healthy_s": 60,
+        "stop_failure_percent": 10,
+    }
+    reg.append([("rollout_started", body)])
+    reg.refresh()
+    rollout = reg.state.version
+    reg.rotate_fleet_key()
+    reg.append(
+        [("rollout_stopped", {"rollout": rollout, "reason": "canary failed", "by": "operator"})]
+    )
+    reg.refresh()
+    state, anchor = reg.state, (reg.directory / "fleet.pub").read_text().strip()
+    offer = offer_for(state, "s0")
+    assert offer is not None and offer["g:north"][0] < rollout
+    lines, bases = answer_lines(state, offer, ConfigRequest({"g:north": rollout}, since=0))
+    assert bases == [state.config_lines[rollout]]
+    keys = FleetKeys(anchor)
+    entries = [decode_entry(line) for line in lines]
+    assert [e.kind for e in entries] == ["config_set", "rollout_stopped", "fleet_key_rotated"]
+    assert keys.follow([entries[2]]) == [entries[2]] and keys.since == rollout + 1
+    assert verify_end(entries[1], keys, "g:north", rollout)  # signed by the new key
+    assert not verify_end(entries[1], keys, "g:north", rollout - 1)
+    assert verify_config_entry(entries[0], keys, "g:north").raw == old
+    with pytest.raises(RegistryError, match="forged"):
+        verify_end(entries[1], anchor, "g:north", rollout)  # the root alone: not its key
+    # an agent from before gets the group's entry alone, as it always did
+    assert answer_lines(state, offer, ConfigRequest({"g:north": rollout}))[0] == [old]
+    # a rotation before the newest one followed is refused, not taken back
+    thief = FleetKey.generate()
+    fake = sign_entry(thief, 2, "0" * 64, "fleet_key_rotated", {"fleet_key": thief.public})
+    with pytest.raises(RegistryError, match="replayed or forked"):
+        keys.follow([fake])
+    assert keys.since == rollout + 1
+
+
+def test_the_lines_a_gateway_keeps_beside_those_in_force_stay_within_their_bound() -> None:
+    """A group changed a hundred times with near-full documents: the gateway keeps
+    the one in force and the newest superseded within MAX_CONFIG_LINES_ASIDE_BYTES,
+    not every line ever signed."""
+    key, state = FleetKey.generate(), FleetState()
+    prev = None
+
+    def add(kind: str, body: dict[str, object]) -> None:
+        nonlocal prev
+        entry = sign_entry(key, state.version + 1, prev, kind, body)
+        state.apply(entry)
+        prev = entry.digest
+
+    add("fleet_created", {"fleet_key": key.public})
+    add("ship_added", {"ship": "s0", "groups": ["north"]})
+    filler = "#" + "x" * (MAX_CONFIG_BYTES - 100) + "\n"
+    for i in range(MAX_CONFIG_LINES_ASIDE_BYTES // MAX_CONFIG_BYTES + 20):
+        doc = f"a = {i}\n{filler}"
+        add(
+            "config_set",
+            {
+                "scope": "group",
+                "name": "north",
+                "format": "toml",
+                "document": doc,
+                "port_links_only": False,
+            },
+        )
+    kept = sum(len(line) for line in state.config_lines.values())
+    assert kept <= MAX_CONFIG_LINES_ASIDE_BYTES + MAX_ENTRY_BYTES
+    assert state.version in state.config_lines  # the one in force, always
+    assert len(state.config_lines) < state.version - 20
