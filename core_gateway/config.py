@@ -121,6 +121,11 @@ class GatewayConfig:
     ingress_partitions: int = field(
         default=6, metadata=key("kafka.ingress_partitions", min=1, max=1000)
     )
+    #: write each record to the ingress partition of its origin
+    #: (``crc32(origin) mod partitions``, shorelink/shards.py) instead of its key's: what
+    #: a site whose merge is split by origin (``[merge] shards`` in sites.toml) needs,
+    #: each shard reading only its partitions (docs/data-centre.md, "Scaling out")
+    ingress_by_origin: bool = field(default=False, metadata=key("kafka.ingress_by_origin"))
     #: replication of the topics the gateway creates (ingress, cursor)
     durability: Durability = field(
         default_factory=Durability, metadata=key("kafka", parse=Durability.from_section)

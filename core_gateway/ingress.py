@@ -60,6 +60,7 @@ from shorelink.contract import (
     contract_headers,
     ingress_topic,
 )
+from shorelink.kafka.admin import Admin
 from shorelink.kafka.errors import (
     CommitUnknown,
     Fenced,
@@ -73,6 +74,7 @@ from shorelink.kafka.transactions import TransactionalProducer
 from shorelink.ledger import ledger_key
 from shorelink.logs import get_logger
 from shorelink.ranges import RangeSet
+from shorelink.shards import origin_partition
 from shorelink.wire import WireRecord
 
 __all__ = ["MAX_GROUP_RECORDS", "IngressWriter", "Write"]
@@ -140,6 +142,9 @@ class IngressWriter:
         #: the producer is unusable (not fenced): :meth:`reinit` before writing again
         self.broken: str | None = None
         self._closing = threading.Event()
+        #: partitions per ingress topic, with ``kafka.ingress_by_origin`` (set by
+        #: :meth:`ensure_topics`); empty: each record goes to its key's partition
+        self._partitions: dict[str, int] = {}
         self._txn = TransactionalProducer(
             producer_config(
                 self.cfg.kafka,
@@ -154,6 +159,12 @@ class IngressWriter:
             closing=self._closing,
         )
 
+    def _partition(self, topic: str, origin: str) -> int | None:
+        """The ingress partition of ``origin``'s records with ``kafka.ingress_by_origin``
+        (shorelink/shards.py); None (the key's partition) without."""
+        n = self._partitions.get(topic)
+        return None if n is None else origin_partition(origin, n)
+
     @property
     def retries(self) -> int:
         """Retriable errors retried (commit and abort timeouts), for metrics."""
@@ -166,6 +177,11 @@ class IngressWriter:
         specs = [ingress_spec(s, self.cfg.ingress_partitions) for s in self.cfg.streams]
         specs.append(gateway_cursor_spec())
         ensure_topics(self.cfg.kafka, specs, self.cfg.durability)
+        if self.cfg.ingress_by_origin:
+            # the partitions each ingress topic has (created here or before, perhaps
+            # with another count): an origin's records go to crc32(origin) mod that
+            described = Admin(self.cfg.kafka).describe(ingress_topic(s) for s in self.cfg.streams)
+            self._partitions = {t: len(d.partitions) for t, d in described.items()}
 
     def restore(self, holdings: Holdings) -> int:
         """Load the committed cursors into ``holdings`` (and the writer's own copy);
@@ -313,6 +329,8 @@ class IngressWriter:
                 for w in writes:
                     topic = ingress_topic(w.stream)
                     origin, stream = w.origin.encode(), w.stream.encode()
+                    # by origin (a merge split by origin): one partition for the batch
+                    part = self._partition(topic, w.origin)
                     proofs, base = w.proofs, w.proof_base
                     for r in w.records:
                         headers: Headers = contract_headers(  # type: ignore[assignment]
@@ -320,7 +338,7 @@ class IngressWriter:
                         )
                         if proofs is not None:
                             headers.append((H_PROOF, proofs[r.seq - base]))
-                        txn.produce(topic, r.key.encode(), r.payload, headers)
+                        txn.produce(topic, r.key.encode(), r.payload, headers, part)
                 for (origin_, stream_), h in cursors.items():
                     txn.produce(
                         GATEWAY_CURSOR_TOPIC, ledger_key(origin_, stream_), h.cursor_value()

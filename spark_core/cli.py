@@ -16,9 +16,10 @@ from shorelink.cli_support import fail, load_or_exit
 from shorelink.errors import ShorelinkError
 from shorelink.files import write_atomic
 from shorelink.logs import log4j_pattern
+from shorelink.shards import Shard
 from shorelink.textout import table, wrap
 from spark_core import session
-from spark_core.config import SiteConfig, SitesConfig, load_config
+from spark_core.config import SiteConfig, SitesConfig, load_config, shard_site
 from spark_core.packages import (
     FILESYSTEMS,
     filesystem_packages,
@@ -159,6 +160,13 @@ def main() -> None:
 @click.option("--available-now", is_flag=True, help="Process what is there, then exit.")
 @click.option("--dry-run", is_flag=True, help="Print the spark-submit command, run nothing.")
 @click.option("--log-json", is_flag=True, help="JSON log lines (Python's and the JVM's).")
+@click.option(
+    "--shard",
+    default=None,
+    metavar="K/N",
+    help="Shard K (from 0) of the site's merge split by origin, [merge] shards = N: "
+    "one application per shard.",
+)
 def site_cmd(
     site_name: str,
     config_path: Path,
@@ -166,12 +174,26 @@ def site_cmd(
     available_now: bool,
     dry_run: bool,
     log_json: bool,
+    shard: str | None,
 ) -> None:
     """Run the site's Spark application (merge) with spark-submit."""
     cfg = load_or_exit(load_config, config_path)
-    for name in [n.strip() for n in site_name.split(",")]:
-        load_or_exit(functools.partial(lambda n, _: cfg.site(n), name), config_path)
-    extra = [*(["--available-now"] if available_now else []), *(["--log-json"] if log_json else [])]
+    names = [n.strip() for n in site_name.split(",")]
+    for name in names:
+        site = load_or_exit(functools.partial(lambda n, _: cfg.site(n), name), config_path)
+        try:
+            shard_site(site, None if shard is None else Shard.parse(shard))
+        except ValueError as exc:
+            fail(ShorelinkError(f"--shard: {exc}"))
+        except ShorelinkError as exc:
+            fail(exc)
+    if shard is not None and len(names) != 1:
+        fail(ShorelinkError("--shard: a shard's application runs one site"))
+    extra = [
+        *(["--available-now"] if available_now else []),
+        *(["--log-json"] if log_json else []),
+        *(["--shard", shard] if shard is not None else []),
+    ]
     properties = spark_properties_path(cfg, site_name) if cfg.spark.conf else None
     ivy = ivy_dir or session.ivy_dir()
     try:

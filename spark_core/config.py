@@ -31,6 +31,7 @@ from shorelink.fleet.log import read_anchor
 from shorelink.kafka.auth import KafkaAuth
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.sites import SiteKafka
+from shorelink.shards import MAX_SHARDS, Shard
 from spark_core.location import Location
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "carry_registry",
     "load_config",
     "parse_config",
+    "shard_site",
 ]
 
 
@@ -90,6 +92,12 @@ class MergeConfig:
     backstop_interval_s: float = field(default=30.0, metadata=key("backstop_interval", gt=0))
     #: fail the query when ingress records vanished before the merge read them
     fail_on_data_loss: bool = True
+    #: split the merge by origin into this many shards, each a Spark application of its
+    #: own (``shorelink-spark site --shard k/N``) merging the origins
+    #: ``crc32(origin) mod N == k`` from its ingress partitions (the gateway's
+    #: ``kafka.ingress_by_origin``); 1: one merge, as ever (docs/data-centre.md,
+    #: "Scaling out: merges split by origin, each fenced")
+    shards: int = field(default=1, metadata=key(min=1, max=MAX_SHARDS))
     #: delete from ``sl.ingress.*`` what the merge committed past
     #: (spark_core/purge.py); off only if something else must read those topics later
     purge_sources: bool = True
@@ -461,6 +469,29 @@ def _site(name: str, sec: Section, base: Path | None) -> SiteConfig:
             f"is required when checkpoint_dir is a URL ({cfg.checkpoint_dir}): a local "
             "directory for the status files `shorelink-spark status` reads",
         )
+    if cfg.merge.shards > 1:
+        shards = f"merge.shards = {cfg.merge.shards}"
+        if cfg.neighbours:
+            raise ConfigError(
+                sec.field("neighbours"),
+                f"a site that splits its merge ({shards}) pulls from no neighbour: "
+                "replication between sharded sites is not built (docs/data-centre.md, "
+                '"Scaling out")',
+            )
+        if cfg.merge.source_pattern:
+            raise ConfigError(
+                f"{sec.path}.merge.source_pattern",
+                f"a merge split by origin ({shards}) reads the ingress partitions of its "
+                "origins: unset source_pattern",
+            )
+        for stream in cfg.streams:
+            parts = cfg.policy(stream).partitions
+            if parts % cfg.merge.shards:
+                raise ConfigError(
+                    f"{sec.path}.topics.{stream}.partitions",
+                    f"{parts} partitions is not a multiple of {shards}: each shard reads "
+                    "the ingress partitions of its origins (crc32(origin) mod partitions)",
+                )
     for n, bootstrap in cfg.replication.via:
         if n not in cfg.neighbours:
             raise ConfigError(f"{sec.path}.replication.via.{n}", f"{n!r} is not a neighbour")
@@ -504,6 +535,13 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> SitesConf
         for n in s.neighbours:
             if n not in sites:
                 raise ConfigError(f"sites.{s.name}.neighbours", f"{n!r} is not a site of this file")
+            if sites[n].merge.shards > 1:
+                raise ConfigError(
+                    f"sites.{s.name}.neighbours",
+                    f"{n!r} splits its merge (merge.shards = {sites[n].merge.shards}): "
+                    "replication from or to a sharded site is not built "
+                    '(docs/data-centre.md, "Scaling out")',
+                )
     if cfg.fleet_pub_file is not None:
         # a missing or broken key fails now, named
         read_anchor(cfg.fleet_pub_file, "fleet_pub_file")
@@ -532,6 +570,25 @@ def carry_registry(site: SiteConfig) -> SiteConfig:
         replication=replace(site.replication, urgent=(*site.replication.urgent, REGISTRY_STREAM)),
         topics={**site.topics, REGISTRY_STREAM: policy},
     )
+
+
+def shard_site(site: SiteConfig, shard: Shard | None) -> SiteConfig:
+    """``site`` as shard ``shard`` of its merge runs it: checked against its
+    ``merge.shards``, its own files under ``<state_dir>/shard-<k>of<N>`` (status, stamps;
+    the shards may share a host). A ConfigError when the shard does not fit the site."""
+    n = site.merge.shards
+    where = f"sites.{site.name}.merge.shards"
+    if shard is None:
+        if n > 1:
+            raise ConfigError(
+                where, f"the site's merge is split in {n}: run each shard with --shard k/{n}"
+            )
+        return site
+    if shard.count != n:
+        raise ConfigError(where, f"is {n}; --shard {shard} is a shard of {shard.count}")
+    if n == 1:
+        return site
+    return replace(site, state_dir=site.state_path / f"shard-{shard.index}of{shard.count}")
 
 
 @boundary

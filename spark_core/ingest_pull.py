@@ -12,6 +12,7 @@ the driver through one, in slices of ``merge.max_batch_bytes``.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -53,6 +54,17 @@ class IngestPuller(Feed):
 
     def source(self, topic: str, topic_id: str) -> str:
         return topic
+
+    def narrow(
+        self, parts: dict[Part, str], sources: dict[str, str]
+    ) -> tuple[dict[Part, str], dict[str, str]]:
+        # a shard of a merge split by origin reads the partitions of its origins
+        # (shorelink/shards.py), as its Spark query does (``Merger.assignment``)
+        shard = self.merger.shard
+        if shard is None:
+            return parts, sources
+        counts = Counter(topic for topic, _ in parts)
+        return {tp: s for tp, s in parts.items() if shard.reads(tp[1], counts[tp[0]])}, sources
 
     def described(self, ids: Mapping[str, str]) -> list[str]:
         # a source is named by its topic here, so a topic deleted and created again

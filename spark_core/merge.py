@@ -45,15 +45,24 @@ from shorelink.contract import (
     relay_topic,
 )
 from shorelink.files import write_json_atomic
+from shorelink.fleet.entry import REGISTRY_STREAM
 from shorelink.fleet.follow import RegistryFollower
 from shorelink.kafka.admin import Admin
-from shorelink.kafka.errors import Fenced, KafkaClientError, KafkaTransactionError
-from shorelink.kafka.topics import TopicSpec, ensure_topics, producer_config
+from shorelink.kafka.errors import Fenced, KafkaClientError, KafkaTransactionError, UnknownTopic
+from shorelink.kafka.reading import read_to_end
+from shorelink.kafka.topics import (
+    TopicSpec,
+    ensure_topics,
+    ingress_spec,
+    producer,
+    producer_config,
+)
 from shorelink.kafka.transactions import TransactionalProducer
 from shorelink.ledger import MAX_HOLDINGS_RANGES, encode_entry
 from shorelink.logs import get_logger
 from shorelink.proof import WatchedShipKeys
 from shorelink.ranges import RangeSet
+from shorelink.shards import Shard
 from spark_core import location
 from spark_core.config import SiteConfig, SitesConfig
 from spark_core.merge_batch import (
@@ -102,6 +111,7 @@ __all__ = [
     "Merger",
     "SourceRow",
     "fence_predecessors",
+    "merge_layout",
     "merge_transactional_id",
     "plan_batch",
     "reset_changed_checkpoints",
@@ -149,6 +159,9 @@ class Totals:
     #: per ``cause:outcome`` (written, duplicate, refused), and the passes that did
     redriven: dict[str, int] = field(default_factory=dict)
     redrive_passes: int = 0
+    #: records of origins another shard of the site takes, passed (a merge split by
+    #: origin: ``merge_state.plan_batch``'s ``foreign``)
+    foreign: int = 0
     #: records this merge's batches quarantined, per ``stream:cause``
     #: (spark_core/quarantine.py; a re-drive's refusals are among ``redriven``)
     quarantined: dict[str, int] = field(default_factory=dict)
@@ -171,7 +184,53 @@ def merge_transactional_id(site: SiteConfig, query: str) -> str:
     return base if query == "merge" else f"{base}-{query.removeprefix('merge-')}"
 
 
-def fence_predecessors(site: SiteConfig) -> None:
+#: the key in ``sl.merge.marker`` of how the site's merge was split last
+#: (``{"shards": N}``): kept in Kafka, since the shards' drivers may run on other hosts
+LAYOUT_PART = "layout"
+
+
+def marker_spec() -> TopicSpec:
+    return TopicSpec(MARKER_TOPIC, partitions=1, compacted=True)
+
+
+def layout_key(site: SiteConfig) -> bytes:
+    return marker_key(site.name, LAYOUT_PART)
+
+
+def merge_layout(site: SiteConfig) -> int | None:
+    """The shard count the site's merge ran with last, as its layout record says (None:
+    no record: one merge, as every site before merges were split by origin)."""
+    key = layout_key(site)
+    shards: int | None = None
+    try:
+        for msg in read_to_end(
+            site.kafka,
+            [MARKER_TOPIC],
+            timeout=site.kafka.timeout_s,
+            extra={"fetch.wait.max.ms": 10},
+        ):
+            if msg.key() == key:
+                value = msg.value()
+                shards = None if not value else int(json.loads(value)["shards"])
+    except UnknownTopic:
+        return None  # a new site: no merge has run here
+    except (KafkaClientError, ValueError, KeyError, TypeError) as exc:
+        raise MergeError(f"cannot read the merge's layout ({key.decode()}): {exc}") from exc
+    return shards
+
+
+def layout_ids(site: SiteConfig, shards: int) -> list[str]:
+    """Every ``transactional.id`` the site's merges take when split into ``shards``."""
+    if shards == 1:
+        return [merge_transactional_id(site, q) for q in MERGE_QUERIES]
+    return [
+        merge_transactional_id(site, q + Shard(k, shards).suffix)
+        for k in range(shards)
+        for q in MERGE_QUERIES
+    ]
+
+
+def fence_predecessors(site: SiteConfig, shard: Shard | None = None) -> None:
     """Fence every merge of ``site`` that an earlier run may have left writing, whatever
     its layout, before this run's merges write anything. A merge fences only the older
     holder of its own ``transactional.id``: when ``urgent`` changed between two runs,
@@ -179,9 +238,24 @@ def fence_predecessors(site: SiteConfig) -> None:
     ``merge-urgent``, or the old ``merge-urgent`` beside the new ``merge`` (replication
     review N17: duplicates, and ledger entries overwriting each other). Each id is
     taken once by a producer that writes nothing (``init_transactions`` aborts what the
-    old one left open); this run's merges then take their own ids back."""
-    for query in MERGE_QUERIES:
-        tid = merge_transactional_id(site, query)
+    old one left open); this run's merges then take their own ids back.
+
+    A merge split by origin (``shard``: this application's shard) fences its own ids,
+    never another live shard's; when the site's layout record (:func:`merge_layout`)
+    names another shard count, every id of that layout too (the merge that ran whole,
+    or the shards of the old count), and the record then names this one. One merge
+    with no record does as it always did."""
+    count = 1 if shard is None else shard.count
+    old = merge_layout(site)
+    if shard is None:
+        ids = layout_ids(site, 1)
+    else:
+        ids = [merge_transactional_id(site, q + shard.suffix) for q in MERGE_QUERIES]
+    if old is not None and old != count:
+        ids += layout_ids(site, old)
+    elif old is None and count > 1:
+        ids += layout_ids(site, 1)  # the one merge a site ran before it was split
+    for tid in dict.fromkeys(ids):
         p = TransactionalProducer(
             producer_config(site.kafka, {"transactional.id": tid}), timeout=site.kafka.timeout_s
         )
@@ -192,6 +266,14 @@ def fence_predecessors(site: SiteConfig) -> None:
         finally:
             p.close()
         log.info("merge_predecessor_fenced", site=site.name, transactional_id=tid)
+    if old != count and not (old is None and count == 1):
+        ensure_topics(site.kafka, [marker_spec()], site.durability)
+        writer = producer(site.kafka, {"enable.idempotence": True})
+        value = json.dumps({"shards": count}, separators=(",", ":")).encode()
+        writer.produce(MARKER_TOPIC, key=layout_key(site), value=value)
+        if writer.flush(site.kafka.timeout_s):
+            raise MergeError(f"cannot write the merge's layout ({layout_key(site).decode()})")
+        log.info("merge_layout_changed", site=site.name, shards=count, was=old or 1)
 
 
 #: how long the index waits after its Kafka did not answer (seconds)
@@ -209,9 +291,17 @@ class Merger:
         query: str = "merge",
         streams: Sequence[str] = (),
         sites: SitesConfig | None = None,
+        shard: Shard | None = None,
     ) -> None:
         self.site = site
-        self.query = query
+        #: this merge's shard of the site's merge split by origin (None: whole); its
+        #: query, transactional id and marker key end with ``-o<k>of<N>``
+        self.shard = shard
+        self.query = query if shard is None else query + shard.suffix
+        #: whether an origin is this shard's (None: every origin is)
+        self.owns = None if shard is None else shard.owns
+        #: per ingress topic this shard reads, its partition count (:meth:`assignment`)
+        self.partition_counts: dict[str, int] = {}
         #: the streams this merge writes (all the site's by default)
         self.streams = tuple(streams) or site.streams
         #: the sites of the file (entry sites of the relay topics), when some site
@@ -227,7 +317,7 @@ class Merger:
         self.commits = 0
         self._relays: dict[tuple[str, str, str | bool | None], str | None] = {}
         self._entries: dict[str, str | None] = {}
-        self.transactional_id = merge_transactional_id(site, query)
+        self.transactional_id = merge_transactional_id(site, self.query)
         self.state = MergeState()
         self.totals = Totals()
         self.last: dict[str, object] = {}
@@ -287,6 +377,48 @@ class Merger:
         topics of its streams."""
         return self.site.merge.source_pattern or source_pattern(self.streams)
 
+    def assignment(self) -> dict[str, list[int]]:
+        """A shard's source partitions: per ingress topic of its streams, those of its
+        origins (``Shard.reads``); a topic whose partition count the shard count does
+        not divide is read whole, and only the fleet registry's may be such (one
+        partition, a few records): any other is refused, named, since every shard would
+        read (and its ingest puller decode) all of it."""
+        assert self.shard is not None
+        topics = [ingress_topic(s) for s in self.streams]
+        try:
+            described = self.admin().describe(topics, f" at {self.site.name}")
+        except KafkaClientError as exc:
+            raise MergeError(f"cannot describe the ingress topics: {exc}") from exc
+        out: dict[str, list[int]] = {}
+        for topic in topics:
+            if topic not in described:
+                raise MergeError(f"{topic} does not exist at {self.site.name}")
+            n = len(described[topic].partitions)
+            if n % self.shard.count and topic != ingress_topic(REGISTRY_STREAM):
+                raise MergeError(
+                    f"{topic} has {n} partitions, not a multiple of merge.shards = "
+                    f"{self.shard.count}: each shard reads the partitions of its origins "
+                    "(crc32(origin) mod partitions); add partitions (kafka-topics.sh "
+                    "--alter) and set the gateway's kafka.ingress_partitions to match",
+                    fatal=True,
+                )
+            self.partition_counts[topic] = n
+            out[topic] = [p for p in range(n) if self.shard.reads(p, n)]
+        return out
+
+    def purgeable(self, below_: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+        """Of the offsets a purge would delete below, those of partitions this merge
+        reads alone: a topic every shard reads whole (:meth:`assignment`) is purged by
+        none, or one shard would delete what another has not read."""
+        if self.shard is None:
+            return dict(below_)
+        count = self.shard.count
+        return {
+            tp: o
+            for tp, o in below_.items()
+            if self.partition_counts.get(tp[0], count) % count == 0
+        }
+
     @property
     def status_path(self) -> Path:
         return self.site.state_path / f"{self.query}.status.json"
@@ -301,14 +433,18 @@ class Merger:
         m = self.site.merge
         specs = [
             TopicSpec(LEDGER_TOPIC, partitions=1, compacted=True),
-            TopicSpec(MARKER_TOPIC, partitions=1, compacted=True),
+            marker_spec(),
             TopicSpec(RELAYED_TOPIC, partitions=1, compacted=True),
             TopicSpec(DEAD_UNKNOWN_TOPIC, retention_ms=m.dead_retention_ms),
         ]
         if self.entries:
             specs.append(relay_index_spec(self.site))
         specs.append(canonical_index_spec(self.site))
+        if self.shard is not None:  # read by partition: they must be there to be assigned
+            specs += [ingress_spec(s, self.site.policy(s).partitions) for s in self.streams]
         self._ensure([*specs, *self._stream_specs(self.site.streams)])  # one admin round
+        if self.shard is not None:
+            self.assignment()
         self._close_producer()
         p = TransactionalProducer(
             producer_config(
@@ -337,6 +473,7 @@ class Merger:
                 self.site.name,
                 timeout=self.site.kafka.timeout_s * 2,
                 query=self.query,
+                owns=self.owns,
             )
         except MergeError:
             # no batch is planned against a state not loaded: the next one prepares again
@@ -627,6 +764,7 @@ class Merger:
                 self._entry if self.entries else None,
                 keys,
                 self.max_ranges,
+                self.owns,
             )
             self._ensure_streams(plan.streams)
             if not cursors:
@@ -640,7 +778,7 @@ class Merger:
                 # spark_core/purge.py: why one batch behind, and never past the Spark
                 # query's own position (the ingest puller commits ahead of it)
                 at = spark_position(self.site.query_checkpoint(self.query), batch_id, self.spark)
-                self._purger.purge(below(before, at))
+                self._purger.purge(self.purgeable(below(before, at)))
         t3 = time.monotonic()
         self.totals.fetch_s += t1 - t0
         self.totals.plan_s += t2 - t1
@@ -783,7 +921,9 @@ class Merger:
             keys = None if self.ship_keys is None else self.ship_keys.current()
             with cyclic_gc_paused():
                 entry = self._entry if self.entries else None
-                plan = plan_batch(RowBatch(rows), self.state, entry, keys, self.max_ranges)
+                plan = plan_batch(
+                    RowBatch(rows), self.state, entry, keys, self.max_ranges, self.owns
+                )
             plan.offsets.update(ends)
             self._ensure_streams(plan.streams)
             last = self.state.last_batch
@@ -1091,6 +1231,17 @@ class Merger:
             where = f"{topic.removeprefix('sl.dead.')}:{dead_cause(headers) or CONTRACT}"
             t.quarantined[where] = t.quarantined.get(where, 0) + 1
         t.skipped += plan.skipped
+        t.foreign += plan.foreign
+        if plan.foreign:
+            log.warning(
+                "merge_foreign_records",
+                site=self.site.name,
+                query=self.query,
+                records=plan.foreign,
+                message="records of another shard's origins in this shard's partitions: "
+                "written before the gateway partitioned by origin "
+                "(kafka.ingress_by_origin)? their shard does not read them here",
+            )
         t.relayed_again += len(plan.again)
         self.last = {
             "batch_id": batch_id,
@@ -1100,6 +1251,7 @@ class Merger:
             "dead": len(plan.dead),
             "unproved": plan.unproved,
             "skipped": plan.skipped,
+            "foreign": plan.foreign,
             "relayed_again": len(plan.again),
             "customer": customer,
             "replay": replay,
@@ -1260,12 +1412,16 @@ def start_merge(spark: Any, merger: Merger, *, available_now: bool = False) -> A
         merger.prepare()
     merger.spark = spark
     reset_recreated_checkpoint(merger, spark)
+    if merger.shard is None:
+        source = ("subscribePattern", merger.source_pattern)
+    else:  # a shard: the partitions of its origins
+        source = ("assign", json.dumps(merger.assignment(), sort_keys=True))
     df = (
         spark.readStream.format("kafka")
         .options(**site.kafka.spark_options())
         # its consumers' group and client ids name the application and site
         .option("groupIdPrefix", f"shorelink-spark-{site.name}")
-        .option("subscribePattern", merger.source_pattern)
+        .option(*source)
         .option("includeHeaders", "true")
         .option("startingOffsets", "earliest")
         .option("kafka.isolation.level", "read_committed")

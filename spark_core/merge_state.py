@@ -347,10 +347,19 @@ class MergeState:
 
     @classmethod
     def load(
-        cls, kafka: KafkaEndpoint, site: str, timeout: float = 60.0, *, query: str = "merge"
+        cls,
+        kafka: KafkaEndpoint,
+        site: str,
+        timeout: float = 60.0,
+        *,
+        query: str = "merge",
+        owns: Callable[[str], bool] | None = None,
     ) -> MergeState:
         """Read ``sl.ledger``, ``sl.merge.relayed`` and this site query's marker at
-        ``kafka`` to their committed end (within ``timeout``)."""
+        ``kafka`` to their committed end (within ``timeout``); with ``owns`` (a shard of
+        a merge split by origin: ``Shard.owns``), only the entries of the origins it
+        takes: its memory is its share, and another shard's entries, which move under
+        it, are never planned against."""
         state = cls()
         key = marker_key(site, query)
         under = key + b"/"
@@ -376,8 +385,11 @@ class MergeState:
                 if msg.topic() == RELAYED_TOPIC:
                     with contextlib.suppress(ContractError):  # the merge writes none such
                         relay, seqs = decode_relayed(msg.key(), value)
-                        state.relayed[relay] = seqs
+                        if owns is None or owns(relay[1]):
+                            state.relayed[relay] = seqs
                     continue
+                if owns is not None and not owns(_key_origin(msg.key())):
+                    continue  # another shard's
                 if value.count(b",") >= MAX_HOLDINGS_RANGES:
                     oversized[msg.key() or b""] = value.count(b",") + 1
                     continue  # unless a later entry of the key replaces it
@@ -402,6 +414,12 @@ class MergeState:
                 fatal=True,
             )
         return state
+
+
+def _key_origin(key: bytes | None) -> str:
+    """The origin a ledger key ``origin/stream`` names (as read: a key that is not one
+    names some origin too, and whichever shard takes it judges it)."""
+    return (key or b"").partition(b"/")[0].decode(errors="replace")
 
 
 def encode_relayed(key: Relayed, seqs: RangeSet) -> tuple[bytes, bytes]:
@@ -554,6 +572,9 @@ class BatchPlan:
     #: per (origin, stream), the seqs dead-lettered at the bound on holes: tried again
     #: once some of them can be taken (spark_core/redrive.py)
     held_back: dict[Source, RangeSet] = field(default_factory=dict)
+    #: records of origins another shard of the site merges (a merge split by origin,
+    #: shorelink/shards.py): left to it, their offsets passed
+    foreign: int = 0
 
 
 def pulled_source(neighbour: str, topic_id: str, topic: str) -> str:
@@ -645,9 +666,16 @@ def plan_batch(
     entry_of: EntryOf | None = None,
     keys: ShipKeys | None = None,
     max_ranges: int = MAX_HOLDINGS_RANGES,
+    owns: Callable[[str], bool] | None = None,
 ) -> BatchPlan:
     """Pure: dedup ``batch`` against ``state`` and within itself (the first copy of an
     identity wins), order the new identities by seq per ``(origin, stream)``.
+
+    With ``owns`` (a shard of a merge split by origin: ``Shard.owns``), a record of an
+    origin the shard does not take is passed (``plan.foreign``): its shard merges it
+    from its own partitions. A shard reads only the partitions of its origins, so this
+    happens only in a topic read whole by every shard (the registry's one partition) or
+    to records written before the gateway partitioned by origin.
 
     With ``entry_of`` (a source topic's entry site: the merge relays), each record
     written is also relayed under its entry (a history record under the entry its
@@ -688,6 +716,7 @@ def plan_batch(
     tp: TopicPart | None = None
     floor = high = 0  # of partition tp: first offset not handled yet; next offset
     stream: str | None = None
+    owned: dict[str, bool] = {}  # origin -> whether this shard takes it
     for i in range(plan.input):
         if tp is None or partitions[i] != tp[1] or topics[i] != tp[0]:
             if tp is not None and high:
@@ -715,6 +744,13 @@ def plan_batch(
             except ContractError as exc:
                 plan.streams.update([stream] if stream else [])
                 plan.dead.append(_dead_record(row, stream, str(exc), CONTRACT))
+                continue
+        if owns is not None:
+            mine = owned.get(origin)
+            if mine is None:
+                mine = owned[origin] = owns(origin)
+            if not mine:
+                plan.foreign += 1
                 continue
         source = (origin, row_stream)
         entry = new.get(source)

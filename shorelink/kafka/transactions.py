@@ -153,16 +153,24 @@ class TransactionalProducer:
             self._failed(exc)
 
     def produce(
-        self, topic: str, key: bytes | None, value: bytes | None, headers: Any = None
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Any = None,
+        partition: int | None = None,
     ) -> None:
-        """Add a record to the transaction; waits for room when the local queue is full
-        (a large transaction can outgrow it)."""
+        """Add a record to the transaction (to ``partition``, else its key's); waits for
+        room when the local queue is full (a large transaction can outgrow it)."""
         p = self._producer
         if p is None or self._lost is not None:
             p = self._live()
         while True:
             try:
-                p.produce(topic, value=value, key=key, headers=headers)
+                if partition is None:
+                    p.produce(topic, value=value, key=key, headers=headers)
+                else:
+                    p.produce(topic, value=value, key=key, headers=headers, partition=partition)
                 return
             except BufferError:
                 p.poll(0.05)  # local queue full: let it drain

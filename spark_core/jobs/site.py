@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shorelink.errors import ShorelinkError
+from shorelink.errors import ConfigError, ShorelinkError
 from shorelink.fleet.follow import RegistryFollower
 from shorelink.fleet.log import read_anchor
 from shorelink.fleet.state import FleetState
@@ -38,7 +38,8 @@ from shorelink.kafka.registry import RegistryFeed
 from shorelink.logs import configure_logging, get_logger
 from shorelink.proof import signature_mode
 from shorelink.retry import Backoff
-from spark_core.config import SiteConfig, SitesConfig, load_config
+from shorelink.shards import Shard
+from spark_core.config import SiteConfig, SitesConfig, load_config, shard_site
 from spark_core.merge import Merger, fence_predecessors, reset_changed_checkpoints, start_merge
 from spark_core.metrics import serve_metrics
 from spark_core.progress import ProgressReporter, last_progress
@@ -195,15 +196,17 @@ def _state(r: QueryRunner) -> str:
     return "starting" if r.wanted() else "idle"
 
 
-def mergers(site: SiteConfig, sites: SitesConfig | None = None) -> list[Merger]:
+def mergers(
+    site: SiteConfig, sites: SitesConfig | None = None, shard: Shard | None = None
+) -> list[Merger]:
     """The site's merge; two when some of its streams are urgent and others are not
     (``merge-urgent`` for those, in the FAIR scheduler's urgent pool) and the sources
-    are the default ones."""
+    are the default ones. With ``shard``, this application's shard of each."""
     if site.merge.source_pattern or not site.urgent_streams or not site.bulk_streams:
-        return [Merger(site, sites=sites)]
+        return [Merger(site, sites=sites, shard=shard)]
     return [
-        Merger(site, query="merge-urgent", streams=site.urgent_streams, sites=sites),
-        Merger(site, streams=site.bulk_streams, sites=sites),
+        Merger(site, query="merge-urgent", streams=site.urgent_streams, sites=sites, shard=shard),
+        Merger(site, streams=site.bulk_streams, sites=sites, shard=shard),
     ]
 
 
@@ -215,7 +218,9 @@ def merge_runners(spark: Any, merges: list[Merger], *, available_now: bool) -> l
             spark,
             m,
             available_now=available_now,
-            pool=(URGENT_POOL if m.query == "merge-urgent" else BULK_POOL) if split else None,
+            pool=(URGENT_POOL if m.query.startswith("merge-urgent") else BULK_POOL)
+            if split
+            else None,
         )
         for m in merges
     ]
@@ -304,22 +309,29 @@ def follow_registry(
 
 
 def build_supervisor(
-    spark: Any, cfg: SitesConfig, site_name: str, *, available_now: bool = False
+    spark: Any,
+    cfg: SitesConfig,
+    site_name: str,
+    *,
+    available_now: bool = False,
+    shard: Shard | None = None,
 ) -> Supervisor:
     """Everything a site runs (merges, pullers, tables), supervised: call ``run()``
     (blocks until ``request_stop()`` from another thread or a signal). The link state is
     probed once here, so the first routes are known before any puller starts. Several
-    sites may share one Spark session (tests, benchmarks)."""
-    site = cfg.site(site_name)
+    sites may share one Spark session (tests, benchmarks). With ``shard`` (a site whose
+    merge is split by origin), this application's shard: its merges and ingest pullers;
+    the tables run in shard 0 only, the metrics at ``metrics.port`` + its index."""
+    site = shard_site(cfg.site(site_name), shard)
     reached = [("kafka", site.kafka), *((n, site.reach(cfg.site(n))) for n in site.neighbours)]
     for link, kafka in reached:
         if (why := kafka.in_clear()) is not None:
             log.warning("kafka_without_tls", site=site.name, link=link, message=why)
-    merges = mergers(site, cfg)
+    merges = mergers(site, cfg, shard)
     registry = follow_registry(cfg, site, merges)
     _log_signature_mode(site, cfg, merges)
     reset_changed_checkpoints(site, merges, spark)
-    fence_predecessors(site)  # whatever layout an earlier run had (urgent streams)
+    fence_predecessors(site, shard)  # whatever layout an earlier run had (urgent, shards)
     replicator = Replicator(cfg, site, merges)
     replicator.start()
     # dead letters the ship keys caused, tried again when the keys change
@@ -329,11 +341,12 @@ def build_supervisor(
     if registry is not None:
         on_exit.append(registry.stop)
     progress = ProgressReporter(site.state_path / "queries.status.json")
-    keeper = TableKeeper(spark, site) if site.tables and not available_now else None
+    first = shard is None or shard.index == 0  # what stays one per site: the tables
+    keeper = TableKeeper(spark, site) if site.tables and first and not available_now else None
     if site.metrics.port:
         server = serve_metrics(
             site.metrics.host,
-            site.metrics.port,
+            site.metrics.port + (0 if shard is None else shard.index),
             replicator,
             merges,
             progress,
@@ -350,7 +363,7 @@ def build_supervisor(
     sup = Supervisor(
         [
             *merge_runners(spark, merges, available_now=available_now),
-            *table_runners(spark, site, available_now=available_now),
+            *(table_runners(spark, site, available_now=available_now) if first else []),
         ],
         progress=progress,
         on_exit=on_exit,
@@ -373,7 +386,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="process what is there now, then exit (catch-up runs, tests)",
     )
     p.add_argument("--log-json", action="store_true", help="JSON log lines")
+    p.add_argument(
+        "--shard",
+        type=_shard,
+        default=None,
+        help="k/N: shard k (from 0) of the site's merge split by origin (merge.shards = N)",
+    )
     return p.parse_args(argv)
+
+
+def _shard(text: str) -> Shard:
+    try:
+        return Shard.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config)
         sites = [cfg.site(n) for n in names]
+        if args.shard is not None and len(sites) != 1:
+            raise ConfigError("--shard", "a shard's application runs one site")
+        for s in sites:
+            shard_site(s, args.shard)
     except ShorelinkError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -393,13 +423,18 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
 
     spark = (
-        SparkSession.builder.appName("shorelink-" + "-".join(names))
+        SparkSession.builder.appName(
+            "shorelink-" + "-".join(names) + ("" if args.shard is None else args.shard.suffix)
+        )
         .config(map=dict[str, Any](SCHEDULER_CONF))
         .getOrCreate()
     )
     # the JVM's log: warnings and worse unless asked (spark_core/conf/log4j2.properties)
     spark.sparkContext.setLogLevel(os.environ.get("SHORELINK_SPARK_LOG_LEVEL", "WARN").upper())
-    sups = [build_supervisor(spark, cfg, s.name, available_now=args.available_now) for s in sites]
+    sups = [
+        build_supervisor(spark, cfg, s.name, available_now=args.available_now, shard=args.shard)
+        for s in sites
+    ]
 
     def stop_all(*_: object) -> None:
         for sup in sups:
