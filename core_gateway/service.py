@@ -202,12 +202,23 @@ class GatewayService:
     def config_offer(self, ship: str) -> ConfigOffer | None:
         """What the registry says ``ship``'s configuration is (None: no registry
         followed here, or nothing for it)."""
+        try:
+            return self.config_offer_now(ship)
+        except RuntimeError:
+            return None
+
+    def config_offer_now(self, ship: str) -> ConfigOffer | None:
+        """:meth:`config_offer`, or RuntimeError if the registry moved under it (the
+        follower's thread applies entries meanwhile): asked again, never taken as no
+        configuration."""
         if self.registry is None:
             return None
-        try:
-            return offer_for(self.registry.state, ship)
-        except (KeyError, RuntimeError):  # the follower's thread moved it under us
-            return None
+        for _ in range(3):
+            try:
+                return offer_for(self.registry.state, ship)
+            except (KeyError, RuntimeError):
+                continue
+        raise RuntimeError("the registry moved while the offer was read")
 
     @property
     def registry_version(self) -> int | None:

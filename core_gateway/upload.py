@@ -37,7 +37,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from core_gateway.errors import ApiError
 from core_gateway.service import GatewayService
-from shorelink.fleet.shipconfig import offer_json, parse_request
+from shorelink.fleet.shipconfig import ConfigOffer, offer_json, parse_request
 from shorelink.logs import get_logger
 
 __all__ = ["ROUTE", "UPLOADS", "UPLOAD_WINDOW", "close_uploads", "serve_upload"]
@@ -130,12 +130,16 @@ class _Offers:
     def __init__(self, service: GatewayService, ship: str) -> None:
         self.service, self.ship = service, ship
         self.version = service.registry_version
-        self.offer = service.config_offer(ship) or {}
+        self.offer: ConfigOffer | None
+        try:
+            self.offer = service.config_offer_now(ship) or {}
+        except RuntimeError:  # no offer this time: the ship hears at its next batch
+            self.version, self.offer = None, None
 
     def first(self) -> dict[str, Any]:
         """The first message's: the offer (possibly empty) and the registry's version
         (nothing from a gateway that follows no registry)."""
-        if self.version is None:
+        if self.version is None or self.offer is None:
             return {}
         return {"config": offer_json(self.offer), "registry": self.version}
 
@@ -144,8 +148,11 @@ class _Offers:
         version = self.service.registry_version
         if version == self.version:
             return {}
+        try:
+            offer = self.service.config_offer_now(self.ship) or {}
+        except RuntimeError:
+            return {}  # moving: the next answer tells
         self.version = version
-        offer = self.service.config_offer(self.ship) or {}
         if offer == self.offer:
             return {}
         self.offer = offer

@@ -389,6 +389,10 @@ class FleetConfig:
         for s, h in want.items():
             floor[s] = max(self._floor(s, h), got[s].version if s in got else 0, ends.get(s, 0))
         version = max((_version(line) for line in new.values()), default=0)
+        if new == held:  # nothing to run anew (what it learnt is kept)
+            self.state.floor = floor
+            self._save()
+            return False
         try:
             _effective(self.config_path, _overlay(new, keys))
         except (ShorelinkError, ValueError) as exc:

@@ -492,6 +492,45 @@ async def test_a_scope_removed_from_a_ship_goes_back_to_what_applies_without_it(
         await ship.stop()
 
 
+async def test_a_canary_goes_back_to_its_groups_configuration_when_its_rollout_stops(
+    tmp_path: Path, shore: Shore, mosquitto: MosquittoBroker
+) -> None:
+    """A rollout reaches the ship, then is stopped: the group's configuration before it
+    is older than what the ship runs, and the ship goes back to it on the signed stop
+    the gateway serves with it (not on an older entry alone), and says so."""
+    ship = await _ship(tmp_path, shore, mosquitto)
+    try:
+        base = shore.config_set('[streams.nav]\nmax_age = "7d"\n')
+        await eventually_async(lambda: ship.held()["version"] == base, 20, "the group's")
+        await eventually_async(lambda: ship.held()["trial"] == "", 20, "kept")
+        body = {
+            "group": "north",
+            "format": "toml",
+            "document": '[streams.nav]\nmax_age = "9d"\n',
+            "port_links_only": False,
+            "stages": ["100%"],
+            "healthy_s": 60,
+            "stop_failure_percent": 10,
+        }
+        shore.registry.append([("rollout_started", body)])
+        rollout = shore.publish()
+        await eventually_async(lambda: ship.held()["version"] == rollout, 20, "the rollout's")
+        await eventually_async(lambda: ship.held()["trial"] == "", 20, "kept")
+        assert ship.agent.cfg.streams["nav"].max_age_s == 9 * 86400
+        stop = {"rollout": rollout, "reason": "stopped by hand", "by": "operator"}
+        shore.registry.append([("rollout_stopped", stop)])
+        stopped = shore.publish()
+        await eventually_async(lambda: ship.held()["version"] == base, 20, "back")
+        await eventually_async(lambda: ship.held()["trial"] == "", 20, "kept")
+        assert ship.agent.cfg.streams["nav"].max_age_s == 7 * 86400
+        assert ship.held()["floor"]["g:north"] == stopped
+        await eventually_async(
+            lambda: _reported(ship) == {"version": base, "failure": None}, 20, "reported"
+        )
+    finally:
+        await ship.stop()
+
+
 def test_an_older_entry_replayed_at_a_ship_or_an_end_it_does_not_hold_is_refused(
     tmp_path: Path, mosquitto: MosquittoBroker
 ) -> None:
