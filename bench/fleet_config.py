@@ -20,6 +20,8 @@ Figures, each on the same upload connection the ship opens anyway:
   beyond the connection it opens anyway; beside **goal_bytes** (1,000);
 - **full_fetch_bytes**: the same exchange for a ship that holds nothing (its first
   configuration), for comparison;
+- **offer_in_a_batch_answer_bytes**: what the gateway adds to its answer to a batch
+  once the offer changes while the upload connection stays open (0 while it does not);
 - **tls_and_tcp_estimate_bytes**: what TLS 1.3 records (22 bytes each) and TCP/IP
   headers (52 bytes a segment, an ACK each way) add on a real link, by rule.
 
@@ -160,7 +162,7 @@ async def exchange(state: FleetState, held: dict[str, int | None]) -> dict[str, 
             opened = await _settle(relay)
             if offered:
                 assert gw.config_offer is not None
-                request = request_json(held)
+                request = request_json(held, since=0)  # as the agent asks
                 answer = await gw.fetch_config(request)
                 out["request_payload_bytes"] = len(request)
                 out["answer_payload_bytes"] = len(answer)
@@ -172,6 +174,16 @@ async def exchange(state: FleetState, held: dict[str, int | None]) -> dict[str, 
         await runner.cleanup()
     out["hello_offer_bytes"] = out["opened_with_offer"] - out["opened_without_offer"]
     return out
+
+
+def batch_answer_offer_bytes(state: FleetState) -> int:
+    """What the gateway adds to its answer to a batch when the offer changed while the
+    upload stays open (``json.dumps`` as aiohttp's ``send_json`` writes it), in the
+    WebSocket frame's payload; nothing while it has not."""
+    offer = offer_for(state, SHIP)
+    assert offer is not None
+    added = {"config": offer_json(offer), "registry": state.version}
+    return len(json.dumps(added)) - 2 + len(", ")
 
 
 def main() -> None:
@@ -214,6 +226,7 @@ def main() -> None:
         "goal_bytes": GOAL_BYTES,
         "within_goal": change + tls_tcp <= GOAL_BYTES,
         "full_fetch_bytes": full["hello_offer_bytes"] + full["exchange_bytes"],
+        "offer_in_a_batch_answer_bytes": batch_answer_offer_bytes(state),
     }
     json.dump(out, sys.stdout, indent=2)
     print()
