@@ -120,8 +120,11 @@ class Stack:
         secure: bool = False,
         limits: dict[str, Any] | None = None,
         streams: tuple[str, ...] = ("alerts", "nav", "containers"),
+        ingress_by_origin: bool = False,
     ) -> None:
         self.work = work
+        #: the gateway's ``kafka.ingress_by_origin`` (a site whose merge is split by origin)
+        self.ingress_by_origin = ingress_by_origin
         #: the gateway's streams (its ``streams``)
         self.streams = streams
         #: the gateway's ``[limits]`` besides its defaults
@@ -214,6 +217,7 @@ class Stack:
                 "bootstrap": self.kafka.bootstrap,
                 "transactional_id": txn,
                 "ingress_partitions": INGRESS_PARTITIONS,
+                **({"ingress_by_origin": True} if self.ingress_by_origin else {}),
             },
             "limits": self.limits,
         }
@@ -368,8 +372,10 @@ class SiteApp:
     site's streams (the ingest puller and the backstop query; ``merge-urgent`` for the
     alerts) into the canonical topics, the tables. Started after the gateway (which made
     its own topics); the rest of the site's topics made first, as ``topics apply`` does.
-    ``merge``: the sites file's ``[sites.S.merge]`` keys besides the defaults. Stopped
-    with the stack (it is in ``stack.procs``)."""
+    ``merge``: the sites file's ``[sites.S.merge]`` keys besides the defaults. With
+    ``shards`` above 1, the merge split by origin: one application per shard
+    (``--shard k/N``), the tables in shard 0's. Stopped with the stack (each is in
+    ``stack.procs``)."""
 
     def __init__(
         self,
@@ -378,19 +384,32 @@ class SiteApp:
         *,
         driver_memory: str = "1g",
         merge: dict[str, Any] | None = None,
+        shards: int = 1,
     ) -> None:
         self.stack = stack
         self.streams = streams
         self.driver_memory = driver_memory
-        self.merge = dict(merge or {})
+        self.shards = shards
+        self.merge = dict(merge or {}) | ({"shards": shards} if shards > 1 else {})
         self.root = stack.work / "site"
         self.config = self.root / "sites.toml"
-        self.proc: Proc | None = None
+        self.procs: list[Proc] = []
 
     @property
     def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
+        """Shard 0's application (the only one of a merge not split)."""
+        return self.procs[0].pid
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def state_dirs(self) -> list[Path]:
+        """Where each application keeps its status files."""
+        base = self.root / "checkpoints"
+        if self.shards == 1:
+            return [base]
+        return [base / f"shard-{k}of{self.shards}" for k in range(self.shards)]
 
     def sites_file(self) -> dict[str, Any]:
         return {
@@ -420,14 +439,21 @@ class SiteApp:
         self.root.mkdir(parents=True, exist_ok=True)
         self.config.write_text(tomli_w.dumps(self.sites_file()))
         apply_topics(self.stack.endpoint, site_specs(load_config(self.config), SITE))
-        self.stack.say("starting the site's application (spark-submit)")
+        self.stack.say(f"starting the site's application (spark-submit; {self.shards} shard(s))")
         t0 = time.monotonic()
         argv = [sys.executable, "-m", "spark_core.cli", "site", "--site", SITE]
         argv += ["--config", str(self.config)]
-        self.proc = Proc.start("site", argv, self.stack.logs / "site.log", cwd=REPO)
-        self.stack.procs.append(self.proc)
-        status = self.root / "checkpoints" / "merge.status.json"
-        self.proc.wait_ready(status.exists, timeout=timeout)
+        for k in range(self.shards):
+            shard = [] if self.shards == 1 else ["--shard", f"{k}/{self.shards}"]
+            proc = Proc.start(
+                f"site{k or ''}", [*argv, *shard], self.stack.logs / f"site{k}.log", cwd=REPO
+            )
+            self.procs.append(proc)
+            self.stack.procs.append(proc)
+        suffix = "" if self.shards == 1 else "-o{k}of{n}"
+        for k, (proc, state) in enumerate(zip(self.procs, self.state_dirs(), strict=True)):
+            status = state / f"merge{suffix.format(k=k, n=self.shards)}.status.json"
+            proc.wait_ready(status.exists, timeout=timeout)
         took = round(time.monotonic() - t0, 1)
         self.stack.say(f"the site's application merges ({took} s to start)")
         return took

@@ -163,11 +163,18 @@ class Bench:
         self.days = build_days(max(a.ships), a.records_per_ship, a.docking_share, a.backlog)
         sizes: list[dict[str, Any]] = []
         for n in a.ships:
-            sizes.append(self.size(n))
-            self.cleanup()  # the next size gets the machine to itself
-            self.stack = None
+            for shards in a.shards if a.merge else [1]:
+                sizes.append(self.size(n, shards))
+                self.cleanup()  # the next size gets the machine to itself
+                self.stack = None
+        if a.merge and len(a.shards) > 1:
+            self.result["shards"] = {
+                f"{s['ships']} ships, {s['shards']} shard(s)": (s["merge"] or {}).get("records_s")
+                for s in sizes
+            }
+            say(f"merge records/s by shards: {self.result['shards']}")
         self.result["sizes"] = sizes
-        self.result["growth"] = _growth(sizes)
+        self.result["growth"] = _growth([s for s in sizes if s["shards"] == a.shards[0]])
         self.result["exactly_once"] = all(s["exactly_once"] for s in sizes)
         self.result["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
         self.result["seconds_total"] = round(time.monotonic() - t0, 1)
@@ -178,18 +185,23 @@ class Bench:
             say(f"report: {page}")
         return self.result
 
-    def size(self, n: int) -> dict[str, Any]:
+    def size(self, n: int, shards: int = 1) -> dict[str, Any]:
         a = self.args
         days = self.days[:n]
         ships = [d.ship for d in days]
-        work = self.work / f"ships-{n}"
+        work = self.work / f"ships-{n}-shards-{shards}"
         work.mkdir(parents=True, exist_ok=True)
         say(f"=== {n} ships: starting kafka and the gateway")
         # every ship, and the alerting one twice, holds an upload open at once: the
         # default limits.max_uploads (32) would turn the rest away (503 busy)
         uploads = a.max_uploads or n + 1
         self.stack = stack = Stack(
-            work, ships, say, limits={"max_uploads": uploads}, streams=("alerts", *STREAMS)
+            work,
+            ships,
+            say,
+            limits={"max_uploads": uploads},
+            streams=("alerts", *STREAMS),
+            ingress_by_origin=shards > 1,
         )
         stack.start()
         assert stack.kafka is not None and stack.gateway is not None
@@ -204,9 +216,11 @@ class Bench:
                 ("alerts", *STREAMS),
                 driver_memory=a.driver_memory,
                 merge={"purge_sources": False},
+                shards=shards,
             )
             app_started_s = app.start()
-            pids["site"] = app.pid
+            for k, pid in enumerate(app.pids):  # each shard's application
+                pids[f"site{k or ''}"] = pid
         per_stream = {s: sum(d.last.get(s, 0) for d in days) for s in STREAMS}
         records = sum(per_stream.values())
         docking = sum(d.docking for d in days)
@@ -241,10 +255,13 @@ class Bench:
         say(f"{n} ships: {records / elapsed:.0f} records/s; alert p99 {pct(alerts, 0.99)} ms")
         merge: dict[str, Any] | None = None
         if app is not None:
-            merge = self._merge(days, alerts, elapsed, merged, app_started_s, sampled, app.root)
+            merge = self._merge(
+                days, alerts, elapsed, merged, app_started_s, sampled, app.state_dirs()
+            )
             say(f"{n} ships: the merge {merge['records_s']} records/s; lag {merge['lag_ms']}")
         return {
             "ships": n,
+            "shards": shards,
             "docking_ships": docking,
             "max_uploads": uploads,
             "records": records,
@@ -278,7 +295,7 @@ class Bench:
         merged: dict[str, Any],
         started_s: float,
         sampled: Sampler,
-        app_root: Path,
+        state_dirs: list[Path],
     ) -> dict[str, Any]:
         """The merge's figures: records/s from the first upload to the last record
         merged (the ledger's entry that completed the last ``(origin, stream)``), how
@@ -320,11 +337,11 @@ class Bench:
             "alert_lag_ms": _spread(alert_lags),
             "streams": streams,
             "exactly_once": complete and all(s["exactly_once"] for s in streams.values()),
-            "site_peak_rss_mb": sampled.rss_mb.get("site"),
-            "site_peak_threads": sampled.threads.get("site"),
+            "site_peak_rss_mb": _sum_site(sampled.rss_mb),
+            "site_peak_threads": _sum_site(sampled.threads),
             "cpu_s": {k: round(v, 1) for k, v in cpu.items()},
             "cores": {k: round(v / seconds, 2) for k, v in cpu.items()} if seconds else None,
-            "driver": _merge_totals(app_root),
+            "driver": _merge_totals(state_dirs),
             "verify_s": round(time.monotonic() - t0, 1),
         }
 
@@ -412,17 +429,22 @@ class Bench:
             await gw.close()
 
 
-def _merge_totals(root: Path) -> dict[str, Any]:
-    """What each merge said of its work (``<checkpoints>/<query>.status.json``): its
-    transactions, the records in and written, and the driver's seconds in Spark's fetch,
-    in planning and in the Kafka transaction (the rest of its time is reading ingress
-    and waiting)."""
+def _sum_site(per: dict[str, Any]) -> Any:
+    """The site's applications together (one per shard): the sum of their peaks."""
+    got = [v for k, v in per.items() if k.startswith("site") and v is not None]
+    return sum(got) if got else None
+
+
+def _merge_totals(state_dirs: list[Path]) -> dict[str, Any]:
+    """What each merge said of its work (``<state_dir>/<query>.status.json``, a shard's
+    query named ``merge-o<k>of<N>``): its transactions, the records in and written, and
+    the driver's seconds in Spark's fetch, in planning and in the Kafka transaction (the
+    rest of its time is reading ingress and waiting)."""
     out: dict[str, Any] = {}
-    for query in ("merge", "merge-urgent"):
+    for path in sorted(p for d in state_dirs for p in d.glob("merge*.status.json")):
+        query = path.name.removesuffix(".status.json")
         try:
-            totals = json.loads((root / "checkpoints" / f"{query}.status.json").read_text())[
-                "totals"
-            ]
+            totals = json.loads(path.read_text())["totals"]
         except (OSError, ValueError, KeyError):
             continue
         out[query] = {
@@ -582,6 +604,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=True,
         help="run the site's Spark application downstream of the gateway and measure "
         "the merge (default on; --no-merge: the gateway and Kafka alone)",
+    )
+    p.add_argument(
+        "--shards",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1],
+        help="with --merge: the site's merge split by origin into this many shards, each "
+        "its own application (comma-separated: each fleet size once per count, a fresh "
+        "stack each, side by side; default 1)",
     )
     p.add_argument(
         "--merge-timeout",
