@@ -516,18 +516,32 @@ def check_config_cmd(config_file: Path, site_name: str | None) -> None:
     default=None,
     help="Seconds after which a status file counts as stale (default 120).",
 )
-def status_cmd(site_name: str, config_path: Path, as_json: bool, max_age: float | None) -> None:
+@click.option(
+    "--shard",
+    default=None,
+    metavar="K/N",
+    help="The application of shard K of a site whose merge is split by origin.",
+)
+def status_cmd(
+    site_name: str, config_path: Path, as_json: bool, max_age: float | None, shard: str | None
+) -> None:
     """The site application's queries and replication: per query and per neighbour and
     stream, state, lag (records, seconds), last success; the routes. Reads the status
-    files in the site's state_dir (by default its checkpoint_dir). Exit 1 when they are
-    missing or stale, a query failed, or the sites file leaves the site without some
-    other site's records."""
+    files in the site's state_dir (by default its checkpoint_dir; a shard's under
+    shard-<k>of<N> in it). Exit 1 when they are missing or stale, a query failed, or the
+    sites file leaves the site without some other site's records."""
     import json
 
     from spark_core.status import DEFAULT_MAX_AGE_S, read_status, render
 
     cfg = load_or_exit(load_config, config_path)
     site = load_or_exit(lambda _: cfg.site(site_name), config_path)
+    try:
+        site = shard_site(site, None if shard is None else Shard.parse(shard))
+    except ValueError as exc:
+        fail(ShorelinkError(f"--shard: {exc}"))
+    except ShorelinkError as exc:
+        fail(exc)
     status = read_status(site, max_age_s=DEFAULT_MAX_AGE_S if max_age is None else max_age)
     if missing := cfg.unreached().get(site.name):
         status.problems.append(

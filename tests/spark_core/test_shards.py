@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from confluent_kafka import Producer
 
 from local_stack.kafka import KafkaBroker
@@ -24,6 +25,7 @@ from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import UnknownTopic
 from shorelink.kafka.reading import read_to_end
 from shorelink.shards import Shard, origin_partition
+from spark_core.cli import main as spark_cli
 from spark_core.config import SiteConfig, load_config, parse_config, shard_site
 from spark_core.jobs.site import build_supervisor
 from spark_core.merge import Merger, fence_predecessors, merge_layout
@@ -276,3 +278,25 @@ def test_two_shards_merge_many_origins_exactly_once_and_one_killed_leaves_the_ot
     by_origin = Counter(r.identity.origin for r in got)
     assert set(by_origin) == set(origins)
     assert {Identity(o, stream, 1) for o in origins} <= {r.identity for r in got}
+
+
+def test_shorelink_spark_runs_and_shows_one_shard_and_refuses_a_shard_the_site_has_not(
+    tmp_path: Path,
+) -> None:
+    """``site --shard k/N`` hands the shard to the application; a shard of another count
+    than the sites file's, or a sharded site started whole, is refused before any
+    spark-submit (two layouts at once would fence each other)."""
+    doc = _sharded_doc("127.0.0.1:9092", tmp_path, "containers", "tokyo", 2)
+    config = write_toml(tmp_path / "sites.toml", doc)
+    base = ["--site", "tokyo", "--config", str(config)]
+    runner = CliRunner()
+    ok = runner.invoke(spark_cli, ["site", *base, "--shard", "1/2", "--dry-run"])
+    assert ok.exit_code == 0, ok.output
+    assert ok.output.splitlines()[0].endswith("--shard 1/2"), ok.output
+    for shard, error in (("0/3", "--shard 0/3 is a shard of 3"), ("2/2", "expected 0-1")):
+        bad = runner.invoke(spark_cli, ["site", *base, "--shard", shard, "--dry-run"])
+        assert bad.exit_code != 0 and error in bad.output, bad.output
+    whole = runner.invoke(spark_cli, ["site", *base, "--dry-run"])
+    assert whole.exit_code != 0 and "run each shard with --shard k/2" in whole.output
+    status = runner.invoke(spark_cli, ["status", *base, "--shard", "1/2"])
+    assert status.exit_code == 1 and "shard-1of2" in status.output, status.output
