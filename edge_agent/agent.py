@@ -107,6 +107,7 @@ class Agent:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop.set)
+        server = None
         if self.cfg.metrics.port:
             server, _thread = start_http_server(
                 self.cfg.metrics.port, self.cfg.metrics.host, registry=self.metrics.registry
@@ -152,6 +153,9 @@ class Agent:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
             self.log.close()
+            if server is not None:  # the port is the next run's (Supervisor's restart)
+                await asyncio.to_thread(server.shutdown)
+                server.server_close()
             log.info("agent_stopped")
 
     async def _trial(self) -> None:

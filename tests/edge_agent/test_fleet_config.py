@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from edge_agent.agent import Agent, Supervisor
@@ -144,6 +145,7 @@ async def _ship(
     health: str = "5s",
     refresh: str = "500ms",
     heartbeat: str = "1h",
+    metrics_port: int = 0,
 ) -> Ship:
     """A ship provisioned at headquarters (group ``north``), its agent supervised and
     running with a gateway at ``port`` (the gateway's own by default)."""
@@ -153,6 +155,8 @@ async def _ship(
     doc = edge_config_doc(tmp_path, mosquitto)
     doc["ship"] = name
     doc["report"] = {"stream": "nav", "interval": "1s", "heartbeat": heartbeat}
+    if metrics_port:
+        doc["metrics"] = {"host": "127.0.0.1", "port": metrics_port}
     doc["uplink"] = {
         "token_file": str(bundle / "gateway.token"),
         "signing_key_file": str(bundle / "ship.key"),
@@ -188,8 +192,10 @@ async def test_a_new_configuration_reaches_the_ship_is_applied_and_reported(
 ) -> None:
     """One change at headquarters, and the ship runs it at its next exchange with a
     gateway: restarted once onto it, kept once healthy, and its report says the version
-    (what a rollout reads)."""
-    ship = await _ship(tmp_path, shore, mosquitto)
+    (what a rollout reads). Its metrics listener is the restarted run's too (a restart
+    that kept the old run's socket died on its port)."""
+    port = free_port()
+    ship = await _ship(tmp_path, shore, mosquitto, metrics_port=port)
     try:
         await eventually_async(lambda: ship.agent.uplink and ship.agent.uplink.reached.is_set())
         version = shore.config_set('[streams.nav]\nmax_age = "7d"\n')
@@ -200,6 +206,12 @@ async def test_a_new_configuration_reaches_the_ship_is_applied_and_reported(
         await eventually_async(
             lambda: _reported(ship) == {"version": version, "failure": None}, 20, "reported"
         )
+        assert not ship.task.done(), "the agent runs on after its restart"
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(f"http://127.0.0.1:{port}/metrics") as r,
+        ):
+            assert "shorelink_edge_" in await r.text()
     finally:
         await ship.stop()
 
