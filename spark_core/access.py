@@ -50,6 +50,7 @@ from shorelink.contract import (
     RELAYED_TOPIC,
     canonical_topic,
 )
+from shorelink.fleet.entry import REGISTRY_STREAM
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError
@@ -287,14 +288,18 @@ def _gateway(plan: AccessPlan, s: SiteConfig) -> None:
 def grant_gateway(
     plan: AccessPlan, who: str, password: Secret, transactional_id: str, what: str = "gateway"
 ) -> None:
-    """A site's gateway: its ingress topics and cursor, the ledger to read, its
-    transactional id."""
+    """A site's gateway: its ingress topics and cursor, the ledger and the fleet
+    registry to read, its transactional id."""
     plan.user(who, password, what)
     plan.allow(who, TOPIC, "sl.ingress.", PREFIXED, ("WRITE", "CREATE", *_READ))
     plan.allow(who, TOPIC, GATEWAY_CURSOR_TOPIC, LITERAL, ("WRITE", "CREATE", *_READ))
     plan.allow(who, TOPIC, LEDGER_TOPIC, LITERAL, _READ)
     plan.allow(who, TXN, transactional_id, LITERAL, ("WRITE", "DESCRIBE"))
     plan.allow(who, GROUP, "shorelink-gateway-", PREFIXED, ("READ", "DESCRIBE"))
+    # the fleet registry it follows for its ships (fleet_pub_file; shorelink/kafka/
+    # registry.py RegistryFeed): read only, the site's merge writes it
+    plan.allow(who, TOPIC, canonical_topic(REGISTRY_STREAM), LITERAL, _READ)
+    plan.allow(who, GROUP, "shorelink-registry-", PREFIXED, ("READ", "DESCRIBE"))
 
 
 def _neighbour(plan: AccessPlan, site: SiteConfig, other: SiteConfig) -> None:

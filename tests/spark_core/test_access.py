@@ -41,6 +41,7 @@ TOPICS = [
     "sl.relay.tokyo.containers",
     "sl.customer.acme.containers",
     "sl.customer.globex.containers",
+    "sl.registry",
 ]
 
 
@@ -327,6 +328,16 @@ def test_the_gateway_writes_its_ingress_and_not_the_canonical_topics(site: Site)
     with pytest.raises(KafkaException) as info:
         Producer({**gw, "transactional.id": "shorelink-merge-tokyo"}).init_transactions(30)
     assert info.value.args[0].code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+
+def test_the_gateway_follows_its_sites_fleet_registry_and_cannot_write_it(site: Site) -> None:
+    """A gateway with ``fleet_pub_file`` takes its ships from the site's sl.registry: it
+    reads it with a group of the follower's (shorelink-registry-...), and only the
+    site's merge writes it (a gateway that could would forge the fleet's entries)."""
+    gw = site.conf("gateway-tokyo", **{"group.id": unique("shorelink-registry-")})
+    assert _read(gw, "sl.registry") == [b"first record of sl.registry"]
+    err = _produce(gw, "sl.registry")
+    assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
 
 
 def test_a_neighbour_reads_the_relay_and_canonical_topics_and_writes_nothing(site: Site) -> None:
