@@ -13,12 +13,19 @@ What the ship signs, cheaply on the satellite: the records of a batch are cut in
 128 records on the wire (docs/wire-format.md, ``FLAG_SIGNED``), half a byte a record.
 
 What a record carries beyond the gateway: a ``sl.proof`` header
-(:data:`shorelink.contract.H_PROOF`; :class:`Proof`): its chunk, the chunk's signature
-and the record's Merkle path (at most 7 hashes of 16 bytes). Any site checks a record
-alone with it (:meth:`ShipKeys.check`): the path gives the root, the root and the chunk
-the signed message, the ship's key the verdict. Records of one chunk share a
-signature, so a site checks one signature per chunk (cached) and a few hashes per
-record.
+(:data:`shorelink.contract.H_PROOF`; :class:`Proof`): its chunk, the chunk's signature,
+the record's Merkle path (at most 7 hashes of 16 bytes) and the id of the key that
+signed it (:data:`KEY_ID_BYTES`: the first 8 bytes of SHA-256 of the public key, the
+registry's key id). Any site checks a record alone with it (:meth:`ShipKeys.check`):
+the path gives the root, the root and the chunk the signed message, the key it names
+the verdict. Records of one chunk share a signature, so a site checks one signature per
+chunk (cached) and a few hashes per record.
+
+The key id is not signed (the ship's chunk message was fixed before it existed): it
+says which key to try, and the site takes the record only if *that* key verifies it,
+so what a site holds under a key id that key signed (``shorelink fleet audit-key``).
+A proof written before key ids (no id: its length tells) is tried against each of the
+ship's keys as before.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ __all__ = [
     "CHUNK_RECORDS",
     "HASH_BYTES",
     "KEY_CAUSES",
+    "KEY_ID_BYTES",
     "MAX_PREVIOUS_KEYS",
     "MAX_UNSIGNED_BELOW",
     "PROOF_HELD_BYTES",
@@ -62,6 +70,7 @@ __all__ = [
     "chunk_message",
     "chunks",
     "key_cause",
+    "key_id_of",
     "leaves_of",
     "load_private_key",
     "merkle_levels",
@@ -82,10 +91,14 @@ log = get_logger(__name__)
 CHUNK_RECORDS = 128
 SIGNATURE_BYTES = 64
 HASH_BYTES = 16
+#: a key's id in a proof: the first 8 bytes of SHA-256 of its 32 bytes (the registry's
+#: 16 hex digits, shorelink/fleet/entry.py ``key_id``); not a multiple of
+#: :data:`HASH_BYTES`, so a proof's length says whether it names its key
+KEY_ID_BYTES = 8
 #: what one record's proof holds in memory at most: its bytes (the chunk, the signature,
-#: a path of at most 7 hashes) and the bytes object around them (the gateway charges it
-#: to a batch's share of its memory budget)
-PROOF_HELD_BYTES = 10 + SIGNATURE_BYTES + 7 * HASH_BYTES + 48
+#: a path of at most 7 hashes, the key id) and the bytes object around them (the gateway
+#: charges it to a batch's share of its memory budget)
+PROOF_HELD_BYTES = 10 + SIGNATURE_BYTES + 7 * HASH_BYTES + KEY_ID_BYTES + 48
 _LEAF = b"sl.record"
 _NODE = b"sl.node"
 _MESSAGE = b"shorelink chunk v1\x00"
@@ -190,15 +203,18 @@ def chunks(first_seq: int, count: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True, slots=True)
 class Proof:
-    """A record's ``sl.proof``: its chunk, the chunk's signature, its Merkle path."""
+    """A record's ``sl.proof``: its chunk, the chunk's signature, its Merkle path, and
+    the id of the key that signed the chunk (None: a proof written before key ids)."""
 
     first_seq: int
     count: int
     signature: bytes
     path: tuple[bytes, ...]
+    key_id: bytes | None = None
 
     def encode(self) -> bytes:
-        return b"".join((_PROOF.pack(self.first_seq, self.count), self.signature, *self.path))
+        head = _PROOF.pack(self.first_seq, self.count)
+        return b"".join((head, self.signature, *self.path, self.key_id or b""))
 
     @classmethod
     def decode(cls, raw: bytes, seq: int) -> Proof:
@@ -210,22 +226,33 @@ class Proof:
             raise ValueError(f"proof for seqs {first}+{count} does not hold seq {seq}")
         n = path_length(count, seq - first)
         at = _PROOF.size + SIGNATURE_BYTES
-        if len(raw) != at + n * HASH_BYTES:
-            raise ValueError(f"proof of {len(raw)} bytes; a path of {n} hashes needs {at + n * 16}")
+        end = at + n * HASH_BYTES
+        if len(raw) not in (end, end + KEY_ID_BYTES):
+            raise ValueError(
+                f"proof of {len(raw)} bytes; a path of {n} hashes needs {end} "
+                f"(or {end + KEY_ID_BYTES} with its key id)"
+            )
         path = tuple(raw[at + i * HASH_BYTES : at + (i + 1) * HASH_BYTES] for i in range(n))
-        return cls(first, count, raw[_PROOF.size : at], path)
+        return cls(first, count, raw[_PROOF.size : at], path, raw[end:] or None)
 
 
-def proofs(first_seq: int, leaves: Sequence[bytes], signatures: bytes) -> list[Proof]:
+def proofs(
+    first_seq: int,
+    leaves: Sequence[bytes],
+    signatures: bytes,
+    key_ids: Sequence[bytes | None] | None = None,
+) -> list[Proof]:
     """Every record's proof, for a batch from ``first_seq`` whose records' hashes are
     ``leaves`` and whose chunks' signatures are ``signatures`` (concatenated, as the
-    wire format carries them)."""
+    wire format carries them); ``key_ids``: the id of the key that signed each chunk
+    (:func:`key_id_of`; None: proofs that name no key)."""
     out: list[Proof] = []
     for j, (first, count) in enumerate(chunks(first_seq, len(leaves))):
         at = first - first_seq
         sig = signatures[j * SIGNATURE_BYTES : (j + 1) * SIGNATURE_BYTES]
+        kid = None if key_ids is None else key_ids[j]
         levels = merkle_levels(leaves[at : at + count])
-        out += [Proof(first, count, sig, tuple(merkle_path(levels, i))) for i in range(count)]
+        out += [Proof(first, count, sig, tuple(merkle_path(levels, i)), kid) for i in range(count)]
     return out
 
 
@@ -233,6 +260,13 @@ def _public_text(key: Ed25519PublicKey) -> str:
     """A public key as the ship keys file writes it (base64 of 32 bytes)."""
     raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return base64.b64encode(raw).decode()
+
+
+def key_id_of(key: Ed25519PublicKey) -> bytes:
+    """A public key's id as a proof carries it (:data:`KEY_ID_BYTES`); its hex is the
+    registry's key id."""
+    raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).digest()[:KEY_ID_BYTES]
 
 
 def load_private_key(
@@ -273,6 +307,8 @@ class ShipKey:
     def __init__(self, key: Ed25519PrivateKey) -> None:
         self._key = key
         self._public = _public_text(key.public_key())
+        #: its id as a proof names it (:func:`key_id_of`)
+        self.id = key_id_of(key.public_key())
 
     @classmethod
     def generate(cls) -> ShipKey:
@@ -305,7 +341,8 @@ class ShipKey:
         ``leaves`` from ``first_seq``): what a gateway writes for it. For benchmarks and
         tests that stand in for a ship and its gateway at once."""
         sigs = sign_records(self, origin, stream, first_seq, leaves)
-        return [p.encode() for p in proofs(first_seq, leaves, sigs)]
+        ids = [self.id] * len(chunks(first_seq, len(leaves)))
+        return [p.encode() for p in proofs(first_seq, leaves, sigs, ids)]
 
     def sign(self, message: bytes) -> bytes:
         return self._key.sign(message)
@@ -649,20 +686,50 @@ class ShipKeys:
     ) -> bool:
         """Did a key of ``origin`` valid for every seq of this chunk sign it? (The
         gateway's check of a batch.)"""
+        return self._chunk_signer(origin, stream, first_seq, count, root, sig) is not None
+
+    def _chunk_signer(
+        self, origin: str, stream: str, first_seq: int, count: int, root: bytes, sig: bytes
+    ) -> int | None:
+        """:meth:`verify_chunk`, and which key signed it (None: no valid one)."""
         signer = self.signer(origin, stream, first_seq, count, root, sig)
-        return signer is not None and self._valid(origin, stream, first_seq + count - 1, signer)
+        if signer is None or not self._valid(origin, stream, first_seq + count - 1, signer):
+            return None
+        return signer
+
+    def keys_of(self, origin: str) -> list[Ed25519PublicKey]:
+        """``origin``'s keys as :meth:`signer` numbers them: its current one, then its
+        previous ones, newest first."""
+        key = self.ships.get(origin)
+        if key is None:
+            return []
+        return [key, *(p.key for p in self.previous.get(origin, ()))]
+
+    def key_id(self, origin: str, signer: int) -> bytes:
+        """The id (:func:`key_id_of`) of ``origin``'s key ``signer`` (:meth:`signer`)."""
+        return key_id_of(self.keys_of(origin)[signer])
 
     def signer(
-        self, origin: str, stream: str, first_seq: int, count: int, root: bytes, sig: bytes
+        self,
+        origin: str,
+        stream: str,
+        first_seq: int,
+        count: int,
+        root: bytes,
+        sig: bytes,
+        named: bytes | None = None,
     ) -> int | None:
         """Which of ``origin``'s keys signed this chunk: 0 its current key, i its
         ``previous[i-1]``, None none (one Ed25519 check per key tried: :meth:`check`
-        remembers the answer per chunk)."""
-        key = self.ships.get(origin)
-        if key is None or len(sig) != SIGNATURE_BYTES:
+        remembers the answer per chunk). ``named``: the key id the proof names; only
+        that key is tried (None if the ship has no key of that id)."""
+        keys = self.keys_of(origin)
+        if not keys or len(sig) != SIGNATURE_BYTES:
             return None
         message = chunk_message(origin, stream, first_seq, count, root)
-        for i, k in enumerate([key, *(p.key for p in self.previous.get(origin, ()))]):
+        for i, k in enumerate(keys):
+            if named is not None and key_id_of(k) != named:
+                continue
             self.signature_checks += 1
             try:
                 k.verify(sig, message)
@@ -693,16 +760,26 @@ class ShipKeys:
         self, origin: str, stream: str, first_seq: int, leaves: Sequence[bytes], sigs: bytes
     ) -> str | None:
         """None if ``sigs`` (the wire batch's) sign every chunk of the batch, else why not."""
+        why = self._batch_signers(origin, stream, first_seq, leaves, sigs)
+        return why if isinstance(why, str) else None
+
+    def _batch_signers(
+        self, origin: str, stream: str, first_seq: int, leaves: Sequence[bytes], sigs: bytes
+    ) -> str | list[bytes]:
+        """The id of the key that signed each chunk of the batch, or why one fails."""
         parts = chunks(first_seq, len(leaves))
         if len(sigs) != len(parts) * SIGNATURE_BYTES:
             return f"{len(sigs)} signature bytes for {len(parts)} chunks"
+        ids = []
         for j, (first, count) in enumerate(parts):
             at = first - first_seq
             root = merkle_root(leaves[at : at + count])
             sig = sigs[j * SIGNATURE_BYTES : (j + 1) * SIGNATURE_BYTES]
-            if not self.verify_chunk(origin, stream, first, count, root, sig):
+            signer = self._chunk_signer(origin, stream, first, count, root, sig)
+            if signer is None:
                 return f"seqs {first}-{first + count - 1}: signature does not verify"
-        return None
+            ids.append(self.key_id(origin, signer))
+        return ids
 
     @boundary
     def prove_batch(
@@ -726,10 +803,10 @@ class ShipKeys:
             raise SignatureError("unsigned", f"ship {origin} signs its batches; this one is not")
         keys, times, topics, payloads = columns
         leaves = leaves_of(first_seq, keys, times, topics, payloads)  # type: ignore[arg-type]
-        why = self.verify_batch(origin, stream, first_seq, leaves, sigs)
-        if why is not None:
-            raise SignatureError("bad_signature", why)
-        return [p.encode() for p in proofs(first_seq, leaves, sigs)]
+        ids = self._batch_signers(origin, stream, first_seq, leaves, sigs)
+        if isinstance(ids, str):
+            raise SignatureError("bad_signature", ids)
+        return [p.encode() for p in proofs(first_seq, leaves, sigs, ids)]
 
     @boundary
     def check(
@@ -786,7 +863,7 @@ class ShipKeys:
         leaf = record_hash(seq, ts_ms, key, topic, payload)
         root = root_from_path(leaf, p.count, seq - p.first_seq, p.path)
         # the chunk's other records: its root is known once its signature was checked
-        chunk = (origin, stream, proof[: _PROOF.size + SIGNATURE_BYTES])
+        chunk = (origin, stream, proof[: _PROOF.size + SIGNATURE_BYTES] + (p.key_id or b""))
         known = self._roots.get(chunk)
         if known is not None:
             if known[0] != root:
@@ -794,23 +871,32 @@ class ShipKeys:
             return self._revoked(origin, stream, seq, known[1])
         failed = (*chunk, root)
         if failed in self._failed:
-            return UNPROVED
-        signer = self.signer(origin, stream, p.first_seq, p.count, root, p.signature)
+            return self._unproved(origin, p.key_id)
+        signer = self.signer(origin, stream, p.first_seq, p.count, root, p.signature, p.key_id)
         if signer is None:
             self._failed[failed] = None
             if len(self._failed) > _FAILED_MAX:
                 self._failed.pop(next(iter(self._failed)))
-            return UNPROVED
+            return self._unproved(origin, p.key_id)
         self._roots[chunk] = (root, signer)
         if len(self._roots) > _ROOTS_MAX:
             self._roots.pop(next(iter(self._roots)))
         return self._revoked(origin, stream, seq, signer)
 
+    def _unproved(self, origin: str, named: bytes | None) -> str:
+        """Why a proof no key verifies is refused: it names a key the ship has not
+        (here, yet: a key that reaches this site later proves it then), or no key of
+        the ship verifies it."""
+        if named is not None and all(key_id_of(k) != named for k in self.keys_of(origin)):
+            return f"{BAD_SIGNATURE}: proof names key {named.hex()}, not a key of {origin} here"
+        return UNPROVED
+
     def _revoked(self, origin: str, stream: str, seq: int, signer: int) -> str | None:
         if self._valid(origin, stream, seq, signer):
             return None
         bound = self.previous[origin][signer - 1].bound(stream)
-        return f"{REVOKED}: signed by a previous key of {origin} valid below seq {bound} only"
+        kid = self.key_id(origin, signer).hex()
+        return f"{REVOKED}: signed by key {kid}, a previous key of {origin} valid below seq {bound} only"
 
 
 def signature_mode(

@@ -47,7 +47,7 @@ def entry_record(
     seq, ts = entry.version, _ts_ms(entry)
     leaf = record_hash(seq, ts, RECORD_KEY, b"", entry.raw)
     sigs = sign_records(key, FLEET_ORIGIN, REGISTRY_STREAM, seq, [leaf])  # type: ignore[arg-type]
-    proof = proofs(seq, [leaf], sigs)[0].encode()
+    proof = proofs(seq, [leaf], sigs, [bytes.fromhex(key.id)])[0].encode()
     headers = contract_headers(
         FLEET_ORIGIN.encode(), REGISTRY_STREAM.encode(), seq, ts, site.encode(), b""
     )

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from shorelink.errors import ConfigError
 from shorelink.proof import (
     CHUNK_RECORDS,
+    KEY_ID_BYTES,
     SIGNATURE_BYTES,
     Proof,
     ShipKey,
@@ -24,6 +25,7 @@ from shorelink.proof import (
     WatchedShipKeys,
     chunks,
     key_cause,
+    key_id_of,
     leaves_of,
     merkle_levels,
     merkle_path,
@@ -300,6 +302,49 @@ def test_records_the_old_key_signed_stay_provable_after_the_ship_key_is_replaced
     )
     # an old file (one key per ship) loads as before, with no history
     assert ShipKeys.parse({"ships": {"bigblue": KEY.public()}}).previous == {}
+
+
+def test_a_proof_names_the_key_that_signed_it_and_is_checked_against_that_key_alone() -> None:
+    """Issue 41: a site must know which key signed a record (an audit of what a key
+    signed, and a record checked against the key valid at its seq). The gateway writes
+    in each proof the id of the key that verified its chunk, the fleet registry's id; a
+    site takes the record only if that key verifies it: a proof whose id was changed to
+    another key of the ship, or names a key the site lacks yet (re-driven when it
+    learns it: a key cause), is refused. A proof written before key ids is still
+    checked against each of the ship's keys."""
+    old_recs, _, old_cols, old_sigs = _signed_by(KEY, "containers", 1, 40)
+    new_recs, _, new_cols, new_sigs = _signed_by(OTHER, "containers", 41, 10)
+    keys = ShipKeys.parse(
+        {"ships": {"bigblue": {"key": OTHER.public(), "previous": [{"key": KEY.public()}]}}}
+    )
+    old = keys.prove_batch("bigblue", "containers", 1, old_cols, old_sigs)
+    new = keys.prove_batch("bigblue", "containers", 41, new_cols, new_sigs)
+    assert old is not None and new is not None
+    assert {Proof.decode(p, 1 + i).key_id for i, p in enumerate(old)} == {KEY.id}
+    assert {Proof.decode(p, 41 + i).key_id for i, p in enumerate(new)} == {OTHER.id}
+    assert len(KEY.id) == KEY_ID_BYTES and key_id_of(KEYS.ships["bigblue"]) == KEY.id
+    assert _verdicts(keys, "containers", old_recs, old) == [None] * 40
+    assert _verdicts(keys, "containers", new_recs, new) == [None] * 10
+    # the id swapped for the ship's other key: that key does not verify it
+    swapped = [p[:-KEY_ID_BYTES] + OTHER.id for p in old[:3]]
+    fresh = ShipKeys.parse({"ships": keys.entries()})
+    assert (
+        _verdicts(fresh, "containers", old_recs[:3], swapped)
+        == ["bad_signature: proof does not verify: not the ship's record"] * 3
+    )
+    # a site that has only the old key yet: the new key's records wait for it
+    early = ShipKeys.parse({"ships": {"bigblue": KEY.public()}})
+    verdicts = _verdicts(early, "containers", new_recs, new)
+    assert verdicts[0] == (
+        f"bad_signature: proof names key {OTHER.id.hex()}, not a key of bigblue here"
+    )
+    assert {key_cause(v or "") for v in verdicts} == {"bad_signature"}
+    # a proof from before key ids: tried against each key, as before
+    legacy = [p[:-KEY_ID_BYTES] for p in old]
+    assert Proof.decode(legacy[0], 1).key_id is None
+    assert _verdicts(fresh, "containers", old_recs, legacy) == [None] * 40
+    with pytest.raises(ValueError, match="with its key id"):
+        Proof.decode(old[0] + b"x", 1)
 
 
 def test_a_revoked_keys_records_above_its_bound_are_refused_and_below_it_taken() -> None:
