@@ -16,6 +16,13 @@ reader checks the chain from that first entry, so a later key is trusted only be
 the key before it signed its rotation. A rotation writes the new key to
 ``fleet.key.next`` first, then the entry, then renames it over ``fleet.key``: cut short
 after the entry, the next command finishes the rename.
+
+``DIR/fleet.retired`` (0644: signatures only): before a fleet key is given up, it signs
+the records of every entry it signed, rotation included, in chunks of 128
+(:func:`~shorelink.fleet.travel.sign_retired`), one line a chunk: ``first count key_id
+signature``. ``shorelink fleet publish`` proves those entries' records with them, so
+entries signed before a rotation are published after it (a site rebuilt, a publish
+that was not run), without the retired key kept anywhere.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from shorelink.fleet.entry import (
     verify_key,
 )
 from shorelink.fleet.state import FleetState
+from shorelink.fleet.travel import RetiredChunk, sign_retired
 
 __all__ = ["CHECKED", "LOG", "Registry", "read_anchor", "read_log"]
 
@@ -50,6 +58,8 @@ PUB = "fleet.pub"
 #: in well under a second for 700 ships); ``fleet verify`` checks every one
 CHECKED = "registry.verified"
 _NEXT_KEY = "fleet.key.next"
+#: the chunk signatures of the records of entries signed by retired fleet keys
+RETIRED = "fleet.retired"
 
 
 @boundary
@@ -218,6 +228,7 @@ class Registry:
         if nxt.exists():
             new = FleetKey.load(nxt)
             if new.id == self.state.fleet_key_id:
+                self._retire(key)
                 os.replace(nxt, self.directory / KEY)
                 return new
         raise RegistryError(
@@ -232,8 +243,35 @@ class Registry:
             new = FleetKey.generate()
             new.save(self.directory / _NEXT_KEY)
             self.append([("fleet_key_rotated", {"fleet_key": new.public})], key=old)
+            self._retire(old)
             os.replace(self.directory / _NEXT_KEY, self.directory / KEY)
         return new
+
+    def _retire(self, old: FleetKey) -> None:
+        """Before ``old`` is given up: the records of every entry it signed (its
+        rotation the last), signed in chunks into ``fleet.retired``."""
+        signed = [e for e in self.entries() if e.signer == old.id]
+        kept = [c for c in self.retired() if c[2] != old.id]
+        lines = [f"{f} {n} {kid} {sig.hex()}\n" for f, n, kid, sig in kept]
+        lines += [f"{f} {n} {kid} {sig.hex()}\n" for f, n, kid, sig in sign_retired(signed, old)]
+        write_atomic(self.directory / RETIRED, "".join(lines), mode=0o644)
+
+    def retired(self) -> list[RetiredChunk]:
+        """``fleet.retired``'s chunks (none: no fleet key was rotated)."""
+        try:
+            text = (self.directory / RETIRED).read_text()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise RegistryError(f"cannot read {self.directory / RETIRED}: {exc}") from None
+        out = []
+        for n, line in enumerate(text.splitlines(), 1):
+            try:
+                first, count, kid, sig = line.split()
+                out.append((int(first), int(count), kid, bytes.fromhex(sig)))
+            except ValueError:
+                raise RegistryError(f"{self.directory / RETIRED} line {n} is not a chunk") from None
+        return out
 
 
 def _read_checked(path: Path) -> tuple[int, str] | None:

@@ -10,17 +10,17 @@ from __future__ import annotations
 from confluent_kafka import Message
 
 from shorelink.contract import H_ORIGIN, H_SEQ, canonical_topic, ingress_topic
-from shorelink.fleet.entry import FLEET_ORIGIN, REGISTRY_STREAM, RegistryError
+from shorelink.fleet.entry import FLEET_ORIGIN, REGISTRY_STREAM, Entry, RegistryError
 from shorelink.fleet.follow import RegistryFollower
 from shorelink.fleet.log import Registry
-from shorelink.fleet.travel import entry_record
+from shorelink.fleet.travel import entry_record, retired_proofs
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import UnknownTopic
 from shorelink.kafka.reading import TopicFollower, read_to_end
 from shorelink.kafka.topics import Durability, ensure_topics, ingress_spec, producer
 from shorelink.logs import get_logger
 
-__all__ = ["RegistryFeed", "held_version", "publish"]
+__all__ = ["RegistryFeed", "entry_records", "held_version", "publish"]
 
 log = get_logger(__name__)
 
@@ -39,6 +39,23 @@ def held_version(kafka: KafkaEndpoint, timeout: float = 30.0) -> int:
     return top
 
 
+def entry_records(
+    registry: Registry, site: str, since: int
+) -> tuple[list[Entry], list[tuple[bytes, bytes, list[tuple[str, str | bytes | None]]]]]:
+    """The entries past version ``since`` and their records as ``site``'s ingress takes
+    them (:func:`~shorelink.fleet.travel.entry_record`): those signed by the fleet key in
+    force proved by it, those signed before a rotation by the chunks the retired key
+    signed then (``fleet.retired``). :class:`RegistryError` if one cannot be proved."""
+    every = registry.entries()
+    entries = [e for e in every if e.version > since]
+    if not entries:
+        return [], []
+    key = registry.fleet_key()
+    old = {e.version for e in entries if e.signer != key.id}  # signed before a rotation
+    kept = retired_proofs(every, registry.retired(), old) if old else {}
+    return entries, [entry_record(e, key, site, kept.get(e.version)) for e in entries]
+
+
 def publish(
     registry: Registry,
     kafka: KafkaEndpoint,
@@ -51,11 +68,9 @@ def publish(
     one again is harmless: the merge keeps one copy of an identity."""
     ensure_topics(kafka, [ingress_spec(REGISTRY_STREAM, 1)], durability)
     start = held_version(kafka) if since is None else since
-    entries = [e for e in registry.entries() if e.version > start]
+    entries, records = entry_records(registry, site, start)  # all refused or none written
     if not entries:
         return []
-    key = registry.fleet_key()
-    records = [entry_record(e, key, site) for e in entries]  # all refused or none written
     p = producer(kafka, {"enable.idempotence": True})
     topic = ingress_topic(REGISTRY_STREAM)
     failed: list[str] = []

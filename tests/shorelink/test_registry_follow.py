@@ -17,6 +17,7 @@ from shorelink.fleet.follow import RegistryFollower
 from shorelink.fleet.log import Registry
 from shorelink.fleet.travel import entry_record
 from shorelink.fleet.views import site_ship_keys
+from shorelink.kafka.registry import entry_records
 from shorelink.proof import ShipKeys
 
 Raw = tuple[bytes, bytes, list[tuple[str, str | bytes | None]]]
@@ -119,3 +120,52 @@ def test_after_a_fleet_key_rotation_the_old_key_proves_only_the_entries_it_signe
     assert _check(keys, entry_record(late, old, "hq")) is not None
     with pytest.raises(RegistryError, match="no longer holds"):
         entry_record(entries[0], new, "hq")
+
+
+def test_entries_signed_before_a_fleet_key_rotation_are_published_after_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 41: the fleet key rotated before ``publish`` ran (or for a site rebuilt
+    later) left entries signed by a key headquarters no longer holds, and their records
+    could not be published at all. The retired key signs their records in chunks when
+    it is rotated (``fleet.retired``): every entry's record, from version 1, is proved
+    at a site that knows only the root, and the follower takes the whole chain."""
+    reg, _ = _registry(tmp_path, 130)  # past one chunk of 128 records
+    old = reg.fleet_key()
+    reg.rotate_fleet_key()
+    provision(reg, "late", ["north"], out=tmp_path / "late")
+    entries, raws = entry_records(reg, "hq", 0)
+    assert len(raws) == reg.state.version
+    assert {c[2] for c in reg.retired()} == {old.id} and len(reg.retired()) == 4
+    assert (reg.directory / "fleet.retired").stat().st_mode & 0o777 == 0o644
+    follower = RegistryFollower(Registry.open(reg.directory).state.anchor or "")
+    for raw in raws:
+        assert _check(follower.current(), raw) is None
+        follower.take(*raw)
+        follower.changed()
+    assert follower.version == reg.state.version and not follower.refused
+    assert "late" in follower.state.ships
+    # publishing from the middle of a chunk: its other entries are read from the log
+    rotated = next(e.version for e in entries if e.kind == "fleet_key_rotated")
+    assert [r[1] for r in entry_records(reg, "hq", rotated - 2)[1]] == [
+        r[1] for r in raws[rotated - 2 :]
+    ]
+
+
+def test_a_rotation_cut_short_after_its_entry_still_keeps_the_retired_keys_proofs(
+    tmp_path: Path,
+) -> None:
+    """The rotation entry written, the process killed before the new key took
+    ``fleet.key``'s name: the next command finishes the rename, and the old key signs
+    the retired chunks first (it is given up then)."""
+    reg, _ = _registry(tmp_path, 1)
+    old = reg.fleet_key()
+    new = FleetKey.generate()
+    new.save(reg.directory / "fleet.key.next")
+    reg.append([("fleet_key_rotated", {"fleet_key": new.public})], key=old)
+    assert not reg.retired()
+    again = Registry.open(reg.directory)
+    assert again.fleet_key().id == new.id
+    _, raws = entry_records(again, "hq", 0)
+    keys = site_ship_keys(again.state)
+    assert [_check(keys, r) for r in raws] == [None] * again.state.version
