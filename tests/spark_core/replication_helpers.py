@@ -84,16 +84,17 @@ class Mesh:
                     self.cut(slot, reader, False)
 
 
-def start_mesh(root: Path, logs: Path, toxiproxy: Toxiproxy) -> Mesh:
-    """One broker per slot; for each other slot a listener behind a toxiproxy proxy."""
+def start_mesh(root: Path, logs: Path, toxiproxy: Toxiproxy, slots: Sequence[str] = SLOTS) -> Mesh:
+    """One broker per slot (of ``slots``, :data:`SLOTS` by default); for each other
+    slot a listener behind a toxiproxy proxy."""
     brokers: dict[str, KafkaBroker] = {}
     # every port at once (each broker's own two as well): none is handed out twice
-    free = iter(free_ports(2 * len(SLOTS) * len(SLOTS)))
+    free = iter(free_ports(2 * len(slots) * len(slots)))
     ports: dict[str, dict[str, LinkListener]] = {
-        s: {r: LinkListener(next(free), next(free)) for r in SLOTS if r != s} for s in SLOTS
+        s: {r: LinkListener(next(free), next(free)) for r in slots if r != s} for s in slots
     }
     try:
-        for s in SLOTS:
+        for s in slots:
             for r, ln in ports[s].items():
                 toxiproxy.create_proxy(
                     proxy_name(s, r), f"127.0.0.1:{ln.advertised}", f"127.0.0.1:{ln.port}"
