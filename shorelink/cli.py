@@ -826,6 +826,123 @@ def fleet_status(
     click.echo("\n".join(lines))
 
 
+@fleet.command("audit-key")
+@click.argument("ship")
+@click.argument("key_id")
+@registry_option()
+@click.option(
+    "--kafka",
+    "bootstrap",
+    metavar="BOOTSTRAP",
+    help="Read what this Kafka holds under the key (no credentials: a development broker).",
+)
+@click.option(
+    "--sites",
+    "sites_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Or at --site of this sites file (its Kafka and credentials).",
+)
+@click.option("--site", help="The site in --sites.")
+@click.option(
+    "--stream",
+    "streams",
+    multiple=True,
+    help="A stream to read (repeatable; default: every canonical topic at the Kafka).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def fleet_audit_key(
+    ship: str,
+    key_id: str,
+    directory: Path,
+    bootstrap: str | None,
+    sites_file: Path | None,
+    site: str | None,
+    streams: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """What SHIP's key KEY_ID may sign, per stream: the seqs from its from_seq up to
+    the next key's, lowered by a revocation; with --kafka or --sites, what the site
+    holds that it signed (each record's sl.proof names its key) and what the site
+    refused of it (its dead letters, by cause: a revoked key's records above its
+    bound)."""
+    from shorelink.fleet.key_audit import key_validity
+    from shorelink.fleet.log import Registry
+    from shorelink.kafka.endpoint import KafkaEndpoint
+    from shorelink.kafka.key_audit import canonical_streams, key_holdings
+
+    try:
+        validity = key_validity(Registry.open(directory).state, ship, key_id)
+    except ShorelinkError as exc:
+        fail(exc)
+    if bootstrap is not None and sites_file is not None:
+        fail(ShorelinkError("give --kafka or --sites, not both"))
+    if (sites_file is None) != (site is None):
+        fail(ShorelinkError("--sites and --site go together"))
+    held = None
+    if bootstrap is not None or sites_file is not None:
+        kafka = (
+            KafkaEndpoint.plaintext(bootstrap)
+            if bootstrap is not None
+            else _site_kafka(sites_file, site).kafka  # type: ignore[arg-type]
+        )
+        try:
+            held = key_holdings(kafka, ship, key_id, streams or canonical_streams(kafka))
+        except ShorelinkError as exc:
+            fail(exc)
+    key = validity.key
+    out: dict[str, Any] = {
+        "ship": ship,
+        "key": key.id,
+        "index": validity.index,
+        "keys": validity.keys,
+        "added_version": key.version,
+        "from_seq": key.from_seq,
+        "revoked_at": key.revoked_at,
+        "proves": {s: list(r) for s, r in validity.ranges.items()},
+    }
+    if held is not None:
+        out["held"] = {
+            s: {
+                "signed": str(h.signed),
+                "refused": {c: str(r) for c, r in sorted(h.refused.items())},
+                "without_key_id": h.without_key_id,
+                "other_keys": dict(h.other_keys),
+            }
+            for s, h in held.items()
+        }
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+
+    def seqs(lo: int, hi: int | None) -> str:
+        if hi is not None and hi <= lo:
+            return "none"
+        return f"{lo}-{hi - 1}" if hi is not None else f"{lo} on"
+
+    at = key.revoked_at
+    bound = (
+        at if isinstance(at, int) else " ".join(f"{s}={n}" for s, n in sorted((at or {}).items()))
+    )
+    revoked = "" if at is None else f", revoked at {bound}"
+    lines = [
+        f"ship {ship} key {key.id}: its key {validity.index} of {validity.keys}, added at "
+        f"registry version {key.version}{revoked}",
+        "proves (registry):",
+        *(f"  {s}: {seqs(lo, hi)}" for s, (lo, hi) in validity.ranges.items()),
+    ]
+    if held is not None:
+        lines.append("at the site:")
+        for s, h in held.items():
+            refused = "; ".join(f"{c} {r}" for c, r in sorted(h.refused.items())) or "none"
+            lines.append(f"  {s}: signed {h.signed or 'none'}; refused {refused}")
+            if h.without_key_id or h.other_keys:
+                lines.append(
+                    f"    (and {h.without_key_id} of the ship's records without a key id, "
+                    f"{sum(h.other_keys.values())} of its other keys)"
+                )
+    click.echo("\n".join(lines))
+
+
 @rollout.command("status")
 @registry_option()
 @_reports_options

@@ -217,3 +217,25 @@ def test_provision_and_client_cert_say_whether_a_ship_needs_its_certificate(
     assert not required()
     bad = _fleet("client-cert", "ghost", "required", *r)
     assert bad.exit_code == 2 and "no ship ghost" in bad.output
+
+
+def test_audit_key_says_per_stream_which_seqs_each_of_a_ships_keys_proves(tmp_path: Path) -> None:
+    """Issue 41: an operator whose ship's key was stolen must see what it could sign:
+    its first key up to the rotation's seq per stream named (nothing of a stream the
+    revocation does not name), the new key from there on; an unknown key is one line."""
+    reg = tmp_path / "registry"
+    r = ["--registry", str(reg)]
+    _ok("init", *r)
+    _ok("provision", "bigblue", "--group", "north", *r)
+    first = Registry.open(reg).state.ships["bigblue"].keys[0].id
+    _ok("rotate-key", "bigblue", "--from-seq", "nav=101", "--from-seq", "alerts=7", "--revoke", *r)
+    second = Registry.open(reg).state.ships["bigblue"].keys[1].id
+    old = json.loads(_ok("audit-key", "bigblue", first, "--json", *r).output)
+    assert old["proves"] == {"alerts": [1, 7], "nav": [1, 101], "*": [1, 1]}
+    assert (old["index"], old["keys"], old["revoked_at"]) == (1, 2, {"alerts": 7, "nav": 101})
+    new = json.loads(_ok("audit-key", "bigblue", second, "--json", *r).output)
+    assert new["proves"] == {"alerts": [7, None], "nav": [101, None], "*": [1, None]}
+    text = _ok("audit-key", "bigblue", first, *r).output
+    assert "nav: 1-100" in text and "*: none" in text and "revoked at alerts=7 nav=101" in text
+    bad = _fleet("audit-key", "bigblue", "0" * 16, *r)
+    assert bad.exit_code == 2 and f"its keys: {first}, {second}" in bad.output

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -18,10 +19,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from click.testing import CliRunner
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
 from local_stack.toxiproxy import ToxiproxyServer
+from shorelink.cli import main
 from shorelink.contract import H_PROOF, H_SEQ, canonical_topic, dead_topic, relay_topic
 from shorelink.fleet.bundle import provision
 from shorelink.fleet.follow import RegistryFollower
@@ -338,6 +341,19 @@ async def test_a_key_revoked_during_replication_is_refused_above_its_seq_at_ever
             ids = fleet.key_ids(site)
             assert {ids[q] for q in range(1, 101)} == {stolen.id}
             assert {ids[q] for q in range(101, 121)} == {new.id}
+        # the audit of what the stolen key signed, at b
+        args = ["fleet", "audit-key", fleet.ship, stolen.id.hex(), "--json"]
+        args += ["--registry", str(fleet.reg.directory), "--kafka", fleet.topo.bootstrap(b)]
+        got = CliRunner().invoke(main, [*args, "--stream", fleet.stream])
+        assert got.exit_code == 0, got.output
+        audit = json.loads(got.output)
+        assert audit["proves"] == {fleet.stream: [1, 101], "*": [1, 1]}
+        assert audit["held"][fleet.stream] == {
+            "signed": "1-100",
+            "refused": {"revoked": "101-110"},
+            "without_key_id": 0,
+            "other_keys": {new.id.hex(): 20},
+        }
     assert not list(converged(fleet.topo, want))
 
 
