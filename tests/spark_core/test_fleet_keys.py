@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, replace
@@ -255,8 +256,9 @@ async def test_a_ship_key_rotated_while_the_ship_uploads_loses_nothing_at_any_si
     spark: object, mesh: Mesh, registry: Registry, tmp_path: Path
 ) -> None:
     """Issue 41: a ship's key rotated while it uploads at two ports and the three sites
-    replicate, after a fleet key rotation that was not published yet. The sites follow
-    the fleet key's rotation (its entries proved by the retired key's chunks), then the
+    replicate, after a fleet key rotation that was not published yet, published with
+    an entry the new fleet key signed. The sites follow the fleet key's rotation (its
+    entries proved by the retired key's chunks), then the
     ship key's: records below the rotation's seq stay the old key's, at the gateway too
     (a backlog signed before the rotation, sent after it), the old key signs nothing at
     or above it; every site ends with every record exactly once, each proof naming the
@@ -264,7 +266,15 @@ async def test_a_ship_key_rotated_while_the_ship_uploads_loses_nothing_at_any_si
     async with fleet_sites(spark, mesh, registry, tmp_path) as fleet:
         old_fleet_key = fleet.reg.fleet_key()
         fleet.reg.rotate_fleet_key()  # before anything was published
+        # an entry the new fleet key signs, in the same publish as its rotation: a site
+        # may pull both in one batch, before its follower has taken the rotation
+        fleet.reg.append([("ship_added", {"ship": unique("ship"), "groups": ["south"]})])
+        t0 = time.monotonic()
         await fleet.publish()
+        print(
+            f"a fleet key rotation and an entry after it enforced everywhere in "
+            f"{time.monotonic() - t0:.2f} s"
+        )
         b, c = fleet.site(B), fleet.site(C)
         for lo in range(1, 81, 10):  # the ship uploads at both ports
             await fleet.upload_until_taken(b if lo % 20 else c, fleet.key, lo, lo + 9)
