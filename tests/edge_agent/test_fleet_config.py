@@ -594,3 +594,37 @@ def test_an_older_entry_replayed_at_a_ship_or_an_end_it_does_not_hold_is_refused
         fleet.wanted({"g:north": (new, False)}, cfg.links["port_wifi"], registry=end.version)
         is None
     )
+
+
+def test_a_ships_file_from_the_agent_before_rotations_reads_and_follows_on(
+    tmp_path: Path, mosquitto: MosquittoBroker
+) -> None:
+    """An agent upgraded on board finds the file the agent before it wrote (no fleet
+    key rotations, no newest entry per scope): it runs what that file holds, takes
+    the newest entry of each scope from it, and refuses an older one replayed."""
+    reg = Registry.init(tmp_path / "registry")
+    bundle = provision(reg, "bigblue", ["north"], out=tmp_path / "bundle")
+    body = {"scope": "group", "name": "north", "format": "toml", "port_links_only": False}
+    reg.append([("config_set", {**body, "document": '[streams.nav]\nmax_age = "7d"\n'})])
+    reg.append([("config_set", {**body, "document": '[streams.nav]\nmax_age = "9d"\n'})])
+    reg.refresh()
+    old, new = reg.state.version - 1, reg.state.version
+    lines = reg.state.config_lines
+    doc = edge_config_doc(tmp_path, mosquitto)
+    doc["uplink"] = {"fleet_pub_file": str(bundle / "fleet.pub")}
+    config = write_toml(tmp_path / "edge.toml", doc)
+    before = {
+        "version": new,
+        "lines": {"g:north": lines[new].decode()},
+        "failure": None,
+        "refused": {},
+        "trial": "",
+        "previous": None,
+    }
+    Path(f"{doc['log']['path']}.fleet.json").write_text(json.dumps(before))
+    cfg, fleet = load_effective(config)
+    assert fleet is not None and cfg.streams["nav"].max_age_s == 9 * 86400
+    assert fleet.keys.since == 0
+    replay = encode_delta([lines[old]], [lines[new]])
+    assert not fleet.take({"g:north": (old, False)}, {"g:north": new}, replay)
+    assert "replayed" in (fleet.state.failure or "") and fleet.state.version == new
