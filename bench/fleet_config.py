@@ -117,7 +117,7 @@ def gateway_app(state: FleetState, offering: list[bool]) -> web.Application:
         await ws.send_json(hello)
         async for msg in ws:
             if msg.type is WSMsgType.TEXT and offer is not None:
-                new, bases = answer_lines(state, offer, parse_request(msg.data))
+                new, bases = answer_lines(state, offer, parse_request(msg.data), SHIP)
                 await ws.send_bytes(encode_delta(new, bases))
         return ws
 

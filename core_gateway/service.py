@@ -234,7 +234,7 @@ class GatewayService:
         try:
             if state is None:
                 raise ValueError("no registry followed here")
-            new, bases = answer_lines(state, offer, request)
+            new, bases = answer_lines(state, offer, request, ship)
         except ValueError as exc:
             raise ApiError(404, "no_config", f"{ship}: {exc}") from None
         except (KeyError, RuntimeError):  # the follower's thread moved it under us

@@ -187,6 +187,7 @@ class FleetConfig:
     def __init__(self, config_path: Path, base: EdgeConfig) -> None:
         assert base.uplink.fleet_pub_file is not None
         self.config_path = config_path
+        self.ship = base.ship
         self.anchor = read_anchor(base.uplink.fleet_pub_file)
         self.path = Path(f"{base.log.path}.fleet.json")
         self.state = _read_state(self.path)
@@ -335,12 +336,13 @@ class FleetConfig:
                 continue
             scope = config_scope(e)
             if scope is None:
-                end = next((s for s, h in want.items() if h and verify_end(e, keys, s, h)), None)
-                if end is None:
+                ended = [s for s, h in want.items() if h and verify_end(e, keys, s, h, self.ship)]
+                if not ended:
                     raise RegistryError(
                         f"a {e.kind} entry that ends nothing this ship holds", version=e.version
                     )
-                ends[end] = e.version
+                for s in ended:
+                    ends[s] = max(ends.get(s, 0), e.version)
                 continue
             if scope not in want or scope in got or scope not in offer:
                 raise RegistryError(

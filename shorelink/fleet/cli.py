@@ -339,6 +339,23 @@ def fleet_config_set(
     click.echo(f"{target}: configuration {file.name} is version {version}")
 
 
+@fleet.command("set-groups")
+@click.argument("ship")
+@_REGISTRY
+@click.option("--group", "groups", multiple=True, required=True, help="A group (repeatable).")
+def fleet_set_groups(ship: str, directory: Path, groups: tuple[str, ...]) -> None:
+    """Set SHIP's groups (in order: a later group's configuration over an earlier
+    one's): the configurations of the groups it leaves no longer apply to it."""
+
+    def set_groups() -> int:
+        reg = _open(directory)
+        reg.append([("ship_groups_set", {"ship": ship, "groups": list(groups)})])
+        return reg.state.version
+
+    version = _run(set_groups)
+    click.echo(f"ship {ship}: groups {', '.join(groups)} from version {version}")
+
+
 @fleet_config.command("remove")
 @_REGISTRY
 @click.option("--group", help="The group whose configuration goes.")

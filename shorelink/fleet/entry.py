@@ -447,6 +447,8 @@ KINDS: dict[str, tuple[frozenset[str], Any]] = {
     "fleet_created": (frozenset({"fleet_key"}), _fleet_key),
     "fleet_key_rotated": (frozenset({"fleet_key"}), _fleet_key),
     "ship_added": (frozenset({"ship", "groups"}), _ship_added),
+    # a ship's groups from now on (the configurations of those it left no longer apply)
+    "ship_groups_set": (frozenset({"ship", "groups"}), _ship_added),
     "token_issued": (frozenset({"ship", "token_hash", "retire_previous"}), _token_issued),
     "token_retired": (frozenset({"ship", "token_hash"}), _token_hash),
     "ship_key_added": (frozenset({"ship", "public", "from_seq"}), _ship_key_added),

@@ -27,8 +27,8 @@ its pinned ``fleet.pub``.
   ship follows; 0: the root only) gets an answer of signed entries that say what they
   are (:func:`answer_lines`): the new configuration entries, the entry that *ended* a
   configuration the ship holds (a ``config_removed`` of its scope, the
-  ``rollout_stopped`` of the rollout it runs) where its scope went away or back to an
-  older entry, and every ``fleet_key_rotated`` entry after ``since``. So the ship
+  ``rollout_stopped`` of the rollout it runs, the ship's ``ship_groups_set`` without
+  the group) where its scope went away or back to an older entry, and every ``fleet_key_rotated`` entry after ``since``. So the ship
   follows the fleet key from the root it pins (:class:`FleetKeys`), goes back from a
   configuration only when the fleet signed why, and refuses an older entry replayed at
   it. A request without ``since`` (an agent from before) gets the configuration
@@ -169,9 +169,9 @@ def request_json(have: Mapping[str, int | None], since: int | None = None) -> st
 
 
 def answer_lines(
-    state: FleetState, offer: ConfigOffer, request: ConfigRequest
+    state: FleetState, offer: ConfigOffer, request: ConfigRequest, ship: str
 ) -> tuple[list[bytes], list[bytes] | None]:
-    """What a gateway answers ``request`` with (the ship's ``offer`` from ``state``):
+    """What a gateway answers ``ship``'s ``request`` with (its ``offer`` from ``state``):
     the entry lines, and the bases of the delta (the lines the ship holds of the
     scopes asked for; None: one of them is no longer kept). ValueError if a scope asked
     for is not the ship's (nor one it held whose end the registry keeps)."""
@@ -185,7 +185,7 @@ def answer_lines(
                 raise ValueError(f"no configuration of {scope} for this ship")
             new.append(lines[offered[0]])
         else:  # gone, or back to an older entry: what ended the one the ship holds
-            end = state.config_end(scope, held) if held is not None else None
+            end = state.config_end(scope, held, ship) if held is not None else None
             if end is None:
                 raise ValueError(f"no end of {scope} at {held} kept here")
             if offered is not None:
@@ -325,14 +325,23 @@ def verify_config_entry(line: bytes | Entry, keys: FleetKeys | str, scope: str) 
     return _keys(keys).check(entry)
 
 
-def verify_end(entry: Entry, keys: FleetKeys | str, scope: str, held: int) -> bool:
+def verify_end(
+    entry: Entry, keys: FleetKeys | str, scope: str, held: int, ship: str | None = None
+) -> bool:
     """Whether ``entry`` (checked signed: RegistryError if not) ended the configuration
-    a ship holds of ``scope`` at version ``held``: a later ``config_removed`` of the
-    scope, or the ``rollout_stopped`` of rollout ``held`` (a group's)."""
+    ``ship`` holds of ``scope`` at version ``held``: a later ``config_removed`` of the
+    scope, the ``rollout_stopped`` of rollout ``held`` (a group's), or the ship's
+    ``ship_groups_set`` without the scope's group."""
     if entry.kind == "config_removed":
         ends = ("g:" if entry.body["scope"] == "group" else "s:") + entry.body["name"] == scope
     elif entry.kind == "rollout_stopped":
         ends = entry.body["rollout"] == held and scope.startswith("g:")
+    elif entry.kind == "ship_groups_set":
+        ends = (
+            entry.body["ship"] == ship
+            and scope.startswith("g:")
+            and scope[2:] not in entry.body["groups"]
+        )
     else:
         return False
     if not ends or entry.version <= held:

@@ -171,6 +171,9 @@ class FleetState:
     #: config_removed; per stopped rollout the version of its rollout_stopped
     config_ends: dict[str, int] = field(default_factory=dict, repr=False)
     rollout_ends: dict[int, int] = field(default_factory=dict, repr=False)
+    #: per ship the version of its newest ship_groups_set (it ends the configurations
+    #: of the groups it left)
+    group_ends: dict[str, int] = field(default_factory=dict, repr=False)
     #: the fleet_key_rotated entries' lines by version (a ship follows them from the
     #: root it pins: a few hundred bytes each, all kept)
     rotation_lines: dict[int, bytes] = field(default_factory=dict, repr=False)
@@ -256,6 +259,15 @@ class FleetState:
         self._room_for(groups)
         self.groups.update(groups)
         self.ships[name] = ShipRecord(name, groups, entry.time, entry.version)
+
+    def _ship_groups_set(self, entry: Entry, body: dict[str, Any]) -> None:
+        rec, groups = self._live(body["ship"]), tuple(body["groups"])
+        self._room_for(groups)
+        self.groups.update(groups)
+        rec.groups = groups
+        self.group_ends[rec.name] = entry.version
+        self.config_lines[entry.version] = entry.raw
+        self._put_aside(entry.version)
 
     def _room_for(self, groups: tuple[str, ...]) -> None:
         if len(self.groups | set(groups)) > MAX_GROUPS:
@@ -469,16 +481,21 @@ class FleetState:
         """The newest entry among the configurations that apply to ``ship``."""
         return self.config_for(ship).version
 
-    def config_end(self, scope: str, held: int) -> bytes | None:
-        """The line of the entry that ended the configuration a ship holds of ``scope``
-        at version ``held`` (the stop of the rollout ``held`` is, or a later removal of
-        the scope), if kept: what shows the ship it goes back to what applies without
-        it (None: none, or no longer kept)."""
+    def config_end(self, scope: str, held: int, ship: str) -> bytes | None:
+        """The line of the entry that ended the configuration ``ship`` holds of
+        ``scope`` at version ``held`` (the stop of the rollout ``held`` is, a later
+        removal of the scope, or the ship's groups set without the scope's group), if
+        kept: what shows the ship it goes back to what applies without it (None: none,
+        or no longer kept)."""
+        group = scope[2:] if scope[:2] == "g:" else None
         end = self.rollout_ends.get(held)
-        if end is None or self.rollouts[held].group != scope[2:] or scope[:2] != "g:":
+        if end is None or self.rollouts[held].group != group:
             end = self.config_ends.get(scope)
-            if end is not None and end <= held:
-                end = None
+            if end is None or end <= held:
+                end = self.group_ends.get(ship)
+                rec = self.ships.get(ship)
+                if end is None or end <= held or rec is None or group in (None, *rec.groups):
+                    end = None
         return None if end is None else self.config_lines.get(end)
 
     def valid_tokens(self) -> Mapping[str, str]:

@@ -504,6 +504,40 @@ async def test_a_scope_removed_from_a_ship_goes_back_to_what_applies_without_it(
         await ship.stop()
 
 
+async def test_a_ship_moved_to_another_group_leaves_the_old_groups_configuration(
+    tmp_path: Path, shore: Shore, mosquitto: MosquittoBroker
+) -> None:
+    """Headquarters moves a ship from one group to another: in one exchange it drops the
+    configuration of the group it left (on the signed entry that set its groups) and
+    takes the new group's."""
+    ship = await _ship(tmp_path, shore, mosquitto)
+    try:
+        north = shore.config_set('[streams.nav]\nmax_age = "7d"\n')
+        await eventually_async(lambda: ship.held()["version"] == north, 20, "north's")
+        await eventually_async(lambda: ship.held()["trial"] == "", 20, "kept")
+        body = {
+            "scope": "group",
+            "name": "south",
+            "format": "toml",
+            "document": '[streams.alerts]\nmax_age = "3d"\n',
+            "port_links_only": False,
+        }
+        shore.registry.append([("config_set", body)])
+        south = shore.publish()
+        runs = ship.supervisor.runs
+        shore.registry.append([("ship_groups_set", {"ship": ship.name, "groups": ["south"]})])
+        moved = shore.publish()
+        await eventually_async(lambda: ship.supervisor.runs == runs + 1, 20, "moved")
+        assert ship.held()["version"] == south  # one exchange, one restart for both
+        assert list(ship.held()["lines"]) == ["g:south"]
+        assert ship.held()["floor"]["g:north"] == moved
+        cfg = ship.agent.cfg
+        assert cfg.streams["nav"].max_age_s == 30 * 86400
+        assert cfg.streams["alerts"].max_age_s == 3 * 86400
+    finally:
+        await ship.stop()
+
+
 async def test_a_canary_goes_back_to_its_groups_configuration_when_its_rollout_stops(
     tmp_path: Path, shore: Shore, mosquitto: MosquittoBroker
 ) -> None:

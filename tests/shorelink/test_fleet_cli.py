@@ -95,6 +95,11 @@ def test_provision_rotate_revoke_configure_and_export_end_to_end(tmp_path: Path)
     assert {s["ship"]: s["config_version"] for s in status["ships"]}["bigblue"] is None
     again = _fleet("config", "remove", "--group", "north", *r)
     assert again.exit_code == 2 and "has no configuration" in again.output
+    # a ship's groups changed: status says them
+    out = _ok("set-groups", "bigblue", "--group", "reefer", "--group", "south", *r).output
+    assert "groups reefer, south from version 15" in out
+    status = json.loads(_ok("status", "--json", *r).output)
+    assert {s["ship"]: s["groups"] for s in status["ships"]}["bigblue"] == ["reefer", "south"]
 
 
 def test_verify_names_the_first_entry_that_fails_and_exits_2(tmp_path: Path) -> None:
@@ -129,6 +134,7 @@ def test_every_fleet_command_has_help() -> None:
         "client-cert",
         "config set",
         "config remove",
+        "set-groups",
     ):
         assert "Usage:" in _ok(*cmd.split(), "--help").output
 

@@ -48,6 +48,9 @@ RULES = "".join(
 )
 
 
+_GROUP = {"scope": "group", "format": "toml", "port_links_only": False}
+
+
 def _config(reg: Registry, document: str) -> bytes:
     reg.append(
         [
@@ -203,7 +206,7 @@ def test_a_rollouts_ships_go_back_on_its_stop_and_follow_the_fleet_keys_rotation
     state, anchor = reg.state, (reg.directory / "fleet.pub").read_text().strip()
     offer = offer_for(state, "s0")
     assert offer is not None and offer["g:north"][0] < rollout
-    lines, bases = answer_lines(state, offer, ConfigRequest({"g:north": rollout}, since=0))
+    lines, bases = answer_lines(state, offer, ConfigRequest({"g:north": rollout}, since=0), "s0")
     assert bases == [state.config_lines[rollout]]
     keys = FleetKeys(anchor)
     entries = [decode_entry(line) for line in lines]
@@ -215,7 +218,7 @@ def test_a_rollouts_ships_go_back_on_its_stop_and_follow_the_fleet_keys_rotation
     with pytest.raises(RegistryError, match="forged"):
         verify_end(entries[1], anchor, "g:north", rollout)  # the root alone: not its key
     # an agent from before gets the group's entry alone, as it always did
-    assert answer_lines(state, offer, ConfigRequest({"g:north": rollout}))[0] == [old]
+    assert answer_lines(state, offer, ConfigRequest({"g:north": rollout}), "s0")[0] == [old]
     # a rotation before the newest one followed is refused, not taken back
     thief = FleetKey.generate()
     fake = sign_entry(thief, 2, "0" * 64, "fleet_key_rotated", {"fleet_key": thief.public})
@@ -256,3 +259,31 @@ def test_the_lines_a_gateway_keeps_beside_those_in_force_stay_within_their_bound
     assert kept <= MAX_CONFIG_LINES_ASIDE_BYTES + MAX_ENTRY_BYTES
     assert state.version in state.config_lines  # the one in force, always
     assert len(state.config_lines) < state.version - 20
+
+
+def test_a_ship_that_leaves_groups_is_shown_the_entry_that_moved_it(tmp_path: Path) -> None:
+    """A ship moved out of two groups is served, for each, the one signed entry that
+    set its groups; it ends those two scopes for that ship only, and not a group it
+    stays in."""
+    reg = Registry.init(tmp_path / "r")
+    reg.append([("ship_added", {"ship": "s0", "groups": ["north", "reefers", "all"]})])
+    _config(reg, "a = 1\n")
+    north = reg.state.version
+    reg.append([("config_set", {**_GROUP, "name": "reefers", "document": "b = 1\n"})])
+    reg.append([("config_set", {**_GROUP, "name": "all", "document": "c = 1\n"})])
+    reg.refresh()
+    reefers, every = north + 1, north + 2
+    reg.append([("ship_groups_set", {"ship": "s0", "groups": ["all"]})])
+    reg.refresh()
+    state, anchor = reg.state, (reg.directory / "fleet.pub").read_text().strip()
+    offer = offer_for(state, "s0")
+    assert offer == {"g:all": (every, False)}
+    have = {"g:north": north, "g:reefers": reefers}
+    lines, _ = answer_lines(state, offer, ConfigRequest(have, since=0), "s0")
+    moved = decode_entry(lines[0])
+    assert lines == [moved.raw, moved.raw] and moved.kind == "ship_groups_set"
+    assert verify_end(moved, anchor, "g:north", north, "s0")
+    assert verify_end(moved, anchor, "g:reefers", reefers, "s0")
+    assert not verify_end(moved, anchor, "g:all", every, "s0")
+    assert not verify_end(moved, anchor, "g:north", north, "s1")
+    assert state.config_end("g:all", every, "s0") is None
