@@ -278,7 +278,7 @@ def test_a_ship_that_leaves_groups_is_shown_the_entry_that_moved_it(tmp_path: Pa
     state, anchor = reg.state, (reg.directory / "fleet.pub").read_text().strip()
     offer = offer_for(state, "s0")
     assert offer == {"g:all": (every, False)}
-    have = {"g:north": north, "g:reefers": reefers}
+    have: dict[str, int | None] = {"g:north": north, "g:reefers": reefers}
     lines, _ = answer_lines(state, offer, ConfigRequest(have, since=0), "s0")
     moved = decode_entry(lines[0])
     assert lines == [moved.raw, moved.raw] and moved.kind == "ship_groups_set"
