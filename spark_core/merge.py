@@ -219,6 +219,48 @@ def merge_layout(site: SiteConfig) -> int | None:
     return shards
 
 
+def _check_merged_whole(site: SiteConfig) -> None:
+    """Before a site that ran one merge is split: that merge has merged its ingress to
+    the end (its cursors at every partition's last stable offset), or the split is
+    refused, naming what is left. Its ingress was written by key, so a partition holds
+    every shard's origins, and a shard reads only its own partitions: what the one merge
+    left would be merged by none. Asked before anything is fenced, so the one merge
+    goes on while it finishes (stop the gateway meanwhile, or switch it to
+    ``kafka.ingress_by_origin`` first)."""
+    cursors: dict[tuple[str, int], int] = {}
+    found = False
+    for query in MERGE_QUERIES:
+        state = MergeState.load(site.kafka, site.name, site.kafka.timeout_s * 2, query=query)
+        found |= state.last_batch is not None or bool(state.offsets)
+        for tp, offset in state.offsets.items():
+            cursors[tp] = max(cursors.get(tp, 0), offset)
+    if not found:
+        return  # no merge ran here whole: nothing it left
+    admin = Admin(site.kafka)
+    try:
+        described = admin.describe(ingress_topic(s) for s in site.streams)
+        parts = [(t, p.id) for t, d in described.items() for p in d.partitions]
+        ends = admin.offsets(parts, OffsetSpec.latest(), committed=True)
+        starts = admin.offsets(parts, OffsetSpec.earliest())
+    except KafkaClientError as exc:
+        raise MergeError(f"cannot read where the ingress ends: {exc}") from exc
+    left = {
+        tp: ends[tp].offset - max(cursors.get(tp, 0), starts[tp].offset)
+        for tp in parts
+        if ends[tp].offset > max(cursors.get(tp, 0), starts[tp].offset)
+    }
+    if left:
+        named = ", ".join(f"{t}[{p}]: {n}" for (t, p), n in sorted(left.items())[:5])
+        raise MergeError(
+            f"the site's one merge has not merged its ingress to the end ({named}"
+            f"{', ...' if len(left) > 5 else ''} records left): those were written by key, "
+            "in any shard's partitions, and no shard would merge them. Let it finish (with "
+            "the gateway stopped, or writing by origin: kafka.ingress_by_origin), then "
+            "start the shards",
+            fatal=True,
+        )
+
+
 def layout_ids(site: SiteConfig, shards: int) -> list[str]:
     """Every ``transactional.id`` the site's merges take when split into ``shards``."""
     if shards == 1:
@@ -255,6 +297,8 @@ def fence_predecessors(site: SiteConfig, shard: Shard | None = None) -> None:
         ids += layout_ids(site, old)
     elif old is None and count > 1:
         ids += layout_ids(site, 1)  # the one merge a site ran before it was split
+    if count > 1 and old in (None, 1):
+        _check_merged_whole(site)
     for tid in dict.fromkeys(ids):
         p = TransactionalProducer(
             producer_config(site.kafka, {"transactional.id": tid}), timeout=site.kafka.timeout_s
@@ -405,6 +449,30 @@ class Merger:
             self.partition_counts[topic] = n
             out[topic] = [p for p in range(n) if self.shard.reads(p, n)]
         return out
+
+    def _misrouted(self, plan: BatchPlan) -> None:
+        """Refuse a batch with records of another shard's origins in a partition this
+        shard reads alone: that shard never reads them there, so passed they would be
+        merged by none (and the ships told they are held). Written by a gateway without
+        ``kafka.ingress_by_origin``, or before it; nothing of the batch is written and
+        the shard stalls, loudly, until the site runs one merge over that ingress."""
+        if self.shard is None or not plan.foreign_from:
+            return
+        count = self.shard.count
+        topics = sorted(
+            t for t in plan.foreign_from if self.partition_counts.get(t, count) % count == 0
+        )
+        if not topics:
+            return  # a topic every shard reads whole: each takes its own origins
+        n = sum(plan.foreign_from[t] for t in topics)
+        raise MergeError(
+            f"{n} records of other shards' origins in partitions of {', '.join(topics)} that "
+            f"shard {self.shard} reads alone: the gateway does not write ingress by origin "
+            "(set kafka.ingress_by_origin), or did not when they were written. None of this "
+            "batch is written. Run the site with one merge (merge.shards = 1) until its "
+            "ingress is merged to the end, then start the shards again",
+            fatal=True,
+        )
 
     def purgeable(self, below_: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
         """Of the offsets a purge would delete below, those of partitions this merge
@@ -767,6 +835,7 @@ class Merger:
                 self.owns,
             )
             self._ensure_streams(plan.streams)
+            self._misrouted(plan)
             if not cursors:
                 plan.offsets.clear()
             t2 = time.monotonic()
@@ -1232,16 +1301,6 @@ class Merger:
             t.quarantined[where] = t.quarantined.get(where, 0) + 1
         t.skipped += plan.skipped
         t.foreign += plan.foreign
-        if plan.foreign:
-            log.warning(
-                "merge_foreign_records",
-                site=self.site.name,
-                query=self.query,
-                records=plan.foreign,
-                message="records of another shard's origins in this shard's partitions: "
-                "written before the gateway partitioned by origin "
-                "(kafka.ingress_by_origin)? their shard does not read them here",
-            )
         t.relayed_again += len(plan.again)
         self.last = {
             "batch_id": batch_id,

@@ -573,8 +573,10 @@ class BatchPlan:
     #: once some of them can be taken (spark_core/redrive.py)
     held_back: dict[Source, RangeSet] = field(default_factory=dict)
     #: records of origins another shard of the site merges (a merge split by origin,
-    #: shorelink/shards.py): left to it, their offsets passed
+    #: shorelink/shards.py): left to it, their offsets passed; and of those, per source
+    #: topic (the merge refuses them in a partition only it reads: ``Merger._misrouted``)
     foreign: int = 0
+    foreign_from: dict[str, int] = field(default_factory=dict)
 
 
 def pulled_source(neighbour: str, topic_id: str, topic: str) -> str:
@@ -751,6 +753,7 @@ def plan_batch(
                 mine = owned[origin] = owns(origin)
             if not mine:
                 plan.foreign += 1
+                plan.foreign_from[tp[0]] = plan.foreign_from.get(tp[0], 0) + 1
                 continue
         source = (origin, row_stream)
         entry = new.get(source)

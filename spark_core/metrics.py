@@ -19,7 +19,8 @@ Names start ``shorelink_spark_``; a counter's name gets ``_total`` from the clie
   ``pull_unproved_records_total{puller}`` and ``pull_parks_total{puller}`` (a feed parked
   for bringing too many unproved records: spark_core/feed_guard.py);
 - ``merged_records_total{merge,outcome}`` (written, duplicate, dead, unproved: pulled
-  records whose ship's proof failed, dead-lettered too; skipped),
+  records whose ship's proof failed, dead-lettered too; skipped; foreign: of another
+  shard's origins, in a topic every shard of a merge split by origin reads whole),
   ``merge_batches_total{merge}``, ``merge_failures_total{merge}``,
   ``redriven_records_total{merge,cause,outcome}`` (dead letters whose cause changed,
   tried again: written, duplicate, refused; spark_core/redrive.py),
@@ -288,6 +289,7 @@ class SiteCollector(Collector):
                 ("dead", t.dead - t.unproved),
                 ("unproved", t.unproved),
                 ("skipped", t.skipped),
+                ("foreign", t.foreign),
             ):
                 merged.add_metric([m.query, outcome], float(n))
             batches.add_metric([m.query], float(t.batches))

@@ -161,10 +161,14 @@ def produce_raw(
     bootstrap: str,
     topic: str,
     items: Iterable[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]],
+    *,
+    partition: int | None = None,
 ) -> None:
+    """``items`` to ``topic`` as they are (to ``partition``, else each key's)."""
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    where = {} if partition is None else {"partition": partition}
     for key, value, headers in items:
-        p.produce(topic, key=key, value=value, headers=headers)
+        p.produce(topic, key=key, value=value, headers=headers, **where)
     assert p.flush(20) == 0
 
 

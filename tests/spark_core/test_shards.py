@@ -36,6 +36,7 @@ from tests.spark_core.helpers import (
     canonical,
     create_ingress,
     ledger,
+    produce_raw,
     record,
     site_doc,
 )
@@ -72,9 +73,9 @@ def _produce_by_origin(bootstrap: str, records: list[Record]) -> None:
     p.commit_transaction(20)
 
 
-def _row(origin: str, stream: str, seq: int, offset: int) -> SourceRow:
+def _row(origin: str, stream: str, seq: int, offset: int, partition: int = 0) -> SourceRow:
     r = record(origin, stream, seq)
-    return SourceRow(ingress_topic(stream), 0, offset, r.key, r.value, r.headers())
+    return SourceRow(ingress_topic(stream), partition, offset, r.key, r.value, r.headers())
 
 
 # -- the rule and the plan (no broker) -----------------------------------------------------
@@ -154,36 +155,52 @@ def test_a_change_of_layout_fences_the_merges_of_the_old_one(
     """The merge that ran whole, still running when the site is split (a driver that
     did not die, on another host), would write the same origins as the shards: fenced
     by the first shard's start, and the shards by the whole merge's return. The layout
-    lives in Kafka (the shards' drivers share no disk)."""
+    lives in Kafka (the shards' drivers share no disk). A split is refused while the
+    whole merge has ingress left to merge (written by key: no shard would merge it)."""
     b = kafka.bootstrap
     stream = unique("s")
     site, _ = _sharded(b, tmp_path, stream)
     whole = parse_config(_sharded_doc(b, tmp_path, stream, site.name, 1), base=tmp_path).site(
         site.name
     )
+    create_ingress(b, [stream], PARTITIONS)
+    produce_raw(b, ingress_topic(stream), [(b"c1", b"v", [])], partition=3)
     old = Merger(whole)
     old.write_rows(0, [_row("ship1", stream, 1, 0)])
     assert merge_layout(site) is None  # one merge writes no layout record, as ever
+    with pytest.raises(MergeError, match=rf"{ingress_topic(stream)}\[3\]: 1 records left"):
+        fence_predecessors(site, Shard(0, 2))
+    old.write_rows(1, [_row("ship2", stream, 1, 0, partition=3)])  # not fenced: it goes on
 
-    fence_predecessors(site, Shard(0, 2))
+    fence_predecessors(site, Shard(0, 2))  # now merged to the end
     assert merge_layout(site) == 2
     with pytest.raises(MergeError, match="fenced") as fenced:
-        old.write_rows(1, [_row("ship1", stream, 2, 1)])
+        old.write_rows(2, [_row("ship1", stream, 2, 1)])
     assert fenced.value.fatal
     shards = [Merger(site, shard=Shard(k, 2)) for k in range(2)]
     fence_predecessors(site, Shard(1, 2))  # the same layout: the live shard 0 not fenced
     owner = next(m for m in shards if m.owns is not None and m.owns("ship1"))
-    owner.write_rows(0, [_row("ship1", stream, 2, 1)])
+    other = next(m for m in shards if m is not owner)
+    assert owner.shard is not None and other.shard is not None
+    mine = next(p for p in range(PARTITIONS) if owner.shard.reads(p, PARTITIONS))
+    owner.write_rows(0, [_row("ship1", stream, 2, 1, partition=mine)])
     assert owner.transactional_id == f"{whole.merge.transactional_id}{owner.query[5:]}"
-    assert owner.query == f"merge{owner.shard.suffix if owner.shard else '!'}"
+    assert owner.query == f"merge{owner.shard.suffix}"
     assert str(ledger(b)[("ship1", stream)]) == "1-2"
     keys = {m.key() for m in read_to_end(KafkaEndpoint.plaintext(b), [MARKER_TOPIC])}
     assert marker_key(site.name, owner.query) in keys
 
+    # ship1's record in a partition only the other shard reads (a gateway writing by
+    # key): refused, not passed, since its own shard never reads it there
+    theirs = next(p for p in range(PARTITIONS) if other.shard.reads(p, PARTITIONS))
+    with pytest.raises(MergeError, match=r"kafka\.ingress_by_origin") as misrouted:
+        other.write_rows(0, [_row("ship1", stream, 3, 5, partition=theirs)])
+    assert misrouted.value.fatal and str(ledger(b)[("ship1", stream)]) == "1-2"
+
     fence_predecessors(whole)  # back to one merge: both shards fenced
     assert merge_layout(site) == 1
     with pytest.raises(MergeError, match="fenced"):
-        owner.write_rows(1, [_row("ship1", stream, 3, 2)])
+        owner.write_rows(1, [_row("ship1", stream, 3, 2, partition=mine)])
     for m in [old, *shards]:
         m.close()
 
