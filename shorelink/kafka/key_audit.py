@@ -13,7 +13,16 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from shorelink.contract import H_ORIGIN, H_PROOF, H_SEQ, canonical_topic, dead_topic
+from shorelink.contract import (
+    H_ORIGIN,
+    H_PROOF,
+    H_SEQ,
+    LEDGER_TOPIC,
+    LINKS_TOPIC,
+    canonical_topic,
+    dead_topic,
+)
+from shorelink.fleet.entry import REGISTRY_STREAM
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import UnknownTopic
@@ -42,11 +51,17 @@ class KeyHoldings:
     other_keys: Counter[str] = field(default_factory=Counter)
 
 
+#: topics named like a canonical topic that hold no ship's records
+_NOT_STREAMS = frozenset({LEDGER_TOPIC, LINKS_TOPIC, canonical_topic(REGISTRY_STREAM)})
+
+
 def canonical_streams(kafka: KafkaEndpoint) -> list[str]:
     """The streams whose canonical topic (``sl.<stream>``) ``kafka`` holds."""
     topics = Admin(kafka).metadata(what=f"topics at {kafka.bootstrap}").topics
     return sorted(
-        t.removeprefix("sl.") for t in topics if t.startswith("sl.") and t.count(".") == 1
+        t.removeprefix("sl.")
+        for t in topics
+        if t.startswith("sl.") and t.count(".") == 1 and t not in _NOT_STREAMS
     )
 
 
