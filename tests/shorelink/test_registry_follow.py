@@ -130,19 +130,21 @@ def test_entries_signed_before_a_fleet_key_rotation_are_published_after_it(
     could not be published at all. The retired key signs their records in chunks when
     it is rotated (``fleet.retired``): every entry's record, from version 1, is proved
     at a site that knows only the root, and the follower takes the whole chain."""
-    reg, _ = _registry(tmp_path, 130)  # past one chunk of 128 records
+    reg, _ = _registry(tmp_path, 1)
+    more = [("ship_added", {"ship": f"more{i}", "groups": ["north"]}) for i in range(130)]
+    reg.append(more)  # past one chunk of 128 records
     old = reg.fleet_key()
     reg.rotate_fleet_key()
     provision(reg, "late", ["north"], out=tmp_path / "late")
     entries, raws = entry_records(reg, "hq", 0)
     assert len(raws) == reg.state.version
-    assert {c[2] for c in reg.retired()} == {old.id} and len(reg.retired()) == 4
+    assert {c[2] for c in reg.retired()} == {old.id} and len(reg.retired()) == 2
     assert (reg.directory / "fleet.retired").stat().st_mode & 0o777 == 0o644
     follower = RegistryFollower(Registry.open(reg.directory).state.anchor or "")
     for raw in raws:
         assert _check(follower.current(), raw) is None
-        follower.take(*raw)
-        follower.changed()
+        if follower.take(*raw):
+            follower.changed()
     assert follower.version == reg.state.version and not follower.refused
     assert "late" in follower.state.ships
     # publishing from the middle of a chunk: its other entries are read from the log
