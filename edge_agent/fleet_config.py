@@ -37,6 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from edge_agent.budget import LinkBudget
 from edge_agent.config import EdgeConfig, LinkConfig, load_config, parse_config
+from edge_agent.errors import GatewayRejected
 from shorelink.config import load_toml
 from shorelink.errors import ConfigError, ShorelinkError
 from shorelink.files import write_atomic
@@ -202,6 +203,9 @@ class FleetConfig:
         #: (both charged to the link's budget; an answer cut short is not received)
         self.sent_bytes = 0
         self.received_bytes = 0
+        #: scopes to go back from that a gateway could not serve the end of, and the
+        #: registry's version then: not asked again until the registry moves
+        self._unserved: dict[str, int | None] = {}
 
     def reported(self) -> ReportedConfig:
         return ReportedConfig(self.state.version, self.state.failure)
@@ -276,9 +280,13 @@ class FleetConfig:
             floor = self._floor(s, h)
             if v < floor and (h is None or registry is None or registry <= floor):
                 continue
+            if v < floor and self._unserved.get(s, -1) == registry:
+                continue
             want[s] = h
         for s, h in held.items():
             if s in offer or self.state.refused.get(s) == 0:
+                continue
+            if self._unserved.get(s, -1) == registry:
                 continue
             if registry is not None and registry > self._floor(s, h):
                 want[s] = h
@@ -312,7 +320,16 @@ class FleetConfig:
         try:
             await budget.charge(len(request))
             self.sent_bytes += len(request)
-            answer = await gw.fetch_config(request)
+            try:
+                answer = await gw.fetch_config(request)
+            except GatewayRejected as exc:
+                # not served (an end this gateway no longer keeps): the batches go on,
+                # and a scope to go back from is asked again once the registry moves
+                log.warning("fleet_config_not_served", site=gw.site, error=str(exc))
+                for s, h in want.items():
+                    if s not in offer or (h is not None and offer[s][0] < h):
+                        self._unserved[s] = gw.config_registry
+                return
             await budget.charge(len(answer))
             self.received_bytes += len(answer)
             log.info("fleet_config_fetched", site=gw.site, bytes=len(request) + len(answer))

@@ -146,6 +146,7 @@ async def _ship(
     refresh: str = "500ms",
     heartbeat: str = "1h",
     metrics_port: int = 0,
+    held: dict[str, Any] | None = None,
 ) -> Ship:
     """A ship provisioned at headquarters (group ``north``), its agent supervised and
     running with a gateway at ``port`` (the gateway's own by default)."""
@@ -172,6 +173,10 @@ async def _ship(
         {"site": "tokyo", "url": f"http://127.0.0.1:{port or shore.port}", "link": link}
     ]
     config = write_toml(tmp_path / "edge.toml", doc)
+    if held is not None:  # what the ship holds already (<log>.fleet.json)
+        await asyncio.to_thread(
+            Path(f"{doc['log']['path']}.fleet.json").write_text, json.dumps(held)
+        )
     sup = Supervisor(config)
     task = asyncio.create_task(sup.run(install_signals=False))
     await eventually_async(lambda: sup.agent is not None, 10, "the agent started")
@@ -573,6 +578,48 @@ async def test_a_canary_goes_back_to_its_groups_configuration_when_its_rollout_s
         await eventually_async(
             lambda: _reported(ship) == {"version": base, "failure": None}, 20, "reported"
         )
+    finally:
+        await ship.stop()
+
+
+async def test_a_scope_whose_end_no_gateway_keeps_stays_and_the_batches_go_on(
+    tmp_path: Path, shore: Shore, mosquitto: MosquittoBroker
+) -> None:
+    """A ship holds a scope the registry no longer gives it, and the gateway keeps no
+    signed end of it (here: a group the ship was never in): the request is refused,
+    the ship keeps what it runs, its batches go on, and it does not ask again on each
+    new connection until the registry moves."""
+    body = {
+        "scope": "group",
+        "name": "south",
+        "format": "toml",
+        "document": '[streams.alerts]\nmax_age = "3d"\n',
+        "port_links_only": False,
+    }
+    shore.registry.append([("config_set", body)])
+    south = shore.publish()
+    line = shore.registry.state.config_lines[south].decode()
+    held = {"version": south, "lines": {"g:south": line}, "failure": None, "refused": {}}
+    held |= {"trial": "", "previous": None}
+    ship = await _ship(tmp_path, shore, mosquitto, held=held, heartbeat="1s")
+    try:
+        uplink, fleet = ship.agent.uplink, ship.agent.fleet
+        assert uplink is not None and fleet is not None
+        assert ship.agent.cfg.streams["alerts"].max_age_s == 3 * 86400
+        uploads: set[int] = set()
+
+        def connections() -> int:
+            up = uplink.gateways[0]._upload  # type: ignore[attr-defined]
+            if up is not None:
+                uploads.add(id(up))
+            return len(uploads)
+
+        await eventually_async(lambda: fleet.sent_bytes > 0, 20, "asked once")
+        await eventually_async(lambda: connections() >= 4, 30, "connections after it")
+        accepted = uplink._accepted
+        await eventually_async(lambda: uplink._accepted > accepted, 20, "batches go on")
+        assert fleet.sent_bytes == len(request_json({"g:south": south}, 0))  # once
+        assert ship.held()["lines"] == {"g:south": line} and ship.supervisor.runs == 1
     finally:
         await ship.stop()
 
