@@ -28,6 +28,9 @@ ALLOWED = {
     "state_dir (merges.json); one it cannot read starts the queries afresh",
     "spark_core.merge:reset_recreated_checkpoint": "the application's own stamp in its "
     "state_dir (<query>.sources.json); one it cannot read is taken as empty",
+    "spark_core.merge:merge_layout": "the site's merges' own layout record in "
+    "sl.merge.marker (only they may write it: ACL); one it cannot read fails the start "
+    "with MergeError",
     "spark_core.merge_state:MergeState.restore_marker": "the merge's own marker: only the "
     "site's merge may write sl.merge.marker (ACL); one it cannot read fails the load "
     "with MergeError",
