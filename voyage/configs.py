@@ -82,7 +82,7 @@ def secret_ref(*who: str) -> str:
     return "${" + env_var(*who) + "}"
 
 
-def gateway_config(site: SiteEndpoints, credentials: Path, tls: Tls, ship_keys: Path) -> str:
+def gateway_config(site: SiteEndpoints, fleet_pub: Path, tls: Tls) -> str:
     return toml_file(
         f"gateway of site {site.name} (written by `shorelink demo`; see "
         "deploy/gateway/gateway.toml)",
@@ -91,8 +91,9 @@ def gateway_config(site: SiteEndpoints, credentials: Path, tls: Tls, ship_keys: 
             "log_level": "info",
             # one decoding process fewer: the voyage's batches are small
             "decode_workers": 0,
-            "credentials_file": str(credentials),
-            "ship_keys_file": str(ship_keys),
+            # the fleet registry's root key: the gateway follows its site's sl.registry
+            # for the ships' tokens, keys and client certificates (no file copied)
+            "fleet_pub_file": str(fleet_pub),
             "streams": list(STREAMS),
             "listen": {
                 "host": "127.0.0.1",
@@ -100,7 +101,7 @@ def gateway_config(site: SiteEndpoints, credentials: Path, tls: Tls, ship_keys: 
                 "tls_cert_file": str(tls.cert_file),
                 "tls_key_file": str(tls.key_file),
                 # mutual TLS: each ship presents a certificate of the voyage's CA naming
-                # it, besides its token (ships added with --require-client-cert)
+                # it, besides its token (`fleet provision --require-client-cert`)
                 "client_ca_file": str(tls.ca_file),
             },
             # Prometheus and the probes: plain HTTP on loopback, not the ships' port
@@ -122,7 +123,7 @@ def sites_config(
     sites: Mapping[str, SiteEndpoints],
     ca_file: Path,
     customers: Path,
-    ship_keys: Path,
+    fleet_pub: Path,
     *,
     driver_memory: str = "2g",
 ) -> str:
@@ -135,8 +136,9 @@ def sites_config(
             # who owns which container when: HQ keeps the customers' streams
             # (voyage/customers.py)
             "customers_file": str(customers),
-            # every ship's public key: what a site pulls is taken only with its proof
-            "ship_keys_file": str(ship_keys),
+            # the fleet registry's root key: every site carries sl.registry and takes
+            # what it pulls only with the proof of the key the registry says
+            "fleet_pub_file": str(fleet_pub),
             "spark": {
                 "master": "local[2]",
                 "driver_memory": driver_memory,
@@ -201,11 +203,10 @@ def _site(root: Path, s: SiteEndpoints, ca_file: Path) -> dict[str, Any]:
 def edge_config(
     ship: ShipEndpoints,
     root: Path,
-    token: str,
+    bundle: Path,
     tls: Tls,
     *,
     satellite_budget: int,
-    signing_key: Path,
 ) -> str:
     """The ship's agent: its Mosquitto, its log, port Wi-Fi to each port's gateway and
     the satellite to HQ, the streams, the mapping rules and the overboard alarm."""
@@ -238,11 +239,18 @@ def edge_config(
             },
             "metrics": {"host": "127.0.0.1", "port": ship.metrics_port},
             "uplink": {
-                "token": token,
-                # the ship signs every batch (voyage/launch.py made the key)
-                "signing_key_file": str(signing_key),
+                # what `shorelink fleet provision` made at headquarters and the ship
+                # carried on board: its token, its signing key, the fleet's root key
+                # (configurations from the registry are verified against it)
+                "token_file": str(bundle / "gateway.token"),
+                "signing_key_file": str(bundle / "ship.key"),
+                "fleet_pub_file": str(bundle / "fleet.pub"),
+                # a new configuration's trial: ingest connected and a gateway answered
+                "fleet_health": "30s",
                 "interval": "2s",
-                "refresh": "20s",
+                # a new upload connection (and the gateway's configuration offer) at
+                # least this often
+                "refresh": "10s",
                 "probe_timeout": "3s",
                 "retry_min": "100ms",
                 "retry_max": "3s",

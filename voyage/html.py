@@ -239,6 +239,77 @@ def _ops_section(ops: dict[str, Any] | None) -> list[str]:
     return out
 
 
+def _fleet_section(reg: dict[str, Any] | None) -> list[str]:
+    """Headquarters' fleet registry: each rollout (stages, ships reached, how it ended
+    and why, each entry's way to every site) and what each ship fetched."""
+    if not reg:
+        return []
+    out = [
+        "<h2>The fleet from headquarters: rollouts</h2>",
+        "<p class='muted'>"
+        + _e(
+            f"Every ship provisioned at HQ (`shorelink fleet provision`), no ships.json or "
+            f"ship keys file at any site: registry version {reg.get('registry_version')}, "
+            f"{reg.get('ships')} ships; `shorelink fleet run` at HQ published each entry and "
+            "ticked the rollouts on the ships' reports."
+        )
+        + "</p>",
+    ]
+    rows = []
+    for r in reg.get("rollouts") or ():
+        counts = r.get("stage_ships") or []
+        stages = " / ".join(
+            f"{st} ({n} ships)" for st, n in zip(r.get("stages") or [], counts, strict=False)
+        )
+        enforced = [v for v in (r.get("enforced_s") or {}).values() if v is not None]
+        rows.append(
+            [
+                _e(f"{r['id']} ({r['what']})"),
+                _e(stages),
+                _e(f"stage {r.get('stage_reached')}: {', '.join(r.get('reached') or [])}"),
+                _e(f"{r.get('state')} by {r.get('by') or '-'}")
+                + (f"<br><small>{_e(r['reason'])}</small>" if r.get("reason") else ""),
+                _e(f"{_num(r.get('started_s'))}-{_num(r.get('ended_s'))} s"),
+                _num(max(enforced), 2, " s") if enforced else "-",
+            ]
+        )
+    out.append(
+        _table(
+            ["rollout", "stages", "reached", "ended", "voyage time", "enforced everywhere"],
+            rows,
+        )
+    )
+    rows = [
+        [
+            _e(ship),
+            _num(len(c.get("fetches") or []), 0),
+            _num(c.get("satellite_bytes"), 0, " B"),
+            _num(c.get("port_bytes"), 0, " B"),
+        ]
+        for ship, c in sorted((reg.get("config") or {}).items())
+    ]
+    out.append(
+        _table(["ship", "configurations fetched", "over the satellite", "over port links"], rows)
+    )
+    rot = reg.get("key_rotation")
+    if rot:
+        enforced = [v for v in (rot.get("enforced_s") or {}).values() if v is not None]
+        out.append(
+            "<p>"
+            + _e(
+                f"{rot['ship']}'s signing key rotated at {_num(rot.get('at_s'))} s "
+                f"(`shorelink fleet rotate-key`, entry {rot.get('version')}): the new key "
+                "signs from "
+                + ", ".join(f"{k} {v}" for k, v in sorted((rot.get("from_seq") or {}).items()))
+                + f"; enforced at every site within {_num(max(enforced, default=None), 2)} s; "
+                f"the agent was down {_num(rot.get('agent_down_s'))} s (its broker kept what "
+                "arrived)."
+            )
+            + "</p>"
+        )
+    return out
+
+
 def render_html(report: dict[str, Any]) -> str:
     ok = bool(report.get("ok"))
     problems = report.get("problems") or []
@@ -424,6 +495,8 @@ def render_html(report: dict[str, Any]) -> str:
                 rows,
             )
         )
+
+    parts += _fleet_section(report.get("fleet_registry"))
 
     cust = report.get("customer")
     if cust:

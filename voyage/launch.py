@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import shutil
 import ssl
 import subprocess
 import sys
@@ -35,7 +36,7 @@ from local_stack.process import Proc, free_ports, port_open, stop_procs
 from local_stack.stack import HOST, StackInfo, down
 from local_stack.toxiproxy import Toxiproxy, start_toxiproxy
 from shorelink.files import write_atomic
-from shorelink.proof import ShipKey, ShipKeys
+from shorelink.fleet.log import Registry
 from voyage.configs import (
     ShipEndpoints,
     SiteEndpoints,
@@ -45,6 +46,7 @@ from voyage.configs import (
     sites_config,
 )
 from voyage.customers import CUSTOMERS, READER, client_config, customers_config
+from voyage.fleet import TICK_EVERY_S, RegistryWatch, hq_loop_sites, provision_fleet
 from voyage.security import STAFF, VoyageSecurity, env_var
 from voyage.topology import HQ, PORTS, SITES, neighbours, ship_link, site_link
 
@@ -73,6 +75,10 @@ class Launched:
     customer_toml: Path = Path()
     gateway_toml: dict[str, Path] = field(default_factory=dict)
     edge_toml: dict[str, Path] = field(default_factory=dict)
+    #: headquarters' fleet registry (voyage/fleet.py)
+    registry: Path = Path()
+    #: the registry version each site enforces, looked at as the voyage runs
+    watch: RegistryWatch | None = None
 
     def record(self, proc: Proc, address: str = "") -> None:
         self.procs.append(proc)
@@ -88,6 +94,8 @@ class Launched:
         return f"http://{HOST}:{self.sites[HQ].ops_port}/"
 
     def stop(self, grace: float = 20.0) -> None:
+        if self.watch is not None:
+            self.watch.stop()
         stop_procs(self.procs, grace)
 
 
@@ -238,18 +246,16 @@ def launch(
         launched.sites_toml = dir / "sites" / "sites.toml"
         customers = dir / "sites" / "customers.toml"
         customers.write_text(customers_config())
-        # each ship signs what it sends; every site holds the public halves, and a ship
-        # without a key is refused (docs/replication.md, "Ship signatures")
-        ship_keys = dir / "sites" / "ship_keys.toml"
-        public = {}
-        for ship in ships:
-            key = ShipKey.generate()
-            (dir / "ships" / ship).mkdir(parents=True, exist_ok=True)
-            key.save(dir / "ships" / ship / "ship.key")
-            public[ship] = key.public()
-        ship_keys.write_text(ShipKeys.render(public, require_signatures=True))
+        # headquarters provisions every ship in the fleet registry (its token, its
+        # signing key, its client certificate required) and each carries its bundle on
+        # board; every site follows the registry from its root key (fleet.pub): no
+        # ships.json, no ship keys file (docs/fleet-registry.md, voyage/fleet.py)
+        say("provisioning every ship in the fleet registry at headquarters")
+        launched.registry = provision_fleet(dir, ships)
+        fleet_pub = dir / "sites" / "fleet.pub"
+        shutil.copyfile(launched.registry / "fleet.pub", fleet_pub)
         launched.sites_toml.write_text(
-            sites_config(dir / "sites", launched.sites, sec.ca_file, customers, ship_keys)
+            sites_config(dir / "sites", launched.sites, sec.ca_file, customers, fleet_pub)
         )
         launched.customer_toml = dir / "customers" / f"{READER}.toml"
         launched.customer_toml.parent.mkdir(parents=True, exist_ok=True)
@@ -277,6 +283,29 @@ def launch(
                 for s in SITES
             ]
         )
+        # headquarters' loop: publishes every entry (the ships' first) into HQ's
+        # sl.ingress.registry and ticks the rollouts on the ships' reports
+        launched.record(
+            Proc.start(
+                "fleet:hq",
+                _python(
+                    "shorelink.cli",
+                    "fleet",
+                    "run",
+                    "--registry",
+                    str(launched.registry),
+                    "--sites",
+                    str(hq_loop_sites(dir, brokers[HQ].bootstrap, sec.ca_file)),
+                    "--site",
+                    HQ,
+                    "--tick-every",
+                    f"{TICK_EVERY_S}s",
+                    "--check-every",
+                    "0.2s",
+                ),
+                logs / "fleet-hq.log",
+            )
+        )
         # one application per site as in production, or the four sites' supervisors in
         # one application (one JVM instead of four on a 2-core machine: docs/voyage.md)
         groups = [[s] for s in (HQ, *PORTS)] if spark_per_site else [[HQ, *PORTS]]
@@ -291,30 +320,13 @@ def launch(
             )
 
         say("starting a gateway per site (HTTPS)")
-        credentials = dir / "sites" / "ships.json"
         for s in SITES:
             path = dir / "sites" / s / "gateway.toml"
             path.parent.mkdir(parents=True, exist_ok=True)
             cert = sec.server(f"gateway-{s}")
             tls = Tls(sec.ca_file, cert.cert, cert.key)
-            path.write_text(gateway_config(launched.sites[s], credentials, tls, ship_keys))
+            path.write_text(gateway_config(launched.sites[s], fleet_pub, tls))
             launched.gateway_toml[s] = path
-        # one at a time: each rewrites the ships' credentials file
-        tokens = {
-            ship: _run(
-                _python(
-                    "core_gateway.cli",
-                    "ships",
-                    "add",
-                    ship,
-                    "--require-client-cert",
-                    "--config",
-                    str(launched.gateway_toml[HQ]),
-                ),
-                f"shorelink-gateway ships add {ship}",
-            ).strip()
-            for ship in ships
-        }
         for s in SITES:
             launched.record(
                 Proc.start(
@@ -352,12 +364,11 @@ def launch(
             text = edge_config(
                 launched.ships[ship],
                 root,
-                tokens[ship],
+                root / "bundle",
                 Tls(sec.ca_file, cert.cert, cert.key),
                 satellite_budget=SATELLITE_BUDGET,
-                signing_key=root / "ship.key",
             )
-            write_atomic(path, text, mode=0o600)  # it holds the ship's token: never 0644
+            write_atomic(path, text, mode=0o600)
             launched.edge_toml[ship] = path
             launched.record(
                 Proc.start(
@@ -384,6 +395,22 @@ def launch(
             if p.name.startswith("spark:"):
                 for site in p.name.split(":", 1)[1].split(","):
                     p.wait_ready(functools.partial(_warm, launched.checkpoint_dir(site)), 400)
+        # every gateway and Spark application enforces the registry's ships before the
+        # ships sail: the time from the entries' writing at HQ is the start-up's
+        launched.watch = RegistryWatch(
+            {s: f"{HOST}:{launched.sites[s].gateway_metrics_port}" for s in SITES},
+            {s: launched.checkpoint_dir(s) / "replication.status.json" for s in SITES},
+        )
+        launched.watch.start()
+        version = Registry.open(launched.registry).state.version
+        deadline = time.monotonic() + 120
+        while not launched.watch.everywhere(version):
+            if time.monotonic() > deadline:
+                raise StackError(
+                    f"the fleet registry's version {version} was not enforced at every site "
+                    f"within 120s: {launched.watch.versions()}; see {logs / 'fleet-hq.log'}"
+                )
+            time.sleep(0.2)
         info.started_s = time.monotonic() - t0
         info.save()
         return launched

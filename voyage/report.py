@@ -67,6 +67,9 @@ class Observed:
     ops: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    #: headquarters' fleet registry: its rollouts and what the ships fetched
+    #: (voyage/fleet.py ``FleetScenario.summary``)
+    registry: dict[str, Any] | None = None
 
 
 def _produced(edge: Mapping[str, EdgeSample]) -> set[Ident]:
@@ -338,6 +341,23 @@ def _links(o: Observed) -> dict[str, Any]:
     return out
 
 
+def _registry_slow(registry: Mapping[str, Any]) -> list[str]:
+    """A registry entry enforced at a site later than its goal after its writing at HQ
+    (a goal, not the verdict: speed depends on the machine)."""
+    goal = float(registry.get("goal_enforced_s") or 10.0)
+    out = []
+    for r in registry.get("rollouts") or ():
+        late = {k: v for k, v in r["enforced_s"].items() if v is None or v > goal}
+        if late:
+            what = ", ".join(
+                f"{k} {'never' if v is None else f'{v:.1f}s'}" for k, v in late.items()
+            )
+            out.append(
+                f"registry entry {r['id']} ({r['what']}) enforced later than {goal:.0f}s: {what}"
+            )
+    return out
+
+
 def build_report(o: Observed) -> dict[str, Any]:
     produced = _produced(o.edge)
     problems = list(o.problems)
@@ -352,6 +372,9 @@ def build_report(o: Observed) -> dict[str, Any]:
         problems += list(customer_problems(o.customer))
     if o.ops is not None:
         problems += ops_problems(o.ops, (o.overboard or {}).get("containers") or ())
+    if o.registry is not None:
+        problems += list(o.registry.get("problems") or ())
+        slow += _registry_slow(o.registry)
     if o.audit is not None and not o.audit.get("ok", False):
         problems.append(f"shorelink audit --all-sites: {o.audit.get('summary', 'failed')}")
     ports = {}
@@ -381,6 +404,7 @@ def build_report(o: Observed) -> dict[str, Any]:
         "audit": o.audit,
         "customer": o.customer,
         "ops": o.ops,
+        "fleet_registry": o.registry,
         "series": {
             "records": o.series_records,
             "backlog": o.series_backlog,

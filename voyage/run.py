@@ -10,6 +10,7 @@ stack down --dir DIR`` stops them).
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import signal
@@ -27,7 +28,7 @@ from rich.live import Live
 
 from fleet_sim.plan import VoyagePlan, plan_voyage
 from local_stack.errors import StackError
-from local_stack.process import Proc
+from local_stack.process import Proc, port_open
 from local_stack.stack import down
 from local_stack.stack import load as load_stack
 from shorelink.config import Secret
@@ -36,6 +37,7 @@ from shorelink.kafka.auth import KafkaAuth
 from shorelink.kafka.endpoint import KafkaEndpoint
 from voyage.configs import REPORT_INTERVAL_S
 from voyage.customers import READER, CustomerReader
+from voyage.fleet import FleetScenario, KeyRotation
 from voyage.html import write_report
 from voyage.launch import Launched, launch
 from voyage.links import LinkPlayer
@@ -155,6 +157,10 @@ class Voyage:
         self.series_records: dict[str, list[list[float]]] = {s: [] for s in SITES}
         self.series_backlog: dict[str, list[list[float]]] = {s: [] for s in self.ships}
         self.problems: list[str] = []
+        #: headquarters' doings mid-voyage (voyage/fleet.py)
+        self.scenario: FleetScenario | None = None
+        #: processes stopped on purpose for a moment (an agent given its new key)
+        self.paused: set[str] = set()
         self.stopped = False
         self.converged_at = 0.0
         #: wall seconds of each phase: start-up, voyage, drain
@@ -205,11 +211,50 @@ class Voyage:
             self.dir / "logs" / "fleet-sim.log",
         )
         self.launched.record(self.fleet)
+        assert self.launched.watch is not None
+        self.scenario = FleetScenario(
+            self.launched.registry, self.ships, self.dir / "hq", self.launched.watch, self.say
+        )
+        rotated = self.ships[-1]  # not the rollouts' canary: their trials stay apart
+        self.scenario.rotation = KeyRotation(
+            rotated,
+            self.launched.registry,
+            self.launched.edge_toml[rotated],
+            self.dir / "ships" / rotated / "bundle" / "ship.key",
+            self.launched.watch,
+            functools.partial(self.stop_agent, rotated),
+            functools.partial(self.start_agent, rotated),
+        )
         self.say(
             f"voyage: {len(self.ships)} ships, {plan.end_s():.0f}s of wall time at "
             f"{plan.speed:.0f}x (one wall second = {plan.speed / 3600:.1f} hours at sea)"
         )
         return plan
+
+    def stop_agent(self, ship: str) -> None:
+        """Stop ``ship``'s agent (SIGTERM: it ends its batch, its broker keeps what
+        arrives) for a moment the voyage's watch of its processes allows."""
+        assert self.launched is not None
+        name = f"edge:{ship}"
+        self.paused.add(name)
+        proc = next(p for p in self.launched.procs if p.name == name)
+        proc.stop(grace=30)
+        self.launched.procs.remove(proc)
+
+    def start_agent(self, ship: str) -> None:
+        """Start ``ship``'s agent again, as launch started it."""
+        assert self.launched is not None
+        name = f"edge:{ship}"
+        config = self.launched.edge_toml[ship]
+        port = self.launched.ships[ship].metrics_port
+        proc = Proc.start(
+            name,
+            [sys.executable, "-m", "edge_agent.cli", "run", "--config", str(config)],
+            self.dir / "logs" / f"edge-{ship}.log",
+        )
+        self.launched.record(proc, f"127.0.0.1:{port}")
+        proc.wait_ready(functools.partial(port_open, "127.0.0.1", port), 60)
+        self.paused.discard(name)
 
     def sample(self, t: float) -> None:
         assert self.launched is not None
@@ -283,6 +328,10 @@ class Voyage:
                 t = time.time() - plan.start_wall
                 links.apply(max(t, 0.0))
                 events.read()
+                if self.scenario is not None:
+                    self.scenario.step(
+                        t, lambda ship: links.wifi.get(ship, "") is None, plan.end_s()
+                    )
                 if time.monotonic() - last_sample >= SAMPLE_EVERY_S:
                     last_sample = time.monotonic()
                     self.sample(t)
@@ -313,6 +362,8 @@ class Voyage:
                         self.timings.setdefault(
                             "drain_s", round(time.monotonic() - drain_started, 1)
                         )
+                    elif self.scenario is not None and not self.scenario.done:
+                        pass  # headquarters' rollouts are still under way
                     elif time.monotonic() - settled[0] > SETTLE_S:
                         # each ship writes one more report once its backlog is empty
                         # (edge_agent/report.py): held still for a report interval, no
@@ -326,8 +377,8 @@ class Voyage:
                             f"not every site held every record {self.opts.drain_timeout:.0f}s after the voyage"
                         )
                         break
-                for p in self.launched.procs:
-                    if p is not self.fleet and not p.alive():
+                for p in list(self.launched.procs):
+                    if p is not self.fleet and p.name not in self.paused and not p.alive():
                         raise StackError(
                             f"{p.name} exited during the voyage; see {p.log}:\n{p.tail()}"
                         )
@@ -467,8 +518,18 @@ class Voyage:
             problems=self.problems
             + [f"{s}: {w.error}" for s, w in self.watches.items() if w.error],
             timings=self.timings,
+            registry=None if self.scenario is None else self.fleet_summary(),
         )
         return build_report(observed)
+
+    def fleet_summary(self) -> dict[str, Any]:
+        assert self.scenario is not None and self.launched is not None
+        if not self.scenario.done:
+            self.scenario.problems.append(
+                f"headquarters' rollouts did not end during the voyage ({self.scenario.phase})"
+            )
+        logs = {ship: self.dir / "logs" / f"edge-{ship}.log" for ship in self.ships}
+        return self.scenario.summary(logs)
 
     def ops_summary(self) -> dict[str, Any]:
         """Headquarters' operations page as staff see it at the end, and its picture."""

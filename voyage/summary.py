@@ -90,6 +90,36 @@ def summary_text(report: dict[str, Any]) -> str:
             80,
             subsequent_indent="  ",
         )
+    reg = report.get("fleet_registry")
+    if reg:
+        lines.append("")
+        for r in reg.get("rollouts") or ():
+            enforced = [v for v in (r.get("enforced_s") or {}).values() if v is not None]
+            lines += textwrap.wrap(
+                f"fleet rollout {r['id']} ({r['what']}): {r['state']} by {r.get('by')} at "
+                f"stage {r.get('stage_reached')} of {len(r.get('stages') or [])}, reached "
+                f"{', '.join(r.get('reached') or [])}"
+                + (f" ({r['reason']})" if r.get("reason") else "")
+                + f"; its entry at every site within {_s(max(enforced, default=None))}",
+                80,
+                subsequent_indent="  ",
+            )
+        costs = ", ".join(
+            f"{ship} {_bytes(c.get('satellite_bytes'))} by satellite"
+            for ship, c in sorted((reg.get("config") or {}).items())
+        )
+        if costs:
+            lines += textwrap.wrap(f"configurations fetched: {costs}", 80, subsequent_indent="  ")
+        rot = reg.get("key_rotation")
+        if rot:
+            enforced = [v for v in (rot.get("enforced_s") or {}).values() if v is not None]
+            lines += textwrap.wrap(
+                f"{rot['ship']}'s key rotated at {_s(rot.get('at_s'))} (agent down "
+                f"{_s(rot.get('agent_down_s'))}), enforced at every site within "
+                f"{_s(max(enforced, default=None))}",
+                80,
+                subsequent_indent="  ",
+            )
     calls = report.get("port_calls") or []
     if calls:
         lines.append("")

@@ -180,6 +180,39 @@ def test_the_voyage_stops_every_process_it_started(voyage: tuple[int, Path, str]
     pids += [c["pid"] for c in stopped["ships"].values()]
     pids += [p["pid"] for p in stopped["processes"].values()]
     pids.append(stopped["toxiproxy"]["pid"])
-    # gateways, Spark, agents, fleet, the customer's consumer, HQ's operations page
-    assert len(stopped["processes"]) == 4 + 1 + 2 + 1 + 1 + 1
+    # gateways, Spark, agents, fleet, the customer's consumer, HQ's operations page,
+    # HQ's registry loop (fleet run)
+    assert len(stopped["processes"]) == 4 + 1 + 2 + 1 + 1 + 1 + 1
     assert not [p for p in pids if pid_alive(p)]
+
+
+@pytest.mark.timeout(1200)
+def test_headquarters_provisions_the_fleet_and_a_broken_change_stops_at_its_canary(
+    voyage: tuple[int, Path, str],
+) -> None:
+    """The fleet from one place (issue 41): every ship provisioned at HQ, nothing shared
+    between sites by hand; a configuration change rolled out mid-voyage reaches every
+    ship within the satellite's budget, and a change the agents refuse is stopped by its
+    rollout at the canary, saying why; one ship's key is rotated while it uploads; the
+    exactly-once checks above still hold."""
+    _code, run, _console = voyage
+    shared = [p for p in run.rglob("*") if p.name in ("ships.json", "ship_keys.toml")]
+    assert shared == [], "no credentials or ship keys file is shared between sites"
+    report = json.loads((run / "report.json").read_text())
+    reg = report["fleet_registry"]
+    assert reg["problems"] == [] and reg["ships"] == 2
+    good, broken = reg["rollouts"]
+    assert (good["what"], good["state"], good["by"]) == ("good", "done", "health")
+    assert sorted(good["reached"]) == ["ship1", "ship2"]
+    assert (broken["what"], broken["state"], broken["stage_reached"]) == ("broken", "stopped", 1)
+    assert len(broken["reached"]) == 1 and "new_in_next_release" in broken["reason"]
+    for r in (good, broken):
+        assert None not in r["enforced_s"].values(), r["enforced_s"]
+    for ship, c in reg["config"].items():
+        assert c["fetches"], f"{ship} fetched no configuration"
+        budget = report["links"][ship]["satellite"]["budget_bytes"]
+        assert c["satellite_bytes"] + c["port_bytes"] < 10_000 < budget
+    rot = reg["key_rotation"]
+    assert rot is not None and rot["ship"] == "ship2" and None not in rot["enforced_s"].values()
+    assert all(rot["from_seq"][s] >= 1 for s in ("alerts", "nav", "containers"))
+    assert "The fleet from headquarters" in (run / "report.html").read_text()
