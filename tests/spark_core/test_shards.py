@@ -26,7 +26,7 @@ from shorelink.kafka.errors import UnknownTopic
 from shorelink.kafka.reading import read_to_end
 from shorelink.shards import Shard, origin_partition
 from spark_core.cli import main as spark_cli
-from spark_core.config import SiteConfig, load_config, parse_config, shard_site
+from spark_core.config import SiteConfig, carry_registry, load_config, parse_config, shard_site
 from spark_core.jobs.site import build_supervisor
 from spark_core.merge import Merger, fence_predecessors, merge_layout
 from spark_core.merge_state import MergeError, MergeState, SourceRow, plan_batch
@@ -317,3 +317,31 @@ def test_shorelink_spark_runs_and_shows_one_shard_and_refuses_a_shard_the_site_h
     assert whole.exit_code != 0 and "run each shard with --shard k/2" in whole.output
     status = runner.invoke(spark_cli, ["status", *base, "--shard", "1/2"])
     assert status.exit_code == 1 and "shard-1of2" in status.output, status.output
+
+
+def test_the_registrys_one_partition_is_read_whole_by_every_shard_and_purged_by_none(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """The fleet registry's ingress has one partition, which two shards cannot split:
+    each reads it whole and takes its own origins; purged by one, the other would lose
+    what it had not read yet. Any other topic the shard count does not divide is
+    refused: every shard would read all of it."""
+    b = kafka.bootstrap
+    stream = unique("s")
+    site = carry_registry(_sharded(b, tmp_path, stream)[0])
+    shards = [Merger(site, shard=Shard(k, 2)) for k in range(2)]
+    for m in shards:
+        m.ready()
+        assigned = m.assignment()
+        assert assigned[ingress_topic("registry")] == [0]
+        assert m.shard is not None
+        assert assigned[ingress_topic(stream)] == [m.shard.index, m.shard.index + 2]
+        below = {(ingress_topic("registry"), 0): 5, (ingress_topic(stream), m.shard.index): 7}
+        assert m.purgeable(below) == {(ingress_topic(stream), m.shard.index): 7}
+        m.close()
+    odd = unique("s")
+    create_ingress(b, [odd], 3)
+    lopsided = Merger(_sharded(b, tmp_path / "odd", odd)[0], shard=Shard(0, 2))
+    with pytest.raises(MergeError, match=r"has 3 partitions, not a multiple of merge\.shards = 2"):
+        lopsided.ready()
+    lopsided.close()
