@@ -115,6 +115,7 @@ __all__ = [
     "merge_transactional_id",
     "plan_batch",
     "reset_changed_checkpoints",
+    "reset_reassigned_checkpoint",
     "reset_recreated_checkpoint",
     "start_merge",
     "topic_stream",
@@ -1463,6 +1464,36 @@ def reset_recreated_checkpoint(merger: Merger, spark: Any = None) -> None:
     write_json_atomic(stamp, {**old, **ids})
 
 
+def reset_reassigned_checkpoint(
+    merger: Merger, assigned: Mapping[str, Sequence[int]], spark: Any = None
+) -> None:
+    """A shard's query started afresh when the partitions it reads changed since its
+    last start (partitions added to an ingress topic): Spark's ``assign`` source fails
+    on a checkpoint of other partitions. Harmless, as for a change of the merges' split
+    (:func:`reset_changed_checkpoints`): the marker's cursors skip what was merged. The
+    partitions of each start are kept in ``<state_dir>/<query>.assign.json``."""
+    site = merger.site
+    now = {t: list(p) for t, p in sorted(assigned.items())}
+    stamp = site.state_path / f"{merger.query}.assign.json"
+    try:
+        old = json.loads(stamp.read_text())
+    except FileNotFoundError:
+        old = None
+    except ValueError:
+        old = {}
+    path = site.query_checkpoint(merger.query)
+    if old is not None and old != now and location.exists(spark, path):
+        log.warning(
+            "merge_checkpoint_reset",
+            site=site.name,
+            query=merger.query,
+            partitions=json.dumps(now, separators=(",", ":")),
+            was=json.dumps(old, separators=(",", ":")),
+        )
+        location.delete(spark, path)
+    write_json_atomic(stamp, now)
+
+
 def start_merge(spark: Any, merger: Merger, *, available_now: bool = False) -> Any:
     """Start the merge query; returns the StreamingQuery."""
     site = merger.site
@@ -1474,7 +1505,9 @@ def start_merge(spark: Any, merger: Merger, *, available_now: bool = False) -> A
     if merger.shard is None:
         source = ("subscribePattern", merger.source_pattern)
     else:  # a shard: the partitions of its origins
-        source = ("assign", json.dumps(merger.assignment(), sort_keys=True))
+        assigned = merger.assignment()
+        reset_reassigned_checkpoint(merger, assigned, spark)
+        source = ("assign", json.dumps(assigned, sort_keys=True))
     df = (
         spark.readStream.format("kafka")
         .options(**site.kafka.spark_options())

@@ -28,7 +28,12 @@ from shorelink.shards import Shard, origin_partition
 from spark_core.cli import main as spark_cli
 from spark_core.config import SiteConfig, carry_registry, load_config, parse_config, shard_site
 from spark_core.jobs.site import build_supervisor
-from spark_core.merge import Merger, fence_predecessors, merge_layout
+from spark_core.merge import (
+    Merger,
+    fence_predecessors,
+    merge_layout,
+    reset_reassigned_checkpoint,
+)
 from spark_core.merge_state import MergeError, MergeState, SourceRow, plan_batch
 from tests.helpers import eventually, kill9, run_process, unique, write_toml
 from tests.spark_core.helpers import (
@@ -345,3 +350,21 @@ def test_the_registrys_one_partition_is_read_whole_by_every_shard_and_purged_by_
     with pytest.raises(MergeError, match=r"has 3 partitions, not a multiple of merge\.shards = 2"):
         lopsided.ready()
     lopsided.close()
+
+
+def test_a_shard_whose_partitions_changed_starts_its_query_afresh(tmp_path: Path) -> None:
+    """Partitions added to an ingress topic change what a shard reads, and Spark's
+    ``assign`` source fails on a checkpoint of other partitions, on every start: the
+    checkpoint goes (the marker's cursors skip what was merged), once."""
+    doc = _sharded_doc("127.0.0.1:9092", tmp_path, "containers", "tokyo", 2)
+    site = shard_site(parse_config(doc, base=tmp_path).site("tokyo"), Shard(1, 2))
+    merger = Merger(site, shard=Shard(1, 2))
+    checkpoint = site.query_checkpoint(merger.query).path
+    topic = ingress_topic("containers")
+    site.state_path.mkdir(parents=True)
+    checkpoint.mkdir(parents=True)
+    reset_reassigned_checkpoint(merger, {topic: [1, 3]})  # the first start: kept
+    reset_reassigned_checkpoint(merger, {topic: [1, 3]})
+    assert checkpoint.exists()
+    reset_reassigned_checkpoint(merger, {topic: [1, 3, 5, 7]})  # 4 partitions to 8
+    assert not checkpoint.exists()
