@@ -56,17 +56,19 @@ HEAVY = (
     "tests/spark_core/test_crash.py",
     "tests/local_stack/test_cluster.py",
     "tests/voyage/test_interrupt.py",
+    "tests/spark_core/test_fleet_keys.py",
 )
 #: the ``HEAVY`` files in two units of work: the replication mesh (its longest file)
 #: then the fault soak's short seed on one worker; the Spark driver killed, the
-#: three-node cluster and a voyage's stack interrupted while it starts one after the
-#: other on another; never more than two heavy files at once
+#: three-node cluster, a voyage's stack interrupted while it starts and the ship keys
+#: on three sites one after the other on another; never more than two heavy files at once
 HEAVY_UNITS = {
     "tests/spark_core/test_replication.py": "heavy-mesh",
     "tests/spark_core/test_soak.py": "heavy-mesh",
     "tests/spark_core/test_crash.py": "heavy-restarts",
     "tests/local_stack/test_cluster.py": "heavy-restarts",
     "tests/voyage/test_interrupt.py": "heavy-restarts",
+    "tests/spark_core/test_fleet_keys.py": "heavy-restarts",
 }
 
 #: the other files' longest (``--durations`` on three workers), handed out first, so
