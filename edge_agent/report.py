@@ -8,7 +8,8 @@ ship with nothing new writes nothing new: its reports do not keep its own log bu
 It is built from the same facts as ``shorelink-edge status`` (edge_agent/status.py):
 per stream the last seq and the records no site has confirmed; per link class today's
 spend and budget; the link class of the gateway the ship last reached; this agent's
-version.
+version; the id of the upload token it sends (so that headquarters retires the token
+before it once the ship uses a new one: docs/fleet-registry.md, "Tokens").
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from edge_agent.config import EdgeConfig
 from edge_agent.log import EdgeLog, Incoming
 from edge_agent.status import collect_status
+from shorelink.fleet.entry import hash_token, token_id
 from shorelink.logs import get_logger
 from shorelink.ship_report import REPORT_MQTT_TOPIC, ReportedConfig, ShipReport, encode_report
 from shorelink.version import version
@@ -53,7 +55,14 @@ def build_report(
         log_budget=st["log_budget_bytes"],
         agent=version(),
         config=config,
+        token=_token_id(cfg),
     )
+
+
+def _token_id(cfg: EdgeConfig) -> str | None:
+    """The id of the token the uplink sends (None: it sends none)."""
+    token = cfg.uplink.token.value
+    return token_id(hash_token(token)) if token else None
 
 
 def write_report(cfg: EdgeConfig, edge_log: EdgeLog, report: ShipReport | None = None) -> int:

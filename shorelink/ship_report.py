@@ -15,7 +15,7 @@ The value is compact JSON (a few hundred bytes: the satellite carries it):
      "streams": {"nav": [last_seq, backlog_records], ...},
      "links": {"satellite": [spent_today, daily_budget], ...},
      "log": [record_bytes, budget_bytes], "agent": "0.2.0",
-     "config": {"version": 7, "failure": null}}
+     "config": {"version": 7, "failure": null}, "token": "3f0c9a2e71d4b855"}
 
 ``agent`` (the agent's version, shorelink/version.py) came after version 1 was out: a
 report without it is still a version 1 report (an agent from before), and a site from
@@ -23,7 +23,11 @@ before ignores it. ``config`` came after it the same way: the fleet configuratio
 ship runs (``version``: the registry version of the configuration applied, 0 for the
 one it was installed with) and why the last one it fetched was not applied or was
 rolled back (``failure``, at most ``MAX_FAILURE_CHARS`` characters; null: none since it
-last applied one). Rollouts (issue 41) read it.
+last applied one). Rollouts (issue 41) read it. ``token`` came after it too: the id of
+the upload token the agent sends (the first 16 hex digits of its SHA-256,
+``shorelink.fleet.entry.token_id``; never the token): signed by the ship's key like
+every record of the ship, it is the ship's word that it uses that token, and
+headquarters retires the token before it on it (docs/fleet-registry.md, "Tokens").
 
 :func:`decode_report` is the one reader, and a site reads what arrives from the sea:
 anything that is not a report of this shape is a :class:`~shorelink.errors.ContractError`
@@ -65,6 +69,8 @@ MAX_REPORT_BYTES = 64 * 1024
 _MAX_INT = 2**63 - 1
 #: an agent's version: PEP 440's characters (a local part included), at most 64 of them
 _VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+!_-]{0,63}")
+#: a token's id: hex digits of the head of its SHA-256 (shorelink.fleet.entry.token_id)
+_TOKEN_ID = re.compile(r"[0-9a-f]{16}")
 #: a configuration failure's text: one line an operator reads, cut to this by the writer
 MAX_FAILURE_CHARS = 300
 
@@ -103,6 +109,8 @@ class ShipReport:
     agent: str | None = None
     #: the fleet configuration it runs (None: an agent from before it said so)
     config: ReportedConfig | None = None
+    #: the id of the upload token the agent sends (None: an agent from before it said so)
+    token: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The report as the operations page's API shows it."""
@@ -125,6 +133,7 @@ class ShipReport:
                 if self.config is None
                 else {"version": self.config.version, "failure": self.config.failure}
             ),
+            "token": self.token,
         }
 
 
@@ -141,6 +150,8 @@ def encode_report(report: ShipReport) -> bytes:
         body["agent"] = report.agent
     if report.config is not None:
         body["config"] = {"version": report.config.version, "failure": report.config.failure}
+    if report.token is not None:
+        body["token"] = report.token
     out = json.dumps(body, separators=(",", ":")).encode()
     decode_report(out)  # what this side writes, the other side reads
     return out
@@ -167,6 +178,9 @@ def decode_report(payload: bytes) -> ShipReport:
     agent = doc.get("agent")
     if agent is not None and (not isinstance(agent, str) or not _VERSION.fullmatch(agent)):
         raise ContractError(f"ship report agent: expected a version, got {agent!r:.40}")
+    token = doc.get("token")
+    if token is not None and (not isinstance(token, str) or not _TOKEN_ID.fullmatch(token)):
+        raise ContractError(f"ship report token: expected a token's id, got {token!r:.40}")
     return ShipReport(
         at_ms=_count("at", doc.get("at")),
         link=link,
@@ -176,6 +190,7 @@ def decode_report(payload: bytes) -> ShipReport:
         log_budget=log_budget,
         agent=agent,
         config=_config(doc.get("config")),
+        token=token,
     )
 
 

@@ -43,6 +43,7 @@ reports = st.builds(
             failure=st.one_of(st.none(), st.text(max_size=MAX_FAILURE_CHARS)),
         ),
     ),
+    token=st.one_of(st.none(), st.text("0123456789abcdef", min_size=16, max_size=16)),
 )
 
 json_values = st.recursive(
@@ -120,6 +121,14 @@ def test_hostile_json_is_a_contract_error(doc: dict[str, object]) -> None:
             {"v": 1, "at": 1, "streams": {}, "links": {}, "config": {"version": 1, "failure": 3}},
             "config.failure: expected text",
         ),
+        (
+            {"v": 1, "at": 1, "streams": {}, "links": {}, "token": "sl_" + "A" * 43},
+            "token: expected a token's id",
+        ),
+        (
+            {"v": 1, "at": 1, "streams": {}, "links": {}, "token": "3F0C9A2E71D4B855"},
+            "token: expected a token's id",
+        ),
     ],
 )
 def test_errors_say_what_is_wrong(doc: dict[str, object], says: str) -> None:
@@ -153,3 +162,13 @@ def test_a_report_from_an_agent_before_fleet_configuration_is_read_without_one()
     assert json.loads(encode_report(ShipReport(5, None, {}, {}, config=ReportedConfig(4))))[
         "config"
     ] == {"version": 4, "failure": None}
+
+
+def test_a_report_names_its_tokens_id_and_one_from_before_names_none() -> None:
+    """Headquarters retires a rotated token on the ship's report naming the new one
+    (shorelink/fleet/tokens.py): the id is read exactly, and a report of an agent from
+    before names none (its rotation waits for `fleet retire-token`), never an error."""
+    old = {"v": 1, "at": 5, "link": None, "streams": {}, "links": {}, "agent": "0.2.0"}
+    assert decode_report(json.dumps(old).encode()).token is None
+    doc = json.loads(encode_report(ShipReport(5, None, {}, {}, token="3f0c9a2e71d4b855")))
+    assert doc["token"] == "3f0c9a2e71d4b855"

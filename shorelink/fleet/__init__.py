@@ -10,6 +10,7 @@ append-only log of entries, each signed by the fleet key and chained to the one 
   keys);
 - ``bundle``: what a new ship carries on board;
 - ``travel``: the entries as records of the system, published at headquarters;
+- ``tokens``: a token's rotation ended by the ship's report naming its new token;
 - ``follow``: a site's registry followed, verified and applied (gateway, Spark);
 - ``shipconfig``: a ship's configuration on its way from a gateway to the ship (offer,
   request, the delta, the ship's checks);
@@ -19,4 +20,15 @@ Pure Python, no Kafka: ``shorelink/kafka/registry.py`` publishes the records and
 a site's topic to ``follow`` (docs/fleet-registry.md, "How it travels").
 """
 
-__all__ = ["bundle", "cli", "entry", "follow", "log", "shipconfig", "state", "travel", "views"]
+__all__ = [
+    "bundle",
+    "cli",
+    "entry",
+    "follow",
+    "log",
+    "shipconfig",
+    "state",
+    "tokens",
+    "travel",
+    "views",
+]

@@ -226,8 +226,9 @@ def fleet_revoke(ship: str, directory: Path, kid: str | None, from_seq: tuple[st
     "DIR/bundles/SHIP/gateway-VERSION.token).",
 )
 def fleet_rotate_token(ship: str, directory: Path, at_once: bool, token_file: Path | None) -> None:
-    """Issue SHIP a new token; the old one stays valid beside it until `fleet
-    retire-token` (or, with --at-once, is refused from now on)."""
+    """Issue SHIP a new token; the old one stays valid beside it until the ship's report
+    names the new one (`fleet run` retires it then) or `fleet retire-token` (or, with
+    --at-once, is refused from now on)."""
     from shorelink.files import write_atomic
     from shorelink.fleet.entry import hash_token, new_token
 
@@ -244,7 +245,12 @@ def fleet_rotate_token(ship: str, directory: Path, at_once: bool, token_file: Pa
         return path
 
     path = _run(rotate)
-    old = "refused from now on" if at_once else "valid until `shorelink fleet retire-token`"
+    old = (
+        "refused from now on"
+        if at_once
+        else "valid until the ship reports using the new one (`shorelink fleet run` then"
+        " retires it) or `shorelink fleet retire-token`"
+    )
     click.echo(f"ship {ship}: new token in {path} (mode 0600); the old one is {old}")
 
 

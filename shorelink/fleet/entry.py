@@ -59,6 +59,7 @@ __all__ = [
     "MAX_STAGES",
     "MAX_STREAM_BOUNDS",
     "REGISTRY_STREAM",
+    "TOKEN_ID_HEX",
     "TOKEN_PREFIX",
     "Entry",
     "FleetKey",
@@ -71,6 +72,7 @@ __all__ = [
     "new_token",
     "sign_entry",
     "stage_size",
+    "token_id",
     "verify_key",
 ]
 
@@ -144,6 +146,18 @@ def canonical(obj: object) -> bytes:
 def hash_token(token: str) -> str:
     """A bearer token as the registry and the gateway's credentials file keep it."""
     return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+
+
+#: hex digits of a token's id: the head of its hash, named in a ship's report
+TOKEN_ID_HEX = 16
+
+
+def token_id(token_hash: str) -> str:
+    """A token's id (the first :data:`TOKEN_ID_HEX` hex digits of its SHA-256): what a
+    ship's report names to say which token it uploads with. It shows nothing of the
+    token (256 random bits) and is no credential: only the report's signature, by the
+    ship's key, makes it the ship's word."""
+    return token_hash.removeprefix("sha256:")[:TOKEN_ID_HEX]
 
 
 def new_token() -> str:

@@ -8,9 +8,9 @@ change, so an entry refused leaves the state as it was.
 
 Tokens: a ship has one or two valid token hashes. A rotation (``token_issued`` with
 ``retire_previous`` false) keeps the old one valid beside the new one until a
-``token_retired`` entry retires it: written by ``shorelink fleet retire-token`` once the
-ship has the new token, or (a later part of issue 41) by a gateway that has seen the
-ship use it. A rotation while one is pending retires the older of the two at once, so
+``token_retired`` entry retires it: written by ``shorelink fleet run`` once the ship's
+signed report names the new token (shorelink/fleet/tokens.py), or by ``shorelink fleet
+retire-token``. A rotation while one is pending retires the older of the two at once, so
 a ship never has more than two; ``retire_previous`` true (a leaked token) keeps only the
 new one.
 

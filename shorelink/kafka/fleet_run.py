@@ -2,7 +2,9 @@
 publishes and ticks"): every entry written to the registry is published to HQ's
 ``sl.ingress.registry`` within a check interval of its writing, and every
 ``tick_every`` the ships' newest reports decide each active rollout (``fleet rollout
-tick``), whose entry is published at once.
+tick``), whose entry is published at once; in the same turn, each ship whose newest
+report names the newer token of a pending rotation has the older one retired
+(``token_retired``, shorelink/fleet/tokens.py), published at once too.
 
 Why a loop and not a timer alone: a registry change travels like an alert (goal: every
 site enforces it within 10 s of its writing), and a timer that starts a Python process
@@ -24,9 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shorelink.errors import ShorelinkError
+from shorelink.fleet.entry import token_id
 from shorelink.fleet.health import heard_from
 from shorelink.fleet.log import Registry
 from shorelink.fleet.rollout_cli import tick
+from shorelink.fleet.tokens import retire_used
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.registry import publish
 from shorelink.kafka.ship_reports import newest_reports
@@ -59,6 +63,8 @@ class HeadquartersLoop:
     #: the newest version published (None: not known yet, asked of the site's Kafka)
     published: int | None = None
     ticks: int = 0
+    #: older tokens retired on the ships' reports since the loop started
+    tokens_retired: int = 0
     _reg: Registry | None = field(default=None, repr=False)
     _next_tick: float = 0.0
 
@@ -106,6 +112,15 @@ class HeadquartersLoop:
                 action=action,
                 reason=reason,
             )
+        for r in retire_used(self._reg, {s: rep.token for s, rep in found.reports.items()}):
+            self.tokens_retired += 1
+            log.info(
+                "token_retired",
+                ship=r.ship,
+                token=token_id(r.old),
+                used=r.used,
+                retired=self.tokens_retired,
+            )
 
     def run(self) -> None:
         """Turn until ``stop``; a failure waits ``check_every`` doubled per failure in
@@ -130,4 +145,9 @@ class HeadquartersLoop:
                 )
             wait = self.check_every * (2 ** min(failures, 16) if failures else 1)
             self.stop.wait(min(wait, MAX_BACKOFF_S))
-        log.info("fleet_loop_stopped", published=self.published, ticks=self.ticks)
+        log.info(
+            "fleet_loop_stopped",
+            published=self.published,
+            ticks=self.ticks,
+            tokens_retired=self.tokens_retired,
+        )
