@@ -217,7 +217,7 @@ def fleet_revoke(ship: str, directory: Path, kid: str | None, from_seq: tuple[st
 @click.option(
     "--at-once",
     is_flag=True,
-    help="The old token leaked: refuse it now (default: valid until `retire-token`).",
+    help="The old token leaked: refuse it now (default: valid until the ship reports the new one, or `retire-token`).",
 )
 @click.option(
     "--token-file",
