@@ -1048,7 +1048,10 @@ def fleet_run(
     """Headquarters' loop: publish every new registry entry to the site's
     sl.ingress.registry within --check-every of its writing, and tick the rollouts on
     the ships' reports every --tick-every (what `fleet publish` and `fleet rollout tick`
-    do by hand). Stops cleanly on SIGTERM or Ctrl-C."""
+    do by hand), retiring the tokens the ships' reports show replaced. With --sites it
+    logs in as [sites.SITE.access] fleet_username (its own principal: `shorelink-spark
+    access apply`) when the file names fleet_password, else as [sites.SITE.kafka].
+    Stops cleanly on SIGTERM or Ctrl-C."""
     import signal
 
     from shorelink.config import parse_duration
@@ -1066,8 +1069,16 @@ def fleet_run(
     except ShorelinkError as exc:
         fail(exc)
     if sites_file is not None:
+        from shorelink.kafka.sites import fleet_login
+
         s = _site_kafka(sites_file, site)
         kafka, durability = s.kafka, s.durability
+        try:
+            own = fleet_login(sites_file, site)
+        except ShorelinkError as exc:
+            fail(exc)
+        if own is not None:  # its own principal (access apply), not the site's application
+            kafka = kafka.as_user(*own)
     else:
         kafka, durability = KafkaEndpoint.plaintext(bootstrap), None  # type: ignore[arg-type]
     configure_logging(log_level, as_json=log_json)

@@ -6,6 +6,8 @@ The sites file names every principal of a site (docs/access-control.md has the t
   writes canonical, ledger, markers, dead letters, relays and customer streams;
 - the site's gateway (``[sites.S.access] gateway_username``): writes its ingress topics
   and cursor, reads the ledger;
+- headquarters' registry loop (``[sites.S.access] fleet_username``, ``shorelink fleet
+  run``): writes ``sl.ingress.registry``, reads ``sl.registry`` and the ships' reports;
 - each site that replicates from this one (its ``[sites.N.replication] username``):
   reads ``sl.relay.*`` and ``sl.links``, nothing else;
 - each customer (``customer-<name>``): reads its own ``sl.customer.<name>.*`` and
@@ -49,11 +51,14 @@ from shorelink.contract import (
     MARKER_TOPIC,
     RELAYED_TOPIC,
     canonical_topic,
+    ingress_topic,
 )
 from shorelink.fleet.entry import REGISTRY_STREAM
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError
+from shorelink.kafka.reading import READ_TO_END_GROUP
+from shorelink.kafka.ship_reports import FLEET_REPORTS_GROUP
 from shorelink.logs import get_logger
 from spark_core.config import SiteConfig, SitesConfig
 from spark_core.errors import SparkCoreError
@@ -231,6 +236,7 @@ def plan_access(
     plan = AccessPlan(site)
     _application(plan, s)
     _gateway(plan, s)
+    _fleet_loop(plan, s)
     for other in sites.sites.values():
         if site in other.neighbours and other.replication.username:
             _neighbour(plan, s, other)
@@ -300,6 +306,25 @@ def grant_gateway(
     # registry.py RegistryFeed): read only, the site's merge writes it
     plan.allow(who, TOPIC, canonical_topic(REGISTRY_STREAM), LITERAL, _READ)
     plan.allow(who, GROUP, "shorelink-registry-", PREFIXED, ("READ", "DESCRIBE"))
+
+
+def _fleet_loop(plan: AccessPlan, s: SiteConfig) -> None:
+    """Headquarters' registry loop (shorelink/kafka/fleet_run.py): the entries into the
+    site's registry ingress (the merge alone writes ``sl.registry``: a loop that could
+    would skip the merge's check of the fleet's proof), what ``sl.registry`` holds
+    already (``held_version``), the ships' newest reports (the report stream's canonical
+    topic, ``[sites.S.ops] report_stream``); no other topic, no transaction."""
+    a = s.access
+    if not a.fleet_username:
+        return
+    who = a.fleet_username
+    plan.user(who, a.fleet_password, f"sites.{s.name}.access")
+    plan.allow(who, TOPIC, ingress_topic(REGISTRY_STREAM), LITERAL, ("WRITE", "CREATE", *_READ))
+    plan.allow(who, TOPIC, canonical_topic(REGISTRY_STREAM), LITERAL, _READ)
+    plan.allow(who, TOPIC, canonical_topic(s.ops.report_stream), LITERAL, _READ)
+    # the groups its readers name (shorelink/kafka/reading.py read_to_end: never joined)
+    for group in (FLEET_REPORTS_GROUP, READ_TO_END_GROUP):
+        plan.allow(who, GROUP, group, LITERAL, ("READ", "DESCRIBE"))
 
 
 def _neighbour(plan: AccessPlan, site: SiteConfig, other: SiteConfig) -> None:

@@ -164,6 +164,11 @@ class AccessConfig:
     gateway_password: Secret = field(default=Secret(""), metadata=key(kind="secret"))
     #: the gateway's ``kafka.transactional_id`` (default ``shorelink-gateway-<site>``)
     gateway_transactional_id: str = ""
+    #: headquarters' registry loop (``shorelink fleet run``): writes the site's
+    #: ``sl.ingress.registry``, reads ``sl.registry`` and the ships' reports, nothing else
+    #: (default name ``fleet-<site>`` when a password is set)
+    fleet_username: str = ""
+    fleet_password: Secret = field(default=Secret(""), metadata=key(kind="secret"))
 
 
 @dataclass(frozen=True)
@@ -442,6 +447,7 @@ def _site(name: str, sec: Section, base: Path | None) -> SiteConfig:
                     if _has(sec, "access", "gateway_password")
                     else "",
                     gateway_transactional_id=f"shorelink-gateway-{name}",
+                    fleet_username=f"fleet-{name}" if _has(sec, "access", "fleet_password") else "",
                 ),
             },
         ),

@@ -62,6 +62,7 @@ from shorelink.logs import RateLimitedLog, get_logger
 __all__ = [
     "BEGINNING",
     "END",
+    "READ_TO_END_GROUP",
     "EndOfPartition",
     "Headers",
     "PartitionReader",
@@ -71,6 +72,10 @@ __all__ = [
     "read_to_end",
     "written_ms",
 ]
+
+#: the consumer group :func:`read_to_end` names by default (never joined nor committed
+#: to; a secured Kafka checks it: spark_core/access.py grants it)
+READ_TO_END_GROUP = "shorelink-read-to-end"
 
 log = get_logger(__name__)
 
@@ -386,7 +391,7 @@ def read_to_end(
     extra: dict[str, object] | None = None,
     settled: bool = False,
     starts: Mapping[Part, int] | None = None,
-    group: str = "shorelink-read-to-end",
+    group: str = READ_TO_END_GROUP,
 ) -> Iterator[Message]:
     """Yield every message of ``topics`` at ``kafka`` from the beginning (or from
     ``starts``, per partition, where given) up to their current end (the last stable

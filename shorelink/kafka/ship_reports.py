@@ -21,7 +21,10 @@ from shorelink.kafka.errors import UnknownTopic
 from shorelink.kafka.reading import read_to_end
 from shorelink.ship_report import ShipReport, decode_report
 
-__all__ = ["Reports", "newest_reports"]
+__all__ = ["FLEET_REPORTS_GROUP", "Reports", "newest_reports"]
+
+#: the consumer group the reports' reader names (never joined nor committed to)
+FLEET_REPORTS_GROUP = "shorelink-fleet-status"
 
 
 @dataclass
@@ -46,7 +49,7 @@ def newest_reports(kafka: KafkaEndpoint, stream: str = "agent", timeout: float =
             kafka,
             [canonical_topic(stream)],
             timeout=timeout,
-            group="shorelink-fleet-status",
+            group=FLEET_REPORTS_GROUP,
             # an operator waits on the answer: a fetch at a partition's end answers at
             # once, not after librdkafka's 500 ms wait for more
             extra={"fetch.wait.max.ms": 5},

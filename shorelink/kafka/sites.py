@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shorelink.boundary import boundary
-from shorelink.config import Section, check_name_field, key, load_toml, read
+from shorelink.config import Secret, Section, check_name_field, key, load_toml, read
 from shorelink.errors import ConfigError
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.topics import Durability
 
-__all__ = ["SiteKafka", "load_sites"]
+__all__ = ["SiteKafka", "fleet_login", "load_sites"]
 
 
 @dataclass(frozen=True)
@@ -56,3 +56,19 @@ def load_sites(path: str | Path) -> dict[str, SiteKafka]:
         check_name_field(sec.path, "site", name)
         out[name] = read(SiteKafka, sec, base=base, done=False, name=name)
     return out
+
+
+@boundary
+def fleet_login(path: str | Path, site: str) -> tuple[str, Secret] | None:
+    """Headquarters' registry loop's own principal at ``site``, if the sites file names
+    one: ``[sites.SITE.access] fleet_password`` and ``fleet_username`` (default
+    ``fleet-SITE``), the principal ``shorelink-spark access apply`` makes for it
+    (spark_core/access.py); None: the loop logs in as ``[sites.SITE.kafka]`` says."""
+    sec = Section(load_toml(path)).sections("sites").get(site)
+    if sec is None or not sec.has("access"):
+        return None
+    access = sec.section("access")
+    if not access.has("fleet_password"):
+        return None
+    password = access.secret("fleet_password")
+    return access.text("fleet_username", f"fleet-{site}"), password

@@ -484,3 +484,84 @@ def test_shorelink_consume_reads_a_customer_stream_and_is_refused_another(
         [*argv, "--customer", "acme"], env=env, capture_output=True, text=True, timeout=120
     )
     assert unset.returncode == 2 and "sites.tokyo.kafka.password" in unset.stderr
+
+
+def test_headquarters_loop_runs_as_its_own_principal_which_writes_only_the_registry_ingress(
+    site: Site, tmp_path: Path
+) -> None:
+    """`shorelink fleet run` logged in as the broker's super user (the voyage's loop did):
+    a stolen loop host was the whole site. With ``[sites.S.access] fleet_password`` it
+    runs as its own principal, which publishes the registry's entries into
+    sl.ingress.registry and reads the ships' reports, and may neither write sl.registry
+    (only the merge, which checks the fleet's proof, writes it) nor read a ship's data."""
+    from click.testing import CliRunner
+
+    from shorelink.cli import main
+    from shorelink.fleet.log import Registry
+    from shorelink.ship_report import ShipReport, report_record
+
+    tokyo = site.sites.site("tokyo")
+    access = dataclasses.replace(
+        tokyo.access, fleet_username="fleet-tokyo", fleet_password=Secret("fleet-pw")
+    )
+    sites = dataclasses.replace(
+        site.sites,
+        sites={**site.sites.sites, "tokyo": dataclasses.replace(tokyo, access=access)},
+    )
+    assert site.apply(plan_access(sites, "tokyo", CUSTOMERS)).users_created == ["fleet-tokyo"]
+    try:
+        reports = canonical_topic(tokyo.ops.report_stream)
+        admin = AdminClient(site.conf_admin())
+        for fut in admin.create_topics([NewTopic(reports, 1, 1)]).values():
+            try:
+                fut.result(30)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+        rec = report_record("bigblue", "agent", 1, ShipReport(1, None, {}, {}), "tokyo")
+        p = Producer(site.conf_admin())
+        headers: list[tuple[str, str | bytes | None]] = list(rec.headers())
+        p.produce(reports, rec.value, rec.key, headers=headers)
+        assert p.flush(30) == 0
+        reg = Registry.init(tmp_path / "registry")
+        reg.append([("ship_added", {"ship": "bigblue", "groups": ["north"]})])
+        ingress = ingress_topic("registry")
+        before = site.count(ingress) if ingress in admin.list_topics(timeout=30).topics else 0
+        assert site.broker.security is not None
+        sites_file = write_toml(
+            tmp_path / "sites.toml",
+            {
+                "sites": {
+                    "tokyo": {
+                        "streams": ["containers", "alerts"],
+                        "kafka": {
+                            "bootstrap": site.broker.bootstrap,
+                            "username": "spark-tokyo",
+                            "password": "spark-pw",
+                            "ca_file": str(site.broker.security.authority.ca_cert),
+                        },
+                        "access": {"fleet_password": "${SL_TEST_FLEET_PASSWORD}"},
+                    }
+                }
+            },
+        )
+        run = ["fleet", "run", "--once", "--registry", str(reg.directory)]
+        result = CliRunner().invoke(
+            main,
+            [*run, "--sites", str(sites_file), "--site", "tokyo"],
+            env={"SL_TEST_FLEET_PASSWORD": "fleet-pw"},
+        )
+        assert result.exit_code == 0, result.output
+        assert site.count(ingress) == before + 2, "both entries published by the loop's own"
+        loop = site.broker.endpoint.with_auth(site.auth("fleet-tokyo", "fleet-pw"))
+        loop_conf = {**loop.client_config(), "group.id": "shorelink-read-to-end"}
+        assert len(_read(loop_conf, reports)) >= 1, "it reads the ships' reports"
+        err = _produce(loop_conf, "sl.registry")
+        assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        assert _refused(loop_conf, "sl.containers") == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        # the application's principal, which it logged in as before, may not publish
+        spark = {k: v for k, v in site.conf("spark-tokyo").items() if k != "group.id"}
+        err = _produce(spark, ingress)
+        assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    finally:
+        assert site.apply().users_deleted == ["fleet-tokyo"]
