@@ -1390,6 +1390,19 @@ def source_pattern(streams: Iterable[str]) -> str:
     return rf"sl\.ingress\.({alt})"
 
 
+def _read_stamp(stamp: Path) -> Any:
+    """What the application wrote last in one of its own stamps in ``state_dir``
+    (:func:`reset_changed_checkpoints` and the two after it): None when there is none
+    yet, ``{}`` when it cannot be read (a write cut short: the checkpoint is then
+    started afresh, which the marker's cursors make harmless)."""
+    try:
+        return json.loads(stamp.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return {}
+
+
 def reset_changed_checkpoints(
     site: SiteConfig, merges: Sequence[Merger], spark: Any = None
 ) -> None:
@@ -1404,12 +1417,7 @@ def reset_changed_checkpoints(
     ``spark``'s Hadoop filesystem."""
     layout = {m.query: m.source_pattern for m in merges}
     stamp = site.state_path / "merges.json"
-    try:
-        old = json.loads(stamp.read_text())
-    except FileNotFoundError:
-        old = None
-    except ValueError:
-        old = {}
+    old = _read_stamp(stamp)
     if old == layout:
         return
     if old is not None:
@@ -1446,10 +1454,7 @@ def reset_recreated_checkpoint(merger: Merger, spark: Any = None) -> None:
     merger.adopt_sources(ids)
     merger._spark_seen = None  # the query (re)starts: its first batch is planned after this
     stamp = site.state_path / f"{merger.query}.sources.json"
-    try:
-        old = json.loads(stamp.read_text())
-    except (FileNotFoundError, ValueError):
-        old = {}
+    old = _read_stamp(stamp)
     old = old if isinstance(old, dict) else {}
     recreated = sorted(t for t, i in ids.items() if old.get(t) not in (None, i))
     path = site.query_checkpoint(merger.query)
@@ -1475,12 +1480,7 @@ def reset_reassigned_checkpoint(
     site = merger.site
     now = {t: list(p) for t, p in sorted(assigned.items())}
     stamp = site.state_path / f"{merger.query}.assign.json"
-    try:
-        old = json.loads(stamp.read_text())
-    except FileNotFoundError:
-        old = None
-    except ValueError:
-        old = {}
+    old = _read_stamp(stamp)
     path = site.query_checkpoint(merger.query)
     if old is not None and old != now and location.exists(spark, path):
         log.warning(

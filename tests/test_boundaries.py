@@ -24,10 +24,9 @@ ALLOWED = {
     "checked again against fleet.pub (decode_entry, marked) before it is used",
     "shorelink.fleet.shipconfig:document_of": "the document of an entry whose fleet "
     "signature was checked; parse_toml and strict_json.loads (marked) read it",
-    "spark_core.merge:reset_changed_checkpoints": "the application's own stamp in its "
-    "state_dir (merges.json); one it cannot read starts the queries afresh",
-    "spark_core.merge:reset_recreated_checkpoint": "the application's own stamp in its "
-    "state_dir (<query>.sources.json); one it cannot read is taken as empty",
+    "spark_core.merge:_read_stamp": "the application's own stamps in its state_dir "
+    "(merges.json, <query>.sources.json, <query>.assign.json); one it cannot read "
+    "starts the query afresh",
     "spark_core.merge:merge_layout": "the site's merges' own layout record in "
     "sl.merge.marker (only they may write it: ACL); one it cannot read fails the start "
     "with MergeError",

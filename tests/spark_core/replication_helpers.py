@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import threading
 import tomllib
+import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Producer
+from prometheus_client.parser import text_string_to_metric_families
 
 from local_stack.kafka import (
     CLIENT_COMPILER,
@@ -354,3 +356,14 @@ def converged(
             extra = set(got) - want
             if missing or extra:
                 yield site, stream, f"missing {len(missing)} extra {len(extra)}"
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A site application's metrics: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }

@@ -12,7 +12,6 @@ import contextlib
 import json
 import threading
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +21,6 @@ import aiohttp
 import pytest
 from click.testing import CliRunner
 from confluent_kafka import Producer
-from prometheus_client.parser import text_string_to_metric_families
 
 from local_stack.toxiproxy import ToxiproxyServer
 from shorelink.cli import main
@@ -47,6 +45,7 @@ from tests.spark_core.replication_helpers import (
     converged,
     identities,
     records,
+    scrape,
     signed,
     start_mesh,
     topology,
@@ -74,16 +73,6 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Registry:
     """Headquarters' registry, one for the module as for a fleet: the sites of every
     test on these brokers follow the same ``sl.registry`` (a broker holds one fleet's)."""
     return Registry.init(tmp_path_factory.mktemp("fleet") / "registry")
-
-
-def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-    }
 
 
 @dataclass
@@ -125,7 +114,7 @@ class Fleet:
             port = self.topo.metrics[site]
 
             def at_version(port: int = port) -> bool:
-                got = _scrape(port).get(("shorelink_spark_registry_version", ()))
+                got = scrape(port).get(("shorelink_spark_registry_version", ()))
                 return got == want
 
             what = f"{site}'s merges enforce registry version {want}"
@@ -414,7 +403,7 @@ async def test_a_key_that_reaches_one_site_long_after_the_others_loses_nothing_t
         await asyncio.to_thread(
             eventually, lambda: not list(converged(fleet.topo, want)), 180, "c takes them"
         )
-        m = _scrape(fleet.topo.metrics[c])
+        m = scrape(fleet.topo.metrics[c])
         redriven = {
             dict(labels)["outcome"]: v
             for (name, labels), v in m.items()

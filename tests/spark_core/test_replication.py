@@ -11,7 +11,6 @@ import shutil
 import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
@@ -28,7 +27,6 @@ from confluent_kafka.admin import (
     OffsetSpec,
     ResourceType,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
 from local_stack.toxiproxy import ToxiproxyServer
 from shorelink.contract import (
@@ -81,6 +79,7 @@ from tests.spark_core.replication_helpers import (
     identities,
     proxy_name,
     records,
+    scrape,
     signed,
     start_mesh,
     topology,
@@ -138,7 +137,7 @@ def test_ring_of_three_converges_each_identity_once(
         # (a relay topic ends with a transaction marker, never read as a record)
         eventually(lambda: all(_all_up(run, s) for s in topo.slots), 30, "every status up")
         # and so say its Prometheus metrics ([sites.S.metrics])
-        m = _scrape(topo.metrics[a])
+        m = scrape(topo.metrics[a])
         assert m[("shorelink_spark_link_up", (("neighbour", b),))] == 1
         assert m[("process_resident_memory_bytes", ())] > 10e6  # and the driver's own
         assert m[("process_open_fds", ())] > 0
@@ -181,17 +180,6 @@ def test_ring_of_three_converges_each_identity_once(
             second.commit()
     assert len(seen) == len(set(seen)), "the failover repeated records"
     assert set(seen) == want[stream], "the failover missed records"
-
-
-def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """A site application's metrics: (name, sorted labels) -> value."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-    }
 
 
 def _relayed(topo: Topology, site: str, entry: str, stream: str) -> set[Identity]:
@@ -778,7 +766,7 @@ def test_a_hostile_neighbour_cannot_replace_a_ships_records_nor_fill_holes_nor_i
             # after the dead letters show can come before the last batch's count
             return sum(
                 v
-                for (name, labels), v in _scrape(topo.metrics[b]).items()
+                for (name, labels), v in scrape(topo.metrics[b]).items()
                 if name == "shorelink_spark_merged_records_total"
                 and ("outcome", "unproved") in labels
             )
@@ -831,7 +819,7 @@ def test_a_ship_key_that_reaches_one_site_late_loses_none_of_the_ships_records_t
         assert not identities(topo, b, stream)
         keys_b.write_text(keys_a.read_text())  # the key reaches b
         eventually(lambda: not list(converged(topo, want)), 120, "b took them with the key")
-        m = _scrape(at_b.metrics[b])
+        m = scrape(at_b.metrics[b])
         redriven = {
             dict(labels)["outcome"]: v
             for (name, labels), v in m.items()
@@ -1114,7 +1102,7 @@ def test_a_transit_site_whose_merge_keeps_failing_on_what_it_pulls_is_routed_aro
         want[stream] |= ids(more)
 
         def b_says_so() -> bool:
-            m = _scrape(topo.metrics[b])
+            m = scrape(topo.metrics[b])
             rep = run.sups[b].replicator
             assert rep is not None
             rep.write_status()
@@ -1437,7 +1425,7 @@ async def test_a_ship_provisioned_at_hq_uploads_at_a_port_and_its_revocation_rea
             stop.set()
             for t in tasks:
                 await t
-        scraped = _scrape(topo.metrics[c])
+        scraped = scrape(topo.metrics[c])
         assert scraped[("shorelink_spark_registry_version", ())] == reg.state.version
         status = topo.cfg.site(c).state_path / "replication.status.json"
         eventually(
