@@ -173,6 +173,8 @@ def _site(root: Path, s: SiteEndpoints, ca_file: Path) -> dict[str, Any]:
         "access": {
             "admin_password": secret_ref("kafka_admin"),
             "gateway_password": secret_ref("gateway", name),
+            # headquarters' registry loop (`shorelink fleet run`): its own principal
+            **({"fleet_password": secret_ref("fleet", name)} if name == HQ else {}),
         },
         "merge": {"canonical_partitions": 1, "max_offsets_per_trigger": 20000},
     }

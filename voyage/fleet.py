@@ -37,16 +37,13 @@ from typing import Any
 from shorelink.fleet.entry import RegistryError
 from shorelink.fleet.log import Registry
 from shorelink.fleet.rollout import canary_order
-from voyage.configs import toml_file
-from voyage.security import env_var
-from voyage.topology import HQ, SITES, STREAMS
+from voyage.topology import HQ, SITES
 
 __all__ = [
     "GROUP",
     "FleetScenario",
     "RegistryWatch",
     "fleet_cli",
-    "hq_loop_sites",
     "provision_fleet",
     "registry_dir",
 ]
@@ -116,28 +113,6 @@ def provision_fleet(dir: Path, ships: list[str]) -> Path:
         shutil.copytree(made, dir / "ships" / ship / "bundle")  # modes kept: 0600 secrets
         shutil.rmtree(made)  # it held the token's only copy: on board now
     return registry
-
-
-def hq_loop_sites(dir: Path, bootstrap: str, ca_file: Path) -> Path:
-    """The sites file headquarters' loop reads HQ's Kafka with. It logs in as the
-    broker's super user: ``shorelink-spark access apply`` has no principal for the
-    loop yet (docs/voyage.md)."""
-    path = dir / "hq" / "fleet-sites.toml"
-    doc = {
-        "sites": {
-            HQ: {
-                "streams": list(STREAMS),
-                "kafka": {
-                    "bootstrap": bootstrap,
-                    "username": "admin",
-                    "password": "${" + env_var("kafka_admin") + "}",
-                    "ca_file": str(ca_file),
-                },
-            }
-        }
-    }
-    path.write_text(toml_file("headquarters' Kafka for `shorelink fleet run`", doc))
-    return path
 
 
 def _get_json(url: str) -> Any:

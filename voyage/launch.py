@@ -46,7 +46,7 @@ from voyage.configs import (
     sites_config,
 )
 from voyage.customers import CUSTOMERS, READER, client_config, customers_config
-from voyage.fleet import TICK_EVERY_S, RegistryWatch, hq_loop_sites, provision_fleet
+from voyage.fleet import TICK_EVERY_S, RegistryWatch, provision_fleet
 from voyage.security import STAFF, VoyageSecurity, env_var
 from voyage.topology import HQ, PORTS, SITES, neighbours, ship_link, site_link
 
@@ -164,7 +164,8 @@ def launch(
         sec = VoyageSecurity.create(
             dir,
             [env_var(role, s) for s in SITES for role in ("spark", "gateway", "site")]
-            + [env_var("customer", c) for c in CUSTOMERS],
+            + [env_var("customer", c) for c in CUSTOMERS]
+            + [env_var("fleet", HQ)],
         )
         for s in SITES:
             brokers[s] = start_site_broker(
@@ -295,7 +296,9 @@ def launch(
                     "--registry",
                     str(launched.registry),
                     "--sites",
-                    str(hq_loop_sites(dir, brokers[HQ].bootstrap, sec.ca_file)),
+                    # it logs in as its own principal, fleet-hq ([sites.hq.access]
+                    # fleet_password), which `access apply` made above
+                    str(launched.sites_toml),
                     "--site",
                     HQ,
                     "--tick-every",
