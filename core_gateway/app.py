@@ -42,6 +42,8 @@ def create_app(service: GatewayService) -> web.Application:
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics if cfg.metrics_on_ships_port else _metrics_moved)
+    if cfg.metrics_on_ships_port:
+        app.router.add_get("/registry", _registry)
     app.router.add_get("/v1/ships/{ship}/holdings", _holdings)
     app.router.add_post("/v1/ships/{ship}/streams/{stream}/batches", _batch)
     app.router.add_get(upload.ROUTE, _upload)
@@ -56,6 +58,7 @@ def create_metrics_app(service: GatewayService) -> web.Application:
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/registry", _registry)
     return app
 
 
@@ -97,6 +100,20 @@ async def _healthz(request: web.Request) -> web.Response:
     if (reg := service.registry) is not None:  # what it enforces (fleet_pub_file)
         body["registry"] = {"version": reg.version, "refused": sum(reg.refused.values())}
     return web.json_response(body)
+
+
+async def _registry(request: web.Request) -> web.Response:
+    """The fleet registry this gateway follows: the version it enforces, the entries
+    refused per reason and the newest refused (version, reason, why, when), as an
+    operator reads them (operator's listener only: the ships' port serves it only where
+    it serves /metrics). 404 without ``fleet_pub_file``."""
+    service: GatewayService = request.app[SERVICE]
+    reg = service.registry
+    if reg is None:
+        return _json_error(404, "no_registry", "this gateway follows no fleet registry")
+    return web.json_response(
+        {"version": reg.version, "refused": dict(reg.refused), "quarantine": reg.quarantined()}
+    )
 
 
 async def _readyz(request: web.Request) -> web.Response:

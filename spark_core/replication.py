@@ -38,6 +38,9 @@ __all__ = ["BULK_POOL", "URGENT_POOL", "Replicator", "history_sources", "quarant
 
 log = get_logger(__name__)
 
+#: the fleet registry's newest refused entries the status file shows
+REGISTRY_QUARANTINE_SHOWN = 20
+
 #: Spark's scheduler pools (spark.scheduler.mode=FAIR): urgent streams' queries and
 #: merge in one, everything else in the other, so neither waits for the other's jobs
 URGENT_POOL = "urgent"
@@ -353,13 +356,18 @@ class Replicator:
 
     def registry(self) -> dict[str, Any] | None:
         """The fleet registry the merges enforce (``fleet_pub_file``; None without):
-        its version, and the entries refused per reason."""
+        its version, the entries refused per reason and the newest of them."""
         follower = next(
             (m.ship_keys for m in self.mergers if isinstance(m.ship_keys, RegistryFollower)), None
         )
         if follower is None:
             return None
-        return {"version": follower.version, "refused": dict(follower.refused)}
+        return {
+            "version": follower.version,
+            "refused": dict(follower.refused),
+            # the newest refused: what, why, when (the status file stays small)
+            "quarantine": follower.quarantined(REGISTRY_QUARANTINE_SHOWN),
+        }
 
     def write_status(self) -> None:
         """Rewrite ``replication.status.json`` (one writer at a time: the routing thread

@@ -346,6 +346,10 @@ def render(status: SiteStatus, now: float | None = None, width: int | None = Non
                 width,
             ),
         ]
+        for q in (reg.get("quarantine") or [])[:5]:  # the newest refused, newest first
+            if isinstance(q, dict):
+                line = f"  refused {_cell(q.get('at'))}: entry {_cell(q.get('version'))}"
+                out += wrap(f"{line}: {q.get('reason')}: {q.get('error')}", width)
     out += _quarantine(rep, width)
     routes = rep.get("routes") or {}
     if routes:

@@ -6,7 +6,8 @@ The topic is a stream of *candidates*: what the merge wrote there is an entry on
 :meth:`FleetState.apply` takes it. A candidate ahead of its place waits (at most
 :data:`MAX_WAITING`); one that is forged, replayed, of another chain or malformed is
 refused: counted per reason (:attr:`RegistryFollower.refused`), logged, kept in the
-quarantine (the newest :data:`QUARANTINE`), never applied; the follower reads on, so a
+quarantine (the newest :data:`QUARANTINE`; :meth:`RegistryFollower.quarantined` is what
+the gateway's ``/registry`` and the Spark application's status file show), never applied; the follower reads on, so a
 genuine entry after it is taken. A record's identity is not trusted either: an entry is
 taken by its version, not by its seq.
 
@@ -18,8 +19,10 @@ follower stands where a :class:`~shorelink.proof.WatchedShipKeys` stood.
 
 from __future__ import annotations
 
+import time
 from collections import Counter, deque
 from collections.abc import Callable
+from typing import Any
 
 from shorelink.contract import Record
 from shorelink.errors import ContractError
@@ -29,7 +32,7 @@ from shorelink.fleet.views import site_ship_keys
 from shorelink.logs import RateLimitedLog, get_logger
 from shorelink.proof import ShipKeys
 
-__all__ = ["MAX_WAITING", "QUARANTINE", "REASONS", "RegistryFollower"]
+__all__ = ["MAX_WAITING", "MAX_WHY_CHARS", "QUARANTINE", "REASONS", "RegistryFollower"]
 
 log = get_logger(__name__)
 
@@ -37,6 +40,8 @@ log = get_logger(__name__)
 MAX_WAITING = 10_000
 #: refused candidates kept for an operator to look at (version, reason), newest
 QUARANTINE = 100
+#: characters of a refusal's text kept (a hostile record's bytes may be quoted in it)
+MAX_WHY_CHARS = 300
 #: why a candidate is refused
 REASONS = ("forged", "replayed", "forked", "malformed", "foreign", "invalid", "too_far_ahead")
 
@@ -52,7 +57,8 @@ class RegistryFollower:
         self.state = FleetState(anchor=anchor)
         self.on_change = on_change
         self.refused: Counter[str] = Counter()
-        self.quarantine: deque[tuple[int | None, str, str]] = deque(maxlen=QUARANTINE)
+        #: (version or None, reason, why, when: epoch s), oldest first
+        self.quarantine: deque[tuple[int | None, str, str, float]] = deque(maxlen=QUARANTINE)
         #: records read from the topic
         self.records = 0
         self._waiting: dict[int, list[Entry]] = {}
@@ -75,6 +81,21 @@ class RegistryFollower:
     def current(self) -> ShipKeys:
         """The ship keys the registry says now (the fleet's records' keys among them)."""
         return self._keys
+
+    def quarantined(self, newest: int = QUARANTINE) -> list[dict[str, Any]]:
+        """The ``newest`` refused candidates, newest first, as an operator reads them
+        outside the process: the entry's version (None: not an entry at all), why (one
+        of :data:`REASONS` and the text), when (UTC, to the second)."""
+        picked = list(self.quarantine)[-newest:] if newest > 0 else []
+        return [
+            {
+                "version": version,
+                "reason": reason,
+                "error": why,
+                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)),
+            }
+            for version, reason, why, at in reversed(picked)
+        ]
 
     # -- the decision ---------------------------------------------------------------------
     def take(self, key: bytes | None, value: bytes | None, headers: object) -> bool:
@@ -124,7 +145,7 @@ class RegistryFollower:
 
     def _refuse(self, version: int | None, reason: str, why: str) -> None:
         self.refused[reason] += 1
-        self.quarantine.append((version, reason, why))
+        self.quarantine.append((version, reason, why[:MAX_WHY_CHARS], time.time()))
         self._limited.warning(
             f"refused-{reason}",
             "registry_entry_refused",

@@ -144,6 +144,15 @@ async def test_ships_provisioned_at_hq_upload_and_bad_entries_are_refused_not_bl
         assert await _upload(s, site.url, b, b_token, b_key, 6) == 200  # the forgery did not
         async with s.get(f"{site.metrics}/metrics") as r:
             text = await r.text()
+        # what was refused, why and when, readable outside the process
+        async with s.get(f"{site.metrics}/registry") as r:
+            assert r.status == 200
+            shown = await r.json()
+        async with s.get(f"{site.url}/registry") as r:
+            assert r.status == 404, "not on the ships' port"
+    assert shown["version"] == at and shown["refused"] == {"forged": 1, "replayed": 1}
+    got = [(q["version"], q["reason"]) for q in shown["quarantine"]]
+    assert got == [(2, "replayed"), (at, "forged")]
     assert re.search(rf"^shorelink_gateway_registry_version {at}\.0$", text, re.M)
     assert re.search(r'registry_entries_refused_total\{reason="forged"\} 1\.0', text)
     assert re.search(r'registry_entries_refused_total\{reason="replayed"\} 1\.0', text)

@@ -75,6 +75,11 @@ def test_forged_and_replayed_entries_are_refused_and_later_ones_still_taken(
     assert f.version == reg.state.version
     assert f.refused == {"forged": 1, "replayed": 1}
     assert [q[:2] for q in f.quarantine] == [(at + 1, "forged"), (2, "replayed")]
+    # as an operator reads it outside the process (gateway /registry, Spark status file)
+    shown = f.quarantined()
+    assert [(q["version"], q["reason"]) for q in shown] == [(2, "replayed"), (at + 1, "forged")]
+    assert all(q["error"] and q["at"].endswith("Z") for q in shown)
+    assert [q["reason"] for q in f.quarantined(1)] == ["replayed"]
     assert not f.state.ships["ship0"].revoked
 
 

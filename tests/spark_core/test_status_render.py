@@ -238,10 +238,28 @@ def test_the_status_says_which_fleet_registry_version_the_site_enforces() -> Non
     (a forged entry there means someone wrote into its topics)."""
     replication = {
         "neighbours": {},
-        "registry": {"version": 4210, "refused": {"forged": 2, "replayed": 1}},
+        "registry": {
+            "version": 4210,
+            "refused": {"forged": 2, "replayed": 1},
+            "quarantine": [
+                {
+                    "version": 4211,
+                    "reason": "forged",
+                    "error": "entry 4211: signature does not verify",
+                    "at": "2026-11-30T04:50:00Z",
+                }
+            ],
+        },
     }
     status = SiteStatus("tokyo", Path("/c"), {"queries": []}, replication)
-    text = " ".join(" ".join(render(status, NOW, 80)).split())
+    lines = render(status, NOW, 80)
+    assert all(len(line) <= 80 for line in lines)
+    text = " ".join(" ".join(lines).split())
     assert "fleet registry: version 4210 enforced; entries refused: 2 forged, 1 replayed" in text
+    # the newest refused, readable outside the process: which entry, why, when
+    assert (
+        "refused 2026-11-30T04:50:00Z: entry 4211: forged: entry 4211: signature does not verify"
+        in text
+    )
     del replication["registry"]
     assert "fleet registry" not in " ".join(render(status, NOW, 80))
