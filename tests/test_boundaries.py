@@ -38,6 +38,7 @@ ALLOWED = {
     "edge_agent.gateway:_Upload._read": "the gateway's answers: only checked to be a JSON "
     "object (strict_json.loads, marked) before the session reads each field",
     "core_gateway.app:_healthz": "reads nothing of the request",
+    "core_gateway.app:_registry": "reads nothing of the request",
     "core_gateway.app:_readyz": "reads nothing of the request",
     "core_gateway.app:_metrics": "reads nothing of the request",
     "core_gateway.app:_error_middleware.<locals>.mw": "maps a handler's errors to JSON; "

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from core_gateway.config import load_config as load_gateway
 from edge_agent.config import load_config as load_edge
 from shorelink.errors import ConfigError
-from shorelink.kafka.sites import load_sites
+from shorelink.kafka.sites import fleet_login, load_sites
 from spark_core.config import load_config as load_spark
 from spark_core.customers import load_customers
 from tests.bounds import KIB, Bound, within
@@ -34,6 +34,7 @@ LOADERS: dict[str, tuple[Callable[[Path], Any], Path]] = {
     "gateway": (load_gateway, DEPLOY / "gateway" / "gateway.toml"),
     "sites": (load_spark, DEPLOY / "spark" / "sites.toml"),
     "kernel-sites": (load_sites, DEPLOY / "spark" / "sites.toml"),
+    "fleet-login": (lambda path: fleet_login(path, "tokyo"), DEPLOY / "spark" / "sites.toml"),
     "customers": (load_customers, DEPLOY / "spark" / "customers.toml"),
 }
 #: as load_toml's row, and what the values make (a few objects per byte of a value)
