@@ -8,179 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import secrets
-import urllib.request
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
-from edge_agent.agent import Agent, Supervisor
 from edge_agent.fleet_config import load_effective
-from local_stack.kafka import KafkaBroker
 from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import free_port
 from local_stack.toxiproxy import Toxiproxy
-from shorelink.contract import canonical_topic
 from shorelink.fleet.bundle import provision
-from shorelink.fleet.entry import REGISTRY_STREAM, FleetKey, sign_entry
+from shorelink.fleet.entry import FleetKey, sign_entry
 from shorelink.fleet.log import Registry
 from shorelink.fleet.shipconfig import encode_delta, request_json
-from shorelink.fleet.travel import entry_record
-from shorelink.kafka.topics import producer
 from shorelink.ship_report import decode_report
-from tests.core_gateway.helpers import metrics_url, registry_gateway
+from tests.edge_agent.fleet_helpers import Ship, Shore, fleet_ship
 from tests.edge_agent.helpers import edge_config_doc
 from tests.helpers import eventually_async, unique, write_toml
-
-TOPIC = canonical_topic(REGISTRY_STREAM)
-
-
-@dataclass
-class Shore:
-    """Headquarters' registry and a gateway that follows it on its site's Kafka."""
-
-    registry: Registry
-    kafka: KafkaBroker
-    port: int
-    metrics: str
-    delivered: int = 0
-    keys: dict[str, FleetKey] = field(default_factory=dict)
-
-    async def config_bytes_served(self) -> float:
-        """The gateway's ``shorelink_gateway_config_bytes_total`` (the gateway runs on
-        this event loop: asked from a thread)."""
-
-        def get() -> str:
-            with urllib.request.urlopen(f"{self.metrics}/metrics", timeout=5) as r:
-                return str(r.read().decode())
-
-        text = await asyncio.to_thread(get)
-        m = re.search(r"^shorelink_gateway_config_bytes_total (\S+)$", text, re.M)
-        return float(m.group(1)) if m else 0.0
-
-    def deliver(self, *raw: tuple[bytes, bytes, list[tuple[str, str | bytes | None]]]) -> None:
-        p = producer(self.kafka.endpoint)
-        for key, value, headers in raw:
-            p.produce(TOPIC, value, key, headers=headers)
-        assert p.flush(20) == 0
-
-    def publish(self) -> int:
-        """Every entry not yet delivered into the site's ``sl.registry``, as its merge
-        writes what replication brought."""
-        self.registry.refresh()
-        key = self.registry.fleet_key()
-        self.keys[key.id] = key  # a rotation's entry is proved by the key before it
-        new = [e for e in self.registry.entries() if e.version > self.delivered]
-        self.deliver(*(entry_record(e, self.keys[e.signer], "hq") for e in new))
-        self.delivered = self.registry.state.version
-        return self.delivered
-
-    def config_set(self, document: str, *, ship: str = "", port_links_only: bool = False) -> int:
-        scope, name = ("ship", ship) if ship else ("group", "north")
-        body = {
-            "scope": scope,
-            "name": name,
-            "format": "toml",
-            "document": document,
-            "port_links_only": port_links_only,
-        }
-        self.registry.append([("config_set", body)])
-        return self.publish()
-
-    def config_remove(self, *, ship: str = "") -> int:
-        scope, name = ("ship", ship) if ship else ("group", "north")
-        self.registry.append([("config_removed", {"scope": scope, "name": name})])
-        return self.publish()
-
-
-@pytest.fixture
-async def shore(
-    tmp_path: Path, kafka_sites: Callable[..., dict[str, KafkaBroker]]
-) -> AsyncIterator[Shore]:
-    # tokyo's broker: no test there follows or counts sl.registry; the gateway tests'
-    # broker's (tests/core_gateway/test_registry.py) counts every entry it refuses, and
-    # each test here writes the entries of a fleet of its own
-    kafka = kafka_sites("tokyo")["tokyo"]
-    async with registry_gateway(tmp_path, kafka) as (cfg, reg):
-        yield Shore(reg, kafka, cfg.port, metrics_url(cfg))
-
-
-@dataclass
-class Ship:
-    name: str
-    config: Path
-    supervisor: Supervisor
-    task: asyncio.Task[None]
-
-    @property
-    def agent(self) -> Agent:
-        assert self.supervisor.agent is not None
-        return self.supervisor.agent
-
-    def held(self) -> dict[str, Any]:
-        """What the ship holds on disk (``<log>.fleet.json``; none yet: edge.toml alone)."""
-        assert self.agent.fleet is not None
-        path = self.agent.fleet.path
-        if not path.exists():
-            return {"version": 0, "lines": {}, "failure": None, "refused": {}, "trial": ""}
-        return json.loads(path.read_text())
-
-    async def stop(self) -> None:
-        self.supervisor.stop.set()
-        await asyncio.wait_for(self.task, 30)
-
-
-async def _ship(
-    tmp_path: Path,
-    shore: Shore,
-    mosquitto: MosquittoBroker,
-    *,
-    port: int | None = None,
-    link: str = "port_wifi",
-    health: str = "5s",
-    refresh: str = "500ms",
-    heartbeat: str = "1h",
-    metrics_port: int = 0,
-    held: dict[str, Any] | None = None,
-) -> Ship:
-    """A ship provisioned at headquarters (group ``north``), its agent supervised and
-    running with a gateway at ``port`` (the gateway's own by default)."""
-    name = unique("ship")
-    bundle = provision(shore.registry, name, ["north"], out=tmp_path / name)
-    shore.publish()
-    doc = edge_config_doc(tmp_path, mosquitto)
-    doc["ship"] = name
-    doc["report"] = {"stream": "nav", "interval": "1s", "heartbeat": heartbeat}
-    if metrics_port:
-        doc["metrics"] = {"host": "127.0.0.1", "port": metrics_port}
-    doc["uplink"] = {
-        "token_file": str(bundle / "gateway.token"),
-        "signing_key_file": str(bundle / "ship.key"),
-        "fleet_pub_file": str(bundle / "fleet.pub"),
-        "fleet_health": health,
-        "interval": "200ms",
-        "refresh": refresh,
-        "linger": "10ms",
-        "retry_min": "50ms",
-        "retry_max": "300ms",
-    }
-    doc["gateways"] = [
-        {"site": "tokyo", "url": f"http://127.0.0.1:{port or shore.port}", "link": link}
-    ]
-    config = write_toml(tmp_path / "edge.toml", doc)
-    if held is not None:  # what the ship holds already (<log>.fleet.json)
-        await asyncio.to_thread(
-            Path(f"{doc['log']['path']}.fleet.json").write_text, json.dumps(held)
-        )
-    sup = Supervisor(config)
-    task = asyncio.create_task(sup.run(install_signals=False))
-    await eventually_async(lambda: sup.agent is not None, 10, "the agent started")
-    return Ship(name, config, sup, task)
 
 
 def _reported(ship: Ship) -> dict[str, Any] | None:
@@ -200,7 +45,7 @@ async def test_a_new_configuration_reaches_the_ship_is_applied_and_reported(
     (what a rollout reads). Its metrics listener is the restarted run's too (a restart
     that kept the old run's socket died on its port)."""
     port = free_port()
-    ship = await _ship(tmp_path, shore, mosquitto, metrics_port=port)
+    ship = await fleet_ship(tmp_path, shore, mosquitto, metrics_port=port)
     try:
         await eventually_async(lambda: ship.agent.uplink and ship.agent.uplink.reached.is_set())
         version = shore.config_set('[streams.nav]\nmax_age = "7d"\n')
@@ -226,7 +71,7 @@ async def test_a_key_this_agent_does_not_know_is_kept_out_and_the_reason_reporte
 ) -> None:
     """An agent of an older schema in a mixed fleet keeps what it runs rather than
     choke on a key it cannot read, and says which key."""
-    ship = await _ship(tmp_path, shore, mosquitto)
+    ship = await fleet_ship(tmp_path, shore, mosquitto)
     try:
         version = shore.config_set('[streams.nav]\nmax_age = "7d"\nnew_in_next_release = 3\n')
         await eventually_async(
@@ -254,7 +99,7 @@ async def test_a_configuration_the_fleet_did_not_sign_is_refused(
     ship: the ship checks the fleet's signature against the key it carries on board.
     Here the gateway takes the forged entry (it pins another root), the ship does not."""
     thief = FleetKey.generate()
-    ship = await _ship(tmp_path, shore, mosquitto)
+    ship = await fleet_ship(tmp_path, shore, mosquitto)
     try:
         reg = shore.registry
         reg.refresh()
@@ -289,7 +134,7 @@ async def test_a_change_that_breaks_health_is_rolled_back(
 ) -> None:
     """A broker address that does not exist passes every check but the ship's own:
     ingest never connects, and the ship goes back to what worked and says why."""
-    ship = await _ship(tmp_path, shore, mosquitto, health="2s")
+    ship = await fleet_ship(tmp_path, shore, mosquitto, health="2s")
     try:
         version = shore.config_set('[mqtt]\nhost = "broker.invalid"\n')
         await eventually_async(lambda: ship.supervisor.runs >= 3, 30, "applied, rolled back")
@@ -316,7 +161,7 @@ async def test_a_port_links_only_entry_waits_for_a_port_link(
 ) -> None:
     """A large change marked for port links only costs the satellite nothing: the
     ship hears of it, and fetches it only once a port link carries the exchange."""
-    ship = await _ship(tmp_path, shore, mosquitto, link="satellite")
+    ship = await fleet_ship(tmp_path, shore, mosquitto, link="satellite")
     try:
         shore.config_set('[streams.nav]\nmax_age = "7d"\n', port_links_only=True)
         fleet = ship.agent.fleet
@@ -338,7 +183,7 @@ async def test_a_link_cut_while_fetching_leaves_the_old_configuration_then_fetch
     proxy, proxy_port = unique("cfg-link"), free_port()
     toxiproxy.create_proxy(proxy, f"127.0.0.1:{proxy_port}", f"127.0.0.1:{shore.port}")
     toxiproxy.set_enabled(proxy, False)
-    ship = await _ship(tmp_path, shore, mosquitto, port=proxy_port)
+    ship = await fleet_ship(tmp_path, shore, mosquitto, port=proxy_port)
     try:
         # a document that cannot compress below the cut
         filler = secrets.token_hex(6000)
@@ -417,7 +262,7 @@ async def test_a_ship_follows_a_fleet_key_rotation_and_refuses_a_forged_one(
     served the rotation with the configuration the new key signed and follows it (and
     keeps it across its restart); a rotation signed by anyone else is refused, nothing
     applied."""
-    ship = await _ship(tmp_path, shore, mosquitto)
+    ship = await fleet_ship(tmp_path, shore, mosquitto)
     try:
         await eventually_async(lambda: ship.agent.uplink and ship.agent.uplink.reached.is_set())
         new_key = shore.registry.rotate_fleet_key()
@@ -463,7 +308,7 @@ async def test_a_ship_hears_of_a_new_version_on_the_upload_it_keeps_open(
     """A ship at sea keeps one upload connection for hours: a change must reach it on
     that connection (in the answer to its next batch), and while nothing changes the
     answers carry not one byte more."""
-    ship = await _ship(tmp_path, shore, mosquitto, refresh="1h", heartbeat="1s")
+    ship = await fleet_ship(tmp_path, shore, mosquitto, refresh="1h", heartbeat="1s")
     try:
         await eventually_async(lambda: ship.agent.uplink and ship.agent.uplink.reached.is_set())
         uplink = ship.agent.uplink
@@ -487,7 +332,7 @@ async def test_a_scope_removed_from_a_ship_goes_back_to_what_applies_without_it(
     """Headquarters removes a group's configuration: its ships go back to edge.toml
     under what still applies (here the ship's own), on the signed entry that removed
     it, and report the version they then run."""
-    ship = await _ship(tmp_path, shore, mosquitto)
+    ship = await fleet_ship(tmp_path, shore, mosquitto)
     try:
         shore.config_set('[streams.nav]\nmax_age = "7d"\n')
         own = shore.config_set('[streams.alerts]\nmax_age = "3d"\n', ship=ship.name)
@@ -515,7 +360,7 @@ async def test_a_ship_moved_to_another_group_leaves_the_old_groups_configuration
     """Headquarters moves a ship from one group to another: in one exchange it drops the
     configuration of the group it left (on the signed entry that set its groups) and
     takes the new group's."""
-    ship = await _ship(tmp_path, shore, mosquitto)
+    ship = await fleet_ship(tmp_path, shore, mosquitto)
     try:
         north = shore.config_set('[streams.nav]\nmax_age = "7d"\n')
         await eventually_async(lambda: ship.held()["version"] == north, 20, "north's")
@@ -549,7 +394,7 @@ async def test_a_canary_goes_back_to_its_groups_configuration_when_its_rollout_s
     """A rollout reaches the ship, then is stopped: the group's configuration before it
     is older than what the ship runs, and the ship goes back to it on the signed stop
     the gateway serves with it (not on an older entry alone), and says so."""
-    ship = await _ship(tmp_path, shore, mosquitto)
+    ship = await fleet_ship(tmp_path, shore, mosquitto)
     try:
         base = shore.config_set('[streams.nav]\nmax_age = "7d"\n')
         await eventually_async(lambda: ship.held()["version"] == base, 20, "the group's")
@@ -601,7 +446,7 @@ async def test_a_scope_whose_end_no_gateway_keeps_stays_and_the_batches_go_on(
     line = shore.registry.state.config_lines[south].decode()
     held = {"version": south, "lines": {"g:south": line}, "failure": None, "refused": {}}
     held |= {"trial": "", "previous": None}
-    ship = await _ship(tmp_path, shore, mosquitto, held=held, heartbeat="1s")
+    ship = await fleet_ship(tmp_path, shore, mosquitto, held=held, heartbeat="1s")
     try:
         uplink, fleet = ship.agent.uplink, ship.agent.fleet
         assert uplink is not None and fleet is not None

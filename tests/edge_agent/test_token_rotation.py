@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import io
 import time
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -28,19 +27,8 @@ from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics, producer
 from shorelink.ship_report import REPORT_MQTT_TOPIC, ShipReport, decode_report, encode_report
 from shorelink.wire import Batch, WireRecord, encode_batch
-from tests.core_gateway.helpers import metrics_url, registry_gateway
-from tests.edge_agent.test_fleet_config import Ship, Shore, _ship
+from tests.edge_agent.fleet_helpers import Ship, Shore, fleet_ship
 from tests.helpers import eventually_async, unique
-
-
-@pytest.fixture
-async def shore(
-    tmp_path: Path, kafka_sites: Callable[..., dict[str, KafkaBroker]]
-) -> AsyncIterator[Shore]:
-    """As the configuration tests' (tokyo's broker: no test there counts sl.registry)."""
-    kafka = kafka_sites("tokyo")["tokyo"]
-    async with registry_gateway(tmp_path, kafka) as (cfg, reg):
-        yield Shore(reg, kafka, cfg.port, metrics_url(cfg))
 
 
 def _reports(kafka: KafkaBroker, ship: str) -> list[Record]:
@@ -98,7 +86,7 @@ def _forged_report(ship: str, names: str) -> bytes:
 async def test_the_old_token_is_retired_once_the_ships_report_names_the_new_one(
     tmp_path: Path, shore: Shore, mosquitto: MosquittoBroker
 ) -> None:
-    ship = await _ship(tmp_path, shore, mosquitto)
+    ship = await fleet_ship(tmp_path, shore, mosquitto)
     url = f"http://127.0.0.1:{shore.port}"
     token_file = tmp_path / ship.name / "gateway.token"
     old = token_file.read_text().strip()
