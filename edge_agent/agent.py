@@ -40,6 +40,15 @@ EXPIRE_INTERVAL_S = 60.0
 #: on stop, how long the uplink may take to finish the batch in flight before it is
 #: cancelled (the site's holdings tell the next start whether it arrived)
 UPLINK_STOP_GRACE_S = 10.0
+#: on stop, how long ingest may take to commit and acknowledge what it received and
+#: disconnect (its drain is bounded at 10 s, its disconnect at 2 s) before it is
+#: cancelled: nothing is acknowledged before it is committed, so a cancel loses nothing
+#: the broker was told is stored (the broker redelivers the rest)
+INGEST_STOP_S = 15.0
+#: once a task of the run is cancelled, how long it may take to end before the stop
+#: goes on without it (logged as ``agent_task_abandoned``): every stop ends within
+#: INGEST_STOP_S + UPLINK_STOP_GRACE_S + 4 * TASK_CANCEL_S at most
+TASK_CANCEL_S = 5.0
 
 
 class Agent:
@@ -75,6 +84,7 @@ class Agent:
             cfg, self.log, config=fleet.reported if fleet is not None else None
         )
         self.stop = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
         #: set when the run ends to start again (a fleet configuration applied or
         #: rolled back): :class:`Supervisor` builds the agent again
         self.restart = False
@@ -98,12 +108,19 @@ class Agent:
             )
 
     def _restart(self) -> None:
+        """End the run to start again. Called from a worker thread too (the fleet
+        configuration is taken in one): an asyncio.Event set off its loop's thread
+        wakes nobody for sure (in debug mode it raises there and the run never ends)."""
         self.restart = True
-        self.stop.set()
+        loop = self._loop
+        if loop is None or _on_loop(loop):
+            self.stop.set()
+        else:
+            loop.call_soon_threadsafe(self.stop.set)
 
     async def run(self, *, install_signals: bool = True) -> None:
         """Run until :attr:`stop` is set (by SIGTERM/SIGINT, or by the caller)."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.stop.set)
@@ -138,23 +155,18 @@ class Agent:
         finally:
             systemd.notify("STOPPING=1")
             log.info("agent_stopping")
-            await tasks[0]  # ingest drains: commit and acknowledge what it received
+            # ingest drains: commits and acknowledges what it received
+            await _end(tasks[:1], INGEST_STOP_S)
             if uplink_task is not None:
                 # the uplink sends no new batch once stop is set; give the one in
                 # flight a moment, then cancel it
-                done, _ = await asyncio.wait([uplink_task], timeout=UPLINK_STOP_GRACE_S)
-                if not done:
-                    uplink_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await uplink_task
-            for t in tasks[1:]:
-                t.cancel()
-            for t in tasks[1:]:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
+                await _end([uplink_task], UPLINK_STOP_GRACE_S)
+            await _end(tasks[1:], 0)
             self.log.close()
             if server is not None:  # the port is the next run's (Supervisor's restart)
-                await asyncio.to_thread(server.shutdown)
+                # (the server's loop polls every 0.5 s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.to_thread(server.shutdown), TASK_CANCEL_S)
                 server.server_close()
             log.info("agent_stopped")
 
@@ -244,6 +256,31 @@ class Agent:
         m.log_bytes.set(sizes.records)
         m.disk_bytes.set(sizes.files)
         m.quarantine_size.set(self.log.quarantine.count())
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+async def _end(tasks: list[asyncio.Task[None]], within: float) -> None:
+    """Let ``tasks`` end by themselves for ``within`` seconds, then cancel those still
+    running and give them :data:`TASK_CANCEL_S` more; a task still running then is left
+    behind (logged): a stop never waits without a bound."""
+    if within > 0:
+        await asyncio.wait(tasks, timeout=within)
+    running = [t for t in tasks if not t.done()]
+    for t in running:
+        t.cancel()
+    if running:
+        await asyncio.wait(running, timeout=TASK_CANCEL_S)
+    for t in tasks:
+        if not t.done():
+            log.warning("agent_task_abandoned", task=t.get_name(), waited_s=within + TASK_CANCEL_S)
+        elif not t.cancelled() and t.exception() is not None:
+            log.error("agent_task_failed", task=t.get_name(), error=repr(t.exception()))
 
 
 class Supervisor:

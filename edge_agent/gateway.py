@@ -51,6 +51,9 @@ __all__ = ["Gateway", "HttpGateway", "SendResult"]
 MAX_MESSAGE = 16 * 1024 * 1024
 
 USER_AGENT = "shorelink-edge/0.1"
+#: how long closing an upload connection waits for the gateway's close frame (then
+#: the connection is dropped): over a stalled link it never comes, and a stop waits
+UPLOAD_CLOSE_S = 1.0
 
 log = get_logger(__name__)
 
@@ -257,12 +260,14 @@ class HttpGateway:
         await self.close()
 
     async def close(self) -> None:
-        if self._upload is not None:
-            await self._upload.close()
-            self._upload = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        upload, self._upload = self._upload, None
+        session, self._session = self._session, None
+        try:
+            if upload is not None:
+                await upload.close()
+        finally:
+            if session is not None:
+                await session.close()
 
 
 class _Upload:
@@ -376,8 +381,9 @@ class _Upload:
 
     async def close(self) -> None:
         self._break("closed")
-        with contextlib.suppress(Exception):
-            await self._ws.close()
+        with contextlib.suppress(Exception):  # TimeoutError: aiohttp drops the connection
+            async with asyncio.timeout(UPLOAD_CLOSE_S):
+                await self._ws.close()
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._reader

@@ -113,6 +113,18 @@ class _PahoOnAsyncio:
     def _unregister_write(self, _c: mqtt.Client, _u: object, sock: Any) -> None:
         self.loop.remove_writer(sock)
 
+    def drop(self) -> None:
+        """The connection did not close when asked: stop reading it and close its
+        socket (nothing received on it is acknowledged any more: the broker redelivers)."""
+        sock = self.client.socket()
+        if sock is not None:
+            self._close(self.client, None, sock)
+            with contextlib.suppress(OSError):
+                sock.close()
+        elif self.misc is not None:
+            self.misc.cancel()
+        self.closed.set()
+
     async def _misc_loop(self) -> None:
         while self.client.loop_misc() == MQTTErrorCode.MQTT_ERR_SUCCESS:  # noqa: ASYNC110 (a ticker)
             await asyncio.sleep(1)
@@ -139,6 +151,8 @@ class Ingest:
         #: none of its messages could be committed or quarantined (None: not stuck)
         self.stuck_since: float | None = None
         self._committer: asyncio.Task[None] | None = None
+        #: the connection of now (dropped if ingest is cancelled before it closed it)
+        self._driver: _PahoOnAsyncio | None = None
         self._limited = RateLimitedLog(log)
         #: alarms (edge_agent/alarms.py): the committed state (loaded by the first
         #: commit), and the evaluation of the group being committed
@@ -167,6 +181,8 @@ class Ingest:
             await self._connection_loop(stop)
         finally:
             self._stopping.set()
+            if self._driver is not None and not self._driver.closed.is_set():
+                self._driver.drop()  # cancelled (a stop past its bound) while connected
             committer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await committer
@@ -197,7 +213,7 @@ class Ingest:
         failures = 0  # connections that ended since the last one that was up
         while not stop.is_set():
             client = self._new_client()
-            driver = _PahoOnAsyncio(loop, client)
+            driver = self._driver = _PahoOnAsyncio(loop, client)
             props = Properties(PacketTypes.CONNECT)
             props.SessionExpiryInterval = m.session_expiry_s
             props.ReceiveMaximum = m.receive_maximum
@@ -216,8 +232,11 @@ class Ingest:
                     await self._drain()
                     self._stopping.set()  # the disconnect that follows is ours
                     client.disconnect()
-                    with contextlib.suppress(TimeoutError):
+                    try:
                         await asyncio.wait_for(driver.closed.wait(), 2)
+                    except TimeoutError:
+                        log.warning("mqtt_disconnect_timeout", waited_s=2)
+                        driver.drop()
             self.connected.clear()
             self.metrics.mqtt_connected.set(0)
             if stop.is_set():

@@ -54,6 +54,10 @@ log = get_logger(__name__)
 BACKOFF_GROWTH = 1.15
 
 
+#: on stop, how long each gateway's connections may take to close
+GATEWAY_CLOSE_S = 3.0
+
+
 class Uplink:
     def __init__(
         self,
@@ -134,8 +138,11 @@ class Uplink:
                 await sealing
             self.session = None
             for g in self.gateways:
+                # a connection's close waits for the gateway's close frame: over a
+                # stalled link, for good without a bound
                 with contextlib.suppress(Exception):
-                    await g.close()
+                    async with asyncio.timeout(GATEWAY_CLOSE_S):
+                        await g.close()
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.log.links.flush, force=True)
             await asyncio.to_thread(self.close)
