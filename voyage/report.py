@@ -288,9 +288,12 @@ def _hops(o: Observed, ident: Ident, a: Arrival, event_s: float) -> list[dict[st
     hops: list[tuple[str, float | None]] = [("overboard", event_s)]
     ts, silence = body.get("ts"), body.get("silence_s")
     if isinstance(ts, int | float) and isinstance(silence, int | float):
-        # event times are voyage time, which runs `speed` times faster than the wall
-        raised = o.plan.wall_offset(ts / 1000 + silence)
-        hops.append(("raised on the ship (shock + silence)", raised))
+        # the silence after the shock, in wall seconds (voyage time runs `speed` times
+        # faster), from when the simulator published the shock: not the shock's own
+        # voyage time mapped to the plan's wall clock, which a simulator running behind
+        # its plan on a loaded machine put before the event it raised on (-0.28 s)
+        quiet = o.plan.wall_offset(ts / 1000 + silence) - o.plan.wall_offset(ts / 1000)
+        hops.append(("raised on the ship (shock + silence)", event_s + quiet))
     hops.append((f"written at {a.entry}'s gateway", a.entered_s))
     # the entry site's merge first, then the others in the order they merged it
     merged = sorted(
