@@ -113,6 +113,15 @@ class _PahoOnAsyncio:
     def _unregister_write(self, _c: mqtt.Client, _u: object, sock: Any) -> None:
         self.loop.remove_writer(sock)
 
+    def stop_reading(self) -> None:
+        """Take no more messages off the connection (the acknowledgements still go
+        out): what arrives from now on stays the broker's, redelivered to the next
+        session, so a stop's drain ends with what was received, not when the sensors
+        pause."""
+        sock = self.client.socket()
+        if sock is not None:
+            self.loop.remove_reader(sock)
+
     def drop(self) -> None:
         """The connection did not close when asked: stop reading it and close its
         socket (nothing received on it is acknowledged any more: the broker redelivers)."""
@@ -229,6 +238,7 @@ class Ingest:
                 if self._generation > generation:
                     failures = 0  # we were connected: start backing off afresh
                 if stop.is_set() and not driver.closed.is_set():
+                    driver.stop_reading()
                     await self._drain()
                     self._stopping.set()  # the disconnect that follows is ours
                     client.disconnect()
