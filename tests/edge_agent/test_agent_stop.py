@@ -15,7 +15,7 @@ import pytest
 
 from core_gateway.auth import Credentials
 from edge_agent import agent as agent_module
-from edge_agent.agent import INGEST_STOP_S, UPLINK_STOP_GRACE_S, Agent, Supervisor
+from edge_agent.agent import INGEST_STOP_S, UPLINK_STOP_GRACE_S, Agent
 from edge_agent.config import load_config
 from edge_agent.gateway import UPLOAD_CLOSE_S, SendResult
 from edge_agent.uplink import GATEWAY_CLOSE_S
@@ -23,7 +23,6 @@ from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import free_port
 from local_stack.toxiproxy import Toxiproxy
 from tests.core_gateway.helpers import gateway_config, start_gateway
-from tests.edge_agent.fleet_helpers import Ship, Shore, fleet_ship
 from tests.edge_agent.helpers import Publisher, edge_config_doc, start_agent, write_config
 from tests.edge_agent.memory_gateway import MemoryGateway
 from tests.edge_agent.uplink_helpers import fill
@@ -213,40 +212,3 @@ async def test_a_restart_asked_from_a_worker_thread_ends_the_run(
         assert agent.restart
     finally:
         asyncio.get_running_loop().set_debug(False)
-
-
-@pytest.mark.parametrize("mosquitto", [10_000], indirect=True, ids=["saves_per_10000"])
-async def test_a_restart_onto_a_new_configuration_during_a_burst_of_queued_messages(
-    tmp_path: Path, shore: Shore, mosquitto: MosquittoBroker
-) -> None:
-    """The voyage's case whole: a supervised agent back onto a backlog its broker
-    queued while it was down, the sensors publishing on, takes a new fleet
-    configuration; the controlled restart ends in time and every message is stored
-    once."""
-    ship = await fleet_ship(tmp_path, shore, mosquitto)
-    pub = Publisher(mosquitto, unique("sensors"))
-    sensors: _Sensors | None = None
-    try:
-        await eventually_async(lambda: ship.agent.ingest.connected.is_set(), 20, "connected")
-        await ship.stop()
-        backlog = 5000
-        await asyncio.to_thread(pub.readings, 1, backlog)
-        sup = Supervisor(ship.config)
-        run = asyncio.create_task(sup.run(install_signals=False))
-        ship = Ship(ship.name, ship.config, sup, run)
-        await eventually_async(lambda: sup.agent is not None, 10, "the agent started")
-        sensors = _Sensors(pub)
-        await asyncio.wait_for(ship.agent.ingest.committed.wait(), 10)
-        shore.config_set('[streams.nav]\nmax_age = "7d"\n')
-        await eventually_async(lambda: sup.runs == 2, INGEST_STOP_S + 15, "restarted onto it")
-        assert ship.agent.cfg.streams["nav"].max_age_s == 7 * 86400
-        await sensors.end()
-        total = backlog + sensors.count
-        await eventually_async(
-            lambda: ship.agent.log.stream_state("containers").count == total, 30, "every message"
-        )
-    finally:
-        if sensors is not None:
-            await sensors.end()
-        pub.close()
-        await ship.stop()
