@@ -469,12 +469,11 @@ async def test_a_scope_whose_end_no_gateway_keeps_stays_and_the_batches_go_on(
         await ship.stop()
 
 
-def test_an_older_entry_replayed_at_a_ship_or_an_end_it_does_not_hold_is_refused(
+def _two_configurations(
     tmp_path: Path, mosquitto: MosquittoBroker
-) -> None:
-    """A gateway (or whoever sits on the link) that hands a ship an entry the fleet
-    signed long ago, to take it back to an old configuration, is refused: only a later
-    entry that ended what the ship holds takes it back."""
+) -> tuple[Registry, int, int, dict[str, Any], Path]:
+    """A registry whose group ``north`` had two configurations (their versions, older
+    first) and a ship's edge.toml (its document and file) that pins its fleet key."""
     reg = Registry.init(tmp_path / "registry")
     bundle = provision(reg, "bigblue", ["north"], out=tmp_path / "bundle")
     body = {"scope": "group", "name": "north", "format": "toml", "port_links_only": False}
@@ -482,10 +481,20 @@ def test_an_older_entry_replayed_at_a_ship_or_an_end_it_does_not_hold_is_refused
     reg.append([("config_set", {**body, "document": '[streams.nav]\nmax_age = "9d"\n'})])
     reg.refresh()
     old, new = reg.state.version - 1, reg.state.version
-    lines = reg.state.config_lines
     doc = edge_config_doc(tmp_path, mosquitto)
     doc["uplink"] = {"fleet_pub_file": str(bundle / "fleet.pub")}
     config = write_toml(tmp_path / "edge.toml", doc)
+    return reg, old, new, doc, config
+
+
+def test_an_older_entry_replayed_at_a_ship_or_an_end_it_does_not_hold_is_refused(
+    tmp_path: Path, mosquitto: MosquittoBroker
+) -> None:
+    """A gateway (or whoever sits on the link) that hands a ship an entry the fleet
+    signed long ago, to take it back to an old configuration, is refused: only a later
+    entry that ended what the ship holds takes it back."""
+    reg, old, new, _, config = _two_configurations(tmp_path, mosquitto)
+    lines = reg.state.config_lines
     cfg, fleet = load_effective(config)
     assert fleet is not None
     assert fleet.take(
@@ -528,17 +537,8 @@ def test_a_ships_file_from_the_agent_before_rotations_reads_and_follows_on(
     """An agent upgraded on board finds the file the agent before it wrote (no fleet
     key rotations, no newest entry per scope): it runs what that file holds, takes
     the newest entry of each scope from it, and refuses an older one replayed."""
-    reg = Registry.init(tmp_path / "registry")
-    bundle = provision(reg, "bigblue", ["north"], out=tmp_path / "bundle")
-    body = {"scope": "group", "name": "north", "format": "toml", "port_links_only": False}
-    reg.append([("config_set", {**body, "document": '[streams.nav]\nmax_age = "7d"\n'})])
-    reg.append([("config_set", {**body, "document": '[streams.nav]\nmax_age = "9d"\n'})])
-    reg.refresh()
-    old, new = reg.state.version - 1, reg.state.version
+    reg, old, new, doc, config = _two_configurations(tmp_path, mosquitto)
     lines = reg.state.config_lines
-    doc = edge_config_doc(tmp_path, mosquitto)
-    doc["uplink"] = {"fleet_pub_file": str(bundle / "fleet.pub")}
-    config = write_toml(tmp_path / "edge.toml", doc)
     before = {
         "version": new,
         "lines": {"g:north": lines[new].decode()},
