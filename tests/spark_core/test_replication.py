@@ -60,6 +60,7 @@ from shorelink.proof import ShipKey, ShipKeys
 from shorelink.ranges import RangeSet
 from shorelink.wire import Batch, encode_batch
 from spark_core import routing
+from spark_core.feed_guard import PARK_S
 from spark_core.relay_index import read_segments
 from spark_core.routing import LinkState
 from spark_core.status import read_status
@@ -756,14 +757,9 @@ def test_a_hostile_neighbour_cannot_replace_a_ships_records_nor_fill_holes_nor_i
         offered = len(forged) + len(spread) + len(ghosts)
         dead = KafkaEndpoint.plaintext(topo.bootstrap(b))
 
-        def all_dead() -> bool:
-            return len(list(read_to_end(dead, [dead_topic(stream)], settled=True))) >= offered
-
-        eventually(all_dead, 180, "b dead-letters everything a forged")
-
         def unproved() -> float:
-            # the merge counts a batch once its transaction committed: a scrape right
-            # after the dead letters show can come before the last batch's count
+            # what b's merge dead-lettered as unproved, each record once; the dead-letter
+            # topic alone is no count (a re-drive pass dead-letters a refused record again)
             return sum(
                 v
                 for (name, labels), v in scrape(topo.metrics[b]).items()
@@ -771,7 +767,12 @@ def test_a_hostile_neighbour_cannot_replace_a_ships_records_nor_fill_holes_nor_i
                 and ("outcome", "unproved") in labels
             )
 
-        eventually(lambda: unproved() >= offered, 30, "b counted every forgery")
+        # more than the feed guard's limit of forgeries (spark_core/feed_guard.py): b parks
+        # a's feed once it passes UNPROVED_LIMIT, and what a still offers is read after the
+        # park, checked as ever (in CI: 10,223 of the 10,225 before the park, the last two
+        # after it)
+        eventually(lambda: unproved() >= offered, 180 + PARK_S, "b counted every forgery")
+        assert len(list(read_to_end(dead, [dead_topic(stream)], settled=True))) >= offered
         assert unproved() == offered
         assert not any(o == ship or o.startswith("ghost") for o, _ in ledger(topo.bootstrap(b)))
         enter(topo, b, genuine, proofs)  # the ship uploads at b at last
