@@ -197,6 +197,8 @@ class FleetConfig:
         self.on_applied: Callable[[], None] | None = None
         self._busy = False
         self._asked: ConfigOffer | None = None
+        #: the last offer :meth:`offered` looked at (asked for or not)
+        self._looked: ConfigOffer | None = None
         #: (scopes, version) offered for port links only and left for one
         self.waiting_for_port: set[tuple[str, int]] = set()
         #: bytes of this run's configuration requests sent and answers received whole
@@ -303,10 +305,17 @@ class FleetConfig:
             return None
         return want
 
+    def unseen(self, gw: ConfigSource) -> bool:
+        """Has ``gw`` offered something :meth:`offered` has not looked at yet (a batch's
+        answer brought it while the upload stays open)?"""
+        offer = gw.config_offer
+        return offer is not None and offer is not self._looked and not self._busy
+
     async def offered(self, gw: ConfigSource, link: LinkConfig, budget: LinkBudget) -> None:
         """Fetch, check and apply what ``gw`` offers, if anything is new. The bytes
         both ways are counted against ``budget``."""
         offer = gw.config_offer
+        self._looked = offer
         if offer is None or self._busy or self.state.trial or offer is self._asked:
             return  # once per offer: a gateway's answer refused is not asked for again
         # on the same connection (the next one brings a new offer)

@@ -214,10 +214,17 @@ class Uplink:
         if session is None:
             return  # every reachable link has spent today's budget
         gw = session.gateway
+        source = gw if self.fleet is not None and isinstance(gw, ConfigSource) else None
         try:
-            if self.fleet is not None and isinstance(gw, ConfigSource):
-                await self.fleet.offered(gw, self.cfg.links[gw.link], session.budget)
-            await session.sync()
+            while True:
+                if self.fleet is not None and source is not None:
+                    await self.fleet.offered(source, self.cfg.links[gw.link], session.budget)
+                await session.sync()
+                # broken off for an offer a batch's answer brought: taken now, then on
+                if source is None or self.fleet is None or self._stop.is_set():
+                    break
+                if not self.fleet.unseen(source):
+                    break
         except LinkError as exc:
             self.session = None
             await self._mark(gw, up=False, error=str(exc))
@@ -236,10 +243,20 @@ class Uplink:
             self.session = None  # another link may still have budget today
 
     def _break_off(self) -> bool:
-        """The session stops launching batches when the agent stops, or when a cheaper
-        link is due a probe: a session kept busy by new records (positions at sea come
-        all the time) would otherwise never let the ship see port Wi-Fi come up."""
+        """The session stops launching batches when the agent stops, when a batch's
+        answer brought a configuration offer not looked at yet, or when a cheaper link
+        is due a probe: a session kept busy by new records (positions at sea come all
+        the time, a backlog drains for minutes) would otherwise take the offer, or let
+        the ship see port Wi-Fi come up, only once it ends."""
         if self._stop.is_set():
+            return True
+        session = self.session
+        if (
+            self.fleet is not None
+            and session is not None
+            and isinstance(session.gateway, ConfigSource)
+            and self.fleet.unseen(session.gateway)
+        ):
             return True
         return time.monotonic() >= self._probe_cheaper_at and bool(self._cheaper())
 

@@ -7,6 +7,7 @@ import asyncio
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -178,3 +179,28 @@ class Publisher:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
+
+
+class Sensors:
+    """Sensors that publish on (QoS 1, about 1000 messages a second) in a thread until
+    :meth:`end`; :attr:`count` is how many they published."""
+
+    def __init__(self, pub: Publisher) -> None:
+        self.pub = pub
+        self.count = 0
+        self._end = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._end.is_set():
+            self.count += 1
+            topic = f"bigblue/d1/containers/C{self.count % 3}/env"
+            self.pub.publish(topic, f'{{"ts": 1, "live": {self.count}}}'.encode())
+            if self.count % 50 == 0:
+                self._end.wait(0.05)
+
+    async def end(self) -> None:
+        self._end.set()
+        await asyncio.to_thread(self._thread.join)
+        await asyncio.to_thread(self.pub.wait_all_acked)

@@ -23,7 +23,13 @@ from local_stack.mosquitto import MosquittoBroker
 from local_stack.process import free_port
 from local_stack.toxiproxy import Toxiproxy
 from tests.core_gateway.helpers import gateway_config, start_gateway
-from tests.edge_agent.helpers import Publisher, edge_config_doc, start_agent, write_config
+from tests.edge_agent.helpers import (
+    Publisher,
+    Sensors,
+    edge_config_doc,
+    start_agent,
+    write_config,
+)
 from tests.edge_agent.memory_gateway import MemoryGateway
 from tests.edge_agent.uplink_helpers import fill
 from tests.helpers import eventually_async, unique, write_toml
@@ -34,31 +40,6 @@ async def _stop(agent: Agent, task: asyncio.Task[None], within: float) -> float:
     agent.stop.set()
     await asyncio.wait_for(task, within + 30)  # the test fails rather than hangs
     return time.monotonic() - t0
-
-
-class _Sensors:
-    """Sensors that publish on (QoS 1, about 1000 messages a second) in a thread until
-    :meth:`end`; :attr:`count` is how many they published."""
-
-    def __init__(self, pub: Publisher) -> None:
-        self.pub = pub
-        self.count = 0
-        self._end = threading.Event()
-        self._thread = threading.Thread(target=self._run)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._end.is_set():
-            self.count += 1
-            topic = f"bigblue/d1/containers/C{self.count % 3}/env"
-            self.pub.publish(topic, f'{{"ts": 1, "live": {self.count}}}'.encode())
-            if self.count % 50 == 0:
-                self._end.wait(0.05)
-
-    async def end(self) -> None:
-        self._end.set()
-        await asyncio.to_thread(self._thread.join)
-        await asyncio.to_thread(self.pub.wait_all_acked)
 
 
 # the broker saves its store every 10,000 changes, not at each: a backlog of 20,000
@@ -79,7 +60,7 @@ async def test_a_stop_during_a_burst_of_queued_messages_ends_in_time_and_loses_n
     pub = Publisher(mosquitto, unique("sensors"))
     backlog = 20_000
     await asyncio.to_thread(pub.readings, 1, backlog)
-    sensors = _Sensors(pub)
+    sensors = Sensors(pub)
     try:
         agent = Agent(load_config(cfg_path))
         task = asyncio.create_task(agent.run(install_signals=False))

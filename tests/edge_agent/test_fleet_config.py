@@ -24,7 +24,7 @@ from shorelink.fleet.log import Registry
 from shorelink.fleet.shipconfig import encode_delta, request_json
 from shorelink.ship_report import decode_report
 from tests.edge_agent.fleet_helpers import Ship, Shore, fleet_ship
-from tests.edge_agent.helpers import edge_config_doc
+from tests.edge_agent.helpers import Publisher, Sensors, edge_config_doc
 from tests.helpers import eventually_async, unique, write_toml
 
 
@@ -323,6 +323,36 @@ async def test_a_ship_hears_of_a_new_version_on_the_upload_it_keeps_open(
         assert before == 0 and upload.offers_heard == 1
         assert upload.config_offer == {"g:north": (version, False)}
     finally:
+        await ship.stop()
+
+
+async def test_a_ship_whose_upload_never_runs_dry_takes_a_new_version_at_once(
+    tmp_path: Path, shore: Shore, mosquitto: MosquittoBroker, toxiproxy: Toxiproxy
+) -> None:
+    """A ship draining a backlog, or at sea with readings arriving faster than a round
+    trip, always has a batch to send: its session never ends by itself. An offer a
+    batch's answer brings breaks it off, and the configuration is taken then (before,
+    only once the session ran dry: here, never)."""
+    proxy, proxy_port = unique("busy-link"), free_port()
+    toxiproxy.create_proxy(proxy, f"127.0.0.1:{proxy_port}", f"127.0.0.1:{shore.port}")
+    toxiproxy.add_toxic(proxy, "latency", name="rtt", latency=300)  # on every answer
+    ship = await fleet_ship(tmp_path, shore, mosquitto, port=proxy_port, refresh="1h")
+    pub = Publisher(mosquitto, unique("sensors"))
+    sensors: Sensors | None = None
+    try:
+        uplink = ship.agent.uplink
+        assert uplink is not None
+        await eventually_async(lambda: uplink.reached.is_set(), 20, "the gateway reached")
+        sensors = Sensors(pub)  # about 1,000 readings a second: 300 in every round trip
+        await eventually_async(lambda: uplink._accepted >= 5, 20, "batches answered")
+        version = shore.config_set('[streams.nav]\nmax_age = "7d"\n')
+        await eventually_async(lambda: ship.supervisor.runs == 2, 20, "applied")
+        assert ship.held()["version"] == version
+        assert ship.agent.cfg.streams["nav"].max_age_s == 7 * 86400
+    finally:
+        if sensors is not None:
+            await sensors.end()
+        pub.close()
         await ship.stop()
 
 
