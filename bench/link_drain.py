@@ -40,11 +40,15 @@ month (scaled: ``--records`` of the month's 1.8 million readings a ship) with
 ``--alerts-before`` alerts committed among it (raised at sea, the link down); during
 the drain the ship's sensors publish to its Mosquitto (the agent's real ingest) one
 alert every ``--alert-every-s`` with ``--live-readings`` fresh container readings
-beside it. Reported under "dark", from the gateway's holdings polled every 50 ms:
-when each alert arrived (from the port call's start, and from its commit), when the
-newest reading of the backlog arrived, when the whole backlog did, and when the
-readings committed during the port call did. The cut drain is skipped;
-``sl.ingress.alerts`` is checked exactly once too.
+beside it. The agent takes the containers' latest-value snapshot into
+``containers_latest`` (priority 20; edge_agent/latest.py) as the link comes up.
+Reported under "dark", from the gateway's holdings polled every 50 ms: when each alert
+arrived (from the port call's start, and from its commit), when the snapshot arrived
+(and, from the ship's log, whether it holds the newest reading of every container of
+the backlog, each once), when the newest reading of the backlog arrived, when the
+whole backlog did, and when the readings committed during the port call did. The cut
+drain is skipped; ``sl.ingress.alerts`` and ``sl.ingress.containers_latest`` are
+checked exactly once too.
 
     .venv/bin/python bench/link_drain.py --quick     # ~50 seconds (300k records, cut 1 s into the drain)
     .venv/bin/python bench/link_drain.py             # full run, ~75 seconds
@@ -110,6 +114,7 @@ from local_stack.process import Proc, free_port
 from shorelink.errors import ShorelinkError
 from shorelink.files import write_atomic
 from shorelink.ranges import RangeSet
+from shorelink.snapshot import decode_copy
 from shorelink.wire import peek_header
 
 SHIP = "bigblue"
@@ -121,6 +126,8 @@ GOALS = {"link_utilisation": 0.85, "resent_batches_per_outage": 1.0}
 #: a month dark: 2,500 reefers reporting hourly for 30 days (issue 42)
 MONTH_READINGS = 1_800_000
 ALERTS = "alerts"
+#: with --dark, the containers' latest-value snapshot stream (edge_agent/latest.py)
+LATEST = "containers_latest"
 
 say = progress("link_drain")
 
@@ -355,7 +362,13 @@ class Bench:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args = args
         self.work = work
-        self.stack = Stack(work, [SHIP, CUT_SHIP, WARMUP_SHIP], say, link=True)
+        self.stack = Stack(
+            work,
+            [SHIP, CUT_SHIP, WARMUP_SHIP],
+            say,
+            link=True,
+            streams=("alerts", "nav", STREAM, LATEST),
+        )
         self.result: dict[str, Any] = {"benchmark": "link_drain"}
 
     @property
@@ -478,6 +491,10 @@ class Bench:
         ]
         if mqtt_port is not None:  # --dark: the sensors publish alerts too
             rules.append({"filter": f"{ship}/alerts/+", "stream": ALERTS, "key": "{3}"})
+        streams = agent_metrics_and_streams(metrics_port)
+        if mqtt_port is not None:  # --dark: each container's newest reading goes first
+            streams["streams"][STREAM]["latest_stream"] = LATEST
+            streams["streams"][LATEST] = {"priority": 20}
         config = {
             "ship": ship,
             "log_level": "info",
@@ -490,7 +507,7 @@ class Bench:
                 "subscriptions": [f"{ship}/#"],
             },
             "log": {"path": str(self.work / ship / "edge.db"), "max_bytes": "4GB"},
-            **agent_metrics_and_streams(metrics_port),
+            **streams,
             "rules": rules,
             "uplink": {"token": self.stack.tokens[ship], **self.uplink_overrides()},
             "links": {link: self.link_overrides()},
@@ -588,6 +605,10 @@ class Bench:
         if port is not None:
             port.start(t_start, a.records)
         t_newest: float | None = None
+        #: with --dark: the snapshot's records (from the agent's metrics) and when the
+        #: site held them all
+        latest_n = 0
+        t_latest: float | None = None
         outages: list[tuple[float, float]] = []
         deadline = time.monotonic() + a.drain_timeout
         t_first: float | None = None
@@ -596,7 +617,9 @@ class Bench:
         last_say = time.monotonic()
         held = RangeSet()
         try:
-            while t_done is None or (port is not None and not port.settled()):
+            while t_done is None or (
+                port is not None and (not port.settled() or (latest_n and t_latest is None))
+            ):
                 now_m = time.monotonic()
                 if now_m > deadline:
                     raise RuntimeError(
@@ -635,6 +658,15 @@ class Bench:
                             t_done = t_held
                         if port is not None:
                             port.observe(t_held, body["streams"])
+                            if not latest_n:
+                                latest_n = int(
+                                    total(
+                                        scrape(agent_metrics), "shorelink_edge_latest_records_total"
+                                    )
+                                )
+                            had = RangeSet.parse(body["streams"].get(LATEST, ""))
+                            if t_latest is None and latest_n and had.contains_range(1, latest_n):
+                                t_latest = t_held
                 if now_m - last_say > 10:
                     last_say = now_m
                     say(f"link: site holds {held.count()}/{a.records}")
@@ -666,9 +698,35 @@ class Bench:
         )
         if port is not None:
             self.result["dark"] = port.report(a.records, t_newest, t_done)
+            self.result["dark"]["snapshot"] = {
+                "arrived_s": r3(None if t_latest is None else t_latest - t_start),
+                **self.check_snapshot(config),
+            }
+            self.latest_last = latest_n
             self.fresh_last = port.last_reading
             self.alerts_last = a.alerts_before + len(port.alerts)
         return {"ship": ship, "outage_first_s": outage_first_s, "sealing": sealing, **report}
+
+    def check_snapshot(self, config: Path) -> dict[str, Any]:
+        """What the ship's log says of its snapshot: its records and bytes, and whether
+        they are the newest reading of every container of the backlog, each once."""
+        cfg = load_config(config)
+        edge_log = EdgeLog(cfg.log.path, cfg.ship, cfg.streams, cfg.log, readonly=True)
+        try:
+            copies = edge_log.read(LATEST, 1, 10**9, max_records=10**6)
+            backlog = edge_log.read(STREAM, 1, self.args.records, max_records=10**7)
+        finally:
+            edge_log.close()
+        newest = {r.key: r for r in backlog}  # in seq order: the last one wins
+        of = {c.key: decode_copy(c.payload) for c in copies}
+        return {
+            "records": len(copies),
+            "payload_bytes": sum(len(c.payload) for c in copies),
+            "containers": len(newest),
+            "newest_of_every_container": len(of) == len(copies)
+            and {k: (c.seq, c.payload) for k, c in of.items()}
+            == {k: (r.seq, r.payload) for k, r in newest.items()},
+        }
 
     def wait_sealed(
         self, agent: Proc, metrics_url: str, t_agent: float, config: Path
@@ -858,10 +916,11 @@ class Bench:
             last[SHIP] = self.fresh_last
         ok, detail, seconds = self.stack.verify(last)
         if "dark" in self.result:
-            ok_alerts, detail_alerts, more = self.stack.verify({SHIP: self.alerts_last}, ALERTS)
-            ok = ok and ok_alerts
-            detail = {**detail, f"{SHIP}/{ALERTS}": detail_alerts[SHIP]}
-            seconds += more
+            for stream, last_seq in ((ALERTS, self.alerts_last), (LATEST, self.latest_last)):
+                ok_more, detail_more, more = self.stack.verify({SHIP: last_seq}, stream)
+                ok = ok and ok_more
+                detail = {**detail, f"{SHIP}/{stream}": detail_more[SHIP]}
+                seconds += more
         self.result["exactly_once"] = ok
         self.result["exactly_once_detail"] = detail
         self.result["verify_s"] = seconds

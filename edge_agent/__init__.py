@@ -17,6 +17,7 @@ __all__ = [
     "fleet_config",
     "gateway",
     "ingest",
+    "latest",
     "linkstate",
     "log",
     "metrics",

@@ -102,6 +102,16 @@ class StreamConfig:
     max_bytes: int = field(default=0, metadata=key(kind="size"))
     #: default for alerts: "reject" (alerts are never dropped)
     on_full: str = field(default="drop_oldest", metadata=key(choices=ON_FULL))
+    #: the stream (one of ``[streams.*]``, of a lower priority number) that takes this
+    #: stream's latest-value snapshot: when a link that carries it comes up and this
+    #: stream's oldest unsent record is older than ``latest_after``, each key's newest
+    #: unsent reading is copied there, so shore learns it before the backlog drains
+    #: (edge_agent/latest.py; docs/edge-agent.md, "Newest first?"). "": no snapshots
+    latest_stream: str = ""
+    #: how old the backlog must be for a snapshot, and the least time between two
+    latest_after_s: float = field(
+        default=3600.0, metadata=key("latest_after", min=1, why="at least 1s")
+    )
 
 
 @dataclass(frozen=True)
@@ -474,6 +484,8 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
     read_gateways = errors.attempt(lambda: top.array("gateways"), [])
     gateways = [errors.attempt(partial(_gateway, g, links, base), None) for g in read_gateways]
     report = errors.attempt(lambda: _report(top, maybe), None)
+    for where, problem in _latest_problems(maybe):
+        errors.add(where, problem)
     seen: set[tuple[str, str]] = set()
     for i, g in enumerate(gateways):
         if g is not None and (g.site, g.url) in seen:
@@ -503,6 +515,33 @@ def parse_config(data: dict[str, object], base: Path | None = None) -> EdgeConfi
     cfg = errors.result(read_all)
     resolve_secrets(cfg)  # the agent uses every secret of its file: an unset one fails now
     return cfg
+
+
+def _latest_problems(streams: Mapping[str, StreamConfig | None]) -> list[tuple[str, str]]:
+    """What is wrong with the streams' ``latest_stream``: it must be another configured
+    stream, not the alerts', sent ahead of its source (a lower priority number), taking
+    one stream's snapshots and taking none of its own."""
+    out = []
+    targets: dict[str, str] = {}
+    for name, st in streams.items():
+        if st is None or not st.latest_stream:
+            continue
+        where = f"streams.{name}.latest_stream"
+        target = streams.get(st.latest_stream)
+        if st.latest_stream not in streams:
+            out.append((where, f"{st.latest_stream!r} is not a configured stream"))
+        elif st.latest_stream in (name, NEVER_DROPPED):
+            out.append((where, f"{st.latest_stream!r} cannot take {name!r}'s snapshots"))
+        elif target is not None and target.priority >= st.priority:
+            out.append((where, f"{st.latest_stream!r} must go ahead of {name!r}: a lower priority"))
+        elif target is not None and target.latest_stream:
+            out.append((where, f"{st.latest_stream!r} takes snapshots of its own"))
+        elif st.latest_stream in targets:
+            out.append(
+                (where, f"{st.latest_stream!r} takes {targets[st.latest_stream]!r}'s snapshots")
+            )
+        targets[st.latest_stream] = name
+    return out
 
 
 def _report(top: Section, streams: Mapping[str, object]) -> ReportConfig:

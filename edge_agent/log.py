@@ -20,9 +20,10 @@ import hashlib
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import sqlite_utils
@@ -251,15 +252,7 @@ class EdgeLog:
         now_ms = int(time.time() * 1000)
         with self._txn() as conn:
             rows: list[tuple[object, ...]] = []
-
-            def flush() -> None:
-                conn.executemany(
-                    "INSERT INTO records (stream, seq, key, ts_ms, recv_ms, topic, payload, size)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    rows,
-                )
-                rows.clear()
-
+            flush = partial(_insert, conn, rows)
             ret = self._retention
             ret.begin(flush)
             if self._redelivery is None:
@@ -281,15 +274,7 @@ class EdgeLog:
                 seqs.append(seq)
             if derive is not None:
                 stored = [m for m, o in zip(batch, outcomes, strict=True) if o == "stored"]
-                for m in derive(conn, stored) if stored else ():
-                    if ret.make_room(m.stream, m.size, now_ms):
-                        seq = ret.admit(m.stream, m.size).mint()
-                        rows.append(
-                            (m.stream, seq, m.key, m.ts_ms, m.recv_ms, m.topic, m.payload, m.size)
-                        )
-                        derived.append(
-                            LogRecord(m.stream, seq, m.key, m.ts_ms, m.recv_ms, m.topic, m.payload)
-                        )
+                derived = self._store(derive(conn, stored) if stored else (), rows, now_ms)
             flush()
             redelivery.write(conn)
             if quarantine:
@@ -307,6 +292,39 @@ class EdgeLog:
             for listener in list(self._listeners):
                 listener(grown)
         return result
+
+    def _store(
+        self, records: Iterable[Incoming], rows: list[tuple[object, ...]], now_ms: int
+    ) -> list[LogRecord]:
+        """Records the agent made itself, numbered into ``rows`` inside the caller's
+        transaction as far as the budget makes room (alerts of alarms, snapshots)."""
+        ret = self._retention
+        out = []
+        for m in records:
+            if ret.make_room(m.stream, m.size, now_ms):
+                seq = ret.admit(m.stream, m.size).mint()
+                rows.append((m.stream, seq, m.key, m.ts_ms, m.recv_ms, m.topic, m.payload, m.size))
+                out.append(LogRecord(m.stream, seq, m.key, m.ts_ms, m.recv_ms, m.topic, m.payload))
+        return out
+
+    def commit_made(
+        self, make: Callable[[sqlite3.Connection], Sequence[Incoming]]
+    ) -> list[LogRecord]:
+        """Store the records ``make`` returns in one transaction: ``make`` reads the log
+        and writes its own state on the connection inside it (a latest-value snapshot,
+        edge_agent/latest.py), so the records, their seqs and that state commit together
+        or not at all. Returns the records stored."""
+        now_ms = int(time.time() * 1000)
+        with self._txn() as conn:
+            rows: list[tuple[object, ...]] = []
+            self._retention.begin(partial(_insert, conn, rows))
+            made = self._store(make(conn), rows, now_ms)
+            _insert(conn, rows)
+            self._retention.save()
+        if made:
+            for listener in list(self._listeners):
+                listener(frozenset(r.stream for r in made))
+        return made
 
     def listen(self, listener: Callable[[frozenset[str]], None]) -> Callable[[], None]:
         """Call ``listener`` with the streams of every commit that stores records, on
@@ -479,6 +497,16 @@ class EdgeLog:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def _insert(conn: sqlite3.Connection, rows: list[tuple[object, ...]]) -> None:
+    """Insert the numbered ``rows`` and forget them (the budget's flush)."""
+    conn.executemany(
+        "INSERT INTO records (stream, seq, key, ts_ms, recv_ms, topic, payload, size)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
+    rows.clear()
 
 
 def _is_full(exc: sqlite3.OperationalError) -> bool:

@@ -199,6 +199,24 @@ class EdgeMetrics:
             ["site", "stream", "reason"],
             registry=r,
         )
+        self.latest_snapshots = Counter(
+            p + "latest_snapshots",
+            "Latest-value snapshots taken of a stream (edge_agent/latest.py)",
+            ["stream"],
+            registry=r,
+        )
+        self.latest_records = Counter(
+            p + "latest_records",
+            "Records copied into a stream's latest-value snapshots",
+            ["stream"],
+            registry=r,
+        )
+        self.latest_bytes = Counter(
+            p + "latest_bytes",
+            "Payload bytes copied into a stream's latest-value snapshots",
+            ["stream"],
+            registry=r,
+        )
         self.uplink_gaps = Counter(
             p + "uplink_gaps",
             "409 replies: the site held less than we thought; resent from its holdings",

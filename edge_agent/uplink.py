@@ -34,6 +34,7 @@ from edge_agent.config import EdgeConfig
 from edge_agent.errors import GatewayRejected, LinkError, UplinkError
 from edge_agent.fleet_config import ConfigSource, FleetConfig
 from edge_agent.gateway import Gateway, HttpGateway
+from edge_agent.latest import Snapshots
 from edge_agent.log import EdgeLog
 from edge_agent.metrics import EdgeMetrics
 from edge_agent.sealing import Sealer
@@ -110,6 +111,8 @@ class Uplink:
         #: without one to it for the rest of this run (edge_agent/session.py)
         self._no_dictionary: dict[str, set[str]] = {}
         self.sealer = Sealer(cfg, edge_log, self.builder, metrics)
+        #: latest-value snapshots, taken as a link comes up (edge_agent/latest.py)
+        self.snapshots = Snapshots(cfg, edge_log, metrics, clock=clock)
 
     # -- the loop ------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -311,6 +314,8 @@ class Uplink:
     async def _open(self, g: Gateway, held: dict[str, RangeSet]) -> Session:
         previous = self.session.gateway if self.session is not None else None
         link = self.cfg.links[g.link]
+        # before the session reads the log: a snapshot due now goes in its first batches
+        await asyncio.to_thread(self.snapshots.take_due, link)
         session = Session(
             g,
             link,

@@ -22,7 +22,15 @@ def test_sample_config_is_valid() -> None:
     """(That the sample names every key: tests/test_config_samples.py.)"""
     cfg = load_config(SAMPLE)
     assert cfg.ship == "bigblue"
-    assert [s.name for s in cfg.by_priority()] == ["alerts", "agent", "nav", "containers"]
+    assert [s.name for s in cfg.by_priority()] == [
+        "alerts",
+        "agent",
+        "nav",
+        "containers_latest",
+        "containers",
+    ]
+    assert cfg.stream("containers").latest_stream == "containers_latest"
+    assert cfg.stream("containers").latest_after_s == 3600.0
     assert (cfg.report.stream, cfg.report.interval_s) == ("agent", 600.0)
     assert cfg.log.group_commit_s == pytest.approx(0.005)
 
@@ -59,6 +67,13 @@ def _with(change: dict[str, object]) -> dict[str, object]:
         # a reconnect wait of 0 reconnected in a tight loop while the broker was away
         ({"mqtt.reconnect_min": "0s"}, "mqtt.reconnect_min"),
         ({"mqtt.reconnect_min": "1m", "mqtt.reconnect_max": "1s"}, "mqtt.reconnect_min"),
+        # a snapshot goes to another configured stream sent ahead of its source
+        ({"streams.containers.latest_stream": "weather"}, "streams.containers.latest_stream"),
+        ({"streams.containers.latest_stream": "alerts"}, "streams.containers.latest_stream"),
+        ({"streams.containers.latest_stream": "containers"}, "streams.containers.latest_stream"),
+        ({"streams.containers_latest.priority": 60}, "streams.containers.latest_stream"),
+        ({"streams.nav.latest_stream": "containers_latest"}, "streams.nav.latest_stream"),
+        ({"streams.containers.latest_after": "0s"}, "streams.containers.latest_after"),
     ],
 )
 def test_invalid_config_names_the_field(change: dict[str, object], field: str) -> None:

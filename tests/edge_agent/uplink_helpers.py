@@ -20,12 +20,14 @@ def uplink_config(
     links: dict[str, dict[str, Any]] | None = None,
     uplink: dict[str, Any] | None = None,
     log: dict[str, Any] | None = None,
+    streams: dict[str, dict[str, Any]] | None = None,
 ) -> EdgeConfig:
     data: dict[str, Any] = {
         "ship": "bigblue",
         "log": {"path": str(tmp_path / "edge.db"), **(log or {})},
         "metrics": {"port": 0},
-        "streams": {
+        "streams": streams
+        or {
             "alerts": {"priority": 0},
             "nav": {"priority": 10},
             "containers": {"priority": 50},
