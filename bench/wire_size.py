@@ -37,7 +37,10 @@ measured on another, at the satellite's batch size (``--dict-batch``, 200 record
 
 Each measured batch is encoded three ways: the wire with the dictionary (at ``--level``,
 as the agent sends), the wire without one at zstd-19, and zstd-19 of the batch's JSON
-lines (for AIS also zstd-19 of the sentences alone, the issue's "raw bytes"). The goal:
+lines (for AIS also zstd-19 of the sentences alone, the issue's "raw bytes"). AIS
+sentences go as fields (shorelink/wire_ais.py); ``as_text_with_dict`` is the wire as it
+was before, the sentences as text with a dictionary trained on such bodies, in the same
+run, and ``ais_where_the_bytes_go`` what each field takes (``ais_breakdown``). The goal:
 the wire with the dictionary at most 0.8 of zstd-19 of the same batch's raw bytes
 without a dictionary (``goal_met``: the JSON lines; AIS: the sentences alone);
 ``dict_alone_met`` holds it to the stricter peer, the wire's own body at zstd-19
@@ -62,6 +65,8 @@ from telemetry import Container, fleet
 
 from shorelink.ship_report import ShipReport, encode_report
 from shorelink.wire import Batch, WireRecord, decode_batch, encode_batch
+from shorelink.wire_ais import AIS
+from shorelink.wire_body import put_ints
 from shorelink.wire_dict import Dictionaries, Dictionary, train, training_samples
 
 AIS_SAMPLE = Path(__file__).resolve().parents[1] / "fleet_sim" / "data" / "nmea_data_sample.txt"
@@ -212,13 +217,20 @@ def _renumbered(records: list[WireRecord]) -> tuple[WireRecord, ...]:
 
 
 def measure_dict(
-    stream: str, dictionary: Dictionary, measure_on: list[WireRecord], size: int, level: int
+    stream: str,
+    dictionary: Dictionary,
+    measure_on: list[WireRecord],
+    size: int,
+    level: int,
+    text_dictionary: Dictionary | None = None,
 ) -> dict[str, Any]:
     """Encode ``measure_on`` in batches of ``size`` with ``dictionary`` and compare with
-    zstd-19 of the same batches without one."""
-    held = Dictionaries([dictionary])
+    zstd-19 of the same batches without one. With ``text_dictionary`` (AIS: one trained
+    on bodies with the sentences as text), also the wire as it was before AIS sentences
+    were coded as fields (``ais=False``) with it."""
+    held = Dictionaries([d for d in (dictionary, text_dictionary) if d is not None])
     z19 = zstandard.ZstdCompressor(level=19)
-    with_dict = wire19 = json19 = payload19 = raw = batches = 0
+    with_dict = wire19 = json19 = payload19 = raw = batches = as_text = 0
     for lo in range(0, len(measure_on), size):
         chunk = _renumbered(measure_on[lo : lo + size])
         batch = Batch(SHIP, stream, chunk, first_available=1)
@@ -226,6 +238,11 @@ def measure_dict(
         if decode_batch(data, dictionaries=held) != batch:
             raise SystemExit(f"round trip failed: {stream} dictionary batch at {lo}")
         with_dict += len(data)
+        if text_dictionary is not None:
+            old = encode_batch(batch, level=level, dictionary=text_dictionary, ais=False)
+            if decode_batch(old, dictionaries=held) != batch:
+                raise SystemExit(f"round trip failed: {stream} text batch at {lo}")
+            as_text += len(old)
         wire19 += len(encode_batch(batch, level=19))
         lines = [raw_line(stream, r) for r in chunk]
         raw += sum(map(len, lines))
@@ -237,6 +254,12 @@ def measure_dict(
     if stream == "ais":
         peers["sentences_zstd19"] = payload19
     ratios = {f"vs_{k}": round(with_dict / v, 3) for k, v in peers.items()}
+    before = {}
+    if text_dictionary is not None:
+        before = {
+            "as_text_with_dict_bytes_per_record": round(as_text / n, 2),
+            "as_text_vs_sentences_zstd19": round(as_text / payload19, 3),
+        }
     # the goal's peer: zstd-19 of the batch's raw bytes (AIS: the sentences, as the
     # issue measured them; else the JSON lines)
     goal_peer = "vs_sentences_zstd19" if stream == "ais" else "vs_json_lines_zstd19"
@@ -248,11 +271,59 @@ def measure_dict(
         "with_dict_bytes_per_record": round(with_dict / n, 2),
         **{f"{k}_bytes_per_record": round(v / n, 2) for k, v in peers.items()},
         **ratios,
+        **before,
         "goal": DICT_GOAL,
         "goal_peer": goal_peer,
         "goal_met": ratios[goal_peer] <= DICT_GOAL,
         # what the dictionary itself buys: the same wire body without it, at zstd-19
         "dict_alone_met": ratios["vs_wire_zstd19"] <= DICT_GOAL,
+    }
+
+
+#: the AIS section's parts (shorelink/wire_ais.py ``AIS.parts``) by what they carry
+AIS_GROUPS = {
+    "type_and_framing": (
+        "sentences per record", "literal lengths", "heads", "forms", "form", "channel",
+    ),
+    "mmsi": ("mmsi table", "mmsi"),
+    "position": ("lon", "lat"),
+    "motion": ("speed", "course", "heading", "turn"),
+    "time": ("second", "year", "month", "day", "hour", "minute"),
+    "radio": ("radio_state", "radio_sub", "radio20"),
+    "literal": ("literal",),
+}  # fmt: skip
+
+
+def ais_breakdown(records: list[WireRecord], size: int) -> dict[str, Any]:
+    """Where an AIS batch's bytes go: each group of the section's parts compressed
+    alone at zstd-19 (no dictionary), per record; ``record_time`` is the records' event
+    time column (outside the section), ``other_bits`` every other field and the raw
+    bits (the text of static messages, fragments after the first). Parts compressed
+    apart sum to more than the section compressed whole (shown beside them)."""
+    z19 = zstandard.ZstdCompressor(level=19, write_checksum=False, write_content_size=False)
+    group_of = {part: g for g, parts in AIS_GROUPS.items() for part in parts}
+    sizes: dict[str, int] = dict.fromkeys([*AIS_GROUPS, "other_bits", "record_time"], 0)
+    whole = 0
+    for lo in range(0, len(records), size):
+        chunk = records[lo : lo + size]
+        parts = AIS.parts([r.payload for r in chunk])
+        if parts is None:
+            raise SystemExit(f"AIS batch at {lo} is not coded as fields")
+        joined: dict[str, bytes] = {}
+        for name, data in parts:
+            group = group_of.get(name, "other_bits")
+            joined[group] = joined.get(group, b"") + data
+        for group, data in joined.items():
+            sizes[group] += len(z19.compress(data))
+        times = bytearray()
+        put_ints(times, [r.ts_ms for r in chunk])
+        sizes["record_time"] += len(z19.compress(bytes(times)))
+        whole += len(z19.compress(b"".join(data for _, data in parts)))
+    n = len(records)
+    return {
+        **{f"{k}_bytes_per_record": round(v / n, 2) for k, v in sizes.items()},
+        "parts_apart_bytes_per_record": round(sum(sizes.values()) / n, 2),
+        "section_whole_bytes_per_record": round(whole / n, 2),
     }
 
 
@@ -282,12 +353,18 @@ def dictionary_figures(args: argparse.Namespace) -> dict[str, Any]:
             "trained_on_records": len(train_on),
             "training_samples": len(samples),
         }
-        out[stream] = {**trained, **measure_dict(stream, d, measure_on, size, level)}
+        text = None
+        if stream == "ais":  # the wire before AIS sentences were coded as fields
+            samples = training_samples(train_on, size, ais=False)
+            text = train(stream, samples, dict_id=1_100_000 + i, size=args.dict_bytes)
+        out[stream] = {**trained, **measure_dict(stream, d, measure_on, size, level, text)}
         out[f"{stream}_one_a_batch"] = {
             **trained,
-            **measure_dict(stream, d, measure_on[:200], 1, level),
+            **measure_dict(stream, d, measure_on[:200], 1, level, text),
         }
-    out["goal_met"] = all(v["goal_met"] for v in list(out.values()))
+        if stream == "ais":
+            out["ais_where_the_bytes_go"] = ais_breakdown(measure_on, size)
+    out["goal_met"] = all(v["goal_met"] for v in list(out.values()) if "goal_met" in v)
     return out
 
 

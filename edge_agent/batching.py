@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -50,7 +50,15 @@ from edge_agent.log import EdgeLog, LogRecord
 from shorelink.errors import ConfigError
 from shorelink.proof import ShipKey
 from shorelink.ranges import RangeSet
-from shorelink.wire import Batch, Body, WireRecord, encode_batch, encode_body, frame_batch
+from shorelink.wire import (
+    FLAG_AIS,
+    Batch,
+    Body,
+    WireRecord,
+    encode_batch,
+    encode_body,
+    frame_batch,
+)
 from shorelink.wire_dict import Dictionaries, Dictionary
 from shorelink.workers import WorkerDied, WorkerPool, WorkersUnavailable
 
@@ -80,6 +88,8 @@ class BuildSpec:
     budget_left: int | None
     #: compress with this dictionary (0: none; one the builder does not hold: none)
     dict_id: int = 0
+    #: code AIS sentences as fields (``uplink.ais_fields``; set by the builder)
+    ais: bool = True
 
 
 @dataclass(frozen=True)
@@ -152,6 +162,8 @@ def _sealed(
     seg = edge_log.segments.get(spec.stream, lo, signer=signer)
     if seg is None or seg.count > spec.max_records or lo + seg.count - 1 > hi:
         return None
+    if seg.flags & FLAG_AIS and not spec.ais:
+        return None  # sealed with AIS as fields before uplink.ais_fields was turned off
     body = frame_batch(edge_log.origin, spec.stream, seg, first_available=floor)
     if len(body) > spec.max_bytes or (
         spec.budget_left is not None and len(body) > spec.budget_left
@@ -185,6 +197,7 @@ def _encode(
             ),
             key=key,
             dictionary=dictionary,
+            ais=spec.ais,
         )
         if len(body) > spec.max_bytes and n > 1:
             n = max(1, min(n - 1, int(n * spec.max_bytes / len(body) * 0.9)))
@@ -214,6 +227,8 @@ class SealSpec:
     #: a segment is this many records, or as many as ``max_bytes`` of payload hold
     max_records: int
     max_bytes: int
+    #: code AIS sentences as fields (``uplink.ais_fields``; set by the builder)
+    ais: bool = True
 
 
 def seal(edge_log: EdgeLog, spec: SealSpec, key: ShipKey | None = None) -> Body | None:
@@ -235,6 +250,7 @@ def seal(edge_log: EdgeLog, spec: SealSpec, key: ShipKey | None = None) -> Body 
     return encode_body(
         tuple(WireRecord(r.seq, r.key, r.ts_ms, r.topic, r.payload) for r in recs),
         signer=None if key is None else (key, edge_log.origin, spec.stream),
+        ais=spec.ais,
     )
 
 
@@ -296,12 +312,15 @@ class BatchBuilder:
         workers: int,
         signing_key_file: Path | None = None,
         dictionaries_dir: Path | None = None,
+        ais_fields: bool = True,
     ) -> None:
         """``signing_key_file``: the ship's key (``uplink.signing_key_file``), loaded
         now; every batch and segment is signed with it. None: unsigned.
         ``dictionaries_dir``: the dictionaries a batch may be compressed with, loaded
-        now."""
+        now. ``ais_fields``: AIS sentences coded as fields in what it builds and seals
+        (``uplink.ais_fields``)."""
         self.log = edge_log
+        self.ais_fields = ais_fields
         self.dictionaries = load_dictionaries(dictionaries_dir)
         #: the ship's key (None: batches go unsigned) and its public half ("": none),
         #: which the segments it seals are stored under
@@ -335,7 +354,9 @@ class BatchBuilder:
         self._builds += 1
         self._no_builds.clear()
         try:
-            return await self._run(_child_build, self._build_here, spec)
+            return await self._run(
+                _child_build, self._build_here, replace(spec, ais=self.ais_fields)
+            )
         finally:
             self._builds -= 1
             if not self._builds:
@@ -347,7 +368,7 @@ class BatchBuilder:
     async def seal(self, spec: SealSpec) -> Body | None:
         while self._builds:
             await self._no_builds.wait()
-        return await self._run(_child_seal, seal, spec)
+        return await self._run(_child_seal, seal, replace(spec, ais=self.ais_fields))
 
     async def _run(
         self,

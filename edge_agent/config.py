@@ -166,6 +166,11 @@ class UplinkConfig:
     #: without one (docs/edge-agent.md, "Dictionaries"). Read at start; relative to the
     #: config file; unset: no dictionaries
     dictionaries_dir: Path | None = None
+    #: code AIS sentences as fields (shorelink/wire_ais.py, ``FLAG_AIS``) in batches
+    #: that are mostly AIVDM/AIVDO: a gateway from before 0.x refuses such a batch
+    #: (``bad_version``); false until every gateway the ship reaches reads it
+    #: (docs/edge-agent.md, "AIS as fields")
+    ais_fields: bool = True
     #: timer wake: look for a cheaper link that came up (and send what the wake missed)
     interval_s: float = field(default=10.0, metadata=key("interval", min=0.05, why="at least 50ms"))
     #: ask the current site again what it holds (replication may have brought it our

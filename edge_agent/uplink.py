@@ -106,6 +106,7 @@ class Uplink:
             workers=cfg.uplink.encode_workers,
             signing_key_file=cfg.uplink.signing_key_file,
             dictionaries_dir=cfg.uplink.dictionaries_dir,
+            ais_fields=cfg.uplink.ais_fields,
         )
         #: per gateway (its URL), the streams it refused a dictionary for: sent
         #: without one to it for the rest of this run (edge_agent/session.py)

@@ -33,6 +33,7 @@ from shorelink.contract import MAX_RECORD_BYTES, oversized_record, record_bytes
 from shorelink.errors import ContractError
 from shorelink.identity import check_name
 from shorelink.proof import CHUNK_RECORDS, SIGNATURE_BYTES, ShipKey, leaves_of, sign_records
+from shorelink.wire_ais import AIS, FLAG_AIS
 from shorelink.wire_body import (
     FLAG_TEMPLATED,
     I64_MAX,
@@ -48,6 +49,7 @@ from shorelink.wire_dict import Dictionaries, Dictionary
 __all__ = [
     "CONTENT_TYPE",
     "DEFAULT_LIMITS",
+    "FLAG_AIS",
     "FLAG_DICTIONARY",
     "FLAG_SIGNED",
     "FLAG_TEMPLATED",
@@ -80,7 +82,8 @@ FLAG_SIGNED = 0x02
 #: flag bit 2: the body was compressed with the dictionary whose id (u32) follows the
 #: names (shorelink/wire_dict.py)
 FLAG_DICTIONARY = 0x04
-_KNOWN_FLAGS = FLAG_TEMPLATED | FLAG_SIGNED | FLAG_DICTIONARY
+#: flag bit 3: the payloads are AIS sentences coded as fields (shorelink/wire_ais.py)
+_KNOWN_FLAGS = FLAG_TEMPLATED | FLAG_SIGNED | FLAG_DICTIONARY | FLAG_AIS
 _DICT_ID = struct.Struct("<I")
 
 MAX_SEQ = 2**63 - 1
@@ -240,11 +243,14 @@ def encode_batch(
     limits: Limits | None = None,
     key: ShipKey | None = None,
     dictionary: Dictionary | None = None,
+    ais: bool = True,
 ) -> bytes:
     """Encode ``batch``; raise :class:`WireError` if it breaks the seq-range or name
     rules, or (when ``limits`` is given) if a decoder with those limits would refuse it.
     With ``key`` (the ship's), the batch carries its chunks' signatures; with
-    ``dictionary``, its body is compressed with it (and names it)."""
+    ``dictionary``, its body is compressed with it (and names it); with ``ais`` (the
+    default), records of AIS sentences are coded as fields where they are most of the
+    batch (``FLAG_AIS``: a gateway from before 0.x refuses such a batch)."""
     origin = _encode_name("origin", batch.origin)
     stream = _encode_name("stream", batch.stream)
     body = encode_body(
@@ -253,6 +259,7 @@ def encode_batch(
         level=level,
         signer=None if key is None else (key, batch.origin, batch.stream),
         dictionary=dictionary,
+        ais=ais,
     )
     data = _frame(origin, stream, body, batch.first_available)
     if limits is not None:
@@ -287,12 +294,14 @@ def encode_body(
     level: int = 12,
     signer: tuple[ShipKey, str, str] | None = None,
     dictionary: Dictionary | None = None,
+    ais: bool = True,
 ) -> Body:
     """The compressed body of ``records`` (contiguous ascending seqs, checked). With
     ``signer`` (the ship's key, origin and stream), signed chunk by chunk; with
-    ``dictionary``, compressed with it."""
+    ``dictionary``, compressed with it; with ``ais``, AIS sentences coded as fields
+    where they are most of the records."""
     _check_records(records, first_available)
-    flags, raw, decoded_size = build_body(records)
+    flags, raw, decoded_size = build_body(records, AIS if ais else None)
     if len(raw) > _U32:
         raise WireError("too_large", f"body of {len(raw)} bytes does not fit the format")
     dict_id = 0
@@ -463,7 +472,11 @@ def decode_columns(
             raise WireError("bad_checksum", f"CRC32 {crc:08x} != header's {header.crc32:08x}")
         raw = _decompress(view[header.header_len :], header, dictionaries)
         columns = parse_columns(
-            raw, flags=header.flags, count=header.count, max_decoded=limits.max_decompressed_bytes
+            raw,
+            flags=header.flags,
+            count=header.count,
+            max_decoded=limits.max_decompressed_bytes,
+            coding=AIS,
         )
         keys, _, topics, payloads = columns
         big = oversized_record(keys, payloads, topics)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from functools import lru_cache, partial
 from itertools import accumulate, chain, compress, repeat
 from operator import add, attrgetter, floordiv, mul, ne, not_, sub, truediv
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from shorelink.errors import ShorelinkError
 
@@ -35,10 +35,16 @@ __all__ = [
     "I64_MIN",
     "REASONS",
     "STRETCH_VALUES",
+    "Budget",
+    "Ints",
+    "PayloadCoding",
+    "Reader",
     "WireError",
     "WireRecord",
     "build_body",
     "parse_columns",
+    "put_ints",
+    "put_u32",
 ]
 
 #: Header flag: payloads are stored as templates plus numeric columns (see the docs).
@@ -132,6 +138,24 @@ class WireRecord(NamedTuple):
     payload: bytes
 
 
+class PayloadCoding(Protocol):
+    """A payload coding for a kind of payload (shorelink/wire_ais.py: AIS sentences):
+    the body's payload section when its header flag is set, in place of the plain or
+    templated one. Its decoder keeps the body's bounds: counts and lengths checked
+    against what remains, every decoded byte charged to ``budget`` before it is built."""
+
+    #: the header flag that says a body's payloads are coded so
+    flag: int
+
+    def encode(self, payloads: list[bytes]) -> bytearray | None:
+        """The payload section, or None where this coding does not apply."""
+        ...
+
+    def decode(self, rd: Reader, count: int, budget: Budget) -> list[bytes]:
+        """The ``count`` payloads of the section at ``rd``, which it reads to its end."""
+        ...
+
+
 # --------------------------------------------------------------------------- shared
 
 
@@ -168,13 +192,13 @@ def _render_repr(value: int, scale: int) -> bytes:
 _FIELDS = attrgetter("seq", "key", "ts_ms", "topic", "payload")
 
 
-def _put_u32(out: bytearray, n: int) -> None:
+def put_u32(out: bytearray, n: int) -> None:
     if n > 0xFFFFFFFF:
         raise WireError("too_large", f"{n} entries do not fit the format")
     out += n.to_bytes(4, "little")
 
 
-def _put_ints(out: bytearray, values: list[int], *, delta: int = 1) -> None:
+def put_ints(out: bytearray, values: list[int], *, delta: int = 1) -> None:
     """``values`` (each fitting int64) as an integer column at the narrowest width; as
     differences when that is narrower (``delta`` 1) or no wider (``delta`` 2); values
     wider than a byte as byte planes."""
@@ -220,8 +244,11 @@ def _encode_text(kind: str, text: str, seqs: list[int], pair_of: list[int], j: i
         return _utf8(kind, seqs[pair_of.index(j)], text)
 
 
-def build_body(records: Sequence[WireRecord]) -> tuple[int, bytes, int]:
-    """The columnar body; returns (flags, body, decoded size)."""
+def build_body(
+    records: Sequence[WireRecord], coding: PayloadCoding | None = None
+) -> tuple[int, bytes, int]:
+    """The columnar body; returns (flags, body, decoded size). With ``coding``, its
+    payloads are coded so where it applies."""
     seqs, keys, times, topics, payloads = (
         list(c) for c in zip(*map(_FIELDS, records), strict=True)
     )
@@ -257,24 +284,28 @@ def build_body(records: Sequence[WireRecord]) -> tuple[int, bytes, int]:
     decoded = sum(map(pair_size.__getitem__, pair_of)) + sum(map(len, payloads))
 
     out = bytearray()
-    _put_u32(out, len(keys_b))
-    _put_ints(out, list(map(len, keys_b)), delta=0)
+    put_u32(out, len(keys_b))
+    put_ints(out, list(map(len, keys_b)), delta=0)
     out += b"".join(keys_b)
-    _put_u32(out, len(patterns))
-    _put_ints(out, [len(a) for a, _ in patterns], delta=0)
-    _put_ints(out, [-1 if b is None else len(b) for _, b in patterns], delta=0)
+    put_u32(out, len(patterns))
+    put_ints(out, [len(a) for a, _ in patterns], delta=0)
+    put_ints(out, [-1 if b is None else len(b) for _, b in patterns], delta=0)
     out += b"".join([a + (b or b"") for a, b in patterns])
-    _put_u32(out, len(pair_ids))
-    _put_ints(out, pair_key)
-    _put_ints(out, pair_pattern)
-    _put_ints(out, pair_of, delta=2)  # arrival order repeats: mostly +1
-    _put_ints(out, times)
+    put_u32(out, len(pair_ids))
+    put_ints(out, pair_key)
+    put_ints(out, pair_pattern)
+    put_ints(out, pair_of, delta=2)  # arrival order repeats: mostly +1
+    put_ints(out, times)
     key_of = list(map(pair_key.__getitem__, pair_of))
+    section = None if coding is None else coding.encode(payloads)
+    if coding is not None and section is not None:
+        out += section
+        return coding.flag, bytes(out), decoded
     templated = _templated_payloads(payloads, key_of, len(keys_b), times)
     if templated is not None:
         out += templated
         return FLAG_TEMPLATED, bytes(out), decoded
-    _put_ints(out, list(map(len, payloads)), delta=0)
+    put_ints(out, list(map(len, payloads)), delta=0)
     out += b"".join(payloads)
     return 0, bytes(out), decoded
 
@@ -362,11 +393,11 @@ def _templated_payloads(
     if sum(len(segs) - 1 for segs in templates) > n + _MAX_SLOTS:
         return None  # more number columns than a decoder opens (_parse_templated)
     out = bytearray()
-    _put_u32(out, len(templates))
-    _put_ints(out, [len(segs) - 1 for segs in templates], delta=0)
-    _put_ints(out, [len(s) for segs in templates for s in segs], delta=0)
+    put_u32(out, len(templates))
+    put_ints(out, [len(segs) - 1 for segs in templates], delta=0)
+    put_ints(out, [len(s) for segs in templates for s in segs], delta=0)
     out += b"".join([s for segs in templates for s in segs])
-    _put_ints(out, template_of, delta=2)
+    put_ints(out, template_of, delta=2)
     order, sizes = _column_order(template_of, key_of, n_keys, len(templates))
     start = 0
     for segs, size in zip(templates, sizes, strict=True):
@@ -454,7 +485,7 @@ def _put_column(out: bytearray, column: tuple[bytes, ...], times: list[int], run
                 kind, param, values = _REPR, scale, scaled
     if values is None:
         out.append(_TEXT)
-        _put_ints(out, list(map(len, column)), delta=0)
+        put_ints(out, list(map(len, column)), delta=0)
         out += b"".join(column)
         return
     # predicted by the record's own time (a payload's "ts" costs nothing), or not; plain
@@ -474,10 +505,10 @@ def _put_column(out: bytearray, column: tuple[bytes, ...], times: list[int], run
     out += bytes((kind, param, pred, layout))
     if layout == _RUNS:
         heads, steps = runs.split(values)
-        _put_ints(out, heads)
-        _put_ints(out, steps, delta=0)
+        put_ints(out, heads)
+        put_ints(out, steps, delta=0)
     else:
-        _put_ints(out, values)
+        put_ints(out, values)
 
 
 def _plain_cost(values: list[int], head_mask: list[int]) -> int:
@@ -498,7 +529,7 @@ def _runs_cost(values: list[int], head_mask: list[int]) -> int:
 # --------------------------------------------------------------------------- decode
 
 
-class _Reader:
+class Reader:
     """Bounds-checked reads over the decompressed body."""
 
     __slots__ = ("buf", "end", "pos", "stretch")
@@ -530,7 +561,7 @@ class _Reader:
 
     def ints(self, n: int, what: str, lo: int = I64_MIN, hi: int = I64_MAX) -> list[int]:
         """An integer column of ``n`` values, each checked to be in ``lo..hi``."""
-        return _Ints(self, n, what, lo, hi).take(n)
+        return Ints(self, n, what, lo, hi).take(n)
 
     def pieces(self, lengths: list[int], what: str) -> list[bytes]:
         """Consecutive byte strings of the given (already non-negative) lengths."""
@@ -550,7 +581,7 @@ class _Reader:
         return at
 
 
-class _Ints:
+class Ints:
     """An integer column of the body, read in order a stretch at a time
     (:meth:`take`): only the stretch becomes Python ints. The column's place is checked
     and stepped over when it is opened."""
@@ -560,9 +591,7 @@ class _Ints:
         "w", "what",
     )  # fmt: skip
 
-    def __init__(
-        self, rd: _Reader, n: int, what: str, lo: int = I64_MIN, hi: int = I64_MAX
-    ) -> None:
+    def __init__(self, rd: Reader, n: int, what: str, lo: int = I64_MIN, hi: int = I64_MAX) -> None:
         code = rd.u8(f"{what} column code", 0xFF)
         if code & ~_CODE_BITS:
             raise WireError("malformed", f"{what}: unknown column code {code:#04x}")
@@ -627,7 +656,7 @@ def _text(what: str, raw: bytes) -> str:
         raise WireError("malformed", f"{what} is not UTF-8") from None
 
 
-class _Budget:
+class Budget:
     """Decoded bytes (keys, topics, payloads over all records) so far, against the cap:
     a small body must not expand into a huge batch by reusing dictionary entries."""
 
@@ -646,7 +675,13 @@ class _Budget:
 
 
 def parse_columns(
-    raw: bytes, *, flags: int, count: int, max_decoded: int, stretch: int = STRETCH_VALUES
+    raw: bytes,
+    *,
+    flags: int,
+    count: int,
+    max_decoded: int,
+    stretch: int = STRETCH_VALUES,
+    coding: PayloadCoding | None = None,
 ) -> tuple[list[str], list[int], list[str], list[bytes]]:
     """The ``count`` records in ``raw``, a decompressed body written with header
     ``flags``, as columns: keys, event times, topics, payloads (their seqs follow from the
@@ -654,9 +689,10 @@ def parse_columns(
     Anything wrong raises :class:`WireError`. Columns, not records: building a tuple per
     record is a quarter of the decoding time, which a caller that hands the columns on
     (the gateway's decode workers) does not pay. ``stretch``: how many numbers become
-    Python ints at once (what decoding holds; any value decodes the same records)."""
-    rd = _Reader(raw, stretch)
-    budget = _Budget(max_decoded)
+    Python ints at once (what decoding holds; any value decodes the same records).
+    ``coding``: the payload coding a body flagged with its flag is decoded with."""
+    rd = Reader(raw, stretch)
+    budget = Budget(max_decoded)
     n_keys = rd.u32("keys", count)
     key_bytes = rd.pieces(rd.ints(n_keys, "key lengths", 0), "keys")
     keys = [_text("key", k) for k in key_bytes]
@@ -688,7 +724,11 @@ def parse_columns(
         pair_topic.append(_text("topic", a + key_bytes[k] + b if b is not None else a))
     times = rd.ints(count, "event times")
     key_of = list(map(pair_key.__getitem__, pair_of))
-    if flags & FLAG_TEMPLATED:
+    if coding is not None and flags & coding.flag:
+        if flags & FLAG_TEMPLATED:
+            raise WireError("malformed", "a body with two payload codings")
+        payloads = coding.decode(rd, count, budget)
+    elif flags & FLAG_TEMPLATED:
         payloads = _parse_templated(rd, key_of, n_keys, times, budget)
     else:
         lengths = rd.ints(count, "payload lengths", 0)
@@ -712,7 +752,7 @@ _Column = tuple[int, int, list[Any]]
 
 
 def _parse_templated(
-    rd: _Reader, key_of: list[int], n_keys: int, times: list[int], budget: _Budget
+    rd: Reader, key_of: list[int], n_keys: int, times: list[int], budget: Budget
 ) -> list[bytes]:
     """Templated payloads, a template and then a stretch of its records at a time: at
     most about ``rd.stretch`` numbers (:data:`STRETCH_VALUES`) are Python ints at once, and what a stretch
@@ -722,7 +762,7 @@ def _parse_templated(
     count = len(key_of)
     n_templates = rd.u32("templates", count)
     slots = rd.ints(n_templates, "slots", 0, _MAX_SLOTS)
-    seg_lens = _Ints(rd, sum(slots) + n_templates, "segment lengths", 0)
+    seg_lens = Ints(rd, sum(slots) + n_templates, "segment lengths", 0)
     segs_at = copy.copy(seg_lens)  # read again, template by template, to render
     literal = [sum(seg_lens.take(s + 1)) for s in slots]
     segments = rd.skip(sum(literal), "segments")
@@ -783,22 +823,22 @@ class _Numbers:
 
     __slots__ = ("acc", "buf", "heads", "kind", "off", "param", "pred", "runs", "text_at", "values")
 
-    def __init__(self, rd: _Reader, size: int, runs: _Runs) -> None:
+    def __init__(self, rd: Reader, size: int, runs: _Runs) -> None:
         self.kind = rd.u8("column kind", _TEXT)
         self.buf, self.runs = rd.buf, runs
         self.param = self.pred = self.acc = self.off = self.text_at = 0
-        self.heads: _Ints | None = None
+        self.heads: Ints | None = None
         if self.kind == _TEXT:
-            self.values = _Ints(rd, size, "number lengths", 1)
+            self.values = Ints(rd, size, "number lengths", 1)
             self.text_at = rd.skip(self.values.total(), "numbers")
             return
         self.param = rd.u8("decimals", _MAX_DIGITS)
         self.pred = rd.u8("time exponent", len(_EXPONENTS))
         if rd.u8("column layout", _RUNS) == _RUNS:
-            self.heads = _Ints(rd, len(runs.heads), "number heads")
-            self.values = _Ints(rd, size, "number steps")
+            self.heads = Ints(rd, len(runs.heads), "number heads")
+            self.values = Ints(rd, size, "number steps")
         else:
-            self.values = _Ints(rd, size, "numbers")
+            self.values = Ints(rd, size, "numbers")
 
     def take(self, a: int, k: int, times: list[int]) -> _Column:
         """Positions ``a`` to ``a + k`` (the next ones), whose records' times are
@@ -865,7 +905,7 @@ def _render_template(segs: list[bytes], cols: list[_Column], size: int) -> list[
 
 
 def _render_template_charged(
-    segs: list[bytes], cols: list[_Column], size: int, budget: _Budget
+    segs: list[bytes], cols: list[_Column], size: int, budget: Budget
 ) -> list[bytes]:
     """Like :func:`_render_template`, one number at a time, each charged to the budget
     before it is kept: for batches whose numbers could exceed what is left of it."""

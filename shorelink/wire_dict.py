@@ -36,6 +36,7 @@ from shorelink.boundary import boundary
 from shorelink.errors import ConfigError
 from shorelink.files import write_atomic
 from shorelink.identity import NAME_RE
+from shorelink.wire_ais import AIS
 from shorelink.wire_body import WireRecord, build_body
 
 __all__ = [
@@ -233,14 +234,19 @@ def next_id(existing: Iterable[int], now_s: float | None = None) -> int:
 
 
 def training_samples(
-    records: Sequence[WireRecord], batch_records: int = 200, *, min_samples: int = 64
+    records: Sequence[WireRecord],
+    batch_records: int = 200,
+    *,
+    min_samples: int = 64,
+    ais: bool = True,
 ) -> list[bytes]:
     """What the encoder compresses (batch bodies, before zstd) for batches of
     ``records`` (one stream of one ship, in seq order): consecutive batches of
     ``batch_records``, starting closer together when the records make fewer than
     ``min_samples`` of them (zstd's trainer needs a few dozen samples), and batches of
     one record spread over them (a satellite session often carries one: what came since
-    the last; their bodies are plain, the larger ones templated)."""
+    the last; their bodies are plain, the larger ones templated, AIS sentences as
+    fields: shorelink/wire_ais.py, unless ``ais`` is false, as ``encode_batch``'s)."""
     n = len(records)
     if not n:
         return []
@@ -255,7 +261,8 @@ def training_samples(
         build_body(
             tuple(
                 WireRecord(i + 1, r.key, r.ts_ms, r.topic, r.payload) for i, r in enumerate(chunk)
-            )
+            ),
+            AIS if ais else None,
         )[1]
         for chunk in chunks
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import zstandard
 
 from shorelink.wire import Body, frame_batch
+from shorelink.wire_ais import FIELD_COLUMNS
 from shorelink.wire_body import FLAG_TEMPLATED
 
 TS = 1_700_000_000_000
@@ -69,10 +70,17 @@ def segment_lengths(slots: int, count: int = 1) -> bytes:
     return bytes(b)
 
 
-def batch(raw: bytes, count: int, origin: str = "bomber", stream: str = "containers") -> bytes:
-    """``raw`` (a templated body of ``count`` records) framed as a whole batch."""
+def batch(
+    raw: bytes,
+    count: int,
+    origin: str = "bomber",
+    stream: str = "containers",
+    flags: int = FLAG_TEMPLATED,
+) -> bytes:
+    """``raw`` (a templated body of ``count`` records, or as ``flags`` say) framed as a
+    whole batch."""
     frame = zstandard.ZstdCompressor(level=19, write_content_size=True).compress(raw)
-    body = Body(FLAG_TEMPLATED, 1, count, len(raw), frame, 0)
+    body = Body(flags, 1, count, len(raw), frame, 0)
     return frame_batch(origin, stream, body, 1)
 
 
@@ -126,4 +134,21 @@ def templated(
             if layout:
                 b += int_column(runs, width, delta=True, planes=False, fill=fill)
             b += int_column(size, width, delta=True, planes=width > 1, fill=fill)
+    return bytes(b)
+
+
+def ais_sentences(count: int, per_record: int) -> bytes:
+    """An AIS body (shorelink/wire_ais.py) of ``count`` records of ``per_record``
+    sentences each, all of one form (``!AIVDM,1,1,,,,0`` and a newline), its columns
+    width-1 zeros: two bytes of body a sentence that renders to 17."""
+    n = count * per_record
+    b = bytearray(_head(count))
+    b += b"\x00" + bytes([per_record]) * count  # sentences per record
+    b += b"\x00"  # no literal records: no lengths
+    b += _u32(1) + b"AIVDM"  # one head
+    b += _u32(1) + bytes((0, 1, 1, 10, 0, 0, 0, 2, 1))  # one form, no checksum
+    b += _u32(0) + b"\x00"  # no MMSIs
+    b += b"\x00" + bytes(n)  # the form of each sentence: 0
+    b += b"\x00" + bytes(n)  # the channel of each sentence: none
+    b += bytes(len(FIELD_COLUMNS))  # every field column empty (no sentence has fields)
     return bytes(b)

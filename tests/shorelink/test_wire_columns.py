@@ -88,10 +88,10 @@ def test_integer_columns_take_the_narrowest_width_and_come_back(
     values: list[int], width: int
 ) -> None:
     out = bytearray()
-    wb._put_ints(out, values)
+    wb.put_ints(out, values)
     assert 1 << (out[0] & 3) == width
     assert len(out) == 1 + (8 if out[0] & 0x20 else 0) + width * len(values)
-    rd = wb._Reader(bytes(out))
+    rd = wb.Reader(bytes(out))
     assert rd.ints(len(values), "test") == values
     assert rd.pos == rd.end
 
@@ -100,23 +100,23 @@ def test_integer_columns_take_the_narrowest_width_and_come_back(
 @given(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40), st.booleans())
 def test_any_int64_column_round_trips(values: list[int], delta: bool) -> None:
     out = bytearray()
-    wb._put_ints(out, values, delta=delta)
-    assert wb._Reader(bytes(out)).ints(len(values), "test") == values
+    wb.put_ints(out, values, delta=delta)
+    assert wb.Reader(bytes(out)).ints(len(values), "test") == values
 
 
 def test_an_integer_column_is_checked_against_the_body_and_its_range() -> None:
     out = bytearray()
-    wb._put_ints(out, [1, 2, 300])
+    wb.put_ints(out, [1, 2, 300])
     with pytest.raises(WireError, match="overrun"):
-        wb._Reader(bytes(out[:-1])).ints(3, "test")
+        wb.Reader(bytes(out[:-1])).ints(3, "test")
     with pytest.raises(WireError, match="not in"):
-        wb._Reader(bytes(out)).ints(3, "test", 0, 299)
+        wb.Reader(bytes(out)).ints(3, "test", 0, 299)
     with pytest.raises(WireError, match="unknown column code"):
-        wb._Reader(b"\x40" + bytes(out[1:])).ints(3, "test")
+        wb.Reader(b"\x40" + bytes(out[1:])).ints(3, "test")
     # differences that add up past int64 are refused, not wrapped
     big = bytes([0x23]) + struct.pack("<qqq", 2**63 - 1, 0, 1)  # base, differences
     with pytest.raises(WireError, match="not in"):
-        wb._Reader(big).ints(2, "test")
+        wb.Reader(big).ints(2, "test")
 
 
 # ------------------------------------------------------------------ numbers in payloads
