@@ -88,7 +88,8 @@ class BuildSpec:
     budget_left: int | None
     #: compress with this dictionary (0: none; one the builder does not hold: none)
     dict_id: int = 0
-    #: code AIS sentences as fields (``uplink.ais_fields``; set by the builder)
+    #: code AIS sentences as fields (false: the gateway predates it; the builder's
+    #: ``uplink.ais_fields`` can only turn it off)
     ais: bool = True
 
 
@@ -163,7 +164,7 @@ def _sealed(
     if seg is None or seg.count > spec.max_records or lo + seg.count - 1 > hi:
         return None
     if seg.flags & FLAG_AIS and not spec.ais:
-        return None  # sealed with AIS as fields before uplink.ais_fields was turned off
+        return None  # AIS as fields, for a gateway that predates it (or uplink.ais_fields off)
     body = frame_batch(edge_log.origin, spec.stream, seg, first_available=floor)
     if len(body) > spec.max_bytes or (
         spec.budget_left is not None and len(body) > spec.budget_left
@@ -355,7 +356,7 @@ class BatchBuilder:
         self._no_builds.clear()
         try:
             return await self._run(
-                _child_build, self._build_here, replace(spec, ais=self.ais_fields)
+                _child_build, self._build_here, replace(spec, ais=spec.ais and self.ais_fields)
             )
         finally:
             self._builds -= 1
@@ -368,7 +369,7 @@ class BatchBuilder:
     async def seal(self, spec: SealSpec) -> Body | None:
         while self._builds:
             await self._no_builds.wait()
-        return await self._run(_child_seal, seal, replace(spec, ais=self.ais_fields))
+        return await self._run(_child_seal, seal, replace(spec, ais=spec.ais and self.ais_fields))
 
     async def _run(
         self,

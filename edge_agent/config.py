@@ -167,9 +167,9 @@ class UplinkConfig:
     #: config file; unset: no dictionaries
     dictionaries_dir: Path | None = None
     #: code AIS sentences as fields (shorelink/wire_ais.py, ``FLAG_AIS``) in batches
-    #: that are mostly AIVDM/AIVDO: a gateway from before 0.x refuses such a batch
-    #: (``bad_version``); false until every gateway the ship reaches reads it
-    #: (docs/edge-agent.md, "AIS as fields")
+    #: that are mostly AIVDM/AIVDO; a gateway from before that refuses such a batch
+    #: (``bad_version``) and gets the stream as text; false saves those refusals until
+    #: every gateway the ship reaches reads it (docs/edge-agent.md, "AIS as fields")
     ais_fields: bool = True
     #: timer wake: look for a cheaper link that came up (and send what the wake missed)
     interval_s: float = field(default=10.0, metadata=key("interval", min=0.05, why="at least 50ms"))

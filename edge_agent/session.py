@@ -22,6 +22,9 @@ What a failure costs:
   compressed with): that stream goes without a dictionary to that gateway from then on
   (``no_dictionary``, kept by the uplink across sessions), restarting from the site's
   holdings once its batches in flight are answered (counted, logged once);
+- a 400 ``bad_version`` (a gateway from before AIS sentences as fields, ``FLAG_AIS``):
+  that stream goes to that gateway with the sentences as text from then on
+  (``no_ais``, kept the same way; logged once);
 - another 4xx: that stream waits for the next session (counted, logged); a 401/403
   ends the session (no request to that gateway can succeed).
 
@@ -117,6 +120,7 @@ class Session:
         builder: BatchBuilder,
         *,
         no_dictionary: set[str] | None = None,
+        no_ais: set[str] | None = None,
         on_success: Callable[[], None] = lambda: None,
         stopping: Callable[[], bool] = lambda: False,
     ) -> None:
@@ -128,6 +132,8 @@ class Session:
         self.builder = builder
         #: streams this gateway refused a dictionary for: sent without one
         self.no_dictionary = set() if no_dictionary is None else no_dictionary
+        #: streams this gateway refused AIS sentences as fields for: sent as text
+        self.no_ais = set() if no_ais is None else no_ais
         self._on_success = on_success
         self._stopping = stopping
         self._limited = RateLimitedLog(log)
@@ -337,7 +343,17 @@ class Session:
             c.in_flight -= 1
             self.metrics.uplink_failed.labels(self.site, c.stream, exc.error_code).inc()
             if exc.error_code == "unknown_dictionary":
-                self._without_dictionary(c, str(exc))
+                if self._fall_back(
+                    c, self.no_dictionary, "dictionary_refused", "no_dictionary", exc
+                ):
+                    self.metrics.uplink_dictionary_fallbacks.labels(self.site, c.stream).inc()
+                return 0
+            if exc.error_code == "bad_version" and (
+                c.stream not in self.no_ais or out.epoch != c.epoch
+            ):
+                # AIS as fields is the one coding a gateway refuses so; a batch built as
+                # text since (this epoch) refused again stalls like any other 4xx
+                self._fall_back(c, self.no_ais, "ais_fields_refused", "ais_as_text", exc)
                 return 0
             self._limited.warning(
                 f"rejected:{self.site}:{c.stream}:{exc.status}",
@@ -384,22 +400,20 @@ class Session:
         )
         return 1
 
-    def _without_dictionary(self, c: _Cursor, message: str) -> None:
-        """The gateway lacks the dictionary ``c``'s stream was compressed with: send
-        that stream without one to it, from what the site holds (the refused batch and
-        those behind it were not written)."""
-        if c.stream not in self.no_dictionary:
-            self.no_dictionary.add(c.stream)
-            self.metrics.uplink_dictionary_fallbacks.labels(self.site, c.stream).inc()
-            log.warning(
-                "dictionary_refused",
-                site=self.site,
-                stream=c.stream,
-                fallback="no_dictionary",
-                message=message,
-            )
+    def _fall_back(
+        self, c: _Cursor, refused: set[str], event: str, fallback: str, exc: GatewayRejected
+    ) -> bool:
+        """The gateway cannot read how ``c``'s stream was coded (a dictionary it lacks,
+        AIS as fields it predates): send that stream without it to that gateway (``c``'s
+        stream joins ``refused``), from what the site holds (the refused batch and those
+        behind it were not written). True the first time (logged then)."""
         c.pos, c.floor, c.rewind = None, None, True
         c.epoch += 1
+        if c.stream in refused:
+            return False
+        refused.add(c.stream)
+        log.warning(event, site=self.site, stream=c.stream, fallback=fallback, message=str(exc))
+        return True
 
     async def _learn(self, c: _Cursor, held: RangeSet) -> None:
         """Merge an accepting reply (what a site holds only grows, and replies may be
@@ -441,6 +455,7 @@ class Session:
                 self.link.batch_max_bytes,
                 self.budget.remaining(),
                 self._dictionary(c.stream),
+                ais=c.stream not in self.no_ais,
             )
             try:
                 built = await self.builder.build(spec)

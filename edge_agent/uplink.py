@@ -111,6 +111,9 @@ class Uplink:
         #: per gateway (its URL), the streams it refused a dictionary for: sent
         #: without one to it for the rest of this run (edge_agent/session.py)
         self._no_dictionary: dict[str, set[str]] = {}
+        #: per gateway, the streams it refused AIS sentences as fields for (a gateway
+        #: from before FLAG_AIS): sent as text to it for the rest of this run
+        self._no_ais: dict[str, set[str]] = {}
         self.sealer = Sealer(cfg, edge_log, self.builder, metrics)
         #: latest-value snapshots, taken as a link comes up (edge_agent/latest.py)
         self.snapshots = Snapshots(cfg, edge_log, metrics, clock=clock)
@@ -327,6 +330,7 @@ class Uplink:
             self.metrics,
             self.builder,
             no_dictionary=self._no_dictionary.setdefault(g.url, set()),
+            no_ais=self._no_ais.setdefault(g.url, set()),
             on_success=lambda: self._success(g),
             stopping=self._break_off,
         )

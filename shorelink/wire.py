@@ -250,7 +250,8 @@ def encode_batch(
     With ``key`` (the ship's), the batch carries its chunks' signatures; with
     ``dictionary``, its body is compressed with it (and names it); with ``ais`` (the
     default), records of AIS sentences are coded as fields where they are most of the
-    batch (``FLAG_AIS``: a gateway from before 0.x refuses such a batch)."""
+    batch (``FLAG_AIS``: a gateway from before it refuses such a batch as
+    ``bad_version``)."""
     origin = _encode_name("origin", batch.origin)
     stream = _encode_name("stream", batch.stream)
     body = encode_body(

@@ -12,8 +12,8 @@ Lossless for any payload: a record is coded so only when it is one or more sente
 that render back byte for byte (:func:`parse_record`: a valid checksum or none, fill bits
 0-5, every field as given, ``\\n`` or ``\\r\\n`` between sentences and optionally after
 the last); any other record goes literally, inside the same section. The encoder takes
-this coding when at least half of a batch's records are such sentences
-(``FLAG_AIS``); otherwise the body is coded as before.
+this coding when at least half of a batch's records are such sentences and it has at
+least :data:`MIN_RECORDS` (``FLAG_AIS``); otherwise the body is coded as before.
 
 A decoder is bounded as the rest of the body is (shorelink/wire_body.py): every count,
 index and value is checked against what remains and the field's width before use, the
@@ -44,6 +44,7 @@ __all__ = [
     "MAX_FORMS",
     "MAX_HEADS",
     "MAX_SENTENCES",
+    "MIN_RECORDS",
     "STRETCH_SENTENCES",
     "Sentence",
     "parse_record",
@@ -52,6 +53,10 @@ __all__ = [
 
 #: Header flag: the body's payloads are coded as AIS fields (this module).
 FLAG_AIS = 0x08
+#: records in a batch coded as fields, at least: a batch of fewer (a satellite session's
+#: one record since the last) is smaller as text (bench/wire_size.py: 173 bytes a record
+#: as fields, 155 as text, one record a batch; even at 8; fewer as fields from there on)
+MIN_RECORDS = 8
 #: sentences in one record coded as fields, at most (a record with more goes literally)
 MAX_SENTENCES = 64
 #: armored characters in one sentence coded as fields, at most
@@ -320,7 +325,10 @@ class _Coding:
 
     def parts(self, payloads: list[bytes]) -> list[tuple[str, bytes]] | None:
         """The section as its parts in order, each named (bench/wire_size.py measures
-        where the bytes go), or None where the coding does not apply."""
+        where the bytes go), or None where the coding does not apply: fewer than
+        :data:`MIN_RECORDS` records, or fewer than half of them sentences."""
+        if len(payloads) < MIN_RECORDS:
+            return None
         parsed = list(map(parse_record, payloads))
         coded = [p for p in parsed if p is not None]
         if not coded or 2 * len(coded) < len(payloads):

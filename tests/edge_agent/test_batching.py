@@ -11,11 +11,10 @@ import sys
 from pathlib import Path
 
 from edge_agent.batching import BatchBuilder, BuildSpec, SealSpec
-from edge_agent.log import EdgeLog, Incoming, message_digest
 from edge_agent.status import open_log
 from shorelink.ranges import RangeSet
 from shorelink.wire import FLAG_AIS, decode_batch, peek_header
-from tests.edge_agent.uplink_helpers import uplink_config
+from tests.edge_agent.uplink_helpers import fill_ais, uplink_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,40 +61,13 @@ def test_without_a_usable_dev_shm_batches_are_built_in_a_thread(tmp_path: Path) 
     assert "event=workers_unavailable pool=batch_builder fallback=thread" in run.stderr
 
 
-SAMPLE = REPO / "fleet_sim" / "data" / "nmea_data_sample.txt"
-
-
-def _ais_log(tmp_path: Path, n: int) -> EdgeLog:
-    """A ship's log holding ``n`` AIS sentences of fleet_sim's sample on ``nav``."""
-    log = open_log(uplink_config(tmp_path, gateways=[("tokyo", "satellite")]))
-    lines = SAMPLE.read_bytes().splitlines(keepends=True)[:n]
-    topic = "bigblue/ship1/nav/ais"
-    log.commit(
-        [
-            Incoming(
-                "nav",
-                "ais",
-                T0 + 3000 * i,
-                T0 + 3000 * i,
-                topic,
-                line,
-                digest=message_digest(topic.encode(), line),
-            )
-            for i, line in enumerate(lines)
-        ]
-    )
-    return log
-
-
-T0 = 1_767_225_600_000
-
-
 def test_ais_sentences_go_as_fields_unless_uplink_ais_fields_is_off(tmp_path: Path) -> None:
     """``uplink.ais_fields = false`` is how a ship talks to a gateway from before the
     coding (it refuses FLAG_AIS as bad_version): neither the batches it builds nor the
     segments it seals carry it, and a segment sealed with it before is encoded again
     rather than sent."""
-    log = _ais_log(tmp_path, 200)
+    log = open_log(uplink_config(tmp_path, gateways=[("tokyo", "satellite")]))
+    fill_ais(log, "nav", 200)
     spec = BuildSpec("nav", 200, None, None, RangeSet(), False, 100, 1 << 20, None)
     on, off = BatchBuilder(log, workers=0), BatchBuilder(log, workers=0, ais_fields=False)
     try:

@@ -80,5 +80,32 @@ def fill(
     return out
 
 
+#: fleet_sim's real AIS sample: 898 sentences, CRLF ended
+AIS_SAMPLE = Path(__file__).resolve().parents[2] / "fleet_sim" / "data" / "nmea_data_sample.txt"
+
+
+def fill_ais(edge_log: EdgeLog, stream: str, n: int) -> list[bytes]:
+    """Commit the first ``n`` sentences of the AIS sample (one a record, CRLF kept, one
+    every 3 s, key ``ais``); return their payloads."""
+    lines = AIS_SAMPLE.read_bytes().splitlines(keepends=True)[:n]
+    topic = "bigblue/ship1/nav/ais"
+    at = 1_767_225_600_000
+    edge_log.commit(
+        [
+            Incoming(
+                stream,
+                "ais",
+                at + 3000 * i,
+                at + 3000 * i,
+                topic,
+                line,
+                digest=message_digest(topic.encode(), line),
+            )
+            for i, line in enumerate(lines)
+        ]
+    )
+    return lines
+
+
 def open_edge_log(cfg: EdgeConfig) -> EdgeLog:
     return open_log(cfg)

@@ -26,7 +26,7 @@ from shorelink.wire import (
     encode_batch,
     peek_header,
 )
-from shorelink.wire_ais import MAX_CHARS, parse_record, render_record
+from shorelink.wire_ais import MAX_CHARS, MIN_RECORDS, parse_record, render_record
 from tests import wire_bombs
 from tests.bounds import FAST, measured
 from tests.shorelink.test_wire_cost import _peak_within_bound
@@ -101,9 +101,14 @@ def batch_of(payloads: list[bytes]) -> Batch:
     )
 
 
+#: a few real sentences: a batch of fewer than MIN_RECORDS records goes as text
+PAD = SAMPLE.read_bytes().splitlines(keepends=True)[:MIN_RECORDS]
+
+
 def round_trip(payloads: list[bytes]) -> int:
-    """Encode and decode the payloads as one batch; the header's flags."""
-    batch = batch_of(payloads)
+    """Encode and decode the payloads as one batch (after a few real sentences); the
+    header's flags."""
+    batch = batch_of(PAD + payloads)
     data = encode_batch(batch, level=1)
     assert decode_batch(data) == batch
     return peek_header(data).flags
@@ -129,7 +134,7 @@ def test_any_bytes_beside_sentences_come_back_exact(
     sentences: list[bytes], others: list[bytes]
 ) -> None:
     flags = round_trip(sentences + others)
-    assert bool(flags & FLAG_AIS) == (len(sentences) >= len(others))
+    assert bool(flags & FLAG_AIS) == (MIN_RECORDS + len(sentences) >= len(others))
 
 
 @FAST
@@ -189,6 +194,17 @@ def test_the_real_sample_is_coded_as_fields_exactly_and_smaller() -> None:
     assert fields < 0.9 * text
 
 
+def test_a_batch_of_a_few_records_goes_as_text() -> None:
+    """One record a batch (a satellite session's one since the last) is smaller as text:
+    the fields' columns cost a few bytes each whatever they hold."""
+    lines = sample_payloads()
+    for n in (1, MIN_RECORDS - 1):
+        data = encode_batch(batch_of(lines[:n]))
+        assert not peek_header(data).flags & FLAG_AIS
+        assert decode_batch(data) == batch_of(lines[:n])
+    assert peek_header(encode_batch(batch_of(lines[:MIN_RECORDS]))).flags & FLAG_AIS
+
+
 def test_a_record_of_many_sentences_comes_back_exact() -> None:
     """A record may carry several sentences (a receiver's burst); past MAX_SENTENCES it
     goes literally."""
@@ -241,24 +257,21 @@ def test_any_ais_body_only_ever_raises_wire_error_within_its_bound(raw: bytes, b
     assert outcome != "ok" or not both
 
 
-SECTION = encode_batch(batch_of(sample_payloads()[:6]), level=1)
-
-
 @FAST
 @given(st.data())
 def test_edited_real_ais_bodies_only_ever_raise_wire_error_within_their_bound(
     data: st.DataObject,
 ) -> None:
-    """A real body (the encoder's, six sentences), bytes of it edited: every count,
+    """A real body (the encoder's, eight sentences), bytes of it edited: every count,
     form, index and difference a decoder meets wrong in turn."""
     from shorelink.wire_ais import AIS
     from shorelink.wire_body import build_body
 
-    flags, raw, _ = build_body(batch_of(sample_payloads()[:6]).records, AIS)
+    flags, raw, _ = build_body(batch_of(sample_payloads()[:MIN_RECORDS]).records, AIS)
     assert flags == FLAG_AIS
     edited = bytearray(raw)
     for _ in range(data.draw(st.integers(1, 4))):
         at = data.draw(st.integers(len(HEAD) - 20, len(raw) - 1))
         edited[at] = data.draw(st.integers(0, 255))
     with contextlib.suppress(WireError):
-        _within_bound(wire_bombs.batch(bytes(edited), 6, flags=FLAG_AIS))
+        _within_bound(wire_bombs.batch(bytes(edited), MIN_RECORDS, flags=FLAG_AIS))
