@@ -15,8 +15,6 @@ import pytest
 
 from core_gateway.auth import Credentials
 from edge_agent.gateway import HttpGateway
-from edge_agent.metrics import EdgeMetrics
-from edge_agent.uplink import Uplink
 from local_stack.kafka import KafkaBroker
 from shorelink import wire
 from shorelink.config import Secret
@@ -24,8 +22,8 @@ from shorelink.contract import H_ORIGIN, H_SEQ, ingress_topic
 from shorelink.kafka.reading import read_to_end
 from shorelink.wire import FLAG_AIS
 from tests.core_gateway.helpers import assert_exactly_once, gateway_config, start_gateway
-from tests.edge_agent.uplink_helpers import fill_ais, open_edge_log, uplink_config
-from tests.helpers import eventually_async, unique
+from tests.edge_agent.uplink_helpers import fill_ais, open_edge_log, send_all, uplink_config
+from tests.helpers import unique
 
 N = 600
 #: the satellite's batches (200 records)
@@ -66,24 +64,10 @@ async def test_ais_reaches_any_gateway_exactly_once_as_fields_or_as_text(
     sent = fill_ais(edge_log, "nav", N)
     endpoint = dataclasses.replace(cfg.gateways[0], url=f"http://127.0.0.1:{gw_cfg.port}")
     http = HttpGateway(endpoint, cfg.links["satellite"], ship, Secret(token))
-    metrics = EdgeMetrics()
-    up = Uplink(cfg, edge_log, metrics, asyncio.Event(), gateways=[http])
-    up_stop = asyncio.Event()
-    task = asyncio.create_task(up.run(up_stop))
-    try:
-        await eventually_async(
-            lambda: edge_log.backlog("nav")[0] == 0, 60, "the site holds every record"
-        )
-    finally:
-        up_stop.set()
-        await asyncio.wait_for(task, 10)
-        await http.close()
-        up.builder.close()
-        stop.set()
-        await gw_task
+    up = await send_all(cfg, edge_log, http, "nav", (stop, gw_task))
     assert_exactly_once(kafka, ship, N, "nav")
     assert _payloads(kafka, ship) == {i + 1: p for i, p in enumerate(sent)}
-    refused = metrics.registry.get_sample_value(
+    refused = up.metrics.registry.get_sample_value(
         "shorelink_edge_uplink_batches_failed_total",
         {"site": "tokyo", "stream": "nav", "reason": "bad_version"},
     )

@@ -25,7 +25,7 @@ from shorelink.wire import Batch, WireRecord, encode_batch
 from shorelink.wire_dict import Dictionary, train, training_samples
 from tests.core_gateway.helpers import assert_exactly_once, gateway_config, start_gateway
 from tests.edge_agent.memory_gateway import MemoryGateway
-from tests.edge_agent.uplink_helpers import fill, open_edge_log, uplink_config
+from tests.edge_agent.uplink_helpers import fill, open_edge_log, send_all, uplink_config
 from tests.helpers import eventually_async, unique, write_toml
 
 N = 1000
@@ -83,20 +83,7 @@ async def _deliver(
     fill(edge_log, "containers", N)
     endpoint = dataclasses.replace(cfg.gateways[0], url=f"http://127.0.0.1:{gw_cfg.port}")
     http = HttpGateway(endpoint, cfg.links["satellite"], ship, Secret(token))
-    up = Uplink(cfg, edge_log, EdgeMetrics(), asyncio.Event(), gateways=[http])
-    up_stop = asyncio.Event()
-    task = asyncio.create_task(up.run(up_stop))
-    try:
-        await eventually_async(
-            lambda: edge_log.backlog("containers")[0] == 0, 60, "the site holds every record"
-        )
-    finally:
-        up_stop.set()
-        await asyncio.wait_for(task, 10)
-        await http.close()
-        up.builder.close()
-        stop.set()
-        await gw_task
+    up = await send_all(cfg, edge_log, http, "containers", (stop, gw_task))
     assert_exactly_once(kafka, ship, N, "containers")
     return up, ship, d
 

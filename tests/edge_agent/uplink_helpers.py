@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Any
 
 from edge_agent.config import EdgeConfig, parse_config
+from edge_agent.gateway import HttpGateway
 from edge_agent.log import EdgeLog, Incoming, message_digest
+from edge_agent.metrics import EdgeMetrics
 from edge_agent.status import open_log
+from edge_agent.uplink import Uplink
+from tests.helpers import eventually_async
 
 STREAMS = ("alerts", "nav", "containers")
 
@@ -109,3 +114,29 @@ def fill_ais(edge_log: EdgeLog, stream: str, n: int) -> list[bytes]:
 
 def open_edge_log(cfg: EdgeConfig) -> EdgeLog:
     return open_log(cfg)
+
+
+async def send_all(
+    cfg: EdgeConfig,
+    edge_log: EdgeLog,
+    http: HttpGateway,
+    stream: str,
+    gateway: tuple[asyncio.Event, asyncio.Task[None]],
+) -> Uplink:
+    """Run an uplink over ``http`` until the site holds every record of ``stream`` (at
+    most 60 s); then stop it, and the gateway (its stop event and task)."""
+    up = Uplink(cfg, edge_log, EdgeMetrics(), asyncio.Event(), gateways=[http])
+    up_stop = asyncio.Event()
+    task = asyncio.create_task(up.run(up_stop))
+    try:
+        await eventually_async(
+            lambda: edge_log.backlog(stream)[0] == 0, 60, "the site holds every record"
+        )
+    finally:
+        up_stop.set()
+        await asyncio.wait_for(task, 10)
+        await http.close()
+        up.builder.close()
+        gateway[0].set()
+        await gateway[1]
+    return up
