@@ -708,22 +708,28 @@ class Bench:
         return {"ship": ship, "outage_first_s": outage_first_s, "sealing": sealing, **report}
 
     def check_snapshot(self, config: Path) -> dict[str, Any]:
-        """What the ship's log says of its snapshot: its records and bytes, and whether
-        they are the newest reading of every container of the backlog, each once."""
+        """What the ship's log says of its snapshot: its records and bytes, the seq of
+        ``containers`` it reached (fresh readings of the port call committed before it
+        was taken are in it too), and whether it holds, each once, the newest reading up
+        to there of every container, the backlog's among them."""
         cfg = load_config(config)
         edge_log = EdgeLog(cfg.log.path, cfg.ship, cfg.streams, cfg.log, readonly=True)
         try:
             copies = edge_log.read(LATEST, 1, 10**9, max_records=10**6)
-            backlog = edge_log.read(STREAM, 1, self.args.records, max_records=10**7)
+            of = {c.key: decode_copy(c.payload) for c in copies}
+            reach = max((c.seq for c in of.values()), default=0)
+            readings = edge_log.read(STREAM, 1, reach, max_records=10**7)
         finally:
             edge_log.close()
-        newest = {r.key: r for r in backlog}  # in seq order: the last one wins
-        of = {c.key: decode_copy(c.payload) for c in copies}
+        newest = {r.key: r for r in readings}  # in seq order: the last one wins
+        backlog = {r.key for r in readings if r.seq <= self.args.records}
         return {
             "records": len(copies),
             "payload_bytes": sum(len(c.payload) for c in copies),
-            "containers": len(newest),
+            "reach_seq": reach,
+            "backlog_containers": len(backlog),
             "newest_of_every_container": len(of) == len(copies)
+            and backlog <= set(of)
             and {k: (c.seq, c.payload) for k, c in of.items()}
             == {k: (r.seq, r.payload) for k, r in newest.items()},
         }

@@ -10,16 +10,19 @@ What: a stream with ``latest_stream`` set (``[streams.<s>]``) has, when a link t
 carries that other stream comes up and its oldest unsent record is older than
 ``latest_after``, each key's newest unsent reading copied into ``latest_stream``, in one
 transaction of the log with the copies' seqs and the time of the snapshot
-(:meth:`EdgeLog.commit_made`). The copies are records of their own stream with their
-own identities; the originals go later in their own stream, in order: every identity
-is still sent and stored once. ``latest_stream`` has a lower priority number than its
+(:meth:`EdgeLog.commit_made`), the backlog read a stretch at a time before it. The
+uplink takes it in a thread as the link's session starts, and the session holds back
+the source stream (not alerts) until it is committed. The copies are records of their
+own stream with their own identities; the originals go later in their own stream, in
+order: every identity is still sent and stored once. ``latest_stream`` has a lower priority number than its
 source, so a session sends it first (edge_agent/session.py), over the links whose
 ``streams`` name it, charged to their budgets like any byte.
 
 Bounds: at most one snapshot per stream per ``latest_after`` (the time of the last one
 is kept in the log, so a restart does not take it again); at most
 :data:`MAX_LATEST_KEYS` records and :data:`MAX_LATEST_BYTES` of payload each, the
-newest keys first (the rest counted as left out).
+newest keys first (the rest counted as left out, among the keys the scan keeps in
+view: twice the bound).
 
 A copy's value says which record it copies (shorelink/snapshot.py: the original's
 stream and seq, and its payload); key, event time and MQTT topic are the original's.
@@ -34,9 +37,9 @@ from dataclasses import dataclass, replace
 
 from edge_agent.config import EdgeConfig, LinkConfig, StreamConfig
 from edge_agent.errors import LogError
-from edge_agent.log import EdgeLog, Incoming
+from edge_agent.log import EdgeLog, Incoming, newest_per_key
 from edge_agent.metrics import EdgeMetrics
-from shorelink.contract import MAX_RECORD_BYTES, record_bytes
+from shorelink.contract import MAX_INT64, MAX_RECORD_BYTES, record_bytes
 from shorelink.logs import get_logger
 from shorelink.ranges import RangeSet
 from shorelink.snapshot import encode_copy
@@ -56,6 +59,8 @@ log = get_logger(__name__)
 MAX_LATEST_KEYS = 20_000
 #: the most payload bytes one snapshot copies (what a port link sends in seconds)
 MAX_LATEST_BYTES = 16 * 1024 * 1024
+#: seqs of the backlog read at once, under the log's lock (about 0.1 s here)
+SCAN_SEQS = 100_000
 #: the log's ``meta`` key of a stream's last snapshot: "<taken ms> <seq it reached>"
 _META = "latest:"
 
@@ -102,42 +107,57 @@ class Snapshots:
         self.metrics = metrics
         self.clock = clock
 
-    def take_due(self, link: LinkConfig) -> list[Snapshot]:
-        """Take the snapshots due now that ``link`` came up (blocking: call off the loop)."""
+    def due_streams(self, link: LinkConfig) -> list[StreamConfig]:
+        """The streams whose snapshot may be due now that ``link`` came up (their
+        backlog is old; whether the last snapshot was recent is :meth:`take`'s to
+        tell): cheap, no scan."""
         out = []
         for st in self.cfg.by_priority():
             _n, _b, oldest = self.log.backlog(st.name) if st.latest_stream else (0, 0, None)
-            now_ms = int(self.clock() * 1000)
-            if due(st, link, oldest, None, now_ms):  # the last snapshot's time: in take
-                try:
-                    snap = self.take(st, link, oldest, now_ms)
-                except LogError as exc:  # a snapshot is a favour: the link goes on without
-                    log.warning("latest_snapshot_failed", stream=st.name, error=str(exc))
-                    continue
-                if snap is not None:
-                    out.append(snap)
+            if due(st, link, oldest, None, int(self.clock() * 1000)):
+                out.append(st)
         return out
 
-    def take(
-        self, st: StreamConfig, link: LinkConfig, oldest_recv_ms: int | None, now_ms: int
-    ) -> Snapshot | None:
-        """Copy each key's newest unsent record of ``st`` into ``st.latest_stream`` in
-        one transaction with the snapshot's time, if :func:`due` (the last snapshot's
-        time read inside that transaction: a restart or a second link coming up does
-        not take it twice); None if not due, or if nothing unsent is newer than what
-        the last snapshot copied."""
-        delivered = self.log.delivered(st.name)
-        first = self.log.first_seq(st.name)
-        snap: list[Snapshot] = []
+    def take_due(self, link: LinkConfig) -> list[Snapshot]:
+        """Take the snapshots due now that ``link`` came up (blocking: call off the loop)."""
+        out = []
+        for st in self.due_streams(link):
+            try:
+                snap = self.take(st, link, int(self.clock() * 1000))
+            except LogError as exc:  # a snapshot is a favour: the link goes on without
+                log.warning("latest_snapshot_failed", stream=st.name, error=str(exc))
+                continue
+            if snap is not None:
+                out.append(snap)
+        return out
+
+    def take(self, st: StreamConfig, link: LinkConfig, now_ms: int) -> Snapshot | None:
+        """Copy each key's newest unsent record of ``st`` into ``st.latest_stream``, if
+        :func:`due`; None if not, or if nothing unsent is newer than what the last
+        snapshot copied. The backlog is read a stretch at a time (:data:`SCAN_SEQS`,
+        the log's lock held for one: ingest goes on meanwhile), then what came since
+        and the copies with the snapshot's time are one transaction, which checks the
+        last snapshot again (a restart or a second link coming up does not take it
+        twice)."""
         started = time.monotonic()
+        last = self.log.meta(_META + st.name)
+        _n, _b, oldest = self.log.backlog(st.name)
+        if not due(st, link, oldest, _taken(last)[0], now_ms):
+            return None
+        epoch = self.log.numbering_epoch
+        newest = _Newest(self.log.delivered(st.name))
+        # keys whose newest reading the last snapshot copied already: not again
+        lo = max(self.log.first_seq(st.name), _taken(last)[1] + 1)
+        end = self.log.stream_state(st.name).next_seq - 1
+        for at in range(lo, end + 1, SCAN_SEQS):
+            newest.add(self.log.newest_per_key(st.name, at, min(end, at + SCAN_SEQS - 1)))
+        snap: list[Snapshot] = []
 
         def make(conn: sqlite3.Connection) -> list[Incoming]:
-            last_ms, last_upto = _last(conn, st.name)
-            if not due(st, link, oldest_recv_ms, last_ms, now_ms):
-                return []
-            # keys whose newest reading the last snapshot copied already: not again
-            since = max(first, last_upto + 1)
-            copies, upto, left_out = _copies(conn, st, since, delivered, now_ms)
+            if _last(conn, st.name) != last or self.log.numbering_epoch != epoch:
+                return []  # a snapshot was taken meanwhile, or the seqs moved
+            newest.add(newest_per_key(conn, st.name, max(lo, end + 1), MAX_INT64))
+            copies, upto, left_out = _copies(conn, st, newest.choose(), now_ms)
             if not copies:
                 return []
             conn.execute(
@@ -175,41 +195,72 @@ class Snapshots:
         return s
 
 
-def _last(conn: sqlite3.Connection, stream: str) -> tuple[int | None, int]:
-    """When ``stream``'s last snapshot was taken (None: never) and the seq it reached."""
+def _last(conn: sqlite3.Connection, stream: str) -> str | None:
+    """The log's word on ``stream``'s last snapshot, inside a transaction."""
     row = conn.execute("SELECT value FROM meta WHERE key = ?", [_META + stream]).fetchone()
-    if row is None:
+    return None if row is None else str(row[0])
+
+
+def _taken(last: str | None) -> tuple[int | None, int]:
+    """When the last snapshot was taken (None: never) and the seq it reached."""
+    if last is None:
         return None, 0
-    taken, upto = row[0].split()
+    taken, upto = last.split()
     return int(taken), int(upto)
 
 
+class _Newest:
+    """Each key's newest seq no site holds, gathered a stretch of the backlog at a
+    time; at most twice :data:`MAX_LATEST_KEYS` keys kept (those beyond the newest
+    :data:`MAX_LATEST_KEYS` can never be chosen: a key's seq only grows)."""
+
+    def __init__(self, delivered: RangeSet) -> None:
+        self.delivered = delivered
+        #: key -> (seq, payload bytes)
+        self.keys: dict[str, tuple[int, int]] = {}
+
+    def add(self, rows: list[tuple[str, int, int]]) -> None:
+        for key, seq, size in rows:
+            if seq in self.delivered:
+                self.keys.pop(key, None)  # its newest so far is ashore
+            else:
+                self.keys[key] = (seq, size)
+        if len(self.keys) > 2 * MAX_LATEST_KEYS:
+            self.keys = dict(self._newest_first()[:MAX_LATEST_KEYS])
+
+    def _newest_first(self) -> list[tuple[str, tuple[int, int]]]:
+        return sorted(self.keys.items(), key=lambda kv: kv[1][0], reverse=True)
+
+    def choose(self) -> tuple[list[int], int]:
+        """The seqs a snapshot copies (the newest keys first, within the bounds), and
+        how many keys the bounds left out."""
+        chosen: list[int] = []
+        total = 0
+        for _key, (seq, size) in self._newest_first():
+            if len(chosen) == MAX_LATEST_KEYS or total + size > MAX_LATEST_BYTES:
+                break
+            chosen.append(seq)
+            total += size
+        return chosen, len(self.keys) - len(chosen)
+
+
 def _copies(
-    conn: sqlite3.Connection, st: StreamConfig, first: int, delivered: RangeSet, now_ms: int
+    conn: sqlite3.Connection, st: StreamConfig, chosen: tuple[list[int], int], now_ms: int
 ) -> tuple[list[Incoming], int, int]:
-    """Each key's newest record of ``st`` from seq ``first`` on that no site holds, as
-    copies (the newest keys first, within the bounds, then in seq order); the seq they
-    reach; how many keys the bounds left out."""
-    newest = conn.execute(
-        "SELECT max(seq), length(payload) FROM records WHERE stream = ? AND seq >= ? GROUP BY key",
-        [st.name, first],
-    ).fetchall()
-    unsent = sorted(((seq, size) for seq, size in newest if seq not in delivered), reverse=True)
-    chosen: list[int] = []
-    total = 0
-    for seq, size in unsent:
-        if len(chosen) == MAX_LATEST_KEYS or total + size > MAX_LATEST_BYTES:
-            break
-        chosen.append(seq)
-        total += size
+    """The copies of the ``chosen`` seqs of ``st`` in seq order (one that retention
+    removed meanwhile, or that would pass the record size limit, left out); the seq
+    they reach; how many keys were left out."""
+    seqs, left_out = chosen
     copies = []
-    for seq in sorted(chosen):
-        key, ts_ms, topic, payload = conn.execute(
+    for seq in sorted(seqs):
+        row = conn.execute(
             "SELECT key, ts_ms, topic, payload FROM records WHERE stream = ? AND seq = ?",
             [st.name, seq],
         ).fetchone()
+        if row is None:
+            continue
+        key, ts_ms, topic, payload = row
         value = encode_copy(st.name, seq, payload)
         if record_bytes(key, value, topic) <= MAX_RECORD_BYTES:
             copies.append(Incoming(st.latest_stream, key, ts_ms, now_ms, topic, value))
-    upto = max(chosen, default=0)
-    return copies, upto, len(unsent) - len(copies)
+    return copies, max(seqs, default=0), left_out + len(seqs) - len(copies)

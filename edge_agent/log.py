@@ -425,6 +425,18 @@ class EdgeLog:
                 total += len(payload)
         return out
 
+    def newest_per_key(self, stream: str, lo: int, hi: int) -> list[tuple[str, int, int]]:
+        """``(key, seq, payload bytes)`` of each key's newest record of ``stream`` with
+        ``lo <= seq <= hi`` (read a stretch at a time: the lock is held for one)."""
+        with self._lock:
+            return newest_per_key(self._conn, stream, lo, hi)
+
+    def meta(self, key: str) -> str | None:
+        """The value of ``key`` in the log's ``meta`` table (None: not set)."""
+        with self._lock:
+            row = self._conn.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
+        return None if row is None else str(row[0])
+
     def tail(self, stream: str, n: int) -> list[LogRecord]:
         st = self.stream_state(stream)
         return self.read(stream, max(1, st.next_seq - n), st.next_seq - 1, max_records=n)
@@ -497,6 +509,17 @@ class EdgeLog:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def newest_per_key(
+    conn: sqlite3.Connection, stream: str, lo: int, hi: int
+) -> list[tuple[str, int, int]]:
+    """:meth:`EdgeLog.newest_per_key` on ``conn`` (inside a transaction)."""
+    return conn.execute(
+        "SELECT key, max(seq), length(payload) FROM records"
+        " WHERE stream = ? AND seq BETWEEN ? AND ? GROUP BY key",
+        [stream, lo, hi],
+    ).fetchall()
 
 
 def _insert(conn: sqlite3.Connection, rows: list[tuple[object, ...]]) -> None:

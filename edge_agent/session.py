@@ -41,8 +41,9 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from edge_agent.alarms import ALERTS_STREAM
 from edge_agent.batching import BatchBuilder, BuildSpec
@@ -123,6 +124,7 @@ class Session:
         no_ais: set[str] | None = None,
         on_success: Callable[[], None] = lambda: None,
         stopping: Callable[[], bool] = lambda: False,
+        hold: Mapping[str, asyncio.Future[Any]] | None = None,
     ) -> None:
         self.gateway = gateway
         self.link = link
@@ -136,6 +138,9 @@ class Session:
         self.no_ais = set() if no_ais is None else no_ais
         self._on_success = on_success
         self._stopping = stopping
+        #: streams that wait for a future (their latest-value snapshot being taken,
+        #: edge_agent/latest.py: the copies go first); the others go meanwhile
+        self._hold = dict(hold or {})
         self._limited = RateLimitedLog(log)
         self.cursors = [
             _Cursor(s, held[s].copy()) for s in streams if link.carries(s) and s in held
@@ -190,7 +195,11 @@ class Session:
                     await self._launch(out)
                     window.append(out)
                 if not window:
-                    return accepted
+                    holding = [f for f in self._hold.values() if not f.done()]
+                    if not holding or self._stopping():
+                        return accepted
+                    await asyncio.wait(holding, timeout=1.0)
+                    continue
                 if ahead is None and not self._stopping():
                     ahead = asyncio.create_task(self._next(), name=f"build:{self.site}")
                 if await self._answered(window, alerted):
@@ -245,6 +254,10 @@ class Session:
                     loop.call_soon_threadsafe(alerted.set)
 
         return self.log.listen(committed)
+
+    def _held(self, stream: str) -> bool:
+        hold = self._hold.get(stream)
+        return hold is not None and not hold.done()
 
     @staticmethod
     def _urgent_slot_free(window: deque[_Outgoing]) -> bool:
@@ -438,7 +451,7 @@ class Session:
         for c in self.cursors:
             if self.budget.spent_out:
                 return None
-            if c.stalled or (c.rewind and c.in_flight):
+            if c.stalled or (c.rewind and c.in_flight) or self._held(c.stream):
                 continue
             c.rewind = False
             epoch = c.epoch

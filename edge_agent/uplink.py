@@ -25,16 +25,17 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from tenacity import RetryCallState
 
 from edge_agent.batching import BatchBuilder
 from edge_agent.budget import LinkBudget
-from edge_agent.config import EdgeConfig
+from edge_agent.config import EdgeConfig, LinkConfig
 from edge_agent.errors import GatewayRejected, LinkError, UplinkError
 from edge_agent.fleet_config import ConfigSource, FleetConfig
 from edge_agent.gateway import Gateway, HttpGateway
-from edge_agent.latest import Snapshots
+from edge_agent.latest import Snapshot, Snapshots
 from edge_agent.log import EdgeLog
 from edge_agent.metrics import EdgeMetrics
 from edge_agent.sealing import Sealer
@@ -57,6 +58,8 @@ BACKOFF_GROWTH = 1.15
 
 #: on stop, how long each gateway's connections may take to close
 GATEWAY_CLOSE_S = 3.0
+#: on stop, how long a latest-value snapshot being taken may take to end
+SNAPSHOT_STOP_S = 10.0
 
 
 class Uplink:
@@ -117,6 +120,7 @@ class Uplink:
         self.sealer = Sealer(cfg, edge_log, self.builder, metrics)
         #: latest-value snapshots, taken as a link comes up (edge_agent/latest.py)
         self.snapshots = Snapshots(cfg, edge_log, metrics, clock=clock)
+        self._snapshots_task: asyncio.Future[list[Snapshot]] | None = None
 
     # -- the loop ------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -143,6 +147,10 @@ class Uplink:
             sealing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sealing
+            if self._snapshots_task is not None:  # a thread: let it end before the log does
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(SNAPSHOT_STOP_S):
+                        await asyncio.shield(self._snapshots_task)
             self.session = None
             for g in self.gateways:
                 # a connection's close waits for the gateway's close frame: over a
@@ -318,8 +326,6 @@ class Uplink:
     async def _open(self, g: Gateway, held: dict[str, RangeSet]) -> Session:
         previous = self.session.gateway if self.session is not None else None
         link = self.cfg.links[g.link]
-        # before the session reads the log: a snapshot due now goes in its first batches
-        await asyncio.to_thread(self.snapshots.take_due, link)
         session = Session(
             g,
             link,
@@ -333,6 +339,7 @@ class Uplink:
             no_ais=self._no_ais.setdefault(g.url, set()),
             on_success=lambda: self._success(g),
             stopping=self._break_off,
+            hold=await self._snapshot(link),
         )
         await session.adopt()
         await self._mark(g, up=True)
@@ -347,6 +354,20 @@ class Uplink:
             streams=",".join(c.stream for c in session.cursors),
         )
         return session
+
+    async def _snapshot(self, link: LinkConfig) -> dict[str, asyncio.Future[Any]]:
+        """Start the latest-value snapshots due now that ``link`` came up (in a
+        thread: reading a month's backlog takes seconds); the streams they copy wait
+        for them (the copies go first), alerts and the rest go meanwhile."""
+        due = await asyncio.to_thread(self.snapshots.due_streams, link)
+        if not due:
+            return {}
+        task = self._snapshots_task
+        if task is None or task.done():
+            task = asyncio.ensure_future(asyncio.to_thread(self.snapshots.take_due, link))
+            task.add_done_callback(_log_crash)
+            self._snapshots_task = task
+        return {st.name: task for st in due}
 
     def _block(self, g: Gateway, exc: GatewayRejected) -> None:
         self._blocked[id(g)] = time.monotonic() + self.cfg.uplink.retry_max_s
@@ -376,6 +397,12 @@ class Uplink:
             log.info("link_up", site=g.site, link=g.link)
         self.metrics.link_up.labels(g.site, g.link).set(1 if up else 0)
         await asyncio.to_thread(self.log.links.flush, force=up != was_up or not up)
+
+
+def _log_crash(task: asyncio.Future[list[Snapshot]]) -> None:
+    """A snapshot's failure that is a bug (a log error is logged where it happens)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("latest_snapshot_crashed", error=repr(exc))
 
 
 def _unconfigured(cfg: EdgeConfig, edge_log: EdgeLog) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -63,9 +64,13 @@ def _newest_per_key(records: list[LogRecord]) -> dict[str, LogRecord]:
     return out
 
 
-def test_snapshot_copies_each_keys_newest_unsent_reading_once(tmp_path: Path) -> None:
+def test_snapshot_copies_each_keys_newest_unsent_reading_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What shore learns first after an outage must be every container's newest
-    state, each once, and each copy must say which reading it is."""
+    state, each once, and each copy must say which reading it is (the backlog read
+    in many stretches here)."""
+    monkeypatch.setattr(latest, "SCAN_SEQS", 64)
     cfg = _config(tmp_path)
     log = open_log(cfg)
     fill(log, "containers", 700)
@@ -147,7 +152,7 @@ def test_snapshot_commits_whole_or_not_at_all(tmp_path: Path) -> None:
         )
     snapshots = Snapshots(cfg, log, clock=lambda: NOW)
     with pytest.raises(LogError):
-        snapshots.take(cfg.stream("containers"), cfg.links["port_wifi"], 1, int(NOW * 1000))
+        snapshots.take(cfg.stream("containers"), cfg.links["port_wifi"], int(NOW * 1000))
     assert snapshots.take_due(cfg.links["port_wifi"]) == []  # logged, the link goes on
     assert _all(log, "containers_latest") == []
     assert log.stream_state("containers_latest").next_seq == 1
@@ -163,15 +168,16 @@ def test_snapshot_keeps_to_its_bounds_newest_keys_first(
 ) -> None:
     """A stream keyed by something unbounded must not make a snapshot the size of its
     backlog (the bounds made small here: the rule is the same at 20,000 keys)."""
-    monkeypatch.setattr(latest, "MAX_LATEST_KEYS", 40)
+    monkeypatch.setattr(latest, "MAX_LATEST_KEYS", 10)
     monkeypatch.setattr(latest, "MAX_LATEST_BYTES", 1000)
+    monkeypatch.setattr(latest, "SCAN_SEQS", 7)
     cfg = _config(tmp_path)
     log = open_log(cfg)
     t0 = 1_700_000_000_000
     log.commit([Incoming("containers", f"K{i}", t0 + i, t0 + i, "t", b"x" * 10) for i in range(45)])
     (snap,) = Snapshots(cfg, log, clock=lambda: NOW).take_due(cfg.links["port_wifi"])
-    assert (snap.records, snap.left_out) == (40, 5)
-    assert [c.key for c in _all(log, "containers_latest")] == [f"K{i}" for i in range(5, 45)]
+    assert snap.records == 10 and snap.left_out > 0  # (counted among the keys kept in view)
+    assert [c.key for c in _all(log, "containers_latest")] == [f"K{i}" for i in range(35, 45)]
     log.commit([Incoming("containers", "big", t0, t0, "t", b"x" * 995)])
     (snap,) = Snapshots(cfg, log, clock=lambda: NOW + 3600).take_due(cfg.links["port_wifi"])
     assert (snap.records, snap.bytes > 995) == (1, True)
@@ -186,11 +192,20 @@ async def test_snapshot_uploads_ahead_of_the_backlog_and_every_identity_once(
     cfg = _config(tmp_path)
     log = open_log(cfg)
     fill(log, "containers", 1000)
+    fill(log, "alerts", 5)
     gw = MemoryGateway("tokyo", "port_wifi", streams=tuple(STREAMS))
     up = Uplink(cfg, log, EdgeMetrics(), asyncio.Event(), gateways=[gw], clock=lambda: NOW)
-    await up.sync_once()
-    order = [r.stream for r in gw.log]
-    assert order[0] == "containers_latest" and "containers_latest" not in order[1:]
+    taken = threading.Event()  # the snapshot takes as long as the test says
+    take_due = up.snapshots.take_due
+    up.snapshots.take_due = lambda link: taken.wait(10) and take_due(link)  # type: ignore[method-assign]
+    syncing = asyncio.create_task(up.sync_once())
+    # alerts do not wait for the snapshot; the containers do
+    await eventually_async(lambda: gw.held("alerts") == RangeSet([(1, 5)]), within=10)
+    assert {r.stream for r in gw.log} == {"alerts"}
+    taken.set()
+    await syncing
+    assert [r.stream for r in gw.log][1] == "containers_latest"
+    assert {r.stream for r in gw.log[2:]} == {"containers"}
     assert gw.held("containers_latest") == RangeSet([(1, 7)])
     assert gw.held("containers") == RangeSet([(1, 1000)])
     assert max(gw.arrivals.values()) == 1
