@@ -9,7 +9,7 @@ a CRC right):
 
 - 0: the rest is the body, as a ship (or anyone) would send it;
 - 1: the same with its header's CRC made right (mutations of the header and the frame);
-- 2: a decompressed body: flags (1 byte), count - 1 (2 bytes, little-endian), the chunk
+- 2: a decompressed body: flags (1 byte: templated, signed, AIS), count - 1 (2 bytes, little-endian), the chunk
   signatures if signed, then the columns, compressed and framed here with a right CRC
   (mutations of the columns: what ``shorelink/wire_body.py`` parses).
 
@@ -33,6 +33,7 @@ import time
 import tracemalloc
 import zlib
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import zstandard
@@ -43,7 +44,9 @@ from shorelink.contract import MAX_RECORD_BYTES, record_bytes
 from shorelink.proof import CHUNK_RECORDS, SIGNATURE_BYTES, ShipKey
 from shorelink.wire import (
     DEFAULT_LIMITS,
+    FLAG_AIS,
     FLAG_SIGNED,
+    FLAG_TEMPLATED,
     Batch,
     Body,
     Limits,
@@ -59,6 +62,8 @@ from shorelink.wire import (
 )
 from shorelink.wire_body import I64_MAX, I64_MIN
 from tests import wire_bombs
+
+AIS_SAMPLE = Path(__file__).resolve().parents[1] / "fleet_sim" / "data" / "nmea_data_sample.txt"
 
 __all__ = ["CPU_FIXED_S", "CPU_PER_BYTE_S", "CPU_PER_RECORD_S", "DICTIONARY", "check", "seeds"]
 
@@ -110,7 +115,10 @@ def body_of(data: bytes) -> bytes:
         return rest[:_CRC_AT] + crc.to_bytes(4, "little") + rest[_CRC_AT + 4 :]
     if len(rest) < 3:
         return rest
-    flags, count = rest[0] & 0x03, 1 + int.from_bytes(rest[1:3], "little")
+    flags, count = (
+        rest[0] & (FLAG_TEMPLATED | FLAG_SIGNED | FLAG_AIS),
+        1 + int.from_bytes(rest[1:3], "little"),
+    )
     raw, sigs = rest[3:], b""
     if flags & FLAG_SIGNED:
         n = -(-count // CHUNK_RECORDS) * SIGNATURE_BYTES
@@ -253,9 +261,10 @@ def _forms(batch: Batch, key: ShipKey | None = None) -> list[bytes]:
 
 
 def seeds() -> list[bytes]:
-    """Real bodies: container telemetry and positions as the edge agent sends them, plain
-    payloads, names and keys of every kind, a signed batch, and small versions of the
-    hostile bodies of tests/wire_bombs.py."""
+    """Real bodies: container telemetry and positions as the edge agent sends them, AIS
+    sentences (fleet_sim's sample, as fields, among other payloads), plain payloads,
+    names and keys of every kind, a signed batch, and small versions of the hostile
+    bodies of tests/wire_bombs.py."""
     rng = random.Random(40)
     t0 = 1_767_225_600_000
     boxes = fleet(rng, 12)
@@ -287,12 +296,18 @@ def seeds() -> list[bytes]:
         WireRecord(2, "\u00e9\u2028\x00", I64_MIN, "\ud7ff/\U0001f6a2", b"-0.0 1e5 007 -12.50"),
         WireRecord(3, "k", I64_MAX, "t/" + "x" * 50, b"1.5,2.25,-3,4.000001"),
     ]
+    sentences = AIS_SAMPLE.read_bytes().splitlines(keepends=True)
+    ais = [
+        WireRecord(i + 1, "ais", t0 + i * 3000, f"{ORIGIN}/ship1/nav/ais", p)
+        for i, p in enumerate([*sentences[:14], b"".join(sentences[14:17]), b"!AIVDM,1,1"])
+    ]
     key = ShipKey(Ed25519PrivateKey.from_private_bytes(bytes(range(32))))
     out: list[bytes] = []
     out += _forms(Batch(ORIGIN, STREAM, tuple(telemetry)))
     out += _forms(Batch(ORIGIN, "nav", tuple(nav), first_available=1))
     out += _forms(Batch(ORIGIN, STREAM, tuple(binary), first_available=3))
     out += _forms(Batch(ORIGIN, STREAM, tuple(odd)))
+    out += _forms(Batch(ORIGIN, "nav", tuple(ais)))
     out += _forms(Batch(ORIGIN, STREAM, tuple(telemetry[:5])), key)
     for raw, n in (
         (wire_bombs.number_columns(4, 40), 40),
@@ -305,6 +320,9 @@ def seeds() -> list[bytes]:
     ):
         out.append(b"\x02\x01" + (n - 1).to_bytes(2, "little") + raw)
         out.append(b"\x00" + wire_bombs.batch(raw, n))
+    raw = wire_bombs.ais_sentences(30, 4)
+    out.append(b"\x02\x08" + (30 - 1).to_bytes(2, "little") + raw)
+    out.append(b"\x00" + wire_bombs.batch(raw, 30, flags=FLAG_AIS))
     return out + [bytes((d[0] + 3,)) + d[1:] for d in out if len(d) <= 8192]  # small limits
 
 

@@ -66,7 +66,13 @@ sys.path.insert(0, str(REPO))  # the seeds' hostile bodies and the strict log re
 TARGETS: dict[str, tuple[str, list[str]]] = {
     "wire": (
         "_fuzz_wire",
-        ["shorelink.wire", "shorelink.wire_body", "shorelink.contract", "shorelink.identity"],
+        [
+            "shorelink.wire",
+            "shorelink.wire_body",
+            "shorelink.wire_ais",
+            "shorelink.contract",
+            "shorelink.identity",
+        ],
     ),
     "logs": ("_fuzz_logs", ["shorelink.logs", "structlog"]),
     "mqtt": ("_fuzz_mqtt", ["edge_agent.rules"]),
