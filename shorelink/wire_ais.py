@@ -30,7 +30,7 @@ import struct
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterator
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import NamedTuple
 
 from shorelink.wire_body import Budget, Ints, Reader, WireError, put_ints
@@ -327,8 +327,9 @@ class _Coding:
         """The section as its parts in order, each named (bench/wire_size.py measures
         where the bytes go), or None where the coding does not apply: fewer than
         :data:`MIN_RECORDS` records, or fewer than half of them sentences."""
-        if len(payloads) < MIN_RECORDS:
-            return None
+        n = len(payloads)
+        if n < MIN_RECORDS or 2 * sum(map(bytes.startswith, payloads, repeat(b"!"))) < n:
+            return None  # (a C loop: other streams pay about 0.06 us a record for it)
         parsed = list(map(parse_record, payloads))
         coded = [p for p in parsed if p is not None]
         if not coded or 2 * len(coded) < len(payloads):
