@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, replace
 
 from edge_agent.config import EdgeConfig, LinkConfig, StreamConfig
@@ -107,21 +107,26 @@ class Snapshots:
         self.metrics = metrics
         self.clock = clock
 
-    def due_streams(self, link: LinkConfig) -> list[StreamConfig]:
-        """The streams whose snapshot may be due now that ``link`` came up (their
-        backlog is old; whether the last snapshot was recent is :meth:`take`'s to
-        tell): cheap, no scan."""
+    def due_streams(
+        self, link: LinkConfig, taken: Container[str] | None = None
+    ) -> list[StreamConfig]:
+        """The streams whose snapshot may be due now that ``link`` came up to a site
+        that takes the streams ``taken`` (None: all), their backlog being old (whether
+        the last snapshot was recent is :meth:`take`'s to tell): cheap, no scan. A
+        snapshot the site would not take is not taken: it would wait on board."""
         out = []
         for st in self.cfg.by_priority():
-            _n, _b, oldest = self.log.backlog(st.name) if st.latest_stream else (0, 0, None)
+            wanted = st.latest_stream and (taken is None or st.latest_stream in taken)
+            _n, _b, oldest = self.log.backlog(st.name) if wanted else (0, 0, None)
             if due(st, link, oldest, None, int(self.clock() * 1000)):
                 out.append(st)
         return out
 
-    def take_due(self, link: LinkConfig) -> list[Snapshot]:
-        """Take the snapshots due now that ``link`` came up (blocking: call off the loop)."""
+    def take_due(self, link: LinkConfig, taken: Container[str] | None = None) -> list[Snapshot]:
+        """Take the snapshots due now that ``link`` came up to a site that takes the
+        streams ``taken`` (None: all); blocking: call off the loop."""
         out = []
-        for st in self.due_streams(link):
+        for st in self.due_streams(link, taken):
             try:
                 snap = self.take(st, link, int(self.clock() * 1000))
             except LogError as exc:  # a snapshot is a favour: the link goes on without

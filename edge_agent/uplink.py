@@ -339,7 +339,7 @@ class Uplink:
             no_ais=self._no_ais.setdefault(g.url, set()),
             on_success=lambda: self._success(g),
             stopping=self._break_off,
-            hold=await self._snapshot(link),
+            hold=await self._snapshot(link, frozenset(held)),
         )
         await session.adopt()
         await self._mark(g, up=True)
@@ -355,16 +355,18 @@ class Uplink:
         )
         return session
 
-    async def _snapshot(self, link: LinkConfig) -> dict[str, asyncio.Future[Any]]:
+    async def _snapshot(
+        self, link: LinkConfig, taken: frozenset[str]
+    ) -> dict[str, asyncio.Future[Any]]:
         """Start the latest-value snapshots due now that ``link`` came up (in a
         thread: reading a month's backlog takes seconds); the streams they copy wait
         for them (the copies go first), alerts and the rest go meanwhile."""
-        due = await asyncio.to_thread(self.snapshots.due_streams, link)
+        due = await asyncio.to_thread(self.snapshots.due_streams, link, taken)
         if not due:
             return {}
         task = self._snapshots_task
         if task is None or task.done():
-            task = asyncio.ensure_future(asyncio.to_thread(self.snapshots.take_due, link))
+            task = asyncio.ensure_future(asyncio.to_thread(self.snapshots.take_due, link, taken))
             task.add_done_callback(_log_crash)
             self._snapshots_task = task
         return {st.name: task for st in due}

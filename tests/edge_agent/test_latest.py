@@ -197,7 +197,7 @@ async def test_snapshot_uploads_ahead_of_the_backlog_and_every_identity_once(
     up = Uplink(cfg, log, EdgeMetrics(), asyncio.Event(), gateways=[gw], clock=lambda: NOW)
     taken = threading.Event()  # the snapshot takes as long as the test says
     take_due = up.snapshots.take_due
-    up.snapshots.take_due = lambda link: taken.wait(10) and take_due(link)  # type: ignore[method-assign]
+    up.snapshots.take_due = lambda *a: taken.wait(10) and take_due(*a)  # type: ignore[method-assign]
     syncing = asyncio.create_task(up.sync_once())
     # alerts do not wait for the snapshot; the containers do
     await eventually_async(lambda: gw.held("alerts") == RangeSet([(1, 5)]), within=10)
@@ -217,6 +217,21 @@ async def test_snapshot_uploads_ahead_of_the_backlog_and_every_identity_once(
     assert {k: decode_copy(r.payload).seq for k, r in held.items()} == {
         k: r.seq for k, r in newest.items()
     }
+    up.close()
+    log.close()
+
+
+async def test_no_snapshot_for_a_site_that_does_not_take_its_stream(tmp_path: Path) -> None:
+    """Copies a site refuses would wait on board for nothing (a site whose gateway
+    does not list the stream): none are taken, and the backlog goes."""
+    cfg = _config(tmp_path)
+    log = open_log(cfg)
+    fill(log, "containers", 100)
+    gw = MemoryGateway("tokyo", "port_wifi")  # alerts, nav, containers
+    up = Uplink(cfg, log, EdgeMetrics(), asyncio.Event(), gateways=[gw], clock=lambda: NOW)
+    await up.sync_once()
+    assert gw.held("containers") == RangeSet([(1, 100)])
+    assert _all(log, "containers_latest") == []
     up.close()
     log.close()
 
