@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from itertools import accumulate, repeat
 from typing import NamedTuple
 
-from shorelink.wire_body import Budget, Ints, Reader, WireError, put_ints
+from shorelink.wire_body import I64_MAX, Budget, Ints, Reader, WireError, put_ints
 
 __all__ = [
     "AIS",
@@ -369,9 +369,9 @@ class _Coding:
                 if c == _MMSI_COL:
                     who = v = mmsis[v]
                 elif _KIND[c] == _HEADING:
-                    v = (v - _heading_of(course) + 256) % 512 - 256
+                    v = state.heading(c, who, v, course)
                 elif _KIND[c] == _SIGNED:
-                    v = _signed(v, w)
+                    v = _zigzag(_signed(v, w))
                 elif _KIND[c] != _PLAIN:
                     if c == _COURSE_COL:
                         course = v
@@ -391,7 +391,7 @@ class _Coding:
             ("mmsi table", len(table).to_bytes(4, "little") + _ints(table, delta=1)),
             ("form", _ints(list(map(forms.__getitem__, forms_of)))),
             ("channel", _ints([s.channel for s in sentences])),
-            *((name, _ints(values, delta=1)) for name, values in zip(_NAMES, columns, strict=True)),
+            *((name, _ints(values)) for name, values in zip(_NAMES, columns, strict=True)),
             ("raw bits", bytes(rest)),
         ]
 
@@ -466,44 +466,71 @@ def _values_of(f: _Form) -> list[int]:
 def _range(c: int) -> tuple[int, ...]:
     """The values column ``c`` may hold (checked as it is read; the rest when used)."""
     w, kind = _WIDTH[c], _KIND[c]
-    if kind in (_PLAIN, _MMSI) and w:
+    if kind in (_PLAIN, _MMSI, _SIGNED) and w:
         return (0, (1 << w) - 1)
-    if kind == _SIGNED:
-        return (-(1 << (w - 1)), (1 << (w - 1)) - 1)
     if kind == _HEADING:
-        return (-256, 255)
-    return ()
+        return (0, 511)
+    return (0, I64_MAX)  # a difference, zigzagged: checked once added to its base
+
+
+def _zigzag(v: int) -> int:
+    """Signed as unsigned, small either side of 0 small (0, -1, 1, -2 -> 0, 1, 2, 3): a
+    column of differences keeps its high bytes 0, which zstd codes for nearly nothing
+    (two's complement would make them 0 or 255 at random)."""
+    return 2 * v if v >= 0 else -2 * v - 1
+
+
+def _unzigzag(z: int) -> int:
+    return (z >> 1) ^ -(z & 1)
 
 
 class _State:
     """What a field is coded against: a position, the vessel's last one (its MMSI's
     index in the batch) or else the last one of any vessel (a station hears one area); a
-    vessel's speed, course or heading, its last one (else 0)."""
+    vessel's speed or course, its last one (its first: the value itself). Differences
+    are zigzagged."""
 
     __slots__ = ("anyone", "last")
 
     def __init__(self, vessels: int) -> None:
         self.last: dict[int, list[int | None]] = {
-            c: [None] * vessels for c, kind in enumerate(_KIND) if kind in (_POSITION, _TRACK)
+            c: [None] * vessels
+            for c, kind in enumerate(_KIND)
+            if kind in (_POSITION, _TRACK, _HEADING)
         }
         self.anyone = dict.fromkeys(self.last, 0)
 
-    def _base(self, c: int, who: int) -> int:
+    def _base(self, c: int, who: int) -> int | None:
+        """What the value is a difference from (None: none, the value itself)."""
         seen = self.last[c][who]
-        if seen is not None:
+        if seen is not None or _KIND[c] != _POSITION:
             return seen
-        return self.anyone[c] if _KIND[c] == _POSITION else 0
+        return self.anyone[c]
 
     def encode(self, c: int, who: int, u: int) -> int:
         v = _signed(u, _WIDTH[c]) if _KIND[c] == _POSITION else u
-        out = v - self._base(c, who)
+        base = self._base(c, who)
         self.last[c][who] = self.anyone[c] = v
-        return out
+        return v if base is None else _zigzag(v - base)
+
+    def heading(self, c: int, who: int, v: int, course: int, *, decode: bool = False) -> int:
+        """A heading (``v``; decoding: what was stored) as its difference from the
+        vessel's last one, or for its first from its course's tenth, within -256..255
+        modulo 512, zigzagged; decoding, the heading."""
+        seen = self.last[c][who]
+        base = _heading_of(course) if seen is None else seen
+        if decode:
+            v = (_unzigzag(v) + base) % 512
+            self.last[c][who] = v
+            return v
+        self.last[c][who] = v
+        return _zigzag((v - base + 256) % 512 - 256)
 
     def decode(self, c: int, who: int, stored: int) -> int:
         """The field's bits from the stored difference; WireError if out of its width."""
         w = _WIDTH[c]
-        v = stored + self._base(c, who)
+        base = self._base(c, who)
+        v = stored if base is None else _unzigzag(stored) + base
         if _KIND[c] == _POSITION:
             lo, hi = -(1 << (w - 1)), (1 << (w - 1)) - 1
         else:
@@ -585,9 +612,9 @@ class _Framing:
                             raise WireError("malformed", f"MMSI {v} of {len(self.mmsis)}")
                         who, v = v, self.mmsis[v]
                     elif _KIND[c] == _HEADING:
-                        v = (v + _heading_of(course)) % 512
+                        v = self.state.heading(c, who, v, course, decode=True)
                     elif _KIND[c] == _SIGNED:
-                        v &= (1 << w) - 1
+                        v = _unzigzag(v) & ((1 << w) - 1)
                     elif _KIND[c] != _PLAIN:
                         v = self.state.decode(c, who, v)
                         if c == _COURSE_COL:
