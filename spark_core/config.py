@@ -92,6 +92,12 @@ class MergeConfig:
     backstop_interval_s: float = field(default=30.0, metadata=key("backstop_interval", gt=0))
     #: fail the query when ingress records vanished before the merge read them
     fail_on_data_loss: bool = True
+    #: how long Spark's Kafka source (the merge's and the tables') waits for an answer
+    #: about offsets before it tries again with a new client (the Java client's
+    #: ``default.api.timeout.ms``; its ``request.timeout.ms`` is at most this). A dead
+    #: broker holds a query this long: the client waits on the partition's old leader.
+    #: Kafka's own default, 60 s
+    offsets_timeout_s: float = field(default=60.0, metadata=key("offsets_timeout", min=1))
     #: split the merge by origin into this many shards, each a Spark application of its
     #: own (``shorelink-spark site --shard k/N``) merging the origins
     #: ``crc32(origin) mod N == k`` from its ingress partitions (the gateway's
@@ -101,6 +107,15 @@ class MergeConfig:
     #: delete from ``sl.ingress.*`` what the merge committed past
     #: (spark_core/purge.py); off only if something else must read those topics later
     purge_sources: bool = True
+
+    def source_options(self) -> dict[str, str]:
+        """The ``kafka.`` options of Spark's Kafka source that :attr:`offsets_timeout_s`
+        sets (Kafka's defaults, 60 and 30 s, unless the file says otherwise)."""
+        ms = round(self.offsets_timeout_s * 1000)
+        return {
+            "kafka.default.api.timeout.ms": str(ms),
+            "kafka.request.timeout.ms": str(min(ms, 30_000)),
+        }
 
 
 @dataclass(frozen=True)

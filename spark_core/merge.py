@@ -1510,7 +1510,7 @@ def start_merge(spark: Any, merger: Merger, *, available_now: bool = False) -> A
         source = ("assign", json.dumps(assigned, sort_keys=True))
     df = (
         spark.readStream.format("kafka")
-        .options(**site.kafka.spark_options())
+        .options(**site.kafka.spark_options(), **m.source_options())
         # its consumers' group and client ids name the application and site
         .option("groupIdPrefix", f"shorelink-spark-{site.name}")
         .option(*source)

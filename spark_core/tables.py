@@ -90,7 +90,7 @@ BASE_COLUMNS = (
 def _source(spark: Any, site: SiteConfig, topic: str) -> Any:
     df = (
         spark.readStream.format("kafka")
-        .options(**site.kafka.spark_options())
+        .options(**site.kafka.spark_options(), **site.merge.source_options())
         # its consumers' group and client ids name the application and site
         .option("groupIdPrefix", f"shorelink-spark-{site.name}")
         .option("subscribe", topic)

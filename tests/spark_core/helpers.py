@@ -34,9 +34,11 @@ def site_doc(
     max_batch_bytes: int | None = None,
     tables: bool = False,
     customers: Path | None = None,
+    offsets_timeout: str | None = None,
 ) -> dict[str, Any]:
     """A sites file of one site, ``name``, on a local Spark: its checkpoints and tables
-    under ``root``, its merge reading the ingress topics of ``streams``."""
+    under ``root``, its merge reading the ingress topics of ``streams`` (``offsets_timeout``:
+    its Kafka source's, for a test that kills a broker)."""
     doc: dict[str, Any] = {"customers_file": str(customers)} if customers else {}
     return doc | {
         "spark": {
@@ -61,6 +63,7 @@ def site_doc(
                     "canonical_partitions": 3,
                     "max_offsets_per_trigger": max_offsets,
                     **({"max_batch_bytes": max_batch_bytes} if max_batch_bytes else {}),
+                    **({"offsets_timeout": offsets_timeout} if offsets_timeout else {}),
                 },
             }
         },
@@ -102,6 +105,7 @@ def make_site(
     max_batch_bytes: int | None = None,
     tables: bool = False,
     customers: Path | None = None,
+    offsets_timeout: str | None = None,
 ) -> tuple[SiteConfig, Path]:
     """A fresh site (own transactional.id, marker key, checkpoint) reading ``streams``
     (``customers``: its customers file, for customer streams)."""
@@ -115,6 +119,7 @@ def make_site(
         max_batch_bytes=max_batch_bytes,
         tables=tables,
         customers=customers,
+        offsets_timeout=offsets_timeout,
     )
     root.mkdir(parents=True, exist_ok=True)
     path = write_toml(root / "sites.toml", doc)

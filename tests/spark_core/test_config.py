@@ -104,6 +104,23 @@ def test_bad_value_is_named_by_its_field(extra: str, merge: str, field: str) -> 
     assert err.value.field == field
 
 
+def test_offsets_timeout_sets_the_kafka_sources_wait_and_defaults_to_kafkas_own() -> None:
+    """A broker killed holds a Spark query for this long (docs/data-centre.md): unset, the
+    Java client's defaults stand (60 and 30 s); set, both follow it."""
+    assert parse_config(_site()).site("tokyo").merge.source_options() == {
+        "kafka.default.api.timeout.ms": "60000",
+        "kafka.request.timeout.ms": "30000",
+    }
+    short = parse_config(_site(merge='offsets_timeout = "15s"')).site("tokyo").merge
+    assert short.source_options() == {
+        "kafka.default.api.timeout.ms": "15000",
+        "kafka.request.timeout.ms": "15000",
+    }
+    with pytest.raises(ConfigError) as err:
+        parse_config(_site(merge='offsets_timeout = "0s"'))
+    assert err.value.field == "sites.tokyo.merge.offsets_timeout"
+
+
 def test_unknown_site_is_an_error_naming_the_known_ones() -> None:
     with pytest.raises(ConfigError, match="tokyo"):
         parse_config(_site()).site("osaka")
