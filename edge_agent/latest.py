@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 
 from edge_agent.config import EdgeConfig, LinkConfig, StreamConfig
 from edge_agent.errors import LogError
-from edge_agent.log import EdgeLog, Incoming, newest_per_key
+from edge_agent.log import EdgeLog, Incoming, newest_per_key, read_meta
 from edge_agent.metrics import EdgeMetrics
 from shorelink.contract import MAX_INT64, MAX_RECORD_BYTES, record_bytes
 from shorelink.logs import get_logger
@@ -159,7 +159,7 @@ class Snapshots:
         snap: list[Snapshot] = []
 
         def make(conn: sqlite3.Connection) -> list[Incoming]:
-            if _last(conn, st.name) != last or self.log.numbering_epoch != epoch:
+            if read_meta(conn, _META + st.name) != last or self.log.numbering_epoch != epoch:
                 return []  # a snapshot was taken meanwhile, or the seqs moved
             newest.add(newest_per_key(conn, st.name, max(lo, end + 1), MAX_INT64))
             copies, upto, left_out = _copies(conn, st, newest.choose(), now_ms)
@@ -198,12 +198,6 @@ class Snapshots:
             self.metrics.latest_records.labels(s.source).inc(s.records)
             self.metrics.latest_bytes.labels(s.source).inc(s.bytes)
         return s
-
-
-def _last(conn: sqlite3.Connection, stream: str) -> str | None:
-    """The log's word on ``stream``'s last snapshot, inside a transaction."""
-    row = conn.execute("SELECT value FROM meta WHERE key = ?", [_META + stream]).fetchone()
-    return None if row is None else str(row[0])
 
 
 def _taken(last: str | None) -> tuple[int | None, int]:

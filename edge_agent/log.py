@@ -434,8 +434,7 @@ class EdgeLog:
     def meta(self, key: str) -> str | None:
         """The value of ``key`` in the log's ``meta`` table (None: not set)."""
         with self._lock:
-            row = self._conn.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
-        return None if row is None else str(row[0])
+            return read_meta(self._conn, key)
 
     def tail(self, stream: str, n: int) -> list[LogRecord]:
         st = self.stream_state(stream)
@@ -509,6 +508,12 @@ class EdgeLog:
     def close(self) -> None:
         with self._lock:
             self._conn.close()
+
+
+def read_meta(conn: sqlite3.Connection, key: str) -> str | None:
+    """:meth:`EdgeLog.meta` on ``conn`` (inside a transaction)."""
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
+    return None if row is None else str(row[0])
 
 
 def newest_per_key(
