@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from local_stack.kafka import KafkaBroker
+from local_stack.kafka import CLIENT_COMPILER, KafkaBroker
 from local_stack.process import Proc, free_ports, stop_procs
 from spark_core.config import load_config
 from tests.helpers import eventually, run_process, unique
@@ -96,7 +96,8 @@ def _alive_workers(ui: str) -> int:
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]:
     """A master and two workers (one core, 1 GiB each), in the foreground, on
-    loopback; daemons with 256 MiB heaps."""
+    loopback; daemons with 256 MiB heaps and the client compiler only, as the session's
+    brokers and drivers (short-lived JVMs on a 2-core machine: local_stack/spark.py)."""
     root = tmp_path_factory.mktemp("standalone")
     home = _spark_home()
     env = dict(
@@ -104,6 +105,7 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]
         SPARK_HOME=str(home),
         SPARK_LOCAL_IP=HOST,
         SPARK_DAEMON_MEMORY="256m",
+        SPARK_DAEMON_JAVA_OPTS=" ".join(CLIENT_COMPILER),
     )
     port, ui, *worker_ports = free_ports(2 + WORKERS, HOST)
     spark_class = str(home / "bin" / "spark-class")
@@ -151,7 +153,8 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalone]
 
 def _cluster_site(bootstrap: str, root: Path, stream: str, master: str) -> tuple[str, Path]:
     """A sites file whose application runs on ``master``: the driver on loopback (the
-    executors connect back to it), one core and 512 MiB per executor, one per worker."""
+    executors connect back to it), one core and 512 MiB per executor, one per worker,
+    each with the client compiler only, as the driver."""
     name = unique("site")
     text = site_toml(bootstrap, root, [stream], name=name, max_offsets=400)
     local = 'master = "local[2]"\n'
@@ -163,6 +166,7 @@ def _cluster_site(bootstrap: str, root: Path, stream: str, master: str) -> tuple
         '"spark.driver.bindAddress" = "127.0.0.1"\n'
         '"spark.executor.memory" = "512m"\n'
         '"spark.executor.cores" = "1"\n'
+        f'"spark.executor.extraJavaOptions" = "{" ".join(CLIENT_COMPILER)}"\n'
         f'"spark.cores.max" = "{WORKERS}"\n',
     )
     root.mkdir(parents=True, exist_ok=True)
