@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from core_gateway.config import parse_config as gateway_config
 from core_gateway.ingress import IngressWriter
-from local_stack.kafka import KafkaBroker, start_kafka
+from local_stack.kafka import CLIENT_COMPILER, KafkaBroker, start_kafka
 from shorelink.contract import ingress_topic
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end, written_ms
@@ -45,6 +45,7 @@ def short_broker(stack_root: Path) -> Iterator[KafkaBroker]:
         stack_root / "logs",
         heap="256m",
         properties=SHORT_RETENTION,
+        jvm_opts=CLIENT_COMPILER,
     )
     yield broker
     broker.proc.stop(grace=5)

@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from local_stack.kafka import KafkaBroker, start_kafka
+from local_stack.kafka import CLIENT_COMPILER, KafkaBroker, start_kafka
 from shorelink.contract import canonical_topic, dead_topic, ingress_topic
 from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
@@ -524,7 +524,11 @@ def test_a_deletion_a_broker_crash_undoes_is_not_forgotten(
     ``self_check_settle``: here the broker is killed within the interval, the records
     come back, and nothing is forgotten; a move that holds is acted on."""
     broker = start_kafka(
-        "crash-undo", stack_root / "sites" / unique("undo"), stack_root / "logs", heap="256m"
+        "crash-undo",
+        stack_root / "sites" / unique("undo"),
+        stack_root / "logs",
+        heap="256m",
+        jvm_opts=CLIENT_COMPILER,
     )
     s = unique("s")
     site, _ = make_site(broker.bootstrap, tmp_path, [s])
