@@ -10,12 +10,15 @@ import sqlite3
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from core_gateway.auth import Credentials
 from edge_agent import latest
 from edge_agent.agent import Agent
 from edge_agent.config import EdgeConfig, load_config
@@ -25,13 +28,15 @@ from edge_agent.log import EdgeLog, Incoming, LogRecord
 from edge_agent.metrics import EdgeMetrics
 from edge_agent.status import open_log
 from edge_agent.uplink import Uplink
+from local_stack.kafka import KafkaBroker
 from local_stack.mosquitto import MosquittoBroker
 from shorelink.ranges import RangeSet
 from shorelink.snapshot import decode_copy
+from tests.core_gateway.helpers import assert_exactly_once, gateway_config, start_gateway
 from tests.edge_agent.helpers import Publisher, edge_config_doc
 from tests.edge_agent.memory_gateway import MemoryGateway
 from tests.edge_agent.uplink_helpers import fill, uplink_config
-from tests.helpers import eventually_async, write_toml
+from tests.helpers import eventually_async, unique, write_toml
 from tests.strategies import any_bytes, any_text
 
 STREAMS = {
@@ -236,44 +241,60 @@ async def test_no_snapshot_for_a_site_that_does_not_take_its_stream(tmp_path: Pa
     log.close()
 
 
-async def test_agent_sends_each_containers_newest_reading_first_when_the_port_comes_up(
-    tmp_path: Path, mosquitto: MosquittoBroker, publisher: Publisher
+async def test_agent_snapshot_and_backlog_reach_kafka_each_identity_once(
+    tmp_path: Path,
+    kafka_sites: Callable[..., dict[str, KafkaBroker]],
+    mosquitto: MosquittoBroker,
+    publisher: Publisher,
 ) -> None:
-    """The whole ship side: readings acknowledged over MQTT while no link is up, then
-    the port's link; the first batch the site gets is the snapshot."""
+    """The whole way, for real: readings acknowledged over MQTT while no gateway
+    answers, then the port's gateway; the copies and the originals land in
+    sl.ingress each once, the copies naming each container's newest reading."""
+    kafka = kafka_sites("tokyo")["tokyo"]
+    gw_cfg = gateway_config(tmp_path / "shore", kafka, site="tokyo")
+    gw_cfg = replace(gw_cfg, streams=(*gw_cfg.streams, "containers_latest"))
+    ship = unique("ship")
+    token = Credentials(gw_cfg.credentials_file).add(ship)
     doc = edge_config_doc(tmp_path, mosquitto)
+    doc["ship"] = ship
     doc["streams"]["containers"]["latest_stream"] = "containers_latest"
     doc["streams"]["containers_latest"] = {"priority": 20}
     doc["uplink"] = {
-        "token": "t",
+        "token": token,
         "linger": "10ms",
         "retry_min": "20ms",
         "retry_max": "100ms",
         "encode_workers": 0,
     }
-    doc["gateways"] = [{"site": "tokyo", "url": "http://127.0.0.1:9", "link": "port_wifi"}]
-    cfg = load_config(write_toml(tmp_path / "edge.toml", doc))
-    gw = MemoryGateway("tokyo", "port_wifi", streams=tuple(STREAMS), down=True)
-    agent = Agent(cfg, gateways=[gw])
+    url = f"http://127.0.0.1:{gw_cfg.port}"
+    doc["gateways"] = [{"site": "tokyo", "url": url, "link": "port_wifi"}]
+    agent = Agent(load_config(write_toml(tmp_path / "edge.toml", doc)))
     assert agent.uplink is not None
     agent.uplink.snapshots.clock = lambda: time.time() + 3600  # an hour dark, at once
     task = asyncio.create_task(agent.run(install_signals=False))
+    gw_stop = asyncio.Event()
+    gw_task = None
     try:
         await asyncio.wait_for(agent.ingest.connected.wait(), 20)
         await asyncio.to_thread(publisher.readings, 1, 30)  # C0, C1, C2
         await eventually_async(
             lambda: agent.log.stream_state("containers").next_seq == 31, within=10
         )
-        gw.down = False  # in port
-        await eventually_async(lambda: gw.held("containers") == RangeSet([(1, 30)]), within=15)
+        gw_task = await start_gateway(gw_cfg, gw_stop)  # in port
+        await eventually_async(lambda: agent.log.backlog("containers")[0] == 0, within=30)
+        await eventually_async(lambda: agent.log.backlog("containers_latest")[0] == 0, within=10)
     finally:
         agent.stop.set()
         await asyncio.wait_for(task, 15)
-    assert gw.log[0].stream == "containers_latest"
-    assert gw.held("containers_latest") == RangeSet([(1, 3)])
-    copies = gw.records["containers_latest"].values()
+        gw_stop.set()
+        if gw_task is not None:
+            await gw_task
+    assert_exactly_once(kafka, ship, 30, "containers")
+    assert_exactly_once(kafka, ship, 3, "containers_latest")
+    log = open_log(agent.cfg)
+    copies = _all(log, "containers_latest")
     assert sorted(decode_copy(r.payload).seq for r in copies) == [28, 29, 30]
-    assert max(gw.arrivals.values()) == 1
+    log.close()
 
 
 _HOSTILE = settings(
