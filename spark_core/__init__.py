@@ -16,6 +16,7 @@ __all__ = [
     "errors",
     "feed",
     "feed_guard",
+    "feed_loop",
     "ingest_pull",
     "jobs",
     "location",

@@ -3,9 +3,11 @@
 Two kinds share this loop: a neighbour's puller (spark_core/pull.py: its relay topics,
 its canonical topics for history) and a merge's ingest puller
 (spark_core/ingest_pull.py: the site's own ingress topics, a record's way from the
-gateway into the merge without waiting for a Spark micro-batch). A feed is a thread of
-the site's application with one consumer, the Kafka room's
-:class:`~shorelink.kafka.reading.PartitionReader`. Every round it reads what its topics
+gateway into the merge without waiting for a Spark micro-batch). A feed has one
+consumer, the Kafka room's :class:`~shorelink.kafka.reading.PartitionReader`; an
+ingest puller runs in a thread of its own (:meth:`Feed.run`), a merge's pullers of
+every neighbour in one thread (spark_core/feed_loop.py: a round read by
+:meth:`Feed.read_round`, written with the others', counted by :meth:`Feed.finish_round`). Every round it reads what its topics
 hold past the cursors, at most ``replication.max_offsets_per_trigger`` records or
 ``merge.max_batch_bytes``, and hands them to the merge (``Merger.write_pulled``), which
 drops what the site already holds and writes the rest, the ledger and the cursors in one
@@ -46,7 +48,7 @@ from spark_core.access import pull_group
 from spark_core.config import SiteConfig
 from spark_core.feed_guard import FeedGuard
 from spark_core.merge import Merger
-from spark_core.merge_state import Headers, MergeError, SourceRow
+from spark_core.merge_state import BatchPlan, Headers, MergeError, SourceRow
 from spark_core.pull_plan import Part, plan_parts, plan_starts
 
 __all__ = [
@@ -55,6 +57,7 @@ __all__ = [
     "ByteBudget",
     "Feed",
     "SharedAdmin",
+    "Turn",
     "feed_prefetch",
 ]
 
@@ -142,6 +145,22 @@ class ByteBudget:
             self.used -= n
 
 
+@dataclass(eq=False)
+class Turn:
+    """A round read and not yet written (:meth:`Feed.read_round`): its rows, and the
+    bytes they hold of the site's budget until the merge wrote them or failed."""
+
+    rows: list[SourceRow]
+    size: int
+    budget: ByteBudget | None
+
+    def release(self) -> None:
+        """Give the bytes back (once)."""
+        if self.budget is not None:
+            self.budget.give(self.size)
+            self.budget = None
+
+
 @dataclass
 class Feed:
     """Reads topics at ``kafka`` into ``merger``; see the module docstring. What to read
@@ -210,6 +229,8 @@ class Feed:
     _last_ts: dict[Part, int] = field(default_factory=dict, repr=False)
     #: per partition: when (monotonic) it last delivered a record or its end
     _heard: dict[Part, float] = field(default_factory=dict, repr=False)
+    #: turns that failed in a row
+    _failures: int = field(default=0, repr=False)
 
     @property
     def name(self) -> str:
@@ -267,8 +288,8 @@ class Feed:
     # -- the loop ---------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Read until ``stop`` (or the merge stops); a failure closes the reader and is
-        retried with backoff from what the merge committed."""
-        failures = 0  # turns that failed in a row
+        retried with backoff from what the merge committed. (A neighbour's pullers of
+        one merge share a thread instead: spark_core/feed_loop.py.)"""
         while not stop.is_set() and not self.merger.stopping.is_set():
             try:
                 began = time.monotonic()
@@ -277,26 +298,43 @@ class Feed:
                     # on a record: no pause on top of it, where a record arriving would
                     # wait for the next round. One that ended sooner (nothing assigned,
                     # parked) waits out the rest here, so an idle feed never spins
-                    pace = WAIT_S if self._assigned else self.site.replication.probe_interval_s
-                    stop.wait(max(0.0, pace - (time.monotonic() - began)))
+                    stop.wait(max(0.0, self.pace(WAIT_S) - (time.monotonic() - began)))
                 self.after_turn()
-                failures = 0
-                self.error = self.failing_since = None
-                continue
             except Exception as exc:  # never let one feed die silently
-                failed = exc
-            merge_error = isinstance(failed, MergeError)
-            if merge_error and self.merger.stopping.is_set():
-                break
-            if not merge_error and not isinstance(failed, KafkaClientError):
-                log.exception("pull_failed", site=self.site.name, puller=self.name)
-            failures += 1
-            wait = FEED_BACKOFF.delay(failures)
-            self._failed(failed, wait)
-            if isinstance(failed, MergeError) and failed.fatal:
-                break
-            stop.wait(wait)
+                wait = self.fail(exc)
+                if wait is None:
+                    break
+                stop.wait(wait)
+                continue
+            self.ok()
         self.close()
+
+    def pace(self, idle_s: float) -> float:
+        """The seconds from an idle turn's start to the next: ``idle_s`` while
+        partitions are assigned, else the probe interval (nothing to read yet)."""
+        return idle_s if self._assigned else self.site.replication.probe_interval_s
+
+    def ok(self) -> None:
+        """A turn went through: the failures in a row end."""
+        self._failures = 0
+        self.error = self.failing_since = None
+
+    def fail(self, exc: Exception) -> float | None:
+        """A turn failed with ``exc`` (called in its ``except``): the reader is closed
+        (the next round starts from what the merge committed), the failure counted and
+        logged; returns the wait before the next turn, or None when the feed ends (its
+        merge is stopping, or failed for good)."""
+        merge_error = isinstance(exc, MergeError)
+        if merge_error and self.merger.stopping.is_set():
+            return None
+        if not merge_error and not isinstance(exc, KafkaClientError):
+            log.exception("pull_failed", site=self.site.name, puller=self.name)
+        self._failures += 1
+        wait = FEED_BACKOFF.delay(self._failures)
+        self._failed(exc, wait)
+        if isinstance(exc, MergeError) and exc.fatal:
+            return None
+        return wait
 
     def _failed(self, exc: BaseException, backoff: float) -> None:
         self.error = str(exc)[:2000]
@@ -312,13 +350,28 @@ class Feed:
             error=self.error,
         )
 
-    def round(self) -> int:
-        """One batch: read what the topics have past the cursors, hand it to the merge.
-        Returns the records read."""
+    def round(self, wait: float | None = None) -> int:
+        """One batch: read what the topics have past the cursors (waiting up to ``wait``
+        for a first record, :data:`WAIT_S` by default), hand it to the merge. Returns
+        the records read."""
+        turn = self.read_round(wait)
+        if turn is None:
+            return 0
+        try:
+            plan = self.merger.write_pulled(turn.rows) if turn.rows else None
+        except BaseException:
+            turn.release()
+            raise
+        return self.finish_round(turn, plan)
+
+    def read_round(self, wait: float | None = None) -> Turn | None:
+        """The first half of :meth:`round`: the batch read, not written (None: nothing
+        assigned, or the feed parked). Its bytes stay taken from the site's budget
+        until :meth:`finish_round` (or :meth:`Turn.release` on a failure)."""
         self.prepare_round()
         if self.guard.parked():  # too many unproved records of late: not read a while
             self.idle = False
-            return 0
+            return None
         wanted = self.wanted()
         now = time.monotonic()
         if wanted != self._wanted or now >= self._described_at + DESCRIBE_EVERY_S:
@@ -326,7 +379,7 @@ class Feed:
             self._described_at = now
         if not self._assigned:
             self.idle = True
-            return 0
+            return None
         reader = self._reader
         assert reader is not None
         limit = self.site.replication.max_offsets_per_trigger
@@ -384,12 +437,15 @@ class Feed:
 
         self._waiting = set()
         try:
-            return self._read_and_write(take, carried, rows, picked, paused, lambda: full)
-        finally:
+            wait_s = WAIT_S if wait is None else wait
+            rows = self._read(take, carried, rows, picked, paused, lambda: full, wait_s)
+        except BaseException:
             if shared is not None:
                 shared.give(size)
+            raise
+        return Turn(rows, size, shared)
 
-    def _read_and_write(
+    def _read(
         self,
         take: Callable[[Message], None],
         carried: list[Message],
@@ -397,21 +453,22 @@ class Feed:
         picked: list[Message],
         paused: list[Part],
         full: Callable[[], bool],
-    ) -> int:
-        """The rest of :meth:`round`: read (``take`` each record; ``full()`` says when
-        the batch has its bytes), hand the batch to the merge, count."""
+        wait_s: float,
+    ) -> list[SourceRow]:
+        """The rest of :meth:`read_round`: read (``take`` each record; ``full()`` says
+        when the batch has its bytes), the rows that go now."""
         reader = self._reader
         assert reader is not None
         limit = self.site.replication.max_offsets_per_trigger
         for m in carried:
             take(m)
-        # until the first record, the round waits up to WAIT_S for one, and its poll
+        # until the first record, the round waits up to wait_s for one, and its poll
         # returns as it arrives (``wake``: librdkafka's batch consume would hold it to
         # the end of the wait); then it takes what is there now, no more waiting.
         # No bound on the carry here: a partition is paused once past its share, so it
         # waits with at most its share and one fetch; one that _align holds back (a
         # cold partition ahead in time) must not stop the others being read
-        deadline = time.monotonic() + WAIT_S
+        deadline = time.monotonic() + wait_s
         while len(rows) < limit and not full():
             wait = 0.0 if rows else max(0.0, deadline - time.monotonic())
             got = reader.poll(min(limit - len(rows), 5000), timeout=wait, wake=True)
@@ -428,10 +485,17 @@ class Feed:
                 take(m)
         if paused:
             reader.resume(paused)
-        rows = self._align(rows, picked)
+        return self._align(rows, picked)
+
+    def finish_round(self, turn: Turn, plan: BatchPlan | None) -> int:
+        """The second half of :meth:`round`, once the merge wrote ``turn``'s rows
+        (``plan``; None: it had none): the budget given back, the round counted.
+        Returns the records read."""
+        turn.release()
+        rows = turn.rows
         if rows:
-            unproved = self.merger.write_pulled(rows).unproved
-            if self.guard.note(unproved):
+            assert plan is not None
+            if self.guard.note(plan.unproved):
                 log.warning(
                     "pull_parked",
                     site=self.site.name,

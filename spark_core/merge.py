@@ -72,7 +72,7 @@ from spark_core.merge_batch import (
     cyclic_gc_paused,
     unwritten,
 )
-from spark_core.merge_queue import WriteQueue, settle
+from spark_core.merge_queue import Waiting, WriteQueue, settle
 from spark_core.merge_state import (
     BatchPlan,
     MergeError,
@@ -774,7 +774,20 @@ class Merger:
                 return self.write_batch(
                     -1 if last is None else last, RowBatch(rows), pulled=True, cursors=False
                 )
-        mine = self._queue.add(rows)
+        return self.written(self.enqueue(rows))
+
+    def enqueue(self, rows: Sequence[SourceRow]) -> Waiting:
+        """The first half of :meth:`write_pulled`: ``rows`` queued for the merge's next
+        transaction (a loop of several feeds queues each one's batch, then waits for
+        them: spark_core/feed_loop.py)."""
+        return self._queue.add(rows)
+
+    def written(self, mine: Waiting) -> BatchPlan:
+        """The second half of :meth:`write_pulled`: the plan of the transaction that
+        wrote ``mine`` (written now, with every batch waiting, if no earlier holder of
+        the lock did), or its failure raised."""
+        if mine.done:  # written with another's: no wait for the lock
+            return mine.outcome()
         with self.busy:
             while not mine.done:  # written by an earlier holder of the lock, or now
                 group = self._queue.take()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -27,6 +27,7 @@ from shorelink.kafka.errors import KafkaClientError
 from shorelink.logs import get_logger
 from spark_core.config import SiteConfig
 from spark_core.feed import FEED_BATCHES, ByteBudget, Feed, SharedAdmin, feed_prefetch
+from spark_core.feed_loop import FeedLoop
 from spark_core.ingest_pull import IngestPuller, write_through
 from spark_core.merge import Merger
 from spark_core.merge_state import MergeError
@@ -135,6 +136,13 @@ class Replicator:
             feed.reader_config = {**prefetch, **feed.reader_config}
             if not feed.urgent:  # an alert's small batch never waits for a catch-up's
                 feed.budget = self.budget
+        #: the neighbours' pullers of each merge, read in turn in one thread, a
+        #: neighbour whose link the probes found down left until it is up again
+        self.loops = [
+            FeedLoop(feeds, ready=lambda p: self.links.links[p.neighbour].up)
+            for m in mergers
+            if (feeds := [p for p in self.pullers if p.merger is m])
+        ]
         #: each neighbour's holdings against the site's, per merge (spark_core/repair.py)
         self.repairers = [
             Repairer(p.neighbour, p.kafka, p.merger, self.admins[p.neighbour])
@@ -170,12 +178,16 @@ class Replicator:
             t = threading.Thread(target=self._repair, name="replication-repair", daemon=True)
             t.start()
             self._threads.append(t)
-        for feed in self.all_pullers:
+        # the ingest pullers a thread each (one per merge); the neighbours' pullers one
+        # thread per merge (spark_core/feed_loop.py): threads flat in the neighbours
+        runs: list[tuple[str, Callable[[threading.Event], None]]] = [
+            (feed.name, feed.run) for feed in self.ingest
+        ]
+        for loop in self.loops:
+            runs.append((loop.name, loop.run))
+        for name, run in runs:
             t = threading.Thread(
-                target=feed.run,
-                args=(self._pulling,),
-                name=f"{feed.name}@{self.site.name}",
-                daemon=True,
+                target=run, args=(self._pulling,), name=f"{name}@{self.site.name}", daemon=True
             )
             t.start()
             self._threads.append(t)
