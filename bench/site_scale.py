@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -82,6 +83,8 @@ HUB = "hub"
 STREAMS = ("containers", "alerts")
 #: the issue's goal for the merge state per origin
 ORIGIN_STATE_GOAL_BYTES = 10 * 1024
+#: seconds the driver is watched at rest before the feed (its pullers polling)
+IDLE_S = 10.0
 
 
 def neighbour_names(m: int) -> list[str]:
@@ -166,6 +169,20 @@ def sample(root: int, brokers: dict[str, int]) -> dict[str, dict[str, Any]]:
         for name, port in brokers.items():
             d[f"connections_{name}"] += conns.get(port, 0)
     return {k: dict(v) for k, v in out.items()}
+
+
+def driver_cpu_s(root: int) -> float:
+    """User + system CPU seconds so far of the Python driver(s) under ``root``."""
+    total = 0
+    for pid in tree_pids(root):
+        if _kind(pid) != "driver":
+            continue
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def peak(samples: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, int]]:
@@ -486,10 +503,18 @@ class Size:
 
     def run(self) -> dict[str, Any]:
         self.start()
+        assert self.app is not None
         idle = sample(self.app.pid, {"hub": self.hub.port, "neighbours": self.nbrs.port})  # type: ignore[union-attr]
+        # the driver at rest for IDLE_S (every puller polling its neighbour, nothing
+        # fed): what the pullers' loop costs with nothing to read
+        c0 = driver_cpu_s(self.app.pid)
+        time.sleep(IDLE_S)
+        c1 = driver_cpu_s(self.app.pid)
         t0 = time.monotonic()
         fed = self.feed()
         since_start = time.monotonic() - t0
+        fed["driver_cpu_s"] = round(driver_cpu_s(self.app.pid) - c1, 1)
+        fed["driver_idle_cpu_pct"] = round(100 * (c1 - c0) / IDLE_S, 1)
         out = {
             "neighbours": self.m,
             "origins": self.m * self.a.origins,
@@ -528,6 +553,9 @@ def summary_row(r: dict[str, Any]) -> dict[str, Any]:
         "connections_to_neighbours": drv.get("connections_neighbours", 0)
         + jvm.get("connections_neighbours", 0),
         "connections_to_hub": drv.get("connections_hub", 0) + jvm.get("connections_hub", 0),
+        "driver_idle_cpu_pct": r["feed"]["driver_idle_cpu_pct"],
+        "driver_cpu_s_feed_and_drain": r["feed"]["driver_cpu_s"],
+        "drain_s": r["feed"]["drain_s"],
         "marker_bytes": sum(v["bytes_last"] for v in marker.values()),
         "marker_sources": sum(v["sources"] for v in marker.values()),
         "marker_bytes_per_s": round(

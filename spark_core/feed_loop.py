@@ -97,6 +97,7 @@ class FeedLoop:
                     if ended[i] or due[i] > now:
                         continue
                     if not self.ready(feed):  # its link is down: looked at again in a tick
+                        feed.idle = False  # not caught up with what it cannot read
                         due[i] = now + self.tick_s
                         continue
                     try:

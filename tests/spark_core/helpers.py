@@ -10,10 +10,12 @@ from typing import Any
 
 import tomli_w
 from confluent_kafka import Producer
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 from local_stack.spark import spark_driver_conf
 from shorelink.contract import H_PROOF, LEDGER_TOPIC, Record, canonical_topic, ingress_topic
 from shorelink.identity import Identity
+from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.reading import read_to_end
 from shorelink.kafka.topics import TopicSpec, ensure_topics
@@ -240,3 +242,19 @@ def signed_relayed(
             r = Record(r.identity, r.key, b'{"forged":1}', r.ts_ms, r.site, r.mqtt_topic)
         out.append((r.key, r.value, [*r.headers(), (H_PROOF, p)]))
     return out
+
+
+def set_max_message_bytes(bootstrap: str, topic: str, value: int) -> None:
+    """Set ``topic``'s ``max.message.bytes`` (a topic that refuses large records)."""
+    admin = Admin(KafkaEndpoint.plaintext(bootstrap))
+    res = ConfigResource(
+        ResourceType.TOPIC,
+        topic,
+        incremental_configs=[
+            ConfigEntry(
+                "max.message.bytes", str(value), incremental_operation=AlterConfigOpType.SET
+            )
+        ],
+    )
+    for f in admin.client.incremental_alter_configs([res], request_timeout=20).values():
+        admin.wait(f, f"max.message.bytes of {topic}", timeout=30)

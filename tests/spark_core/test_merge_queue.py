@@ -7,13 +7,14 @@ transaction it was written in)."""
 
 from __future__ import annotations
 
+import random
 import threading
 from pathlib import Path
 
 import pytest
 
 from local_stack.kafka import KafkaBroker
-from shorelink.contract import relay_topic
+from shorelink.contract import canonical_topic, relay_topic
 from spark_core.merge import Merger
 from spark_core.merge_queue import WriteQueue, rows_bytes, settle
 from spark_core.merge_state import (
@@ -25,7 +26,7 @@ from spark_core.merge_state import (
     pulled_source,
 )
 from tests.helpers import eventually, unique
-from tests.spark_core.helpers import canonical, make_site, record
+from tests.spark_core.helpers import canonical, make_site, record, set_max_message_bytes
 from tests.spark_core.test_merge_proofs import FROM_G, FROM_N, GENUINE, KEYS, _forged, _rows
 
 
@@ -115,5 +116,44 @@ def test_feeds_waiting_for_a_busy_merge_are_written_in_one_transaction_each_reco
             zip(sources, (20, 20, 10), strict=True)
         )
         assert sorted(r.identity.seq for r in canonical(b, s)) == list(range(1, 41))
+    finally:
+        merger.close()
+
+
+def test_a_batch_the_merge_cannot_write_fails_its_own_feed_not_the_others_in_its_transaction(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """Three neighbours' batches queued for one transaction (the pullers' loop queues
+    every batch of its turn); one holds a record the site's Kafka refuses (its canonical
+    topic's max.message.bytes below it). That transaction fails; each batch is written
+    again apart: the two others' records are written once with their cursors, and only
+    the third's feed gets the failure (before, all three did, every turn: a site routed
+    around every neighbour, review finding 11)."""
+    b = kafka.bootstrap
+    s = unique("s")
+    site, _ = make_site(b, tmp_path, [s])
+    merger = Merger(site)
+    sources = [pulled_source(n, f"id-{n}", relay_topic("e1", s)) for n in ("n1", "n2", "n3")]
+    try:
+        first_source = pulled_source("n0", "id-n0", relay_topic("e1", s))
+        merger.write_pulled(_pulled(first_source, range(1, 2), s))  # the topics made
+        set_max_message_bytes(b, canonical_topic(s), 100_000)
+        r = record("big", s, 1, value=random.randbytes(200_000))  # no compression helps
+        poison = [SourceRow(sources[1], 0, 0, r.key, r.value, list(r.headers()))]
+        waiting = [
+            merger.enqueue(_pulled(sources[0], range(2, 21), s)),
+            merger.enqueue(poison),
+            merger.enqueue(_pulled(sources[2], range(21, 31), s)),
+        ]
+        first = merger.written(waiting[0])
+        assert first.canonical and waiting[2].done and waiting[2].error is None
+        with pytest.raises(Exception) as refused:
+            merger.written(waiting[1])
+        assert "written with another" not in str(refused.value)  # its own failure
+        assert merger.written(waiting[2]).canonical
+        assert (sources[1], 0) not in merger.state.offsets
+        assert merger.state.offsets[(sources[2], 0)] == 10
+        held = sorted((r.identity.origin, r.identity.seq) for r in canonical(b, s))
+        assert held == sorted([("x", q) for q in range(1, 31)])
     finally:
         merger.close()

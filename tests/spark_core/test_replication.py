@@ -21,11 +21,7 @@ import aiohttp
 import pytest
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import (
-    AlterConfigOpType,
-    ConfigEntry,
-    ConfigResource,
     OffsetSpec,
-    ResourceType,
 )
 
 from local_stack.toxiproxy import ToxiproxyServer
@@ -67,7 +63,7 @@ from spark_core.status import read_status
 from tests.core_gateway.helpers import gateway_config, metrics_url, start_gateway
 from tests.core_gateway.helpers import records as wire_records
 from tests.helpers import eventually, kill9, run_process, unique
-from tests.spark_core.helpers import ledger
+from tests.spark_core.helpers import ledger, set_max_message_bytes
 from tests.spark_core.replication_helpers import (
     SLOTS,
     Mesh,
@@ -1051,21 +1047,6 @@ def test_a_link_report_forged_at_the_highest_version_does_not_end_transit_throug
             st.close()
 
 
-def _set_max_message_bytes(bootstrap: str, topic: str, value: int) -> None:
-    admin = Admin(KafkaEndpoint.plaintext(bootstrap))
-    res = ConfigResource(
-        ResourceType.TOPIC,
-        topic,
-        incremental_configs=[
-            ConfigEntry(
-                "max.message.bytes", str(value), incremental_operation=AlterConfigOpType.SET
-            )
-        ],
-    )
-    for f in admin.client.incremental_alter_configs([res], request_timeout=20).values():
-        admin.wait(f, f"max.message.bytes of {topic}", timeout=30)
-
-
 def test_a_transit_site_whose_merge_keeps_failing_on_what_it_pulls_is_routed_around(
     spark: object, healed: Mesh, tmp_path: Path
 ) -> None:
@@ -1093,7 +1074,7 @@ def test_a_transit_site_whose_merge_keeps_failing_on_what_it_pulls_is_routed_aro
         run.start()
         eventually(lambda: not list(converged(topo, want)), 180, "the ring converged")
         assert _routes(run, a)[c] == b
-        _set_max_message_bytes(topo.bootstrap(b), canonical_topic(stream), 100_000)
+        set_max_message_bytes(topo.bootstrap(b), canonical_topic(stream), 100_000)
         big = [
             Record(Identity("big", stream, q), b"big-%d" % q, random.randbytes(200_000), 0, c, "t")
             for q in range(1, 4)
@@ -1120,7 +1101,7 @@ def test_a_transit_site_whose_merge_keeps_failing_on_what_it_pulls_is_routed_aro
         )
         eventually(b_says_so, 60, "b's metrics and status name its failing pulls from c")
         assert ids(big) & set(identities(topo, b, stream)) == set()
-        _set_max_message_bytes(topo.bootstrap(b), canonical_topic(stream), KAFKA_MAX_MESSAGE_BYTES)
+        set_max_message_bytes(topo.bootstrap(b), canonical_topic(stream), KAFKA_MAX_MESSAGE_BYTES)
         eventually(lambda: not list(converged(topo, want)), 180, "b converged after the fix")
     assert not list(converged(topo, want))
 
