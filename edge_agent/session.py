@@ -356,9 +356,14 @@ class Session:
             c.in_flight -= 1
             self.metrics.uplink_failed.labels(self.site, c.stream, exc.error_code).inc()
             if exc.error_code == "unknown_dictionary":
-                if self._fall_back(
-                    c, self.no_dictionary, "dictionary_refused", "no_dictionary", exc
-                ):
+                if self._fall_back(c, self.no_dictionary):
+                    log.warning(
+                        "dictionary_refused",
+                        site=self.site,
+                        stream=c.stream,
+                        fallback="no_dictionary",
+                        message=str(exc),
+                    )
                     self.metrics.uplink_dictionary_fallbacks.labels(self.site, c.stream).inc()
                 return 0
             if exc.error_code == "bad_version" and (
@@ -366,7 +371,14 @@ class Session:
             ):
                 # AIS as fields is the one coding a gateway refuses so; a batch built as
                 # text since (this epoch) refused again stalls like any other 4xx
-                self._fall_back(c, self.no_ais, "ais_fields_refused", "ais_as_text", exc)
+                if self._fall_back(c, self.no_ais):
+                    log.warning(
+                        "ais_fields_refused",
+                        site=self.site,
+                        stream=c.stream,
+                        fallback="ais_as_text",
+                        message=str(exc),
+                    )
                 return 0
             self._limited.warning(
                 f"rejected:{self.site}:{c.stream}:{exc.status}",
@@ -413,19 +425,16 @@ class Session:
         )
         return 1
 
-    def _fall_back(
-        self, c: _Cursor, refused: set[str], event: str, fallback: str, exc: GatewayRejected
-    ) -> bool:
+    def _fall_back(self, c: _Cursor, refused: set[str]) -> bool:
         """The gateway cannot read how ``c``'s stream was coded (a dictionary it lacks,
         AIS as fields it predates): send that stream without it to that gateway (``c``'s
         stream joins ``refused``), from what the site holds (the refused batch and those
-        behind it were not written). True the first time (logged then)."""
+        behind it were not written). True the first time (the caller logs it then)."""
         c.pos, c.floor, c.rewind = None, None, True
         c.epoch += 1
         if c.stream in refused:
             return False
         refused.add(c.stream)
-        log.warning(event, site=self.site, stream=c.stream, fallback=fallback, message=str(exc))
         return True
 
     async def _learn(self, c: _Cursor, held: RangeSet) -> None:
