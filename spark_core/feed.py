@@ -319,6 +319,11 @@ class Feed:
         self._failures = 0
         self.error = self.failing_since = None
 
+    def at_end(self) -> bool:
+        """Is every partition read found at its end (each end known: a reader just
+        assigned has fetched nothing yet)?"""
+        return bool(self.lag) and all(n == 0 for n in self.lag.values())
+
     def fail(self, exc: Exception) -> float | None:
         """A turn failed with ``exc`` (called in its ``except``): the reader is closed
         (the next round starts from what the merge committed), the failure counted and

@@ -15,6 +15,12 @@ neighbour). A :class:`FeedLoop` runs the pullers of one merge in turn in one thr
   Exactly once is the merge's as ever: records, ledger and every batch's cursors
   commit together or not at all, and a failed transaction fails each batch in it
   (its puller reads again from what the merge committed).
+- **Health.** A turn that wrote, or found every partition at its end, ends a puller's
+  failures in a row (its backoff, and the ``failing_since`` by which the routes hold
+  its link: spark_core/routing.py); one that read nothing before its reader fetched
+  says nothing (a poll that does not wait finds nothing right after a failure closed
+  and reopened the reader: counted as healed, a puller whose merge refused every
+  batch never backed off nor had its link held).
 - **Pace.** A puller that read something is due again at once; one that read
   nothing, after :data:`TICK_S` (what a record arriving then waits at most, against
   a thread's poll that woke at once); one with nothing assigned or parked, after the
@@ -127,7 +133,11 @@ class FeedLoop:
                     except Exception as exc:
                         self._failed(i, exc, due, ended)
                         continue
-                    feed.ok()
+                    if read or feed.at_end():
+                        # a turn that read nothing says nothing of the feed's health
+                        # before its reader has fetched (its poll does not wait): a
+                        # failing feed must not look healed by it, every other turn
+                        feed.ok()
                     due[i] = now if read else now + feed.pace(self.tick_s)
                 live = [d for d, e in zip(due, ended, strict=True) if not e]
                 if not live:
