@@ -18,7 +18,11 @@ from tests.core_gateway.helpers import sample_config
 def test_sample_config_is_valid(tmp_path: Path) -> None:
     cfg = load_config(sample_config(tmp_path))
     assert cfg.tls_cert_file is not None and cfg.ssl_context() is not None  # HTTPS
-    assert (cfg.site, cfg.port, cfg.streams) == ("tokyo", 8443, ("alerts", "nav", "containers"))
+    assert (cfg.site, cfg.port, cfg.streams) == (
+        "tokyo",
+        8443,
+        ("alerts", "nav", "containers", "containers_latest"),
+    )
     assert cfg.transactional_id == "shorelink-gateway-tokyo"
     assert cfg.limits.max_compressed_bytes == 8 * 1024 * 1024
     # metrics on loopback, on a port of their own, not on the ships' port
