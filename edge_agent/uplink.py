@@ -229,16 +229,14 @@ class Uplink:
         if session is None:
             return  # every reachable link has spent today's budget
         gw = session.gateway
-        source = gw if self.fleet is not None and isinstance(gw, ConfigSource) else None
+        fleet, source = self.fleet, gw if isinstance(gw, ConfigSource) else None
         try:
             while True:
-                if self.fleet is not None and source is not None:
-                    await self.fleet.offered(source, self.cfg.links[gw.link], session.budget)
+                if fleet is not None and source is not None:
+                    await fleet.offered(source, self.cfg.links[gw.link], session.budget)
                 await session.sync()
                 # broken off for an offer a batch's answer brought: taken now, then on
-                if source is None or self.fleet is None or self._stop.is_set():
-                    break
-                if not self.fleet.unseen(source):
+                if self._stop.is_set() or not self._offer_waiting():
                     break
         except LinkError as exc:
             self.session = None
@@ -265,15 +263,14 @@ class Uplink:
         the ship see port Wi-Fi come up, only once it ends."""
         if self._stop.is_set():
             return True
-        session = self.session
-        if (
-            self.fleet is not None
-            and session is not None
-            and isinstance(session.gateway, ConfigSource)
-            and self.fleet.unseen(session.gateway)
-        ):
+        if self._offer_waiting():
             return True
         return time.monotonic() >= self._probe_cheaper_at and bool(self._cheaper())
+
+    def _offer_waiting(self) -> bool:
+        """Did the session's gateway offer a configuration not looked at yet?"""
+        gw = self.session.gateway if self.session is not None else None
+        return self.fleet is not None and isinstance(gw, ConfigSource) and self.fleet.unseen(gw)
 
     def _cheaper(self) -> list[Gateway]:
         if self.session is None:

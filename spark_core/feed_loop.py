@@ -47,13 +47,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from shorelink.logs import get_logger
 from spark_core.feed import Feed, Turn
 from spark_core.merge_queue import Waiting
 
 __all__ = ["TICK_S", "FeedLoop"]
-
-log = get_logger(__name__)
 
 #: how long a puller that read nothing waits for its next turn: the most a record
 #: arriving then waits before it is read (the poll of a feed in a thread of its own

@@ -181,10 +181,9 @@ class Replicator:
         # the ingest pullers a thread each (one per merge); the neighbours' pullers one
         # thread per merge (spark_core/feed_loop.py): threads flat in the neighbours
         runs: list[tuple[str, Callable[[threading.Event], None]]] = [
-            (feed.name, feed.run) for feed in self.ingest
+            *((feed.name, feed.run) for feed in self.ingest),
+            *((loop.name, loop.run) for loop in self.loops),
         ]
-        for loop in self.loops:
-            runs.append((loop.name, loop.run))
         for name, run in runs:
             t = threading.Thread(
                 target=run, args=(self._pulling,), name=f"{name}@{self.site.name}", daemon=True
