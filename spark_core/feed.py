@@ -96,21 +96,39 @@ def feed_prefetch(max_batch_bytes: int, feeds: int) -> dict[str, object]:
 
 class SharedAdmin:
     """One admin client of a neighbour's Kafka for everything of a site that asks it
-    (spark_core/replication.py: the pullers of each merge and their repairers), made at
-    the first question; librdkafka's client answers several threads at once. A site
-    held an admin per puller and per repairer: 2m + 2m clients a neighbour for one's
-    worth of describes and offsets (docs/data-centre.md, "A site's costs as neighbours
-    grow")."""
+    (the link probe, spark_core/routing.py ``NeighbourLink.admin``; the pullers of each
+    merge and their repairers, spark_core/replication.py), made at the first question;
+    librdkafka's client answers several threads at once. A site held an admin per
+    puller, per repairer and per probe: 2m + 2m + 1 clients a neighbour for one's worth
+    of metadata, describes and offsets (docs/data-centre.md, "A site's costs as
+    neighbours grow").
+
+    Its requests time out at the endpoint's timeout (:meth:`of_neighbour`: the site's
+    ``replication.probe_timeout``), both each call's wait and librdkafka's
+    ``socket.timeout.ms``: a request a neighbour gone silent never answers is dropped,
+    and its connection closed, once that time is out, so the probe finds the neighbour down within
+    its timeout and up at the first probe after it answers again (Kafka's 60 s default
+    kept the dead connection, and every request queued on it, for a minute). Only small
+    answers come through it (metadata, topics, offsets); the pullers' fetches, which can
+    take seconds over a slow link, go through their readers."""
 
     def __init__(self, kafka: KafkaEndpoint) -> None:
         self.kafka = kafka
         self._admin: Admin | None = None
         self._lock = threading.Lock()
 
+    @classmethod
+    def of_neighbour(cls, site: SiteConfig, kafka: KafkaEndpoint) -> SharedAdmin:
+        """``site``'s admin of a neighbour's ``kafka``: its calls wait at most the
+        probe timeout."""
+        return cls(kafka.with_timeout(site.replication.probe_timeout_s))
+
     def __call__(self) -> Admin:
         with self._lock:
             if self._admin is None:
-                self._admin = Admin(self.kafka)
+                # librdkafka takes 10 ms to 5 minutes
+                timeout_ms = min(300_000, max(10, int(self.kafka.timeout_s * 1000)))
+                self._admin = Admin(self.kafka, {"socket.timeout.ms": timeout_ms})
             return self._admin
 
 
@@ -627,9 +645,7 @@ class Feed:
     # -- assignment -------------------------------------------------------------------------
     def admin(self) -> Admin:
         if self._admin is None:
-            shared = self.shared_admin or SharedAdmin(
-                self.kafka.with_timeout(self.site.replication.probe_timeout_s)
-            )
+            shared = self.shared_admin or SharedAdmin.of_neighbour(self.site, self.kafka)
             self._admin = shared()
         return self._admin
 

@@ -471,9 +471,7 @@ class Repairer:
 
     def admin(self) -> Admin:
         if self._admin is None:
-            shared = self.shared_admin or SharedAdmin(
-                self.kafka.with_timeout(self.site.replication.probe_timeout_s)
-            )
+            shared = self.shared_admin or SharedAdmin.of_neighbour(self.site, self.kafka)
             self._admin = shared()
         return self._admin
 

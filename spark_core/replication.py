@@ -94,12 +94,11 @@ class Replicator:
         #: how often the routes changed (the first routes count)
         self.route_changes = 0
         history = history_sources(cfg, site)
-        #: one admin client per neighbour for its pullers and repairers (a client each
-        #: was 2m of them a neighbour: docs/data-centre.md, "A site's costs as
-        #: neighbours grow")
-        self.admins = {
-            n: SharedAdmin(site.reach(cfg.site(n)).with_timeout(site.replication.probe_timeout_s))
-            for n in site.neighbours
+        #: one admin client per neighbour for its link probe, pullers and repairers (a
+        #: client each was 2m + 1 of them a neighbour: docs/data-centre.md, "A site's
+        #: costs as neighbours grow")
+        self.admins: dict[str, SharedAdmin] = {
+            n: link.admin for n, link in self.links.links.items()
         }
         self.pullers = [
             Puller(

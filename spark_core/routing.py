@@ -63,13 +63,13 @@ from dataclasses import dataclass, field
 from shorelink import strict_json
 from shorelink.boundary import boundary
 from shorelink.contract import LINKS_TOPIC
-from shorelink.kafka.admin import Admin
 from shorelink.kafka.endpoint import KafkaEndpoint
 from shorelink.kafka.errors import KafkaClientError, KafkaUnavailable, kafka_errors
 from shorelink.kafka.reading import BEGINNING, PartitionReader
 from shorelink.kafka.topics import PlainProducer, TopicSpec, ensure_topics, producer
 from shorelink.logs import RateLimitedLog, get_logger
 from spark_core.config import SiteConfig, SitesConfig
+from spark_core.feed import SharedAdmin
 
 __all__ = [
     "DOWN_AFTER_PROBES",
@@ -191,11 +191,14 @@ class NeighbourLink:
     name: str
     #: the neighbour's Kafka as this site reaches it (:meth:`SiteConfig.reach`)
     kafka: KafkaEndpoint
+    #: the site's one admin client of that Kafka: the probe asks its metadata through
+    #: it, and the neighbour's pullers and repairers their describes and offsets
+    #: (:class:`~spark_core.replication.Replicator`)
+    admin: SharedAdmin
     up: bool = False
     since: float = field(default_factory=time.time)
     last_ok: float | None = None
     error: str | None = None
-    admin: Admin | None = None
     reader: PartitionReader | None = None
     #: held as failing until then (monotonic; 0: not held), and holds in a row
     held_until: float = 0.0
@@ -240,7 +243,11 @@ class LinkState:
         self.site = site
         self.graph = cfg.neighbours_of()
         r = site.replication
-        self.links = {n: NeighbourLink(n, site.reach(cfg.site(n))) for n in site.neighbours}
+        self.links = {
+            n: NeighbourLink(n, kafka, SharedAdmin.of_neighbour(site, kafka))
+            for n in site.neighbours
+            for kafka in (site.reach(cfg.site(n)),)
+        }
         self.reports: dict[str, Report] = {}
         # grows with each report; starts at the clock (above the last run's, unless the
         # clock stepped back: then the first report of itself read back raises it)
@@ -322,9 +329,8 @@ class LinkState:
     def _probe(self, link: NeighbourLink) -> None:
         now = time.time()
         try:
-            if link.admin is None:
-                link.admin = Admin(link.kafka, {"socket.timeout.ms": int(self._timeout * 1000)})
-            md = link.admin.metadata(LINKS_TOPIC, timeout=self._timeout)
+            # the shared admin's requests time out at the probe timeout (SharedAdmin)
+            md = link.admin().metadata(LINKS_TOPIC, timeout=self._timeout)
             if not md.brokers:
                 raise KafkaUnavailable("no broker answered")
             reports = self._read_reports(link)

@@ -7,6 +7,8 @@ site takes each stream's history from, and what it reads there."""
 from __future__ import annotations
 
 import base64
+import contextlib
+import gc
 import threading
 import time
 from collections import Counter
@@ -616,14 +618,27 @@ def test_a_feed_at_its_end_writes_each_record_as_it_arrives_not_when_its_wait_is
     assert sorted(r.identity.seq for r in canonical(b, s)) == [1, 2, 3, 4]
 
 
-def test_a_neighbours_pullers_and_repairers_ask_through_one_admin_client(
+def _kafka_clients() -> int:
+    """librdkafka clients alive in this process: a ``rdk:main`` thread each (the count
+    bench/site_scale.py takes of a site's driver)."""
+    gc.collect()  # a client nothing holds any more ends its threads when collected
+    names = []
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            names.append((task / "comm").read_text().strip())
+    return names.count("rdk:main")
+
+
+def test_a_neighbours_link_probe_pullers_and_repairers_ask_through_one_admin_client(
     kafka: KafkaBroker, kafka_sites: Callable[..., dict[str, KafkaBroker]], tmp_path: Path
 ) -> None:
-    """A site held an admin client per puller and per repairer: four a neighbour at two
-    merges, each with librdkafka's threads and connections, for describes and offsets
-    one client answers (bench/site_scale.py: 6-8 clients and 26 threads a neighbour,
-    docs/data-centre.md). Each neighbour's pullers and repairers now share one, which
-    answers each of them from that neighbour's own Kafka, never another's."""
+    """A site held an admin client per puller, per repairer and for the link probe: five
+    a neighbour at two merges, each with librdkafka's threads and connections, for
+    metadata, describes and offsets one client answers (bench/site_scale.py: 5-8
+    clients and 20-26 threads a neighbour, docs/data-centre.md). Each neighbour's probe,
+    pullers and repairers now share one, which answers each of them from that
+    neighbour's own Kafka, never another's: with the probe's ``sl.links`` reader, two
+    clients a neighbour before any puller reads (three when the probe had its own)."""
     s = unique("s")
     tokyo = kafka_sites("tokyo")["tokyo"]
     ensure_topics(KafkaEndpoint.plaintext(tokyo.bootstrap), [TopicSpec(relay_topic("e1", s), 1)])
@@ -634,7 +649,9 @@ def test_a_neighbours_pullers_and_repairers_ask_through_one_admin_client(
     site = cfg.site("port")
     merges = mergers(site, cfg)
     replicator = Replicator(cfg, site, merges)
+    links = replicator.links
     try:
+        before = _kafka_clients()
         assert len(merges) == 2  # the urgent merge and the rest: two pullers a neighbour
         for n, topics in (("tokyo", {relay_topic("e1", s)}), ("hq", set())):
             pullers = [p for p in replicator.pullers if p.neighbour == n]
@@ -644,7 +661,14 @@ def test_a_neighbours_pullers_and_repairers_ask_through_one_admin_client(
             assert admins == {id(replicator.admins[n]())}
             # it is that neighbour's: tokyo's relay topic exists at tokyo only
             assert set(pullers[0].describe(frozenset({relay_topic("e1", s)}))) == topics
+            link = links.links[n]
+            links._probe(link)  # the probe asks through the same client
+            assert link.up, link.error
+            assert link.admin is replicator.admins[n]
         assert replicator.admins["tokyo"]() is not replicator.admins["hq"]()
+        # per neighbour: the admin and the probe's sl.links reader (spark_core/routing.py)
+        assert _kafka_clients() - before == 2 * len(links.links)
     finally:
+        links.close()
         for m in merges:
             m.close()

@@ -5,7 +5,10 @@ entry from the entry itself (each record crosses into each site once)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -14,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from local_stack.process import free_port
+from shorelink.kafka.errors import KafkaClientError
 from spark_core.config import parse_config
 from spark_core.routing import (
     DOWN_AFTER_PROBES,
@@ -157,6 +161,43 @@ def test_a_neighbour_is_routed_around_only_after_two_probes_in_a_row_found_it_do
         assert links.routes() == {"b": "b"}
     finally:
         links.close()
+
+
+def test_a_silent_neighbour_is_found_down_within_the_probe_timeout_while_its_pullers_ask_it(
+    tmp_path: Path,
+) -> None:
+    """The probe asks through the one admin client its neighbour's pullers and repairers
+    use (``SharedAdmin``, made with the probe timeout): a neighbour that takes
+    connections and never answers (a listening socket nothing reads) is found down by
+    each probe within that timeout, though their describes wait on the same client."""
+    timeout = 0.3
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        doc = graph_doc({"a": ["b"], "b": ["a"]}, tmp_path, {"probe_timeout": f"{timeout}s"})
+        doc["sites"]["b"]["kafka"]["bootstrap"] = f"127.0.0.1:{silent.getsockname()[1]}"
+        cfg = parse_config(doc, base=tmp_path)
+        links = LinkState(cfg, cfg.site("a"))
+        b = links.links["b"]
+        done = threading.Event()
+
+        def pullers_ask() -> None:
+            while not done.is_set():
+                with contextlib.suppress(KafkaClientError):
+                    b.admin().describe({"sl.relay.c.s"})
+
+        asking = threading.Thread(target=pullers_ask, daemon=True)
+        asking.start()
+        try:
+            for miss in range(1, DOWN_AFTER_PROBES + 1):
+                started = time.monotonic()
+                links._probe(b)
+                took = time.monotonic() - started
+                assert not b.up and b.missed == miss, b.error
+                assert took < timeout + 1.0, took  # the timeout, and room for a busy machine
+        finally:
+            done.set()
+            asking.join(10)
+            links.close()
+    assert not asking.is_alive()
 
 
 def test_a_neighbour_whose_pullers_keep_failing_is_held_for_longer_each_time(
