@@ -105,12 +105,13 @@ class SharedAdmin:
 
     Its requests time out at the endpoint's timeout (:meth:`of_neighbour`: the site's
     ``replication.probe_timeout``), both each call's wait and librdkafka's
-    ``socket.timeout.ms``: a request a neighbour gone silent never answers is dropped,
-    and its connection closed, once that time is out, so the probe finds the neighbour down within
-    its timeout and up at the first probe after it answers again (Kafka's 60 s default
-    kept the dead connection, and every request queued on it, for a minute). Only small
-    answers come through it (metadata, topics, offsets); the pullers' fetches, which can
-    take seconds over a slow link, go through their readers."""
+    ``socket.timeout.ms``, as the probe's own admin did: a request a neighbour gone
+    silent never answers is dropped, and its connection closed, once that time is out,
+    so the probe finds the neighbour down within its timeout and up at the first probe
+    after it answers again (Kafka's 60 s default kept the dead connection, and every
+    request queued on it, for a minute). Only small answers come through it (metadata,
+    topics, offsets); the pullers' fetches, which can take seconds over a slow link, go
+    through their readers, which keep Kafka's default."""
 
     def __init__(self, kafka: KafkaEndpoint) -> None:
         self.kafka = kafka
