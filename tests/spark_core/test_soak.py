@@ -91,12 +91,20 @@ def test_a_sites_broker_is_killed_or_paused_within_a_minute_of_a_deletion_there(
 def test_a_short_seed_ends_with_every_identity_once_at_every_site(tmp_path: Path) -> None:
     """Three sites in a line and a ship under 90 s of seeded faults: once they heal,
     every site holds every record of the ship's log, none twice. The schedule and the
-    sites' differences are in the failure message: ``bench/soak.py --seed`` replays it."""
+    sites' differences are in the failure message: ``bench/soak.py --seed`` replays it.
+
+    Its convergence bound holds the self-check's settle: a site forgets what its own
+    canonical topic lost only once the deletion has held ``self_check_settle`` (90 s)
+    since its application's last start (spark_core/repair.py, ``SelfCheck``). The CI
+    seed deletes 85% of south's alerts, then restarts south's application 35 s later:
+    south lacked 15 records until 125.5 s after the heal on a loaded machine (10:15 on
+    2026-11-30; 1.9 s on an idle one, where the broker killed after the deletion had
+    brought the records back), against a bound of 150 s."""
     argv = [
         sys.executable,
         str(ROOT / "bench" / "soak.py"),
         *("--seed", str(CI_SEED), "--minutes", "1.5", "--topology", "line"),
-        *("--ships", "1", "--rate", "3", "--converge-timeout", "150", "--settle", "5"),
+        *("--ships", "1", "--rate", "3", "--converge-timeout", "240", "--settle", "5"),
         *("--keep", str(tmp_path / "soak")),
     ]
     with open(tmp_path / "soak.err", "wb") as err_file:
