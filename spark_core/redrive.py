@@ -193,8 +193,14 @@ def _start(merger: Merger) -> _Pass | None:
     dead-letter topics end (after: Kafka's admin calls never hold the lock, whose
     batches would wait out their timeout when a broker does not answer; review 9,
     finding 5). The ends, asked after the commit, hold every dead letter it wrote;
-    those of a batch in between are read too and tried, no harm). None when nothing is
-    to be done."""
+    those of a batch in between are read too and tried, no harm). They are the high
+    watermarks, not the last stable offsets: a transaction's commit returns before the
+    broker has written its markers, so the last stable offset asked right after it can
+    still end before that transaction's dead letters, and a pass that ended there
+    marked them tried under keys they were never planned with (CI found it: a site
+    that took a replaced ship key a moment after it dead-lettered the new key's records
+    never took them). Records above the ends' commit are of batches planned under the
+    keys of this pass or later. None when nothing is to be done."""
     if merger.ship_keys is None and not merger.state.held_back_or_all:
         return None  # nothing can change: no lock taken
     with merger.busy:
@@ -209,7 +215,7 @@ def _start(merger: Merger) -> _Pass | None:
         since = merger.commits
         topics = [dead_topic(s) for s in merger.streams]
         merger.admin()  # made under the lock, used outside it
-    marks = merger._relay_marks(topics)
+    marks = merger._relay_marks(topics, committed=False)
     ends: dict[tuple[str, int], int] = {}
     sources: dict[str, str] = {}
     for topic, (topic_id, parts) in marks.items():
@@ -239,7 +245,11 @@ def _step(merger: Merger, run: _Pass) -> bool:
         }
         size = 0
         open_parts = set(todo)
-        for msg in read_to_end(merger.site.kafka, sorted(by_topic), starts=starts):
+        # settled: up to the high watermarks, once every transaction below them is
+        # committed or aborted (the ends above are high watermarks: a read that ended
+        # at an older last stable offset would pass a batch's dead letters unread)
+        read = read_to_end(merger.site.kafka, sorted(by_topic), starts=starts, settled=True)
+        for msg in read:
             tp = (by_topic[msg.topic() or ""], msg.partition())
             offset = msg.offset() or 0
             if tp not in open_parts or offset >= todo[tp]:

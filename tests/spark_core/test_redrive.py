@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 
 from local_stack.kafka import KafkaBroker
 from shorelink.contract import dead_topic, relay_topic
@@ -127,6 +128,50 @@ def test_records_dead_for_a_key_a_site_lacked_are_taken_once_when_the_key_arrive
         assert len(canonical(kafka.bootstrap, s)) == 40
     finally:
         again.close()
+
+
+def test_a_pass_takes_dead_letters_below_the_high_watermark_not_only_the_stable_offset(
+    kafka: KafkaBroker, tmp_path: Path
+) -> None:
+    """A transaction's commit returns before the broker writes its markers: right after
+    it, the dead-letter topic's last stable offset can still end before its dead
+    letters. A pass that ended there marked them tried under keys they were never
+    planned with, and never tried them (CI: a site took a replaced ship key a moment
+    after dead-lettering the new key's records, and never took them). Here another
+    producer's transaction, open on the dead-letter topic before the merge's batch,
+    holds the last stable offset below its dead letters, as markers not yet written
+    do; it is aborted a second into the pass."""
+    s = unique("s")
+    keys_file = tmp_path / "ship_keys.toml"
+    keys_file.write_text(ShipKeys.render({}, require_signatures=True))
+    site, _ = make_site(kafka.bootstrap, tmp_path, [s])
+    merger = Merger(site)
+    merger.ship_keys = watched = WatchedShipKeys(keys_file)
+    rows = [
+        SourceRow(pulled_source("tokyo", "tid", relay_topic("e1", s)), 0, off, k, v, h)
+        for off, (k, v, h) in enumerate(signed_relayed(KEY, s, range(1, 21)))
+    ]
+    other = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": unique("tx")})
+    try:
+        merger.ready()
+        assert merger.write_pulled(rows[:10]).unproved == 10
+        first = redrive_once(merger)  # under these keys: refused again, passed
+        assert first is not None and dict(first["unknown_ship"]) == {"refused": 10}
+        other.init_transactions(30)
+        other.begin_transaction()
+        (desc,) = merger.admin().describe([dead_topic(s)]).values()
+        for p in desc.partitions:
+            other.produce(dead_topic(s), b"open", partition=p.id)
+        other.flush(30)
+        assert merger.write_pulled(rows[10:]).unproved == 10
+        with_key = ShipKeys.parse({"require_signatures": True, "ships": {"bigblue": KEY.public()}})
+        _use(watched, keys_file, with_key)
+        threading.Timer(1.0, other.abort_transaction, (30,)).start()
+        counts = redrive_once(merger)
+        assert counts is not None and dict(counts["unknown_ship"]) == {"written": 20}
+        assert sorted(r.identity.seq for r in canonical(kafka.bootstrap, s)) == list(range(1, 21))
+    finally:
+        merger.close()
 
 
 def test_only_dead_letters_whose_cause_can_change_are_tried_again() -> None:
