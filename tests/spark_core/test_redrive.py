@@ -28,6 +28,7 @@ from shorelink.kafka.reading import read_to_end
 from shorelink.proof import ShipKey, ShipKeys, WatchedShipKeys, key_cause
 from shorelink.retry import Backoff
 from spark_core import redrive
+from spark_core.config import SiteConfig
 from spark_core.merge import Merger, Totals
 from spark_core.merge_state import SourceRow, pulled_source
 from spark_core.quarantine import (
@@ -64,6 +65,28 @@ def _use(watched: WatchedShipKeys, path: Path, keys: ShipKeys) -> None:
     eventually(lambda: watched.current().fingerprint() == want, 15, "the keys re-read")
 
 
+def _keyless_merge(
+    kafka: KafkaBroker, tmp_path: Path, s: str
+) -> tuple[SiteConfig, Merger, WatchedShipKeys, Path]:
+    """A site's merge of ``s`` whose ship keys file requires signatures and names no
+    ship yet: what the ship signs is dead-lettered ``unknown_ship`` until its key comes."""
+    keys_file = tmp_path / "ship_keys.toml"
+    keys_file.write_text(ShipKeys.render({}, require_signatures=True))
+    site, _ = make_site(kafka.bootstrap, tmp_path, [s])
+    merger = Merger(site)
+    merger.ship_keys = watched = WatchedShipKeys(keys_file)
+    return site, merger, watched, keys_file
+
+
+def _signed_rows(s: str, seqs: range, neighbours: Sequence[str]) -> list[SourceRow]:
+    """The ship's records of ``seqs``, signed with ``KEY``, as each neighbour relays them."""
+    return [
+        SourceRow(pulled_source(n, "tid", relay_topic("e1", s)), 0, off, k, v, h)
+        for n in neighbours
+        for off, (k, v, h) in enumerate(signed_relayed(KEY, s, seqs))
+    ]
+
+
 def test_records_dead_for_a_key_a_site_lacked_are_taken_once_when_the_key_arrives(
     kafka: KafkaBroker, tmp_path: Path
 ) -> None:
@@ -73,16 +96,8 @@ def test_records_dead_for_a_key_a_site_lacked_are_taken_once_when_the_key_arrive
     what was dead-lettered since (nothing), and a merge restarted with the same file
     does not try again (the marker keeps the keys it tried under)."""
     s = unique("s")
-    keys_file = tmp_path / "ship_keys.toml"
-    keys_file.write_text(ShipKeys.render({}, require_signatures=True))
-    site, _ = make_site(kafka.bootstrap, tmp_path, [s])
-    merger = Merger(site)
-    merger.ship_keys = watched = WatchedShipKeys(keys_file)
-    rows = [
-        SourceRow(pulled_source(n, "tid", relay_topic("e1", s)), 0, off, k, v, h)
-        for n in ("tokyo", "sydney")
-        for off, (k, v, h) in enumerate(signed_relayed(KEY, s, range(1, 41)))
-    ]
+    site, merger, watched, keys_file = _keyless_merge(kafka, tmp_path, s)
+    rows = _signed_rows(s, range(1, 41), ("tokyo", "sydney"))
     try:
         merger.ready()
         assert merger.write_pulled(rows).unproved == 80
@@ -142,15 +157,8 @@ def test_a_pass_takes_dead_letters_below_the_high_watermark_not_only_the_stable_
     holds the last stable offset below its dead letters, as markers not yet written
     do; it is aborted a second into the pass."""
     s = unique("s")
-    keys_file = tmp_path / "ship_keys.toml"
-    keys_file.write_text(ShipKeys.render({}, require_signatures=True))
-    site, _ = make_site(kafka.bootstrap, tmp_path, [s])
-    merger = Merger(site)
-    merger.ship_keys = watched = WatchedShipKeys(keys_file)
-    rows = [
-        SourceRow(pulled_source("tokyo", "tid", relay_topic("e1", s)), 0, off, k, v, h)
-        for off, (k, v, h) in enumerate(signed_relayed(KEY, s, range(1, 21)))
-    ]
+    _, merger, watched, keys_file = _keyless_merge(kafka, tmp_path, s)
+    rows = _signed_rows(s, range(1, 21), ("tokyo",))
     other = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": unique("tx")})
     try:
         merger.ready()
