@@ -213,11 +213,43 @@ class Proc:
     def stop(self, grace: float = 10.0) -> None:
         stop_procs([self], grace)
 
+    def pause(self, timeout: float = 10.0) -> None:
+        """SIGSTOP, and return once every thread of it has stopped. The signal stops
+        a process's threads one by one as each is next scheduled, after ``kill``
+        returns: on a busy machine a paused broker still answered a request sent right
+        after (a transaction's commit succeeded that a test expected to hang; CI)."""
+        os.kill(self.pid, signal.SIGSTOP)
+        wait_until(lambda: _all_stopped(self.pid), timeout, f"{self.name} to stop (SIGSTOP)")
+
+    def resume(self) -> None:
+        """SIGCONT: a paused process goes on."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGCONT)
+
     def tail(self, lines: int = 15) -> str:
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+def _all_stopped(pid: int) -> bool:
+    """Is every thread of ``pid`` stopped (state ``T`` in /proc; a process gone counts
+    as stopped: there is nothing left to answer)?"""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+        except FileNotFoundError:
+            continue  # the thread ended
+        # "tid (comm) S ...": the comm may hold spaces and parentheses
+        if stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"T", b"t", b"Z", b"X"):
+            return False
+    return True
 
 
 def stop_procs(procs: list[Proc], grace: float = 10.0) -> None:

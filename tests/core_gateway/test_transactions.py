@@ -10,8 +10,6 @@ import contextlib
 import io
 import json
 import logging
-import os
-import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -89,14 +87,14 @@ async def test_commit_timing_out_while_kafka_is_paused_is_retried_and_written_on
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=90)) as s:
             assert (await _post(s, cfg, ship, token, 1, 100))[0] == 200
-            os.kill(broker.proc.pid, signal.SIGSTOP)
+            broker.proc.pause()
             try:
                 pending = asyncio.create_task(_post(s, cfg, ship, token, 101, 200))
                 # longer than one commit timeout, shorter than the transaction timeout
                 await asyncio.sleep(cfg.kafka.timeout_s * 1.6)
                 assert not pending.done(), "answered while Kafka was paused"
             finally:
-                os.kill(broker.proc.pid, signal.SIGCONT)
+                broker.proc.resume()
             status, body = await pending
             assert status == 200, body
             assert body["written"] == "101-200"
@@ -107,7 +105,7 @@ async def test_commit_timing_out_while_kafka_is_paused_is_retried_and_written_on
             status, body = await _post(s, cfg, ship, token, 101, 200)
             assert (status, body["written"]) == (200, "")
     finally:
-        os.kill(broker.proc.pid, signal.SIGCONT)
+        broker.proc.resume()
         stop.set()
         await task
     assert_exactly_once(broker, ship, 200)

@@ -8,8 +8,6 @@ of a site fence each other for ever."""
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 import time
 import uuid
@@ -73,20 +71,21 @@ def _producer(bootstrap: str, timeout: float = 5.0, **extra: object) -> Transact
 
 @pytest.fixture
 def paused() -> Iterator[Callable[[KafkaBroker], None]]:
-    """Pause a broker (SIGSTOP); every broker paused is resumed at the end."""
+    """Pause a broker (SIGSTOP, every thread stopped on return: `Proc.pause`); every
+    broker paused is resumed at the end."""
     stopped: list[KafkaBroker] = []
 
     def pause(broker: KafkaBroker) -> None:
         stopped.append(broker)
-        os.kill(broker.proc.pid, signal.SIGSTOP)
+        broker.proc.pause()
 
     yield pause
     for b in stopped:
-        os.kill(b.proc.pid, signal.SIGCONT)
+        b.proc.resume()
 
 
 def _resume(broker: KafkaBroker) -> None:
-    os.kill(broker.proc.pid, signal.SIGCONT)
+    broker.proc.resume()
 
 
 def test_a_committed_transaction_is_visible_whole(kafka: KafkaBroker) -> None:

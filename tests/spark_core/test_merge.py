@@ -48,6 +48,7 @@ from spark_core.merge_state import (
     Headers,
     MergeError,
     MergeState,
+    admissible,
     forgettable,
     pulled_source,
     source_entry,
@@ -634,6 +635,58 @@ def test_plan_keeps_a_ledger_entry_within_the_range_bound() -> None:
     assert len(plan.dead) == 2
     assert all(b"ranges already" in dict(h)["sl.dead.reason"] for _, _, _, h in plan.dead)
     assert len(plan.ledger[("a", "nav")]) == MAX_HOLDINGS_RANGES
+
+
+def test_a_seq_its_neighbour_in_the_same_batch_joins_to_the_entry_is_taken_at_the_bound() -> None:
+    """Found by CI: an entry at the bound holds 3 on; a batch brings 1 and 2. Taken
+    seq by seq, 1 touches nothing held and was refused, then 2 extended 3: the batch
+    left a hole at 1 that the bound never needed (the re-drive's pass of a catch-up
+    brought the two together and refused 1 again, for good). Decided on the batch's
+    runs, 1-2 extends 3: both are written."""
+    t = ingress_topic("nav")
+    bound = MAX_HOLDINGS_RANGES
+    full = RangeSet((3 * i + 3, 3 * i + 4) for i in range(bound))  # 3-4,6-7,9-10,...
+    assert len(full) == bound
+    state = MergeState(held={("a", "nav"): full})
+    far = 3 * bound + 10
+    rows = [_row(t, i, "a", "nav", s) for i, s in enumerate([2, far, 1, far + 1])]
+    plan = plan_batch(rows, state)
+    written = sorted(int(dict(h)[H_SEQ]) for _, _, _, h in plan.canonical)
+    assert written == [1, 2]  # far-far+1 would be one range more: refused, both
+    assert sorted(int(dict(h)[H_SEQ]) for _, _, _, h in plan.dead) == [far, far + 1]
+    assert plan.held_back == {("a", "nav"): RangeSet([(far, far + 1)])}
+    assert len(plan.ledger[("a", "nav")]) == bound
+
+
+@given(
+    st.lists(st.integers(1, 80), max_size=50),
+    st.lists(st.integers(1, 80), max_size=50),
+    st.integers(1, 12),
+)
+def test_a_batch_takes_all_it_can_and_keeps_the_entry_within_the_bound(
+    held_seqs: list[int], new_seqs: list[int], bound: int
+) -> None:
+    """Over any entry and any batch: what is taken keeps the entry within the bound (or
+    within what it was, past it already); all of it when all of it fits; every seq
+    next to the entry or to a run taken is taken; and each run refused would pass the
+    bound if it were taken too."""
+    held = RangeSet.from_seqs(held_seqs)
+    new = RangeSet.from_seqs(new_seqs).difference(held)
+    taken = admissible(held, new, bound)
+    assert new.contains_all(taken)
+    after = held.copy()
+    after.update(taken)
+    assert len(after) <= max(bound, len(held))
+    both = held.copy()
+    both.update(new)
+    if len(both) <= bound:
+        assert taken == new
+    refused = new.difference(taken)
+    for lo, hi in refused:
+        assert not after.overlaps(lo - 1, hi + 1)  # it touches nothing held or taken
+        more = after.copy()
+        more.add_range(lo, hi)
+        assert len(more) > bound
 
 
 @pytest.mark.spark
