@@ -25,6 +25,7 @@ __all__ = [
     "merge_queue",
     "merge_state",
     "metrics",
+    "neighbour_admin",
     "ops",
     "packages",
     "progress",

@@ -30,7 +30,7 @@ neighbour). A :class:`FeedLoop` runs the pullers of one merge in turn in one thr
   neighbour other than the poll (describing its topics every ``DESCRIBE_EVERY_S``,
   the relay index's walk on a first read, the ends of a history) wait at most the
   probe timeout (``replication.probe_timeout``: the neighbour's one admin client, the
-  link probe's too, is made with it: ``SharedAdmin`` in spark_core/feed.py), and a
+  link probe's too, is made with it: ``SharedAdmin`` in spark_core/neighbour_admin.py), and a
   failure backs that puller off alone. A neighbour whose link the probes found down
   (``ready``: spark_core/routing.py, ``NeighbourLink.up``) is not read until they find
   it up again: its calls would only time out. Between a neighbour's last answer and

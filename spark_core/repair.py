@@ -55,9 +55,9 @@ from shorelink.ledger import decode_entry
 from shorelink.logs import get_logger
 from shorelink.ranges import RangeSet
 from spark_core.access import pull_group
-from spark_core.feed import SharedAdmin
 from spark_core.merge import Merger
 from spark_core.merge_state import Headers, MergeError, Source, SourceRow, pulled_source
+from spark_core.neighbour_admin import SharedAdmin
 from spark_core.relay_index import IndexTooLarge, Segment, read_segments
 
 __all__ = [

@@ -26,11 +26,12 @@ from shorelink.fleet.follow import RegistryFollower
 from shorelink.kafka.errors import KafkaClientError
 from shorelink.logs import get_logger
 from spark_core.config import SiteConfig
-from spark_core.feed import FEED_BATCHES, ByteBudget, Feed, SharedAdmin, feed_prefetch
+from spark_core.feed import FEED_BATCHES, ByteBudget, Feed, feed_prefetch
 from spark_core.feed_loop import FeedLoop
 from spark_core.ingest_pull import IngestPuller, write_through
 from spark_core.merge import Merger
 from spark_core.merge_state import MergeError
+from spark_core.neighbour_admin import SharedAdmin
 from spark_core.pull import Puller
 from spark_core.repair import Repairer, SelfCheck
 from spark_core.routing import LinkState

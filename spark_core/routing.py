@@ -69,7 +69,7 @@ from shorelink.kafka.reading import BEGINNING, PartitionReader
 from shorelink.kafka.topics import PlainProducer, TopicSpec, ensure_topics, producer
 from shorelink.logs import RateLimitedLog, get_logger
 from spark_core.config import SiteConfig, SitesConfig
-from spark_core.feed import SharedAdmin
+from spark_core.neighbour_admin import SharedAdmin
 
 __all__ = [
     "DOWN_AFTER_PROBES",
