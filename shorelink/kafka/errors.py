@@ -178,6 +178,11 @@ FENCED_CODES = frozenset(
     {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 )
 
+#: Kafka's retriable errors of an unreachable broker or partition leader, and of a
+#: leadership moving (the protocol marks each retriable: the next ask, after the client
+#: refreshed its metadata, finds the new leader). A partition's error in an admin
+#: answer (``list_offsets``) comes without librdkafka's retriable flag: CI met
+#: UNKNOWN_LEADER_EPOCH there, which a read's high watermarks must ask again
 _UNAVAILABLE = frozenset(
     {
         KafkaError._TRANSPORT,
@@ -195,6 +200,11 @@ _UNAVAILABLE = frozenset(
         KafkaError.COORDINATOR_NOT_AVAILABLE,
         KafkaError.NOT_COORDINATOR,
         KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.REPLICA_NOT_AVAILABLE,
+        KafkaError.KAFKA_STORAGE_ERROR,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,
     }
 )
 _AUTHENTICATION = frozenset(

@@ -92,7 +92,12 @@ class Durability:
 
     def resolve(self, brokers: int) -> tuple[int, int]:
         """(replication factor, min.insync.replicas) for a cluster of ``brokers``."""
-        rf = self.replication_factor or min(PRODUCTION_REPLICATION_FACTOR, max(brokers, 1))
+        if brokers == 0:
+            raise TopicError(
+                "no broker of this Kafka cluster is available (starting, or fenced)",
+                retryable=True,
+            )
+        rf = self.replication_factor or min(PRODUCTION_REPLICATION_FACTOR, brokers)
         if rf > brokers:
             raise TopicError(
                 f"replication_factor {rf} > the {brokers} broker(s) of this Kafka cluster",
@@ -207,13 +212,21 @@ def ensure_topics(
     bootstrap, timeout = kafka.bootstrap, kafka.timeout_s
     watch = AuthWatch()
     admin = Admin(kafka, {"error_cb": watch})
-    try:
-        md = admin.metadata()
-    except KafkaClientError as exc:
-        watch.check(admin.client, f"Kafka at {bootstrap} refused {kafka.auth}")
-        raise TopicError(
-            f"cannot list topics at {bootstrap}: {exc}", code=exc.code, retryable=exc.retryable
-        ) from exc
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            md = admin.metadata()
+        except KafkaClientError as exc:
+            watch.check(admin.client, f"Kafka at {bootstrap} refused {kafka.auth}")
+            raise TopicError(
+                f"cannot list topics at {bootstrap}: {exc}", code=exc.code, retryable=exc.retryable
+            ) from exc
+        # no broker in the answer: the one asked is starting, or fenced a moment (a
+        # heartbeat to its controller missed on a busy machine; CI met it): asked again
+        # within the timeout, as a cluster of none is never what it is
+        if md.brokers or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     existing = set(md.topics)
     todo = [s for s in specs if s.name not in existing]
     created: list[str] = []

@@ -42,6 +42,19 @@ def test_durability_the_cluster_cannot_hold_is_an_error() -> None:
     assert Durability.from_section(Section({})) == Durability()
 
 
+def test_a_cluster_that_lists_no_broker_is_asked_again_not_refused() -> None:
+    """CI: a metadata answer listed no broker (a broker fenced a moment, its heartbeat
+    to the controller late on a loaded machine), and creating a topic failed with
+    "replication_factor 1 > the 0 broker(s)", not retriable: a gateway's start, or a
+    test, ended on it. No broker is a cluster not ready yet: ``ensure_topics`` asks
+    again within its timeout, and what is left after it can be retried."""
+    with pytest.raises(TopicError, match="no broker") as info:
+        Durability().resolve(0)
+    assert info.value.retryable
+    with pytest.raises(TopicError, match="no broker"):
+        Durability(1).resolve(0)
+
+
 def test_topics_carry_the_size_limit_and_min_insync(kafka: KafkaBroker) -> None:
     topic = unique("t")
     assert ensure_topics(kafka.endpoint, [TopicSpec(topic, retention_ms=-1)]) == [topic]

@@ -330,6 +330,10 @@ def test_a_commit_stops_retrying_when_asked_to_close(
         (KafkaError(KafkaError.TOPIC_ALREADY_EXISTS, "x"), TopicExists, False),
         (KafkaError(KafkaError._TRANSPORT, "x"), KafkaUnavailable, True),
         (KafkaError(KafkaError._TIMED_OUT, "x"), KafkaUnavailable, True),
+        # a partition's error in an admin answer, without librdkafka's retriable flag
+        (KafkaError(KafkaError.UNKNOWN_LEADER_EPOCH, "x"), KafkaUnavailable, True),
+        (KafkaError(KafkaError.FENCED_LEADER_EPOCH, "x"), KafkaUnavailable, True),
+        (KafkaError(KafkaError.OFFSET_NOT_AVAILABLE, "x"), KafkaUnavailable, True),
         (KafkaError(KafkaError.INVALID_CONFIG, "x"), KafkaClientError, False),
         (KafkaError(KafkaError.INVALID_CONFIG, "x", retriable=True), KafkaClientError, True),
     ],
