@@ -14,6 +14,7 @@ and read ``retryable`` from them. The requests themselves go to :attr:`Admin.cli
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -22,11 +23,15 @@ from confluent_kafka import IsolationLevel, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata, OffsetSpec
 
 from shorelink.kafka.endpoint import KafkaEndpoint
-from shorelink.kafka.errors import KafkaUnavailable, UnknownTopic, kafka_errors
+from shorelink.kafka.errors import LEADER_MOVING, KafkaUnavailable, UnknownTopic, kafka_errors
 
 __all__ = ["Admin"]
 
 T = TypeVar("T")
+
+#: how long :meth:`Admin.offsets` waits before it asks a partition whose leader was
+#: moving again (librdkafka refreshes its metadata meanwhile)
+LEADER_MOVING_WAIT_S = 0.2
 
 
 class Admin:
@@ -84,16 +89,32 @@ class Admin:
     ) -> dict[tuple[str, int], Any]:
         """One request: ``spec``'s answer (``ListOffsetsResultInfo``: offset,
         timestamp) per partition; ``committed``: under read_committed (the latest is
-        then the last stable offset: a transaction still open is not counted)."""
-        tps = [TopicPartition(t, p) for t, p in parts]
-        if not tps:
-            return {}
+        then the last stable offset: a transaction still open is not counted). A
+        partition whose leader is moving (:data:`~shorelink.kafka.errors.LEADER_MOVING`:
+        a topic just created whose partition the broker has not made yet, a leader
+        elected) is asked again until the endpoint's timeout: CI met
+        NOT_LEADER_FOR_PARTITION from a topic made a moment before."""
+        todo = [TopicPartition(t, p) for t, p in parts]
         level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
-        futures = self.client.list_offsets({tp: spec for tp in tps}, isolation_level=level)
-        return {
-            (tp.topic, tp.partition): self.wait(futures[tp], f"offsets of {tp.topic}{where}")
-            for tp in tps
-        }
+        deadline = time.monotonic() + self.timeout
+        out: dict[tuple[str, int], Any] = {}
+        while todo:
+            futures = self.client.list_offsets({tp: spec for tp in todo}, isolation_level=level)
+            again = []
+            for tp in todo:
+                left = max(0.0, deadline - time.monotonic())
+                try:
+                    out[(tp.topic, tp.partition)] = self.wait(
+                        futures[tp], f"offsets of {tp.topic}{where}", timeout=left
+                    )
+                except KafkaUnavailable as exc:
+                    if exc.code not in LEADER_MOVING or time.monotonic() >= deadline:
+                        raise
+                    again.append(tp)
+            if again:
+                time.sleep(LEADER_MOVING_WAIT_S)
+            todo = again
+        return out
 
     def spans(
         self, parts: Iterable[tuple[str, int]], where: str = ""

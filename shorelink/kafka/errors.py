@@ -37,6 +37,7 @@ from shorelink.errors import ShorelinkError
 
 __all__ = [
     "FENCED_CODES",
+    "LEADER_MOVING",
     "CommitUnknown",
     "DataLoss",
     "Fenced",
@@ -178,12 +179,25 @@ FENCED_CODES = frozenset(
     {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 )
 
-#: Kafka's retriable errors of an unreachable broker or partition leader, and of a
-#: leadership moving (the protocol marks each retriable: the next ask, after the client
-#: refreshed its metadata, finds the new leader). A partition's error in an admin
+#: a partition's leadership moving (just created, its broker fenced a moment, a
+#: leader elected): Kafka's protocol marks each retriable, and the next ask, once the
+#: client has refreshed its metadata, finds the leader. A partition's error in an admin
 #: answer (``list_offsets``) comes without librdkafka's retriable flag: CI met
-#: UNKNOWN_LEADER_EPOCH there, which a read's high watermarks must ask again
-_UNAVAILABLE = frozenset(
+#: UNKNOWN_LEADER_EPOCH and NOT_LEADER_FOR_PARTITION there (``Admin.offsets`` asks
+#: such a partition again)
+LEADER_MOVING = frozenset(
+    {
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.REPLICA_NOT_AVAILABLE,
+        KafkaError.KAFKA_STORAGE_ERROR,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+    }
+)
+#: Kafka's retriable errors of an unreachable broker, and of a leadership moving
+_UNAVAILABLE = LEADER_MOVING | frozenset(
     {
         KafkaError._TRANSPORT,
         KafkaError._ALL_BROKERS_DOWN,
@@ -194,17 +208,10 @@ _UNAVAILABLE = frozenset(
         KafkaError.REQUEST_TIMED_OUT,
         KafkaError.NOT_ENOUGH_REPLICAS,
         KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.BROKER_NOT_AVAILABLE,
         KafkaError.COORDINATOR_NOT_AVAILABLE,
         KafkaError.NOT_COORDINATOR,
         KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.REPLICA_NOT_AVAILABLE,
-        KafkaError.KAFKA_STORAGE_ERROR,
-        KafkaError.FENCED_LEADER_EPOCH,
-        KafkaError.UNKNOWN_LEADER_EPOCH,
-        KafkaError.OFFSET_NOT_AVAILABLE,
     }
 )
 _AUTHENTICATION = frozenset(
